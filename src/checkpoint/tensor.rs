@@ -1,0 +1,116 @@
+//! Host-memory tensors: the unit the checkpoint store writes and reads.
+//!
+//! The store never sees candle types. The training engine converts its
+//! parameters and optimizer state into a [`TensorSet`] (a snapshot in host
+//! memory) and the store persists it as safetensors; loading returns the same
+//! structure. Keeping the boundary this small lets tests drive the store with
+//! hand-made tensors and lets the orchestrator persist a snapshot on a
+//! background thread while training continues.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Element types the checkpoint format stores (safetensors names in
+/// [`DType::safetensors_name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    F64,
+    I64,
+    U32,
+    U8,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::U8 => 1,
+        }
+    }
+
+    /// The dtype string used in a safetensors header.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::F64 => "F64",
+            DType::I64 => "I64",
+            DType::U32 => "U32",
+            DType::U8 => "U8",
+        }
+    }
+
+    /// Parses a safetensors dtype string; `None` for types we do not store.
+    pub fn from_safetensors_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "F32" => DType::F32,
+            "F16" => DType::F16,
+            "BF16" => DType::BF16,
+            "F64" => DType::F64,
+            "I64" => DType::I64,
+            "U32" => DType::U32,
+            "U8" => DType::U8,
+            _ => return None,
+        })
+    }
+}
+
+/// One tensor in host memory: little-endian element bytes, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl HostTensor {
+    /// Builds a tensor, checking that `data` holds exactly `shape` elements.
+    pub fn new(dtype: DType, shape: Vec<usize>, data: Vec<u8>) -> Result<Self, String> {
+        let elems: usize = shape.iter().product();
+        if elems * dtype.size() != data.len() {
+            return Err(format!(
+                "tensor of shape {shape:?} and dtype {} needs {} bytes, got {}",
+                dtype.safetensors_name(),
+                elems * dtype.size(),
+                data.len()
+            ));
+        }
+        Ok(HostTensor { dtype, shape, data })
+    }
+
+    /// An f32 tensor from values (little-endian encoding).
+    pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Self {
+        let mut data = Vec::with_capacity(values.len() * 4);
+        for v in values {
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+        HostTensor::new(DType::F32, shape, data).expect("shape matches values")
+    }
+
+    /// Decodes an f32 tensor's values; `None` for any other dtype.
+    pub fn to_f32(&self) -> Option<Vec<f32>> {
+        (self.dtype == DType::F32).then(|| {
+            self.data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        })
+    }
+}
+
+/// Named tensors, ordered by name so files are byte-identical for identical
+/// state (hash-map iteration order never leaks into a checkpoint).
+pub type TensorSet = BTreeMap<String, HostTensor>;
+
+/// Total payload bytes of a set (without headers).
+pub fn payload_bytes(set: &TensorSet) -> u64 {
+    set.values().map(|t| t.data.len() as u64).sum()
+}

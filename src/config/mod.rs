@@ -1,0 +1,5 @@
+//! The run configuration: TOML in, a validated [`Config`] out.
+
+mod schema;
+
+pub use schema::*;

@@ -1,0 +1,378 @@
+//! The configuration as the rest of rekindle sees it: serde structs with a
+//! default for every key that can have one and `deny_unknown_fields`
+//! everywhere. Loading, overrides and error reporting live in `load.rs`;
+//! semantic checks in `validate.rs`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole config file. Every section is optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub run: RunSection,
+    pub model: ModelSection,
+    pub data: DataSection,
+    pub train: TrainSection,
+    pub optimizer: OptimizerSection,
+    pub precision: PrecisionSection,
+    pub checkpoint: CheckpointSection,
+    pub signals: SignalsSection,
+    pub publish: PublishSection,
+    pub gpu: GpuSection,
+}
+
+/// `[run]`: identity and length of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    /// Name of the run; also the default run directory `runs/<name>`.
+    pub name: String,
+    /// Run directory (default `runs/<name>`, relative to the working directory).
+    pub dir: Option<PathBuf>,
+    /// Seed of every random draw (weights, data order, dropout).
+    pub seed: u64,
+    /// Optimizer steps of the whole run.
+    pub max_steps: u64,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        RunSection { name: "run".into(), dir: None, seed: 0, max_steps: 1000 }
+    }
+}
+
+/// Which built-in model to train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    Mlp,
+    Gpt,
+}
+
+/// `[model]`: architecture. `mlp` uses `input_dim`, `hidden`, `classes`;
+/// `gpt` uses `layers`, `width`, `heads`, `context` (vocabulary: 256 bytes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    pub kind: ModelKind,
+    pub input_dim: usize,
+    pub hidden: Vec<usize>,
+    pub classes: usize,
+    pub layers: usize,
+    pub width: usize,
+    pub heads: usize,
+    pub context: usize,
+    /// Dropout probability (0 disables).
+    pub dropout: f64,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            kind: ModelKind::Mlp,
+            input_dim: 32,
+            hidden: vec![64, 64],
+            classes: 10,
+            layers: 2,
+            width: 64,
+            heads: 4,
+            context: 64,
+            dropout: 0.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataKind {
+    Synthetic,
+    Jsonl,
+}
+
+/// What to do with invalid records of a JSONL dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnInvalid {
+    /// Refuse to start and print the validation report.
+    Error,
+    /// Skip invalid records and count them.
+    Skip,
+}
+
+/// `[data]`: where batches come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSection {
+    pub kind: DataKind,
+    /// JSONL file (required for `kind = "jsonl"`).
+    pub path: Option<PathBuf>,
+    /// Name of the text field of each JSONL record.
+    pub field: String,
+    /// Records longer than this many bytes are invalid (0: no limit).
+    pub max_len: usize,
+    pub on_invalid: OnInvalid,
+    /// Fraction of samples held out for validation.
+    pub val_fraction: f64,
+    /// Number of samples the synthetic generator produces.
+    pub synthetic_samples: usize,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        DataSection {
+            kind: DataKind::Synthetic,
+            path: None,
+            field: "text".into(),
+            max_len: 0,
+            on_invalid: OnInvalid::Error,
+            val_fraction: 0.1,
+            synthetic_samples: 4096,
+        }
+    }
+}
+
+/// What to do when a loss or gradient is not finite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnNonFinite {
+    Skip,
+    Stop,
+    Rollback,
+}
+
+/// `[train]`: the loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// Samples per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// Clip gradients to this global norm (0 disables).
+    pub grad_clip: f64,
+    /// Write a metrics line every this many steps.
+    pub log_every: u64,
+    /// Evaluate on the validation split every this many steps (0 disables).
+    pub eval_every: u64,
+    /// Validation batches per evaluation.
+    pub eval_batches: usize,
+    pub on_nonfinite: OnNonFinite,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        TrainSection {
+            batch_size: 32,
+            grad_accum: 1,
+            grad_clip: 1.0,
+            log_every: 1,
+            eval_every: 0,
+            eval_batches: 4,
+            on_nonfinite: OnNonFinite::Skip,
+        }
+    }
+}
+
+/// `[optimizer]`: AdamW and its learning-rate schedule (linear warm-up, then
+/// cosine decay to `min_lr` over `decay_steps`, default `run.max_steps`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerSection {
+    pub lr: f64,
+    pub min_lr: f64,
+    pub warmup_steps: u64,
+    pub decay_steps: Option<u64>,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for OptimizerSection {
+    fn default() -> Self {
+        OptimizerSection {
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 0,
+            decay_steps: None,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// `[precision]`: compute dtype and the dynamic loss scaler used with f16.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrecisionSection {
+    pub dtype: Precision,
+    pub initial_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: u64,
+}
+
+impl Default for PrecisionSection {
+    fn default() -> Self {
+        PrecisionSection {
+            dtype: Precision::F32,
+            initial_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
+    }
+}
+
+/// `[checkpoint]`: when and where checkpoints are written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Wall-clock time between periodic checkpoints ("5m", "90s", "1h 30m").
+    #[serde(with = "humantime_serde_compat")]
+    pub interval: Duration,
+    /// Also checkpoint every this many steps (0: off).
+    pub every_steps: u64,
+    /// Valid checkpoints to keep.
+    pub keep: usize,
+    /// Persist periodic checkpoints on a background thread.
+    #[serde(rename = "async")]
+    pub async_save: bool,
+    /// Checkpoint directory (default `<run dir>/checkpoints`).
+    pub dir: Option<PathBuf>,
+    /// Stop the run after this many background saves fail in a row.
+    pub max_consecutive_failures: u32,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        CheckpointSection {
+            interval: Duration::from_secs(300),
+            every_steps: 0,
+            keep: 3,
+            async_save: true,
+            dir: None,
+            max_consecutive_failures: 3,
+        }
+    }
+}
+
+/// Requeue policy after a stop signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequeuePolicy {
+    Auto,
+    Always,
+    Never,
+}
+
+/// `[signals]`: the grace period and what happens after a stop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SignalsSection {
+    /// Time between the first stop signal and SIGKILL.
+    #[serde(with = "humantime_serde_compat")]
+    pub grace: Duration,
+    /// Kept free at the end of the grace period.
+    #[serde(with = "humantime_serde_compat")]
+    pub safety_margin: Duration,
+    pub requeue: RequeuePolicy,
+    /// Stop requeueing after this many restarts.
+    pub max_restarts: u32,
+}
+
+impl Default for SignalsSection {
+    fn default() -> Self {
+        SignalsSection {
+            grace: Duration::from_secs(120),
+            safety_margin: Duration::from_secs(10),
+            requeue: RequeuePolicy::Auto,
+            max_restarts: 20,
+        }
+    }
+}
+
+/// `[publish]`: git publishing of small run artefacts on exit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PublishSection {
+    pub enabled: bool,
+    /// Path of a local clone to commit into.
+    pub repo: Option<PathBuf>,
+    pub remote: String,
+    pub branch: String,
+    /// Commit message template (default names run, step, job id and reason).
+    pub message: Option<String>,
+    /// Extra run-directory files to publish (glob patterns; weights are never published).
+    pub include: Vec<String>,
+}
+
+impl Default for PublishSection {
+    fn default() -> Self {
+        PublishSection {
+            enabled: false,
+            repo: None,
+            remote: "origin".into(),
+            branch: "main".into(),
+            message: None,
+            include: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuBackend {
+    Auto,
+    Cpu,
+    Cuda,
+    Rocm,
+}
+
+/// `[gpu]`: device selection and memory headroom for placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuSection {
+    pub backend: GpuBackend,
+    /// Fraction of free device memory kept unused by the placement plan.
+    pub headroom: f64,
+}
+
+impl Default for GpuSection {
+    fn default() -> Self {
+        GpuSection { backend: GpuBackend::Auto, headroom: 0.25 }
+    }
+}
+
+/// Human-readable durations ("5m", "120s", "1h 30m") in both directions.
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "`{text}` is not a duration ({e}); write e.g. \"90s\", \"5m\" or \"1h 30m\""
+            ))
+        })
+    }
+}

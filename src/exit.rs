@@ -1,0 +1,47 @@
+//! The exit-code contract, in one place. Scripts (and `slurm/orchestrator.slurm`)
+//! rely on these numbers; `docs/cli.md` and `rekindle --help` repeat them.
+
+use std::process::ExitCode;
+
+/// What a finished command means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// 0: the work is done (training finished, verification passed).
+    Done,
+    /// 75 (EX_TEMPFAIL): stopped with a durable checkpoint; run again to continue.
+    StoppedWithCheckpoint,
+    /// 78 (EX_CONFIG): the configuration is invalid; nothing was changed.
+    ConfigError,
+    /// 2: the command line was invalid (clap's own code).
+    UsageError,
+    /// 1: anything else, including a failed verification.
+    Failure,
+}
+
+impl Outcome {
+    /// The numeric exit status.
+    pub fn code(self) -> u8 {
+        match self {
+            Outcome::Done => 0,
+            Outcome::Failure => 1,
+            Outcome::UsageError => 2,
+            Outcome::StoppedWithCheckpoint => 75,
+            Outcome::ConfigError => 78,
+        }
+    }
+}
+
+impl From<Outcome> for ExitCode {
+    fn from(o: Outcome) -> ExitCode {
+        ExitCode::from(o.code())
+    }
+}
+
+/// The table printed at the end of `rekindle --help`.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0   finished (training done, verification passed)
+  1   failure (including a checkpoint that does not verify)
+  2   usage error on the command line
+  75  stopped with a durable checkpoint: run the same command again to continue
+  78  configuration error: nothing was started or changed";

@@ -1,0 +1,20 @@
+//! rekindle: a preemption-tolerant training orchestrator for SLURM clusters.
+//!
+//! The binary (`src/main.rs`) only parses arguments and maps results to exit
+//! codes; everything else lives here, one module per concern:
+//!
+//! - [`config`]: the TOML config, overrides, validation with every error at once.
+//! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
+//! - [`train`]: models, optimizer, data, and the training loop's state.
+//! - [`orchestrate`]: the run lifecycle (run directory, resume, stop).
+//! - [`telemetry`]: logging setup and the run's event records.
+//! - [`cli`]: the command line and what each subcommand does.
+//! - [`exit`]: the exit-code contract.
+
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod exit;
+pub mod orchestrate;
+pub mod telemetry;
+pub mod train;

@@ -1,0 +1,1 @@
+//! Training: models, optimizer, data and the state that goes into checkpoints.
