@@ -97,12 +97,8 @@ impl HostTensor {
 
     /// Decodes an f32 tensor's values; `None` for any other dtype.
     pub fn to_f32(&self) -> Option<Vec<f32>> {
-        (self.dtype == DType::F32).then(|| {
-            self.data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        })
+        (self.dtype == DType::F32)
+            .then(|| self.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 }
 

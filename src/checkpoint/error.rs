@@ -1,0 +1,91 @@
+//! Errors of the checkpoint store, and the reasons a checkpoint fails to verify.
+
+use std::io;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+/// Why one file of a checkpoint (or its manifest) does not verify.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(tag = "problem", rename_all = "snake_case")]
+pub enum Problem {
+    #[error("missing")]
+    Missing,
+    #[error("wrong size: manifest says {expected} bytes, file has {actual}")]
+    WrongSize { expected: u64, actual: u64 },
+    #[error("sha256 mismatch: manifest says {expected}, file hashes to {actual}")]
+    Sha256Mismatch { expected: String, actual: String },
+    #[error("unreadable: {reason}")]
+    Unreadable { reason: String },
+    #[error("not a plain file (symlinks and directories are refused)")]
+    NotPlainFile,
+    #[error("path outside the checkpoint: `{name}` (only plain names inside the checkpoint directory are allowed)")]
+    PathOutside { name: String },
+    #[error("manifest missing: the directory was never committed")]
+    ManifestMissing,
+    #[error("manifest unreadable: {reason}")]
+    ManifestUnreadable { reason: String },
+    #[error("manifest invalid: {reason}")]
+    ManifestInvalid { reason: String },
+    #[error("unknown format version {found} (this rekindle reads version {supported}); use a newer rekindle")]
+    UnknownFormatVersion { found: u64, supported: u64 },
+    #[error("invalid content: {reason}")]
+    InvalidContent { reason: String },
+}
+
+/// One verification failure: which file, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileFailure {
+    /// File name relative to the checkpoint directory (`MANIFEST.json` for manifest problems).
+    pub file: String,
+    #[serde(flatten)]
+    pub problem: Problem,
+}
+
+impl std::fmt::Display for FileFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.file, self.problem)
+    }
+}
+
+/// Errors of saving, listing and loading checkpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot create checkpoint directory {path}: {source}; check that the parent exists and is writable")]
+    CreateDir { path: PathBuf, source: io::Error },
+    #[error("cannot list checkpoint directory {path}: {source}")]
+    ListDir { path: PathBuf, source: io::Error },
+    #[error(
+        "not enough free space for checkpoint of step {step} in {path}: need about {needed} bytes, {available} available; free space or point [checkpoint] dir elsewhere (earlier checkpoints are untouched)"
+    )]
+    NoSpace { step: u64, path: PathBuf, needed: u64, available: u64 },
+    #[error(
+        "writing checkpoint of step {step} failed at {path}: {source}{hint}; the partial checkpoint was removed and earlier checkpoints are untouched",
+        hint = io_hint(source)
+    )]
+    Write { step: u64, path: PathBuf, source: io::Error },
+    #[error("checkpoint of step {step}: tensor `{name}` is invalid: {reason}")]
+    BadTensor { step: u64, name: String, reason: String },
+    #[error("checkpoint {path} does not verify: {}", join_failures(failures))]
+    Invalid { path: PathBuf, failures: Vec<FileFailure> },
+    #[error("{path} is neither a checkpoint directory (no MANIFEST.json) nor a run or checkpoints directory")]
+    NotACheckpoint { path: PathBuf },
+    #[error("cannot remove {path}: {source}")]
+    Remove { path: PathBuf, source: io::Error },
+    #[error("failpoint {0} injected an error")]
+    Injected(String),
+}
+
+fn io_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc_enospc) if libc_enospc == nix::libc::ENOSPC => " (disk full)",
+        Some(code) if code == nix::libc::EROFS => " (read-only filesystem)",
+        Some(code) if code == nix::libc::EACCES || code == nix::libc::EPERM => " (permission denied)",
+        Some(code) if code == nix::libc::EIO => " (I/O error: the disk or network filesystem failed)",
+        _ => "",
+    }
+}
+
+fn join_failures(failures: &[FileFailure]) -> String {
+    failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
+}

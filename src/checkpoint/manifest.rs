@@ -1,0 +1,149 @@
+//! `MANIFEST.json`: the commit record of a checkpoint. A directory is a
+//! checkpoint only if it holds a manifest that parses, has a known format
+//! version, and names only plain files inside the directory.
+
+use std::path::{Component, Path};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{FileFailure, Problem};
+
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u64 = 1;
+/// File name of the manifest inside a checkpoint directory.
+pub const MANIFEST_FILE: &str = "MANIFEST.json";
+
+/// One file of a checkpoint as recorded at commit time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestEntry {
+    /// Name relative to the checkpoint directory (a plain file name).
+    pub name: String,
+    pub bytes: u64,
+    /// Lower-case hex SHA-256 of the file's content.
+    pub sha256: String,
+}
+
+/// The manifest of one checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u64,
+    pub step: u64,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    pub rekindle_version: String,
+    pub files: Vec<ManifestEntry>,
+}
+
+impl Manifest {
+    /// Total bytes of the files the manifest names (the manifest itself excluded).
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+
+    /// Parses manifest bytes, checking the format version and every file name.
+    pub fn parse(bytes: &[u8]) -> Result<Manifest, FileFailure> {
+        let fail = |problem| FileFailure { file: MANIFEST_FILE.to_string(), problem };
+        // Read the version first so a future format with other fields reports
+        // "unknown version" rather than a confusing schema error.
+        let value: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| fail(Problem::ManifestInvalid { reason: format!("not JSON: {e}") }))?;
+        let version = value
+            .get("format_version")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| fail(Problem::ManifestInvalid { reason: "no numeric `format_version`".into() }))?;
+        if version != FORMAT_VERSION {
+            return Err(fail(Problem::UnknownFormatVersion { found: version, supported: FORMAT_VERSION }));
+        }
+        let manifest: Manifest =
+            serde_json::from_value(value).map_err(|e| fail(Problem::ManifestInvalid { reason: e.to_string() }))?;
+        let mut seen = std::collections::BTreeSet::new();
+        for entry in &manifest.files {
+            if !is_plain_name(&entry.name) || entry.name == MANIFEST_FILE {
+                return Err(FileFailure {
+                    file: entry.name.clone(),
+                    problem: Problem::PathOutside { name: entry.name.clone() },
+                });
+            }
+            if !seen.insert(entry.name.as_str()) {
+                return Err(fail(Problem::ManifestInvalid { reason: format!("`{}` is listed twice", entry.name) }));
+            }
+            if entry.sha256.len() != 64 || !entry.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(fail(Problem::ManifestInvalid {
+                    reason: format!("sha256 of `{}` is not 64 hex digits", entry.name),
+                }));
+            }
+        }
+        Ok(manifest)
+    }
+
+    /// Serialises the manifest (pretty JSON, trailing newline).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("manifest serialises");
+        out.push(b'\n');
+        out
+    }
+}
+
+/// True for a single normal path component: no `..`, no `/`, not absolute,
+/// not empty, not `.`.
+pub fn is_plain_name(name: &str) -> bool {
+    let mut components = Path::new(name).components();
+    matches!((components.next(), components.next()), (Some(Component::Normal(_)), None))
+        && !name.contains('/')
+        && !name.contains('\\')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest_with(name: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "format_version": 1, "step": 3, "created_at": "2026-01-01T00:00:00Z",
+            "rekindle_version": "0.1.0",
+            "files": [{"name": name, "bytes": 1, "sha256": "a".repeat(64)}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn plain_names_are_accepted_and_everything_else_refused() {
+        assert!(is_plain_name("model.safetensors"));
+        for bad in ["", ".", "..", "../x", "/etc/passwd", "a/b", "./a", "a\\b"] {
+            assert!(!is_plain_name(bad), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn manifest_naming_a_parent_path_is_path_outside() {
+        let err = Manifest::parse(&manifest_with("../model.safetensors")).unwrap_err();
+        assert!(matches!(err.problem, Problem::PathOutside { .. }), "{err}");
+        let err = Manifest::parse(&manifest_with("/abs")).unwrap_err();
+        assert!(matches!(err.problem, Problem::PathOutside { .. }), "{err}");
+    }
+
+    #[test]
+    fn unknown_format_version_is_reported_as_such() {
+        let bytes = br#"{"format_version": 2, "whatever": true}"#;
+        let err = Manifest::parse(bytes).unwrap_err();
+        assert_eq!(err.problem, Problem::UnknownFormatVersion { found: 2, supported: 1 });
+    }
+
+    #[test]
+    fn garbage_and_truncated_manifests_are_invalid() {
+        assert!(matches!(Manifest::parse(b"\x00garbage").unwrap_err().problem, Problem::ManifestInvalid { .. }));
+        let full = manifest_with("model.safetensors");
+        let err = Manifest::parse(&full[..full.len() / 2]).unwrap_err();
+        assert!(matches!(err.problem, Problem::ManifestInvalid { .. }));
+    }
+
+    #[test]
+    fn round_trips_and_rejects_duplicates() {
+        let m = Manifest::parse(&manifest_with("model.safetensors")).unwrap();
+        assert_eq!(Manifest::parse(&m.to_bytes()).unwrap(), m);
+        let mut dup = m.clone();
+        dup.files.push(dup.files[0].clone());
+        assert!(Manifest::parse(&dup.to_bytes()).is_err());
+    }
+}
