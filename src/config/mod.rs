@@ -5,13 +5,16 @@
 //! - `validate.rs`: semantic checks (ranges, relations between keys).
 //! - `error.rs`: [`ConfigError`] and [`Problem`].
 //! - `keys.rs`: the key names the schema accepts.
+//! - `diff.rs`: training-relevant differences and hash, for resume.
 
+mod diff;
 mod error;
 mod keys;
 mod load;
 mod schema;
 mod validate;
 
+pub use diff::{training_diff, training_hash};
 pub use error::{ConfigError, Problem};
 pub use keys::{all_keys, section_keys, sections};
 pub use load::{LoadedConfig, from_str, load, to_toml};
