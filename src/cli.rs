@@ -72,7 +72,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
     /// Override a config key, typed as in TOML: `--set run.max_steps=500`,
-    /// `--set checkpoint.interval='"30s"'` (repeatable).
+    /// `--set checkpoint.interval=30s`, `--set model.hidden=[64,64]` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
     /// Resume even if training settings differ from the run directory's config.toml.
@@ -106,7 +106,9 @@ pub struct CheckpointsArgs {
 pub enum CliError {
     #[error(transparent)]
     Run(#[from] RunError),
-    #[error("{path}: no checkpoints here: expected a checkpoint directory (with {MANIFEST_FILE}), a checkpoints directory (with step-* directories) or a run directory (with checkpoints/)")]
+    #[error(
+        "{path}: no checkpoints here: expected a checkpoint directory (with {MANIFEST_FILE}), a checkpoints directory (with step-* directories) or a run directory (with checkpoints/)"
+    )]
     NotACheckpointPath { path: PathBuf },
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),

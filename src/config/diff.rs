@@ -33,8 +33,8 @@ pub fn training_diff(old: &Config, new: &Config) -> Vec<String> {
 /// object, keys `section.key` in sorted order, compact. Equal hashes mean
 /// [`training_diff`] is empty.
 pub fn training_hash(config: &Config) -> String {
-    let canonical = serde_json::to_string(&training_view(config))
-        .unwrap_or_else(|e| format!("unserializable training view: {e}"));
+    let canonical =
+        serde_json::to_string(&training_view(config)).unwrap_or_else(|e| format!("unserializable training view: {e}"));
     hex::encode(Sha256::digest(canonical.as_bytes()))
 }
 
@@ -59,11 +59,7 @@ fn training_view(config: &Config) -> BTreeMap<String, Value> {
     view
 }
 
-fn add_section<T: Serialize + std::fmt::Debug>(
-    view: &mut BTreeMap<String, Value>,
-    name: &str,
-    section: &T,
-) {
+fn add_section<T: Serialize + std::fmt::Debug>(view: &mut BTreeMap<String, Value>, name: &str, section: &T) {
     match serde_json::to_value(section) {
         Ok(Value::Object(fields)) => {
             for (key, value) in fields {
@@ -108,11 +104,7 @@ mod tests {
         new.data.path = Some("d.jsonl".into());
         assert_eq!(
             training_diff(&old, &new),
-            [
-                "data.path: unset -> \"d.jsonl\"",
-                "model.kind: \"mlp\" -> \"gpt\"",
-                "model.width: 64 -> 128",
-            ]
+            ["data.path: unset -> \"d.jsonl\"", "model.kind: \"mlp\" -> \"gpt\"", "model.width: 64 -> 128",]
         );
     }
 

@@ -58,13 +58,7 @@ pub struct Problem {
 impl Problem {
     /// A problem with no place yet; the loader fills in line and column.
     pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Problem {
-            key: key.into(),
-            line: None,
-            column: None,
-            from_set: false,
-            message: message.into(),
-        }
+        Problem { key: key.into(), line: None, column: None, from_set: false, message: message.into() }
     }
 
     /// The problem as one line, prefixed by its place in `source_name`:
@@ -88,11 +82,7 @@ fn render_problems(source_name: &str, problems: &[Problem]) -> String {
     let count = problems.len();
     let noun = if count == 1 { "problem" } else { "problems" };
     let mut lines = vec![format!("config file {source_name} has {count} {noun}:")];
-    lines.extend(
-        problems
-            .iter()
-            .map(|p| format!("  {}", p.render(source_name))),
-    );
+    lines.extend(problems.iter().map(|p| format!("  {}", p.render(source_name))));
     lines.join("\n")
 }
 
@@ -107,10 +97,7 @@ mod tests {
         located.column = Some(1);
         let mut set = Problem::new("run.max_steps", "must be at least 1 (got 0)");
         set.from_set = true;
-        let err = ConfigError::Invalid {
-            source_name: "configs/x.toml".into(),
-            problems: vec![located, set],
-        };
+        let err = ConfigError::Invalid { source_name: "configs/x.toml".into(), problems: vec![located, set] };
         assert_eq!(
             err.to_string(),
             "config file configs/x.toml has 2 problems:\n  \
@@ -121,14 +108,9 @@ mod tests {
 
     #[test]
     fn single_problem_header_is_singular() {
-        let err = ConfigError::Invalid {
-            source_name: "a.toml".into(),
-            problems: vec![Problem::new("", "syntax error")],
-        };
-        assert!(
-            err.to_string()
-                .starts_with("config file a.toml has 1 problem:\n")
-        );
+        let err =
+            ConfigError::Invalid { source_name: "a.toml".into(), problems: vec![Problem::new("", "syntax error")] };
+        assert!(err.to_string().starts_with("config file a.toml has 1 problem:\n"));
     }
 
     #[test]
@@ -137,10 +119,7 @@ mod tests {
             path: "configs/missing.toml".into(),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         };
-        assert_eq!(
-            err.to_string(),
-            "cannot read config file configs/missing.toml"
-        );
+        assert_eq!(err.to_string(), "cannot read config file configs/missing.toml");
         assert!(std::error::Error::source(&err).is_some());
     }
 }

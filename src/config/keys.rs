@@ -36,12 +36,7 @@ pub fn section_keys(section: &str) -> Option<&'static [&'static str]> {
 pub fn all_keys() -> Vec<String> {
     sections()
         .iter()
-        .flat_map(|section| {
-            section_keys(section)
-                .unwrap_or_default()
-                .iter()
-                .map(move |key| format!("{section}.{key}"))
-        })
+        .flat_map(|section| section_keys(section).unwrap_or_default().iter().map(move |key| format!("{section}.{key}")))
         .collect()
 }
 

@@ -36,33 +36,24 @@ pub struct LoadedConfig {
 /// valid TOML, or that only fits the key as a string, is taken as a bare
 /// string (`model.kind=gpt`, `checkpoint.interval=30s`, `run.name=2024`).
 pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
     let mut loaded = from_str(&text, &path.display().to_string(), overrides)?;
     loaded.source = path.to_path_buf();
     Ok(loaded)
 }
 
 /// [`load`] on TOML text; `source_name` names it in messages.
-pub fn from_str(
-    text: &str,
-    source_name: &str,
-    overrides: &[String],
-) -> Result<LoadedConfig, ConfigError> {
+pub fn from_str(text: &str, source_name: &str, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
     let mut problems = Vec::new();
-    let sets: Vec<Override> = overrides
-        .iter()
-        .filter_map(|raw| Override::parse(raw).map_err(|p| problems.push(p)).ok())
-        .collect();
+    let sets: Vec<Override> =
+        overrides.iter().filter_map(|raw| Override::parse(raw).map_err(|p| problems.push(p)).ok()).collect();
 
     let doc = match toml_edit::Document::parse(text) {
         Ok(doc) => doc,
         Err(err) => {
             let place = err.span().map(|span| line_column(text, span.start));
-            let mut problem =
-                Problem::new("", format!("TOML syntax error: {}", err.message().trim()));
+            let mut problem = Problem::new("", format!("TOML syntax error: {}", err.message().trim()));
             (problem.line, problem.column) = (place.map(|p| p.0), place.map(|p| p.1));
             problems.insert(0, problem);
             return Err(invalid(source_name, problems));
@@ -74,14 +65,9 @@ pub fn from_str(
     for set in sets {
         entries.retain(|e| !(e.section == set.section && e.key.as_deref() == Some(&set.key)));
         let section_known = section_keys(&set.section).is_some();
-        places
-            .keys
-            .insert(format!("{}.{}", set.section, set.key), Place::Set);
+        places.keys.insert(format!("{}.{}", set.section, set.key), Place::Set);
         if section_known {
-            places
-                .sections
-                .entry(set.section.clone())
-                .or_insert(Place::Set);
+            places.sections.entry(set.section.clone()).or_insert(Place::Set);
         }
         entries.push(Entry {
             section: set.section,
@@ -127,28 +113,19 @@ pub fn from_str(
         let section = finding.key.split('.').next().unwrap_or_default();
         let blocked = std::iter::once(finding.key)
             .chain(finding.depends_on.iter().copied())
-            .any(|key| {
-                failed.contains(key) || failed.contains(key.split('.').next().unwrap_or_default())
-            });
+            .any(|key| failed.contains(key) || failed.contains(key.split('.').next().unwrap_or_default()));
         if blocked {
             // A key it depends on was rejected and stood in by its default:
             // the finding would be about a value nobody wrote.
             continue;
         }
-        let place = places
-            .keys
-            .get(finding.key)
-            .or_else(|| places.sections.get(section))
-            .copied()
-            .unwrap_or(Place::Nowhere);
+        let place =
+            places.keys.get(finding.key).or_else(|| places.sections.get(section)).copied().unwrap_or(Place::Nowhere);
         problems.push(place.locate(Problem::new(finding.key, finding.message)));
     }
 
     if problems.is_empty() {
-        Ok(LoadedConfig {
-            config,
-            source: PathBuf::from(source_name),
-        })
+        Ok(LoadedConfig { config, source: PathBuf::from(source_name) })
     } else {
         Err(invalid(source_name, sorted(problems)))
     }
@@ -167,10 +144,7 @@ pub fn to_toml(config: &Config) -> String {
 }
 
 fn invalid(source_name: &str, problems: Vec<Problem>) -> ConfigError {
-    ConfigError::Invalid {
-        source_name: source_name.to_string(),
-        problems,
-    }
+    ConfigError::Invalid { source_name: source_name.to_string(), problems }
 }
 
 /// File problems in file order, then unplaced ones, then `--set` ones in
@@ -254,12 +228,8 @@ struct Override {
 impl Override {
     fn parse(raw: &str) -> Result<Override, Problem> {
         let malformed = |why: &str| {
-            let mut problem = Problem::new(
-                "",
-                format!(
-                    "`{raw}`: {why}; write --set section.key=value, e.g. --set run.max_steps=50"
-                ),
-            );
+            let mut problem =
+                Problem::new("", format!("`{raw}`: {why}; write --set section.key=value, e.g. --set run.max_steps=50"));
             problem.from_set = true;
             problem
         };
@@ -277,12 +247,7 @@ impl Override {
             Ok(value) => (value, Some(Item::Value(Value::from(text)))),
             Err(_) => (Value::from(text), None),
         };
-        Ok(Override {
-            section: section.to_string(),
-            key: key.to_string(),
-            value: Item::Value(value),
-            as_string,
-        })
+        Ok(Override { section: section.to_string(), key: key.to_string(), value: Item::Value(value), as_string })
     }
 }
 
@@ -310,9 +275,9 @@ fn split_document(
         };
         if item.is_array_of_tables() {
             let message = match section_keys(section) {
-                Some(_) => format!(
-                    "expected a table, found an array of tables; write `[{section}]`, not `[[{section}]]`"
-                ),
+                Some(_) => {
+                    format!("expected a table, found an array of tables; write `[{section}]`, not `[[{section}]]`")
+                }
                 None => unknown("section", section, sections()),
             };
             problems.push(header.locate(Problem::new(section, message)));
@@ -331,16 +296,12 @@ fn split_document(
             continue;
         };
         let Some(allowed) = section_keys(section) else {
-            problems.push(header.locate(Problem::new(
-                section,
-                unknown("section", section, sections()),
-            )));
+            problems.push(header.locate(Problem::new(section, unknown("section", section, sections()))));
             continue;
         };
         places.sections.insert(section.to_string(), header);
         for (key, value) in table.iter() {
-            let place =
-                Place::of_span(text, table.key(key).and_then(|k| k.span()).or(value.span()));
+            let place = Place::of_span(text, table.key(key).and_then(|k| k.span()).or(value.span()));
             let path = format!("{section}.{key}");
             if !allowed.contains(&key) {
                 problems.push(place.locate(Problem::new(path, unknown("key", key, allowed))));
@@ -381,9 +342,7 @@ fn check_entry(entry: &Entry) -> Result<(), String> {
 fn insert(root: &mut Table, entry: &Entry) {
     match &entry.key {
         Some(key) => {
-            let section = root
-                .entry(&entry.section)
-                .or_insert_with(|| Item::Table(Table::new()));
+            let section = root.entry(&entry.section).or_insert_with(|| Item::Table(Table::new()));
             if let Some(table) = section.as_table_like_mut() {
                 table.insert(key, entry.item.clone());
             }
@@ -455,10 +414,7 @@ fn humanize(message: &str) -> String {
         }
     }
     for prefix in ["invalid type: ", "invalid value: "] {
-        if let Some((found, expected)) = message
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.rsplit_once(", expected "))
-        {
+        if let Some((found, expected)) = message.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected ")) {
             return format!("expected {}, found {found}", expected_in_toml(expected));
         }
     }
@@ -503,9 +459,7 @@ mod tests {
 
     fn load_text(text: &str, sets: &[&str]) -> Result<Config, Vec<Problem>> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        from_str(text, "test.toml", &sets)
-            .map(|loaded| loaded.config)
-            .map_err(|err| err.problems().to_vec())
+        from_str(text, "test.toml", &sets).map(|loaded| loaded.config).map_err(|err| err.problems().to_vec())
     }
 
     fn problems(text: &str, sets: &[&str]) -> Vec<Problem> {
@@ -514,10 +468,7 @@ mod tests {
 
     /// `(key, line, column)` of each problem.
     fn places(problems: &[Problem]) -> Vec<(String, Option<usize>, Option<usize>)> {
-        problems
-            .iter()
-            .map(|p| (p.key.clone(), p.line, p.column))
-            .collect()
+        problems.iter().map(|p| (p.key.clone(), p.line, p.column)).collect()
     }
 
     fn keys_of_toml(text: &str) -> BTreeSet<String> {
@@ -563,13 +514,8 @@ lr = 1
         );
         let err = from_str(text, "configs/x.toml", &[]).unwrap_err();
         let shown = err.to_string();
-        assert!(
-            shown.starts_with("config file configs/x.toml has 5 problems:\n"),
-            "{shown}"
-        );
-        assert!(
-            shown.contains("\n  configs/x.toml:6:1: checkpoint.keep: must be at least 1 (got 0)")
-        );
+        assert!(shown.starts_with("config file configs/x.toml has 5 problems:\n"), "{shown}");
+        assert!(shown.contains("\n  configs/x.toml:6:1: checkpoint.keep: must be at least 1 (got 0)"));
     }
 
     #[test]
@@ -594,14 +540,8 @@ lr = 1
     fn suggestions_catch_swaps_and_skip_strangers() {
         assert_eq!(nearest("gtp", &["mlp", "gpt"]), Some("gpt"));
         assert_eq!(nearest("Kind", &["kind", "path"]), Some("kind"));
-        assert_eq!(
-            nearest("max_step", &["seed", "max_steps"]),
-            Some("max_steps")
-        );
-        assert_eq!(
-            nearest("intervall", &["interval", "keep"]),
-            Some("interval")
-        );
+        assert_eq!(nearest("max_step", &["seed", "max_steps"]), Some("max_steps"));
+        assert_eq!(nearest("intervall", &["interval", "keep"]), Some("interval"));
         assert_eq!(nearest("zzz", &["dir", "keep"]), None);
         assert_eq!(nearest("cnn", &["mlp", "gpt"]), None);
     }
@@ -609,41 +549,22 @@ lr = 1
     #[test]
     fn unknown_section_is_reported_once_with_suggestion() {
         let found = problems("[optimiser]\nlr = 1\nbeta1 = 0.5\n", &[]);
-        assert_eq!(
-            places(&found),
-            [("optimiser".to_string(), Some(1), Some(1))]
-        );
-        assert!(
-            found[0]
-                .message
-                .starts_with("unknown section; did you mean `optimizer`? allowed: run, model,")
-        );
+        assert_eq!(places(&found), [("optimiser".to_string(), Some(1), Some(1))]);
+        assert!(found[0].message.starts_with("unknown section; did you mean `optimizer`? allowed: run, model,"));
     }
 
     #[test]
     fn bad_enum_value_lists_allowed_values() {
         let found = problems("[model]\nkind = \"gtp\"\n", &[]);
-        assert_eq!(
-            places(&found),
-            [("model.kind".to_string(), Some(2), Some(1))]
-        );
-        assert_eq!(
-            found[0].message,
-            "`gtp` is not allowed; did you mean `gpt`? allowed: mlp, gpt"
-        );
+        assert_eq!(places(&found), [("model.kind".to_string(), Some(2), Some(1))]);
+        assert_eq!(found[0].message, "`gtp` is not allowed; did you mean `gpt`? allowed: mlp, gpt");
         let found = problems("[gpu]\nbackend = \"metal\"\n", &[]);
-        assert_eq!(
-            found[0].message,
-            "`metal` is not allowed; allowed: auto, cpu, cuda, rocm"
-        );
+        assert_eq!(found[0].message, "`metal` is not allowed; allowed: auto, cpu, cuda, rocm");
     }
 
     #[test]
     fn wrong_type_names_the_expected_toml_type() {
-        let found = problems(
-            "[run]\nmax_steps = \"many\"\nseed = -1\n[model]\nhidden = 64\ndropout = \"x\"\n",
-            &[],
-        );
+        let found = problems("[run]\nmax_steps = \"many\"\nseed = -1\n[model]\nhidden = 64\ndropout = \"x\"\n", &[]);
         let messages: Vec<&str> = found.iter().map(|p| p.message.as_str()).collect();
         assert_eq!(
             messages,
@@ -659,15 +580,8 @@ lr = 1
     #[test]
     fn bad_duration_is_reported_at_its_key() {
         let found = problems("[signals]\ngrace = \"2 fortnights\"\n", &[]);
-        assert_eq!(
-            places(&found),
-            [("signals.grace".to_string(), Some(2), Some(1))]
-        );
-        assert!(
-            found[0].message.contains("is not a duration"),
-            "{}",
-            found[0].message
-        );
+        assert_eq!(places(&found), [("signals.grace".to_string(), Some(2), Some(1))]);
+        assert!(found[0].message.contains("is not a duration"), "{}", found[0].message);
         assert!(found[0].message.contains("\"5m\""));
     }
 
@@ -682,10 +596,7 @@ lr = 1
     fn array_of_tables_section_says_to_use_a_table() {
         let found = problems("[run]\nseed = 1\n[[data]]\nkind = \"x\"\n", &[]);
         assert_eq!(places(&found), [("data".to_string(), Some(3), Some(1))]);
-        assert_eq!(
-            found[0].message,
-            "expected a table, found an array of tables; write `[data]`, not `[[data]]`"
-        );
+        assert_eq!(found[0].message, "expected a table, found an array of tables; write `[data]`, not `[[data]]`");
     }
 
     #[test]
@@ -703,28 +614,16 @@ lr = 1
         let found = problems(text, &[]);
         assert_eq!(
             places(&found),
-            [
-                ("model.heads".to_string(), Some(1), Some(25)),
-                ("data.kindd".to_string(), Some(2), Some(6)),
-            ]
+            [("model.heads".to_string(), Some(1), Some(25)), ("data.kindd".to_string(), Some(2), Some(6)),]
         );
     }
 
     #[test]
     fn semantic_problem_points_at_its_key() {
-        let found = problems(
-            "[run]\nname = \"t\"\n\n[signals]\nsafety_margin = \"5m\"\n",
-            &[],
-        );
+        let found = problems("[run]\nname = \"t\"\n\n[signals]\nsafety_margin = \"5m\"\n", &[]);
         // signals.grace is not in the file: the problem points at its section.
-        assert_eq!(
-            places(&found),
-            [("signals.grace".to_string(), Some(4), Some(1))]
-        );
-        assert_eq!(
-            found[0].message,
-            "must be longer than signals.safety_margin = 5m (got 2m)"
-        );
+        assert_eq!(places(&found), [("signals.grace".to_string(), Some(4), Some(1))]);
+        assert_eq!(found[0].message, "must be longer than signals.safety_margin = 5m (got 2m)");
     }
 
     #[test]
@@ -741,21 +640,14 @@ lr = 1
         // heads = "3" is rejected; its default (4) must not then be reported
         // as not dividing width = 30.
         let found = problems("[model]\nkind = \"gpt\"\nwidth = 30\nheads = \"3\"\n", &[]);
-        assert_eq!(
-            places(&found),
-            [("model.heads".to_string(), Some(4), Some(1))]
-        );
+        assert_eq!(places(&found), [("model.heads".to_string(), Some(4), Some(1))]);
     }
 
     #[test]
     fn set_override_replaces_value_with_toml_type() {
         let config = load_text(
             "[run]\nmax_steps = 10\n",
-            &[
-                "run.max_steps=50",
-                "checkpoint.interval=\"30s\"",
-                "model.hidden=[8, 8]",
-            ],
+            &["run.max_steps=50", "checkpoint.interval=\"30s\"", "model.hidden=[8, 8]"],
         )
         .unwrap();
         assert_eq!(config.run.max_steps, 50);
@@ -767,13 +659,7 @@ lr = 1
     fn set_override_accepts_a_bare_string() {
         let config = load_text(
             "",
-            &[
-                "model.kind=gpt",
-                "checkpoint.interval=90s",
-                "run.name=2024",
-                "data.kind = jsonl",
-                "data.path=d.jsonl",
-            ],
+            &["model.kind=gpt", "checkpoint.interval=90s", "run.name=2024", "data.kind = jsonl", "data.path=d.jsonl"],
         )
         .unwrap();
         assert_eq!(config.model.kind, ModelKind::Gpt);
@@ -792,12 +678,7 @@ lr = 1
     fn set_problems_say_from_set() {
         let found = problems(
             "[checkpoint]\nkeep = 0\n",
-            &[
-                "checkpoint.keep=0",
-                "run.max_step=5",
-                "nosuch.key=1",
-                "run.seed=x",
-            ],
+            &["checkpoint.keep=0", "run.max_step=5", "nosuch.key=1", "run.seed=x"],
         );
         let shown: Vec<String> = found.iter().map(|p| p.render("c.toml")).collect();
         assert_eq!(
@@ -818,11 +699,7 @@ lr = 1
         assert_eq!(found.len(), 3);
         assert!(found.iter().all(|p| p.from_set));
         assert!(found[0].message.contains("no `=`"), "{}", found[0].message);
-        assert!(
-            found[1].message.contains("section.key"),
-            "{}",
-            found[1].message
-        );
+        assert!(found[1].message.contains("section.key"), "{}", found[1].message);
     }
 
     #[test]
@@ -831,11 +708,7 @@ lr = 1
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].line, Some(3));
         assert!(found[0].column.is_some());
-        assert!(
-            found[0].message.starts_with("TOML syntax error: "),
-            "{}",
-            found[0].message
-        );
+        assert!(found[0].message.starts_with("TOML syntax error: "), "{}", found[0].message);
         let shown = from_str("[run\n", "bad.toml", &[]).unwrap_err().to_string();
         assert!(shown.contains("bad.toml:1:"), "{shown}");
     }
@@ -875,10 +748,7 @@ lr = 1
         std::fs::write(&path, "[run]\nseed = 9\n").unwrap();
         let loaded = load(&path, &["run.max_steps=3".to_string()]).unwrap();
         assert_eq!(loaded.source, path);
-        assert_eq!(
-            (loaded.config.run.seed, loaded.config.run.max_steps),
-            (9, 3)
-        );
+        assert_eq!((loaded.config.run.seed, loaded.config.run.max_steps), (9, 3));
     }
 
     #[test]
@@ -923,10 +793,7 @@ lr = 1
         let resolved = keys_of_toml(&to_toml(&Config::default()));
         let every: BTreeSet<String> = all_keys().into_iter().collect();
         assert!(resolved.is_subset(&every));
-        assert_eq!(
-            documented, every,
-            "configs/example.toml and the schema differ"
-        );
+        assert_eq!(documented, every, "configs/example.toml and the schema differ");
         assert_eq!(keys_of_toml(&to_toml(&example)), every);
     }
 

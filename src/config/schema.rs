@@ -40,12 +40,7 @@ pub struct RunSection {
 
 impl Default for RunSection {
     fn default() -> Self {
-        RunSection {
-            name: "run".into(),
-            dir: None,
-            seed: 0,
-            max_steps: 1000,
-        }
+        RunSection { name: "run".into(), dir: None, seed: 0, max_steps: 1000 }
     }
 }
 
@@ -358,10 +353,7 @@ pub struct GpuSection {
 
 impl Default for GpuSection {
     fn default() -> Self {
-        GpuSection {
-            backend: GpuBackend::Auto,
-            headroom: 0.25,
-        }
+        GpuSection { backend: GpuBackend::Auto, headroom: 0.25 }
     }
 }
 
@@ -392,9 +384,7 @@ mod humantime_serde_compat {
 
         fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
             humantime::parse_duration(text).map_err(|e| {
-                E::custom(format!(
-                    "`{text}` is not a duration ({e}); write e.g. \"90s\", \"5m\" or \"1h 30m\""
-                ))
+                E::custom(format!("`{text}` is not a duration ({e}); write e.g. \"90s\", \"5m\" or \"1h 30m\""))
             })
         }
     }

@@ -20,10 +20,7 @@ pub(crate) struct Finding {
 /// Runs every semantic check on `config` and returns the failures, without
 /// places (see [`load`](super::load) for located problems). Empty means valid.
 pub fn validate(config: &Config) -> Vec<Problem> {
-    findings(config)
-        .into_iter()
-        .map(|f| Problem::new(f.key, f.message))
-        .collect()
+    findings(config).into_iter().map(|f| Problem::new(f.key, f.message)).collect()
 }
 
 #[derive(Default)]
@@ -42,30 +39,17 @@ impl Findings {
         message: impl FnOnce() -> String,
     ) {
         if !ok {
-            self.0.push(Finding {
-                key,
-                depends_on,
-                message: message(),
-            });
+            self.0.push(Finding { key, depends_on, message: message() });
         }
     }
 
-    fn at_least<T: PartialOrd + Copy + std::fmt::Display>(
-        &mut self,
-        key: &'static str,
-        value: T,
-        min: T,
-    ) {
-        self.require(value >= min, key, || {
-            format!("must be at least {min} (got {value})")
-        });
+    fn at_least<T: PartialOrd + Copy + std::fmt::Display>(&mut self, key: &'static str, value: T, min: T) {
+        self.require(value >= min, key, || format!("must be at least {min} (got {value})"));
     }
 
     /// `value` in `[0, 1)`; NaN fails.
     fn unit_fraction(&mut self, key: &'static str, value: f64) {
-        self.require((0.0..1.0).contains(&value), key, || {
-            format!("must be at least 0 and below 1 (got {value})")
-        });
+        self.require((0.0..1.0).contains(&value), key, || format!("must be at least 0 and below 1 (got {value})"));
     }
 
     /// `value` finite and strictly positive.
@@ -77,9 +61,7 @@ impl Findings {
 
     /// `value` finite and at least 0.
     fn non_negative(&mut self, key: &'static str, value: f64) {
-        self.require(value.is_finite() && value >= 0.0, key, || {
-            format!("must be a number at least 0 (got {value})")
-        });
+        self.require(value.is_finite() && value >= 0.0, key, || format!("must be a number at least 0 (got {value})"));
     }
 }
 
@@ -169,17 +151,12 @@ fn train(f: &mut Findings, train: &TrainSection, data: &DataSection) {
     if train.eval_every > 0 {
         f.at_least("train.eval_batches", train.eval_batches, 1);
         let fraction = data.val_fraction;
-        f.require_with(
-            fraction > 0.0,
-            "train.eval_every",
-            &["data.val_fraction"],
-            || {
-                format!(
-                    "evaluation needs a validation split: set data.val_fraction above 0 \
+        f.require_with(fraction > 0.0, "train.eval_every", &["data.val_fraction"], || {
+            format!(
+                "evaluation needs a validation split: set data.val_fraction above 0 \
                  (got {fraction}) or train.eval_every = 0"
-                )
-            },
-        );
+            )
+        });
     }
 }
 
@@ -200,88 +177,60 @@ fn optimizer(f: &mut Findings, opt: &OptimizerSection, max_steps: u64) {
     match opt.decay_steps {
         Some(decay) => {
             f.at_least("optimizer.decay_steps", decay, 1);
-            f.require_with(
-                warmup <= decay,
-                "optimizer.warmup_steps",
-                &["optimizer.decay_steps"],
-                || format!("must not exceed optimizer.decay_steps = {decay} (got {warmup})"),
-            );
+            f.require_with(warmup <= decay, "optimizer.warmup_steps", &["optimizer.decay_steps"], || {
+                format!("must not exceed optimizer.decay_steps = {decay} (got {warmup})")
+            });
         }
-        None => f.require_with(
-            warmup <= max_steps,
-            "optimizer.warmup_steps",
-            &["run.max_steps"],
-            || {
-                format!(
-                    "must not exceed the decay length, run.max_steps = {max_steps} \
+        None => f.require_with(warmup <= max_steps, "optimizer.warmup_steps", &["run.max_steps"], || {
+            format!(
+                "must not exceed the decay length, run.max_steps = {max_steps} \
                      (got {warmup})"
-                )
-            },
-        ),
+            )
+        }),
     }
 }
 
 fn precision(f: &mut Findings, p: &PrecisionSection) {
     f.positive("precision.initial_scale", p.initial_scale);
     let growth = p.growth_factor;
-    f.require(
-        growth.is_finite() && growth > 1.0,
-        "precision.growth_factor",
-        || format!("must be a number greater than 1 (got {growth})"),
-    );
+    f.require(growth.is_finite() && growth > 1.0, "precision.growth_factor", || {
+        format!("must be a number greater than 1 (got {growth})")
+    });
     let backoff = p.backoff_factor;
-    f.require(
-        backoff > 0.0 && backoff < 1.0,
-        "precision.backoff_factor",
-        || format!("must be greater than 0 and below 1 (got {backoff})"),
-    );
+    f.require(backoff > 0.0 && backoff < 1.0, "precision.backoff_factor", || {
+        format!("must be greater than 0 and below 1 (got {backoff})")
+    });
     f.at_least("precision.growth_interval", p.growth_interval, 1);
 }
 
 fn checkpoint(f: &mut Findings, c: &CheckpointSection) {
-    f.require(c.interval > Duration::ZERO, "checkpoint.interval", || {
-        "must be longer than 0, e.g. \"5m\"".to_string()
-    });
+    f.require(c.interval > Duration::ZERO, "checkpoint.interval", || "must be longer than 0, e.g. \"5m\"".to_string());
     f.at_least("checkpoint.keep", c.keep, 1);
-    f.at_least(
-        "checkpoint.max_consecutive_failures",
-        c.max_consecutive_failures,
-        1,
-    );
+    f.at_least("checkpoint.max_consecutive_failures", c.max_consecutive_failures, 1);
 }
 
 fn signals(f: &mut Findings, s: &SignalsSection) {
     let (grace, margin) = (s.grace, s.safety_margin);
-    f.require_with(
-        grace > margin,
-        "signals.grace",
-        &["signals.safety_margin"],
-        || {
-            format!(
-                "must be longer than signals.safety_margin = {} (got {})",
-                humantime::format_duration(margin),
-                humantime::format_duration(grace)
-            )
-        },
-    );
+    f.require_with(grace > margin, "signals.grace", &["signals.safety_margin"], || {
+        format!(
+            "must be longer than signals.safety_margin = {} (got {})",
+            humantime::format_duration(margin),
+            humantime::format_duration(grace)
+        )
+    });
 }
 
 fn publish(f: &mut Findings, p: &PublishSection) {
     if !p.enabled {
         return;
     }
-    f.require_with(
-        p.repo.is_some(),
-        "publish.repo",
-        &["publish.enabled"],
-        || "is required when publish.enabled = true (path of a local clone)".to_string(),
-    );
+    f.require_with(p.repo.is_some(), "publish.repo", &["publish.enabled"], || {
+        "is required when publish.enabled = true (path of a local clone)".to_string()
+    });
     f.require(!p.remote.is_empty(), "publish.remote", || {
         "must name a git remote when publishing (got \"\")".to_string()
     });
-    f.require(!p.branch.is_empty(), "publish.branch", || {
-        "must name a branch when publishing (got \"\")".to_string()
-    });
+    f.require(!p.branch.is_empty(), "publish.branch", || "must name a branch when publishing (got \"\")".to_string());
 }
 
 #[cfg(test)]
@@ -304,15 +253,7 @@ mod tests {
         c.run.max_steps = 0;
         c.train.batch_size = 0;
         c.gpu.headroom = 1.0;
-        assert_eq!(
-            keys(&c),
-            [
-                "run.max_steps",
-                "train.batch_size",
-                "checkpoint.keep",
-                "gpu.headroom"
-            ]
-        );
+        assert_eq!(keys(&c), ["run.max_steps", "train.batch_size", "checkpoint.keep", "gpu.headroom"]);
     }
 
     #[test]
@@ -372,10 +313,7 @@ mod tests {
         c.data.val_fraction = 1.0;
         c.model.dropout = f64::NAN;
         c.optimizer.beta2 = 1.0;
-        assert_eq!(
-            keys(&c),
-            ["model.dropout", "data.val_fraction", "optimizer.beta2"]
-        );
+        assert_eq!(keys(&c), ["model.dropout", "data.val_fraction", "optimizer.beta2"]);
     }
 
     #[test]
@@ -386,10 +324,7 @@ mod tests {
         assert_eq!(keys(&c), ["optimizer.min_lr", "optimizer.warmup_steps"]);
         c.optimizer.min_lr = 0.0;
         c.optimizer.decay_steps = Some(c.run.max_steps + 10);
-        assert!(
-            keys(&c).is_empty(),
-            "warm-up fits in an explicit decay length"
-        );
+        assert!(keys(&c).is_empty(), "warm-up fits in an explicit decay length");
         c.optimizer.lr = 0.0;
         assert_eq!(keys(&c), ["optimizer.lr"]);
     }
@@ -399,10 +334,7 @@ mod tests {
         let mut c = Config::default();
         c.precision.growth_factor = 1.0;
         c.precision.backoff_factor = 1.0;
-        assert_eq!(
-            keys(&c),
-            ["precision.growth_factor", "precision.backoff_factor"]
-        );
+        assert_eq!(keys(&c), ["precision.growth_factor", "precision.backoff_factor"]);
     }
 
     #[test]
@@ -411,10 +343,7 @@ mod tests {
         c.signals.grace = Duration::from_secs(10);
         let found = findings(&c);
         assert_eq!(found[0].key, "signals.grace");
-        assert_eq!(
-            found[0].message,
-            "must be longer than signals.safety_margin = 10s (got 10s)"
-        );
+        assert_eq!(found[0].message, "must be longer than signals.safety_margin = 10s (got 10s)");
     }
 
     #[test]

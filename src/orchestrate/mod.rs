@@ -3,9 +3,9 @@
 //! signals, and finish with a summary.
 
 mod error;
+mod progress;
 mod run;
 mod rundir;
-mod progress;
 mod stop;
 
 pub use error::RunError;

@@ -27,7 +27,13 @@ impl Progress {
             );
             bar
         });
-        Progress { bar, last_log: std::cell::Cell::new(Instant::now()), started: Instant::now(), start_step: step, max_steps }
+        Progress {
+            bar,
+            last_log: std::cell::Cell::new(Instant::now()),
+            started: Instant::now(),
+            start_step: step,
+            max_steps,
+        }
     }
 
     pub fn update(&self, step: u64, loss: f64) {
@@ -42,7 +48,14 @@ impl Progress {
                 if self.last_log.get().elapsed() >= LOG_EVERY || step == self.max_steps {
                     self.last_log.set(Instant::now());
                     let eta = if rate > 0.0 { (self.max_steps - step) as f64 / rate } else { f64::NAN };
-                    tracing::info!(step, max_steps = self.max_steps, loss = format!("{loss:.4}"), steps_per_s = format!("{rate:.2}"), eta_s = format!("{eta:.0}"), "progress");
+                    tracing::info!(
+                        step,
+                        max_steps = self.max_steps,
+                        loss = format!("{loss:.4}"),
+                        steps_per_s = format!("{rate:.2}"),
+                        eta_s = format!("{eta:.0}"),
+                        "progress"
+                    );
                 }
             }
         }

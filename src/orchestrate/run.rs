@@ -130,9 +130,9 @@ impl Attempt {
     }
 
     fn stop_reason(&self) -> Option<StopReason> {
-        self.stop.signal().or_else(|| {
-            self.stop_at_step.filter(|k| self.trainer.step() >= *k).map(|_| StopReason::StopAtStep)
-        })
+        self.stop
+            .signal()
+            .or_else(|| self.stop_at_step.filter(|k| self.trainer.step() >= *k).map(|_| StopReason::StopAtStep))
     }
 
     fn train(mut self) -> Result<Outcome, RunError> {
@@ -218,7 +218,12 @@ impl Attempt {
                 if !report.already_existed {
                     self.checkpoints_written += 1;
                 }
-                tracing::info!(step = report.step, kind = why, seconds = format!("{:.3}", report.seconds), "checkpoint saved");
+                tracing::info!(
+                    step = report.step,
+                    kind = why,
+                    seconds = format!("{:.3}", report.seconds),
+                    "checkpoint saved"
+                );
                 self.events.record(
                     "checkpoint_saved",
                     json!({"step": report.step, "kind": why, "bytes": report.bytes, "payload_bytes": bytes,
@@ -228,7 +233,8 @@ impl Attempt {
                 Ok(())
             }
             Err(e) => {
-                self.events.record("checkpoint_failed", json!({"step": snapshot.step, "kind": why, "error": e.to_string()}))?;
+                self.events
+                    .record("checkpoint_failed", json!({"step": snapshot.step, "kind": why, "error": e.to_string()}))?;
                 Err(e.into())
             }
         }
