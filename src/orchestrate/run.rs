@@ -147,7 +147,7 @@ impl Attempt {
             match self.trainer.train_step(&move || stop.is_set())? {
                 StepResult::Interrupted => continue,
                 StepResult::Completed(m) => {
-                    if m.step % self.cfg.train.log_every == 0 || m.step == max_steps {
+                    if m.step.is_multiple_of(self.cfg.train.log_every) || m.step == max_steps {
                         self.metrics.append(&m.to_json())?;
                     }
                     self.last_loss = Some(m.loss);
@@ -155,7 +155,7 @@ impl Attempt {
                         self.best_loss = Some(self.best_loss.map_or(m.loss, |b| b.min(m.loss)));
                     }
                     progress.update(m.step, m.loss);
-                    if self.cfg.train.eval_every > 0 && m.step % self.cfg.train.eval_every == 0 {
+                    if self.cfg.train.eval_every > 0 && m.step.is_multiple_of(self.cfg.train.eval_every) {
                         let val_loss = self.trainer.evaluate()?;
                         self.metrics.append(&json!({"step": m.step, "val_loss": val_loss, "time": now()}))?;
                     }
@@ -174,7 +174,7 @@ impl Attempt {
     }
 
     fn periodic_checkpoint_due(&self, step: u64) -> bool {
-        let by_steps = self.cfg.checkpoint.every_steps > 0 && step % self.cfg.checkpoint.every_steps == 0;
+        let by_steps = self.cfg.checkpoint.every_steps > 0 && step.is_multiple_of(self.cfg.checkpoint.every_steps);
         by_steps || self.last_checkpoint.elapsed() >= self.cfg.checkpoint.interval
     }
 
