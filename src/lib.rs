@@ -7,6 +7,7 @@
 //! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
 //! - [`train`]: models, optimizer, data, and the training loop's state.
 //! - [`orchestrate`]: the run lifecycle (run directory, resume, stop, deadlines).
+//! - [`publish`]: git-publishing results on exit.
 //! - [`slurm`]: the allocation, the requeue decision, `scontrol`.
 //! - [`telemetry`]: logging setup and the run's event records.
 //! - [`cli`]: the command line and what each subcommand does.
@@ -17,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod exit;
 pub mod orchestrate;
+pub mod publish;
 pub mod slurm;
 pub mod telemetry;
 pub mod train;

@@ -314,10 +314,19 @@ pub struct PublishSection {
     pub repo: Option<PathBuf>,
     pub remote: String,
     pub branch: String,
-    /// Commit message template (default names run, step, job id and reason).
+    /// Commit message template (default names run, step, job id and reason);
+    /// `{run}`, `{step}`, `{job}`, `{reason}`, `{node}` are replaced.
     pub message: Option<String>,
     /// Extra run-directory files to publish (glob patterns; weights are never published).
     pub include: Vec<String>,
+    /// Push attempts before giving up (the commit stays local and is pushed by the next run).
+    pub max_attempts: u32,
+    /// Wait before the second push attempt; doubles each time.
+    #[serde(with = "humantime_serde_compat")]
+    pub retry_initial: Duration,
+    /// Longest wait between push attempts.
+    #[serde(with = "humantime_serde_compat")]
+    pub retry_max: Duration,
 }
 
 impl Default for PublishSection {
@@ -329,6 +338,9 @@ impl Default for PublishSection {
             branch: "main".into(),
             message: None,
             include: Vec::new(),
+            max_attempts: 5,
+            retry_initial: Duration::from_secs(5),
+            retry_max: Duration::from_secs(300),
         }
     }
 }

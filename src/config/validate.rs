@@ -231,6 +231,10 @@ fn publish(f: &mut Findings, p: &PublishSection) {
         "must name a git remote when publishing (got \"\")".to_string()
     });
     f.require(!p.branch.is_empty(), "publish.branch", || "must name a branch when publishing (got \"\")".to_string());
+    f.require(p.max_attempts >= 1, "publish.max_attempts", || "must be at least 1".to_string());
+    f.require(p.retry_initial <= p.retry_max, "publish.retry_initial", || {
+        "must not exceed publish.retry_max".to_string()
+    });
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! The stop flag: OS signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) translated
-//! into a domain reason that the training loop polls between micro-batches.
-//! The signal handler only stores a number; everything else happens on the
-//! training thread.
+//! into a domain reason with its arrival time, polled by the training loop
+//! between micro-batches. The signal handler only does atomic stores
+//! (async-signal-safe); everything else happens on the training thread.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use nix::libc;
 
@@ -30,10 +31,32 @@ impl StopReason {
     }
 }
 
-/// A shared flag holding the first stop signal's number (0: none).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
+struct Shared {
+    base: Instant,
+    first_signal: AtomicUsize,
+    /// Nanoseconds after `base` at which the first signal arrived (+1; 0: none).
+    first_arrival: AtomicU64,
+    count: AtomicUsize,
+}
+
+/// Shared record of the stop signals received.
+#[derive(Debug, Clone)]
 pub struct StopFlag {
-    signal: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+}
+
+impl Default for StopFlag {
+    fn default() -> Self {
+        StopFlag {
+            shared: Arc::new(Shared {
+                base: Instant::now(),
+                first_signal: AtomicUsize::new(0),
+                first_arrival: AtomicU64::new(0),
+                count: AtomicUsize::new(0),
+            }),
+        }
+    }
 }
 
 /// The signals that mean "checkpoint and stop".
@@ -44,28 +67,73 @@ impl StopFlag {
     pub fn install() -> std::io::Result<StopFlag> {
         let flag = StopFlag::default();
         for sig in STOP_SIGNALS {
-            // Keep the first signal: later ones must not overwrite the reason.
-            let cell = Arc::clone(&flag.signal);
-            // SAFETY: the handler only performs an atomic compare-exchange,
-            // which is async-signal-safe.
+            let shared = Arc::clone(&flag.shared);
+            // SAFETY: the handler only reads the monotonic clock
+            // (clock_gettime, async-signal-safe) and does atomic operations.
             unsafe {
-                signal_hook::low_level::register(sig, move || {
-                    let _ = cell.compare_exchange(0, sig as usize, Ordering::SeqCst, Ordering::SeqCst);
-                })?;
+                signal_hook::low_level::register(sig, move || shared.record(sig))?;
             }
         }
         Ok(flag)
     }
 
+    /// Records a signal as the handler would (for tests and internal stops).
+    pub fn raise(&self, sig: i32) {
+        self.shared.record(sig);
+    }
+
     /// The first stop signal received, if any.
     pub fn signal(&self) -> Option<StopReason> {
-        match self.signal.load(Ordering::SeqCst) {
+        match self.shared.first_signal.load(Ordering::SeqCst) {
             0 => None,
             n => Some(StopReason::Signal(n as i32)),
         }
     }
 
+    /// When the first signal arrived.
+    pub fn first_arrival(&self) -> Option<Instant> {
+        match self.shared.first_arrival.load(Ordering::SeqCst) {
+            0 => None,
+            n => Some(self.shared.base + Duration::from_nanos(n - 1)),
+        }
+    }
+
+    /// How many stop signals arrived so far.
+    pub fn count(&self) -> usize {
+        self.shared.count.load(Ordering::SeqCst)
+    }
+
     pub fn is_set(&self) -> bool {
-        self.signal.load(Ordering::SeqCst) != 0
+        self.count() > 0
+    }
+}
+
+impl Shared {
+    fn record(&self, sig: i32) {
+        let nanos = self.base.elapsed().as_nanos() as u64 + 1;
+        // Keep the first signal and its time: later ones only count.
+        if self.first_signal.compare_exchange(0, sig as usize, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            self.first_arrival.store(nanos, Ordering::SeqCst);
+        }
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_signal_and_its_time_are_kept_later_ones_counted() {
+        let flag = StopFlag::default();
+        assert!(!flag.is_set());
+        let before = Instant::now();
+        flag.raise(libc::SIGUSR1);
+        flag.raise(libc::SIGTERM);
+        assert_eq!(flag.signal(), Some(StopReason::Signal(libc::SIGUSR1)));
+        assert_eq!(flag.count(), 2);
+        let arrival = flag.first_arrival().unwrap();
+        assert!(arrival >= before && arrival <= Instant::now());
+        assert_eq!(StopReason::Signal(libc::SIGUSR1).name(), "SIGUSR1");
     }
 }

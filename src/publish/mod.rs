@@ -1,0 +1,9 @@
+//! Publishing a run's small artefacts (metrics, events, config, summary, the
+//! newest manifest — never weights) to a git repository on exit, with pushes
+//! retried inside the time left before the deadline.
+
+mod backoff;
+mod git;
+
+pub use backoff::{next_wait, retry_delay};
+pub use git::{PublishError, PublishReport, PublishRequest, publish, redact_url};

@@ -1,0 +1,210 @@
+//! Publishing against real git repositories on disk: a bare "remote", a clone
+//! to commit into, the `git` command line to check what arrived, and
+//! `git daemon` for a remote whose pre-receive hook rejects pushes.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rekindle::config::PublishSection;
+use rekindle::publish::{PublishRequest, publish};
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git").args(args).current_dir(dir).output().expect("git runs");
+    assert!(out.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A bare remote with branch main and a clone of it.
+fn remote_and_clone(root: &Path) -> (PathBuf, PathBuf) {
+    let bare = root.join("results.git");
+    git(root, &["init", "--bare", "-q", "-b", "main", bare.to_str().unwrap()]);
+    let clone = root.join("clone");
+    git(root, &["clone", "-q", bare.to_str().unwrap(), clone.to_str().unwrap()]);
+    (bare, clone)
+}
+
+fn run_dir(root: &Path) -> PathBuf {
+    let dir = root.join("run");
+    std::fs::create_dir_all(dir.join("checkpoints/step-0000000010")).unwrap();
+    std::fs::write(dir.join("config.toml"), "[run]\nname = \"demo\"\n").unwrap();
+    std::fs::write(dir.join("metrics.jsonl"), "{\"step\":1,\"loss\":2.0}\n").unwrap();
+    std::fs::write(dir.join("events.jsonl"), "{\"event\":\"start\"}\n").unwrap();
+    std::fs::write(dir.join("summary.json"), "{}\n").unwrap();
+    std::fs::write(dir.join("checkpoints/step-0000000010/MANIFEST.json"), "{\"step\":10}\n").unwrap();
+    std::fs::write(dir.join("checkpoints/step-0000000010/model.safetensors"), b"weights").unwrap();
+    std::fs::create_dir_all(dir.join("samples")).unwrap();
+    std::fs::write(dir.join("samples/a.txt"), "hello").unwrap();
+    std::fs::write(dir.join("samples/leak.safetensors"), "weights").unwrap();
+    dir
+}
+
+fn section(clone: &Path) -> PublishSection {
+    PublishSection {
+        enabled: true,
+        repo: Some(clone.to_path_buf()),
+        include: vec!["samples/*".into()],
+        retry_initial: Duration::from_millis(200),
+        retry_max: Duration::from_secs(1),
+        ..PublishSection::default()
+    }
+}
+
+fn request<'a>(cfg: &'a PublishSection, run: &'a Path, reason: &str, deadline: Option<Instant>) -> PublishRequest<'a> {
+    PublishRequest {
+        cfg,
+        run_name: "demo",
+        run_dir: run,
+        newest_manifest: Some(run.join("checkpoints/step-0000000010/MANIFEST.json")),
+        step: 10,
+        job_id: Some("4242".into()),
+        node: "n1".into(),
+        reason: reason.into(),
+        deadline,
+    }
+}
+
+#[test]
+fn publishes_artefacts_but_never_weights_to_a_bare_remote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let run = run_dir(tmp.path());
+    let cfg = section(&clone);
+    let report = publish(&request(&cfg, &run, "SIGTERM", None)).unwrap();
+    assert!(report.pushed, "{report:?}");
+    assert_eq!(report.attempts, 1);
+    let files = git(&bare, &["ls-tree", "-r", "--name-only", "main"]);
+    let files: Vec<&str> = files.lines().collect();
+    assert_eq!(
+        files,
+        [
+            "runs/demo/MANIFEST.json",
+            "runs/demo/config.toml",
+            "runs/demo/events.jsonl",
+            "runs/demo/metrics.jsonl",
+            "runs/demo/samples/a.txt",
+            "runs/demo/summary.json"
+        ]
+    );
+    let log = git(&bare, &["log", "--format=%s", "main"]);
+    assert_eq!(log.trim(), "rekindle: demo at step 10 (job 4242, SIGTERM)");
+    // The checked-out clone shows the published files, with a clean status.
+    assert!(clone.join("runs/demo/metrics.jsonl").is_file());
+    assert_eq!(git(&clone, &["status", "--porcelain"]).trim(), "");
+
+    // Publishing again without changes makes no new commit.
+    let again = publish(&request(&cfg, &run, "finished", None)).unwrap();
+    assert!(again.commit.is_none() && again.pushed);
+    assert_eq!(git(&bare, &["rev-list", "--count", "main"]).trim(), "1");
+}
+
+#[test]
+fn unreachable_remote_keeps_commit_local_until_the_next_run_pushes_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let run = run_dir(tmp.path());
+    // A port nothing listens on: every push fails at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    git(&clone, &["remote", "set-url", "origin", &format!("git://127.0.0.1:{port}/results.git")]);
+    let cfg = section(&clone);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(2);
+    let report = publish(&request(&cfg, &run, "SIGTERM", Some(deadline))).unwrap();
+    assert!(!report.pushed);
+    assert!(report.attempts >= 2, "{report:?}");
+    assert!(Instant::now() <= deadline + Duration::from_millis(500), "publish ran past its deadline");
+    assert!(report.commit.is_some());
+
+    // Next run: the remote is back; its publish pushes both commits.
+    git(&clone, &["remote", "set-url", "origin", bare.to_str().unwrap()]);
+    std::fs::write(run.join("metrics.jsonl"), "{\"step\":1}\n{\"step\":2}\n").unwrap();
+    let report = publish(&request(&cfg, &run, "finished", None)).unwrap();
+    assert!(report.pushed);
+    assert_eq!(git(&bare, &["rev-list", "--count", "main"]).trim(), "2");
+}
+
+#[test]
+fn remote_moved_on_is_merged_not_overwritten() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let run = run_dir(tmp.path());
+    let cfg = section(&clone);
+    publish(&request(&cfg, &run, "first", None)).unwrap();
+    // Someone else pushes another run's results meanwhile.
+    let other = tmp.path().join("other");
+    git(tmp.path(), &["clone", "-q", bare.to_str().unwrap(), other.to_str().unwrap()]);
+    std::fs::create_dir_all(other.join("runs/other")).unwrap();
+    std::fs::write(other.join("runs/other/summary.json"), "{}").unwrap();
+    git(&other, &["add", "."]);
+    git(&other, &["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "other run"]);
+    git(&other, &["push", "-q", "origin", "main"]);
+
+    std::fs::write(run.join("summary.json"), "{\"state\":\"finished\"}").unwrap();
+    let report = publish(&request(&cfg, &run, "finished", None)).unwrap();
+    assert!(report.pushed, "{report:?}");
+    let files = git(&bare, &["ls-tree", "-r", "--name-only", "main"]);
+    assert!(files.contains("runs/other/summary.json") && files.contains("runs/demo/summary.json"), "{files}");
+    assert_eq!(git(&bare, &["show", "main:runs/demo/summary.json"]), "{\"state\":\"finished\"}");
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // `git daemon` runs git-daemon as a child: end the whole process group,
+        // or the daemon outlives the test holding its output pipe open.
+        let pgid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn pushes_rejected_by_a_pre_receive_hook_are_retried_until_accepted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let counter = tmp.path().join("count");
+    let hook = bare.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}\n\
+             if [ $n -le 2 ]; then echo \"rejecting push $n\" >&2; exit 1; fi\n",
+            c = counter.display()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod").args(["755", hook.to_str().unwrap()]).status().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _daemon = Daemon(
+        Command::new("git")
+            .args([
+                "daemon",
+                "--reuseaddr",
+                "--export-all",
+                "--enable=receive-pack",
+                "--listen=127.0.0.1",
+                &format!("--port={port}"),
+                &format!("--base-path={}", tmp.path().display()),
+                tmp.path().to_str().unwrap(),
+            ])
+            .process_group(0)
+            .spawn()
+            .expect("git daemon starts"),
+    );
+    // Wait for the daemon to listen.
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "git daemon did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    git(&clone, &["remote", "set-url", "origin", &format!("git://127.0.0.1:{port}/results.git")]);
+    let run = run_dir(tmp.path());
+    let cfg = section(&clone);
+    let report = publish(&request(&cfg, &run, "SIGTERM", Some(Instant::now() + Duration::from_secs(30)))).unwrap();
+    assert!(report.pushed, "{report:?}");
+    assert_eq!(report.attempts, 3);
+    assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "3");
+    assert_eq!(git(&bare, &["rev-list", "--count", "main"]).trim(), "1");
+}
