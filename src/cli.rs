@@ -1,1 +1,296 @@
-//! placeholder
+//! The command line: clap definitions (raw flags) and one function per
+//! subcommand that turns validated arguments into library calls and
+//! user-facing output. `main.rs` only parses and maps the result to an exit
+//! code (see [`crate::exit`]).
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+use crate::checkpoint::{CheckpointInfo, CheckpointStore, MANIFEST_FILE, VerifyLevel, parse_step_dir_name};
+use crate::config;
+use crate::exit::{EXIT_CODES_HELP, Outcome};
+use crate::orchestrate::{self, RunError, RunOptions};
+use crate::telemetry::{LogFormat, LogOptions};
+
+/// rekindle: training runs that survive preemption, time limits and node loss.
+///
+/// Run `rekindle run --config FILE` inside a SLURM allocation (or anywhere):
+/// it checkpoints periodically and on SIGTERM/SIGINT/SIGUSR1/SIGUSR2, and
+/// resumes bit-exactly from the newest checkpoint that verifies.
+#[derive(Debug, Parser)]
+#[command(name = "rekindle", version, after_help = EXIT_CODES_HELP, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// More log detail (-v debug, -vv trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Only warnings and errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Log line format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+impl Cli {
+    /// Logging options chosen on the command line.
+    pub fn log_options(&self) -> LogOptions {
+        LogOptions { verbose: self.verbose, quiet: self.quiet, format: self.log_format }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train (or resume) the run described by a config file.
+    ///
+    /// Loads and validates the config (every problem reported at once), prepares
+    /// the run directory, resumes from the newest checkpoint that verifies, and
+    /// trains to `[run] max_steps`. Exit 0 when finished, 75 when stopped with a
+    /// durable checkpoint (run the same command again to continue).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Run(RunArgs),
+    /// Verify checkpoints: every file's size and SHA-256 against its manifest.
+    ///
+    /// PATH is one checkpoint directory (`.../checkpoints/step-0000001234`), a
+    /// checkpoints directory, or a run directory (then every checkpoint in it).
+    /// Exit 0 when everything verifies, 1 otherwise, naming each failing file
+    /// and why.
+    Verify(VerifyArgs),
+    /// List a run's checkpoints: step, time, size, and whether each verifies.
+    Checkpoints(CheckpointsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The TOML config (see configs/example.toml for every key).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: PathBuf,
+    /// Run directory (default: `[run] dir`, else `runs/<run name>`).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// Override a config key, typed as in TOML: `--set run.max_steps=500`,
+    /// `--set checkpoint.interval=30s`, `--set model.hidden=[64,64]` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Resume even if training settings differ from the run directory's config.toml.
+    #[arg(long)]
+    pub allow_config_change: bool,
+    /// Stop after step K as if told to stop: checkpoint step K, exit 75.
+    #[arg(long, value_name = "K")]
+    pub stop_at_step: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// A checkpoint directory, a checkpoints directory or a run directory.
+    pub path: PathBuf,
+    /// Print a JSON report on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckpointsArgs {
+    /// The run directory (or a checkpoints directory).
+    pub run_dir: PathBuf,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Errors of the command-line layer, each with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error(
+        "{path}: no checkpoints here: expected a checkpoint directory (with {MANIFEST_FILE}), a checkpoints directory (with step-* directories) or a run directory (with checkpoints/)"
+    )]
+    NotACheckpointPath { path: PathBuf },
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+}
+
+impl CliError {
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            CliError::Run(e) => e.outcome(),
+            _ => Outcome::Failure,
+        }
+    }
+}
+
+/// Runs the parsed command.
+pub fn execute(cli: Cli) -> Result<Outcome, CliError> {
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Verify(args) => verify(&args.path, args.json),
+        Command::Checkpoints(args) => checkpoints(&args.run_dir, args.json),
+    }
+}
+
+fn run(args: RunArgs) -> Result<Outcome, CliError> {
+    let opts = RunOptions {
+        config_path: args.config,
+        overrides: args.overrides,
+        run_dir: args.run_dir,
+        allow_config_change: args.allow_config_change,
+        stop_at_step: args.stop_at_step,
+    };
+    Ok(orchestrate::run(&opts)?)
+}
+
+/// What a verify/checkpoints PATH points at.
+enum Target {
+    One(PathBuf),
+    Store(PathBuf),
+}
+
+fn resolve_target(path: &Path) -> Result<Target, CliError> {
+    let is_step_dir = path.file_name().and_then(|n| parse_step_dir_name(&n.to_string_lossy())).is_some();
+    if path.join(MANIFEST_FILE).exists() || (is_step_dir && path.is_dir()) {
+        return Ok(Target::One(path.to_path_buf()));
+    }
+    let run_config = path.join(orchestrate::CONFIG_FILE);
+    if run_config.is_file()
+        && let Ok(loaded) = config::load(&run_config, &[])
+    {
+        return Ok(Target::Store(orchestrate::checkpoints_dir(path, &loaded.config)));
+    }
+    if path.join(orchestrate::CHECKPOINTS_DIR).is_dir() {
+        return Ok(Target::Store(path.join(orchestrate::CHECKPOINTS_DIR)));
+    }
+    if path.is_dir()
+        && std::fs::read_dir(path)
+            .map(|rd| rd.flatten().any(|e| parse_step_dir_name(&e.file_name().to_string_lossy()).is_some()))
+            .unwrap_or(false)
+    {
+        return Ok(Target::Store(path.to_path_buf()));
+    }
+    Err(CliError::NotACheckpointPath { path: path.to_path_buf() })
+}
+
+fn infos_for(path: &Path) -> Result<Vec<CheckpointInfo>, CliError> {
+    Ok(match resolve_target(path)? {
+        Target::One(dir) => {
+            let step = dir
+                .file_name()
+                .and_then(|n| parse_step_dir_name(&n.to_string_lossy()))
+                .or_else(|| crate::checkpoint::read_manifest(&dir).ok().map(|m| m.step))
+                .unwrap_or(0);
+            let failures = crate::checkpoint::verify_checkpoint_dir(&dir, VerifyLevel::Full);
+            let manifest = crate::checkpoint::read_manifest(&dir).ok();
+            vec![CheckpointInfo {
+                step,
+                created_at: manifest.as_ref().map(|m| m.created_at.clone()),
+                bytes: manifest.as_ref().map(|m| m.total_bytes()).unwrap_or(0),
+                valid: failures.is_empty(),
+                failures,
+                dir,
+            }]
+        }
+        Target::Store(dir) => CheckpointStore::open_read_only(dir).list(VerifyLevel::Full)?,
+    })
+}
+
+#[derive(Serialize)]
+struct VerifyJson<'a> {
+    path: &'a Path,
+    all_valid: bool,
+    checkpoints: &'a [CheckpointInfo],
+}
+
+fn verify(path: &Path, json: bool) -> Result<Outcome, CliError> {
+    let infos = infos_for(path)?;
+    let all_valid = infos.iter().all(|i| i.valid);
+    if json {
+        let report = VerifyJson { path, all_valid, checkpoints: &infos };
+        println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
+    } else {
+        if infos.is_empty() {
+            println!("{}: no checkpoints yet", path.display());
+        }
+        for info in &infos {
+            if info.valid {
+                println!("OK    {}  ({})", info.dir.display(), human_bytes(info.bytes));
+            } else {
+                println!("FAIL  {}", info.dir.display());
+                for f in &info.failures {
+                    println!("      {f}");
+                }
+            }
+        }
+        let good = infos.iter().filter(|i| i.valid).count();
+        if !infos.is_empty() {
+            println!("{good} of {} checkpoint(s) verify", infos.len());
+        }
+    }
+    Ok(if all_valid { Outcome::Done } else { Outcome::Failure })
+}
+
+fn checkpoints(path: &Path, json: bool) -> Result<Outcome, CliError> {
+    let infos = infos_for(path)?;
+    let resume_step = infos.iter().find(|i| i.valid).map(|i| i.step);
+    if json {
+        #[derive(Serialize)]
+        struct ListJson<'a> {
+            resume_step: Option<u64>,
+            checkpoints: &'a [CheckpointInfo],
+        }
+        println!("{}", serde_json::to_string_pretty(&ListJson { resume_step, checkpoints: &infos }).unwrap());
+        return Ok(Outcome::Done);
+    }
+    if infos.is_empty() {
+        println!("no checkpoints in {}", path.display());
+        return Ok(Outcome::Done);
+    }
+    println!("{:>10}  {:<24}  {:>10}  status", "step", "created", "size");
+    for info in &infos {
+        let status = if info.valid {
+            if Some(info.step) == resume_step { "valid (resume point)".to_string() } else { "valid".to_string() }
+        } else {
+            let reasons: Vec<String> = info.failures.iter().map(|f| f.to_string()).collect();
+            format!("INVALID: {}", reasons.join("; "))
+        };
+        println!(
+            "{:>10}  {:<24}  {:>10}  {status}",
+            info.step,
+            info.created_at.as_deref().unwrap_or("-"),
+            human_bytes(info.bytes)
+        );
+    }
+    Ok(Outcome::Done)
+}
+
+/// `1.5 MiB`-style sizes for tables.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn human_bytes_picks_a_readable_unit() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+}

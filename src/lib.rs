@@ -6,7 +6,8 @@
 //! - [`config`]: the TOML config, overrides, validation with every error at once.
 //! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
 //! - [`train`]: models, optimizer, data, and the training loop's state.
-//! - [`orchestrate`]: the run lifecycle (run directory, resume, stop).
+//! - [`orchestrate`]: the run lifecycle (run directory, resume, stop, deadlines).
+//! - [`slurm`]: the allocation, the requeue decision, `scontrol`.
 //! - [`telemetry`]: logging setup and the run's event records.
 //! - [`cli`]: the command line and what each subcommand does.
 //! - [`exit`]: the exit-code contract.
@@ -16,5 +17,6 @@ pub mod cli;
 pub mod config;
 pub mod exit;
 pub mod orchestrate;
+pub mod slurm;
 pub mod telemetry;
 pub mod train;

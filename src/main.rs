@@ -1,1 +1,23 @@
-fn main() {}
+//! The `rekindle` binary: parse the command line, run, map the result to an
+//! exit code (the contract lives in `rekindle::exit`).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use rekindle::cli::{Cli, execute};
+use rekindle::telemetry::init_logging;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Failpoints are compiled in only for test builds; this reads FAILPOINTS.
+    let _failpoints = fail::FailScenario::setup();
+    init_logging(cli.log_options());
+    match execute(cli) {
+        Ok(outcome) => outcome.into(),
+        Err(e) => {
+            let outcome = e.outcome();
+            eprintln!("error: {:#}", anyhow::Error::new(e));
+            outcome.into()
+        }
+    }
+}

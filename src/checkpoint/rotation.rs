@@ -34,7 +34,7 @@ pub enum DeleteReason {
 /// Plans rotation. The result has one action per candidate, newest first.
 pub fn plan(candidates: &[Candidate], keep: usize) -> Vec<Action> {
     let mut sorted = candidates.to_vec();
-    sorted.sort_by(|a, b| b.step.cmp(&a.step));
+    sorted.sort_by_key(|c| std::cmp::Reverse(c.step));
     let keep = keep.max(1);
     let valid_count = sorted.iter().filter(|c| c.valid).count();
     let mut valid_seen = 0;

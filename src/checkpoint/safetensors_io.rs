@@ -33,7 +33,7 @@ fn header(tensors: &TensorSet, metadata: &BTreeMap<String, String>) -> Vec<u8> {
     }
     let mut json = serde_json::to_vec(&serde_json::Value::Object(map)).expect("header serialises");
     // Pad with spaces so tensor data starts 8-byte aligned, as the spec asks.
-    while (json.len() + 8) % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + json.len());

@@ -361,7 +361,7 @@ impl CheckpointStore {
             let Some(step) = parse_step_dir_name(&name) else { continue };
             infos.push(inspect(&entry.path(), step, level));
         }
-        infos.sort_by(|a, b| b.step.cmp(&a.step));
+        infos.sort_by_key(|i| std::cmp::Reverse(i.step));
         Ok(infos)
     }
 

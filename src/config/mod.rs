@@ -1,5 +1,22 @@
 //! The run configuration: TOML in, a validated [`Config`] out.
+//!
+//! - `schema.rs`: the serde structs and their defaults.
+//! - `load.rs`: reading, `--set` overrides, per-key errors with places.
+//! - `validate.rs`: semantic checks (ranges, relations between keys).
+//! - `error.rs`: [`ConfigError`] and [`Problem`].
+//! - `keys.rs`: the key names the schema accepts.
+//! - `diff.rs`: training-relevant differences and hash, for resume.
 
+mod diff;
+mod error;
+mod keys;
+mod load;
 mod schema;
+mod validate;
 
+pub use diff::{training_diff, training_hash};
+pub use error::{ConfigError, Problem};
+pub use keys::{all_keys, section_keys, sections};
+pub use load::{LoadedConfig, from_str, load, to_toml};
 pub use schema::*;
+pub use validate::validate;

@@ -359,20 +359,33 @@ impl Default for GpuSection {
 
 /// Human-readable durations ("5m", "120s", "1h 30m") in both directions.
 mod humantime_serde_compat {
+    use std::fmt;
     use std::time::Duration;
 
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&humantime::format_duration(*d).to_string())
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "`{text}` is not a duration ({e}); write e.g. \"90s\", \"5m\" or \"1h 30m\""
-            ))
-        })
+        d.deserialize_str(DurationVisitor)
+    }
+
+    struct DurationVisitor;
+
+    impl Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration string such as \"90s\", \"5m\" or \"1h 30m\"")
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
+            humantime::parse_duration(text).map_err(|e| {
+                E::custom(format!("`{text}` is not a duration ({e}); write e.g. \"90s\", \"5m\" or \"1h 30m\""))
+            })
+        }
     }
 }

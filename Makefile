@@ -1,0 +1,43 @@
+# rekindle — the two commands a new machine needs are `make demo` and `make test`.
+# Both install what is missing first (as root on Debian/Ubuntu; see `deps`).
+
+CARGO ?= cargo
+PYTHON ?= python3
+
+.PHONY: all deps build demo test lint unit clean
+
+all: build
+
+## deps: install what a fresh Debian/Ubuntu machine lacks (idempotent)
+deps:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
+	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
+	@command -v $(PYTHON) >/dev/null || { apt-get update && apt-get install -y python3 python3-pip; }
+	@$(PYTHON) -c "import safetensors, numpy" 2>/dev/null || $(PYTHON) -m pip install --quiet safetensors numpy
+
+## build: the release binary at target/release/rekindle
+build:
+	$(CARGO) build --release
+
+## demo: train configs/tiny.toml, stop it half-way, resume it, verify the checkpoints
+demo: deps build
+	rm -rf runs/tiny
+	./target/release/rekindle run --config configs/tiny.toml --stop-at-step 100; test $$? -eq 75
+	./target/release/rekindle run --config configs/tiny.toml
+	./target/release/rekindle checkpoints runs/tiny
+	./target/release/rekindle verify runs/tiny
+
+## lint: formatting and clippy, as CI enforces them
+lint: deps
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+## test: everything CI runs (lint, unit and integration tests)
+test: deps lint
+	$(CARGO) test --all-targets
+	$(CARGO) test --doc
+
+clean:
+	$(CARGO) clean
+	rm -rf runs

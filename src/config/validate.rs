@@ -1,0 +1,379 @@
+//! Semantic checks on a deserialized [`Config`]: ranges, relations between
+//! keys, and keys required by other keys. Every check runs; every failure is
+//! reported, naming the key and what is allowed. Places (line and column)
+//! are added by the loader, which knows where each key came from.
+
+use std::time::Duration;
+
+use super::error::Problem;
+use super::schema::*;
+
+/// One failed check: the key it is reported against, other keys whose
+/// values it also depends on, and the message.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Finding {
+    pub key: &'static str,
+    pub depends_on: &'static [&'static str],
+    pub message: String,
+}
+
+/// Runs every semantic check on `config` and returns the failures, without
+/// places (see [`load`](super::load) for located problems). Empty means valid.
+pub fn validate(config: &Config) -> Vec<Problem> {
+    findings(config).into_iter().map(|f| Problem::new(f.key, f.message)).collect()
+}
+
+#[derive(Default)]
+struct Findings(Vec<Finding>);
+
+impl Findings {
+    fn require(&mut self, ok: bool, key: &'static str, message: impl FnOnce() -> String) {
+        self.require_with(ok, key, &[], message);
+    }
+
+    fn require_with(
+        &mut self,
+        ok: bool,
+        key: &'static str,
+        depends_on: &'static [&'static str],
+        message: impl FnOnce() -> String,
+    ) {
+        if !ok {
+            self.0.push(Finding { key, depends_on, message: message() });
+        }
+    }
+
+    fn at_least<T: PartialOrd + Copy + std::fmt::Display>(&mut self, key: &'static str, value: T, min: T) {
+        self.require(value >= min, key, || format!("must be at least {min} (got {value})"));
+    }
+
+    /// `value` in `[0, 1)`; NaN fails.
+    fn unit_fraction(&mut self, key: &'static str, value: f64) {
+        self.require((0.0..1.0).contains(&value), key, || format!("must be at least 0 and below 1 (got {value})"));
+    }
+
+    /// `value` finite and strictly positive.
+    fn positive(&mut self, key: &'static str, value: f64) {
+        self.require(value.is_finite() && value > 0.0, key, || {
+            format!("must be a number greater than 0 (got {value})")
+        });
+    }
+
+    /// `value` finite and at least 0.
+    fn non_negative(&mut self, key: &'static str, value: f64) {
+        self.require(value.is_finite() && value >= 0.0, key, || format!("must be a number at least 0 (got {value})"));
+    }
+}
+
+/// Every check, in schema order.
+pub(crate) fn findings(config: &Config) -> Vec<Finding> {
+    let mut f = Findings::default();
+    run(&mut f, &config.run);
+    model(&mut f, &config.model);
+    data(&mut f, &config.data);
+    train(&mut f, &config.train, &config.data);
+    optimizer(&mut f, &config.optimizer, config.run.max_steps);
+    precision(&mut f, &config.precision);
+    checkpoint(&mut f, &config.checkpoint);
+    signals(&mut f, &config.signals);
+    publish(&mut f, &config.publish);
+    f.unit_fraction("gpu.headroom", config.gpu.headroom);
+    f.0
+}
+
+fn run(f: &mut Findings, run: &RunSection) {
+    let name = run.name.as_str();
+    // The name is a directory name (`runs/<name>`) and appears in commit messages.
+    let usable = !name.trim().is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\'])
+        && !name.chars().any(char::is_control);
+    f.require(usable, "run.name", || {
+        format!("must be a non-empty name without `/`, `\\` or control characters (got {name:?})")
+    });
+    f.at_least("run.max_steps", run.max_steps, 1);
+}
+
+fn model(f: &mut Findings, model: &ModelSection) {
+    match model.kind {
+        ModelKind::Mlp => {
+            f.at_least("model.input_dim", model.input_dim, 1);
+            f.require(!model.hidden.is_empty(), "model.hidden", || {
+                "must list at least one hidden layer width, e.g. [64]".to_string()
+            });
+            let zero = model.hidden.iter().position(|&w| w == 0);
+            f.require(zero.is_none(), "model.hidden", || {
+                format!(
+                    "every hidden layer width must be at least 1 (entry {} of {:?} is 0)",
+                    zero.unwrap_or_default() + 1,
+                    model.hidden
+                )
+            });
+            f.at_least("model.classes", model.classes, 2);
+        }
+        ModelKind::Gpt => {
+            f.at_least("model.layers", model.layers, 1);
+            f.at_least("model.width", model.width, 1);
+            f.at_least("model.heads", model.heads, 1);
+            f.at_least("model.context", model.context, 1);
+            if model.width >= 1 && model.heads >= 1 {
+                let (width, heads) = (model.width, model.heads);
+                f.require_with(width % heads == 0, "model.width", &["model.heads"], || {
+                    format!("must be divisible by model.heads = {heads} (got {width})")
+                });
+            }
+        }
+    }
+    f.unit_fraction("model.dropout", model.dropout);
+}
+
+fn data(f: &mut Findings, data: &DataSection) {
+    match data.kind {
+        DataKind::Jsonl => {
+            f.require_with(data.path.is_some(), "data.path", &["data.kind"], || {
+                "is required when data.kind = \"jsonl\"".to_string()
+            });
+            f.require(!data.field.is_empty(), "data.field", || {
+                "must name the text field of each JSONL record (got \"\")".to_string()
+            });
+        }
+        DataKind::Synthetic => f.at_least("data.synthetic_samples", data.synthetic_samples, 1),
+    }
+    f.unit_fraction("data.val_fraction", data.val_fraction);
+}
+
+fn train(f: &mut Findings, train: &TrainSection, data: &DataSection) {
+    f.at_least("train.batch_size", train.batch_size, 1);
+    f.at_least("train.grad_accum", train.grad_accum, 1);
+    f.non_negative("train.grad_clip", train.grad_clip);
+    f.at_least("train.log_every", train.log_every, 1);
+    if train.eval_every > 0 {
+        f.at_least("train.eval_batches", train.eval_batches, 1);
+        let fraction = data.val_fraction;
+        f.require_with(fraction > 0.0, "train.eval_every", &["data.val_fraction"], || {
+            format!(
+                "evaluation needs a validation split: set data.val_fraction above 0 \
+                 (got {fraction}) or train.eval_every = 0"
+            )
+        });
+    }
+}
+
+fn optimizer(f: &mut Findings, opt: &OptimizerSection, max_steps: u64) {
+    f.positive("optimizer.lr", opt.lr);
+    f.non_negative("optimizer.min_lr", opt.min_lr);
+    if opt.lr.is_finite() && opt.min_lr.is_finite() {
+        let (lr, min_lr) = (opt.lr, opt.min_lr);
+        f.require_with(min_lr <= lr, "optimizer.min_lr", &["optimizer.lr"], || {
+            format!("must not exceed optimizer.lr = {lr} (got {min_lr})")
+        });
+    }
+    f.unit_fraction("optimizer.beta1", opt.beta1);
+    f.unit_fraction("optimizer.beta2", opt.beta2);
+    f.positive("optimizer.eps", opt.eps);
+    f.non_negative("optimizer.weight_decay", opt.weight_decay);
+    let warmup = opt.warmup_steps;
+    match opt.decay_steps {
+        Some(decay) => {
+            f.at_least("optimizer.decay_steps", decay, 1);
+            f.require_with(warmup <= decay, "optimizer.warmup_steps", &["optimizer.decay_steps"], || {
+                format!("must not exceed optimizer.decay_steps = {decay} (got {warmup})")
+            });
+        }
+        None => f.require_with(warmup <= max_steps, "optimizer.warmup_steps", &["run.max_steps"], || {
+            format!(
+                "must not exceed the decay length, run.max_steps = {max_steps} \
+                     (got {warmup})"
+            )
+        }),
+    }
+}
+
+fn precision(f: &mut Findings, p: &PrecisionSection) {
+    f.positive("precision.initial_scale", p.initial_scale);
+    let growth = p.growth_factor;
+    f.require(growth.is_finite() && growth > 1.0, "precision.growth_factor", || {
+        format!("must be a number greater than 1 (got {growth})")
+    });
+    let backoff = p.backoff_factor;
+    f.require(backoff > 0.0 && backoff < 1.0, "precision.backoff_factor", || {
+        format!("must be greater than 0 and below 1 (got {backoff})")
+    });
+    f.at_least("precision.growth_interval", p.growth_interval, 1);
+}
+
+fn checkpoint(f: &mut Findings, c: &CheckpointSection) {
+    f.require(c.interval > Duration::ZERO, "checkpoint.interval", || "must be longer than 0, e.g. \"5m\"".to_string());
+    f.at_least("checkpoint.keep", c.keep, 1);
+    f.at_least("checkpoint.max_consecutive_failures", c.max_consecutive_failures, 1);
+}
+
+fn signals(f: &mut Findings, s: &SignalsSection) {
+    let (grace, margin) = (s.grace, s.safety_margin);
+    f.require_with(grace > margin, "signals.grace", &["signals.safety_margin"], || {
+        format!(
+            "must be longer than signals.safety_margin = {} (got {})",
+            humantime::format_duration(margin),
+            humantime::format_duration(grace)
+        )
+    });
+}
+
+fn publish(f: &mut Findings, p: &PublishSection) {
+    if !p.enabled {
+        return;
+    }
+    f.require_with(p.repo.is_some(), "publish.repo", &["publish.enabled"], || {
+        "is required when publish.enabled = true (path of a local clone)".to_string()
+    });
+    f.require(!p.remote.is_empty(), "publish.remote", || {
+        "must name a git remote when publishing (got \"\")".to_string()
+    });
+    f.require(!p.branch.is_empty(), "publish.branch", || "must name a branch when publishing (got \"\")".to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(config: &Config) -> Vec<&'static str> {
+        findings(config).into_iter().map(|f| f.key).collect()
+    }
+
+    #[test]
+    fn default_config_is_valid() {
+        assert_eq!(validate(&Config::default()), vec![]);
+    }
+
+    #[test]
+    fn reports_every_failed_check_at_once() {
+        let mut c = Config::default();
+        c.checkpoint.keep = 0;
+        c.run.max_steps = 0;
+        c.train.batch_size = 0;
+        c.gpu.headroom = 1.0;
+        assert_eq!(keys(&c), ["run.max_steps", "train.batch_size", "checkpoint.keep", "gpu.headroom"]);
+    }
+
+    #[test]
+    fn messages_say_what_is_allowed() {
+        let mut c = Config::default();
+        c.checkpoint.keep = 0;
+        assert_eq!(validate(&c)[0].message, "must be at least 1 (got 0)");
+    }
+
+    #[test]
+    fn gpt_width_must_divide_by_heads() {
+        let mut c = Config::default();
+        c.model.kind = ModelKind::Gpt;
+        c.model.width = 64;
+        c.model.heads = 3;
+        let found = findings(&c);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].key, "model.width");
+        assert_eq!(found[0].depends_on, ["model.heads"]);
+        assert!(found[0].message.contains("divisible by model.heads = 3"));
+    }
+
+    #[test]
+    fn only_the_selected_model_kind_is_checked() {
+        let mut c = Config::default();
+        c.model.heads = 0; // a gpt key, irrelevant to the default mlp
+        assert!(keys(&c).is_empty());
+        c.model.kind = ModelKind::Gpt;
+        c.model.hidden = vec![]; // an mlp key, irrelevant to gpt
+        assert_eq!(keys(&c), ["model.heads"]);
+    }
+
+    #[test]
+    fn mlp_hidden_needs_positive_widths() {
+        let mut c = Config::default();
+        c.model.hidden = vec![];
+        c.model.classes = 1;
+        assert_eq!(keys(&c), ["model.hidden", "model.classes"]);
+        c.model.hidden = vec![32, 0];
+        c.model.classes = 2;
+        assert_eq!(keys(&c), ["model.hidden"]);
+        assert!(findings(&c)[0].message.contains("entry 2"));
+    }
+
+    #[test]
+    fn jsonl_data_requires_a_path() {
+        let mut c = Config::default();
+        c.data.kind = DataKind::Jsonl;
+        assert_eq!(keys(&c), ["data.path"]);
+        c.data.path = Some("data/x.jsonl".into());
+        assert!(keys(&c).is_empty());
+    }
+
+    #[test]
+    fn fractions_reject_one_and_nan() {
+        let mut c = Config::default();
+        c.data.val_fraction = 1.0;
+        c.model.dropout = f64::NAN;
+        c.optimizer.beta2 = 1.0;
+        assert_eq!(keys(&c), ["model.dropout", "data.val_fraction", "optimizer.beta2"]);
+    }
+
+    #[test]
+    fn optimizer_schedule_relations() {
+        let mut c = Config::default();
+        c.optimizer.min_lr = 0.1;
+        c.optimizer.warmup_steps = c.run.max_steps + 1;
+        assert_eq!(keys(&c), ["optimizer.min_lr", "optimizer.warmup_steps"]);
+        c.optimizer.min_lr = 0.0;
+        c.optimizer.decay_steps = Some(c.run.max_steps + 10);
+        assert!(keys(&c).is_empty(), "warm-up fits in an explicit decay length");
+        c.optimizer.lr = 0.0;
+        assert_eq!(keys(&c), ["optimizer.lr"]);
+    }
+
+    #[test]
+    fn loss_scaler_factors_must_grow_and_back_off() {
+        let mut c = Config::default();
+        c.precision.growth_factor = 1.0;
+        c.precision.backoff_factor = 1.0;
+        assert_eq!(keys(&c), ["precision.growth_factor", "precision.backoff_factor"]);
+    }
+
+    #[test]
+    fn grace_must_exceed_safety_margin() {
+        let mut c = Config::default();
+        c.signals.grace = Duration::from_secs(10);
+        let found = findings(&c);
+        assert_eq!(found[0].key, "signals.grace");
+        assert_eq!(found[0].message, "must be longer than signals.safety_margin = 10s (got 10s)");
+    }
+
+    #[test]
+    fn zero_checkpoint_interval_is_rejected() {
+        let mut c = Config::default();
+        c.checkpoint.interval = Duration::ZERO;
+        assert_eq!(keys(&c), ["checkpoint.interval"]);
+    }
+
+    #[test]
+    fn publishing_requires_a_repo() {
+        let mut c = Config::default();
+        c.publish.enabled = true;
+        assert_eq!(keys(&c), ["publish.repo"]);
+    }
+
+    #[test]
+    fn evaluation_needs_a_validation_split() {
+        let mut c = Config::default();
+        c.train.eval_every = 100;
+        c.data.val_fraction = 0.0;
+        assert_eq!(keys(&c), ["train.eval_every"]);
+    }
+
+    #[test]
+    fn run_name_must_be_a_directory_name() {
+        let mut c = Config::default();
+        for bad in ["", "a/b", "..", " "] {
+            c.run.name = bad.into();
+            assert_eq!(keys(&c), ["run.name"], "{bad:?}");
+        }
+    }
+}

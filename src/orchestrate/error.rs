@@ -1,0 +1,46 @@
+//! Errors of a run's lifecycle, each mapped to an exit code.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::checkpoint::CheckpointError;
+use crate::config::ConfigError;
+use crate::exit::Outcome;
+use crate::telemetry::TelemetryError;
+use crate::train::TrainError;
+
+/// Why `rekindle run` could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(
+        "the run directory's {path} differs from this config in training settings:\n  {}\nresuming would not continue the same run; restore the old settings, use a new run directory (--run-dir), or pass --allow-config-change",
+        diff.join("\n  ")
+    )]
+    ConfigChanged { path: PathBuf, diff: Vec<String> },
+    #[error("cannot read the previous config {path}: {reason}; fix or remove it")]
+    PreviousConfig { path: PathBuf, reason: String },
+    #[error("cannot prepare run directory {path}: {source}")]
+    RunDir { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error("restoring checkpoint {dir} failed: {source}")]
+    Restore { dir: PathBuf, source: TrainError },
+}
+
+impl RunError {
+    /// The exit code this error maps to.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            RunError::Config(_) | RunError::ConfigChanged { .. } | RunError::PreviousConfig { .. } => {
+                Outcome::ConfigError
+            }
+            _ => Outcome::Failure,
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The run directory: where it is, what it holds, and the config guard that
+//! stops a resume from silently continuing with different training settings.
+//!
+//! ```text
+//! <run dir>/
+//!   config.toml      the resolved config (every default written out)
+//!   checkpoints/     the checkpoint store (unless [checkpoint] dir says otherwise)
+//!   events.jsonl     lifecycle events
+//!   metrics.jsonl    one line per logged step
+//!   summary.json     written when the run finishes or stops
+//! ```
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::config::{self, Config};
+
+use super::error::RunError;
+
+/// File names inside a run directory.
+pub const CONFIG_FILE: &str = "config.toml";
+pub const EVENTS_FILE: &str = "events.jsonl";
+pub const METRICS_FILE: &str = "metrics.jsonl";
+pub const SUMMARY_FILE: &str = "summary.json";
+pub const CHECKPOINTS_DIR: &str = "checkpoints";
+
+/// A prepared run directory.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    pub root: PathBuf,
+    pub checkpoints: PathBuf,
+}
+
+impl RunDir {
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.root.join(file)
+    }
+}
+
+/// Where the run lives: `--run-dir`, else `[run] dir`, else `runs/<name>`.
+pub fn resolve_run_dir(cli_run_dir: Option<&Path>, cfg: &Config) -> PathBuf {
+    cli_run_dir
+        .map(Path::to_path_buf)
+        .or_else(|| cfg.run.dir.clone())
+        .unwrap_or_else(|| PathBuf::from("runs").join(&cfg.run.name))
+}
+
+/// The checkpoints directory of a run: `[checkpoint] dir` or `<run>/checkpoints`.
+pub fn checkpoints_dir(root: &Path, cfg: &Config) -> PathBuf {
+    cfg.checkpoint.dir.clone().unwrap_or_else(|| root.join(CHECKPOINTS_DIR))
+}
+
+/// Creates the run directory and records the resolved config in it.
+///
+/// If the directory already holds a `config.toml` whose training-relevant
+/// settings differ from `cfg`, the run is refused with the list of
+/// differences unless `allow_config_change` is set (then the old file is kept
+/// as `config.toml.prev` and the change is logged).
+pub fn prepare(root: &Path, cfg: &Config, allow_config_change: bool) -> Result<RunDir, RunError> {
+    fs::create_dir_all(root).map_err(|source| RunError::RunDir { path: root.to_path_buf(), source })?;
+    let config_path = root.join(CONFIG_FILE);
+    if config_path.exists() {
+        let previous = config::load(&config_path, &[])
+            .map_err(|e| RunError::PreviousConfig { path: config_path.clone(), reason: e.to_string() })?;
+        let diff = config::training_diff(&previous.config, cfg);
+        if !diff.is_empty() {
+            if !allow_config_change {
+                return Err(RunError::ConfigChanged { path: config_path, diff });
+            }
+            tracing::warn!(changes = %diff.join(", "), "training settings changed since the last attempt (--allow-config-change)");
+            fs::copy(&config_path, root.join(format!("{CONFIG_FILE}.prev")))
+                .map_err(|source| RunError::RunDir { path: config_path.clone(), source })?;
+        }
+    }
+    write_atomically(&config_path, config::to_toml(cfg).as_bytes())
+        .map_err(|source| RunError::RunDir { path: config_path.clone(), source })?;
+    Ok(RunDir { root: root.to_path_buf(), checkpoints: checkpoints_dir(root, cfg) })
+}
+
+/// Writes `bytes` to `path` through a temporary file, fsync and rename.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    fs::File::open(dir)?.sync_all()
+}

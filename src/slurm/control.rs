@@ -1,0 +1,162 @@
+//! The thin interface to SLURM's control commands. `SlurmControl` is the seam:
+//! [`Scontrol`] runs the real `scontrol` (found on PATH, so tests and drills can
+//! put a stand-in first), every call bounded by a timeout so a hung
+//! controller cannot eat the grace period.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// Errors talking to SLURM.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SlurmError {
+    #[error("scontrol not found on PATH (inside a container?)")]
+    NotFound,
+    #[error("`scontrol {args}` did not answer within {seconds:.1}s")]
+    Timeout { args: String, seconds: f64 },
+    #[error("`scontrol {args}` failed (exit {code:?}): {stderr}")]
+    Failed { args: String, code: Option<i32>, stderr: String },
+    #[error("cannot run scontrol: {0}")]
+    Spawn(String),
+    #[error("`scontrol show job {job_id}` printed nothing usable: {output}")]
+    Unparseable { job_id: String, output: String },
+}
+
+/// The part of `scontrol show job` the requeue decision needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobView {
+    /// JobState, e.g. RUNNING, CANCELLED, COMPLETING, PENDING.
+    pub state: String,
+    pub reason: Option<String>,
+    /// BatchFlag=1: a batch job (sbatch), which can be requeued.
+    pub batch: bool,
+    /// Requeue=1: submitted with --requeue (or the cluster default).
+    pub requeue_allowed: bool,
+    pub restarts: u32,
+    pub node_list: Option<String>,
+}
+
+/// What `scontrol requeue` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequeueAnswer {
+    Requeued,
+    /// SLURM said the job is already pending or requeued: counts as success.
+    AlreadyPending,
+}
+
+/// SLURM control operations rekindle uses.
+pub trait SlurmControl {
+    fn show_job(&self, job_id: &str, timeout: Duration) -> Result<JobView, SlurmError>;
+    fn requeue(&self, job_id: &str, timeout: Duration) -> Result<RequeueAnswer, SlurmError>;
+}
+
+/// The real `scontrol` on PATH.
+#[derive(Debug, Clone, Default)]
+pub struct Scontrol;
+
+impl SlurmControl for Scontrol {
+    fn show_job(&self, job_id: &str, timeout: Duration) -> Result<JobView, SlurmError> {
+        let out = run_scontrol(&["show", "job", "-o", job_id], timeout)?;
+        parse_show_job(&out).ok_or_else(|| SlurmError::Unparseable { job_id: job_id.into(), output: out })
+    }
+
+    fn requeue(&self, job_id: &str, timeout: Duration) -> Result<RequeueAnswer, SlurmError> {
+        match run_scontrol(&["requeue", job_id], timeout) {
+            Ok(_) => Ok(RequeueAnswer::Requeued),
+            Err(SlurmError::Failed { stderr, .. })
+                if stderr.to_ascii_lowercase().contains("pending")
+                    || stderr.to_ascii_lowercase().contains("already") =>
+            {
+                Ok(RequeueAnswer::AlreadyPending)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Parses one-line `scontrol show job -o` output (`Key=Value` tokens).
+pub fn parse_show_job(output: &str) -> Option<JobView> {
+    let fields: BTreeMap<&str, &str> = output.split_whitespace().filter_map(|tok| tok.split_once('=')).collect();
+    let state = fields.get("JobState")?.to_string();
+    Some(JobView {
+        state,
+        reason: fields.get("Reason").filter(|r| **r != "None").map(|r| r.to_string()),
+        batch: fields.get("BatchFlag").is_some_and(|v| *v == "1"),
+        requeue_allowed: fields.get("Requeue").is_some_and(|v| *v == "1"),
+        restarts: fields.get("Restarts").and_then(|v| v.parse().ok()).unwrap_or(0),
+        node_list: fields.get("NodeList").filter(|v| **v != "(null)").map(|v| v.to_string()),
+    })
+}
+
+fn run_scontrol(args: &[&str], timeout: Duration) -> Result<String, SlurmError> {
+    let joined = args.join(" ");
+    let mut child = match Command::new("scontrol")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SlurmError::NotFound),
+        Err(e) => return Err(SlurmError::Spawn(e.to_string())),
+    };
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() >= timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SlurmError::Timeout { args: joined, seconds: timeout.as_secs_f64() });
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(SlurmError::Spawn(e.to_string())),
+        }
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut s) = child.stdout.take() {
+        let _ = s.read_to_string(&mut stdout);
+    }
+    if let Some(mut s) = child.stderr.take() {
+        let _ = s.read_to_string(&mut stderr);
+    }
+    if status.success() {
+        Ok(stdout)
+    } else {
+        Err(SlurmError::Failed { args: joined, code: status.code(), stderr: stderr.trim().to_string() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_scontrol_one_line_output() {
+        let line = "JobId=17 JobName=train UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) \
+                    Requeue=1 Restarts=2 BatchFlag=1 Reboot=0 NodeList=n1 BatchHost=n1";
+        let job = parse_show_job(line).unwrap();
+        assert_eq!(
+            job,
+            JobView {
+                state: "RUNNING".into(),
+                reason: None,
+                batch: true,
+                requeue_allowed: true,
+                restarts: 2,
+                node_list: Some("n1".into())
+            }
+        );
+    }
+
+    #[test]
+    fn missing_job_state_is_unparseable() {
+        assert_eq!(parse_show_job("slurm_load_jobs error: Invalid job id specified"), None);
+    }
+}

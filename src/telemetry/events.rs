@@ -1,0 +1,129 @@
+//! Append-only JSON-lines files of a run: `events.jsonl` (lifecycle events)
+//! and `metrics.jsonl` (one line per logged step). Each line is written with a
+//! single `write` call in append mode and flushed, so a crash can cut off at
+//! most the last line, and readers skip a torn final line.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// Errors writing telemetry files.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("cannot write {path}: {source}; check that the run directory is writable")]
+    Write { path: PathBuf, source: io::Error },
+}
+
+/// An append-only JSON-lines file.
+#[derive(Debug)]
+pub struct JsonlWriter {
+    path: PathBuf,
+    file: File,
+}
+
+impl JsonlWriter {
+    /// Opens `path` for appending, creating it if needed. A torn last line left
+    /// by a crash is terminated first so the next record starts on its own line.
+    pub fn open(path: impl Into<PathBuf>) -> Result<JsonlWriter, TelemetryError> {
+        let path = path.into();
+        let err = |source| TelemetryError::Write { path: path.clone(), source };
+        let needs_newline = match std::fs::read(&path) {
+            Ok(bytes) => bytes.last().is_some_and(|b| *b != b'\n'),
+            Err(_) => false,
+        };
+        let mut file = OpenOptions::new().create(true).append(true).open(&path).map_err(err)?;
+        if needs_newline {
+            file.write_all(b"\n").map_err(err)?;
+        }
+        Ok(JsonlWriter { path, file })
+    }
+
+    /// Appends one record as a line.
+    pub fn append<T: Serialize>(&mut self, record: &T) -> Result<(), TelemetryError> {
+        let mut line = serde_json::to_vec(record).expect("telemetry records serialise");
+        line.push(b'\n');
+        self.file.write_all(&line).map_err(|source| TelemetryError::Write { path: self.path.clone(), source })
+    }
+
+    /// Flushes to stable storage (used before exiting after a stop signal).
+    pub fn sync(&mut self) -> Result<(), TelemetryError> {
+        self.file.sync_data().map_err(|source| TelemetryError::Write { path: self.path.clone(), source })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// `events.jsonl`: every record carries `event`, `time` (RFC 3339) and the
+/// run's context (node, job id, attempt) next to the event's own fields.
+#[derive(Debug)]
+pub struct EventLog {
+    writer: JsonlWriter,
+    context: serde_json::Map<String, serde_json::Value>,
+}
+
+impl EventLog {
+    /// Opens `<run dir>/events.jsonl`; `context` fields are added to every event.
+    pub fn open(
+        path: impl Into<PathBuf>,
+        context: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<EventLog, TelemetryError> {
+        Ok(EventLog { writer: JsonlWriter::open(path)?, context })
+    }
+
+    /// Records `event` with its own `fields` (a JSON object).
+    pub fn record(&mut self, event: &str, fields: serde_json::Value) -> Result<(), TelemetryError> {
+        let mut obj = serde_json::Map::new();
+        obj.insert("event".into(), event.into());
+        obj.insert("time".into(), now_rfc3339().into());
+        for (k, v) in &self.context {
+            obj.insert(k.clone(), v.clone());
+        }
+        if let serde_json::Value::Object(extra) = fields {
+            obj.extend(extra);
+        }
+        self.writer.append(&obj)
+    }
+
+    pub fn sync(&mut self) -> Result<(), TelemetryError> {
+        self.writer.sync()
+    }
+}
+
+/// Current time, RFC 3339 in UTC with milliseconds.
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torn_last_line_is_terminated_before_appending() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.jsonl");
+        std::fs::write(&path, b"{\"step\":1}\n{\"ste").unwrap();
+        let mut w = JsonlWriter::open(&path).unwrap();
+        w.append(&serde_json::json!({"step": 2})).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "{\"step\":1}\n{\"ste\n{\"step\":2}\n");
+    }
+
+    #[test]
+    fn events_carry_name_time_and_context() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("events.jsonl");
+        let ctx = serde_json::json!({"node": "n1", "attempt": 0}).as_object().unwrap().clone();
+        let mut log = EventLog::open(&path, ctx).unwrap();
+        log.record("start", serde_json::json!({"step": 0})).unwrap();
+        let v: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&path).unwrap().trim()).unwrap();
+        assert_eq!(v["event"], "start");
+        assert_eq!(v["node"], "n1");
+        assert_eq!(v["step"], 0);
+        assert!(chrono::DateTime::parse_from_rfc3339(v["time"].as_str().unwrap()).is_ok());
+    }
+}
