@@ -344,6 +344,8 @@ impl CheckpointStore {
                 tracing::info!(step, ?reason, dir = %dir.display(), "rotating out checkpoint");
                 fs::rename(&dir, &trash).map_err(|source| CheckpointError::Remove { path: dir.clone(), source })?;
                 fsync_dir(&self.dir).map_err(|source| CheckpointError::Remove { path: dir.clone(), source })?;
+                // Renamed aside but not yet removed: a crash here must leave only a leftover.
+                failpoint("checkpoint::rotation_trashed")?;
                 fs::remove_dir_all(&trash).map_err(|source| CheckpointError::Remove { path: trash, source })?;
                 removed.push(dir);
             }

@@ -1,0 +1,339 @@
+//! Crash consistency of the checkpoint store, failpoint by failpoint.
+//!
+//! Every failpoint of the commit protocol is hit once as a crash (a panic
+//! caught with `catch_unwind`: nothing is cleaned up, as when the process
+//! dies) and once as an I/O error (`return`). Starting from committed
+//! checkpoints 10, 20, 30 (keep = 3) we try to save 40, then reopen the store
+//! and check that the newest *fully committed* checkpoint loads byte for byte,
+//! that nothing committed was lost, that no leftovers survive the reopen, and
+//! that the next save works.
+
+mod support;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use rekindle::checkpoint::{
+    CheckpointError, CheckpointStore, MANIFEST_FILE, REQUIRED_FILES, STATE_FILE, SaveReport, VerifyLevel,
+};
+
+use support::{
+    Reference, assert_holds_small_snapshot, assert_same_checkpoint_on_disk, leftovers, leftovers_with_prefix,
+    save_steps, small_snapshot, temp_store, valid_steps,
+};
+
+const KEEP: usize = 3;
+const COMMITTED: [u64; 3] = [10, 20, 30];
+const NEW_STEP: u64 = 40;
+const NEXT_STEP: u64 = 50;
+
+/// How the failpoint fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The process dies there: a panic, caught, with nothing cleaned up.
+    Crash,
+    /// The operation there fails: the failpoint returns an error.
+    IoError,
+}
+
+/// How far the interrupted save of step 40 got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reached {
+    /// Interrupted before the rename: 40 was never committed.
+    BeforeRename,
+    /// Committed (renamed); rotation had not removed anything yet.
+    Committed,
+    /// Committed, and step 10 was renamed aside to `.trash-…` but not removed.
+    Trashed,
+}
+
+/// Failpoints that sit inside I/O code and inject an `io::Error` (EIO by default).
+fn is_io_failpoint(name: &str) -> bool {
+    name.starts_with("checkpoint::before_fsync::") || name.starts_with("checkpoint::after_fsync::")
+}
+
+fn attempt_save(store: &CheckpointStore, step: u64) -> std::thread::Result<Result<SaveReport, CheckpointError>> {
+    catch_unwind(AssertUnwindSafe(|| store.save(&small_snapshot(step))))
+}
+
+fn run_case(failpoint: &str, fault: Fault, reached: Reached) {
+    let scenario = fail::FailScenario::setup();
+    let (_tmp, store) = temp_store(KEEP);
+    save_steps(&store, &COMMITTED);
+    let dir = store.dir().to_path_buf();
+
+    fail::cfg(failpoint, if fault == Fault::Crash { "panic" } else { "return" }).unwrap();
+    let outcome = attempt_save(&store, NEW_STEP);
+    fail::remove(failpoint);
+
+    match (fault, outcome) {
+        (Fault::Crash, Err(_panic)) => {
+            // A real crash leaves its debris; reopening must deal with it.
+            let expected_debris = match reached {
+                Reached::BeforeRename => ".tmp-",
+                Reached::Trashed => ".trash-",
+                Reached::Committed => "",
+            };
+            if expected_debris.is_empty() {
+                assert_eq!(leftovers(&dir), Vec::<String>::new(), "crash at {failpoint}");
+            } else {
+                let debris = leftovers_with_prefix(&dir, expected_debris);
+                assert_eq!(debris.len(), 1, "crash at {failpoint} should leave one {expected_debris}… dir: {debris:?}");
+            }
+        }
+        (Fault::IoError, Ok(Err(err))) => {
+            if is_io_failpoint(failpoint) {
+                let file = failpoint.rsplit("::").next().unwrap();
+                match &err {
+                    CheckpointError::Write { step, path, source } => {
+                        assert_eq!(*step, NEW_STEP);
+                        assert!(path.ends_with(file), "error names {} instead of {file}", path.display());
+                        assert_eq!(source.raw_os_error(), Some(nix::libc::EIO), "{err}");
+                    }
+                    other => panic!("{failpoint}: expected CheckpointError::Write, got {other:?}"),
+                }
+            } else {
+                assert!(
+                    matches!(&err, CheckpointError::Injected(name) if name == failpoint),
+                    "{failpoint}: expected CheckpointError::Injected, got {err:?}"
+                );
+            }
+            // The partial save is removed by the failing call itself.
+            assert_eq!(leftovers_with_prefix(&dir, ".tmp-"), Vec::<String>::new(), "temp dir left by {failpoint}");
+            if reached != Reached::Trashed {
+                assert_eq!(leftovers(&dir), Vec::<String>::new(), "leftovers after error at {failpoint}");
+            }
+        }
+        (Fault::Crash, Ok(result)) => panic!("failpoint {failpoint} never fired: save returned {result:?}"),
+        (Fault::IoError, Ok(Ok(report))) => panic!("failpoint {failpoint} never fired: save returned {report:?}"),
+        (Fault::IoError, Err(_)) => panic!("failpoint {failpoint} configured to return an error panicked"),
+    }
+
+    let newest = if reached == Reached::BeforeRename { 30 } else { NEW_STEP };
+    // Leftovers are never mistaken for checkpoints, even before they are removed.
+    let before_reopen = CheckpointStore::open_read_only(&dir).load_latest().unwrap();
+    assert_eq!(before_reopen.loaded.map(|l| l.snapshot.step), Some(newest), "before reopen, {failpoint}");
+
+    let store = CheckpointStore::open(&dir, KEEP).unwrap();
+    assert_eq!(leftovers(&dir), Vec::<String>::new(), "leftovers after reopen, {failpoint}");
+
+    let outcome = store.load_latest().unwrap();
+    assert!(outcome.rejected.is_empty(), "{failpoint}: rejected {:?}", outcome.rejected);
+    let loaded = outcome.loaded.expect("a checkpoint loads");
+    assert_eq!(loaded.dir, store.step_dir(newest));
+    assert!(loaded.snapshot == small_snapshot(newest), "{failpoint}: loaded snapshot differs from the saved one");
+
+    // Nothing committed was lost: rotation never ran to completion, so every
+    // checkpoint committed so far is still there (minus one already trashed).
+    let expected: Vec<u64> = match reached {
+        Reached::BeforeRename => vec![30, 20, 10],
+        Reached::Committed => vec![40, 30, 20, 10],
+        Reached::Trashed => vec![40, 30, 20],
+    };
+    assert_eq!(valid_steps(&store), expected, "{failpoint}");
+    let reference = Reference::new(&expected);
+    for &step in &expected {
+        assert_holds_small_snapshot(&store, step);
+        assert_same_checkpoint_on_disk(&store.step_dir(step), &reference.dir(step));
+    }
+
+    // The store keeps working: the next save commits and rotates normally.
+    let report = store.save(&small_snapshot(NEXT_STEP)).unwrap();
+    assert!(!report.already_existed);
+    let mut after: Vec<u64> = vec![NEXT_STEP];
+    after.extend(expected.iter().copied().take(KEEP - 1));
+    assert_eq!(valid_steps(&store), after, "{failpoint}: after the next save");
+    assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, NEXT_STEP);
+    assert_eq!(leftovers(&dir), Vec::<String>::new());
+    scenario.teardown();
+}
+
+macro_rules! failpoint_cases {
+    ($($crash:ident, $error:ident: $point:literal => $reached:ident;)*) => {
+        /// Every failpoint the cases below exercise.
+        const COVERED: &[&str] = &[$($point),*];
+        $(
+            #[test]
+            fn $crash() {
+                run_case($point, Fault::Crash, Reached::$reached);
+            }
+            #[test]
+            fn $error() {
+                run_case($point, Fault::IoError, Reached::$reached);
+            }
+        )*
+    };
+}
+
+failpoint_cases! {
+    crash_before_writing_model_keeps_previous_checkpoint,
+    error_before_writing_model_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_write::model.safetensors" => BeforeRename;
+    crash_before_writing_optimizer_keeps_previous_checkpoint,
+    error_before_writing_optimizer_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_write::optimizer.safetensors" => BeforeRename;
+    crash_before_writing_state_keeps_previous_checkpoint,
+    error_before_writing_state_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_write::state.json" => BeforeRename;
+
+    crash_before_fsync_of_model_keeps_previous_checkpoint,
+    error_before_fsync_of_model_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_fsync::model.safetensors" => BeforeRename;
+    crash_before_fsync_of_optimizer_keeps_previous_checkpoint,
+    error_before_fsync_of_optimizer_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_fsync::optimizer.safetensors" => BeforeRename;
+    crash_before_fsync_of_state_keeps_previous_checkpoint,
+    error_before_fsync_of_state_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_fsync::state.json" => BeforeRename;
+    crash_before_fsync_of_manifest_keeps_previous_checkpoint,
+    error_before_fsync_of_manifest_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_fsync::MANIFEST.json" => BeforeRename;
+
+    crash_after_fsync_of_model_keeps_previous_checkpoint,
+    error_after_fsync_of_model_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::after_fsync::model.safetensors" => BeforeRename;
+    crash_after_fsync_of_optimizer_keeps_previous_checkpoint,
+    error_after_fsync_of_optimizer_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::after_fsync::optimizer.safetensors" => BeforeRename;
+    crash_after_fsync_of_state_keeps_previous_checkpoint,
+    error_after_fsync_of_state_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::after_fsync::state.json" => BeforeRename;
+    crash_after_fsync_of_manifest_keeps_previous_checkpoint,
+    error_after_fsync_of_manifest_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::after_fsync::MANIFEST.json" => BeforeRename;
+
+    crash_before_manifest_keeps_previous_checkpoint,
+    error_before_manifest_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_manifest" => BeforeRename;
+    crash_before_rename_keeps_previous_checkpoint,
+    error_before_rename_is_reported_and_keeps_previous_checkpoint:
+        "checkpoint::before_rename" => BeforeRename;
+
+    crash_after_rename_keeps_new_checkpoint,
+    error_after_rename_is_reported_and_keeps_new_checkpoint:
+        "checkpoint::after_rename" => Committed;
+    crash_after_commit_keeps_new_checkpoint,
+    error_after_commit_is_reported_and_keeps_new_checkpoint:
+        "checkpoint::after_commit" => Committed;
+    crash_before_rotation_delete_keeps_new_and_old_checkpoints,
+    error_before_rotation_delete_is_reported_and_keeps_new_and_old_checkpoints:
+        "checkpoint::rotation_delete" => Committed;
+    crash_after_rotation_trash_rename_leaves_only_a_removable_leftover,
+    error_after_rotation_trash_rename_leaves_only_a_removable_leftover:
+        "checkpoint::rotation_trashed" => Trashed;
+}
+
+/// Every failpoint named in store.rs. Per-file names are expanded the way the
+/// store forms them: `{}` in the loop over the data files, `{name}` in
+/// `write_hashed`, which also writes the manifest.
+fn failpoints_in_store_source() -> Vec<String> {
+    let source = include_str!("../src/checkpoint/store.rs");
+    let mut with_manifest = REQUIRED_FILES.to_vec();
+    with_manifest.push(MANIFEST_FILE);
+    let expand = |prefix: &str, files: &[&str]| files.iter().map(|f| format!("{prefix}{f}")).collect::<Vec<_>>();
+    let mut names: Vec<String> = source
+        .split('"')
+        .filter(|s| s.starts_with("checkpoint::") && !s.contains(' '))
+        .flat_map(|s| {
+            if let Some(prefix) = s.strip_suffix("{}") {
+                expand(prefix, &REQUIRED_FILES)
+            } else if let Some(prefix) = s.strip_suffix("{name}") {
+                expand(prefix, &with_manifest)
+            } else {
+                vec![s.to_string()]
+            }
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn every_failpoint_in_the_store_is_exercised() {
+    let in_source = failpoints_in_store_source();
+    assert!(in_source.len() >= 17, "found only {in_source:?} in store.rs");
+    let mut covered: Vec<String> = COVERED.iter().map(|s| s.to_string()).collect();
+    covered.sort();
+    assert_eq!(covered, in_source, "failpoints in store.rs and the cases here differ");
+}
+
+#[test]
+fn crash_between_rotation_deletes_leaves_only_whole_checkpoints() {
+    let scenario = fail::FailScenario::setup();
+    let (_tmp, store) = temp_store(KEEP);
+    save_steps(&store, &COMMITTED);
+    // keep = 1 plans three deletes (30, 20, 10): let the first happen, crash at the second.
+    let store = CheckpointStore::open(store.dir(), 1).unwrap();
+    fail::cfg("checkpoint::rotation_delete", "1*off->panic").unwrap();
+    let outcome = attempt_save(&store, NEW_STEP);
+    fail::remove("checkpoint::rotation_delete");
+    assert!(outcome.is_err(), "the second rotation delete should have crashed");
+
+    let store = CheckpointStore::open(store.dir(), 1).unwrap();
+    assert_eq!(leftovers(store.dir()), Vec::<String>::new());
+    assert_eq!(valid_steps(&store), vec![40, 20, 10]);
+    for step in [40, 20, 10] {
+        assert_holds_small_snapshot(&store, step);
+    }
+    assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, small_snapshot(NEW_STEP));
+    store.save(&small_snapshot(NEXT_STEP)).unwrap();
+    assert_eq!(valid_steps(&store), vec![NEXT_STEP]);
+    scenario.teardown();
+}
+
+#[test]
+fn crash_while_replacing_an_invalid_checkpoint_of_the_same_step_keeps_previous() {
+    let scenario = fail::FailScenario::setup();
+    let (_tmp, store) = temp_store(KEEP);
+    save_steps(&store, &[10, 20, 30, NEW_STEP]);
+    std::fs::remove_file(store.step_dir(NEW_STEP).join(STATE_FILE)).unwrap();
+
+    fail::cfg("checkpoint::before_rename", "panic").unwrap();
+    let outcome = attempt_save(&store, NEW_STEP);
+    fail::remove("checkpoint::before_rename");
+    assert!(outcome.is_err(), "before_rename should have crashed");
+
+    let store = CheckpointStore::open(store.dir(), KEEP).unwrap();
+    assert_eq!(leftovers(store.dir()), Vec::<String>::new());
+    let outcome = store.load_latest().unwrap();
+    assert_eq!(outcome.loaded.unwrap().snapshot, small_snapshot(30));
+    assert_eq!(outcome.rejected.len(), 1, "the damaged step 40 is reported");
+    assert_eq!(outcome.rejected[0].step, NEW_STEP);
+
+    // Saving the same step again replaces the damaged one.
+    let report = store.save(&small_snapshot(NEW_STEP)).unwrap();
+    assert!(!report.already_existed);
+    assert_eq!(valid_steps(&store), vec![40, 30, 20]);
+    assert_holds_small_snapshot(&store, NEW_STEP);
+    scenario.teardown();
+}
+
+#[test]
+fn injected_os_errors_keep_their_code_and_hint() {
+    let scenario = fail::FailScenario::setup();
+    let (_tmp, store) = temp_store(KEEP);
+    save_steps(&store, &COMMITTED);
+    let point = "checkpoint::before_fsync::state.json";
+    for (arg, code, hint) in [
+        ("ENOSPC", nix::libc::ENOSPC, "(disk full)"),
+        ("EACCES", nix::libc::EACCES, "(permission denied)"),
+        ("EROFS", nix::libc::EROFS, "(read-only filesystem)"),
+        ("", nix::libc::EIO, "(I/O error"),
+    ] {
+        let action = if arg.is_empty() { "return".to_string() } else { format!("return({arg})") };
+        fail::cfg(point, &action).unwrap();
+        let err = store.save(&small_snapshot(NEW_STEP)).unwrap_err();
+        fail::remove(point);
+        match &err {
+            CheckpointError::Write { source, .. } => assert_eq!(source.raw_os_error(), Some(code), "{action}"),
+            other => panic!("{action}: expected CheckpointError::Write, got {other:?}"),
+        }
+        let message = err.to_string();
+        assert!(message.contains(hint), "{action}: message lacks {hint:?}: {message}");
+        assert!(message.contains(STATE_FILE), "{action}: message does not name the file: {message}");
+        assert_eq!(leftovers(store.dir()), Vec::<String>::new(), "{action}");
+    }
+    assert_eq!(valid_steps(&store), vec![30, 20, 10]);
+    assert_eq!(store.list(VerifyLevel::Full).unwrap().len(), 3);
+    scenario.teardown();
+}

@@ -1,0 +1,241 @@
+//! Python reads our checkpoints: `safetensors.numpy.load_file` loads
+//! `model.safetensors` and `optimizer.safetensors` with exactly the dtypes,
+//! shapes and values we saved, and `sha256sum` agrees with every manifest hash.
+//!
+//! Needs `python3` with `safetensors` and `numpy` (`pip install safetensors
+//! numpy`; CI installs them). Without them the tests fail, unless
+//! `REKINDLE_SKIP_PYTHON=1`, which turns them into a loud SKIPPED.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use rekindle::checkpoint::{DType, HostTensor, MODEL_FILE, OPTIMIZER_FILE, Snapshot, TensorSet};
+use serde_json::Value;
+
+use support::{manifest_entries, temp_store};
+
+/// Loads each file given as argument with `safetensors.numpy.load_file` and
+/// prints, per tensor, numpy's dtype, the shape, the values and the raw
+/// little-endian bytes; plus the metadata `safe_open` reports.
+const LOAD_WITH_NUMPY: &str = r#"
+import json, sys
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import load_file
+out = {}
+for path in sys.argv[1:]:
+    tensors = {}
+    for name, arr in load_file(path).items():
+        tensors[name] = {
+            "dtype": str(arr.dtype),
+            "shape": list(arr.shape),
+            "values": arr.reshape(-1).tolist(),
+            "hex": arr.astype(arr.dtype.newbyteorder("<")).tobytes().hex(),
+        }
+    with safe_open(path, framework="numpy") as f:
+        metadata = f.metadata()
+    out[path] = {"tensors": tensors, "metadata": metadata}
+print(json.dumps(out))
+"#;
+
+/// numpy has no bfloat16, so `safetensors.numpy` refuses BF16: read the file
+/// by the format's definition instead (u64 header length, JSON header, data)
+/// and widen each bf16 to the f32 with the same top 16 bits.
+const READ_BF16_BY_SPEC: &str = r#"
+import json, struct, sys
+import numpy as np
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+out = {}
+for name, info in header.items():
+    if name == "__metadata__":
+        continue
+    start, end = info["data_offsets"]
+    chunk = data[start:end]
+    if info["dtype"] == "BF16":
+        values = (np.frombuffer(chunk, dtype="<u2").astype("<u4") << 16).view("<f4")
+    else:
+        values = np.frombuffer(chunk, dtype="<f4")
+    out[name] = {"dtype": info["dtype"], "shape": info["shape"], "values": values.tolist()}
+print(json.dumps(out))
+"#;
+
+/// `Some(())` when python3 with safetensors and numpy is there; `None` when it
+/// is not and `REKINDLE_SKIP_PYTHON=1` allows skipping; panics otherwise.
+fn python_or_skip() -> Option<()> {
+    let probe = Command::new("python3").args(["-c", "import safetensors, numpy"]).output();
+    let problem = match probe {
+        Ok(out) if out.status.success() => return Some(()),
+        Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
+        Err(e) => format!("cannot run python3: {e}"),
+    };
+    if std::env::var("REKINDLE_SKIP_PYTHON").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "\n*** SKIPPED (REKINDLE_SKIP_PYTHON=1): python3 with safetensors and numpy unavailable: {problem} ***\n"
+        );
+        return None;
+    }
+    panic!(
+        "python3 cannot import safetensors and numpy ({problem}): run `pip install safetensors numpy`, \
+         or set REKINDLE_SKIP_PYTHON=1 to skip this test"
+    );
+}
+
+fn python_json(script: &str, args: &[&Path]) -> Value {
+    let out = Command::new("python3").arg("-c").arg(script).args(args).output().expect("run python3");
+    assert!(out.status.success(), "python3 failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("python printed JSON")
+}
+
+fn le_bytes<T: Copy, const N: usize>(values: &[T], to_le: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    values.iter().flat_map(|v| to_le(*v)).collect()
+}
+
+fn tensor(dtype: DType, shape: &[usize], data: Vec<u8>) -> HostTensor {
+    HostTensor::new(dtype, shape.to_vec(), data).unwrap()
+}
+
+fn f32s(shape: &[usize], values: &[f32]) -> HostTensor {
+    HostTensor::from_f32(shape.to_vec(), values)
+}
+
+/// Tensors of every dtype numpy can hold, several shapes (a 0-d scalar
+/// included), and awkward values: -0.0, a subnormal, extremes.
+fn interop_snapshot() -> Snapshot {
+    let mut model = TensorSet::new();
+    model.insert(
+        "w.matrix".into(),
+        f32s(&[3, 4], &[0.1, -0.2, 0.3, 1e-30, -0.0, 1e-40, 3.4e38, -3.4e38, 1.0, 2.0, 3.0, 4.0]),
+    );
+    model.insert("w.vector".into(), f32s(&[5], &[1.5, -2.25, 1.0 / 3.0, std::f32::consts::PI, f32::MIN_POSITIVE]));
+    model.insert("w.scalar".into(), f32s(&[], &[42.125]));
+    model.insert("w.cube".into(), f32s(&[2, 3, 2], &(0..12).map(|i| i as f32 * 0.7 - 3.0).collect::<Vec<_>>()));
+    model.insert(
+        "w.half".into(),
+        tensor(DType::F16, &[4], le_bytes(&[0x3c00u16, 0xc000, 0x3800, 0x7bff], u16::to_le_bytes)),
+    );
+    model.insert("w.i64".into(), tensor(DType::I64, &[3], le_bytes(&[i64::MIN, -1, i64::MAX], i64::to_le_bytes)));
+    model.insert("w.f64".into(), tensor(DType::F64, &[2], le_bytes(&[0.1f64, -1e300], f64::to_le_bytes)));
+    model.insert("w.u32".into(), tensor(DType::U32, &[2], le_bytes(&[0u32, u32::MAX], u32::to_le_bytes)));
+    model.insert("w.u8".into(), tensor(DType::U8, &[2, 2], vec![0, 1, 128, 255]));
+
+    let mut optimizer = TensorSet::new();
+    optimizer.insert("w.matrix.exp_avg".into(), f32s(&[3, 4], &(0..12).map(|i| -(i as f32) / 7.0).collect::<Vec<_>>()));
+    optimizer.insert(
+        "w.matrix.exp_avg_sq".into(),
+        f32s(&[3, 4], &(0..12).map(|i| (i * i) as f32 / 9.0).collect::<Vec<_>>()),
+    );
+    optimizer.insert("step".into(), tensor(DType::I64, &[1], 7i64.to_le_bytes().to_vec()));
+    Snapshot { step: 7, model, optimizer, state: serde_json::json!({"step": 7}) }
+}
+
+fn numpy_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "float32",
+        DType::F16 => "float16",
+        DType::F64 => "float64",
+        DType::I64 => "int64",
+        DType::U32 => "uint32",
+        DType::U8 => "uint8",
+        DType::BF16 => unreachable!("numpy has no bfloat16"),
+    }
+}
+
+/// Compares what numpy loaded with what we saved: dtype, shape and raw bytes
+/// always, and the decoded values exactly for f32 and i64.
+fn assert_numpy_matches(file: &str, loaded: &Value, saved: &TensorSet) {
+    let tensors = loaded["tensors"].as_object().unwrap();
+    assert_eq!(tensors.keys().collect::<Vec<_>>(), saved.keys().collect::<Vec<_>>(), "{file}: tensor names");
+    for (name, t) in saved {
+        let got = &tensors[name];
+        let ctx = format!("{file}: {name}");
+        assert_eq!(got["dtype"], numpy_name(t.dtype), "{ctx}: dtype");
+        let shape: Vec<usize> = serde_json::from_value(got["shape"].clone()).unwrap();
+        assert_eq!(shape, t.shape, "{ctx}: shape");
+        assert_eq!(got["hex"].as_str().unwrap(), hex::encode(&t.data), "{ctx}: bytes");
+        let values = got["values"].as_array().unwrap();
+        match t.dtype {
+            DType::F32 => {
+                let expected = t.to_f32().unwrap();
+                assert_eq!(values.len(), expected.len(), "{ctx}");
+                for (v, e) in values.iter().zip(&expected) {
+                    // Python floats are f64; every f32 is exact in one. Compare bits (-0.0 too).
+                    assert_eq!((v.as_f64().unwrap() as f32).to_bits(), e.to_bits(), "{ctx}: {v} != {e}");
+                }
+            }
+            DType::I64 => {
+                let expected: Vec<i64> =
+                    t.data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+                let got: Vec<i64> = values.iter().map(|v| v.as_i64().unwrap()).collect();
+                assert_eq!(got, expected, "{ctx}");
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn numpy_loads_saved_tensors_with_identical_dtypes_shapes_and_values() {
+    let Some(()) = python_or_skip() else { return };
+    let (_tmp, store) = temp_store(3);
+    let snapshot = interop_snapshot();
+    store.save(&snapshot).unwrap();
+    let dir = store.step_dir(snapshot.step);
+    let (model, optimizer) = (dir.join(MODEL_FILE), dir.join(OPTIMIZER_FILE));
+
+    let loaded = python_json(LOAD_WITH_NUMPY, &[&model, &optimizer]);
+    let key = |p: &Path| p.to_str().unwrap().to_string();
+    assert_numpy_matches(MODEL_FILE, &loaded[key(&model)], &snapshot.model);
+    assert_numpy_matches(OPTIMIZER_FILE, &loaded[key(&optimizer)], &snapshot.optimizer);
+    assert_eq!(
+        loaded[key(&model)]["metadata"],
+        serde_json::json!({"format": "rekindle", "content": "model", "step": "7"}),
+        "safetensors metadata as Python sees it"
+    );
+    assert_eq!(loaded[key(&optimizer)]["metadata"]["content"], "optimizer");
+}
+
+#[test]
+fn bf16_tensors_follow_the_safetensors_layout() {
+    let Some(()) = python_or_skip() else { return };
+    let (_tmp, store) = temp_store(3);
+    let mut snapshot = interop_snapshot();
+    // 1.0, -2.5, 0.15625, 3.0: bf16 is the top half of the f32 bit pattern.
+    let bf16: Vec<u16> = [1.0f32, -2.5, 0.15625, 3.0].iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+    snapshot.model.clear();
+    snapshot.model.insert("a.bf16".into(), tensor(DType::BF16, &[2, 2], le_bytes(&bf16, u16::to_le_bytes)));
+    snapshot.model.insert("b.f32".into(), f32s(&[1], &[0.75]));
+    store.save(&snapshot).unwrap();
+
+    let read = python_json(READ_BF16_BY_SPEC, &[&store.step_dir(snapshot.step).join(MODEL_FILE)]);
+    assert_eq!(read["a.bf16"]["dtype"], "BF16");
+    assert_eq!(read["a.bf16"]["shape"], serde_json::json!([2, 2]));
+    assert_eq!(read["a.bf16"]["values"], serde_json::json!([1.0, -2.5, 0.15625, 3.0]));
+    assert_eq!(read["b.f32"]["values"], serde_json::json!([0.75]));
+    // And our own reader returns the same bytes.
+    let loaded = store.load_latest().unwrap().loaded.unwrap();
+    assert_eq!(loaded.snapshot.model, snapshot.model);
+}
+
+#[test]
+fn manifest_hashes_match_sha256sum() {
+    let (_tmp, store) = temp_store(3);
+    let snapshot = interop_snapshot();
+    store.save(&snapshot).unwrap();
+    let dir = store.step_dir(snapshot.step);
+    let entries = manifest_entries(&dir);
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    for entry in entries {
+        let path = dir.join(&entry.name);
+        let out = Command::new("sha256sum").arg(&path).output().expect("run sha256sum");
+        assert!(out.status.success(), "sha256sum {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let digest = stdout.split_whitespace().next().unwrap();
+        assert_eq!(digest, entry.sha256, "{}", entry.name);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), entry.bytes, "{}", entry.name);
+    }
+}

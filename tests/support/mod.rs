@@ -1,0 +1,138 @@
+//! Helpers shared by the integration tests: deterministic snapshots, a look at
+//! what lies on disk (leftovers, file bytes, manifests), and file damage.
+//!
+//! Every test binary includes this module and uses a different part of it.
+#![allow(dead_code)]
+
+pub mod deterministic;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rekindle::checkpoint::{
+    CheckpointStore, MANIFEST_FILE, ManifestEntry, Snapshot, VerifyLevel, read_manifest, verify_checkpoint_dir,
+};
+
+pub use deterministic::snapshot_for_step;
+
+/// Payload bytes of the snapshots most tests save: small, so debug builds stay quick.
+pub const SMALL_PAYLOAD: usize = 64 << 10;
+
+/// A snapshot of `step` with [`SMALL_PAYLOAD`] bytes of tensors.
+pub fn small_snapshot(step: u64) -> Snapshot {
+    snapshot_for_step(step, SMALL_PAYLOAD)
+}
+
+/// A fresh temporary directory and a store in its `checkpoints` subdirectory.
+pub fn temp_store(keep: usize) -> (tempfile::TempDir, CheckpointStore) {
+    let tmp = tempfile::tempdir().expect("create temp dir");
+    let store = CheckpointStore::open(tmp.path().join("checkpoints"), keep).expect("open store");
+    (tmp, store)
+}
+
+/// Saves `small_snapshot(step)` for each step, panicking on any error.
+pub fn save_steps(store: &CheckpointStore, steps: &[u64]) {
+    for &step in steps {
+        store.save(&small_snapshot(step)).unwrap_or_else(|e| panic!("saving step {step}: {e:#}"));
+    }
+}
+
+/// Names in `dir` left by interrupted saves (`.tmp-…`) or deletes (`.trash-…`).
+pub fn leftovers(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-") || n.starts_with(".trash-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Leftover names with the given prefix (`.tmp-` or `.trash-`).
+pub fn leftovers_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
+    leftovers(dir).into_iter().filter(|n| n.starts_with(prefix)).collect()
+}
+
+/// Steps of the `step-*` directories, newest first, after asserting that every
+/// one of them verifies completely (every hash checked).
+pub fn valid_steps(store: &CheckpointStore) -> Vec<u64> {
+    let infos = store.list(VerifyLevel::Full).expect("list checkpoints");
+    for info in &infos {
+        assert!(info.valid, "committed checkpoint {} does not verify: {:?}", info.dir.display(), info.failures);
+    }
+    infos.iter().map(|i| i.step).collect()
+}
+
+/// The bytes of every file of a checkpoint except its manifest (which holds a
+/// creation time and so differs between two saves of the same state).
+pub fn data_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry"))
+        .filter(|e| e.file_name() != MANIFEST_FILE)
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), fs::read(e.path()).expect("read file")))
+        .collect()
+}
+
+/// The manifest's file entries (names, sizes, hashes) of a checkpoint.
+pub fn manifest_entries(dir: &Path) -> Vec<ManifestEntry> {
+    read_manifest(dir).unwrap_or_else(|f| panic!("manifest of {}: {f}", dir.display())).files
+}
+
+/// Asserts that two checkpoint directories hold byte-identical files and
+/// manifests that agree on every file's name, size and hash.
+pub fn assert_same_checkpoint_on_disk(actual: &Path, reference: &Path) {
+    let (a, r) = (data_files(actual), data_files(reference));
+    assert_eq!(a.keys().collect::<Vec<_>>(), r.keys().collect::<Vec<_>>(), "file names of {}", actual.display());
+    for (name, bytes) in &a {
+        assert!(bytes == &r[name], "{} differs from the reference save in {}", name, reference.display());
+    }
+    assert_eq!(manifest_entries(actual), manifest_entries(reference), "manifest of {}", actual.display());
+}
+
+/// A store holding a reference save of each step, to compare files against.
+pub struct Reference {
+    _tmp: tempfile::TempDir,
+    store: CheckpointStore,
+}
+
+impl Reference {
+    pub fn new(steps: &[u64]) -> Reference {
+        let (tmp, store) = temp_store(usize::MAX);
+        save_steps(&store, steps);
+        Reference { _tmp: tmp, store }
+    }
+
+    pub fn dir(&self, step: u64) -> PathBuf {
+        self.store.step_dir(step)
+    }
+}
+
+/// Asserts that the checkpoint of `step` verifies fully and holds exactly
+/// `small_snapshot(step)`.
+pub fn assert_holds_small_snapshot(store: &CheckpointStore, step: u64) {
+    let dir = store.step_dir(step);
+    let failures = verify_checkpoint_dir(&dir, VerifyLevel::Full);
+    assert!(failures.is_empty(), "{} does not verify: {failures:?}", dir.display());
+    let loaded = rekindle::checkpoint::load_dir(&dir).unwrap_or_else(|f| panic!("loading {}: {f:?}", dir.display()));
+    assert!(
+        loaded.snapshot == small_snapshot(step),
+        "{} does not hold the snapshot saved for step {step}",
+        dir.display()
+    );
+}
+
+/// Flips every bit of one byte in the middle of `path`.
+pub fn flip_byte(path: &Path) {
+    let mut bytes = fs::read(path).expect("read file to damage");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    fs::write(path, bytes).expect("write damaged file");
+}
+
+/// Cuts `path` to half its length.
+pub fn truncate_half(path: &Path) {
+    let len = fs::metadata(path).expect("stat file to truncate").len();
+    fs::OpenOptions::new().write(true).open(path).and_then(|f| f.set_len(len / 2)).expect("truncate");
+}
