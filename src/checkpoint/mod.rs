@@ -1,1 +1,5 @@
-//! placeholder
+//! Checkpoints (placeholder in the train branch): host tensors only.
+
+mod tensor;
+
+pub use tensor::*;

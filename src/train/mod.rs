@@ -1,1 +1,13 @@
 //! Training: models, optimizer, data and the state that goes into checkpoints.
+//!
+//! The [`Trainer`] owns everything a step reads or changes and turns it into
+//! a [`TrainSnapshot`] of host tensors and JSON for the checkpoint store;
+//! restoring one continues the run bit-exactly (`docs/determinism.md`).
+//! Models plug in through the [`Workload`] trait (`docs/workloads.md`);
+//! `mlp` and `gpt` are built in. [`validate_file`] checks JSONL datasets.
+
+mod error;
+mod rng;
+
+pub use error::{TrainError, candle_message};
+pub use rng::{RngState, Stream, StreamRng};
