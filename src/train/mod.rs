@@ -8,6 +8,10 @@
 
 mod error;
 mod rng;
+mod scaler;
+mod schedule;
 
 pub use error::{TrainError, candle_message};
 pub use rng::{RngState, Stream, StreamRng};
+pub use scaler::{LossScaler, ScalerState, compute_dtype};
+pub use schedule::LrSchedule;
