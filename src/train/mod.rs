@@ -7,11 +7,15 @@
 //! `mlp` and `gpt` are built in. [`validate_file`] checks JSONL datasets.
 
 mod error;
+mod optim;
+mod params;
 mod rng;
 mod scaler;
 mod schedule;
 
 pub use error::{TrainError, candle_message};
+pub use optim::{AdamW, AdamWConfig, moment_names};
+pub use params::{ParamStore, Params};
 pub use rng::{RngState, Stream, StreamRng};
 pub use scaler::{LossScaler, ScalerState, compute_dtype};
 pub use schedule::LrSchedule;
