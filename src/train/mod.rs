@@ -12,6 +12,7 @@ mod params;
 mod rng;
 mod scaler;
 mod schedule;
+mod validate;
 
 pub use error::{TrainError, candle_message};
 pub use optim::{AdamW, AdamWConfig, moment_names};
@@ -19,3 +20,7 @@ pub use params::{ParamStore, Params};
 pub use rng::{RngState, Stream, StreamRng};
 pub use scaler::{LossScaler, ScalerState, compute_dtype};
 pub use schedule::LrSchedule;
+pub use validate::{
+    CleanMode, CleanSummary, LengthStats, Problem, ProblemCount, ValidateOptions, ValidationReport, validate_file,
+    write_clean,
+};
