@@ -196,6 +196,11 @@ pub fn builtin_workload(cfg: &Config) -> Result<Box<dyn Workload>, TrainError> {
     })
 }
 
+/// `docs/workloads.md`, whose example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/workloads.md")]
+pub struct WorkloadsGuide;
+
 #[cfg(test)]
 mod tests {
     use super::*;
