@@ -1,59 +1,41 @@
 //! Training: models, optimizer, data and the state that goes into checkpoints.
 //!
-//! Placeholder while the training engine lands on its branch: the types the
-//! orchestrator uses, with a constructor that refuses to train.
+//! The [`Trainer`] owns everything a step reads or changes and turns it into
+//! a [`TrainSnapshot`] of host tensors and JSON for the checkpoint store;
+//! restoring one continues the run bit-exactly (`docs/determinism.md`).
+//! Models plug in through the [`Workload`] trait (`docs/workloads.md`);
+//! `mlp` and `gpt` are built in. [`validate_file`] checks JSONL datasets.
 
-use crate::checkpoint::TensorSet;
-use crate::config::Config;
+mod data;
+mod error;
+mod gpt;
+mod layers;
+mod mlp;
+mod optim;
+mod params;
+mod rng;
+mod scaler;
+mod schedule;
+mod trainer;
+mod validate;
+mod workload;
 
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error("the training engine is not part of this build yet")]
-    NotBuilt,
-}
+#[cfg(test)]
+mod tests;
 
-pub struct StepMetrics {
-    pub step: u64,
-    pub loss: f64,
-}
-
-impl StepMetrics {
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({"step": self.step, "loss": self.loss})
-    }
-}
-
-pub enum StepResult {
-    Completed(StepMetrics),
-    Interrupted,
-}
-
-pub struct TrainSnapshot {
-    pub step: u64,
-    pub model: TensorSet,
-    pub optimizer: TensorSet,
-    pub state: serde_json::Value,
-}
-
-pub struct Trainer;
-
-impl Trainer {
-    pub fn new(_cfg: &Config) -> Result<Trainer, TrainError> {
-        Err(TrainError::NotBuilt)
-    }
-    pub fn step(&self) -> u64 {
-        0
-    }
-    pub fn train_step(&mut self, _stop: &dyn Fn() -> bool) -> Result<StepResult, TrainError> {
-        Err(TrainError::NotBuilt)
-    }
-    pub fn evaluate(&mut self) -> Result<f64, TrainError> {
-        Err(TrainError::NotBuilt)
-    }
-    pub fn snapshot(&self) -> Result<TrainSnapshot, TrainError> {
-        Err(TrainError::NotBuilt)
-    }
-    pub fn restore(&mut self, _m: &TensorSet, _o: &TensorSet, _s: &serde_json::Value) -> Result<(), TrainError> {
-        Err(TrainError::NotBuilt)
-    }
-}
+pub use data::{Classification, DataCursor, Sampler, TokenSequences, is_validation};
+pub use error::{TrainError, candle_message};
+pub use gpt::{Gpt, GptShape, GptWorkload, VOCAB};
+pub use layers::{Embedding, LayerNorm, Linear};
+pub use mlp::{Mlp, MlpWorkload};
+pub use optim::{AdamW, AdamWConfig, moment_names};
+pub use params::{ParamStore, Params};
+pub use rng::{RngState, Stream, StreamRng};
+pub use scaler::{LossScaler, ScalerState, compute_dtype};
+pub use schedule::LrSchedule;
+pub use trainer::{Counters, NonFiniteEvent, STATE_FORMAT, StepMetrics, StepResult, TrainSnapshot, Trainer};
+pub use validate::{
+    CleanMode, CleanSummary, LengthStats, Problem, ProblemCount, ValidateOptions, ValidationReport, validate_file,
+    write_clean,
+};
+pub use workload::{Batch, ForwardCtx, Split, Workload, builtin_workload};

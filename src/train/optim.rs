@@ -1,0 +1,249 @@
+//! rekindle's AdamW: Adam with decoupled weight decay (Loshchilov & Hutter),
+//! with its state in the open.
+//!
+//! candle's `AdamW` keeps its moments and step private, so it cannot be
+//! checkpointed. This one stores the first and second moments per parameter
+//! *name* (a `BTreeMap`, so the update order and the checkpoint layout are
+//! fixed) plus the step count used for bias correction, and converts them to
+//! and from the checkpoint's host tensors. Weight decay applies to every
+//! parameter, as in candle's `AdamW`.
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::error::{TrainError, candle_message};
+use super::params::{Params, check_host, from_host, to_host};
+use crate::checkpoint::TensorSet;
+use crate::config::OptimizerSection;
+
+/// AdamW hyper-parameters other than the learning rate (which the schedule
+/// supplies per step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl AdamWConfig {
+    /// The hyper-parameters of `[optimizer]`.
+    pub fn from_config(opt: &OptimizerSection) -> Self {
+        AdamWConfig { beta1: opt.beta1, beta2: opt.beta2, eps: opt.eps, weight_decay: opt.weight_decay }
+    }
+}
+
+struct Moments {
+    /// Exponential moving average of the gradient.
+    m: Tensor,
+    /// Exponential moving average of the squared gradient.
+    v: Tensor,
+}
+
+/// AdamW over named parameters; state keyed by parameter name.
+pub struct AdamW {
+    hyper: AdamWConfig,
+    moments: BTreeMap<String, Moments>,
+    step: u64,
+}
+
+/// Checkpoint names of a parameter's two moment tensors.
+pub fn moment_names(param: &str) -> (String, String) {
+    (format!("exp_avg.{param}"), format!("exp_avg_sq.{param}"))
+}
+
+impl AdamW {
+    /// An optimizer for `params` with zero moments and step 0.
+    pub fn new(params: &Params, hyper: AdamWConfig) -> Result<Self, TrainError> {
+        let mut moments = BTreeMap::new();
+        for (name, var) in params {
+            let zeros = || {
+                Tensor::zeros(var.shape(), DType::F32, var.device())
+                    .map_err(|e| TrainError::Tensor { name: name.clone(), message: candle_message(&e) })
+            };
+            moments.insert(name.clone(), Moments { m: zeros()?, v: zeros()? });
+        }
+        Ok(AdamW { hyper, moments, step: 0 })
+    }
+
+    /// Updates applied so far (the `t` of the bias correction).
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// One update with learning rate `lr`. Parameters without a gradient in
+    /// `grads` are left alone (their moments too).
+    pub fn step(&mut self, params: &Params, grads: &BTreeMap<String, Tensor>, lr: f64) -> candle_core::Result<()> {
+        let AdamWConfig { beta1, beta2, eps, weight_decay } = self.hyper;
+        let t = (self.step + 1) as f64;
+        // Bias corrections of the zero-initialised moments.
+        let correction1 = 1.0 - beta1.powf(t);
+        let correction2 = 1.0 - beta2.powf(t);
+        let mut updated = Vec::new();
+        for (name, var) in params {
+            let Some(grad) = grads.get(name) else { continue };
+            let Some(state) = self.moments.get(name) else {
+                candle_core::bail!("optimizer has no state for parameter `{name}`")
+            };
+            let grad = grad.to_dtype(DType::F32)?;
+            let m = (state.m.affine(beta1, 0.0)? + grad.affine(1.0 - beta1, 0.0)?)?;
+            let v = (state.v.affine(beta2, 0.0)? + grad.sqr()?.affine(1.0 - beta2, 0.0)?)?;
+            let m_hat = m.affine(1.0 / correction1, 0.0)?;
+            let v_hat = v.affine(1.0 / correction2, 0.0)?;
+            let direction = (m_hat / v_hat.sqrt()?.affine(1.0, eps)?)?;
+            // Decoupled weight decay: shrink the weights, then take the Adam step.
+            let theta = var.as_tensor().affine(1.0 - lr * weight_decay, 0.0)?;
+            let theta = (theta - direction.affine(lr, 0.0)?)?;
+            updated.push((name.clone(), theta, m, v));
+        }
+        // Apply only once every update has been computed, so an error above
+        // leaves parameters and moments as they were.
+        for (name, theta, m, v) in updated {
+            params[&name].set(&theta)?;
+            self.moments.insert(name, Moments { m, v });
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// Host copies of the moments (`exp_avg.<param>`, `exp_avg_sq.<param>`)
+    /// and the step count.
+    pub fn state(&self) -> Result<(TensorSet, u64), TrainError> {
+        let mut set = TensorSet::new();
+        for (name, state) in &self.moments {
+            let (m_name, v_name) = moment_names(name);
+            set.insert(m_name.clone(), to_host(&m_name, &state.m)?);
+            set.insert(v_name.clone(), to_host(&v_name, &state.v)?);
+        }
+        Ok((set, self.step))
+    }
+
+    /// Replaces the moments and step count with a checkpointed state. The
+    /// set must hold exactly both moments of every parameter, f32, with the
+    /// parameter's shape; nothing changes if it does not.
+    pub fn load_state(&mut self, set: &TensorSet, step: u64, device: &Device) -> Result<(), TrainError> {
+        let mut loaded = BTreeMap::new();
+        for (name, state) in &self.moments {
+            let (m_name, v_name) = moment_names(name);
+            let shape = state.m.dims();
+            check_host("optimizer", &m_name, shape, set.get(&m_name))?;
+            check_host("optimizer", &v_name, shape, set.get(&v_name))?;
+            let m = from_host(&m_name, &set[&m_name], device)?;
+            let v = from_host(&v_name, &set[&v_name], device)?;
+            loaded.insert(name.clone(), Moments { m, v });
+        }
+        if let Some(extra) = set.keys().find(|k| {
+            let param = k.strip_prefix("exp_avg_sq.").or_else(|| k.strip_prefix("exp_avg."));
+            !param.is_some_and(|p| self.moments.contains_key(p))
+        }) {
+            return Err(TrainError::UnexpectedTensor { set: "optimizer", name: extra.clone() });
+        }
+        self.moments = loaded;
+        self.step = step;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::params::ParamStore;
+    use crate::train::rng::{Stream, StreamRng};
+    use candle_nn::{Module, Optimizer};
+
+    /// A two-layer tanh network and an MSE loss on fixed data.
+    fn model(seed: u64) -> (Params, impl Fn(&Params) -> Tensor) {
+        let store = ParamStore::new(Device::Cpu, StreamRng::new(seed, Stream::Init));
+        let vb = store.var_builder();
+        let l1 = candle_nn::linear(4, 8, vb.pp("l1")).unwrap();
+        let l2 = candle_nn::linear(8, 2, vb.pp("l2")).unwrap();
+        let (params, _) = store.into_parts();
+        let mut data = StreamRng::new(99, Stream::Synthetic);
+        let x: Vec<f32> = (0..6 * 4).map(|_| data.normal() as f32).collect();
+        let y: Vec<f32> = (0..6 * 2).map(|_| data.normal() as f32).collect();
+        let x = Tensor::from_vec(x, (6, 4), &Device::Cpu).unwrap();
+        let y = Tensor::from_vec(y, (6, 2), &Device::Cpu).unwrap();
+        let loss = move |_: &Params| {
+            let h = l1.forward(&x).unwrap().tanh().unwrap();
+            let out = l2.forward(&h).unwrap();
+            (out - &y).unwrap().sqr().unwrap().mean_all().unwrap()
+        };
+        (params, loss)
+    }
+
+    fn grads_of(params: &Params, loss: &Tensor) -> BTreeMap<String, Tensor> {
+        let store = loss.backward().unwrap();
+        params.iter().map(|(n, v)| (n.clone(), store.get(v).unwrap().clone())).collect()
+    }
+
+    #[test]
+    fn matches_candle_adamw_step_by_step() {
+        let (ours, our_loss) = model(3);
+        let (theirs, their_loss) = model(3);
+        let hyper = AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 };
+        let lr = 0.01;
+        let mut opt = AdamW::new(&ours, hyper).unwrap();
+        let mut reference = candle_nn::AdamW::new(
+            theirs.values().cloned().collect(),
+            candle_nn::ParamsAdamW { lr, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 },
+        )
+        .unwrap();
+        for step in 0..15 {
+            let loss = our_loss(&ours);
+            opt.step(&ours, &grads_of(&ours, &loss), lr).unwrap();
+            reference.backward_step(&their_loss(&theirs)).unwrap();
+            for (name, var) in &ours {
+                let diff = (var.as_tensor() - theirs[name].as_tensor()).unwrap().abs().unwrap();
+                let max = diff.flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+                assert!(max < 1e-6, "step {step}, {name}: max difference {max}");
+            }
+        }
+        assert_eq!(opt.step_count(), 15);
+    }
+
+    #[test]
+    fn state_round_trip_continues_identically() {
+        let hyper = AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+        let (a, loss_a) = model(5);
+        let mut opt_a = AdamW::new(&a, hyper).unwrap();
+        for _ in 0..3 {
+            opt_a.step(&a, &grads_of(&a, &loss_a(&a)), 0.01).unwrap();
+        }
+        let (set, step) = opt_a.state().unwrap();
+        assert_eq!(step, 3);
+        assert_eq!(set.len(), 8);
+        assert!(set.contains_key("exp_avg.l1.weight") && set.contains_key("exp_avg_sq.l2.bias"));
+
+        let (b, loss_b) = model(5);
+        for (name, var) in &a {
+            b[name].set(var.as_tensor()).unwrap();
+        }
+        let mut opt_b = AdamW::new(&b, hyper).unwrap();
+        opt_b.load_state(&set, step, &Device::Cpu).unwrap();
+        for _ in 0..3 {
+            opt_a.step(&a, &grads_of(&a, &loss_a(&a)), 0.01).unwrap();
+            opt_b.step(&b, &grads_of(&b, &loss_b(&b)), 0.01).unwrap();
+        }
+        for (name, var) in &a {
+            assert_eq!(to_host(name, var).unwrap(), to_host(name, &b[name]).unwrap());
+        }
+        assert_eq!(opt_a.state().unwrap(), opt_b.state().unwrap());
+    }
+
+    #[test]
+    fn load_state_names_the_missing_or_unexpected_tensor() {
+        let (p, _) = model(1);
+        let hyper = AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+        let mut opt = AdamW::new(&p, hyper).unwrap();
+        let (mut set, _) = opt.state().unwrap();
+        set.remove("exp_avg_sq.l1.bias");
+        let err = opt.load_state(&set, 1, &Device::Cpu).unwrap_err();
+        assert!(err.to_string().contains("exp_avg_sq.l1.bias"), "{err}");
+        let (mut set, _) = opt.state().unwrap();
+        set.insert("exp_avg.nope".into(), crate::checkpoint::HostTensor::from_f32(vec![1], &[0.0]));
+        let err = opt.load_state(&set, 1, &Device::Cpu).unwrap_err();
+        assert!(matches!(err, TrainError::UnexpectedTensor { ref name, .. } if name == "exp_avg.nope"), "{err}");
+        assert_eq!(opt.step_count(), 0);
+    }
+}

@@ -1,0 +1,230 @@
+//! The parameter store: named f32 candle `Var`s, ordered by name, whose
+//! initial values come from rekindle's seeded init stream.
+//!
+//! Workloads declare parameters through an ordinary `candle_nn::VarBuilder`
+//! (so `candle_nn::linear(..)` and friends work unchanged); the builder is
+//! backed by this store, which honours the builder's `Init` hint with draws
+//! from [`StreamRng`] instead of candle's unseedable generator. Parameters
+//! are kept in a `BTreeMap`, so every walk over them (optimizer, gradient
+//! norm, snapshot) has one fixed order. This file also converts between
+//! candle tensors and the checkpoint's host tensors.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device, Shape, Tensor, Var};
+use candle_nn::init::NormalOrUniform;
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarBuilder};
+
+use super::error::{TrainError, candle_message};
+use super::rng::StreamRng;
+use crate::checkpoint::{DType as HostDType, HostTensor};
+
+/// Named parameters, in name order.
+pub type Params = BTreeMap<String, Var>;
+
+/// Creates parameters on request of a `VarBuilder` and remembers them by name.
+#[derive(Clone)]
+pub struct ParamStore {
+    inner: Arc<Mutex<StoreInner>>,
+    device: Device,
+}
+
+struct StoreInner {
+    vars: Params,
+    rng: StreamRng,
+}
+
+impl ParamStore {
+    /// An empty store drawing initial values from `rng`.
+    pub fn new(device: Device, rng: StreamRng) -> Self {
+        ParamStore { inner: Arc::new(Mutex::new(StoreInner { vars: Params::new(), rng })), device }
+    }
+
+    /// A `VarBuilder` (f32) whose parameters live in this store.
+    pub fn var_builder(&self) -> VarBuilder<'static> {
+        VarBuilder::from_backend(Box::new(self.clone()), DType::F32, self.device.clone())
+    }
+
+    /// The parameters created so far and the init generator's state after them.
+    pub fn into_parts(self) -> (Params, StreamRng) {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (inner.vars.clone(), inner.rng.clone())
+    }
+
+    fn init_values(rng: &mut StreamRng, shape: &Shape, init: Init) -> Vec<f32> {
+        let n = shape.elem_count();
+        match init {
+            Init::Const(c) => vec![c as f32; n],
+            Init::Randn { mean, stdev } => (0..n).map(|_| (mean + stdev * rng.normal()) as f32).collect(),
+            Init::Uniform { lo, up } => (0..n).map(|_| rng.uniform(lo, up) as f32).collect(),
+            Init::Kaiming { dist, fan, non_linearity } => {
+                let fan = fan.for_shape(shape).max(1);
+                let std = non_linearity.gain() / (fan as f64).sqrt();
+                match dist {
+                    NormalOrUniform::Normal => (0..n).map(|_| (std * rng.normal()) as f32).collect(),
+                    NormalOrUniform::Uniform => {
+                        let bound = 3f64.sqrt() * std;
+                        (0..n).map(|_| rng.uniform(-bound, bound) as f32).collect()
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl SimpleBackend for ParamStore {
+    fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        if dtype != DType::F32 {
+            candle_core::bail!(
+                "parameter `{name}` requested as {dtype:?}: parameters are f32 master weights; cast them in the forward pass"
+            );
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(var) = inner.vars.get(name) {
+            // A second request for a name shares the parameter (weight tying).
+            if var.shape() != &s {
+                candle_core::bail!(
+                    "parameter `{name}` requested with shape {s:?}, but it exists with {:?}",
+                    var.shape()
+                );
+            }
+            return Ok(var.as_tensor().clone());
+        }
+        let values = Self::init_values(&mut inner.rng, &s, h);
+        let var = Var::from_tensor(&Tensor::from_vec(values, s, dev)?)?;
+        let tensor = var.as_tensor().clone();
+        inner.vars.insert(name.to_string(), var);
+        Ok(tensor)
+    }
+
+    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> candle_core::Result<Tensor> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match inner.vars.get(name) {
+            Some(var) => Ok(var.as_tensor().clone()),
+            None => candle_core::bail!("parameter `{name}` does not exist yet; declare it with a shape"),
+        }
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).vars.contains_key(name)
+    }
+}
+
+/// Total number of scalar parameters.
+pub fn param_count(params: &Params) -> usize {
+    params.values().map(|v| v.elem_count()).sum()
+}
+
+/// A host copy of an f32 tensor (any layout).
+pub fn to_host(name: &str, t: &Tensor) -> Result<HostTensor, TrainError> {
+    let err = |e: candle_core::Error| TrainError::Tensor { name: name.to_string(), message: candle_message(&e) };
+    let values: Vec<f32> =
+        t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).map_err(err)?;
+    Ok(HostTensor::from_f32(t.dims().to_vec(), &values))
+}
+
+/// Checks a host tensor against the expected f32 shape.
+pub fn check_host(
+    set: &'static str,
+    name: &str,
+    expected: &[usize],
+    found: Option<&HostTensor>,
+) -> Result<(), TrainError> {
+    let found = found.ok_or_else(|| TrainError::MissingTensor {
+        set,
+        name: name.to_string(),
+        expected_shape: expected.to_vec(),
+    })?;
+    if found.dtype != HostDType::F32
+        || found.shape != expected
+        || found.data.len() != expected.iter().product::<usize>() * 4
+    {
+        return Err(TrainError::TensorMismatch {
+            set,
+            name: name.to_string(),
+            expected: format!("shape {expected:?}, dtype F32"),
+            found: format!("shape {:?}, dtype {}", found.shape, found.dtype.safetensors_name()),
+        });
+    }
+    Ok(())
+}
+
+/// A device tensor from a host tensor already checked by [`check_host`].
+pub fn from_host(name: &str, t: &HostTensor, device: &Device) -> Result<Tensor, TrainError> {
+    let values =
+        t.to_f32().ok_or_else(|| TrainError::Tensor { name: name.to_string(), message: "not an f32 tensor".into() })?;
+    Tensor::from_vec(values, t.shape.as_slice(), device)
+        .map_err(|e| TrainError::Tensor { name: name.to_string(), message: candle_message(&e) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::rng::Stream;
+
+    fn store(seed: u64) -> ParamStore {
+        ParamStore::new(Device::Cpu, StreamRng::new(seed, Stream::Init))
+    }
+
+    fn values(params: &Params, name: &str) -> Vec<f32> {
+        params[name].as_tensor().flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    #[test]
+    fn same_seed_gives_identical_parameters_named_by_prefix() {
+        let build = |seed| {
+            let s = store(seed);
+            let vb = s.var_builder();
+            candle_nn::linear(3, 4, vb.pp("layers").pp(0)).unwrap();
+            candle_nn::embedding(5, 2, vb.pp("emb")).unwrap();
+            s.into_parts().0
+        };
+        let (a, b, c) = (build(1), build(1), build(2));
+        let names: Vec<&String> = a.keys().collect();
+        assert_eq!(names, ["emb.weight", "layers.0.bias", "layers.0.weight"]);
+        for name in a.keys() {
+            assert_eq!(values(&a, name), values(&b, name));
+            assert_ne!(values(&a, name), values(&c, name));
+        }
+    }
+
+    #[test]
+    fn honours_init_hints() {
+        let s = store(0);
+        let vb = s.var_builder();
+        vb.get_with_hints(7, "ones", Init::Const(1.0)).unwrap();
+        vb.get_with_hints((64, 256), "k", candle_nn::init::DEFAULT_KAIMING_NORMAL).unwrap();
+        vb.get_with_hints(1000, "u", Init::Uniform { lo: -0.5, up: 0.5 }).unwrap();
+        let p = s.into_parts().0;
+        assert!(values(&p, "ones").iter().all(|&v| v == 1.0));
+        let k = values(&p, "k");
+        let std = (k.iter().map(|v| v * v).sum::<f32>() / k.len() as f32).sqrt();
+        // Kaiming normal, ReLU gain, fan-in 256: std = sqrt(2/256) ~ 0.088.
+        assert!((std - 0.0884).abs() < 0.005, "{std}");
+        assert!(values(&p, "u").iter().all(|v| (-0.5..0.5).contains(v)));
+    }
+
+    #[test]
+    fn shares_a_name_and_refuses_a_shape_conflict() {
+        let s = store(0);
+        let vb = s.var_builder();
+        let a = vb.get_with_hints((2, 2), "w", Init::Const(0.0)).unwrap();
+        let b = vb.get_with_hints((2, 2), "w", Init::Const(1.0)).unwrap();
+        assert_eq!(a.id(), b.id());
+        assert!(vb.get_with_hints((3, 2), "w", Init::Const(0.0)).is_err());
+        assert!(vb.get_with_hints_dtype(2, "h", Init::Const(0.0), DType::F16).is_err());
+    }
+
+    #[test]
+    fn host_round_trip_is_bit_exact_and_checked() {
+        let t = Tensor::new(&[[1.5f32, -0.0], [f32::MIN_POSITIVE, 3.25]], &Device::Cpu).unwrap();
+        let h = to_host("x", &t).unwrap();
+        check_host("model", "x", &[2, 2], Some(&h)).unwrap();
+        let back = from_host("x", &h, &Device::Cpu).unwrap();
+        assert_eq!(to_host("x", &back).unwrap(), h);
+        assert!(matches!(check_host("model", "x", &[4], Some(&h)), Err(TrainError::TensorMismatch { .. })));
+        assert!(matches!(check_host("model", "x", &[2, 2], None), Err(TrainError::MissingTensor { .. })));
+    }
+}

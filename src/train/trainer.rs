@@ -1,0 +1,676 @@
+//! The [`Trainer`]: one object owning everything a training step reads or
+//! changes (parameters, optimizer, schedule, loss scaler, RNG streams, data
+//! cursor, step and counters), the step itself, evaluation, and the
+//! snapshot/restore pair that makes a resumed run bit-identical to one that
+//! never stopped.
+//!
+//! A step works on copies of the cursor and the dropout stream and commits
+//! them only when it completes, so an interrupted step (or one that asks for
+//! a stop or a rollback) leaves the trainer exactly as after the previous
+//! step. Every walk over parameters is in name order, and the snapshot holds
+//! host copies only, so a checkpoint can be written while training goes on.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::data::{DataCursor, Sampler};
+use super::error::{TrainError, candle_message};
+use super::optim::{AdamW, AdamWConfig};
+use super::params::{ParamStore, Params, check_host, from_host, param_count, to_host};
+use super::rng::{RngState, Stream, StreamRng};
+use super::scaler::{LossScaler, ScalerState, compute_dtype};
+use super::schedule::LrSchedule;
+use super::workload::{ForwardCtx, Split, Workload, builtin_workload};
+use crate::checkpoint::TensorSet;
+use crate::config::{Config, OnNonFinite};
+
+/// Version of the JSON training state; a restore refuses any other.
+pub const STATE_FORMAT: u32 = 1;
+
+/// Running totals kept in the training state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Counters {
+    /// Micro-batches consumed from the data (including skipped ones).
+    pub batches: u64,
+    /// Training samples consumed.
+    pub samples: u64,
+    /// Training tokens consumed (language models).
+    pub tokens: u64,
+    /// Steps skipped because a loss or gradient was not finite (`on_nonfinite = "skip"`).
+    pub nonfinite_skipped: u64,
+    /// Steps skipped by the f16 loss scaler after a gradient overflow.
+    pub scaler_skipped: u64,
+    /// Micro-batches passed over by [`Trainer::skip_batches`].
+    pub batches_skipped: u64,
+    /// Steps whose gradients were clipped.
+    pub clipped: u64,
+}
+
+/// What a completed step did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepMetrics {
+    /// Steps completed, this one included (1 after the first step).
+    pub step: u64,
+    /// Mean loss over the step's micro-batches (unscaled).
+    pub loss: f64,
+    /// Learning rate of this step.
+    pub lr: f64,
+    /// Global L2 norm of the (unscaled) gradient before clipping.
+    pub grad_norm: f64,
+    /// Whether the gradient was clipped.
+    pub clipped: bool,
+    /// Samples in this step.
+    pub samples: u64,
+    /// Tokens in this step (language models).
+    pub tokens: Option<u64>,
+    pub samples_per_s: f64,
+    pub tokens_per_s: Option<f64>,
+    /// The loss scale after this step's scaler update (f16 only).
+    pub loss_scale: Option<f64>,
+    /// The update was skipped because a loss or gradient was not finite.
+    pub skipped_nonfinite: bool,
+    /// Epoch of the data cursor after the step.
+    pub epoch: u64,
+    /// Wall-clock seconds of the step.
+    pub elapsed_s: f64,
+}
+
+impl StepMetrics {
+    /// The metrics as one JSON object (non-finite numbers become `null`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// A step whose loss or gradient was not finite and whose policy is stop or rollback.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NonFiniteEvent {
+    /// The step that failed (1-based, as [`StepMetrics::step`] would have been).
+    pub step: u64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    /// [`Counters::batches`] just after the offending micro-batches: after
+    /// reloading an earlier checkpoint, [`Trainer::skip_past`] moves the
+    /// data cursor here.
+    pub batches_end: u64,
+}
+
+/// The outcome of [`Trainer::train_step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepResult {
+    /// The step finished (possibly skipping its update; see
+    /// [`StepMetrics::skipped_nonfinite`]).
+    Completed(StepMetrics),
+    /// `should_stop` returned true between micro-batches; the partial step
+    /// was discarded and the trainer is as after the previous step.
+    Interrupted,
+    /// Non-finite loss or gradient with `on_nonfinite = "stop"`: the trainer
+    /// is as after the previous step; the run should end.
+    NonFiniteStop(NonFiniteEvent),
+    /// Non-finite loss or gradient with `on_nonfinite = "rollback"`: the
+    /// caller should restore the last checkpoint, call
+    /// [`Trainer::skip_past`] with this event, and continue.
+    NonFiniteRollback(NonFiniteEvent),
+}
+
+/// Host copies of everything a checkpoint persists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSnapshot {
+    /// Steps completed.
+    pub step: u64,
+    /// Parameters by name (f32).
+    pub model: TensorSet,
+    /// Optimizer moments (`exp_avg.<param>`, `exp_avg_sq.<param>`).
+    pub optimizer: TensorSet,
+    /// Everything else, as JSON (see `docs/determinism.md`).
+    pub state: serde_json::Value,
+}
+
+/// RNG streams in the state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RngStates {
+    init: RngState,
+    dropout: RngState,
+}
+
+/// The learning-rate schedule's position (the step) and, for readers, the
+/// rate the next step will use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleState {
+    step: u64,
+    next_lr: f64,
+}
+
+/// The JSON part of a snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrainState {
+    format: u32,
+    workload: String,
+    seed: u64,
+    step: u64,
+    epoch: u64,
+    cursor: DataCursor,
+    train_samples: u64,
+    optimizer_step: u64,
+    rng: RngStates,
+    scaler: ScalerState,
+    schedule: ScheduleState,
+    counters: Counters,
+    compute_dtype: String,
+    param_count: u64,
+}
+
+/// The training engine; see the module docs.
+pub struct Trainer {
+    workload: Box<dyn Workload>,
+    device: Device,
+    dtype: DType,
+    params: Params,
+    optimizer: AdamW,
+    schedule: LrSchedule,
+    scaler: LossScaler,
+    init_rng: StreamRng,
+    dropout_rng: StreamRng,
+    sampler: Sampler,
+    seed: u64,
+    train_samples: usize,
+    cursor: DataCursor,
+    step: u64,
+    counters: Counters,
+    batch_size: usize,
+    grad_accum: usize,
+    grad_clip: f64,
+    on_nonfinite: OnNonFinite,
+    eval_batches: usize,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("workload", &self.workload.name())
+            .field("step", &self.step)
+            .field("cursor", &self.cursor)
+            .field("params", &self.params.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn dtype_name(dtype: DType) -> String {
+    format!("{dtype:?}").to_lowercase()
+}
+
+impl Trainer {
+    /// A trainer for the built-in workload `[model] kind` on `[data]`.
+    pub fn new(cfg: &Config) -> Result<Self, TrainError> {
+        Self::with_workload(cfg, builtin_workload(cfg)?)
+    }
+
+    /// A trainer for any [`Workload`]; `[model]` and `[data]` are left to
+    /// the workload, everything else (`[run]`, `[train]`, `[optimizer]`,
+    /// `[precision]`) applies.
+    pub fn with_workload(cfg: &Config, mut workload: Box<dyn Workload>) -> Result<Self, TrainError> {
+        let t = &cfg.train;
+        if t.batch_size == 0 {
+            return Err(TrainError::config("train.batch_size", "must be at least 1"));
+        }
+        if t.grad_accum == 0 {
+            return Err(TrainError::config("train.grad_accum", "must be at least 1"));
+        }
+        if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
+            return Err(TrainError::config("train.grad_clip", "must be a finite number >= 0 (0 disables clipping)"));
+        }
+        let device = Device::Cpu;
+        let dtype = compute_dtype(cfg.precision.dtype, &device)?;
+        let seed = cfg.run.seed;
+
+        let store = ParamStore::new(device.clone(), StreamRng::new(seed, Stream::Init));
+        workload
+            .build(store.var_builder())
+            .map_err(|e| TrainError::Build { workload: workload.name().to_string(), message: candle_message(&e) })?;
+        let (params, init_rng) = store.into_parts();
+        if params.is_empty() {
+            return Err(TrainError::Build {
+                workload: workload.name().to_string(),
+                message: "declared no parameters".into(),
+            });
+        }
+        let train_samples = workload.num_samples(Split::Train);
+        if train_samples == 0 {
+            return Err(TrainError::EmptyData {
+                what: format!("workload `{}`", workload.name()),
+                reason: "the training split has no samples".into(),
+            });
+        }
+        let optimizer = AdamW::new(&params, AdamWConfig::from_config(&cfg.optimizer))?;
+        tracing::debug!(
+            workload = workload.name(),
+            params = param_count(&params),
+            tensors = params.len(),
+            train_samples,
+            dtype = %dtype_name(dtype),
+            "trainer built"
+        );
+        Ok(Trainer {
+            workload,
+            device,
+            dtype,
+            params,
+            optimizer,
+            schedule: LrSchedule::from_config(&cfg.optimizer, cfg.run.max_steps),
+            scaler: LossScaler::from_config(&cfg.precision),
+            init_rng,
+            dropout_rng: StreamRng::new(seed, Stream::Dropout),
+            sampler: Sampler::new(seed, train_samples),
+            seed,
+            train_samples,
+            cursor: DataCursor::default(),
+            step: 0,
+            counters: Counters::default(),
+            batch_size: t.batch_size,
+            grad_accum: t.grad_accum,
+            grad_clip: t.grad_clip,
+            on_nonfinite: t.on_nonfinite,
+            eval_batches: t.eval_batches,
+        })
+    }
+
+    /// Steps completed.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Samples per optimizer step (`batch_size * grad_accum`).
+    pub fn samples_per_step(&self) -> usize {
+        self.batch_size * self.grad_accum
+    }
+
+    /// Number of scalar parameters.
+    pub fn param_count(&self) -> usize {
+        param_count(&self.params)
+    }
+
+    /// Parameter names and shapes, in name order.
+    pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.params.iter().map(|(n, v)| (n.clone(), v.dims().to_vec())).collect()
+    }
+
+    /// The workload's name.
+    pub fn workload_name(&self) -> &str {
+        self.workload.name()
+    }
+
+    /// The dtype matrix products run in.
+    pub fn compute_dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Where the next training batch starts.
+    pub fn cursor(&self) -> DataCursor {
+        self.cursor
+    }
+
+    /// The current epoch of the data cursor.
+    pub fn epoch(&self) -> u64 {
+        self.cursor.epoch
+    }
+
+    /// Running totals.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The learning rate the next step will use.
+    pub fn next_lr(&self) -> f64 {
+        self.schedule.lr_at(self.step)
+    }
+
+    /// Moves the data cursor past `n` micro-batches without training on
+    /// them (the step count does not change).
+    pub fn skip_batches(&mut self, n: u64) {
+        self.sampler.skip(&mut self.cursor, n * self.batch_size as u64);
+        self.counters.batches += n;
+        self.counters.batches_skipped += n;
+        tracing::info!(batches = n, cursor = ?self.cursor, "skipped training batches");
+    }
+
+    /// After a rollback: moves the cursor just past the micro-batches of the
+    /// step `event` reported, so the run continues on different data.
+    /// Returns how many micro-batches were skipped.
+    pub fn skip_past(&mut self, event: &NonFiniteEvent) -> Result<u64, TrainError> {
+        let Some(n) = event.batches_end.checked_sub(self.counters.batches) else {
+            return Err(TrainError::state(
+                "counters.batches",
+                format!(
+                    "the restored state has consumed {} batches, past the {} of the failed step {}: restore an earlier checkpoint",
+                    self.counters.batches, event.batches_end, event.step
+                ),
+            ));
+        };
+        self.skip_batches(n);
+        Ok(n)
+    }
+
+    /// One optimizer step over `grad_accum` micro-batches; `should_stop` is
+    /// polled before each micro-batch.
+    pub fn train_step(&mut self, should_stop: &dyn Fn() -> bool) -> Result<StepResult, TrainError> {
+        let started = Instant::now();
+        let step_no = self.step + 1;
+        let fail = |during: &'static str| {
+            move |e: candle_core::Error| TrainError::Step { step: step_no, during, message: candle_message(&e) }
+        };
+
+        // Work on copies; commit them only when the step completes.
+        let mut cursor = self.cursor;
+        let mut dropout = self.dropout_rng.clone();
+        let scale = self.scaler.scale();
+        let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut loss_sum = 0.0;
+        let mut loss_finite = true;
+        let mut tokens: Option<u64> = None;
+
+        for _ in 0..self.grad_accum {
+            if should_stop() {
+                tracing::debug!(step = step_no, "step interrupted; partial work discarded");
+                return Ok(StepResult::Interrupted);
+            }
+            let indices = self.sampler.take(&mut cursor, self.batch_size);
+            let batch =
+                self.workload.batch(Split::Train, &indices, &self.device).map_err(fail("building the batch"))?;
+            if let Some(t) = batch.tokens {
+                *tokens.get_or_insert(0) += t as u64;
+            }
+            let mut ctx = ForwardCtx::training(self.dtype, &mut dropout);
+            let loss = self.workload.loss(&batch, &mut ctx).map_err(fail("the forward pass"))?;
+            let loss = scalar_f32(&loss).map_err(fail("the forward pass"))?;
+            let value = f64::from(loss.to_scalar::<f32>().map_err(fail("reading the loss"))?);
+            loss_sum += value;
+            if !value.is_finite() {
+                loss_finite = false;
+                continue;
+            }
+            let scaled = loss.affine(scale / self.grad_accum as f64, 0.0).map_err(fail("scaling the loss"))?;
+            let store = scaled.backward().map_err(fail("the backward pass"))?;
+            for (name, var) in &self.params {
+                let Some(g) = store.get(var) else { continue };
+                let g = g.to_dtype(DType::F32).map_err(fail("accumulating gradients"))?;
+                match grads.entry(name.clone()) {
+                    Entry::Vacant(e) => {
+                        e.insert(g);
+                    }
+                    Entry::Occupied(mut e) => {
+                        let sum = (e.get() + g).map_err(fail("accumulating gradients"))?;
+                        e.insert(sum);
+                    }
+                }
+            }
+        }
+
+        let loss = loss_sum / self.grad_accum as f64;
+        if scale != 1.0 {
+            for g in grads.values_mut() {
+                *g = g.affine(1.0 / scale, 0.0).map_err(fail("unscaling gradients"))?;
+            }
+        }
+        let grad_norm = if loss_finite { global_norm(&grads).map_err(fail("the gradient norm"))? } else { f64::NAN };
+        let samples = self.samples_per_step() as u64;
+
+        if !(loss_finite && grad_norm.is_finite()) {
+            let event = NonFiniteEvent {
+                step: step_no,
+                loss,
+                grad_norm,
+                batches_end: self.counters.batches + self.grad_accum as u64,
+            };
+            let scaler_overflow = self.scaler.enabled() && loss_finite;
+            if scaler_overflow {
+                self.scaler.update(false);
+                self.counters.scaler_skipped += 1;
+                tracing::debug!(
+                    step = step_no,
+                    scale = self.scaler.scale(),
+                    "gradient overflow; step skipped and loss scale reduced"
+                );
+            } else {
+                match self.on_nonfinite {
+                    OnNonFinite::Skip => {
+                        self.counters.nonfinite_skipped += 1;
+                        tracing::warn!(step = step_no, loss, grad_norm, "non-finite loss or gradient; step skipped");
+                    }
+                    OnNonFinite::Stop => {
+                        tracing::error!(step = step_no, loss, grad_norm, "non-finite loss or gradient; stopping");
+                        return Ok(StepResult::NonFiniteStop(event));
+                    }
+                    OnNonFinite::Rollback => {
+                        tracing::warn!(
+                            step = step_no,
+                            loss,
+                            grad_norm,
+                            "non-finite loss or gradient; rollback requested"
+                        );
+                        return Ok(StepResult::NonFiniteRollback(event));
+                    }
+                }
+            }
+            let lr = self.schedule.lr_at(self.step);
+            self.commit(cursor, dropout, samples, tokens);
+            return Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, false, samples, tokens, true)));
+        }
+
+        let clipped = self.grad_clip > 0.0 && grad_norm > self.grad_clip;
+        if clipped {
+            let coef = self.grad_clip / (grad_norm + 1e-6);
+            for g in grads.values_mut() {
+                *g = g.affine(coef, 0.0).map_err(fail("clipping gradients"))?;
+            }
+            self.counters.clipped += 1;
+        }
+        let lr = self.schedule.lr_at(self.step);
+        self.optimizer.step(&self.params, &grads, lr).map_err(fail("the optimizer update"))?;
+        self.scaler.update(true);
+        self.commit(cursor, dropout, samples, tokens);
+        Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, clipped, samples, tokens, false)))
+    }
+
+    fn commit(&mut self, cursor: DataCursor, dropout: StreamRng, samples: u64, tokens: Option<u64>) {
+        self.cursor = cursor;
+        self.dropout_rng = dropout;
+        self.step += 1;
+        self.counters.batches += self.grad_accum as u64;
+        self.counters.samples += samples;
+        self.counters.tokens += tokens.unwrap_or(0);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn metrics(
+        &self,
+        started: Instant,
+        loss: f64,
+        lr: f64,
+        grad_norm: f64,
+        clipped: bool,
+        samples: u64,
+        tokens: Option<u64>,
+        skipped_nonfinite: bool,
+    ) -> StepMetrics {
+        let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+        StepMetrics {
+            step: self.step,
+            loss,
+            lr,
+            grad_norm,
+            clipped,
+            samples,
+            tokens,
+            samples_per_s: samples as f64 / elapsed,
+            tokens_per_s: tokens.map(|t| t as f64 / elapsed),
+            loss_scale: self.scaler.enabled().then(|| self.scaler.scale()),
+            skipped_nonfinite,
+            epoch: self.cursor.epoch,
+            elapsed_s: elapsed,
+        }
+    }
+
+    /// Mean validation loss over `eval_batches` batches of the validation
+    /// split, in index order (wrapping around a small split). Uses no
+    /// dropout and touches neither the data cursor nor any RNG stream.
+    pub fn evaluate(&mut self) -> Result<f64, TrainError> {
+        let n = self.workload.num_samples(Split::Validation);
+        if n == 0 {
+            return Err(TrainError::EmptyData {
+                what: "validation split".into(),
+                reason: "no validation samples; set `[data] val_fraction` above 0".into(),
+            });
+        }
+        if self.eval_batches == 0 {
+            return Err(TrainError::config("train.eval_batches", "must be at least 1 to evaluate"));
+        }
+        let step = self.step;
+        let fail = |e: candle_core::Error| TrainError::Eval { step, message: candle_message(&e) };
+        let mut total = 0.0;
+        for b in 0..self.eval_batches {
+            let indices: Vec<usize> = (b * self.batch_size..(b + 1) * self.batch_size).map(|i| i % n).collect();
+            let batch = self.workload.batch(Split::Validation, &indices, &self.device).map_err(fail)?;
+            let mut ctx = ForwardCtx::evaluation(self.dtype);
+            let loss = self.workload.loss(&batch, &mut ctx).and_then(|l| scalar_f32(&l.detach())).map_err(fail)?;
+            total += f64::from(loss.to_scalar::<f32>().map_err(fail)?);
+        }
+        Ok(total / self.eval_batches as f64)
+    }
+
+    /// Host copies of the parameters, the optimizer state and the JSON state.
+    pub fn snapshot(&self) -> Result<TrainSnapshot, TrainError> {
+        let mut model = TensorSet::new();
+        for (name, var) in &self.params {
+            model.insert(name.clone(), to_host(name, var.as_tensor())?);
+        }
+        let (optimizer, optimizer_step) = self.optimizer.state()?;
+        let state = TrainState {
+            format: STATE_FORMAT,
+            workload: self.workload.name().to_string(),
+            seed: self.seed,
+            step: self.step,
+            epoch: self.cursor.epoch,
+            cursor: self.cursor,
+            train_samples: self.train_samples as u64,
+            optimizer_step,
+            rng: RngStates { init: self.init_rng.state(), dropout: self.dropout_rng.state() },
+            scaler: self.scaler.state(),
+            schedule: ScheduleState { step: self.step, next_lr: self.next_lr() },
+            counters: self.counters,
+            compute_dtype: dtype_name(self.dtype),
+            param_count: self.param_count() as u64,
+        };
+        let state = serde_json::to_value(&state).map_err(|e| TrainError::state("state", e.to_string()))?;
+        Ok(TrainSnapshot { step: self.step, model, optimizer, state })
+    }
+
+    /// Replaces the trainer's state with a snapshot's. Everything is checked
+    /// before anything changes: a tensor missing, unexpected, or of the wrong
+    /// shape or dtype, or a state of another workload or data set, is an
+    /// error naming it, and the trainer is left as it was.
+    pub fn restore(
+        &mut self,
+        model: &TensorSet,
+        optimizer: &TensorSet,
+        state: &serde_json::Value,
+    ) -> Result<(), TrainError> {
+        let st: TrainState = serde_json::from_value(state.clone())
+            .map_err(|e| TrainError::state("state", format!("cannot be read: {e}")))?;
+        if st.format != STATE_FORMAT {
+            return Err(TrainError::state(
+                "format",
+                format!("version {} is not supported (expected {STATE_FORMAT})", st.format),
+            ));
+        }
+        if st.workload != self.workload.name() {
+            return Err(TrainError::state(
+                "workload",
+                format!("the checkpoint is of workload `{}`, this run trains `{}`", st.workload, self.workload.name()),
+            ));
+        }
+        if st.train_samples != self.train_samples as u64 {
+            return Err(TrainError::state(
+                "train_samples",
+                format!(
+                    "the checkpoint was taken with {} training samples, the data now has {}: the data changed, so its order cannot be resumed",
+                    st.train_samples, self.train_samples
+                ),
+            ));
+        }
+        if st.epoch != st.cursor.epoch || st.schedule.step != st.step {
+            return Err(TrainError::state("step", "epoch/step fields disagree with the cursor/schedule"));
+        }
+        if st.cursor.position >= st.train_samples && st.train_samples > 0 {
+            return Err(TrainError::state(
+                "cursor.position",
+                format!("{} is past the {} training samples", st.cursor.position, st.train_samples),
+            ));
+        }
+
+        let mut values = Vec::with_capacity(self.params.len());
+        for (name, var) in &self.params {
+            check_host("model", name, var.dims(), model.get(name))?;
+            values.push((name.clone(), from_host(name, &model[name], &self.device)?));
+        }
+        if let Some(extra) = model.keys().find(|k| !self.params.contains_key(*k)) {
+            return Err(TrainError::UnexpectedTensor { set: "model", name: extra.clone() });
+        }
+        let init_rng = StreamRng::from_state(&st.rng.init)?;
+        let dropout_rng = StreamRng::from_state(&st.rng.dropout)?;
+        let mut scaler = self.scaler.clone();
+        scaler.load_state(st.scaler)?;
+        if st.compute_dtype != dtype_name(self.dtype) {
+            tracing::warn!(checkpoint = %st.compute_dtype, now = %dtype_name(self.dtype), "compute dtype changed since the checkpoint; the run will not match an uninterrupted one");
+        }
+        if st.seed != self.seed {
+            tracing::warn!(
+                checkpoint = st.seed,
+                config = self.seed,
+                "seed changed since the checkpoint; keeping the checkpoint's data order"
+            );
+        }
+
+        // Checks done; the optimizer validates and applies atomically, then the rest.
+        self.optimizer.load_state(optimizer, st.optimizer_step, &self.device)?;
+        for (name, value) in values {
+            self.params[&name]
+                .set(&value)
+                .map_err(|e| TrainError::Tensor { name: name.clone(), message: candle_message(&e) })?;
+        }
+        self.init_rng = init_rng;
+        self.dropout_rng = dropout_rng;
+        self.scaler = scaler;
+        self.seed = st.seed;
+        self.sampler = Sampler::new(st.seed, self.train_samples);
+        self.cursor = st.cursor;
+        self.step = st.step;
+        self.counters = st.counters;
+        tracing::debug!(step = self.step, cursor = ?self.cursor, "trainer restored");
+        Ok(())
+    }
+}
+
+/// The loss as an f32 scalar, or an error if the workload returned another shape.
+fn scalar_f32(loss: &Tensor) -> candle_core::Result<Tensor> {
+    if loss.rank() != 0 {
+        candle_core::bail!("the workload's loss must be a scalar, got shape {:?}", loss.dims());
+    }
+    loss.to_dtype(DType::F32)
+}
+
+/// Global L2 norm of all gradients, accumulated in f64 in name order.
+fn global_norm(grads: &BTreeMap<String, Tensor>) -> candle_core::Result<f64> {
+    let mut sum = 0.0f64;
+    for g in grads.values() {
+        sum += g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()?;
+    }
+    Ok(sum.sqrt())
+}
