@@ -7,6 +7,7 @@
 //! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
 //! - [`train`]: models, optimizer, data, and the training loop's state.
 //! - [`orchestrate`]: the run lifecycle (run directory, resume, stop).
+//! - [`gpu`]: GPU detection, visibility, placement, monitoring, `doctor`.
 //! - [`telemetry`]: logging setup and the run's event records.
 //! - [`cli`]: the command line and what each subcommand does.
 //! - [`exit`]: the exit-code contract.
@@ -15,6 +16,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod exit;
+pub mod gpu;
 pub mod orchestrate;
 pub mod telemetry;
 pub mod train;

@@ -1,0 +1,25 @@
+//! GPUs: what the node has, what the job may use, how a run is placed on it,
+//! how it is watched, and whether the machine is ready (`rekindle doctor`).
+//!
+//! - `probe.rs`: the [`GpuProbe`] trait, [`GpuDevice`], the system probe.
+//! - `nvidia.rs`: NVML (`nvml-wrapper`, loaded at run time).
+//! - `amd.rs`: ROCm SMI (`rocm_smi_lib`, cargo feature `rocm`).
+//! - `inventory.rs`: a JSON description of a node instead of probing.
+//! - `visible.rs`: the devices allotted to the job (CUDA/ROCr/HIP/SLURM variables).
+//! - `error.rs`: [`GpuError`].
+
+#[cfg(feature = "rocm")]
+mod amd;
+mod error;
+mod inventory;
+mod nvidia;
+mod probe;
+mod visible;
+
+#[cfg(feature = "rocm")]
+pub use amd::AmdProbe;
+pub use error::GpuError;
+pub use inventory::{InventoryProbe, parse_inventory, read_inventory};
+pub use nvidia::NvidiaProbe;
+pub use probe::{DeviceKey, GpuDevice, GpuProbe, Probed, StaticProbe, SystemProbe, Vendor};
+pub use visible::{EnvMap, VISIBILITY_VARIABLES, Visible, process_env, visible_devices};
