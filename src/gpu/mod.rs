@@ -6,6 +6,7 @@
 //! - `amd.rs`: ROCm SMI (`rocm_smi_lib`, cargo feature `rocm`).
 //! - `inventory.rs`: a JSON description of a node instead of probing.
 //! - `visible.rs`: the devices allotted to the job (CUDA/ROCr/HIP/SLURM variables).
+//! - `placement.rs`: the placement plan, a pure function (docs/placement.md).
 //! - `error.rs`: [`GpuError`].
 
 #[cfg(feature = "rocm")]
@@ -13,6 +14,7 @@ mod amd;
 mod error;
 mod inventory;
 mod nvidia;
+mod placement;
 mod probe;
 mod visible;
 
@@ -21,5 +23,6 @@ pub use amd::AmdProbe;
 pub use error::GpuError;
 pub use inventory::{InventoryProbe, parse_inventory, read_inventory};
 pub use nvidia::NvidiaProbe;
+pub use placement::{DeviceKind, Footprint, Placement, PlacementRequest, Plan, PlanDevice, place};
 pub use probe::{DeviceKey, GpuDevice, GpuProbe, Probed, StaticProbe, SystemProbe, Vendor};
 pub use visible::{EnvMap, VISIBILITY_VARIABLES, Visible, process_env, visible_devices};
