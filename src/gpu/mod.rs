@@ -7,12 +7,16 @@
 //! - `inventory.rs`: a JSON description of a node instead of probing.
 //! - `visible.rs`: the devices allotted to the job (CUDA/ROCr/HIP/SLURM variables).
 //! - `placement.rs`: the placement plan, a pure function (docs/placement.md).
+//! - `host.rs`: host CPU, RAM and free disk.
+//! - `monitor.rs`: the background sampler writing `gpu_stats.jsonl`.
 //! - `error.rs`: [`GpuError`].
 
 #[cfg(feature = "rocm")]
 mod amd;
 mod error;
+mod host;
 mod inventory;
+mod monitor;
 mod nvidia;
 mod placement;
 mod probe;
@@ -21,7 +25,9 @@ mod visible;
 #[cfg(feature = "rocm")]
 pub use amd::AmdProbe;
 pub use error::GpuError;
+pub use host::{HostProbe, HostStats, SysinfoHost, free_disk_bytes};
 pub use inventory::{InventoryProbe, parse_inventory, read_inventory};
+pub use monitor::{Monitor, MonitorSettings, MonitorSummary, MonitorWarning, STATS_FILE, WarningTracker};
 pub use nvidia::NvidiaProbe;
 pub use placement::{DeviceKind, Footprint, Placement, PlacementRequest, Plan, PlanDevice, place};
 pub use probe::{DeviceKey, GpuDevice, GpuProbe, Probed, StaticProbe, SystemProbe, Vendor};
