@@ -9,10 +9,13 @@
 //! - `placement.rs`: the placement plan, a pure function (docs/placement.md).
 //! - `host.rs`: host CPU, RAM and free disk.
 //! - `monitor.rs`: the background sampler writing `gpu_stats.jsonl`.
+//! - `report.rs`: `rekindle gpus`.
+//! - `doctor.rs`: `rekindle doctor`.
 //! - `error.rs`: [`GpuError`].
 
 #[cfg(feature = "rocm")]
 mod amd;
+mod doctor;
 mod error;
 mod host;
 mod inventory;
@@ -20,10 +23,12 @@ mod monitor;
 mod nvidia;
 mod placement;
 mod probe;
+mod report;
 mod visible;
 
 #[cfg(feature = "rocm")]
 pub use amd::AmdProbe;
+pub use doctor::{Check, CheckStatus, Checklist, DoctorOptions, doctor, run_checks};
 pub use error::GpuError;
 pub use host::{HostProbe, HostStats, SysinfoHost, free_disk_bytes};
 pub use inventory::{InventoryProbe, parse_inventory, read_inventory};
@@ -31,4 +36,5 @@ pub use monitor::{Monitor, MonitorSettings, MonitorSummary, MonitorWarning, STAT
 pub use nvidia::NvidiaProbe;
 pub use placement::{DeviceKind, Footprint, Placement, PlacementRequest, Plan, PlanDevice, place};
 pub use probe::{DeviceKey, GpuDevice, GpuProbe, Probed, StaticProbe, SystemProbe, Vendor};
+pub use report::{GpusReport, gpus_report, report_from};
 pub use visible::{EnvMap, VISIBILITY_VARIABLES, Visible, process_env, visible_devices};
