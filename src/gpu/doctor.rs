@@ -22,7 +22,8 @@ use crate::config::{Config, GpuBackend, validate};
 use super::host::{free_disk_bytes, nearest_existing};
 use super::inventory::InventoryProbe;
 use super::placement::{DeviceKind, Footprint, PlacementRequest, PlanDevice, bytes, place};
-use super::probe::{GpuProbe, SystemProbe, Vendor};
+use super::probe::{GpuProbe, SystemProbe};
+use super::report::choose_devices;
 use super::visible::{EnvMap, visible_devices};
 
 /// The outcome of one check.
@@ -245,20 +246,23 @@ fn check_gpus_and_plan(
         visible_devices(env, &probed.devices).devices
     };
     let mut notes = probed.notes.clone();
-    let wanted = match config.gpu.backend {
-        GpuBackend::Cpu => None,
-        GpuBackend::Cuda => Some(Vendor::Nvidia),
-        GpuBackend::Rocm => Some(Vendor::Amd),
-        GpuBackend::Auto => visible.first().map(|d| d.vendor),
-    };
-    let usable: Vec<_> = visible.iter().filter(|d| Some(d.vendor) == wanted).collect();
-    if visible.is_empty() {
-        notes.insert(0, format!("no GPU visible to this job ({} probed)", probed.devices.len()));
-        let status = if require { CheckStatus::Fail } else { CheckStatus::Warn };
-        let tail = if require { "[gpu] require = true" } else { "training runs on the CPU" };
-        list.push("gpus", status, require, format!("{}; {tail}", notes.join("; ")));
+    let (kind, usable) = choose_devices(&visible, config.gpu.backend, &mut notes);
+    let status = if !usable.is_empty() || config.gpu.backend == GpuBackend::Cpu {
+        CheckStatus::Ok
+    } else if require {
+        CheckStatus::Fail
     } else {
-        let lines: Vec<String> = visible
+        CheckStatus::Warn
+    };
+    let tail = match status {
+        CheckStatus::Fail => "; [gpu] require = true",
+        CheckStatus::Warn => "; training runs on the CPU",
+        _ => "",
+    };
+    let mut found: Vec<String> = if visible.is_empty() {
+        vec![format!("no GPU visible to this job ({} probed)", probed.devices.len())]
+    } else {
+        visible
             .iter()
             .map(|d| {
                 let driver = d.driver_version.as_deref().map(|v| format!(", driver {v}")).unwrap_or_default();
@@ -267,23 +271,11 @@ fn check_gpus_and_plan(
                     d.vendor, d.index, d.name, d.memory_free_mib, d.memory_total_mib
                 )
             })
-            .collect();
-        let (status, tail) = match (usable.is_empty(), require) {
-            (false, _) => (CheckStatus::Ok, String::new()),
-            (true, true) => (CheckStatus::Fail, format!("; none matches [gpu] backend = {:?}", config.gpu.backend)),
-            (true, false) => {
-                (CheckStatus::Warn, format!("; none matches [gpu] backend = {:?}: CPU", config.gpu.backend))
-            }
-        };
-        list.push("gpus", status, require, format!("{}{tail}", lines.join("; ")));
-    }
-
-    let kind = match wanted {
-        Some(_) if usable.is_empty() => DeviceKind::Cpu,
-        Some(Vendor::Nvidia) => DeviceKind::Cuda,
-        Some(Vendor::Amd) => DeviceKind::Rocm,
-        None => DeviceKind::Cpu,
+            .collect()
     };
+    found.extend(notes);
+    list.push("gpus", status, require, format!("{}{tail}", found.join("; ")));
+
     let Some(footprint) = options.footprint else {
         list.push("placement", CheckStatus::Skip, false, "no workload footprint given");
         let devices = usable.iter().map(|d| d.index).collect();
@@ -483,7 +475,7 @@ fn check_publish(list: &mut Checklist, config: &Config) {
 mod tests {
     use super::*;
     use crate::gpu::probe::tests::device;
-    use crate::gpu::probe::{Probed, StaticProbe};
+    use crate::gpu::probe::{Probed, StaticProbe, Vendor};
 
     struct Fixture {
         dir: tempfile::TempDir,
@@ -601,6 +593,22 @@ mod tests {
             assert!(check.detail.contains("no CUDA backend"));
         }
         assert!(!list.any_required_failed(), "{list}");
+    }
+
+    #[test]
+    fn cpu_backend_with_gpus_present_is_fine_and_runs_no_gpu_matmul() {
+        let mut f = fixture();
+        f.config.gpu.backend = GpuBackend::Cpu;
+        let probe =
+            StaticProbe::new(vec![device(Vendor::Amd, 0, None, 64, 64), device(Vendor::Nvidia, 0, None, 16, 16)]);
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &probe);
+        assert_eq!(status(&list, "gpus"), CheckStatus::Ok);
+        assert!(list.get("gpus").unwrap().detail.contains("backend = \"cpu\""));
+        assert!(!list.checks.iter().any(|c| c.name.starts_with("matmul cuda") || c.name.starts_with("matmul rocm")));
+        // Auto prefers NVIDIA, as `rekindle gpus` does.
+        f.config.gpu.backend = GpuBackend::Auto;
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &probe);
+        assert!(list.get("matmul cuda:0").is_some(), "{list}");
     }
 
     #[test]

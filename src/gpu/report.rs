@@ -106,7 +106,7 @@ pub fn report_from(
 }
 
 /// The devices the plan may use under `[gpu] backend`, and their kind.
-fn choose_devices<'a>(
+pub(crate) fn choose_devices<'a>(
     devices: &'a [GpuDevice],
     backend: GpuBackend,
     notes: &mut Vec<String>,
