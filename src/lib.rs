@@ -9,6 +9,7 @@
 //! - [`orchestrate`]: the run lifecycle (run directory, resume, stop, deadlines).
 //! - [`publish`]: git-publishing results on exit.
 //! - [`slurm`]: the allocation, the requeue decision, `scontrol`.
+//! - [`gpu`]: GPU detection, visibility, placement, monitoring, `doctor`.
 //! - [`telemetry`]: logging setup and the run's event records.
 //! - [`cli`]: the command line and what each subcommand does.
 //! - [`exit`]: the exit-code contract.
@@ -17,6 +18,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod exit;
+pub mod gpu;
 pub mod orchestrate;
 pub mod publish;
 pub mod slurm;

@@ -533,7 +533,7 @@ lr = 1
     #[test]
     fn unknown_key_far_from_any_gets_no_suggestion() {
         let found = problems("[gpu]\nzzz = 1\n", &[]);
-        assert_eq!(found[0].message, "unknown key; allowed: backend, headroom");
+        assert_eq!(found[0].message, "unknown key; allowed: backend, headroom, require, monitor_interval");
     }
 
     #[test]

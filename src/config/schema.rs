@@ -354,18 +354,30 @@ pub enum GpuBackend {
     Rocm,
 }
 
-/// `[gpu]`: device selection and memory headroom for placement.
+/// `[gpu]`: device selection, memory headroom for placement, whether a GPU
+/// is required, and how often the monitor samples.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpuSection {
     pub backend: GpuBackend,
     /// Fraction of free device memory kept unused by the placement plan.
     pub headroom: f64,
+    /// Stop with an error instead of falling back to the CPU when no GPU
+    /// backend can be used.
+    pub require: bool,
+    /// Time between samples of `gpu_stats.jsonl`.
+    #[serde(with = "humantime_serde_compat")]
+    pub monitor_interval: Duration,
 }
 
 impl Default for GpuSection {
     fn default() -> Self {
-        GpuSection { backend: GpuBackend::Auto, headroom: 0.25 }
+        GpuSection {
+            backend: GpuBackend::Auto,
+            headroom: 0.25,
+            require: false,
+            monitor_interval: Duration::from_secs(10),
+        }
     }
 }
 

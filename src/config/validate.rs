@@ -77,7 +77,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     checkpoint(&mut f, &config.checkpoint);
     signals(&mut f, &config.signals);
     publish(&mut f, &config.publish);
-    f.unit_fraction("gpu.headroom", config.gpu.headroom);
+    gpu(&mut f, &config.gpu);
     f.0
 }
 
@@ -220,6 +220,16 @@ fn signals(f: &mut Findings, s: &SignalsSection) {
     });
 }
 
+fn gpu(f: &mut Findings, g: &GpuSection) {
+    f.unit_fraction("gpu.headroom", g.headroom);
+    f.require_with(!(g.require && g.backend == GpuBackend::Cpu), "gpu.require", &["gpu.backend"], || {
+        "cannot be true with gpu.backend = \"cpu\" (a GPU is required but the CPU is selected)".to_string()
+    });
+    f.require(g.monitor_interval > Duration::ZERO, "gpu.monitor_interval", || {
+        "must be longer than 0, e.g. \"10s\"".to_string()
+    });
+}
+
 fn publish(f: &mut Findings, p: &PublishSection) {
     if !p.enabled {
         return;
@@ -355,6 +365,24 @@ mod tests {
         let mut c = Config::default();
         c.checkpoint.interval = Duration::ZERO;
         assert_eq!(keys(&c), ["checkpoint.interval"]);
+    }
+
+    #[test]
+    fn requiring_a_gpu_contradicts_the_cpu_backend() {
+        let mut c = Config::default();
+        c.gpu.require = true;
+        assert!(keys(&c).is_empty());
+        c.gpu.backend = GpuBackend::Cpu;
+        let found = findings(&c);
+        assert_eq!(found[0].key, "gpu.require");
+        assert_eq!(found[0].depends_on, ["gpu.backend"]);
+    }
+
+    #[test]
+    fn zero_monitor_interval_is_rejected() {
+        let mut c = Config::default();
+        c.gpu.monitor_interval = Duration::ZERO;
+        assert_eq!(keys(&c), ["gpu.monitor_interval"]);
     }
 
     #[test]

@@ -1,0 +1,671 @@
+//! `rekindle doctor`: the checks to run before submitting, or at the top of
+//! an sbatch script, as a checklist. Each check says ok, warn, fail or skip,
+//! what it found, and whether it is required: a failed required check means
+//! the run should not start.
+//!
+//! Checks: config valid; SLURM environment; SLURM commands on PATH; visible
+//! GPUs and driver versions; the placement plan (given a footprint); a tiny
+//! matmul on the CPU and on each device the plan would use; free disk versus
+//! the expected checkpoint size; a write + fsync + rename + verify round-trip
+//! with the real checkpoint store next to the checkpoint directory; and the
+//! publish repository.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::checkpoint::{CheckpointStore, HostTensor, Snapshot, TensorSet, VerifyLevel};
+use crate::config::{Config, GpuBackend, validate};
+
+use super::host::{free_disk_bytes, nearest_existing};
+use super::inventory::InventoryProbe;
+use super::placement::{DeviceKind, Footprint, PlacementRequest, PlanDevice, bytes, place};
+use super::probe::{GpuProbe, SystemProbe};
+use super::report::choose_devices;
+use super::visible::{EnvMap, visible_devices};
+
+/// The outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckStatus {
+    Ok,
+    Warn,
+    Fail,
+    /// Not applicable here (e.g. publishing not configured).
+    Skip,
+}
+
+/// One line of the checklist.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub status: CheckStatus,
+    pub detail: String,
+    /// A failure of a required check means the run should not start.
+    pub required: bool,
+}
+
+/// Every check, in the order they ran. Serialised as
+/// `{"checks": [...], "required_failed": bool}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checklist {
+    pub checks: Vec<Check>,
+}
+
+impl Serialize for Checklist {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct View<'a> {
+            checks: &'a [Check],
+            required_failed: bool,
+        }
+        View { checks: &self.checks, required_failed: self.any_required_failed() }.serialize(serializer)
+    }
+}
+
+impl Checklist {
+    /// True when any required check failed (the CLI exits non-zero then).
+    pub fn any_required_failed(&self) -> bool {
+        self.checks.iter().any(|c| c.required && c.status == CheckStatus::Fail)
+    }
+
+    /// The check named `name`, if it ran.
+    pub fn get(&self, name: &str) -> Option<&Check> {
+        self.checks.iter().find(|c| c.name == name)
+    }
+
+    fn push(&mut self, name: &str, status: CheckStatus, required: bool, detail: impl Into<String>) {
+        self.checks.push(Check { name: name.to_string(), status, detail: detail.into(), required });
+    }
+}
+
+impl fmt::Display for Checklist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = |s| self.checks.iter().filter(|c| c.status == s).count();
+        for c in &self.checks {
+            let mark = match c.status {
+                CheckStatus::Ok => " ok ",
+                CheckStatus::Warn => "warn",
+                CheckStatus::Fail => "FAIL",
+                CheckStatus::Skip => "skip",
+            };
+            let required = if c.required && c.status == CheckStatus::Fail { " (required)" } else { "" };
+            writeln!(f, "[{mark}] {}{required}: {}", c.name, c.detail)?;
+        }
+        let verdict = if self.any_required_failed() { "a required check failed" } else { "ready" };
+        writeln!(
+            f,
+            "{} ok, {} warning(s), {} failed, {} skipped: {verdict}",
+            count(CheckStatus::Ok),
+            count(CheckStatus::Warn),
+            count(CheckStatus::Fail),
+            count(CheckStatus::Skip)
+        )
+    }
+}
+
+/// What `doctor` checks against, besides the config.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DoctorOptions {
+    /// Describe the GPUs with an inventory instead of probing.
+    pub inventory: Option<PathBuf>,
+    /// The workload's footprint, for the plan and the expected checkpoint size.
+    pub footprint: Option<Footprint>,
+    /// Bytes of one checkpoint (default: from the footprint).
+    pub expected_checkpoint_bytes: Option<u64>,
+}
+
+/// Runs every check against this machine and process environment. With
+/// `cfg = None` the defaults are checked (and the config check is skipped).
+pub fn doctor(cfg: Option<&Config>, options: &DoctorOptions) -> Checklist {
+    let env: EnvMap = std::env::vars().collect();
+    let probe: Box<dyn GpuProbe> = match &options.inventory {
+        Some(path) => Box::new(InventoryProbe::new(path)),
+        None => Box::new(SystemProbe::new()),
+    };
+    run_checks(cfg, options, &env, probe.as_ref())
+}
+
+/// [`doctor`] with the environment (including `PATH`) and the probe injected.
+pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, probe: &dyn GpuProbe) -> Checklist {
+    let mut list = Checklist { checks: Vec::new() };
+    let default = Config::default();
+    let config = cfg.unwrap_or(&default);
+
+    check_config(&mut list, cfg);
+    let in_job = check_slurm_env(&mut list, env);
+    check_slurm_commands(&mut list, env, in_job);
+    let planned = check_gpus_and_plan(&mut list, config, options, env, probe);
+    check_matmul(&mut list, config, &planned);
+    let ckpt_dir = checkpoint_dir(config);
+    let expected = options.expected_checkpoint_bytes.or(options.footprint.map(|f| f.checkpoint_bytes()));
+    check_disk(&mut list, &ckpt_dir, expected);
+    check_round_trip(&mut list, &ckpt_dir);
+    check_publish(&mut list, config);
+    list
+}
+
+fn check_config(list: &mut Checklist, cfg: Option<&Config>) {
+    let Some(cfg) = cfg else {
+        list.push("config", CheckStatus::Skip, false, "no config given: checking with the defaults");
+        return;
+    };
+    let problems = validate(cfg);
+    if problems.is_empty() {
+        list.push("config", CheckStatus::Ok, true, "valid");
+    } else {
+        let text: Vec<String> = problems.iter().map(|p| format!("{}: {}", p.key, p.message)).collect();
+        list.push("config", CheckStatus::Fail, true, text.join("; "));
+    }
+}
+
+fn check_slurm_env(list: &mut Checklist, env: &EnvMap) -> bool {
+    match env.get("SLURM_JOB_ID") {
+        Some(job) => {
+            let mut detail = format!("inside SLURM job {job}");
+            for (var, label) in [("SLURM_JOB_NODELIST", "nodes"), ("SLURM_JOB_PARTITION", "partition")] {
+                if let Some(v) = env.get(var) {
+                    detail.push_str(&format!(", {label} {v}"));
+                }
+            }
+            if env.contains_key("SLURM_RESTART_COUNT") {
+                detail.push_str(&format!(", restart {}", env["SLURM_RESTART_COUNT"]));
+            }
+            list.push("slurm environment", CheckStatus::Ok, false, detail);
+            true
+        }
+        None => {
+            list.push(
+                "slurm environment",
+                CheckStatus::Warn,
+                false,
+                "not inside a SLURM job (SLURM_JOB_ID unset): fine before submitting; requeueing needs a job",
+            );
+            false
+        }
+    }
+}
+
+fn check_slurm_commands(list: &mut Checklist, env: &EnvMap, in_job: bool) {
+    let path = env.get("PATH").map(String::as_str).unwrap_or("");
+    let find = |name: &str| std::env::split_paths(path).map(|dir| dir.join(name)).find(|p| is_executable(p));
+    let commands = ["sinfo", "scontrol", "sbatch", "squeue"];
+    let (found, missing): (Vec<_>, Vec<_>) = commands.iter().map(|c| (*c, find(c))).partition(|(_, p)| p.is_some());
+    let found_text: Vec<String> =
+        found.iter().map(|(_, p)| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default()).collect();
+    if missing.is_empty() {
+        list.push("slurm commands", CheckStatus::Ok, in_job, format!("found {}", found_text.join(", ")));
+        return;
+    }
+    let missing: Vec<&str> = missing.iter().map(|(c, _)| *c).collect();
+    // Inside a job, requeueing after preemption needs `scontrol`.
+    let status = if in_job && missing.contains(&"scontrol") { CheckStatus::Fail } else { CheckStatus::Warn };
+    list.push(
+        "slurm commands",
+        status,
+        in_job,
+        format!(
+            "not on PATH: {} (rekindle uses `scontrol` to requeue and `sinfo`/`squeue` to report)",
+            missing.join(", ")
+        ),
+    );
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The device kind and device indices the plan would use.
+struct Planned {
+    kind: DeviceKind,
+    devices: Vec<u32>,
+}
+
+fn check_gpus_and_plan(
+    list: &mut Checklist,
+    config: &Config,
+    options: &DoctorOptions,
+    env: &EnvMap,
+    probe: &dyn GpuProbe,
+) -> Planned {
+    let require = config.gpu.require;
+    let cpu = Planned { kind: DeviceKind::Cpu, devices: Vec::new() };
+    let probed = match probe.probe() {
+        Ok(probed) => probed,
+        Err(e) => {
+            list.push("gpus", CheckStatus::Fail, true, e.to_string());
+            return cpu;
+        }
+    };
+    let visible = if options.inventory.is_some() {
+        probed.devices.clone()
+    } else {
+        visible_devices(env, &probed.devices).devices
+    };
+    let mut notes = probed.notes.clone();
+    let (kind, usable) = choose_devices(&visible, config.gpu.backend, &mut notes);
+    let status = if !usable.is_empty() || config.gpu.backend == GpuBackend::Cpu {
+        CheckStatus::Ok
+    } else if require {
+        CheckStatus::Fail
+    } else {
+        CheckStatus::Warn
+    };
+    let tail = match status {
+        CheckStatus::Fail => "; [gpu] require = true",
+        CheckStatus::Warn => "; training runs on the CPU",
+        _ => "",
+    };
+    let mut found: Vec<String> = if visible.is_empty() {
+        vec![format!("no GPU visible to this job ({} probed)", probed.devices.len())]
+    } else {
+        visible
+            .iter()
+            .map(|d| {
+                let driver = d.driver_version.as_deref().map(|v| format!(", driver {v}")).unwrap_or_default();
+                format!(
+                    "{} {} {} ({} MiB free of {}{driver})",
+                    d.vendor, d.index, d.name, d.memory_free_mib, d.memory_total_mib
+                )
+            })
+            .collect()
+    };
+    found.extend(notes);
+    list.push("gpus", status, require, format!("{}{tail}", found.join("; ")));
+
+    let Some(footprint) = options.footprint else {
+        list.push("placement", CheckStatus::Skip, false, "no workload footprint given");
+        let devices = usable.iter().map(|d| d.index).collect();
+        return Planned { kind, devices };
+    };
+    let request = PlacementRequest {
+        kind,
+        devices: usable.iter().map(|d| PlanDevice { index: d.index, free_bytes: d.memory_free_mib << 20 }).collect(),
+        footprint,
+        target_batch: config.train.batch_size * config.train.grad_accum,
+        headroom: config.gpu.headroom,
+        host_free_bytes: None,
+    };
+    match place(&request) {
+        Ok(placement) => {
+            list.push("placement", CheckStatus::Ok, true, format!("{}; {}", placement.plan, placement.plan.reason));
+            Planned { kind, devices: placement.groups.into_iter().flatten().collect() }
+        }
+        Err(e) => {
+            list.push("placement", CheckStatus::Fail, true, e.to_string());
+            cpu
+        }
+    }
+}
+
+fn check_matmul(list: &mut Checklist, config: &Config, planned: &Planned) {
+    match cpu_matmul() {
+        Ok(detail) => list.push("matmul cpu", CheckStatus::Ok, true, detail),
+        Err(e) => list.push("matmul cpu", CheckStatus::Fail, true, e),
+    }
+    if planned.kind == DeviceKind::Cpu {
+        return;
+    }
+    // This build links candle's CPU backend only: a GPU in the plan cannot run
+    // a kernel here, which is exactly what a run would find at its first step.
+    let require = config.gpu.require;
+    let status = if require { CheckStatus::Fail } else { CheckStatus::Warn };
+    let backend = match planned.kind {
+        DeviceKind::Cuda => "no CUDA backend (candle's `cuda` feature is not compiled in)",
+        _ => "no ROCm backend (candle has none)",
+    };
+    let fallback = if require { "[gpu] require = true stops the run" } else { "a run falls back to the CPU" };
+    for index in &planned.devices {
+        list.push(
+            &format!("matmul {}:{index}", planned.kind),
+            status,
+            require,
+            format!("not run: this build has {backend}; {fallback}"),
+        );
+    }
+}
+
+/// A 64×64 f32 matmul on candle's CPU device, checked against a plain loop.
+fn cpu_matmul() -> Result<String, String> {
+    use candle_core::{Device, Tensor};
+    const N: usize = 64;
+    let a: Vec<f32> = (0..N * N).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+    let b: Vec<f32> = (0..N * N).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+    let started = Instant::now();
+    let run = || -> candle_core::Result<Vec<Vec<f32>>> {
+        let ta = Tensor::from_vec(a.clone(), (N, N), &Device::Cpu)?;
+        let tb = Tensor::from_vec(b.clone(), (N, N), &Device::Cpu)?;
+        ta.matmul(&tb)?.to_vec2::<f32>()
+    };
+    let product = run().map_err(|e| format!("candle matmul failed: {e:#}"))?;
+    let elapsed = started.elapsed();
+    for i in 0..N {
+        for j in 0..N {
+            let expected: f32 = (0..N).map(|k| a[i * N + k] * b[k * N + j]).sum();
+            // Small integers: every partial sum is exact in f32.
+            if product[i][j] != expected {
+                return Err(format!("wrong result at ({i}, {j}): {} instead of {expected}", product[i][j]));
+            }
+        }
+    }
+    Ok(format!("{N}×{N} f32 matmul correct in {:.1} ms", elapsed.as_secs_f64() * 1000.0))
+}
+
+/// `[checkpoint] dir`, else `<run dir>/checkpoints`.
+fn checkpoint_dir(config: &Config) -> PathBuf {
+    config.checkpoint.dir.clone().unwrap_or_else(|| {
+        config.run.dir.clone().unwrap_or_else(|| Path::new("runs").join(&config.run.name)).join("checkpoints")
+    })
+}
+
+fn check_disk(list: &mut Checklist, dir: &Path, expected: Option<u64>) {
+    let free = match free_disk_bytes(dir) {
+        Ok(free) => free,
+        Err(e) => {
+            list.push(
+                "free disk",
+                CheckStatus::Fail,
+                true,
+                format!("cannot read free space for {}: {e}", dir.display()),
+            );
+            return;
+        }
+    };
+    let place = format!("{} free on the filesystem of {}", bytes(free), dir.display());
+    match expected {
+        None => list.push("free disk", CheckStatus::Ok, true, format!("{place} (checkpoint size unknown)")),
+        Some(need) if free < need => list.push(
+            "free disk",
+            CheckStatus::Fail,
+            true,
+            format!("{place}, but one checkpoint needs about {}: free space or move [checkpoint] dir", bytes(need)),
+        ),
+        // The next checkpoint is written before an old one rotates out.
+        Some(need) if free < need.saturating_mul(2) => list.push(
+            "free disk",
+            CheckStatus::Warn,
+            true,
+            format!("{place}: room for one checkpoint of about {} but not two", bytes(need)),
+        ),
+        Some(need) => {
+            list.push("free disk", CheckStatus::Ok, true, format!("{place}; a checkpoint needs about {}", bytes(need)))
+        }
+    }
+}
+
+/// Saves, verifies and loads a tiny checkpoint with the real store in a
+/// temporary directory beside the checkpoint directory (same filesystem),
+/// then removes it.
+fn check_round_trip(list: &mut Checklist, ckpt_dir: &Path) {
+    let name = "checkpoint round-trip";
+    let parent = ckpt_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let base = match nearest_existing(parent) {
+        Ok(base) => base,
+        Err(e) => return list.push(name, CheckStatus::Fail, true, format!("{}: {e}", parent.display())),
+    };
+    let tmp = match tempfile::Builder::new().prefix(".rekindle-doctor-").tempdir_in(&base) {
+        Ok(tmp) => tmp,
+        Err(e) => {
+            return list.push(
+                name,
+                CheckStatus::Fail,
+                true,
+                format!("cannot create a directory in {}: {e}", base.display()),
+            );
+        }
+    };
+    match round_trip(&tmp.path().join("checkpoints")) {
+        Ok(detail) => list.push(name, CheckStatus::Ok, true, format!("{detail} in {}", base.display())),
+        Err(e) => list.push(name, CheckStatus::Fail, true, format!("in {}: {e}", base.display())),
+    }
+}
+
+fn round_trip(dir: &Path) -> Result<String, String> {
+    let started = Instant::now();
+    let model: TensorSet = [("w".to_string(), HostTensor::from_f32(vec![2, 2], &[1.0, -2.0, 3.5, 0.25]))].into();
+    let optimizer: TensorSet = [("w.m".to_string(), HostTensor::from_f32(vec![2, 2], &[0.0; 4]))].into();
+    let snapshot = Snapshot { step: 1, model, optimizer, state: serde_json::json!({"doctor": true}) };
+    let store = CheckpointStore::open(dir, 1).map_err(|e| e.to_string())?;
+    let report = store.save(&snapshot).map_err(|e| format!("save failed: {e}"))?;
+    let listed = store.list(VerifyLevel::Full).map_err(|e| e.to_string())?;
+    if !listed.iter().any(|c| c.valid && c.step == 1) {
+        return Err("the saved checkpoint does not verify".into());
+    }
+    let loaded = store.load_latest().map_err(|e| e.to_string())?.loaded.ok_or("the saved checkpoint did not load")?;
+    if loaded.snapshot != snapshot {
+        return Err("the loaded checkpoint differs from what was saved".into());
+    }
+    Ok(format!(
+        "wrote, fsynced, renamed, verified and reloaded a {}-byte checkpoint in {:.1} ms",
+        report.bytes,
+        started.elapsed().as_secs_f64() * 1000.0
+    ))
+}
+
+fn check_publish(list: &mut Checklist, config: &Config) {
+    let publish = &config.publish;
+    if !publish.enabled {
+        list.push("publish", CheckStatus::Skip, false, "skipped: publishing not configured");
+        return;
+    }
+    let Some(repo) = &publish.repo else {
+        list.push("publish", CheckStatus::Fail, true, "[publish] enabled but no repo set");
+        return;
+    };
+    if repo.join(".git").exists() {
+        list.push(
+            "publish",
+            CheckStatus::Ok,
+            false,
+            format!(
+                "{} is a git clone; remote `{}` reachability is not checked by this build",
+                repo.display(),
+                publish.remote
+            ),
+        );
+    } else {
+        list.push("publish", CheckStatus::Fail, true, format!("{} is not a git clone (no .git)", repo.display()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::probe::tests::device;
+    use crate::gpu::probe::{Probed, StaticProbe, Vendor};
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+        config: Config,
+        env: EnvMap,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.run.dir = Some(dir.path().join("runs/test"));
+        Fixture { dir, config, env: EnvMap::new() }
+    }
+
+    fn no_gpu() -> StaticProbe {
+        StaticProbe::sequence(vec![Ok(Probed { devices: vec![], notes: vec!["NVIDIA: no driver library".into()] })])
+    }
+
+    fn status(list: &Checklist, name: &str) -> CheckStatus {
+        list.get(name).unwrap_or_else(|| panic!("no check {name}: {list}")).status
+    }
+
+    /// A PATH directory holding executable stubs of the SLURM commands.
+    fn slurm_path(dir: &Path, commands: &[&str]) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for c in commands {
+            let p = bin.join(c);
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        bin.display().to_string()
+    }
+
+    #[test]
+    fn gpu_less_machine_outside_slurm_passes_with_warnings() {
+        let f = fixture();
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
+        assert!(!list.any_required_failed(), "{list}");
+        assert_eq!(status(&list, "config"), CheckStatus::Ok);
+        assert_eq!(status(&list, "slurm environment"), CheckStatus::Warn);
+        assert_eq!(status(&list, "slurm commands"), CheckStatus::Warn);
+        assert_eq!(status(&list, "gpus"), CheckStatus::Warn);
+        assert!(list.get("gpus").unwrap().detail.contains("NVIDIA: no driver library"));
+        assert_eq!(status(&list, "matmul cpu"), CheckStatus::Ok);
+        assert_eq!(status(&list, "free disk"), CheckStatus::Ok);
+        assert_eq!(status(&list, "checkpoint round-trip"), CheckStatus::Ok, "{list}");
+        assert_eq!(list.get("publish").unwrap().detail, "skipped: publishing not configured");
+        // Nothing is left behind next to the checkpoints.
+        let leftovers: Vec<_> = std::fs::read_dir(f.dir.path()).unwrap().collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        let text = list.to_string();
+        assert!(text.contains("[ ok ] matmul cpu: 64×64 f32 matmul correct"), "{text}");
+        assert!(text.trim_end().ends_with(": ready"), "{text}");
+    }
+
+    #[test]
+    fn requiring_a_gpu_fails_without_one() {
+        let mut f = fixture();
+        f.config.gpu.require = true;
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
+        assert!(list.any_required_failed());
+        assert_eq!(status(&list, "gpus"), CheckStatus::Fail);
+        assert!(list.to_string().contains("[FAIL] gpus (required)"));
+    }
+
+    #[test]
+    fn invalid_config_fails_the_config_check() {
+        let mut f = fixture();
+        f.config.checkpoint.keep = 0;
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
+        assert_eq!(status(&list, "config"), CheckStatus::Fail);
+        assert!(list.get("config").unwrap().detail.contains("checkpoint.keep"));
+        assert!(list.any_required_failed());
+        let skipped = run_checks(None, &DoctorOptions::default(), &f.env, &no_gpu());
+        assert_eq!(status(&skipped, "config"), CheckStatus::Skip);
+    }
+
+    #[test]
+    fn inside_a_job_missing_scontrol_is_a_required_failure() {
+        let mut f = fixture();
+        f.env.insert("SLURM_JOB_ID".into(), "42".into());
+        f.env.insert("SLURM_JOB_NODELIST".into(), "n1".into());
+        f.env.insert("PATH".into(), slurm_path(f.dir.path(), &["sinfo"]));
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
+        assert_eq!(status(&list, "slurm environment"), CheckStatus::Ok);
+        assert!(list.get("slurm environment").unwrap().detail.contains("job 42, nodes n1"));
+        assert_eq!(status(&list, "slurm commands"), CheckStatus::Fail);
+        assert!(list.any_required_failed());
+
+        f.env.insert("PATH".into(), slurm_path(f.dir.path(), &["sinfo", "scontrol", "sbatch", "squeue"]));
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
+        assert_eq!(status(&list, "slurm commands"), CheckStatus::Ok, "{list}");
+    }
+
+    #[test]
+    fn planned_gpus_are_reported_and_their_matmul_is_honestly_not_run() {
+        let f = fixture();
+        let mut gpu = device(Vendor::Nvidia, 0, Some("GPU-a"), 80, 78);
+        gpu.driver_version = Some("550.54".into());
+        let probe = StaticProbe::new(vec![gpu, device(Vendor::Nvidia, 1, Some("GPU-b"), 80, 78)]);
+        let options = DoctorOptions {
+            footprint: Some(Footprint::estimate_from_params(1_000_000, 4, 1 << 20)),
+            ..DoctorOptions::default()
+        };
+        let list = run_checks(Some(&f.config), &options, &f.env, &probe);
+        assert_eq!(status(&list, "gpus"), CheckStatus::Ok);
+        assert!(list.get("gpus").unwrap().detail.contains("driver 550.54"));
+        assert_eq!(status(&list, "placement"), CheckStatus::Ok);
+        assert!(list.get("placement").unwrap().detail.starts_with("cuda: 2 replica(s)"));
+        for i in 0..2 {
+            let check = list.get(&format!("matmul cuda:{i}")).unwrap();
+            assert_eq!(check.status, CheckStatus::Warn);
+            assert!(check.detail.contains("no CUDA backend"));
+        }
+        assert!(!list.any_required_failed(), "{list}");
+    }
+
+    #[test]
+    fn cpu_backend_with_gpus_present_is_fine_and_runs_no_gpu_matmul() {
+        let mut f = fixture();
+        f.config.gpu.backend = GpuBackend::Cpu;
+        let probe =
+            StaticProbe::new(vec![device(Vendor::Amd, 0, None, 64, 64), device(Vendor::Nvidia, 0, None, 16, 16)]);
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &probe);
+        assert_eq!(status(&list, "gpus"), CheckStatus::Ok);
+        assert!(list.get("gpus").unwrap().detail.contains("backend = \"cpu\""));
+        assert!(!list.checks.iter().any(|c| c.name.starts_with("matmul cuda") || c.name.starts_with("matmul rocm")));
+        // Auto prefers NVIDIA, as `rekindle gpus` does.
+        f.config.gpu.backend = GpuBackend::Auto;
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &probe);
+        assert!(list.get("matmul cuda:0").is_some(), "{list}");
+    }
+
+    #[test]
+    fn a_model_that_fits_nowhere_fails_placement() {
+        let f = fixture();
+        let options = DoctorOptions {
+            footprint: Some(Footprint::estimate_from_params(100_000_000_000, 4, 1 << 20)),
+            ..DoctorOptions::default()
+        };
+        let probe = StaticProbe::new(vec![device(Vendor::Nvidia, 0, None, 16, 16)]);
+        let list = run_checks(Some(&f.config), &options, &f.env, &probe);
+        assert_eq!(status(&list, "placement"), CheckStatus::Fail);
+        assert!(list.any_required_failed());
+    }
+
+    #[test]
+    fn too_little_disk_for_a_checkpoint_fails() {
+        let f = fixture();
+        let options = DoctorOptions { expected_checkpoint_bytes: Some(u64::MAX / 2), ..DoctorOptions::default() };
+        let list = run_checks(Some(&f.config), &options, &f.env, &no_gpu());
+        assert_eq!(status(&list, "free disk"), CheckStatus::Fail);
+        assert!(list.get("free disk").unwrap().detail.contains("one checkpoint needs about"));
+    }
+
+    #[test]
+    fn unwritable_checkpoint_location_fails_the_round_trip() {
+        let mut f = fixture();
+        let blocker = f.dir.path().join("file");
+        std::fs::write(&blocker, "").unwrap();
+        // The checkpoint directory's parent is a file: nothing can be created there.
+        f.config.checkpoint.dir = Some(blocker.join("checkpoints"));
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
+        assert_eq!(status(&list, "checkpoint round-trip"), CheckStatus::Fail, "{list}");
+    }
+
+    #[test]
+    fn publish_repo_is_checked_when_enabled() {
+        let mut f = fixture();
+        f.config.publish.enabled = true;
+        f.config.publish.repo = Some(f.dir.path().join("results"));
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
+        assert_eq!(status(&list, "publish"), CheckStatus::Fail);
+        std::fs::create_dir_all(f.dir.path().join("results/.git")).unwrap();
+        let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
+        assert_eq!(status(&list, "publish"), CheckStatus::Ok);
+    }
+
+    #[test]
+    fn checklist_serialises_and_doctor_runs_on_this_machine() {
+        let f = fixture();
+        let list = doctor(Some(&f.config), &DoctorOptions::default());
+        let json = serde_json::to_value(&list).unwrap();
+        let first = &json["checks"][0];
+        assert_eq!(first["name"], "config");
+        assert_eq!(first["status"], "ok");
+        assert_eq!(first["required"], true);
+        assert_eq!(json["required_failed"], list.any_required_failed());
+        assert!(list.get("matmul cpu").is_some());
+    }
+}
