@@ -313,7 +313,6 @@ fn verify_reports_every_damaged_checkpoint_of_a_run() {
 }
 
 #[test]
-#[ignore = "known gap: `rekindle verify`/`checkpoints` check sizes and hashes only, while load_latest also parses the files, so a re-hashed unparsable file is listed as the resume point but skipped by resume"]
 fn verify_rejects_a_file_with_matching_hash_but_invalid_content_like_load_latest_does() {
     let (tmp, store) = store_with_damaged_newest(replace_model_with_rehashed_junk);
     let dir = store.step_dir(DAMAGED);

@@ -74,6 +74,19 @@ pub enum CheckpointError {
     Remove { path: PathBuf, source: io::Error },
     #[error("failpoint {0} injected an error")]
     Injected(String),
+    #[error(
+        "checkpoint of step {step} is committed at {dir}, but {stage} failed afterwards: {source}; \
+         it verifies and loads normally, and earlier checkpoints are untouched"
+    )]
+    AfterCommit { step: u64, dir: PathBuf, stage: &'static str, source: Box<CheckpointError> },
+}
+
+impl CheckpointError {
+    /// True when the checkpoint was nevertheless committed (the error came
+    /// from syncing the parent directory or from rotation).
+    pub fn committed(&self) -> bool {
+        matches!(self, CheckpointError::AfterCommit { .. })
+    }
 }
 
 fn io_hint(e: &io::Error) -> &'static str {

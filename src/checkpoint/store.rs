@@ -217,7 +217,12 @@ impl CheckpointStore {
         ));
         match self.write_and_commit(snapshot, &files, &tmp, &final_dir) {
             Ok(bytes) => {
-                let rotated_out = self.rotate()?;
+                let rotated_out = self.rotate().map_err(|e| CheckpointError::AfterCommit {
+                    step,
+                    dir: final_dir.clone(),
+                    stage: "rotating out old checkpoints",
+                    source: Box::new(e),
+                })?;
                 Ok(SaveReport {
                     step,
                     dir: final_dir,
@@ -314,10 +319,21 @@ impl CheckpointStore {
             fs::remove_dir_all(&trash).map_err(|source| CheckpointError::Remove { path: trash, source })?;
         } else {
             fs::rename(tmp, final_dir).map_err(werr(final_dir))?;
-            failpoint("checkpoint::after_rename")?;
-            fsync_dir(&self.dir).map_err(werr(&self.dir))?;
+            let after = |e| CheckpointError::AfterCommit {
+                step,
+                dir: final_dir.to_path_buf(),
+                stage: "syncing the checkpoints directory",
+                source: Box::new(e),
+            };
+            failpoint("checkpoint::after_rename").map_err(after)?;
+            fsync_dir(&self.dir).map_err(werr(&self.dir)).map_err(after)?;
         }
-        failpoint("checkpoint::after_commit")?;
+        failpoint("checkpoint::after_commit").map_err(|e| CheckpointError::AfterCommit {
+            step,
+            dir: final_dir.to_path_buf(),
+            stage: "the commit's last step",
+            source: Box::new(e),
+        })?;
         Ok(manifest.total_bytes() + manifest_bytes)
     }
 
@@ -565,10 +581,17 @@ fn check_entry(dir: &Path, entry: &ManifestEntry, level: VerifyLevel, keep: bool
 }
 
 /// Verifies one checkpoint directory; an empty list means it is valid.
+///
+/// `Full` checks exactly what loading checks (every hash, and that the
+/// safetensors and JSON files parse), so a checkpoint that verifies is one
+/// that resume would load.
 pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure> {
-    match read_manifest(dir) {
-        Err(f) => vec![f],
-        Ok(manifest) => manifest.files.iter().filter_map(|e| check_entry(dir, e, level, false).err()).collect(),
+    match level {
+        VerifyLevel::Full => load_dir(dir).err().unwrap_or_default(),
+        VerifyLevel::Quick => match read_manifest(dir) {
+            Err(f) => vec![f],
+            Ok(manifest) => manifest.files.iter().filter_map(|e| check_entry(dir, e, level, false).err()).collect(),
+        },
     }
 }
 

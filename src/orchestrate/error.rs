@@ -31,6 +31,22 @@ pub enum RunError {
     Train(#[from] TrainError),
     #[error("restoring checkpoint {dir} failed: {source}")]
     Restore { dir: PathBuf, source: TrainError },
+    #[error(transparent)]
+    Lock(#[from] super::lock::LockError),
+    #[error(
+        "step {step} had a non-finite loss ({loss}) or gradient norm ({grad_norm}) and [train] on_nonfinite = \"stop\"; \
+         the last good step is checkpointed: lower the learning rate, check the data, or use on_nonfinite = \"skip\" or \"rollback\""
+    )]
+    NonFinite { step: u64, loss: f64, grad_norm: f64 },
+    #[error(
+        "{count} checkpoint saves in a row failed ([checkpoint] max_consecutive_failures); last error: {last}; \
+         earlier checkpoints are intact: free space or fix the checkpoint directory, then run again"
+    )]
+    CheckpointsFailing { count: u32, last: CheckpointError },
+    #[error(
+        "step {step} needs a rollback but no checkpoint verifies in {dir}; use on_nonfinite = \"skip\" or \"stop\""
+    )]
+    NothingToRollBackTo { step: u64, dir: PathBuf },
 }
 
 impl RunError {

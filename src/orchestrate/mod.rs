@@ -2,13 +2,19 @@
 //! checkpoint that verifies, train, checkpoint periodically and on stop
 //! signals, and finish with a summary.
 
+mod deadline;
 mod error;
+mod lock;
+mod persist;
 mod progress;
 mod run;
 mod rundir;
 mod stop;
 
+pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use error::RunError;
+pub use lock::{LOCK_FILE, LockError, LockInfo, RunLock};
+pub use persist::{Persisted, Persister};
 pub use run::{RunOptions, run};
 pub use rundir::{
     CHECKPOINTS_DIR, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE, checkpoints_dir, prepare,

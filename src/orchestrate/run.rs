@@ -1,24 +1,35 @@
 //! `rekindle run`: the lifecycle of one attempt of a run.
 //!
-//! load config → prepare run directory → open the checkpoint store (removing
-//! leftovers) → resume from the newest checkpoint that verifies → train,
-//! checkpointing every `[checkpoint] every_steps` steps or `interval` of
-//! wall-clock time → on a stop signal or `--stop-at-step`, write a durable
-//! checkpoint of the last completed step and exit 75; at `max_steps`, write the
-//! final checkpoint and `summary.json` and exit 0.
+//! ```text
+//! load config ─ prepare run dir ─ lock it ─ open store (remove leftovers)
+//!   ─ resume from the newest checkpoint that verifies (or start at step 0)
+//!   ─ train: periodic checkpoints persisted in the background
+//!   ─ stop signal / --stop-at-step:  wait for the save in flight, checkpoint the
+//!       last completed step synchronously, publish, decide on requeue, exit 75
+//!   ─ max_steps reached:  final checkpoint, summary, publish, exit 0
+//! ```
+//!
+//! The training loop runs on this thread and polls the stop flag between
+//! micro-batches; the signal handler only records.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::checkpoint::{CheckpointStore, Snapshot};
+use crate::checkpoint::{CheckpointStore, MANIFEST_FILE, SaveReport, Snapshot};
 use crate::config::{self, Config};
 use crate::exit::Outcome;
+use crate::publish::{self, PublishRequest};
+use crate::slurm::{self, Decision, RequeueInput, Scontrol, SlurmControl, SlurmEnv, StopKind};
 use crate::telemetry::{EventLog, JsonlWriter};
-use crate::train::{StepResult, Trainer};
+use crate::train::{NonFiniteEvent, StepMetrics, StepResult, Trainer};
 
+use super::deadline::{Deadline, SignalResponse, response_to_signal};
 use super::error::RunError;
+use super::lock::RunLock;
+use super::persist::{Persisted, Persister};
+use super::progress::Progress;
 use super::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::stop::{StopFlag, StopReason};
 
@@ -32,16 +43,32 @@ pub struct RunOptions {
     pub stop_at_step: Option<u64>,
 }
 
+/// Longest a single `scontrol` call may take.
+const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Runs (or resumes) training; returns `Done` when `max_steps` is reached and
 /// `StoppedWithCheckpoint` after a stop with a durable checkpoint.
 pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
+    // Handlers first: a signal that arrives while the config loads or the
+    // model builds is recorded, and honoured as soon as it can be.
     let stop = StopFlag::install().map_err(|source| RunError::RunDir { path: PathBuf::from("<signals>"), source })?;
     let loaded = config::load(&opts.config_path, &opts.overrides)?;
     let cfg = loaded.config;
+    let slurm = SlurmEnv::from_process();
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
-    tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), config = %opts.config_path.display(), "run directory ready");
-    Attempt::start(cfg, dir, stop, opts.stop_at_step)?.train()
+    let _lock = RunLock::acquire(&dir.root, slurm.control_id(), slurm.node_name())?;
+    tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
+    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm)? {
+        Started::Ready(attempt) => attempt.train(),
+        Started::StoppedEarly(outcome) => Ok(outcome),
+    }
+}
+
+enum Started {
+    Ready(Box<Attempt>),
+    /// A stop signal arrived before training could begin.
+    StoppedEarly(Outcome),
 }
 
 /// One attempt: the state that lives from start (or resume) to exit.
@@ -49,24 +76,39 @@ struct Attempt {
     cfg: Config,
     dir: RunDir,
     store: CheckpointStore,
+    persister: Persister,
     events: EventLog,
     metrics: JsonlWriter,
     trainer: Trainer,
     stop: StopFlag,
     stop_at_step: Option<u64>,
+    slurm: SlurmEnv,
     started: Instant,
     start_step: u64,
     checkpoints_written: u64,
+    consecutive_failures: u32,
     last_checkpoint: Instant,
+    last_durable_step: Option<u64>,
     last_loss: Option<f64>,
     best_loss: Option<f64>,
     resumes: u64,
 }
 
 impl Attempt {
-    fn start(cfg: Config, dir: RunDir, stop: StopFlag, stop_at_step: Option<u64>) -> Result<Attempt, RunError> {
+    fn start(
+        cfg: Config,
+        dir: RunDir,
+        stop: StopFlag,
+        stop_at_step: Option<u64>,
+        slurm: SlurmEnv,
+    ) -> Result<Started, RunError> {
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
-        let mut events = EventLog::open(dir.path(EVENTS_FILE), context())?;
+        let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
+        events.record(
+            "start",
+            json!({"pid": std::process::id(), "rekindle_version": env!("CARGO_PKG_VERSION"),
+                   "run_dir": dir.root, "allocation": slurm, "max_steps": cfg.run.max_steps}),
+        )?;
         let outcome = store.load_latest()?;
         for rejected in &outcome.rejected {
             let reasons: Vec<String> = rejected.failures.iter().map(|f| f.to_string()).collect();
@@ -76,19 +118,32 @@ impl Attempt {
             )?;
             tracing::warn!(step = rejected.step, reasons = %reasons.join("; "), "skipping checkpoint that does not verify");
         }
+        let last_durable_step = outcome.loaded.as_ref().map(|l| l.snapshot.step);
+        if let Some(early) = early_stop(&stop, &mut events, last_durable_step)? {
+            return Ok(Started::StoppedEarly(early));
+        }
         let mut trainer = Trainer::new(&cfg)?;
         let previous = previous_summary(&dir);
         let resumes = previous.as_ref().and_then(|s| s["resumes"].as_u64()).unwrap_or(0);
-        let (start_step, resumes) = match outcome.loaded {
+        let last_logged = last_logged_step(&dir.path(METRICS_FILE));
+        let (start_step, resumes) = match &outcome.loaded {
             Some(loaded) => {
                 let snap = &loaded.snapshot;
                 trainer
                     .restore(&snap.model, &snap.optimizer, &snap.state["train"])
                     .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
-                tracing::info!(step = snap.step, dir = %loaded.dir.display(), "resumed from checkpoint");
+                let since_checkpoint = chrono::DateTime::parse_from_rfc3339(&loaded.manifest.created_at)
+                    .ok()
+                    .map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0);
+                let steps_lost = last_logged.map(|s| s.saturating_sub(snap.step)).unwrap_or(0);
+                tracing::info!(step = snap.step, dir = %loaded.dir.display(), steps_lost, "resumed from checkpoint");
                 events.record(
                     "resume",
-                    json!({"step": snap.step, "from": loaded.dir, "previous_node": snap.state["host"]["node"]}),
+                    json!({"step": snap.step, "from": loaded.dir,
+                           "previous_node": snap.state["host"]["node"],
+                           "previous_attempt": snap.state["host"]["slurm_restart_count"],
+                           "this_node": slurm.node_name(), "restart_count": slurm.restart_count,
+                           "steps_lost": steps_lost, "seconds_since_checkpoint": since_checkpoint}),
                 )?;
                 (snap.step, resumes + 1)
             }
@@ -100,33 +155,45 @@ impl Attempt {
                         rejected = outcome.rejected.len(),
                         "NO CHECKPOINT VERIFIES: starting fresh from step 0 (the invalid ones are kept for inspection)"
                     );
+                    events.record(
+                        "fresh_start",
+                        json!({"reason": "no checkpoint verifies", "rejected": outcome.rejected.len()}),
+                    )?;
                 }
-                events.record("start", json!({"step": 0}))?;
                 (0, resumes)
             }
         };
+        if let Some(early) = early_stop(&stop, &mut events, last_durable_step)? {
+            return Ok(Started::StoppedEarly(early));
+        }
         // Steps logged after the checkpoint we resumed from were lost with the
         // previous attempt; they are trained again, so drop their lines to keep
         // every step exactly once.
         truncate_metrics(&dir.path(METRICS_FILE), start_step)?;
         let metrics = JsonlWriter::open(dir.path(METRICS_FILE))?;
-        Ok(Attempt {
+        let persister = Persister::spawn(store.clone())
+            .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
+        Ok(Started::Ready(Box::new(Attempt {
+            last_loss: previous.as_ref().and_then(|s| s["final_loss"].as_f64()),
+            best_loss: previous.as_ref().and_then(|s| s["best_loss"].as_f64()),
             cfg,
             dir,
             store,
+            persister,
             events,
             metrics,
             trainer,
             stop,
             stop_at_step,
+            slurm,
             started: Instant::now(),
             start_step,
             checkpoints_written: 0,
+            consecutive_failures: 0,
             last_checkpoint: Instant::now(),
-            last_loss: previous.as_ref().and_then(|s| s["final_loss"].as_f64()),
-            best_loss: previous.as_ref().and_then(|s| s["best_loss"].as_f64()),
+            last_durable_step,
             resumes,
-        })
+        })))
     }
 
     fn stop_reason(&self) -> Option<StopReason> {
@@ -135,70 +202,149 @@ impl Attempt {
             .or_else(|| self.stop_at_step.filter(|k| self.trainer.step() >= *k).map(|_| StopReason::StopAtStep))
     }
 
-    fn train(mut self) -> Result<Outcome, RunError> {
+    fn train(mut self: Box<Self>) -> Result<Outcome, RunError> {
         let max_steps = self.cfg.run.max_steps;
-        let progress = super::progress::Progress::new(self.trainer.step(), max_steps);
-        while self.trainer.step() < max_steps {
+        let progress = Progress::new(self.trainer.step(), max_steps);
+        loop {
+            self.collect_background()?;
             if let Some(reason) = self.stop_reason() {
                 progress.finish();
                 return self.stop_with_checkpoint(reason);
             }
+            if self.trainer.step() >= max_steps {
+                break;
+            }
             let stop = self.stop.clone();
             match self.trainer.train_step(&move || stop.is_set())? {
                 StepResult::Interrupted => continue,
-                StepResult::Completed(m) => {
-                    if m.step.is_multiple_of(self.cfg.train.log_every) || m.step == max_steps {
-                        self.metrics.append(&m.to_json())?;
-                    }
-                    self.last_loss = Some(m.loss);
-                    if m.loss.is_finite() {
-                        self.best_loss = Some(self.best_loss.map_or(m.loss, |b| b.min(m.loss)));
-                    }
-                    progress.update(m.step, m.loss);
-                    if self.cfg.train.eval_every > 0 && m.step.is_multiple_of(self.cfg.train.eval_every) {
-                        let val_loss = self.trainer.evaluate()?;
-                        self.metrics.append(&json!({"step": m.step, "val_loss": val_loss, "time": now()}))?;
-                    }
-                    if self.periodic_checkpoint_due(m.step) && m.step < max_steps {
-                        self.checkpoint("periodic")?;
-                    }
+                StepResult::Completed(m) => self.after_step(&m, &progress)?,
+                StepResult::NonFiniteStop(ev) => {
+                    progress.finish();
+                    return self.nonfinite_stop(ev);
                 }
+                StepResult::NonFiniteRollback(ev) => self.rollback(ev)?,
             }
         }
         progress.finish();
-        self.checkpoint("final")?;
-        self.write_summary("finished")?;
-        self.events.record("finish", json!({"step": self.trainer.step()}))?;
-        tracing::info!(step = self.trainer.step(), "training finished");
-        Ok(Outcome::Done)
+        self.finish()
+    }
+
+    fn after_step(&mut self, m: &StepMetrics, progress: &Progress) -> Result<(), RunError> {
+        let max_steps = self.cfg.run.max_steps;
+        if m.step.is_multiple_of(self.cfg.train.log_every) || m.step == max_steps {
+            let mut line = m.to_json();
+            line["time"] = now().into();
+            self.metrics.append(&line)?;
+        }
+        if m.loss.is_finite() {
+            self.last_loss = Some(m.loss);
+            self.best_loss = Some(self.best_loss.map_or(m.loss, |b| b.min(m.loss)));
+        }
+        progress.update(m.step, m.loss);
+        let eval_every = self.cfg.train.eval_every;
+        if eval_every > 0 && m.step.is_multiple_of(eval_every) && !self.stop.is_set() {
+            let val_loss = self.trainer.evaluate()?;
+            self.metrics.append(&json!({"step": m.step, "val_loss": val_loss, "time": now()}))?;
+        }
+        if self.periodic_checkpoint_due(m.step) && m.step < max_steps && self.stop_reason().is_none() {
+            self.periodic_checkpoint()?;
+        }
+        Ok(())
     }
 
     fn periodic_checkpoint_due(&self, step: u64) -> bool {
-        let by_steps = self.cfg.checkpoint.every_steps > 0 && step.is_multiple_of(self.cfg.checkpoint.every_steps);
-        by_steps || self.last_checkpoint.elapsed() >= self.cfg.checkpoint.interval
+        let every = self.cfg.checkpoint.every_steps;
+        (every > 0 && step.is_multiple_of(every)) || self.last_checkpoint.elapsed() >= self.cfg.checkpoint.interval
     }
 
-    fn stop_with_checkpoint(mut self, reason: StopReason) -> Result<Outcome, RunError> {
-        let step = self.trainer.step();
-        tracing::warn!(reason = %reason.name(), step, "stop requested: writing a checkpoint of the last completed step");
+    /// Snapshots into host memory (the stall) and persists in the background
+    /// (or inline with `[checkpoint] async = false`).
+    fn periodic_checkpoint(&mut self) -> Result<(), RunError> {
+        if self.persister.busy() {
+            tracing::warn!(step = self.trainer.step(), "previous checkpoint is still being written; skipping this one");
+            return Ok(());
+        }
+        self.last_checkpoint = Instant::now();
         let t0 = Instant::now();
-        self.events.record("signal", json!({"signal": reason.name(), "step": step}))?;
-        self.checkpoint("stop")?;
-        self.write_summary("stopped")?;
+        let snapshot = self.snapshot()?;
+        let stall = t0.elapsed().as_secs_f64();
+        if self.cfg.checkpoint.async_save {
+            self.persister.submit(snapshot, stall);
+            Ok(())
+        } else {
+            let payload_bytes = snapshot.payload_bytes();
+            let result = self.store.save(&snapshot);
+            self.handle_persisted(Persisted { step: snapshot.step, payload_bytes, snapshot_seconds: stall, result })
+        }
+    }
+
+    fn collect_background(&mut self) -> Result<(), RunError> {
+        match self.persister.poll() {
+            Some(p) => self.handle_persisted(p),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a finished periodic save; too many failures in a row stop the run.
+    fn handle_persisted(&mut self, p: Persisted) -> Result<(), RunError> {
+        match p.result {
+            Ok(report) => {
+                self.consecutive_failures = 0;
+                self.record_saved(&report, "periodic", p.payload_bytes, p.snapshot_seconds)
+            }
+            Err(e) if e.committed() => {
+                // Durable and loadable; only the directory sync or rotation failed.
+                tracing::warn!(step = p.step, error = %e, "checkpoint committed with a warning");
+                self.consecutive_failures = 0;
+                self.last_durable_step = Some(p.step);
+                self.events.record(
+                    "checkpoint_saved",
+                    json!({"step": p.step, "kind": "periodic", "warning": e.to_string()}),
+                )?;
+                Ok(())
+            }
+            Err(e) => {
+                self.consecutive_failures += 1;
+                tracing::warn!(step = p.step, error = %e, failures_in_a_row = self.consecutive_failures, "background checkpoint failed; training continues, earlier checkpoints are intact");
+                self.events.record(
+                    "checkpoint_failed",
+                    json!({"step": p.step, "kind": "periodic", "error": e.to_string(),
+                           "consecutive_failures": self.consecutive_failures}),
+                )?;
+                if self.consecutive_failures >= self.cfg.checkpoint.max_consecutive_failures {
+                    return Err(RunError::CheckpointsFailing { count: self.consecutive_failures, last: e });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn record_saved(&mut self, r: &SaveReport, kind: &str, payload: u64, stall: f64) -> Result<(), RunError> {
+        self.last_durable_step = Some(r.step);
+        if !r.already_existed {
+            self.checkpoints_written += 1;
+        }
+        let gbps = if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 };
+        tracing::info!(
+            step = r.step,
+            kind,
+            bytes = r.bytes,
+            stall_s = format!("{stall:.4}"),
+            persist_s = format!("{:.3}", r.seconds),
+            "checkpoint saved"
+        );
         self.events.record(
-            "stop",
-            json!({"step": step, "reason": reason.name(), "seconds_to_durable_checkpoint": t0.elapsed().as_secs_f64()}),
+            "checkpoint_saved",
+            json!({"step": r.step, "kind": kind, "bytes": r.bytes, "payload_bytes": payload,
+                   "snapshot_seconds": stall, "persist_seconds": r.seconds, "gb_per_s": gbps,
+                   "already_existed": r.already_existed, "dir": r.dir, "rotated_out": r.rotated_out}),
         )?;
-        self.events.sync()?;
-        tracing::info!(step, "stopped with a durable checkpoint; run the same command again to continue");
-        Ok(Outcome::StoppedWithCheckpoint)
+        Ok(())
     }
 
-    fn checkpoint(&mut self, why: &str) -> Result<(), RunError> {
-        let t0 = Instant::now();
+    fn snapshot(&self) -> Result<Snapshot, RunError> {
         let snap = self.trainer.snapshot()?;
-        let snapshot_seconds = t0.elapsed().as_secs_f64();
-        let snapshot = Snapshot {
+        Ok(Snapshot {
             step: snap.step,
             model: snap.model,
             optimizer: snap.optimizer,
@@ -207,42 +353,241 @@ impl Attempt {
                 "train": snap.state,
                 "config_hash": config::training_hash(&self.cfg),
                 "metrics": {"last_loss": self.last_loss, "best_loss": self.best_loss},
-                "host": host_info(),
+                "host": host_info(&self.slurm),
                 "rekindle_version": env!("CARGO_PKG_VERSION"),
             }),
-        };
-        let bytes = snapshot.payload_bytes();
+        })
+    }
+
+    /// Writes a checkpoint of the current step synchronously (after any save in flight).
+    fn checkpoint_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
+        if let Some(p) = self.persister.wait() {
+            self.handle_persisted(p)?;
+        }
+        let t0 = Instant::now();
+        let snapshot = self.snapshot()?;
+        let stall = t0.elapsed().as_secs_f64();
+        let payload = snapshot.payload_bytes();
         match self.store.save(&snapshot) {
             Ok(report) => {
                 self.last_checkpoint = Instant::now();
-                if !report.already_existed {
-                    self.checkpoints_written += 1;
-                }
-                tracing::info!(
-                    step = report.step,
-                    kind = why,
-                    seconds = format!("{:.3}", report.seconds),
-                    "checkpoint saved"
-                );
+                self.record_saved(&report, kind, payload, stall)?;
+                Ok(report)
+            }
+            Err(e) if e.committed() => {
+                tracing::warn!(step = snapshot.step, error = %e, "checkpoint committed with a warning");
+                self.last_checkpoint = Instant::now();
+                self.last_durable_step = Some(snapshot.step);
                 self.events.record(
                     "checkpoint_saved",
-                    json!({"step": report.step, "kind": why, "bytes": report.bytes, "payload_bytes": bytes,
-                           "snapshot_seconds": snapshot_seconds, "persist_seconds": report.seconds,
-                           "dir": report.dir, "rotated_out": report.rotated_out}),
+                    json!({"step": snapshot.step, "kind": kind, "warning": e.to_string()}),
                 )?;
-                Ok(())
+                Ok(SaveReport {
+                    step: snapshot.step,
+                    dir: self.store.step_dir(snapshot.step),
+                    bytes: payload,
+                    seconds: t0.elapsed().as_secs_f64(),
+                    already_existed: false,
+                    rotated_out: Vec::new(),
+                })
             }
             Err(e) => {
-                self.events
-                    .record("checkpoint_failed", json!({"step": snapshot.step, "kind": why, "error": e.to_string()}))?;
+                self.events.record(
+                    "checkpoint_failed",
+                    json!({"step": snapshot.step, "kind": kind, "error": e.to_string()}),
+                )?;
                 Err(e.into())
             }
         }
     }
 
+    fn finish(mut self: Box<Self>) -> Result<Outcome, RunError> {
+        let step = self.trainer.step();
+        self.checkpoint_now("final")?;
+        self.write_summary("finished")?;
+        let published = self.publish("finished", None);
+        self.events.record("finish", json!({"step": step, "publish": published}))?;
+        tracing::info!(step, "training finished");
+        Ok(Outcome::Done)
+    }
+
+    fn nonfinite_stop(mut self: Box<Self>, ev: NonFiniteEvent) -> Result<Outcome, RunError> {
+        self.events.record("nonfinite", json!({"step": ev.step, "loss": finite_or_null(ev.loss), "grad_norm": finite_or_null(ev.grad_norm), "action": "stop"}))?;
+        self.checkpoint_now("stop")?;
+        self.write_summary("failed")?;
+        self.events.record("error", json!({"step": self.trainer.step(), "error": "non-finite loss or gradient"}))?;
+        Err(RunError::NonFinite { step: ev.step, loss: ev.loss, grad_norm: ev.grad_norm })
+    }
+
+    /// Reloads the newest checkpoint and moves the data cursor past the
+    /// offending batch.
+    fn rollback(&mut self, ev: NonFiniteEvent) -> Result<(), RunError> {
+        if let Some(p) = self.persister.wait() {
+            self.handle_persisted(p)?;
+        }
+        let outcome = self.store.load_latest()?;
+        let Some(loaded) = outcome.loaded else {
+            return Err(RunError::NothingToRollBackTo { step: ev.step, dir: self.dir.checkpoints.clone() });
+        };
+        let snap = &loaded.snapshot;
+        self.trainer
+            .restore(&snap.model, &snap.optimizer, &snap.state["train"])
+            .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
+        let skipped = self.trainer.skip_past(&ev)?;
+        tracing::warn!(
+            failed_step = ev.step,
+            restored_step = snap.step,
+            skipped_batches = skipped,
+            "non-finite step: rolled back to the last checkpoint and skipped past its data"
+        );
+        self.events.record(
+            "nonfinite",
+            json!({"step": ev.step, "loss": finite_or_null(ev.loss), "grad_norm": finite_or_null(ev.grad_norm),
+                   "action": "rollback", "restored_step": snap.step, "skipped_batches": skipped}),
+        )?;
+        truncate_metrics(&self.dir.path(METRICS_FILE), snap.step)?;
+        self.metrics = JsonlWriter::open(self.dir.path(METRICS_FILE))?;
+        Ok(())
+    }
+
+    fn stop_with_checkpoint(mut self: Box<Self>, reason: StopReason) -> Result<Outcome, RunError> {
+        let step = self.trainer.step();
+        let arrival = self.stop.first_arrival().unwrap_or_else(Instant::now);
+        let deadline = match reason {
+            StopReason::Signal(_) => {
+                Some(Deadline::after_signal(arrival, self.cfg.signals.grace, self.cfg.signals.safety_margin))
+            }
+            StopReason::StopAtStep => None,
+        };
+        tracing::warn!(reason = %reason.name(), step, "stop requested: writing a checkpoint of the last completed step");
+        self.events.record(
+            "signal",
+            json!({"signal": reason.name(), "arrival": instant_to_rfc3339(arrival), "step": step,
+                   "deadline_in_seconds": deadline.map(|d| d.remaining(Instant::now()).as_secs_f64())}),
+        )?;
+        let exit_now = |flag: &StopFlag| {
+            response_to_signal(flag.count()) == SignalResponse::ExitNow
+                || deadline.is_some_and(|d| d.passed(Instant::now()))
+        };
+        if exit_now(&self.stop) && self.last_durable_step.is_some() {
+            tracing::error!(
+                "third signal or deadline passed before the checkpoint began: exiting at once; the previous checkpoint is intact"
+            );
+            self.events
+                .record("stop", json!({"step": self.last_durable_step, "reason": reason.name(), "fast_exit": true}))?;
+            self.events.sync()?;
+            return Ok(Outcome::StoppedWithCheckpoint);
+        }
+        let report = self.checkpoint_now("stop")?;
+        let to_durable = arrival.elapsed().as_secs_f64();
+        if self.stop.count() >= 2 {
+            tracing::warn!(signals = self.stop.count(), "more stop signals arrived during the checkpoint");
+        }
+        self.write_summary("stopped")?;
+        let (published, requeue) = if exit_now(&self.stop) {
+            tracing::warn!("skipping publish and requeue: third signal or deadline passed");
+            (json!({"skipped": "fast exit"}), json!({"decision": "skip", "reason": "fast exit"}))
+        } else {
+            let published = self.publish(&reason.name(), deadline);
+            let requeue = self.requeue(reason, deadline)?;
+            (published, requeue)
+        };
+        let left = deadline.map(|d| d.remaining(Instant::now()).as_secs_f64());
+        self.events.record(
+            "stop",
+            json!({"step": report.step, "reason": reason.name(), "seconds_to_durable_checkpoint": to_durable,
+                   "seconds_left": left, "publish": published, "requeue": requeue}),
+        )?;
+        self.events.sync()?;
+        tracing::info!(
+            step,
+            seconds_to_durable_checkpoint = format!("{to_durable:.3}"),
+            "stopped with a durable checkpoint; run the same command again to continue"
+        );
+        Ok(Outcome::StoppedWithCheckpoint)
+    }
+
+    /// Publishes results when `[publish] enabled`; failures are logged, never fatal.
+    fn publish(&mut self, reason: &str, deadline: Option<Deadline>) -> serde_json::Value {
+        if !self.cfg.publish.enabled {
+            return json!({"skipped": "publishing disabled"});
+        }
+        let newest_manifest = self.last_durable_step.map(|s| self.store.step_dir(s).join(MANIFEST_FILE));
+        let req = PublishRequest {
+            cfg: &self.cfg.publish,
+            run_name: &self.cfg.run.name,
+            run_dir: &self.dir.root,
+            newest_manifest,
+            step: self.trainer.step(),
+            job_id: self.slurm.job_id.clone(),
+            node: self.slurm.node_name(),
+            reason: reason.to_string(),
+            deadline: deadline.map(|d| d.at),
+        };
+        let value = match publish::publish(&req) {
+            Ok(report) => serde_json::to_value(&report).unwrap_or_default(),
+            Err(e) => {
+                tracing::error!(error = %e, "publishing failed");
+                json!({"error": e.to_string()})
+            }
+        };
+        let _ = self.events.record("publish", value.clone());
+        value
+    }
+
+    fn requeue(&mut self, reason: StopReason, deadline: Option<Deadline>) -> Result<serde_json::Value, RunError> {
+        let stop = match reason {
+            StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
+            StopReason::Signal(_) => StopKind::ClusterSignal,
+            StopReason::StopAtStep => StopKind::StopAtStep,
+        };
+        let timeout = deadline
+            .and_then(|d| d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)))
+            .unwrap_or(SCONTROL_TIMEOUT);
+        let job_id = self.slurm.control_id();
+        let needs_query = job_id.is_some()
+            && stop != StopKind::StopAtStep
+            && self.cfg.signals.requeue != crate::config::RequeuePolicy::Never;
+        let (job, job_query_error) = match (&job_id, needs_query) {
+            (Some(id), true) => match Scontrol.show_job(id, timeout) {
+                Ok(j) => (Some(j), None),
+                Err(e) => (None, Some(e.to_string())),
+            },
+            _ => (None, None),
+        };
+        let input = RequeueInput {
+            policy: self.cfg.signals.requeue,
+            stop,
+            finished: self.trainer.step() >= self.cfg.run.max_steps,
+            job_id,
+            job,
+            job_query_error,
+            restart_count: self.slurm.restart_count,
+            max_restarts: self.cfg.signals.max_restarts,
+        };
+        let decision = slurm::decide(&input);
+        let mut record = serde_json::to_value(&decision).unwrap_or_default();
+        match &decision {
+            Decision::Requeue { job_id, reason } => {
+                tracing::info!(job = %job_id, %reason, "requeueing the job");
+                match Scontrol.requeue(job_id, timeout) {
+                    Ok(answer) => record["answer"] = serde_json::to_value(answer).unwrap_or_default(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "scontrol requeue failed; relying on sbatch --requeue");
+                        record["error"] = e.to_string().into();
+                    }
+                }
+            }
+            Decision::Skip { reason } => tracing::info!(%reason, "not requeueing"),
+        }
+        self.events.record("requeue", record.clone())?;
+        Ok(record)
+    }
+
     fn write_summary(&mut self, state: &str) -> Result<(), RunError> {
         let summary = json!({
             "state": state,
+            "run": self.cfg.run.name,
             "steps": self.trainer.step(),
             "max_steps": self.cfg.run.max_steps,
             "final_loss": self.last_loss,
@@ -251,6 +596,7 @@ impl Attempt {
             "steps_this_attempt": self.trainer.step() - self.start_step,
             "resumes": self.resumes,
             "checkpoints_written_this_attempt": self.checkpoints_written,
+            "last_checkpoint_step": self.last_durable_step,
             "updated_at": now(),
         });
         let path = self.dir.path(SUMMARY_FILE);
@@ -259,42 +605,57 @@ impl Attempt {
     }
 }
 
+/// A stop signal before training began: nothing new to save.
+fn early_stop(stop: &StopFlag, events: &mut EventLog, durable: Option<u64>) -> Result<Option<Outcome>, RunError> {
+    let Some(reason) = stop.signal() else { return Ok(None) };
+    tracing::warn!(reason = %reason.name(), "stop signal before training began: exiting; earlier checkpoints are intact");
+    events.record("signal", json!({"signal": reason.name(), "step": durable, "before_training": true}))?;
+    events.record("stop", json!({"step": durable, "reason": reason.name(), "before_training": true}))?;
+    events.sync()?;
+    Ok(Some(Outcome::StoppedWithCheckpoint))
+}
+
+fn finite_or_null(x: f64) -> serde_json::Value {
+    if x.is_finite() { x.into() } else { serde_json::Value::Null }
+}
+
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-fn hostname() -> String {
-    nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into())
+fn instant_to_rfc3339(t: Instant) -> String {
+    let ago = chrono::Duration::from_std(t.elapsed()).unwrap_or_default();
+    (chrono::Utc::now() - ago).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// Host and SLURM job facts recorded in each checkpoint.
-fn host_info() -> serde_json::Value {
-    let env = |k: &str| std::env::var(k).ok();
+fn host_info(slurm: &SlurmEnv) -> serde_json::Value {
     json!({
-        "node": env("SLURMD_NODENAME").unwrap_or_else(hostname),
-        "hostname": hostname(),
+        "node": slurm.node_name(),
+        "hostname": slurm::hostname(),
         "pid": std::process::id(),
-        "slurm_job_id": env("SLURM_JOB_ID"),
-        "slurm_restart_count": env("SLURM_RESTART_COUNT"),
+        "slurm_job_id": slurm.job_id,
+        "slurm_restart_count": slurm.restart_count,
+        "allocation": slurm,
     })
 }
 
 /// Fields added to every event.
-fn context() -> serde_json::Map<String, serde_json::Value> {
-    let env = |k: &str| std::env::var(k).ok();
-    let attempt: u64 = env("SLURM_RESTART_COUNT").and_then(|s| s.parse().ok()).unwrap_or(0);
-    json!({
-        "node": env("SLURMD_NODENAME").unwrap_or_else(hostname),
-        "job_id": env("SLURM_JOB_ID"),
-        "attempt": attempt,
-    })
-    .as_object()
-    .expect("object")
-    .clone()
+fn context(slurm: &SlurmEnv) -> serde_json::Map<String, serde_json::Value> {
+    json!({"node": slurm.node_name(), "job_id": slurm.job_id, "attempt": slurm.restart_count})
+        .as_object()
+        .expect("object")
+        .clone()
 }
 
 fn previous_summary(dir: &RunDir) -> Option<serde_json::Value> {
     serde_json::from_slice(&std::fs::read(dir.path(SUMMARY_FILE)).ok()?).ok()
+}
+
+/// The highest step in metrics.jsonl (what the previous attempt reached).
+fn last_logged_step(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["step"].as_u64()).max()
 }
 
 /// Keeps only metric lines of steps ≤ `step` (and drops a torn last line).

@@ -6,5 +6,5 @@ mod env;
 mod requeue;
 
 pub use control::{JobView, RequeueAnswer, Scontrol, SlurmControl, SlurmError, parse_show_job};
-pub use env::SlurmEnv;
+pub use env::{SlurmEnv, hostname};
 pub use requeue::{Decision, RequeueInput, StopKind, decide};
