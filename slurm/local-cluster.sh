@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# A real two-node SLURM cluster on this one machine, for the drills and for
+# trying rekindle by hand.
+#
+#   slurm/local-cluster.sh up       install the packages if missing, start munged,
+#                                   slurmctld and two slurmd (n1, n2); wait until
+#                                   both nodes are idle. Idempotent.
+#   slurm/local-cluster.sh down     cancel this cluster's jobs, stop the daemons
+#                                   this script started (by their pid files only)
+#   slurm/local-cluster.sh status   which daemons run, sinfo, squeue
+#   slurm/local-cluster.sh env      the shell line pointing SLURM clients here:
+#                                   eval "$(slurm/local-cluster.sh env)"; sinfo
+#
+# Debian/Ubuntu packages slurmctld slurmd slurm-client munge (SLURM 22.05),
+# run as root without systemd. Everything lives in one private folder
+# (REKINDLE_SLURM_DIR, default /tmp/rekindle-slurm-<hash of this checkout>):
+# slurm.conf, a private munge key and socket, state, spool, logs, pid files.
+# Nothing system-wide is started or changed apart from installing packages, so
+# several checkouts can each run their own cluster side by side.
+#
+# The cluster (see write_conf below):
+#   nodes n1, n2 (1 CPU each, so a second job on a node needs preemption)
+#   partition low  (default, PriorityTier=1, PreemptMode=REQUEUE, GraceTime)
+#   partition high (PriorityTier=10, PreemptMode=OFF): a `high` job on a node
+#     running a `low` job preempts it: SIGTERM at once, SIGKILL after GraceTime,
+#     then SLURM requeues the low job.
+#   AuthInfo cred_expire=10: a requeued job may run again after ~20 s, not 120 s.
+#   SlurmdTimeout=10, MessageTimeout=5: a node whose slurmd dies is marked down
+#     (and its --requeue jobs requeued) within ~20 s; ReturnToService=2 lets it
+#     come back as soon as its slurmd registers again.
+#
+# Knobs (environment):
+#   REKINDLE_SLURM_DIR        the private folder
+#   REKINDLE_SLURM_PORT       first of 4 TCP ports (default derived from the folder)
+#   REKINDLE_SLURM_GRACE      GraceTime of partition low, seconds (default 20)
+#   REKINDLE_SLURM_KILLWAIT   KillWait, seconds (default 20)
+set -euo pipefail
+
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo_root=$(cd "$script_dir/.." && pwd)
+hash=$(printf '%s' "$repo_root" | cksum | cut -d' ' -f1)
+DIR=${REKINDLE_SLURM_DIR:-${TMPDIR:-/tmp}/rekindle-slurm-$(printf '%08x' "$hash")}
+PORT=${REKINDLE_SLURM_PORT:-$((20000 + (hash % 5000) * 4))}
+GRACE=${REKINDLE_SLURM_GRACE:-20}
+KILLWAIT=${REKINDLE_SLURM_KILLWAIT:-20}
+CONF=$DIR/slurm.conf
+MUNGE_SOCKET=$DIR/munge/munge.socket
+NODES=(n1 n2)
+
+log() { printf 'local-cluster: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# The pid in a pid file, if that process is alive.
+live_pid() {
+    local f=$1 pid
+    [[ -s $f ]] || return 1
+    pid=$(<"$f")
+    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && printf '%s\n' "$pid"
+}
+
+install_packages() {
+    local missing=()
+    command -v munged >/dev/null || missing+=(munge)
+    command -v slurmctld >/dev/null || missing+=(slurmctld)
+    command -v slurmd >/dev/null || missing+=(slurmd)
+    command -v sbatch >/dev/null || missing+=(slurm-client)
+    ((${#missing[@]} == 0)) && return 0
+    [[ $(id -u) == 0 ]] || die "missing ${missing[*]}: run as root (or apt-get install -y ${missing[*]})"
+    command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # The packages' init scripts try to start system daemons; keep them from it
+    # when there is no policy yet (containers usually have one).
+    apt-get install -y "${missing[@]}" >/dev/null 2>&1 || {
+        apt-get update >/dev/null && apt-get install -y "${missing[@]}" >/dev/null
+    } || die "apt-get install ${missing[*]} failed"
+}
+
+write_conf() {
+    local host
+    host=$(hostname -s)
+    mkdir -p "$DIR"/{state,log,run,munge} "$DIR"/spool/{n1,n2}
+    cat >"$CONF.tmp" <<EOF
+# Written by slurm/local-cluster.sh; rewritten on every \`up\`.
+ClusterName=rekindle-local
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/run/slurmctld.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+SlurmdTimeout=10
+MessageTimeout=5
+SlurmctldTimeout=30
+InactiveLimit=0
+KillWait=$KILLWAIT
+MinJobAge=600
+ReturnToService=2
+SchedulerParameters=sched_interval=2,bf_interval=2
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
+NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 1)) CPUs=1 RealMemory=1000 State=UNKNOWN
+NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 2)) CPUs=1 RealMemory=1000 State=UNKNOWN
+PartitionName=low Nodes=n1,n2 Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE MaxTime=INFINITE State=UP
+PartitionName=high Nodes=n1,n2 PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+EOF
+    mv "$CONF.tmp" "$CONF"
+}
+
+start_munged() {
+    if live_pid "$DIR/munge/munged.pid" >/dev/null; then return 0; fi
+    if [[ ! -s $DIR/munge/munge.key ]]; then
+        if command -v mungekey >/dev/null; then
+            mungekey -c -f -k "$DIR/munge/munge.key" >/dev/null
+        else
+            dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
+        fi
+    fi
+    chmod 700 "$DIR/munge"
+    chmod 600 "$DIR/munge/munge.key"
+    munged --force --socket="$MUNGE_SOCKET" --key-file="$DIR/munge/munge.key" \
+        --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/munge/munged.log" \
+        --seed-file="$DIR/munge/munged.seed" || die "munged did not start: see $DIR/munge/munged.log"
+    for _ in $(seq 50); do
+        munge -n -S "$MUNGE_SOCKET" 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    die "munged does not answer on $MUNGE_SOCKET"
+}
+
+start_slurmctld() {
+    if live_pid "$DIR/run/slurmctld.pid" >/dev/null; then return 0; fi
+    # -c: a fresh controller forgets the jobs of an earlier cluster.
+    slurmctld -c -f "$CONF" || die "slurmctld did not start: see $DIR/log/slurmctld.log"
+}
+
+start_slurmd() {
+    local n=$1
+    if live_pid "$DIR/run/slurmd-$n.pid" >/dev/null; then return 0; fi
+    slurmd -N "$n" -f "$CONF" || die "slurmd -N $n did not start: see $DIR/log/slurmd-$n.log"
+}
+
+clients() { SLURM_CONF=$CONF "$@"; }
+
+wait_idle() {
+    local deadline=$((SECONDS + ${1:-60})) out
+    while ((SECONDS < deadline)); do
+        out=$(clients sinfo -h -N -p low -o '%N %t' 2>/dev/null || true)
+        if [[ $(grep -cE '^n[12] idle$' <<<"$out") == 2 ]]; then return 0; fi
+        # A node that was down and came back may need a nudge.
+        for n in "${NODES[@]}"; do
+            if grep -qE "^$n (down|drain|drng|fail)" <<<"$out"; then
+                clients scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
+            fi
+        done
+        sleep 0.5
+    done
+    log "nodes did not become idle within ${1:-60}s:"
+    clients sinfo -N >&2 || true
+    return 1
+}
+
+cmd_up() {
+    install_packages
+    write_conf
+    start_munged
+    start_slurmctld
+    for n in "${NODES[@]}"; do start_slurmd "$n"; done
+    wait_idle 90 || die "see the logs in $DIR/log"
+    log "up: nodes n1 n2 idle; partitions low (default), high; folder $DIR"
+    log "use it from a shell with: eval \"\$($0 env)\""
+}
+
+# Stops the process in a pid file (only if alive), waiting for it to go.
+stop_pidfile() {
+    local f=$1 name=$2 pid
+    pid=$(live_pid "$f") || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || { rm -f "$f"; log "stopped $name (pid $pid)"; return 0; }
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$f"
+    log "killed $name (pid $pid)"
+}
+
+cmd_down() {
+    [[ -d $DIR ]] || { log "nothing to stop ($DIR does not exist)"; return 0; }
+    # Jobs of this cluster keep running under their slurmstepd after slurmd
+    # stops, so end them first (they are ours: this cluster is private).
+    if live_pid "$DIR/run/slurmctld.pid" >/dev/null; then
+        local jobs
+        jobs=$(clients squeue -h -o %A 2>/dev/null || true)
+        if [[ -n $jobs ]]; then
+            log "cancelling jobs: $(tr '\n' ' ' <<<"$jobs")"
+            clients scancel $jobs 2>/dev/null || true
+            local deadline=$((SECONDS + KILLWAIT + 10))
+            while ((SECONDS < deadline)) && [[ -n $(clients squeue -h -t R,CG -o %A 2>/dev/null || true) ]]; do
+                sleep 0.5
+            done
+        fi
+    fi
+    for n in "${NODES[@]}"; do stop_pidfile "$DIR/run/slurmd-$n.pid" "slurmd $n"; done
+    stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
+    stop_pidfile "$DIR/munge/munged.pid" munged
+}
+
+cmd_status() {
+    local rc=0 f name pid
+    for f in "$DIR/munge/munged.pid" "$DIR/run/slurmctld.pid" "$DIR/run/slurmd-n1.pid" "$DIR/run/slurmd-n2.pid"; do
+        name=$(basename "$f" .pid)
+        if pid=$(live_pid "$f"); then echo "$name: running (pid $pid)"; else echo "$name: stopped"; rc=1; fi
+    done
+    echo "folder: $DIR"
+    if [[ $rc == 0 ]]; then
+        clients sinfo -N -o '%N %P %t' || rc=1
+        clients squeue -o '%A %P %j %T %R %N' || rc=1
+    fi
+    return $rc
+}
+
+case ${1:-} in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+env) printf 'export SLURM_CONF=%q\n' "$CONF" ;;
+dir) printf '%s\n' "$DIR" ;;
+*)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
