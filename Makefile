@@ -4,7 +4,7 @@
 CARGO ?= cargo
 PYTHON ?= python3
 
-.PHONY: all deps build demo test lint unit clean
+.PHONY: all deps build demo test lint unit clean drill
 
 all: build
 
@@ -15,6 +15,7 @@ deps:
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 	@command -v $(PYTHON) >/dev/null || { apt-get update && apt-get install -y python3 python3-pip; }
 	@$(PYTHON) -c "import safetensors, numpy" 2>/dev/null || $(PYTHON) -m pip install --quiet safetensors numpy
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurmctld slurmd slurm-client munge; }
 
 ## build: the release binary at target/release/rekindle
 build:
@@ -41,3 +42,14 @@ test: deps lint
 clean:
 	$(CARGO) clean
 	rm -rf runs
+
+## drill: the SLURM drills (docs/drills.md) on the local two-node cluster, with
+## the debug binary; DRILLS="term cancel" picks some. Leaves the cluster as found.
+DRILLS ?=
+drill: deps
+	$(CARGO) build
+	@up=0; slurm/local-cluster.sh status >/dev/null 2>&1 && up=1; \
+	slurm/local-cluster.sh up || exit 1; \
+	eval "$$(slurm/local-cluster.sh env)"; \
+	REKINDLE_BIN=$${REKINDLE_BIN:-$(CURDIR)/target/debug/rekindle} slurm/drill.sh $(DRILLS); rc=$$?; \
+	[ $$up = 1 ] || slurm/local-cluster.sh down; exit $$rc

@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# Resilience drills against a real SLURM: each submits a small training run
+# through slurm/orchestrator.slurm, does to it what a cluster does (a signal,
+# preemption, a time limit, a dead node, a cancel), waits, and judges the
+# outcome.
+#
+#   slurm/drill.sh [term] [preempt] [timelimit] [nodeloss] [cancel]   (all by default)
+#   make drill                        the same on the local two-node cluster
+#
+#   term       scancel -s TERM --batch: the current step is saved within the
+#              grace period, rekindle requeues the job, it resumes from exactly
+#              that step and finishes.
+#   preempt    a job in the high partition pinned to the training job's node:
+#              checkpoint within GraceTime, the job is requeued, resumes on the
+#              other node, finishes.
+#   timelimit  --time=1 --signal=B:TERM@50: the time-limit warning arrives,
+#              rekindle checkpoints and requeues, the job resumes and finishes.
+#   nodeloss   SIGKILL to the node's slurmd and to the job's processes: the
+#              node is marked down, SLURM requeues the job onto the other node,
+#              it resumes from the last periodic checkpoint (at most one
+#              checkpoint interval lost). The node is brought back afterwards.
+#              Needs the local cluster (slurm/local-cluster.sh).
+#   cancel     plain scancel: rekindle saves, does not requeue; the job ends
+#              CANCELLED.
+#
+# Each drill prints one PASS/FAIL line and a one-line JSON summary (attempts,
+# node of each attempt, steps lost, seconds from signal to durable checkpoint,
+# publish result: see docs/drills.md). For term, preempt, timelimit and
+# nodeloss the final model and optimizer files must be byte-identical to an
+# uninterrupted run of the same config, run here without SLURM. Every attempt
+# publishes to a bare git repository of its own drill, and the drill counts
+# the commits that arrived. Exit status 0 when every drill passed.
+#
+# Knobs (environment):
+#   SLURM_CONF            which cluster (for the local one:
+#                         eval "$(slurm/local-cluster.sh env)")
+#   REKINDLE_BIN          the binary (default target/release/rekindle, else
+#                         target/debug/rekindle, else rekindle on PATH); it is
+#                         exported to the jobs, so it must be on shared storage
+#   DRILL_DIR             where runs, job output and results go; must be on
+#                         storage every node sees (default target/drills)
+#   DRILL_PARTITION       partition of the training job (default: the cluster's default)
+#   DRILL_HIGH_PARTITION  partition that preempts it (default high)
+#   DRILL_SBATCH_OPTS     extra sbatch options for every drill job (e.g. --account=...)
+#   DRILL_HIGH_OPTS       extra sbatch options of the preempting job (e.g. --exclusive)
+#   DRILL_GRACE           seconds between the first signal and SIGKILL that
+#                         rekindle may assume (default 20; at most the
+#                         partition's GraceTime and the cluster's KillWait)
+#   DRILL_SECONDS         training length of one uninterrupted run (default 12);
+#                         DRILL_STEPS sets max_steps directly instead
+#   DRILL_EVERY_STEPS     checkpoint.every_steps (default 100)
+#   DRILL_TIMEOUT         seconds one drill may take before it FAILs (default 300)
+#   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss (default: ask
+#                         slurm/local-cluster.sh when SLURM_CONF is its config)
+set -uo pipefail
+
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo_root=$(cd "$script_dir/.." && pwd)
+ALL=(term preempt timelimit nodeloss cancel)
+
+log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "error: $*"; exit 2; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+drills=("$@")
+((${#drills[@]})) || drills=("${ALL[@]}")
+for d in "${drills[@]}"; do
+    [[ " ${ALL[*]} " == *" $d "* ]] || die "unknown drill '$d' (known: ${ALL[*]})"
+done
+
+for tool in sbatch scontrol scancel squeue sinfo git python3; do
+    command -v "$tool" >/dev/null || die "$tool not found (for a local cluster: slurm/local-cluster.sh up)"
+done
+
+BIN=${REKINDLE_BIN:-}
+if [[ -z $BIN ]]; then
+    for c in "$repo_root/target/release/rekindle" "$repo_root/target/debug/rekindle" "$(command -v rekindle || true)"; do
+        [[ -n $c && -x $c ]] && { BIN=$c; break; }
+    done
+fi
+[[ -n $BIN && -x $BIN ]] || die "no rekindle binary: build it (cargo build) or set REKINDLE_BIN"
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+export REKINDLE_BIN=$BIN
+
+CONFIG=${DRILL_CONFIG:-$repo_root/configs/tiny.toml}
+LOW=${DRILL_PARTITION:-}
+HIGH=${DRILL_HIGH_PARTITION:-high}
+GRACE=${DRILL_GRACE:-20}
+EVERY=${DRILL_EVERY_STEPS:-100}
+HIDDEN=${DRILL_HIDDEN:-[64,64]}
+TIMEOUT=${DRILL_TIMEOUT:-300}
+read -r -a EXTRA_OPTS <<<"${DRILL_SBATCH_OPTS:-}"
+read -r -a HIGH_OPTS <<<"${DRILL_HIGH_OPTS:-}"
+WORK=${DRILL_DIR:-$repo_root/target/drills}/$(date +%Y%m%d-%H%M%S)-$$
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+
+CLUSTER_DIR=${DRILL_LOCAL_CLUSTER:-}
+if [[ -z $CLUSTER_DIR ]]; then
+    local_conf=$("$script_dir/local-cluster.sh" dir 2>/dev/null)/slurm.conf
+    [[ ${SLURM_CONF:-} == "$local_conf" ]] && CLUSTER_DIR=$(dirname "$local_conf")
+fi
+
+# Runs a command outside any SLURM job (the reference run must not requeue anything).
+without_slurm() { env $(compgen -e | grep '^SLURM_' | grep -v '^SLURM_CONF$' | sed 's/^/-u /') "$@"; }
+
+# --- the training config: calibrated so one uninterrupted run takes DRILL_SECONDS ---
+STEPS=${DRILL_STEPS:-}
+if [[ -z $STEPS ]]; then
+    cal=$WORK/calibrate
+    without_slurm "$BIN" run --config "$CONFIG" --run-dir "$cal" --set run.max_steps=300 \
+        --set "model.hidden=$HIDDEN" --set checkpoint.every_steps=0 >"$cal.log" 2>&1 ||
+        die "calibration run failed: $(tail -n 5 "$cal.log")"
+    STEPS=$(python3 - "$cal/summary.json" "${DRILL_SECONDS:-12}" "$EVERY" <<'EOF'
+import json, math, sys
+s = json.load(open(sys.argv[1]))
+rate = s["steps_this_attempt"] / max(s["wall_seconds_this_attempt"], 1e-3)
+every = int(sys.argv[3])
+print(max(10 * every, math.ceil(rate * float(sys.argv[2]) / every) * every))
+EOF
+    ) || die "calibration: cannot read $cal/summary.json"
+    log "calibrated: max_steps=$STEPS (about ${DRILL_SECONDS:-12} s uninterrupted with $(basename "$BIN"))"
+fi
+TRAIN=(--set "run.max_steps=$STEPS" --set "model.hidden=$HIDDEN" --set "checkpoint.every_steps=$EVERY"
+    --set train.log_every=1)
+
+# The uninterrupted reference run, in the background while the first drills run.
+REF=$WORK/reference
+ref_pid=
+needs_reference() { local d; for d in "${drills[@]}"; do [[ $d != cancel ]] && return 0; done; return 1; }
+if needs_reference; then
+    without_slurm "$BIN" run --config "$CONFIG" --run-dir "$REF" "${TRAIN[@]}" >"$REF.log" 2>&1 &
+    ref_pid=$!
+fi
+reference_ready() {
+    if [[ -n $ref_pid ]]; then
+        wait "$ref_pid" || { log "the reference run failed: $(tail -n 5 "$REF.log")"; ref_pid=; return 1; }
+        ref_pid=
+    fi
+    [[ -f $REF/checkpoints/step-$(printf '%010d' "$STEPS")/model.safetensors ]]
+}
+
+# --- helpers around one job ---
+job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n1; }
+TERMINAL='^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED)$'
+
+count_events() {
+    local n
+    n=$(grep -c "\"event\":\"$2\"" "$1/events.jsonl" 2>/dev/null)
+    echo "${n:-0}"
+}
+
+# Waits until `cond` (a command) succeeds; FAILs the drill on timeout.
+wait_until() {
+    local what=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    while ! "$@"; do
+        if ((SECONDS - t0 > limit)); then
+            note "timed out after ${limit}s waiting for $what"
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+has_checkpoints() { (($(count_events "$1" checkpoint_saved) >= $2)); }
+job_running() { [[ $(job_field "$1" JobState) == RUNNING ]]; }
+finished_training() { (($(count_events "$1" finish) > 0)); }
+# The job ended, and stayed ended for 3 s (a requeue passes through
+# transient states).
+job_final() {
+    local s
+    s=$(job_field "$1" JobState)
+    [[ $s =~ $TERMINAL ]] || return 1
+    sleep 3
+    [[ $(job_field "$1" JobState) == "$s" ]]
+}
+attempts_started() { (($(count_events "$1" start) >= $2)); }
+
+NOTES=()
+note() {
+    NOTES+=("$*")
+    log "$name: $*"
+}
+
+# Sets up the drill's folder and publish repository; submits the training job.
+# Usage: submit NAME [sbatch options...]
+submit() {
+    name=$1
+    shift
+    wd=$WORK/$name
+    run=$wd/run
+    mkdir -p "$wd"
+    git init -q --bare -b main "$wd/results.git"
+    git clone -q "$wd/results.git" "$wd/clone" 2>/dev/null
+    job=$(sbatch --parsable -J "rekindle-drill-$name" -o "$wd/slurm-%j.out" -D "$wd" \
+        ${LOW:+-p "$LOW"} "${EXTRA_OPTS[@]}" "$@" "$script_dir/orchestrator.slurm" "$CONFIG" \
+        --run-dir "$run" "${TRAIN[@]}" \
+        --set "signals.grace=\"${GRACE}s\"" --set 'signals.safety_margin="5s"' \
+        --set publish.enabled=true --set "publish.repo=\"$wd/clone\"" --set 'publish.retry_initial="1s"')
+    job=${job%%;*}
+    [[ $job =~ ^[0-9]+$ ]] || { note "sbatch failed: $job"; return 1; }
+    log "$name: submitted job $job"
+}
+
+# Judges the drill. Usage: judge [drill_check.py options...]
+judge() {
+    local state restarts exit_code verify_rc notes=()
+    state=$(job_field "$job" JobState)
+    restarts=$(job_field "$job" Restarts)
+    exit_code=$(job_field "$job" ExitCode)
+    if [[ $name != cancel ]]; then
+        reference_ready || note "no reference run to compare with (see $REF.log)"
+    fi
+    "$BIN" verify "$run" >"$wd/verify.log" 2>&1
+    verify_rc=$?
+    for n in "${NOTES[@]}"; do notes+=(--note "$n"); done
+    python3 "$script_dir/drill_check.py" --drill "$name" --run "$run" --job "$job" \
+        --state "$state" --restarts "${restarts:--1}" --exit-code "$exit_code" \
+        --repo "$wd/results.git" ${REF:+--reference "$REF"} --max-steps "$STEPS" --every "$EVERY" \
+        --grace "$GRACE" --seconds "$(elapsed "$t_start")" --verify-rc "$verify_rc" \
+        --out "$wd/summary.json" "${notes[@]}" "$@"
+}
+
+cleanup_jobs() {
+    local j
+    for j in "$@"; do
+        [[ -n $j ]] || continue
+        [[ $(job_field "$j" JobState) =~ $TERMINAL ]] || scancel "$j" 2>/dev/null || true
+    done
+}
+
+# --- the drills ---
+drill_term() {
+    submit term || return 1
+    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
+    finished_training "$run" && { note "training finished before the drill acted: raise DRILL_SECONDS"; return 1; }
+    action=$(now)
+    log "term: scancel -s TERM --batch $job"
+    scancel -s TERM --batch "$job"
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
+}
+
+drill_preempt() {
+    submit preempt || return 1
+    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
+    finished_training "$run" && { note "training finished before the drill acted: raise DRILL_SECONDS"; return 1; }
+    local node
+    node=$(job_field "$job" NodeList)
+    action=$(now)
+    high=$(sbatch --parsable -J rekindle-drill-high -p "$HIGH" -w "$node" -o /dev/null "${EXTRA_OPTS[@]}" \
+        "${HIGH_OPTS[@]}" --wrap 'sleep 600')
+    high=${high%%;*}
+    log "preempt: high-priority job $high on $node"
+    wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
+}
+
+# SLURM checks time limits (and sends --signal warnings) on a 30 s tick of the
+# controller. A probe job learns when the tick falls (its warning is due at
+# once, so it comes at the first tick), so the drill's job can start a few
+# seconds before a tick and get its warning mid-training. The probe starts in
+# the background before the first drill.
+TICK_FILE=$WORK/tick
+probe_pid=
+start_probe() {
+    (
+        p=$(sbatch --parsable -J rekindle-drill-probe -o /dev/null ${LOW:+-p "$LOW"} "${EXTRA_OPTS[@]}" \
+            --time=1 --signal=B:USR1@59 --wrap "trap 'date +%s.%N > $TICK_FILE.tmp; mv $TICK_FILE.tmp $TICK_FILE; exit 0' USR1; while :; do sleep 0.2; done")
+        p=${p%%;*}
+        t0=$SECONDS
+        while [[ ! -s $TICK_FILE ]] && ((SECONDS - t0 < 120)); do sleep 0.2; done
+        scancel "$p" 2>/dev/null
+    ) &
+    probe_pid=$!
+}
+
+drill_timelimit() {
+    local tick lead=4 next
+    [[ -n $probe_pid ]] && wait "$probe_pid"
+    tick=$(cat "$TICK_FILE" 2>/dev/null)
+    if [[ -n $tick ]]; then
+        next=$(awk -v t="$tick" -v n="$(now)" -v l="$lead" 'BEGIN { while (t - l < n + 0.5) t += 30; printf "%.3f", t }')
+        log "timelimit: controller tick seen at $(date -d "@${tick%.*}" +%T); submitting ${lead}s before the one at $(date -d "@${next%.*}" +%T)"
+        sleep "$(awk -v t="$next" -v n="$(now)" -v l="$lead" 'BEGIN { printf "%.3f", t - l - n }')"
+    else
+        log "timelimit: the probe saw no time-limit tick; submitting anyway"
+    fi
+    submit timelimit --time=1 --signal=B:TERM@50 || return 1
+    wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
+}
+
+# The stepd processes of $job on this machine that belong to our cluster, and
+# all their descendants.
+job_pids() {
+    local pid args roots=()
+    while read -r pid args; do
+        [[ $args == "slurmstepd: [$job."* ]] || continue
+        # Only ours: the stepd keeps its node's log file (in the cluster folder) open.
+        ls -l "/proc/$pid/fd" 2>/dev/null | grep -q "$CLUSTER_DIR" && roots+=("$pid")
+    done < <(ps -eo pid=,args=)
+    ((${#roots[@]})) || return 0
+    ps -eo pid=,ppid= | awk -v roots="${roots[*]}" '
+        BEGIN { n = split(roots, r, " "); for (i = 1; i <= n; i++) keep[r[i]] = 1 }
+        { parent[$1] = $2; pids[NR] = $1 }
+        END {
+            changed = 1
+            while (changed) { changed = 0; for (i in pids) { p = pids[i]; if (!(p in keep) && (parent[p] in keep)) { keep[p] = 1; changed = 1 } } }
+            for (p in keep) print p
+        }'
+}
+
+drill_nodeloss() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        name=nodeloss
+        echo "SKIP nodeloss: needs the local cluster (it kills a slurmd); see docs/drills.md for a production variant"
+        echo '{"drill":"nodeloss","result":"SKIP"}'
+        return 3
+    fi
+    submit nodeloss || return 1
+    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
+    sleep 0.$((RANDOM % 10)) # land anywhere inside a checkpoint interval
+    finished_training "$run" && { note "training finished before the drill acted: raise DRILL_SECONDS"; return 1; }
+    local node pids slurmd_pid
+    node=$(job_field "$job" NodeList)
+    slurmd_pid=$(cat "$CLUSTER_DIR/run/slurmd-$node.pid" 2>/dev/null)
+    pids=$(job_pids | tr '\n' ' ')
+    [[ -n $slurmd_pid && -n $pids ]] || { note "cannot find slurmd of $node or the job's processes"; return 1; }
+    action=$(now)
+    log "nodeloss: SIGKILL to slurmd $node (pid $slurmd_pid) and the job's processes ($pids)"
+    kill -KILL "$slurmd_pid" $pids
+    wait_until "the job to resume on another node" "$TIMEOUT" attempts_started "$run" 2 || return 1
+    log "nodeloss: resumed; bringing $node back"
+    if "$script_dir/local-cluster.sh" up >"$wd/node-back.log" 2>&1; then
+        EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":true,"node_state":"%s","killed_node":"%s"}' \
+            "$(sinfo -h -n "$node" -o %t | head -n1)" "$node")
+    else
+        EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":false,"node_state":"%s","killed_node":"%s"}' \
+            "$(sinfo -h -n "$node" -o %t | head -n1)" "$node")
+    fi
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
+}
+
+drill_cancel() {
+    submit cancel || return 1
+    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
+    finished_training "$run" && { note "training finished before the drill acted: raise DRILL_SECONDS"; return 1; }
+    action=$(now)
+    log "cancel: scancel $job"
+    scancel "$job"
+    wait_until "the job to end" "$TIMEOUT" job_final "$job" || return 1
+    # A requeue would show within seconds; make sure none comes.
+    sleep 5
+}
+
+log "drills: ${drills[*]}; binary $BIN; work folder $WORK"
+[[ " ${drills[*]} " == *" timelimit "* ]] && start_probe
+failed=0
+for d in "${drills[@]}"; do
+    name=$d job= high= action= EXTRA_JSON='{}' NOTES=() run= wd=
+    t_start=$(now)
+    "drill_$d"
+    rc=$?
+    if ((rc == 3)); then continue; fi
+    cleanup_jobs "$job" "$high"
+    if [[ -z $job ]]; then
+        echo "FAIL $d: no job was submitted (${NOTES[*]:-})"
+        echo "{\"drill\":\"$d\",\"result\":\"FAIL\",\"error\":\"no job submitted\"}"
+        failed=1
+        continue
+    fi
+    judge ${action:+--action-time "$action"} --extra "$EXTRA_JSON" || failed=1
+done
+[[ -n $ref_pid ]] && wait "$ref_pid" 2>/dev/null
+log "work folder: $WORK"
+exit $failed

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Judges one drill of slurm/drill.sh from what it left behind.
+
+Reads the run's events.jsonl, the job's final state (as drill.sh saw it with
+scontrol), the bare repository the attempts published to, and the reference
+run; prints one PASS/FAIL line and a one-line JSON summary on stdout, writes
+the summary to --out, and exits 0 on PASS, 1 on FAIL. Standard library only.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+
+def read_events(run_dir):
+    events = []
+    try:
+        with open(os.path.join(run_dir, "events.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    pass  # a torn last line of a killed attempt
+    except OSError:
+        pass
+    return events
+
+
+def split_attempts(events):
+    """One entry per `rekindle run` process: its start event and what followed."""
+    attempts = []
+    for ev in events:
+        if ev.get("event") == "start":
+            attempts.append({"start": ev, "events": []})
+        elif attempts:
+            attempts[-1]["events"].append(ev)
+    return attempts
+
+
+def first(events, name):
+    return next((e for e in events if e.get("event") == name), None)
+
+
+def commits(bare, branch):
+    try:
+        out = subprocess.run(
+            ["git", "--git-dir", bare, "log", "--format=%s", branch],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return [line for line in out.splitlines() if line]
+
+
+def same_bytes(a, b):
+    try:
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            return fa.read() == fb.read()
+    except OSError:
+        return False
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--drill", required=True)
+    p.add_argument("--run", required=True, help="run directory")
+    p.add_argument("--job", required=True, help="job id")
+    p.add_argument("--state", default="", help="final JobState")
+    p.add_argument("--restarts", type=int, default=-1)
+    p.add_argument("--exit-code", default="")
+    p.add_argument("--repo", required=True, help="bare repository published to")
+    p.add_argument("--branch", default="main")
+    p.add_argument("--reference", default="", help="run directory of the uninterrupted reference run")
+    p.add_argument("--max-steps", type=int, required=True)
+    p.add_argument("--every", type=int, required=True, help="checkpoint.every_steps")
+    p.add_argument("--grace", type=float, required=True, help="seconds from signal to SIGKILL")
+    p.add_argument("--action-time", type=float, default=None, help="unix time the drill acted")
+    p.add_argument("--seconds", type=float, required=True, help="drill wall time")
+    p.add_argument("--verify-rc", type=int, default=None, help="exit code of `rekindle verify`")
+    p.add_argument("--extra", default="{}", help="JSON object of drill-specific facts")
+    p.add_argument("--note", action="append", default=[], help="a failure drill.sh saw itself")
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    extra = json.loads(a.extra)
+
+    events = read_events(a.run)
+    attempts = split_attempts(events)
+    nodes = [att["start"].get("node") for att in attempts]
+    stops, resumes = [], []
+    for i, att in enumerate(attempts):
+        stop = first(att["events"], "stop")
+        if stop:
+            req = stop.get("requeue") or {}
+            stops.append({
+                "attempt": i,
+                "node": stop.get("node"),
+                "signal": stop.get("reason"),
+                "step": stop.get("step"),
+                "seconds_to_durable_checkpoint": stop.get("seconds_to_durable_checkpoint"),
+                "seconds_left": stop.get("seconds_left"),
+                "requeue": {k: req.get(k) for k in ("decision", "answer", "reason", "error") if req.get(k)},
+                "published": bool((stop.get("publish") or {}).get("pushed")),
+            })
+        res = first(att["events"], "resume")
+        if res:
+            resumes.append({
+                "attempt": i,
+                "node": res.get("this_node"),
+                "from_step": res.get("step"),
+                "previous_node": res.get("previous_node"),
+                "steps_lost": res.get("steps_lost"),
+                "seconds_since_checkpoint": res.get("seconds_since_checkpoint"),
+            })
+    finish = next((e for e in events if e.get("event") == "finish"), None)
+    saved = [(i, e.get("step")) for i, att in enumerate(attempts)
+             for e in att["events"] if e.get("event") == "checkpoint_saved"]
+
+    log = commits(a.repo, a.branch)
+    checks = []
+
+    def check(name, ok, detail=""):
+        checks.append({"check": name, "ok": bool(ok), "detail": detail})
+
+    for note in a.note:
+        check("drill", False, note)
+
+    graceful = [s for s in stops if s["signal"]]
+    killed = extra.get("killed_attempts", 0)
+    expected_commits = len(attempts) - killed
+    check("publish: one commit per attempt that exited", len(log) == expected_commits and expected_commits > 0,
+          f"{len(log)} commits for {len(attempts)} attempts ({killed} killed)")
+
+    if a.drill != "cancel":
+        check("finished", finish is not None and finish.get("step") == a.max_steps,
+              f"finish event at step {finish.get('step') if finish else None} of {a.max_steps}")
+        check("job COMPLETED", a.state == "COMPLETED" and a.exit_code in ("0:0", ""),
+              f"JobState={a.state} ExitCode={a.exit_code}")
+        check("resumed at least once", len(attempts) >= 2, f"{len(attempts)} attempts")
+        check("SLURM restart count matches", a.restarts == len(attempts) - 1,
+              f"Restarts={a.restarts}, attempts={len(attempts)}")
+        step_name = f"step-{a.max_steps:010d}"
+        if a.reference:
+            same = all(same_bytes(os.path.join(a.run, "checkpoints", step_name, f),
+                                  os.path.join(a.reference, "checkpoints", step_name, f))
+                       for f in ("model.safetensors", "optimizer.safetensors"))
+            check("model and optimizer byte-identical to the uninterrupted run", same, step_name)
+        # Every resume starts exactly where the previous attempt's newest durable checkpoint is.
+        for r in resumes:
+            prev_saved = [s for i, s in saved if i == r["attempt"] - 1]
+            newest = max(prev_saved) if prev_saved else None
+            # (>=: a killed attempt may have finished a background save it had no time to record)
+            ok = r["from_step"] is not None and newest is not None and r["from_step"] >= newest
+            check(f"attempt {r['attempt']} resumed from the newest checkpoint", ok,
+                  f"resumed from {r['from_step']}, newest recorded by attempt {r['attempt'] - 1}: {newest}")
+
+    if a.drill in ("term", "preempt", "timelimit", "cancel"):
+        s = graceful[0] if graceful else None
+        check("stopped on SIGTERM with a checkpoint of the current step", s is not None and s["signal"] == "SIGTERM",
+              f"first stop: {s}")
+        if s:
+            t = s["seconds_to_durable_checkpoint"]
+            check("checkpoint durable within the grace period", t is not None and t < a.grace,
+                  f"{t} s < {a.grace} s")
+    if a.drill in ("term", "preempt", "timelimit"):
+        for s in graceful:
+            nxt = next((r for r in resumes if r["attempt"] == s["attempt"] + 1), None)
+            check(f"attempt {s['attempt'] + 1} resumed from exactly the stopped step with 0 steps lost",
+                  nxt is not None and nxt["from_step"] == s["step"] and nxt["steps_lost"] == 0,
+                  f"stopped at {s['step']}, resumed: {nxt}")
+    if a.drill in ("term", "timelimit") and graceful:
+        req = graceful[0]["requeue"]
+        check("rekindle requeued the job itself", req.get("decision") == "requeue"
+              and req.get("answer") in ("requeued", "already_pending"), json.dumps(req))
+    if a.drill in ("preempt", "nodeloss"):
+        check("resumed on the other node", len(nodes) >= 2 and nodes[1] != nodes[0], f"nodes {nodes}")
+    if a.drill == "nodeloss":
+        att0 = attempts[0]["events"] if attempts else []
+        check("first attempt was killed (no stop event)", first(att0, "stop") is None, "")
+        lost = resumes[0]["steps_lost"] if resumes else None
+        check("steps lost at most one checkpoint interval", lost is not None and 0 <= lost <= a.every,
+              f"{lost} <= {a.every}")
+        check("node back in service", extra.get("node_back") is True, extra.get("node_state", ""))
+    if a.drill == "cancel":
+        check("job CANCELLED", a.state == "CANCELLED", f"JobState={a.state}")
+        check("not requeued", len(attempts) == 1 and a.restarts == 0,
+              f"{len(attempts)} attempts, Restarts={a.restarts}")
+        req = graceful[0]["requeue"] if graceful else {}
+        check("rekindle decided not to requeue", req.get("decision") == "skip", json.dumps(req))
+    if a.verify_rc is not None:
+        check("rekindle verify", a.verify_rc == 0, f"exit {a.verify_rc}")
+
+    failed = [c for c in checks if not c["ok"]]
+    result = "FAIL" if failed or not checks else "PASS"
+    first_stop = graceful[0] if graceful else None
+    since_action = None
+    if a.action_time is not None:
+        for i, att in enumerate(attempts):
+            for e in att["events"]:
+                if e.get("event") == "checkpoint_saved" and e.get("kind") == "stop":
+                    since_action = round(iso_to_unix(e["time"]) - a.action_time, 3)
+                    break
+            if since_action is not None:
+                break
+    summary = {
+        "drill": a.drill,
+        "result": result,
+        "job_id": a.job,
+        "attempts": len(attempts),
+        "nodes": nodes,
+        "final_state": a.state,
+        "exit_code": a.exit_code,
+        "restarts": a.restarts,
+        "max_steps": a.max_steps,
+        "steps_lost": sum(r["steps_lost"] or 0 for r in resumes),
+        "signal_to_durable_checkpoint_s": first_stop["seconds_to_durable_checkpoint"] if first_stop else None,
+        "action_to_durable_checkpoint_s": since_action,
+        "stops": stops,
+        "resumes": resumes,
+        "publish": {"commits": len(log), "expected": expected_commits, "messages": log[::-1]},
+        "identical_to_reference": next((c["ok"] for c in checks if c["check"].startswith("model and optimizer")), None),
+        "seconds": round(a.seconds, 1),
+        "extra": extra,
+        "failed_checks": failed,
+        "checks": len(checks),
+    }
+    line = f"{result} {a.drill}: {len(attempts)} attempt(s) on {' -> '.join(map(str, nodes)) or '?'}"
+    line += f", {summary['steps_lost']} step(s) lost"
+    if first_stop and first_stop["seconds_to_durable_checkpoint"] is not None:
+        line += f", checkpoint durable {first_stop['seconds_to_durable_checkpoint']:.3f} s after {first_stop['signal']}"
+    line += f", {len(log)} commit(s), {a.seconds:.1f} s"
+    if failed:
+        line += " -- failed: " + "; ".join(f"{c['check']} ({c['detail']})" for c in failed)
+    print(line)
+    print(json.dumps(summary, sort_keys=False))
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+    return 0 if result == "PASS" else 1
+
+
+def iso_to_unix(text):
+    from datetime import datetime
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

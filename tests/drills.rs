@@ -1,0 +1,115 @@
+//! The SLURM drills against a real SLURM: brings the local two-node cluster up
+//! (`slurm/local-cluster.sh`, which installs the Debian packages when they are
+//! missing), runs all five drills of `slurm/drill.sh` with the binary under
+//! test, asserts each printed PASS, and brings the cluster down again.
+//!
+//! Skipped, with a loud SKIPPED line, only where SLURM cannot be installed at
+//! all (not root, or no apt-get) — and never when `CI` is set: CI must run them.
+//! The drills take a few minutes; their progress goes to stderr
+//! (`cargo test --test drills -- --nocapture` shows it live).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const DRILLS: [&str; 5] = ["term", "preempt", "timelimit", "nodeloss", "cancel"];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cluster(arg: &str) -> std::process::Output {
+    Command::new(repo().join("slurm/local-cluster.sh"))
+        .arg(arg)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run slurm/local-cluster.sh {arg}: {e}"))
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+}
+
+/// Why SLURM can neither be found nor installed here, if so.
+fn cannot_install_slurm() -> Option<String> {
+    if ["slurmctld", "slurmd", "sbatch", "munged"].iter().all(|t| on_path(t)) {
+        return None;
+    }
+    if !on_path("apt-get") {
+        return Some("SLURM is not installed and there is no apt-get to install it".into());
+    }
+    let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if uid.as_deref().unwrap_or("") != "0" {
+        return Some("SLURM is not installed and installing it needs root".into());
+    }
+    None
+}
+
+/// Stops the cluster when the test ends, also when an assertion fails.
+struct ClusterUp;
+
+impl Drop for ClusterUp {
+    fn drop(&mut self) {
+        let out = cluster("down");
+        if !out.status.success() {
+            eprintln!("slurm/local-cluster.sh down failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
+
+/// The JSON summary printed on the line after `<RESULT> <drill>:`.
+fn summary_of<'a>(stdout: &'a str, drill: &str) -> Option<(&'a str, serde_json::Value)> {
+    let mut lines = stdout.lines();
+    while let Some(line) = lines.next() {
+        let Some((result, rest)) = line.split_once(' ') else { continue };
+        if rest.starts_with(&format!("{drill}:")) && ["PASS", "FAIL"].contains(&result) {
+            let json = lines.next().and_then(|l| serde_json::from_str(l).ok())?;
+            return Some((line, json));
+        }
+    }
+    None
+}
+
+#[test]
+fn all_five_drills_pass_on_a_local_two_node_slurm_cluster() {
+    if let Some(why) = cannot_install_slurm() {
+        assert!(std::env::var_os("CI").is_none(), "CI must run the SLURM drills, but {why}");
+        eprintln!("\n*** SKIPPED: the SLURM drills: {why} (apt-get install slurmctld slurmd slurm-client munge) ***\n");
+        return;
+    }
+    let up = cluster("up");
+    let _down = ClusterUp;
+    assert!(
+        up.status.success(),
+        "slurm/local-cluster.sh up failed:\n{}{}",
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let dir = String::from_utf8(cluster("dir").stdout).expect("utf-8 path");
+    let conf = Path::new(dir.trim()).join("slurm.conf");
+    let work = tempfile::tempdir().expect("temp dir");
+
+    let out = Command::new(repo().join("slurm/drill.sh"))
+        .args(DRILLS)
+        .env("SLURM_CONF", &conf)
+        .env("REKINDLE_BIN", env!("CARGO_BIN_EXE_rekindle"))
+        .env("DRILL_DIR", work.path())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run slurm/drill.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+
+    let mut failures = Vec::new();
+    for drill in DRILLS {
+        match summary_of(&stdout, drill) {
+            Some((line, json)) if line.starts_with("PASS") && json["result"] == "PASS" => {
+                assert!(json["attempts"].as_u64().is_some(), "{drill}: summary without attempts: {json}");
+            }
+            Some((line, _)) => failures.push(line.to_string()),
+            None => failures.push(format!("{drill}: no PASS/FAIL line")),
+        }
+    }
+    assert!(failures.is_empty(), "drills failed:\n{}\n\nfull output:\n{stdout}", failures.join("\n"));
+    assert!(out.status.success(), "slurm/drill.sh exited with {:?}", out.status);
+}
