@@ -187,3 +187,25 @@ fn resume_falls_back_past_a_corrupted_newest_checkpoint_and_ends_identical() {
     assert_same_checkpoint(&dir, &reference, 60);
     assert_same_metrics(&dir, &reference, 60);
 }
+
+/// Losses that are lowest early: a huge weight decay pulls every weight to
+/// zero after a few steps, so the loss settles near ln(4) above its early
+/// minimum. A SIGKILL leaves no `summary.json`, so the resumed attempt must
+/// take the best loss so far from the checkpoint.
+#[test]
+fn best_loss_survives_a_sigkill_before_any_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("killed");
+    let training = Training::tiny_mlp(600).set("checkpoint.every_steps=100").set("optimizer.weight_decay=100.0");
+    let killed = kill_after_periodic_checkpoint(&training, &dir, 100, 10);
+    assert!(!dir.join("summary.json").exists(), "a killed first attempt writes no summary");
+    training.run_to_end(&dir);
+
+    let losses = losses(&dir, 600);
+    let best = losses.iter().copied().fold(f64::INFINITY, f64::min);
+    let best_step = losses.iter().position(|&l| l == best).unwrap() as u64 + 1;
+    assert!(best_step <= killed.checkpoint_step, "the test needs the best loss before the kill ({best_step})");
+    let summary = summary(&dir);
+    assert_eq!(summary["best_loss"].as_f64(), Some(best), "best_loss of summary.json: {summary}");
+    assert_eq!(summary["final_loss"].as_f64(), losses.last().copied(), "final_loss of summary.json");
+}
