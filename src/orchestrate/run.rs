@@ -173,9 +173,14 @@ impl Attempt {
         let metrics = JsonlWriter::open(dir.path(METRICS_FILE))?;
         let persister = Persister::spawn(store.clone())
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
+        // The losses so far come from the checkpoint, not summary.json: a
+        // SIGKILLed attempt writes no summary, and after a fallback to an older
+        // checkpoint the summary covers steps that are trained again.
+        let (last_loss, best_loss) =
+            outcome.loaded.as_ref().map(|l| losses_so_far(&l.snapshot.state)).unwrap_or_default();
         Ok(Started::Ready(Box::new(Attempt {
-            last_loss: previous.as_ref().and_then(|s| s["final_loss"].as_f64()),
-            best_loss: previous.as_ref().and_then(|s| s["best_loss"].as_f64()),
+            last_loss,
+            best_loss,
             cfg,
             dir,
             store,
@@ -434,6 +439,7 @@ impl Attempt {
             .restore(&snap.model, &snap.optimizer, &snap.state["train"])
             .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
         let skipped = self.trainer.skip_past(&ev)?;
+        (self.last_loss, self.best_loss) = losses_so_far(&snap.state);
         tracing::warn!(
             failed_step = ev.step,
             restored_step = snap.step,
@@ -650,6 +656,11 @@ fn context(slurm: &SlurmEnv) -> serde_json::Map<String, serde_json::Value> {
 
 fn previous_summary(dir: &RunDir) -> Option<serde_json::Value> {
     serde_json::from_slice(&std::fs::read(dir.path(SUMMARY_FILE)).ok()?).ok()
+}
+
+/// `(last_loss, best_loss)` of the steps up to a checkpoint, as its `state.json` recorded them.
+fn losses_so_far(state: &serde_json::Value) -> (Option<f64>, Option<f64>) {
+    (state["metrics"]["last_loss"].as_f64(), state["metrics"]["best_loss"].as_f64())
 }
 
 /// The highest step in metrics.jsonl (what the previous attempt reached).
