@@ -78,6 +78,54 @@ pub enum Command {
     /// SLURM, GPUs, a tiny matmul, free disk, a checkpoint round-trip, the config.
     /// Exit 1 if a required check fails.
     Doctor(DoctorArgs),
+    /// Benchmarks (numbers for docs/performance.md).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Save, load+verify, verify and snapshot stall of synthetic state of SIZE,
+    /// beside `dd bs=8M conv=fsync` of the same bytes on the same filesystem.
+    Checkpoint(BenchCheckpointArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchCheckpointArgs {
+    /// State size: bytes, or with a unit (256MiB, 1GiB, 4GiB).
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: u64,
+    /// Directory on the filesystem to measure.
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Repetitions (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Drop the page cache before reads (root only) to measure cold loads.
+    #[arg(long)]
+    pub cold: bool,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `1GiB`, `256MiB`, `512k`, `1000000`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("`{text}` is not a size: write e.g. 1GiB, 256MiB or 1048576"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => return Err(format!("unknown size unit `{other}`: use B, KiB, MiB, GiB, KB, MB or GB")),
+    };
+    Ok((n * mult as f64) as u64)
 }
 
 #[derive(Debug, Args)]
@@ -202,6 +250,8 @@ pub enum CliError {
     Train(#[from] crate::train::TrainError),
     #[error(transparent)]
     Gpu(#[from] crate::gpu::GpuError),
+    #[error(transparent)]
+    Bench(#[from] crate::bench::BenchError),
     #[error("{path} is not a run directory (no {file}); pass the directory `rekindle run` wrote to")]
     NotARunDir { path: PathBuf, file: &'static str },
 }
@@ -226,6 +276,7 @@ pub fn execute(cli: Cli) -> Result<Outcome, CliError> {
         Command::Data(DataCommand::Validate(args)) => data_validate(&args),
         Command::Gpus(args) => gpus(&args),
         Command::Doctor(args) => doctor(&args),
+        Command::Bench(BenchCommand::Checkpoint(args)) => bench_checkpoint(&args),
     }
 }
 
@@ -301,6 +352,22 @@ fn gpus(args: &GpusArgs) -> Result<Outcome, CliError> {
         println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
     } else {
         print!("{report}");
+    }
+    Ok(Outcome::Done)
+}
+
+fn bench_checkpoint(args: &BenchCheckpointArgs) -> Result<Outcome, CliError> {
+    let opts = crate::bench::CheckpointBenchOptions {
+        bytes: args.bytes,
+        dir: args.dir.clone(),
+        repeat: args.repeat,
+        cold: args.cold,
+    };
+    let result = crate::bench::run_checkpoint_bench(&opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result).expect("bench serialises"));
+    } else {
+        print!("{result}");
     }
     Ok(Outcome::Done)
 }

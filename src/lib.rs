@@ -3,6 +3,7 @@
 //! The binary (`src/main.rs`) only parses arguments and maps results to exit
 //! codes; everything else lives here, one module per concern:
 //!
+//! - [`bench`]: the benchmarks behind `rekindle bench`.
 //! - [`config`]: the TOML config, overrides, validation with every error at once.
 //! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
 //! - [`train`]: models, optimizer, data, and the training loop's state.
@@ -14,6 +15,7 @@
 //! - [`cli`]: the command line and what each subcommand does.
 //! - [`exit`]: the exit-code contract.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
