@@ -6,6 +6,7 @@
 use std::fmt::Display;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::data::{CheckpointMark, Marker, MarkerKind};
@@ -202,7 +203,7 @@ impl LineChart<'_> {
     fn draw_on(&self, root: &DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), Box<dyn std::error::Error + '_>> {
         let ((x0, x1), (y0, y1)) = self.ranges();
         let mut chart = ChartBuilder::on(root)
-            .caption(self.caption, ("sans-serif", 18).into_font().color(&TEXT))
+            .caption(self.caption, ("sans-serif", 22).into_font().color(&TEXT))
             .margin(12)
             .x_label_area_size(42)
             .y_label_area_size(64)
@@ -222,8 +223,8 @@ impl LineChart<'_> {
             .y_labels(6)
             .light_line_style(WHITE)
             .bold_line_style(GRID)
-            .axis_desc_style(("sans-serif", 14).into_font().color(&TEXT))
-            .label_style(("sans-serif", 12).into_font().color(&TEXT))
+            .axis_desc_style(("sans-serif", 16).into_font().color(&TEXT))
+            .label_style(("sans-serif", 14).into_font().color(&TEXT))
             .draw()?;
 
         self.draw_markers(&mut chart, y0, y1)?;
@@ -248,7 +249,7 @@ impl LineChart<'_> {
             let label = if numbered { c.number.to_string() } else { String::new() };
             EmptyElement::at(*p)
                 + Circle::new((0, 0), 5, style)
-                + Text::new(label, (-3, -18), ("sans-serif", 11).into_font().color(&colour))
+                + Text::new(label, (-4, -20), ("sans-serif", 14).into_font().color(&colour))
         }))?;
         if self.series.len() > 1 {
             chart
@@ -256,66 +257,93 @@ impl LineChart<'_> {
                 .position(self.legend.clone())
                 .background_style(WHITE.mix(0.85))
                 .border_style(GRID)
-                .label_font(("sans-serif", 13).into_font().color(&TEXT))
+                .label_font(("sans-serif", 15).into_font().color(&TEXT))
                 .draw()?;
         }
         Ok(())
     }
 
-    /// Vertical lines, one per marker. Markers closer than 1.5% of the x span
-    /// share one cluster; its labels, one per node and attempt, stand side by
-    /// side next to the first line so they never overprint each other.
+    /// Vertical lines, one per marker, and their labels in clusters (see
+    /// [`cluster_labels`]) so that no two labels overprint each other.
     fn draw_markers<DB: DrawingBackend>(
         &self,
-        chart: &mut ChartContext<
-            '_,
-            DB,
-            Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-        >,
+        chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
         y0: f64,
         y1: f64,
     ) -> Result<(), Box<dyn std::error::Error + '_>>
     where
         DB::ErrorType: 'static,
     {
-        let mut sorted: Vec<(f64, &Marker)> = self.markers.clone();
+        let mut sorted: Vec<(f64, i32, &Marker)> =
+            self.markers.iter().map(|(x, m)| (*x, chart.backend_coord(&(*x, y1)).0, *m)).collect();
         sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (x0, x1) = {
-            let r = chart.x_range();
-            (r.start, r.end)
-        };
-        let near = (x1 - x0).abs() * 0.015;
-        for (x, m) in &sorted {
+        for (x, _, m) in &sorted {
             let style = marker_colour(m.kind).stroke_width(2);
             chart.draw_series(std::iter::once(PathElement::new(vec![(*x, y0), (*x, y1)], style)))?;
         }
-        let mut i = 0;
-        while i < sorted.len() {
-            let start = sorted[i].0;
-            let mut j = i;
-            while j < sorted.len() && sorted[j].0 - start <= near {
-                j += 1;
-            }
-            // Labels for the cluster: one per (node, attempt), in order.
-            let mut labels: Vec<(String, Vec<&Marker>)> = Vec::new();
-            for (_, m) in &sorted[i..j] {
-                match labels.iter_mut().find(|(who, _)| *who == m.whose()) {
-                    Some((_, ms)) => ms.push(m),
-                    None => labels.push((m.whose(), vec![m])),
-                }
-            }
-            for (k, (who, ms)) in labels.iter().enumerate() {
-                let whats: Vec<&str> = ms.iter().map(|m| m.what.as_str()).collect();
-                let text = format!("{} · {who}", whats.join(", "));
+        for cluster in cluster_labels(&sorted) {
+            for (k, (text, kind)) in cluster.labels.into_iter().enumerate() {
                 let font =
-                    ("sans-serif", 12).into_font().transform(FontTransform::Rotate90).color(&marker_colour(ms[0].kind));
-                let dx = 16 + 14 * k as i32;
-                chart.draw_series(std::iter::once(EmptyElement::at((start, y1)) + Text::new(text, (dx, 6), font)))?;
+                    ("sans-serif", 14).into_font().transform(FontTransform::Rotate90).color(&marker_colour(kind));
+                let dx = LABEL_STEP * (k as i32 + 1);
+                chart
+                    .draw_series(std::iter::once(EmptyElement::at((cluster.x, y1)) + Text::new(text, (dx, 6), font)))?;
             }
-            i = j;
         }
         Ok(())
     }
+}
+
+/// Pixels between a line and its first label, and between label columns.
+const LABEL_STEP: i32 = 16;
+
+/// Labels drawn side by side, right of the line at `x`.
+#[derive(Debug, Clone, PartialEq)]
+struct LabelCluster {
+    x: f64,
+    /// One per node and attempt: `SIGTERM, requeue · n1 · attempt 1`, in the
+    /// colour of its first marker.
+    labels: Vec<(String, MarkerKind)>,
+}
+
+/// Groups markers (x, pixel x, marker; sorted by x) into label clusters: a
+/// marker whose line falls within the band of the current cluster's labels
+/// joins it, its words added to the label of its node and attempt (or a new
+/// label column), so labels never overprint each other.
+fn cluster_labels(sorted: &[(f64, i32, &Marker)]) -> Vec<LabelCluster> {
+    /// A cluster being built: where its first line is, and its label columns.
+    struct Open {
+        px: i32,
+        x: f64,
+        columns: Vec<Column>,
+    }
+    struct Column {
+        who: String,
+        whats: Vec<String>,
+        kind: MarkerKind,
+    }
+    let mut open: Vec<Open> = Vec::new();
+    for (x, px, m) in sorted {
+        let joins = open.last().is_some_and(|c| *px <= c.px + LABEL_STEP * (c.columns.len() as i32 + 1));
+        if !joins {
+            open.push(Open { px: *px, x: *x, columns: Vec::new() });
+        }
+        let cluster = open.last_mut().expect("a cluster");
+        match cluster.columns.iter_mut().find(|c| c.who == m.whose()) {
+            Some(c) => c.whats.push(m.what.clone()),
+            None => cluster.columns.push(Column { who: m.whose(), whats: vec![m.what.clone()], kind: m.kind }),
+        }
+    }
+    open.into_iter()
+        .map(|c| LabelCluster {
+            x: c.x,
+            labels: c
+                .columns
+                .into_iter()
+                .map(|col| (format!("{} · {}", col.whats.join(", "), col.who), col.kind))
+                .collect(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -353,6 +381,48 @@ mod tests {
         assert_eq!(padded(2.0, 2.0, 0.1), (1.8, 2.2));
         assert_eq!(padded(0.0, 0.0, 0.1), (-1.0, 1.0));
         assert_eq!(padded(0.0, 10.0, 0.1), (-1.0, 11.0));
+    }
+
+    fn marker(kind: MarkerKind, what: &str, node: &str, attempt: usize) -> Marker {
+        Marker {
+            kind,
+            what: what.into(),
+            node: Some(node.into()),
+            attempt,
+            step: None,
+            time: None,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn nearby_markers_share_a_cluster_with_one_label_per_node_and_attempt() {
+        let sig = marker(MarkerKind::Signal, "SIGTERM", "n1", 1);
+        let req = marker(MarkerKind::Requeue, "requeue", "n1", 1);
+        let res = marker(MarkerKind::Resume, "resume", "n2", 2);
+        let late = marker(MarkerKind::Signal, "SIGUSR1", "n2", 2);
+        // 5 px apart (same label), 28 px (within two label columns), 200 px (apart).
+        let sorted = [(10.0, 100, &sig), (10.5, 105, &req), (12.0, 128, &res), (30.0, 328, &late)];
+        let clusters = cluster_labels(&sorted);
+        assert_eq!(clusters.len(), 2, "{clusters:?}");
+        assert_eq!(clusters[0].x, 10.0);
+        assert_eq!(
+            clusters[0].labels,
+            vec![
+                ("SIGTERM, requeue · n1 · attempt 1".to_string(), MarkerKind::Signal),
+                ("resume · n2 · attempt 2".to_string(), MarkerKind::Resume)
+            ]
+        );
+        assert_eq!(clusters[1].labels, vec![("SIGUSR1 · n2 · attempt 2".to_string(), MarkerKind::Signal)]);
+    }
+
+    #[test]
+    fn a_marker_just_past_the_label_band_starts_a_new_cluster() {
+        let a = marker(MarkerKind::Signal, "SIGTERM", "n1", 1);
+        let b = marker(MarkerKind::Resume, "resume", "n2", 2);
+        // One label: the band ends LABEL_STEP * 2 px right of the line.
+        assert_eq!(cluster_labels(&[(0.0, 0, &a), (1.0, 2 * LABEL_STEP, &b)]).len(), 1);
+        assert_eq!(cluster_labels(&[(0.0, 0, &a), (1.0, 2 * LABEL_STEP + 1, &b)]).len(), 2);
     }
 
     #[test]

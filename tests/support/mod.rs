@@ -1,10 +1,12 @@
 //! Helpers shared by the integration tests: deterministic snapshots, a look at
-//! what lies on disk (leftovers, file bytes, manifests), and file damage.
+//! what lies on disk (leftovers, file bytes, manifests), file damage, and
+//! real runs through the built binary (`runs`).
 //!
 //! Every test binary includes this module and uses a different part of it.
 #![allow(dead_code)]
 
 pub mod deterministic;
+pub mod runs;
 
 use std::collections::BTreeMap;
 use std::fs;
