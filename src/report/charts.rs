@@ -120,7 +120,7 @@ fn throughput(data: &RunData) -> Option<LineChart<'_>> {
     let unit = if tokens { "tokens/s" } else { "samples/s" };
     Some(LineChart {
         caption: "Throughput",
-        x_desc: "time since the run began (h:mm:ss)",
+        x_desc: "time since the run began",
         y_desc: unit,
         x_axis: XAxis::Seconds,
         series: vec![Series::new(unit, TRAIN, by_attempt(data, points))],
@@ -160,7 +160,7 @@ fn gpu(data: &RunData) -> Option<(LineChart<'_>, LineChart<'_>)> {
     }
     let time_chart = |caption, y_desc, series, y_range| LineChart {
         caption,
-        x_desc: "time since the run began (h:mm:ss)",
+        x_desc: "time since the run began",
         y_desc,
         x_axis: XAxis::Seconds,
         series,

@@ -135,10 +135,16 @@ pub fn clock(secs: f64) -> String {
     if h > 0 { format!("{h}:{m:02}:{s:02}") } else { format!("{m}:{s:02}") }
 }
 
-/// A time-axis label: `h:mm:ss`/`m:ss`, or seconds with a decimal when the
-/// whole axis spans under two minutes (so neighbouring labels differ).
+/// A time-axis label: `h:mm:ss`/`m:ss`, or seconds with as many decimals as
+/// neighbouring labels need to differ when the whole axis spans under two
+/// minutes.
 pub fn time_label(secs: f64, span: f64) -> String {
-    if span < 120.0 { format!("{}s", trim_zeros(format!("{secs:.1}"))) } else { clock(secs) }
+    if span >= 120.0 {
+        return clock(secs);
+    }
+    // About ten labels: a tenth of the span sets the precision.
+    let decimals = (-(span / 10.0).log10()).ceil().clamp(0.0, 3.0) as usize;
+    format!("{secs:.decimals$}s")
 }
 
 /// `0.5000` → `0.5`, `2.50` → `2.5`, `3.0` → `3`.
@@ -189,7 +195,11 @@ impl LineChart<'_> {
         let xs = self.series.iter().flat_map(|s| s.points().map(|p| p.0));
         let xs = xs.chain(self.markers.iter().map(|m| m.0)).chain(self.checkpoints.iter().map(|c| c.0.0));
         let (x0, x1) = min_max(xs).unwrap_or((0.0, 1.0));
-        let x = if self.x_axis == XAxis::Steps { (x0.min(0.0), x1.max(1.0)) } else { padded(x0, x1, 0.01) };
+        // Both axes start at 0: step 0, and the run's first record.
+        let x = match self.x_axis {
+            XAxis::Steps => (x0.min(0.0), x1.max(1.0)),
+            XAxis::Seconds => (x0.min(0.0), x1 + (x1 - x0.min(0.0)).max(1.0) * 0.01),
+        };
         let y = self.y_range.unwrap_or_else(|| {
             let ys = self.series.iter().flat_map(|s| s.points().map(|p| p.1));
             let (y0, y1) = min_max(ys).unwrap_or((0.0, 1.0));
@@ -359,8 +369,9 @@ mod tests {
 
     #[test]
     fn short_time_axes_are_labelled_in_seconds() {
-        assert_eq!(time_label(1.25, 10.0), "1.2s");
         assert_eq!(time_label(3.0, 10.0), "3s");
+        assert_eq!(time_label(1.25, 5.0), "1.2s");
+        assert_eq!(time_label(0.375, 0.6), "0.38s");
         assert_eq!(time_label(75.0, 600.0), "1:15");
     }
 
