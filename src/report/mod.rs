@@ -35,3 +35,25 @@ pub fn write_report(dir: &Path, out: Option<&Path>) -> Result<PathBuf, ReportErr
         .map_err(|source| ReportError::Write { path: path.clone(), source })?;
     Ok(path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_without_records_yet_renders_with_notes_instead_of_charts() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(crate::orchestrate::CONFIG_FILE), "[run]\nname = \"fresh\"\n").unwrap();
+        let html = render(tmp.path()).unwrap();
+        assert!(html.contains("<title>rekindle report: fresh</title>"));
+        assert!(html.contains("No metrics yet"));
+        assert!(!html.contains("<figure"));
+        assert!(!html.contains("<svg"));
+    }
+
+    #[test]
+    fn a_directory_without_config_is_not_a_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(matches!(render(tmp.path()), Err(ReportError::NotARunDir { .. })));
+    }
+}
