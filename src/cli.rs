@@ -64,6 +64,11 @@ pub enum Command {
     /// One screen about a run: state, progress, loss, checkpoints, last stop,
     /// requeue and publish (reads only the run directory).
     Status(StatusArgs),
+    /// Write one self-contained HTML report of a run: loss, learning rate,
+    /// throughput and GPU charts with every checkpoint, signal, requeue and
+    /// resume marked, and a table of attempts. Opens offline (no script, no
+    /// network); reads only the run directory.
+    Report(ReportArgs),
     /// Dataset tools.
     #[command(subcommand)]
     Data(DataCommand),
@@ -135,6 +140,15 @@ pub struct StatusArgs {
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Where to write the HTML (default: `<run dir>/report.html`).
+    #[arg(long, value_name = "FILE.html")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,6 +266,8 @@ pub enum CliError {
     Gpu(#[from] crate::gpu::GpuError),
     #[error(transparent)]
     Bench(#[from] crate::bench::BenchError),
+    #[error(transparent)]
+    Report(#[from] crate::report::ReportError),
     #[error("{path} is not a run directory (no {file}); pass the directory `rekindle run` wrote to")]
     NotARunDir { path: PathBuf, file: &'static str },
 }
@@ -273,6 +289,7 @@ pub fn execute(cli: Cli) -> Result<Outcome, CliError> {
         Command::Verify(args) => verify(&args.path, args.json),
         Command::Checkpoints(args) => checkpoints(&args.run_dir, args.json),
         Command::Status(args) => status(&args.run_dir, args.json),
+        Command::Report(args) => report(&args),
         Command::Data(DataCommand::Validate(args)) => data_validate(&args),
         Command::Gpus(args) => gpus(&args),
         Command::Doctor(args) => doctor(&args),
@@ -290,6 +307,12 @@ fn status(dir: &Path, json: bool) -> Result<Outcome, CliError> {
     } else {
         print!("{st}");
     }
+    Ok(Outcome::Done)
+}
+
+fn report(args: &ReportArgs) -> Result<Outcome, CliError> {
+    let path = crate::report::write_report(&args.run_dir, args.out.as_deref())?;
+    println!("wrote {}", path.display());
     Ok(Outcome::Done)
 }
 

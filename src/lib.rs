@@ -11,7 +11,8 @@
 //! - [`publish`]: git-publishing results on exit.
 //! - [`slurm`]: the allocation, the requeue decision, `scontrol`.
 //! - [`gpu`]: GPU detection, visibility, placement, monitoring, `doctor`.
-//! - [`telemetry`]: logging setup and the run's event records.
+//! - [`telemetry`]: logging setup, the run's event records, reading them back.
+//! - [`report`]: the HTML report of a run (`rekindle report`).
 //! - [`cli`]: the command line and what each subcommand does.
 //! - [`exit`]: the exit-code contract.
 
@@ -23,6 +24,7 @@ pub mod exit;
 pub mod gpu;
 pub mod orchestrate;
 pub mod publish;
+pub mod report;
 pub mod slurm;
 pub mod telemetry;
 pub mod train;

@@ -236,6 +236,14 @@ impl Attempt {
 
     fn after_step(&mut self, m: &StepMetrics, progress: &Progress) -> Result<(), RunError> {
         let max_steps = self.cfg.run.max_steps;
+        tracing::debug!(
+            step = m.step,
+            loss = m.loss,
+            lr = m.lr,
+            grad_norm = m.grad_norm,
+            samples_per_s = m.samples_per_s,
+            "step"
+        );
         if m.step.is_multiple_of(self.cfg.train.log_every) || m.step == max_steps {
             let mut line = m.to_json();
             line["time"] = now().into();

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config;
+use crate::telemetry::{self, Attempt};
 
 use super::lock::{LOCK_FILE, LockInfo, STALE_AFTER};
 use super::rundir::{CONFIG_FILE, EVENTS_FILE, METRICS_FILE, SUMMARY_FILE, checkpoints_dir};
@@ -30,6 +31,9 @@ pub struct RunStatus {
     pub last_stop: Option<serde_json::Value>,
     pub last_publish: Option<serde_json::Value>,
     pub last_requeue: Option<serde_json::Value>,
+    /// The most recent attempt that has ended (the one before the running
+    /// one while the run is running), and why it ended.
+    pub last_ended_attempt: Option<Attempt>,
     /// Who holds the run directory now.
     pub lock: Option<LockInfo>,
     /// Estimated seconds to max_steps from the recent step rate.
@@ -95,6 +99,10 @@ pub fn status(dir: &Path) -> RunStatus {
         .and_then(|c| chrono::DateTime::parse_from_rfc3339(c.created_at.as_deref()?).ok())
         .map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0);
     let eta_seconds = eta(&metrics, max_steps);
+    let mut attempts = telemetry::attempts(&telemetry::events_from(events.clone()));
+    if live_lock.is_some() {
+        attempts.pop();
+    }
     RunStatus {
         run_dir: dir.to_path_buf(),
         state,
@@ -110,6 +118,7 @@ pub fn status(dir: &Path) -> RunStatus {
         last_stop: last_of("stop"),
         last_publish: last_of("publish"),
         last_requeue: last_of("requeue"),
+        last_ended_attempt: attempts.pop(),
         lock: live_lock,
         eta_seconds,
     }
@@ -151,6 +160,9 @@ impl std::fmt::Display for RunStatus {
             write!(f, ", {} ago", humantime::format_duration(std::time::Duration::from_secs(age.max(0.0) as u64)))?;
         }
         writeln!(f)?;
+        if let Some(a) = &self.last_ended_attempt {
+            writeln!(f, "ended     {a}")?;
+        }
         if let Some(stop) = &self.last_stop {
             let secs = stop["seconds_to_durable_checkpoint"].as_f64();
             writeln!(
@@ -184,5 +196,62 @@ impl std::fmt::Display for RunStatus {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_dir_with_events(lines: &[serde_json::Value]) -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        // A torn last line, as a crash leaves it.
+        std::fs::write(tmp.path().join(EVENTS_FILE), format!("{text}{{\"event\":\"che")).unwrap();
+        tmp
+    }
+
+    fn two_attempts() -> Vec<serde_json::Value> {
+        use serde_json::json;
+        vec![
+            json!({"event": "start", "node": "n1", "time": "2026-11-01T10:00:00Z"}),
+            json!({"event": "signal", "node": "n1", "signal": "SIGTERM", "step": 61}),
+            json!({"event": "stop", "node": "n1", "step": 61, "reason": "SIGTERM", "seconds_to_durable_checkpoint": 0.5}),
+            json!({"event": "start", "node": "n2", "time": "2026-11-01T10:05:00Z"}),
+            json!({"event": "resume", "node": "n2", "step": 61, "steps_lost": 0}),
+        ]
+    }
+
+    #[test]
+    fn says_why_the_last_attempt_ended() {
+        let tmp = run_dir_with_events(&two_attempts());
+        let st = status(tmp.path());
+        // No live lock and no ending event: attempt 2 died unrecorded.
+        let last = st.last_ended_attempt.as_ref().unwrap();
+        assert_eq!(last.number, 2);
+        assert!(st.to_string().contains("ended     attempt 2 on n2 ended because no stop, finish or error"), "{st}");
+    }
+
+    #[test]
+    fn while_running_reports_the_attempt_before_the_running_one() {
+        let tmp = run_dir_with_events(&two_attempts());
+        let lock = LockInfo {
+            token: "t".into(),
+            job_id: None,
+            host: "n2".into(),
+            pid: 1,
+            heartbeat: unix_now(),
+            started: unix_now(),
+        };
+        std::fs::write(tmp.path().join(LOCK_FILE), serde_json::to_vec(&lock).unwrap()).unwrap();
+        let st = status(tmp.path());
+        assert_eq!(st.state, "running");
+        assert!(
+            st.to_string().contains(
+                "ended     attempt 1 on n1 ended because it received SIGTERM at step 61; checkpoint durable 0.50s \
+                 after the signal"
+            ),
+            "{st}"
+        );
     }
 }
