@@ -56,8 +56,11 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let cfg = loaded.config;
     let slurm = SlurmEnv::from_process();
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    // Lock before writing anything into the directory: a run refused because
+    // another one is live must leave that run's config.toml alone.
+    std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
+    let _lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
-    let _lock = RunLock::acquire(&dir.root, slurm.control_id(), slurm.node_name())?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
     match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm)? {
         Started::Ready(attempt) => attempt.train(),
