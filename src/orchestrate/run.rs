@@ -476,8 +476,11 @@ impl Attempt {
             tracing::error!(
                 "third signal or deadline passed before the checkpoint began: exiting at once; the previous checkpoint is intact"
             );
-            self.events
-                .record("stop", json!({"step": self.last_durable_step, "reason": reason.name(), "fast_exit": true}))?;
+            self.events.record(
+                "stop",
+                json!({"step": self.last_durable_step, "reason": reason.name(), "fast_exit": true,
+                       "signals_received": self.stop.count()}),
+            )?;
             self.events.sync()?;
             return Ok(Outcome::StoppedWithCheckpoint);
         }
@@ -499,7 +502,8 @@ impl Attempt {
         self.events.record(
             "stop",
             json!({"step": report.step, "reason": reason.name(), "seconds_to_durable_checkpoint": to_durable,
-                   "seconds_left": left, "publish": published, "requeue": requeue}),
+                   "seconds_left": left, "signals_received": self.stop.count(), "publish": published,
+                   "requeue": requeue}),
         )?;
         self.events.sync()?;
         tracing::info!(
