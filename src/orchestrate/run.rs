@@ -548,17 +548,22 @@ impl Attempt {
             StopReason::Signal(_) => StopKind::ClusterSignal,
             StopReason::StopAtStep => StopKind::StopAtStep,
         };
-        let timeout = deadline
-            .and_then(|d| d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)))
-            .unwrap_or(SCONTROL_TIMEOUT);
+        // Each scontrol call gets what is left then (capped); once too little
+        // is left, none is made: running past the deadline means SIGKILL.
+        let timeout = || match deadline {
+            Some(d) => d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)),
+            None => Some(SCONTROL_TIMEOUT),
+        };
+        const NO_TIME: &str = "no time left before the deadline";
         let job_id = self.slurm.control_id();
         let needs_query = job_id.is_some()
             && stop != StopKind::StopAtStep
             && self.cfg.signals.requeue != crate::config::RequeuePolicy::Never;
         let (job, job_query_error) = match (&job_id, needs_query) {
-            (Some(id), true) => match Scontrol.show_job(id, timeout) {
-                Ok(j) => (Some(j), None),
-                Err(e) => (None, Some(e.to_string())),
+            (Some(id), true) => match timeout().map(|t| Scontrol.show_job(id, t)) {
+                Some(Ok(j)) => (Some(j), None),
+                Some(Err(e)) => (None, Some(e.to_string())),
+                None => (None, Some(NO_TIME.to_string())),
             },
             _ => (None, None),
         };
@@ -577,11 +582,14 @@ impl Attempt {
         match &decision {
             Decision::Requeue { job_id, reason } => {
                 tracing::info!(job = %job_id, %reason, "requeueing the job");
-                match Scontrol.requeue(job_id, timeout) {
+                match timeout()
+                    .ok_or(NO_TIME.to_string())
+                    .and_then(|t| Scontrol.requeue(job_id, t).map_err(|e| e.to_string()))
+                {
                     Ok(answer) => record["answer"] = serde_json::to_value(answer).unwrap_or_default(),
                     Err(e) => {
                         tracing::error!(error = %e, "scontrol requeue failed; relying on sbatch --requeue");
-                        record["error"] = e.to_string().into();
+                        record["error"] = e.into();
                     }
                 }
             }
