@@ -686,3 +686,48 @@ fn slow_scontrol_calls_share_the_time_left_in_the_grace_period() {
     assert!(requeue["error"].as_str().is_some_and(|e| e.contains("did not answer")), "{requeue}");
     assert_verifies(&dir);
 }
+
+// ---------------------------------------------------------------------------
+// Known gaps: failing tests kept, ignored, until the behaviour is fixed.
+
+#[test]
+#[ignore = "bug: publish may use the whole grace period, leaving no time for `scontrol requeue` (reserve some for it)"]
+fn silent_remote_still_leaves_time_to_requeue() {
+    let tmp = tempdir();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let remote = format!("git://127.0.0.1:{}/results.git", silent.local_addr().unwrap().port());
+    let fake = FakeScontrol::running_job(tmp.path());
+    stop_with_unreachable_remote(tmp.path(), &remote, |c| c.env("PATH", fake.path()).env("SLURM_JOB_ID", "77"));
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"], "{}", last_event(&tmp.path().join("run"), "requeue"));
+    drop(silent);
+}
+
+#[test]
+#[ignore = "bug: a run that fails (here: too many failed saves) records no `error` event and no failed summary"]
+fn failing_run_records_an_error_event_and_summary() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    long_run(&dir)
+        .set("checkpoint.every_steps=20")
+        .env("FAILPOINTS", "checkpoint::before_manifest=return")
+        .run(EXIT)
+        .assert_code(1);
+    let error = last_event(&dir, "error");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("in a row failed")), "{error}");
+    let summary: Value = serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["state"], "failed");
+}
+
+#[test]
+#[ignore = "bug: the heartbeat notices the lock was taken over, logs 'this run should stop', and the run keeps writing (~10 s)"]
+fn run_whose_lock_was_taken_over_stops() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let mut run = long_run(&dir).spawn();
+    run.wait_for_step(1, STARTUP);
+    // Another node decided this lock was stale (e.g. its heartbeat stalled on NFS).
+    write_foreign_lock(&dir, "99");
+    let exited = run.wait(Duration::from_secs(15));
+    assert_eq!(exited.code(), Some(1), "{}", exited.tail());
+    assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
+}
