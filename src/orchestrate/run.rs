@@ -56,8 +56,11 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let cfg = loaded.config;
     let slurm = SlurmEnv::from_process();
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    // Lock before writing anything into the directory: a run refused because
+    // another one is live must leave that run's config.toml alone.
+    std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
+    let _lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
-    let _lock = RunLock::acquire(&dir.root, slurm.control_id(), slurm.node_name())?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
     match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm)? {
         Started::Ready(attempt) => attempt.train(),
@@ -487,8 +490,11 @@ impl Attempt {
             tracing::error!(
                 "third signal or deadline passed before the checkpoint began: exiting at once; the previous checkpoint is intact"
             );
-            self.events
-                .record("stop", json!({"step": self.last_durable_step, "reason": reason.name(), "fast_exit": true}))?;
+            self.events.record(
+                "stop",
+                json!({"step": self.last_durable_step, "reason": reason.name(), "fast_exit": true,
+                       "signals_received": self.stop.count()}),
+            )?;
             self.events.sync()?;
             return Ok(Outcome::StoppedWithCheckpoint);
         }
@@ -510,7 +516,8 @@ impl Attempt {
         self.events.record(
             "stop",
             json!({"step": report.step, "reason": reason.name(), "seconds_to_durable_checkpoint": to_durable,
-                   "seconds_left": left, "publish": published, "requeue": requeue}),
+                   "seconds_left": left, "signals_received": self.stop.count(), "publish": published,
+                   "requeue": requeue}),
         )?;
         self.events.sync()?;
         tracing::info!(
@@ -555,17 +562,22 @@ impl Attempt {
             StopReason::Signal(_) => StopKind::ClusterSignal,
             StopReason::StopAtStep => StopKind::StopAtStep,
         };
-        let timeout = deadline
-            .and_then(|d| d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)))
-            .unwrap_or(SCONTROL_TIMEOUT);
+        // Each scontrol call gets what is left then (capped); once too little
+        // is left, none is made: running past the deadline means SIGKILL.
+        let timeout = || match deadline {
+            Some(d) => d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)),
+            None => Some(SCONTROL_TIMEOUT),
+        };
+        const NO_TIME: &str = "no time left before the deadline";
         let job_id = self.slurm.control_id();
         let needs_query = job_id.is_some()
             && stop != StopKind::StopAtStep
             && self.cfg.signals.requeue != crate::config::RequeuePolicy::Never;
         let (job, job_query_error) = match (&job_id, needs_query) {
-            (Some(id), true) => match Scontrol.show_job(id, timeout) {
-                Ok(j) => (Some(j), None),
-                Err(e) => (None, Some(e.to_string())),
+            (Some(id), true) => match timeout().map(|t| Scontrol.show_job(id, t)) {
+                Some(Ok(j)) => (Some(j), None),
+                Some(Err(e)) => (None, Some(e.to_string())),
+                None => (None, Some(NO_TIME.to_string())),
             },
             _ => (None, None),
         };
@@ -584,11 +596,14 @@ impl Attempt {
         match &decision {
             Decision::Requeue { job_id, reason } => {
                 tracing::info!(job = %job_id, %reason, "requeueing the job");
-                match Scontrol.requeue(job_id, timeout) {
+                match timeout()
+                    .ok_or(NO_TIME.to_string())
+                    .and_then(|t| Scontrol.requeue(job_id, t).map_err(|e| e.to_string()))
+                {
                     Ok(answer) => record["answer"] = serde_json::to_value(answer).unwrap_or_default(),
                     Err(e) => {
                         tracing::error!(error = %e, "scontrol requeue failed; relying on sbatch --requeue");
-                        record["error"] = e.to_string().into();
+                        record["error"] = e.into();
                     }
                 }
             }
