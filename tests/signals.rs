@@ -688,10 +688,9 @@ fn slow_scontrol_calls_share_the_time_left_in_the_grace_period() {
 }
 
 // ---------------------------------------------------------------------------
-// Known gaps: failing tests kept, ignored, until the behaviour is fixed.
+// Regressions of gaps found by these tests.
 
 #[test]
-#[ignore = "bug: publish may use the whole grace period, leaving no time for `scontrol requeue` (reserve some for it)"]
 fn silent_remote_still_leaves_time_to_requeue() {
     let tmp = tempdir();
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -703,7 +702,6 @@ fn silent_remote_still_leaves_time_to_requeue() {
 }
 
 #[test]
-#[ignore = "bug: a run that fails (here: too many failed saves) records no `error` event and no failed summary"]
 fn failing_run_records_an_error_event_and_summary() {
     let tmp = tempdir();
     let dir = tmp.path().join("run");
@@ -719,7 +717,6 @@ fn failing_run_records_an_error_event_and_summary() {
 }
 
 #[test]
-#[ignore = "bug: the heartbeat notices the lock was taken over, logs 'this run should stop', and the run keeps writing (~10 s)"]
 fn run_whose_lock_was_taken_over_stops() {
     let tmp = tempdir();
     let dir = tmp.path().join("run");

@@ -43,6 +43,9 @@ pub struct RunOptions {
     pub stop_at_step: Option<u64>,
 }
 
+/// Time kept for the requeue decision after publishing, at most.
+const REQUEUE_RESERVE: Duration = Duration::from_secs(5);
+
 /// Longest a single `scontrol` call may take.
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,10 +62,10 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
     std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
-    let _lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
+    let lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
-    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm)? {
+    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, lock.lost_flag())? {
         Started::Ready(attempt) => attempt.train(),
         Started::StoppedEarly(outcome) => Ok(outcome),
     }
@@ -95,6 +98,8 @@ struct Attempt {
     last_loss: Option<f64>,
     best_loss: Option<f64>,
     resumes: u64,
+    /// Set by the lock's heartbeat when another process took the run directory.
+    lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Attempt {
@@ -104,6 +109,7 @@ impl Attempt {
         stop: StopFlag,
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
+        lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<Started, RunError> {
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
@@ -201,6 +207,7 @@ impl Attempt {
             last_checkpoint: Instant::now(),
             last_durable_step,
             resumes,
+            lock_lost,
         })))
     }
 
@@ -210,10 +217,29 @@ impl Attempt {
             .or_else(|| self.stop_at_step.filter(|k| self.trainer.step() >= *k).map(|_| StopReason::StopAtStep))
     }
 
+    /// Trains to the end or to a stop; a failure is recorded in
+    /// `events.jsonl` and `summary.json` before it is returned.
     fn train(mut self: Box<Self>) -> Result<Outcome, RunError> {
+        let result = self.train_loop();
+        if let Err(e) = &result
+            && !matches!(e, RunError::LockLost { .. })
+        {
+            // Best effort: the error itself is what the caller must see.
+            let _ = self.events.record("error", json!({"step": self.trainer.step(), "error": e.to_string()}));
+            let _ = self.write_summary("failed");
+            let _ = self.events.sync();
+        }
+        result
+    }
+
+    fn train_loop(&mut self) -> Result<Outcome, RunError> {
         let max_steps = self.cfg.run.max_steps;
         let progress = Progress::new(self.trainer.step(), max_steps);
         loop {
+            if self.lock_lost.load(std::sync::atomic::Ordering::SeqCst) {
+                progress.finish();
+                return Err(RunError::LockLost { dir: self.dir.root.clone() });
+            }
             self.collect_background()?;
             if let Some(reason) = self.stop_reason() {
                 progress.finish();
@@ -223,7 +249,8 @@ impl Attempt {
                 break;
             }
             let stop = self.stop.clone();
-            match self.trainer.train_step(&move || stop.is_set())? {
+            let lost = std::sync::Arc::clone(&self.lock_lost);
+            match self.trainer.train_step(&move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst))? {
                 StepResult::Interrupted => continue,
                 StepResult::Completed(m) => self.after_step(&m, &progress)?,
                 StepResult::NonFiniteStop(ev) => {
@@ -417,7 +444,7 @@ impl Attempt {
         }
     }
 
-    fn finish(mut self: Box<Self>) -> Result<Outcome, RunError> {
+    fn finish(&mut self) -> Result<Outcome, RunError> {
         let step = self.trainer.step();
         self.checkpoint_now("final")?;
         self.write_summary("finished")?;
@@ -427,11 +454,9 @@ impl Attempt {
         Ok(Outcome::Done)
     }
 
-    fn nonfinite_stop(mut self: Box<Self>, ev: NonFiniteEvent) -> Result<Outcome, RunError> {
+    fn nonfinite_stop(&mut self, ev: NonFiniteEvent) -> Result<Outcome, RunError> {
         self.events.record("nonfinite", json!({"step": ev.step, "loss": finite_or_null(ev.loss), "grad_norm": finite_or_null(ev.grad_norm), "action": "stop"}))?;
         self.checkpoint_now("stop")?;
-        self.write_summary("failed")?;
-        self.events.record("error", json!({"step": self.trainer.step(), "error": "non-finite loss or gradient"}))?;
         Err(RunError::NonFinite { step: ev.step, loss: ev.loss, grad_norm: ev.grad_norm })
     }
 
@@ -467,7 +492,7 @@ impl Attempt {
         Ok(())
     }
 
-    fn stop_with_checkpoint(mut self: Box<Self>, reason: StopReason) -> Result<Outcome, RunError> {
+    fn stop_with_checkpoint(&mut self, reason: StopReason) -> Result<Outcome, RunError> {
         let step = self.trainer.step();
         let arrival = self.stop.first_arrival().unwrap_or_else(Instant::now);
         let deadline = match reason {
@@ -508,7 +533,13 @@ impl Attempt {
             tracing::warn!("skipping publish and requeue: third signal or deadline passed");
             (json!({"skipped": "fast exit"}), json!({"decision": "skip", "reason": "fast exit"}))
         } else {
-            let published = self.publish(&reason.name(), deadline);
+            // Requeueing comes last (it ends the job) and must not be starved
+            // by a slow remote: publishing gets the time left minus a reserve.
+            let publish_deadline = deadline.map(|d| {
+                let reserve = (d.remaining(Instant::now()) / 3).min(REQUEUE_RESERVE);
+                Deadline { at: d.at.checked_sub(reserve).unwrap_or(d.at) }
+            });
+            let published = self.publish(&reason.name(), publish_deadline);
             let requeue = self.requeue(reason, deadline)?;
             (published, requeue)
         };
