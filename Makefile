@@ -15,6 +15,8 @@ deps:
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 	@command -v $(PYTHON) >/dev/null || { apt-get update && apt-get install -y python3 python3-pip; }
 	@$(PYTHON) -c "import safetensors, numpy" 2>/dev/null || $(PYTHON) -m pip install --quiet safetensors numpy
+	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; } || \
+		echo "*** WARNING: cannot install chromium: tests/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"
 	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurmctld slurmd slurm-client munge; }
 
 ## build: the release binary at target/release/rekindle

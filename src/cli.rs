@@ -61,6 +61,152 @@ pub enum Command {
     Verify(VerifyArgs),
     /// List a run's checkpoints: step, time, size, and whether each verifies.
     Checkpoints(CheckpointsArgs),
+    /// One screen about a run: state, progress, loss, checkpoints, last stop,
+    /// requeue and publish (reads only the run directory).
+    Status(StatusArgs),
+    /// Write one self-contained HTML report of a run: loss, learning rate,
+    /// throughput and GPU charts with every checkpoint, signal, requeue and
+    /// resume marked, and a table of attempts. Opens offline (no script, no
+    /// network); reads only the run directory.
+    Report(ReportArgs),
+    /// Dataset tools.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// GPUs visible to this job and the placement plan a run of the config would use.
+    ///
+    /// Honours CUDA_VISIBLE_DEVICES, ROCR/HIP_VISIBLE_DEVICES and SLURM_JOB_GPUS.
+    /// `--inventory FILE` describes GPUs as JSON instead of probing, to see the
+    /// plan for the node you are about to request:
+    /// {"devices": [{"vendor": "nvidia", "name": "H100", "memory_total_mib": 81559, "memory_free_mib": 80000}]}
+    Gpus(GpusArgs),
+    /// Pre-flight checks before submitting (or at the top of the sbatch script):
+    /// SLURM, GPUs, a tiny matmul, free disk, a checkpoint round-trip, the config.
+    /// Exit 1 if a required check fails.
+    Doctor(DoctorArgs),
+    /// Benchmarks (numbers for docs/performance.md).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Save, load+verify, verify and snapshot stall of synthetic state of SIZE,
+    /// beside `dd bs=8M conv=fsync` of the same bytes on the same filesystem.
+    Checkpoint(BenchCheckpointArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchCheckpointArgs {
+    /// State size: bytes, or with a unit (256MiB, 1GiB, 4GiB).
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: u64,
+    /// Directory on the filesystem to measure.
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Repetitions (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Drop the page cache before reads (root only) to measure cold loads.
+    #[arg(long)]
+    pub cold: bool,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `1GiB`, `256MiB`, `512k`, `1000000`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("`{text}` is not a size: write e.g. 1GiB, 256MiB or 1048576"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => return Err(format!("unknown size unit `{other}`: use B, KiB, MiB, GiB, KB, MB or GB")),
+    };
+    Ok((n * mult as f64) as u64)
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Where to write the HTML (default: `<run dir>/report.html`).
+    #[arg(long, value_name = "FILE.html")]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Check every line of a JSONL dataset and report problems with line numbers.
+    ///
+    /// Reports JSON parse errors, missing/empty/non-string text fields,
+    /// invalid UTF-8, NUL and control characters, and over-long records, with
+    /// counts, the first example lines, and the length distribution. Exit 0
+    /// when clean, 1 when any line is invalid.
+    Validate(ValidateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The JSONL file.
+    pub file: PathBuf,
+    /// Name of the text field of each record.
+    #[arg(long, default_value = "text")]
+    pub field: String,
+    /// Records with more bytes of text than this are invalid (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub max_len: usize,
+    /// Also write a cleaned copy here (valid lines byte for byte).
+    #[arg(long, value_name = "CLEAN.jsonl")]
+    pub out: Option<PathBuf>,
+    /// With --out: cut over-long records to --max-len instead of dropping them.
+    #[arg(long, requires = "out")]
+    pub truncate: bool,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GpusArgs {
+    /// Plan for this config's model and batch (default: the built-in defaults).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Describe GPUs with a JSON inventory instead of probing this machine.
+    #[arg(long, value_name = "FILE")]
+    pub inventory: Option<PathBuf>,
+    /// Print JSON on stdout (`devices`, `plan`, `notes`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Check this config (and its checkpoint directory and publish remote).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Describe GPUs with a JSON inventory instead of probing.
+    #[arg(long, value_name = "FILE")]
+    pub inventory: Option<PathBuf>,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -112,12 +258,25 @@ pub enum CliError {
     NotACheckpointPath { path: PathBuf },
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Train(#[from] crate::train::TrainError),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+    #[error(transparent)]
+    Bench(#[from] crate::bench::BenchError),
+    #[error(transparent)]
+    Report(#[from] crate::report::ReportError),
+    #[error("{path} is not a run directory (no {file}); pass the directory `rekindle run` wrote to")]
+    NotARunDir { path: PathBuf, file: &'static str },
 }
 
 impl CliError {
     pub fn outcome(&self) -> Outcome {
         match self {
             CliError::Run(e) => e.outcome(),
+            CliError::Config(_) => Outcome::ConfigError,
             _ => Outcome::Failure,
         }
     }
@@ -129,7 +288,125 @@ pub fn execute(cli: Cli) -> Result<Outcome, CliError> {
         Command::Run(args) => run(args),
         Command::Verify(args) => verify(&args.path, args.json),
         Command::Checkpoints(args) => checkpoints(&args.run_dir, args.json),
+        Command::Status(args) => status(&args.run_dir, args.json),
+        Command::Report(args) => report(&args),
+        Command::Data(DataCommand::Validate(args)) => data_validate(&args),
+        Command::Gpus(args) => gpus(&args),
+        Command::Doctor(args) => doctor(&args),
+        Command::Bench(BenchCommand::Checkpoint(args)) => bench_checkpoint(&args),
     }
+}
+
+fn status(dir: &Path, json: bool) -> Result<Outcome, CliError> {
+    if !dir.join(orchestrate::CONFIG_FILE).is_file() {
+        return Err(CliError::NotARunDir { path: dir.to_path_buf(), file: orchestrate::CONFIG_FILE });
+    }
+    let st = orchestrate::status(dir);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st).expect("status serialises"));
+    } else {
+        print!("{st}");
+    }
+    Ok(Outcome::Done)
+}
+
+fn report(args: &ReportArgs) -> Result<Outcome, CliError> {
+    let path = crate::report::write_report(&args.run_dir, args.out.as_deref())?;
+    println!("wrote {}", path.display());
+    Ok(Outcome::Done)
+}
+
+fn data_validate(args: &ValidateArgs) -> Result<Outcome, CliError> {
+    use crate::train::{CleanMode, ValidateOptions, validate_file, write_clean};
+    let opts = ValidateOptions { field: args.field.clone(), max_len: args.max_len, ..ValidateOptions::default() };
+    let report = validate_file(&args.file, &opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
+    } else {
+        print!("{report}");
+    }
+    if let Some(out) = &args.out {
+        let mode = if args.truncate { CleanMode::Truncate } else { CleanMode::Drop };
+        let summary = write_clean(&args.file, out, &opts, mode)?;
+        eprintln!(
+            "wrote {}: {} lines kept, {} truncated, {} dropped",
+            out.display(),
+            summary.kept,
+            summary.truncated,
+            summary.dropped
+        );
+    }
+    Ok(if report.is_clean() { Outcome::Done } else { Outcome::Failure })
+}
+
+/// The config to plan for: the given file, or the defaults.
+fn config_or_default(path: Option<&Path>) -> Result<config::Config, CliError> {
+    Ok(match path {
+        Some(p) => config::load(p, &[])?.config,
+        None => config::Config::default(),
+    })
+}
+
+/// Memory the config's workload needs, from its real parameter count and an
+/// estimate of activation bytes per sample.
+fn footprint(cfg: &config::Config) -> Result<crate::gpu::Footprint, CliError> {
+    let trainer = crate::train::Trainer::new(cfg)?;
+    let params = trainer.param_count() as u64;
+    let bytes = match cfg.precision.dtype {
+        config::Precision::F32 => 4,
+        config::Precision::Bf16 | config::Precision::F16 => 2,
+    };
+    // Activations kept for the backward pass, ~4 tensors per layer output.
+    let per_sample = match cfg.model.kind {
+        config::ModelKind::Mlp => cfg.model.hidden.iter().sum::<usize>() as u64 * 4 * bytes,
+        config::ModelKind::Gpt => {
+            let (l, c, w) = (cfg.model.layers as u64, cfg.model.context as u64, cfg.model.width as u64);
+            let attn = cfg.model.heads as u64 * c * c;
+            l * (16 * c * w + 2 * attn) * bytes + c * 256 * 4 * 2
+        }
+    };
+    Ok(crate::gpu::Footprint::estimate_from_params(params, bytes, per_sample))
+}
+
+fn gpus(args: &GpusArgs) -> Result<Outcome, CliError> {
+    let cfg = config_or_default(args.config.as_deref())?;
+    let report = crate::gpu::gpus_report(args.inventory.as_deref(), &cfg, footprint(&cfg)?)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
+    } else {
+        print!("{report}");
+    }
+    Ok(Outcome::Done)
+}
+
+fn bench_checkpoint(args: &BenchCheckpointArgs) -> Result<Outcome, CliError> {
+    let opts = crate::bench::CheckpointBenchOptions {
+        bytes: args.bytes,
+        dir: args.dir.clone(),
+        repeat: args.repeat,
+        cold: args.cold,
+    };
+    let result = crate::bench::run_checkpoint_bench(&opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result).expect("bench serialises"));
+    } else {
+        print!("{result}");
+    }
+    Ok(Outcome::Done)
+}
+
+fn doctor(args: &DoctorArgs) -> Result<Outcome, CliError> {
+    let cfg = args.config.as_deref().map(|p| config::load(p, &[])).transpose()?.map(|l| l.config);
+    let fp = footprint(cfg.as_ref().unwrap_or(&config::Config::default())).ok();
+    let opts =
+        crate::gpu::DoctorOptions { inventory: args.inventory.clone(), footprint: fp, expected_checkpoint_bytes: None };
+    let list = crate::gpu::doctor(cfg.as_ref(), &opts);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&list).expect("checklist serialises"));
+    } else {
+        print!("{list}");
+    }
+    Ok(if list.any_required_failed() { Outcome::Failure } else { Outcome::Done })
 }
 
 fn run(args: RunArgs) -> Result<Outcome, CliError> {

@@ -3,6 +3,7 @@
 //! The binary (`src/main.rs`) only parses arguments and maps results to exit
 //! codes; everything else lives here, one module per concern:
 //!
+//! - [`bench`]: the benchmarks behind `rekindle bench`.
 //! - [`config`]: the TOML config, overrides, validation with every error at once.
 //! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
 //! - [`train`]: models, optimizer, data, and the training loop's state.
@@ -10,10 +11,12 @@
 //! - [`publish`]: git-publishing results on exit.
 //! - [`slurm`]: the allocation, the requeue decision, `scontrol`.
 //! - [`gpu`]: GPU detection, visibility, placement, monitoring, `doctor`.
-//! - [`telemetry`]: logging setup and the run's event records.
+//! - [`telemetry`]: logging setup, the run's event records, reading them back.
+//! - [`report`]: the HTML report of a run (`rekindle report`).
 //! - [`cli`]: the command line and what each subcommand does.
 //! - [`exit`]: the exit-code contract.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
@@ -21,6 +24,7 @@ pub mod exit;
 pub mod gpu;
 pub mod orchestrate;
 pub mod publish;
+pub mod report;
 pub mod slurm;
 pub mod telemetry;
 pub mod train;

@@ -16,7 +16,10 @@ fn main() -> ExitCode {
         Ok(outcome) => outcome.into(),
         Err(e) => {
             let outcome = e.outcome();
-            eprintln!("error: {:#}", anyhow::Error::new(e));
+            // Every error message already names its cause (the `{source}` is
+            // part of each message), so print the top-level Display only:
+            // walking the source chain as well would repeat the causes.
+            eprintln!("error: {e}");
             outcome.into()
         }
     }

@@ -2,6 +2,8 @@
 //! to commit into, the `git` command line to check what arrived, and
 //! `git daemon` for a remote whose pre-receive hook rejects pushes.
 
+mod support;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -10,20 +12,7 @@ use std::time::{Duration, Instant};
 use rekindle::config::PublishSection;
 use rekindle::publish::{PublishRequest, publish};
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git").args(args).current_dir(dir).output().expect("git runs");
-    assert!(out.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A bare remote with branch main and a clone of it.
-fn remote_and_clone(root: &Path) -> (PathBuf, PathBuf) {
-    let bare = root.join("results.git");
-    git(root, &["init", "--bare", "-q", "-b", "main", bare.to_str().unwrap()]);
-    let clone = root.join("clone");
-    git(root, &["clone", "-q", bare.to_str().unwrap(), clone.to_str().unwrap()]);
-    (bare, clone)
-}
+use support::git::{closed_port, git, remote_and_clone};
 
 fn run_dir(root: &Path) -> PathBuf {
     let dir = root.join("run");
@@ -105,7 +94,7 @@ fn unreachable_remote_keeps_commit_local_until_the_next_run_pushes_it() {
     let (bare, clone) = remote_and_clone(tmp.path());
     let run = run_dir(tmp.path());
     // A port nothing listens on: every push fails at once.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = closed_port();
     git(&clone, &["remote", "set-url", "origin", &format!("git://127.0.0.1:{port}/results.git")]);
     let cfg = section(&clone);
     let started = Instant::now();
@@ -176,7 +165,7 @@ fn pushes_rejected_by_a_pre_receive_hook_are_retried_until_accepted() {
     )
     .unwrap();
     Command::new("chmod").args(["755", hook.to_str().unwrap()]).status().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = closed_port();
     let _daemon = Daemon(
         Command::new("git")
             .args([

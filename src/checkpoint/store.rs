@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -287,10 +287,15 @@ impl CheckpointStore {
         for file in files {
             let path = tmp.join(file.name);
             failpoint(&format!("checkpoint::before_write::{}", file.name))?;
-            let (bytes, sha256) = write_hashed(&path, |w| match &file.content {
-                Content::Tensors(set, meta) => safetensors_io::write(w, set, meta),
-                Content::Bytes(b) => w.write_all(b),
-            })
+            let (bytes, sha256) = match &file.content {
+                Content::Tensors(set, meta) => {
+                    let header = safetensors_io::header(set, meta);
+                    let mut parts: Vec<&[u8]> = vec![&header];
+                    parts.extend(set.values().map(|t| t.data.as_slice()));
+                    write_hashed(&path, &parts)
+                }
+                Content::Bytes(b) => write_hashed(&path, &[b]),
+            }
             .map_err(werr(&path))?;
             entries.push(ManifestEntry { name: file.name.to_string(), bytes, sha256 });
         }
@@ -304,7 +309,7 @@ impl CheckpointStore {
         failpoint("checkpoint::before_manifest")?;
         let manifest_path = tmp.join(MANIFEST_FILE);
         let (manifest_bytes, _) =
-            write_hashed(&manifest_path, |w| w.write_all(&manifest.to_bytes())).map_err(werr(&manifest_path))?;
+            write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?;
         fsync_dir(tmp).map_err(werr(tmp))?;
         failpoint("checkpoint::before_rename")?;
 
@@ -442,39 +447,38 @@ pub fn parse_step_dir_name(name: &str) -> Option<u64> {
     (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
 }
 
-/// A writer that hashes every byte on its way to the file.
-struct HashingWriter<W> {
-    inner: W,
-    hasher: Sha256,
-    bytes: u64,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.bytes += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// Creates `path`, streams `fill` into it while hashing, fsyncs it.
-/// Returns (bytes, hex sha256).
-fn write_hashed(path: &Path, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<(u64, String)> {
-    let file = File::options().write(true).create_new(true).open(path)?;
-    let mut w = HashingWriter { inner: BufWriter::with_capacity(IO_BUFFER, file), hasher: Sha256::new(), bytes: 0 };
-    fill(&mut w)?;
-    w.flush()?;
+/// Creates `path`, writes `parts` into it straight from their memory while a
+/// second thread hashes the same bytes, and fsyncs it. Hashing costs about as
+/// much CPU as the write, so running them side by side makes a save take the
+/// longer of the two instead of their sum; nothing is copied and nothing is
+/// read back. Returns (bytes, hex sha256).
+fn write_hashed(path: &Path, parts: &[&[u8]]) -> io::Result<(u64, String)> {
+    let mut file = File::options().write(true).create_new(true).open(path)?;
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    let digest = std::thread::scope(|scope| -> io::Result<String> {
+        let hasher = scope.spawn(|| {
+            let mut h = Sha256::new();
+            for part in parts {
+                for chunk in part.chunks(HASH_CHUNK) {
+                    h.update(chunk);
+                }
+            }
+            hex::encode(h.finalize())
+        });
+        let written =
+            parts.iter().try_for_each(|part| part.chunks(IO_BUFFER).try_for_each(|chunk| file.write_all(chunk)));
+        let digest = hasher.join().expect("hashing thread does not panic");
+        written.map(|()| digest)
+    })?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     fail_io(&format!("checkpoint::before_fsync::{name}"))?;
-    let file = w.inner.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     fail_io(&format!("checkpoint::after_fsync::{name}"))?;
-    Ok((w.bytes, hex::encode(w.hasher.finalize())))
+    Ok((total, digest))
 }
+
+/// Bytes hashed per `update` call (keeps the hasher's working set in cache).
+const HASH_CHUNK: usize = 1 << 20;
 
 /// A failpoint inside I/O code: its injected error is an `EIO`.
 fn fail_io(name: &str) -> io::Result<()> {
@@ -500,28 +504,98 @@ fn available_space(dir: &Path) -> io::Result<u64> {
     Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
 
-/// Hashes a file while reading it; keeps the bytes when `keep` is set.
+/// Reads a file and hashes it on the same pass: a second thread hashes each
+/// chunk as soon as it is read, so reading and hashing overlap. With `keep`
+/// the bytes are returned (read straight into their final buffer); without,
+/// two buffers alternate. Returns (bytes, hex sha256, kept bytes).
 fn read_hashed(path: &Path, keep: bool) -> io::Result<(u64, String, Vec<u8>)> {
     let mut file = File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut kept = Vec::new();
-    let mut total = 0u64;
+    let len = file.metadata()?.len() as usize;
     if keep {
-        file.read_to_end(&mut kept)?;
-        hasher.update(&kept);
-        total = kept.len() as u64;
-    } else {
-        let mut buf = vec![0u8; IO_BUFFER];
-        loop {
-            let n = file.read(&mut buf)?;
-            if n == 0 {
-                break;
+        let mut buf = vec![0u8; len];
+        let (total, digest) = std::thread::scope(|scope| -> io::Result<(u64, String)> {
+            // The reader fills disjoint chunks in order and hands each filled
+            // chunk, now read-only, to the hasher.
+            let (tx, rx) = std::sync::mpsc::sync_channel::<&[u8]>(4);
+            let hasher = scope.spawn(move || {
+                let mut h = Sha256::new();
+                for chunk in rx {
+                    h.update(chunk);
+                }
+                hex::encode(h.finalize())
+            });
+            let mut total = 0u64;
+            let mut result = Ok(());
+            for chunk in buf.chunks_mut(IO_BUFFER) {
+                match read_full(&mut file, chunk) {
+                    Ok(n) => {
+                        total += n as u64;
+                        let filled: &[u8] = chunk;
+                        let _ = tx.send(&filled[..n]);
+                        if n < filled.len() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
             }
-            hasher.update(&buf[..n]);
-            total += n as u64;
+            drop(tx);
+            let digest = hasher.join().expect("hashing thread does not panic");
+            result.map(|()| (total, digest))
+        })?;
+        buf.truncate(total as usize);
+        // A file that grew since stat: hash and keep the rest too.
+        let mut rest = Vec::new();
+        file.read_to_end(&mut rest)?;
+        if !rest.is_empty() {
+            buf.extend_from_slice(&rest);
+            let digest = hex::encode(Sha256::digest(&buf));
+            return Ok((buf.len() as u64, digest, buf));
+        }
+        return Ok((total, digest, buf));
+    }
+    let mut hasher = Sha256::new();
+    let mut total = 0u64;
+    let mut bufs = [vec![0u8; IO_BUFFER], vec![0u8; IO_BUFFER]];
+    let mut current = 0;
+    let mut pending: Option<usize> = None;
+    loop {
+        let (a, b) = bufs.split_at_mut(1);
+        let (fill_buf, hash_buf) = if current == 0 { (&mut a[0], &b[0]) } else { (&mut b[0], &a[0]) };
+        let n = std::thread::scope(|scope| {
+            let h = &mut hasher;
+            let handle = pending.map(|m| scope.spawn(move || h.update(&hash_buf[..m])));
+            let n = read_full(&mut file, fill_buf);
+            if let Some(handle) = handle {
+                handle.join().expect("hashing thread does not panic");
+            }
+            n
+        })?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        pending = Some(n);
+        current = 1 - current;
+    }
+    Ok((total, hex::encode(hasher.finalize()), Vec::new()))
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+fn read_full(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
-    Ok((total, hex::encode(hasher.finalize()), kept))
+    Ok(n)
 }
 
 /// Reads and parses the manifest of `dir`.

@@ -34,6 +34,11 @@ pub enum RunError {
     #[error(transparent)]
     Lock(#[from] super::lock::LockError),
     #[error(
+        "another process took over the lock of run directory {dir} (its holder judged this run dead); \
+         this run stopped without writing anything more: check that two jobs do not share the directory"
+    )]
+    LockLost { dir: PathBuf },
+    #[error(
         "step {step} had a non-finite loss ({loss}) or gradient norm ({grad_norm}) and [train] on_nonfinite = \"stop\"; \
          the last good step is checkpointed: lower the learning rate, check the data, or use on_nonfinite = \"skip\" or \"rollback\""
     )]

@@ -92,6 +92,7 @@ pub struct RunLock {
     path: PathBuf,
     info: LockInfo,
     stop: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<()>>,
 }
 
@@ -156,22 +157,29 @@ impl RunLock {
             Err(e) => return Err(io(e)),
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicBool::new(false));
         let heartbeat = {
-            let (stop, path, info) = (Arc::clone(&stop), path.clone(), info.clone());
+            let (stop, lost, path, info) = (Arc::clone(&stop), Arc::clone(&lost), path.clone(), info.clone());
             std::thread::Builder::new()
                 .name("rekindle-lock-heartbeat".into())
-                .spawn(move || heartbeat_loop(&path, info, &stop))
+                .spawn(move || heartbeat_loop(&path, info, &stop, &lost))
                 .map_err(io)?
         };
-        Ok(RunLock { path, info, stop, heartbeat: Some(heartbeat) })
+        Ok(RunLock { path, info, stop, lost, heartbeat: Some(heartbeat) })
     }
 
     pub fn info(&self) -> &LockInfo {
         &self.info
     }
+
+    /// A flag the heartbeat sets when another process has taken the lock
+    /// over; the run must then stop writing at once.
+    pub fn lost_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.lost)
+    }
 }
 
-fn heartbeat_loop(path: &Path, mut info: LockInfo, stop: &AtomicBool) {
+fn heartbeat_loop(path: &Path, mut info: LockInfo, stop: &AtomicBool, lost: &AtomicBool) {
     let tick = Duration::from_millis(200);
     let mut waited = Duration::ZERO;
     while !stop.load(Ordering::SeqCst) {
@@ -183,7 +191,8 @@ fn heartbeat_loop(path: &Path, mut info: LockInfo, stop: &AtomicBool) {
         waited = Duration::ZERO;
         let current: Option<LockInfo> = fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok());
         if current.as_ref().map(|c| &c.token) != Some(&info.token) {
-            tracing::error!(lock = %path.display(), "the run-directory lock was taken over by another process; this run should stop");
+            tracing::error!(lock = %path.display(), "the run-directory lock was taken over by another process; stopping without writing more");
+            lost.store(true, Ordering::SeqCst);
             return;
         }
         info.heartbeat = unix_now();

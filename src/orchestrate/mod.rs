@@ -9,6 +9,7 @@ mod persist;
 mod progress;
 mod run;
 mod rundir;
+mod status;
 mod stop;
 
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
@@ -20,4 +21,5 @@ pub use rundir::{
     CHECKPOINTS_DIR, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE, checkpoints_dir, prepare,
     resolve_run_dir, write_atomically,
 };
+pub use status::{CheckpointLine, RunStatus, status};
 pub use stop::{StopFlag, StopReason};

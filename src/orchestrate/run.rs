@@ -43,6 +43,9 @@ pub struct RunOptions {
     pub stop_at_step: Option<u64>,
 }
 
+/// Time kept for the requeue decision after publishing, at most.
+const REQUEUE_RESERVE: Duration = Duration::from_secs(5);
+
 /// Longest a single `scontrol` call may take.
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -56,10 +59,13 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let cfg = loaded.config;
     let slurm = SlurmEnv::from_process();
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    // Lock before writing anything into the directory: a run refused because
+    // another one is live must leave that run's config.toml alone.
+    std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
+    let lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
-    let _lock = RunLock::acquire(&dir.root, slurm.control_id(), slurm.node_name())?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
-    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm)? {
+    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, lock.lost_flag())? {
         Started::Ready(attempt) => attempt.train(),
         Started::StoppedEarly(outcome) => Ok(outcome),
     }
@@ -92,6 +98,8 @@ struct Attempt {
     last_loss: Option<f64>,
     best_loss: Option<f64>,
     resumes: u64,
+    /// Set by the lock's heartbeat when another process took the run directory.
+    lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Attempt {
@@ -101,6 +109,7 @@ impl Attempt {
         stop: StopFlag,
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
+        lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<Started, RunError> {
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
@@ -173,9 +182,14 @@ impl Attempt {
         let metrics = JsonlWriter::open(dir.path(METRICS_FILE))?;
         let persister = Persister::spawn(store.clone())
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
+        // The losses so far come from the checkpoint, not summary.json: a
+        // SIGKILLed attempt writes no summary, and after a fallback to an older
+        // checkpoint the summary covers steps that are trained again.
+        let (last_loss, best_loss) =
+            outcome.loaded.as_ref().map(|l| losses_so_far(&l.snapshot.state)).unwrap_or_default();
         Ok(Started::Ready(Box::new(Attempt {
-            last_loss: previous.as_ref().and_then(|s| s["final_loss"].as_f64()),
-            best_loss: previous.as_ref().and_then(|s| s["best_loss"].as_f64()),
+            last_loss,
+            best_loss,
             cfg,
             dir,
             store,
@@ -193,6 +207,7 @@ impl Attempt {
             last_checkpoint: Instant::now(),
             last_durable_step,
             resumes,
+            lock_lost,
         })))
     }
 
@@ -202,10 +217,29 @@ impl Attempt {
             .or_else(|| self.stop_at_step.filter(|k| self.trainer.step() >= *k).map(|_| StopReason::StopAtStep))
     }
 
+    /// Trains to the end or to a stop; a failure is recorded in
+    /// `events.jsonl` and `summary.json` before it is returned.
     fn train(mut self: Box<Self>) -> Result<Outcome, RunError> {
+        let result = self.train_loop();
+        if let Err(e) = &result
+            && !matches!(e, RunError::LockLost { .. })
+        {
+            // Best effort: the error itself is what the caller must see.
+            let _ = self.events.record("error", json!({"step": self.trainer.step(), "error": e.to_string()}));
+            let _ = self.write_summary("failed");
+            let _ = self.events.sync();
+        }
+        result
+    }
+
+    fn train_loop(&mut self) -> Result<Outcome, RunError> {
         let max_steps = self.cfg.run.max_steps;
         let progress = Progress::new(self.trainer.step(), max_steps);
         loop {
+            if self.lock_lost.load(std::sync::atomic::Ordering::SeqCst) {
+                progress.finish();
+                return Err(RunError::LockLost { dir: self.dir.root.clone() });
+            }
             self.collect_background()?;
             if let Some(reason) = self.stop_reason() {
                 progress.finish();
@@ -215,7 +249,8 @@ impl Attempt {
                 break;
             }
             let stop = self.stop.clone();
-            match self.trainer.train_step(&move || stop.is_set())? {
+            let lost = std::sync::Arc::clone(&self.lock_lost);
+            match self.trainer.train_step(&move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst))? {
                 StepResult::Interrupted => continue,
                 StepResult::Completed(m) => self.after_step(&m, &progress)?,
                 StepResult::NonFiniteStop(ev) => {
@@ -231,6 +266,14 @@ impl Attempt {
 
     fn after_step(&mut self, m: &StepMetrics, progress: &Progress) -> Result<(), RunError> {
         let max_steps = self.cfg.run.max_steps;
+        tracing::debug!(
+            step = m.step,
+            loss = m.loss,
+            lr = m.lr,
+            grad_norm = m.grad_norm,
+            samples_per_s = m.samples_per_s,
+            "step"
+        );
         if m.step.is_multiple_of(self.cfg.train.log_every) || m.step == max_steps {
             let mut line = m.to_json();
             line["time"] = now().into();
@@ -401,7 +444,7 @@ impl Attempt {
         }
     }
 
-    fn finish(mut self: Box<Self>) -> Result<Outcome, RunError> {
+    fn finish(&mut self) -> Result<Outcome, RunError> {
         let step = self.trainer.step();
         self.checkpoint_now("final")?;
         self.write_summary("finished")?;
@@ -411,11 +454,9 @@ impl Attempt {
         Ok(Outcome::Done)
     }
 
-    fn nonfinite_stop(mut self: Box<Self>, ev: NonFiniteEvent) -> Result<Outcome, RunError> {
+    fn nonfinite_stop(&mut self, ev: NonFiniteEvent) -> Result<Outcome, RunError> {
         self.events.record("nonfinite", json!({"step": ev.step, "loss": finite_or_null(ev.loss), "grad_norm": finite_or_null(ev.grad_norm), "action": "stop"}))?;
         self.checkpoint_now("stop")?;
-        self.write_summary("failed")?;
-        self.events.record("error", json!({"step": self.trainer.step(), "error": "non-finite loss or gradient"}))?;
         Err(RunError::NonFinite { step: ev.step, loss: ev.loss, grad_norm: ev.grad_norm })
     }
 
@@ -434,6 +475,7 @@ impl Attempt {
             .restore(&snap.model, &snap.optimizer, &snap.state["train"])
             .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
         let skipped = self.trainer.skip_past(&ev)?;
+        (self.last_loss, self.best_loss) = losses_so_far(&snap.state);
         tracing::warn!(
             failed_step = ev.step,
             restored_step = snap.step,
@@ -450,7 +492,7 @@ impl Attempt {
         Ok(())
     }
 
-    fn stop_with_checkpoint(mut self: Box<Self>, reason: StopReason) -> Result<Outcome, RunError> {
+    fn stop_with_checkpoint(&mut self, reason: StopReason) -> Result<Outcome, RunError> {
         let step = self.trainer.step();
         let arrival = self.stop.first_arrival().unwrap_or_else(Instant::now);
         let deadline = match reason {
@@ -473,8 +515,11 @@ impl Attempt {
             tracing::error!(
                 "third signal or deadline passed before the checkpoint began: exiting at once; the previous checkpoint is intact"
             );
-            self.events
-                .record("stop", json!({"step": self.last_durable_step, "reason": reason.name(), "fast_exit": true}))?;
+            self.events.record(
+                "stop",
+                json!({"step": self.last_durable_step, "reason": reason.name(), "fast_exit": true,
+                       "signals_received": self.stop.count()}),
+            )?;
             self.events.sync()?;
             return Ok(Outcome::StoppedWithCheckpoint);
         }
@@ -488,7 +533,13 @@ impl Attempt {
             tracing::warn!("skipping publish and requeue: third signal or deadline passed");
             (json!({"skipped": "fast exit"}), json!({"decision": "skip", "reason": "fast exit"}))
         } else {
-            let published = self.publish(&reason.name(), deadline);
+            // Requeueing comes last (it ends the job) and must not be starved
+            // by a slow remote: publishing gets the time left minus a reserve.
+            let publish_deadline = deadline.map(|d| {
+                let reserve = (d.remaining(Instant::now()) / 3).min(REQUEUE_RESERVE);
+                Deadline { at: d.at.checked_sub(reserve).unwrap_or(d.at) }
+            });
+            let published = self.publish(&reason.name(), publish_deadline);
             let requeue = self.requeue(reason, deadline)?;
             (published, requeue)
         };
@@ -496,7 +547,8 @@ impl Attempt {
         self.events.record(
             "stop",
             json!({"step": report.step, "reason": reason.name(), "seconds_to_durable_checkpoint": to_durable,
-                   "seconds_left": left, "publish": published, "requeue": requeue}),
+                   "seconds_left": left, "signals_received": self.stop.count(), "publish": published,
+                   "requeue": requeue}),
         )?;
         self.events.sync()?;
         tracing::info!(
@@ -541,17 +593,22 @@ impl Attempt {
             StopReason::Signal(_) => StopKind::ClusterSignal,
             StopReason::StopAtStep => StopKind::StopAtStep,
         };
-        let timeout = deadline
-            .and_then(|d| d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)))
-            .unwrap_or(SCONTROL_TIMEOUT);
+        // Each scontrol call gets what is left then (capped); once too little
+        // is left, none is made: running past the deadline means SIGKILL.
+        let timeout = || match deadline {
+            Some(d) => d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)),
+            None => Some(SCONTROL_TIMEOUT),
+        };
+        const NO_TIME: &str = "no time left before the deadline";
         let job_id = self.slurm.control_id();
         let needs_query = job_id.is_some()
             && stop != StopKind::StopAtStep
             && self.cfg.signals.requeue != crate::config::RequeuePolicy::Never;
         let (job, job_query_error) = match (&job_id, needs_query) {
-            (Some(id), true) => match Scontrol.show_job(id, timeout) {
-                Ok(j) => (Some(j), None),
-                Err(e) => (None, Some(e.to_string())),
+            (Some(id), true) => match timeout().map(|t| Scontrol.show_job(id, t)) {
+                Some(Ok(j)) => (Some(j), None),
+                Some(Err(e)) => (None, Some(e.to_string())),
+                None => (None, Some(NO_TIME.to_string())),
             },
             _ => (None, None),
         };
@@ -570,11 +627,14 @@ impl Attempt {
         match &decision {
             Decision::Requeue { job_id, reason } => {
                 tracing::info!(job = %job_id, %reason, "requeueing the job");
-                match Scontrol.requeue(job_id, timeout) {
+                match timeout()
+                    .ok_or(NO_TIME.to_string())
+                    .and_then(|t| Scontrol.requeue(job_id, t).map_err(|e| e.to_string()))
+                {
                     Ok(answer) => record["answer"] = serde_json::to_value(answer).unwrap_or_default(),
                     Err(e) => {
                         tracing::error!(error = %e, "scontrol requeue failed; relying on sbatch --requeue");
-                        record["error"] = e.to_string().into();
+                        record["error"] = e.into();
                     }
                 }
             }
@@ -650,6 +710,11 @@ fn context(slurm: &SlurmEnv) -> serde_json::Map<String, serde_json::Value> {
 
 fn previous_summary(dir: &RunDir) -> Option<serde_json::Value> {
     serde_json::from_slice(&std::fs::read(dir.path(SUMMARY_FILE)).ok()?).ok()
+}
+
+/// `(last_loss, best_loss)` of the steps up to a checkpoint, as its `state.json` recorded them.
+fn losses_so_far(state: &serde_json::Value) -> (Option<f64>, Option<f64>) {
+    (state["metrics"]["last_loss"].as_f64(), state["metrics"]["best_loss"].as_f64())
 }
 
 /// The highest step in metrics.jsonl (what the previous attempt reached).

@@ -56,9 +56,9 @@ mod tests {
     #[test]
     fn no_wait_runs_past_the_deadline() {
         let now = Instant::now();
-        let deadline = Some(now + S(12));
+        let deadline = Some(now + S(10));
         assert_eq!(next_wait(2, 5, S(5), S(300), now, deadline, S(1)), Some(S(5)));
         assert_eq!(next_wait(3, 5, S(5), S(300), now, deadline, S(1)), None);
-        assert_eq!(next_wait(1, 5, S(5), S(300), now + S(12), deadline, S(1)), None);
+        assert_eq!(next_wait(1, 5, S(5), S(300), now + S(10), deadline, S(1)), None);
     }
 }

@@ -322,17 +322,26 @@ fn reconcile(repo: &Repository, req: &PublishRequest<'_>) -> Result<(), String> 
     Ok(())
 }
 
-fn push_with_retries(repo: &Repository, req: &PublishRequest<'_>, report: &mut PublishReport) {
-    // Bound libgit2's network waits so a dead remote cannot eat the grace period.
-    let connect_ms = req
-        .deadline
-        .map(|d| d.saturating_duration_since(Instant::now()).as_millis().clamp(1000, 10_000) as i32)
+/// The least time a push (or the fetch that reconciles) needs; with less left
+/// before the deadline it is not started.
+const MIN_NETWORK_TIME: Duration = Duration::from_millis(500);
+
+/// Bounds libgit2's network waits (connect, and each read or write) by the time
+/// left before the deadline, so a silent remote cannot eat the grace period.
+/// Called before every network operation, as the time left shrinks.
+fn bound_network_waits(deadline: Option<Instant>) {
+    let ms = deadline
+        .map(|d| d.saturating_duration_since(Instant::now()).as_millis().clamp(1, 10_000) as i32)
         .unwrap_or(10_000);
-    // SAFETY: plain libgit2 global option setters, called before any network use on this thread.
+    // SAFETY: plain libgit2 global option setters; publishing is the only
+    // libgit2 user, on this thread, and no network operation is under way.
     unsafe {
-        let _ = git2::opts::set_server_connect_timeout_in_milliseconds(connect_ms);
-        let _ = git2::opts::set_server_timeout_in_milliseconds(connect_ms.max(5000));
+        let _ = git2::opts::set_server_connect_timeout_in_milliseconds(ms);
+        let _ = git2::opts::set_server_timeout_in_milliseconds(ms);
     }
+}
+
+fn push_with_retries(repo: &Repository, req: &PublishRequest<'_>, report: &mut PublishReport) {
     let cfg = req.cfg;
     let mut attempt = 1;
     while let Some(wait) = next_wait(
@@ -342,10 +351,11 @@ fn push_with_retries(repo: &Repository, req: &PublishRequest<'_>, report: &mut P
         cfg.retry_max,
         Instant::now(),
         req.deadline,
-        Duration::from_millis(500),
+        MIN_NETWORK_TIME,
     ) {
         std::thread::sleep(wait);
         report.attempts = attempt;
+        bound_network_waits(req.deadline);
         match push_once(repo, req) {
             Ok(()) => {
                 report.pushed = true;
@@ -356,6 +366,10 @@ fn push_with_retries(repo: &Repository, req: &PublishRequest<'_>, report: &mut P
             Err(e) => {
                 tracing::warn!(attempt, error = %e, "push failed");
                 report.last_error = Some(e);
+                if req.deadline.is_some_and(|d| Instant::now() + MIN_NETWORK_TIME > d) {
+                    break;
+                }
+                bound_network_waits(req.deadline);
                 if let Err(e) = reconcile(repo, req) {
                     tracing::debug!(error = %e, "fetch to reconcile failed");
                 }

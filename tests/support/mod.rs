@@ -1,10 +1,15 @@
 //! Helpers shared by the integration tests: deterministic snapshots, a look at
-//! what lies on disk (leftovers, file bytes, manifests), and file damage.
+//! what lies on disk (leftovers, file bytes, manifests), file damage, the real
+//! `rekindle` binary as a child process ([`cli`]), finished runs and what they
+//! leave behind ([`runs`]), and git repositories on disk ([`git`]).
 //!
 //! Every test binary includes this module and uses a different part of it.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod deterministic;
+pub mod git;
+pub mod runs;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -1,0 +1,245 @@
+//! `rekindle bench checkpoint`: save, load+verify, verify and snapshot stall
+//! of synthetic state of a given size, beside a same-run `dd conv=fsync`
+//! baseline on the same filesystem.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::checkpoint::{CheckpointError, CheckpointStore, DType, HostTensor, Snapshot, TensorSet, VerifyLevel};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct CheckpointBenchOptions {
+    /// Bytes of tensor state (model + optimizer).
+    pub bytes: u64,
+    /// Directory on the filesystem to measure (a temporary subdirectory is used).
+    pub dir: PathBuf,
+    pub repeat: usize,
+    /// Drop the page cache before each load (needs root), for cold reads.
+    pub cold: bool,
+}
+
+/// Medians (and spreads) of one benchmark run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointBench {
+    pub bytes: u64,
+    pub repeat: usize,
+    pub dir: PathBuf,
+    pub save_gbps: f64,
+    pub load_verify_gbps: f64,
+    pub verify_gbps: f64,
+    pub stall_seconds: f64,
+    pub sync_save_seconds: f64,
+    pub dd_fsync_gbps: Option<f64>,
+    pub save_seconds: Stats,
+    pub load_verify_seconds: Stats,
+    pub verify_seconds: Stats,
+    pub stall: Stats,
+    pub dd_fsync_seconds: Option<Stats>,
+    pub cold_reads: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stats {
+    fn of(samples: &[f64]) -> Stats {
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        let median = if s.is_empty() {
+            f64::NAN
+        } else if s.len() % 2 == 1 {
+            s[s.len() / 2]
+        } else {
+            (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+        };
+        Stats { median, min: *s.first().unwrap_or(&f64::NAN), max: *s.last().unwrap_or(&f64::NAN) }
+    }
+}
+
+/// Errors of the benchmark.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("benchmark directory {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("the benchmark checkpoint of step {step} does not verify: {reason}")]
+    Invalid { step: u64, reason: String },
+}
+
+/// Fills `buf` with cheap pseudo-random bytes (incompressible, no zero pages).
+fn fill(buf: &mut [u8], mut seed: u64) {
+    for chunk in buf.chunks_mut(8) {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let bytes = seed.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+}
+
+/// Synthetic training state: a third parameters, two thirds AdamW moments,
+/// in tensors of transformer-like shapes (rows of 4096 f32).
+pub fn synthetic_state(bytes: u64) -> (TensorSet, TensorSet) {
+    const ROW: usize = 4096 * 4;
+    let params = (bytes / 3).max(ROW as u64) as usize;
+    let layers = 8usize;
+    let mut model = TensorSet::new();
+    let mut optimizer = TensorSet::new();
+    let per_layer_rows = (params / layers / ROW).max(1);
+    for layer in 0..layers {
+        for prefix in ["", "exp_avg.", "exp_avg_sq."] {
+            let mut data = vec![0u8; per_layer_rows * ROW];
+            fill(&mut data, 0x9E37_79B9_7F4A_7C15 ^ (layer as u64 * 31 + prefix.len() as u64));
+            let name = format!("{prefix}blocks.{layer}.mlp.weight");
+            let tensor = HostTensor::new(DType::F32, vec![per_layer_rows, 4096], data).expect("shape matches");
+            if prefix.is_empty() {
+                model.insert(name, tensor)
+            } else {
+                optimizer.insert(name, tensor)
+            };
+        }
+    }
+    (model, optimizer)
+}
+
+fn dd_fsync(dir: &Path, bytes: u64) -> Option<f64> {
+    let path = dir.join("dd.bin");
+    let count = bytes.div_ceil(8 << 20);
+    let t0 = Instant::now();
+    let ok = Command::new("dd")
+        .args(["if=/dev/zero", &format!("of={}", path.display()), "bs=8M", &format!("count={count}"), "conv=fsync"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .ok()?
+        .success();
+    let secs = t0.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&path);
+    ok.then_some(secs)
+}
+
+fn drop_caches() {
+    let _ = Command::new("sync").status();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3\n");
+}
+
+/// Runs the checkpoint benchmark.
+pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointBench, BenchError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BenchError::Io { path, source }
+    };
+    std::fs::create_dir_all(&opts.dir).map_err(io(&opts.dir))?;
+    let work = tempfile::Builder::new().prefix("rekindle-bench-").tempdir_in(&opts.dir).map_err(io(&opts.dir))?;
+    let (model, optimizer) = synthetic_state(opts.bytes);
+    let mut live = Snapshot { step: 0, model, optimizer, state: serde_json::json!({"bench": true}) };
+    let bytes = live.payload_bytes();
+    // The stall: copying live state into reused host buffers (what a periodic
+    // checkpoint's snapshot costs the training loop).
+    let mut staging = live.clone();
+    let (mut save, mut load, mut verify, mut stall, mut dd) = (vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..opts.repeat.max(1) {
+        let t0 = Instant::now();
+        for (dst, src) in staging
+            .model
+            .values_mut()
+            .chain(staging.optimizer.values_mut())
+            .zip(live.model.values().chain(live.optimizer.values()))
+        {
+            dst.data.copy_from_slice(&src.data);
+        }
+        stall.push(t0.elapsed().as_secs_f64());
+
+        let dir = work.path().join(format!("run{i}"));
+        let store = CheckpointStore::open(&dir, 1)?;
+        live.step = i as u64 + 1;
+        staging.step = live.step;
+        let t0 = Instant::now();
+        let report = store.save(&staging)?;
+        save.push(t0.elapsed().as_secs_f64());
+
+        if opts.cold {
+            drop_caches();
+        }
+        let t0 = Instant::now();
+        let loaded = crate::checkpoint::load_dir(&report.dir)
+            .map_err(|f| BenchError::Invalid { step: live.step, reason: format!("{f:?}") })?;
+        load.push(t0.elapsed().as_secs_f64());
+        drop(loaded);
+
+        if opts.cold {
+            drop_caches();
+        }
+        let t0 = Instant::now();
+        let failures = crate::checkpoint::verify_checkpoint_dir(&report.dir, VerifyLevel::Full);
+        verify.push(t0.elapsed().as_secs_f64());
+        if !failures.is_empty() {
+            return Err(BenchError::Invalid { step: live.step, reason: format!("{failures:?}") });
+        }
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        if let Some(s) = dd_fsync(work.path(), bytes) {
+            dd.push(s);
+        }
+    }
+    let gbps = |s: &Stats| bytes as f64 / s.median / 1e9;
+    let (save, load, verify, stall) = (Stats::of(&save), Stats::of(&load), Stats::of(&verify), Stats::of(&stall));
+    let dd = (!dd.is_empty()).then(|| Stats::of(&dd));
+    Ok(CheckpointBench {
+        bytes,
+        repeat: opts.repeat.max(1),
+        dir: opts.dir.clone(),
+        save_gbps: gbps(&save),
+        load_verify_gbps: gbps(&load),
+        verify_gbps: gbps(&verify),
+        stall_seconds: stall.median,
+        sync_save_seconds: save.median,
+        dd_fsync_gbps: dd.as_ref().map(gbps),
+        save_seconds: save,
+        load_verify_seconds: load,
+        verify_seconds: verify,
+        stall,
+        dd_fsync_seconds: dd,
+        cold_reads: opts.cold,
+    })
+}
+
+impl std::fmt::Display for CheckpointBench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gib = self.bytes as f64 / (1u64 << 30) as f64;
+        writeln!(
+            f,
+            "checkpoint benchmark: {gib:.2} GiB of state in {}, {} repeat(s){}",
+            self.dir.display(),
+            self.repeat,
+            if self.cold_reads { ", cold reads" } else { "" }
+        )?;
+        writeln!(f, "{:<22} {:>9} {:>9} {:>9} {:>9}", "operation", "median s", "min s", "max s", "GB/s")?;
+        let row = |f: &mut std::fmt::Formatter<'_>, name: &str, s: &Stats| {
+            writeln!(
+                f,
+                "{:<22} {:>9.3} {:>9.3} {:>9.3} {:>9.2}",
+                name,
+                s.median,
+                s.min,
+                s.max,
+                self.bytes as f64 / s.median / 1e9
+            )
+        };
+        row(f, "save (durable+sha256)", &self.save_seconds)?;
+        row(f, "load + verify", &self.load_verify_seconds)?;
+        row(f, "verify", &self.verify_seconds)?;
+        row(f, "snapshot stall", &self.stall)?;
+        if let Some(dd) = &self.dd_fsync_seconds {
+            row(f, "dd bs=8M conv=fsync", dd)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,9 @@
+//! Benchmarks behind `rekindle bench`: performance claims are measured here,
+//! never in timed unit tests. Results go to docs/performance.md with the
+//! command that produced them.
+
+mod checkpoint;
+
+pub use checkpoint::{
+    BenchError, CheckpointBench, CheckpointBenchOptions, Stats, run_checkpoint_bench, synthetic_state,
+};

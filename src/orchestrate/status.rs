@@ -1,0 +1,257 @@
+//! `rekindle status`: one screen about a run, read from its directory only
+//! (summary.json, events.jsonl, metrics.jsonl, the lock and the checkpoints),
+//! so it works from a login node while the job runs elsewhere.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::checkpoint::{CheckpointStore, VerifyLevel};
+use crate::config;
+use crate::telemetry::{self, Attempt};
+
+use super::lock::{LOCK_FILE, LockInfo, STALE_AFTER};
+use super::rundir::{CONFIG_FILE, EVENTS_FILE, METRICS_FILE, SUMMARY_FILE, checkpoints_dir};
+
+/// What a run directory says about its run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunStatus {
+    pub run_dir: PathBuf,
+    /// running, stopped, finished, failed or new.
+    pub state: String,
+    pub step: Option<u64>,
+    pub max_steps: Option<u64>,
+    pub progress: Option<f64>,
+    pub last_loss: Option<f64>,
+    pub checkpoints: Vec<CheckpointLine>,
+    pub last_checkpoint_age_seconds: Option<f64>,
+    pub restarts: u64,
+    pub attempts: u64,
+    pub last_signal: Option<serde_json::Value>,
+    pub last_stop: Option<serde_json::Value>,
+    pub last_publish: Option<serde_json::Value>,
+    pub last_requeue: Option<serde_json::Value>,
+    /// The most recent attempt that has ended (the one before the running
+    /// one while the run is running), and why it ended.
+    pub last_ended_attempt: Option<Attempt>,
+    /// Who holds the run directory now.
+    pub lock: Option<LockInfo>,
+    /// Estimated seconds to max_steps from the recent step rate.
+    pub eta_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointLine {
+    pub step: u64,
+    pub created_at: Option<String>,
+    pub bytes: u64,
+    pub valid: bool,
+}
+
+fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+        .unwrap_or_default()
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Reads the status of the run in `dir`.
+pub fn status(dir: &Path) -> RunStatus {
+    let summary: Option<serde_json::Value> =
+        std::fs::read(dir.join(SUMMARY_FILE)).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let cfg = config::load(&dir.join(CONFIG_FILE), &[]).ok().map(|l| l.config);
+    let events = read_jsonl(&dir.join(EVENTS_FILE));
+    let metrics: Vec<serde_json::Value> =
+        read_jsonl(&dir.join(METRICS_FILE)).into_iter().filter(|m| m.get("loss").is_some()).collect();
+    let last_of = |name: &str| events.iter().rev().find(|e| e["event"] == name).cloned();
+    let lock: Option<LockInfo> = std::fs::read(dir.join(LOCK_FILE)).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let live_lock = lock.as_ref().filter(|l| unix_now() - l.heartbeat < STALE_AFTER.as_secs_f64()).cloned();
+
+    let step = metrics.last().and_then(|m| m["step"].as_u64()).or_else(|| summary.as_ref()?["steps"].as_u64());
+    let max_steps = cfg.as_ref().map(|c| c.run.max_steps);
+    let last_event = events
+        .iter()
+        .rev()
+        .find(|e| matches!(e["event"].as_str(), Some("finish" | "stop" | "error" | "start" | "resume")));
+    let state = match (live_lock.is_some(), last_event.and_then(|e| e["event"].as_str())) {
+        (true, _) => "running",
+        (false, Some("finish")) => "finished",
+        (false, Some("stop")) => "stopped",
+        (false, Some("error")) => "failed",
+        // Started or resumed, no live lock, no ending event: the process died.
+        (false, Some("start" | "resume")) => "failed",
+        _ => "new",
+    }
+    .to_string();
+    let ckpt_dir = cfg.as_ref().map(|c| checkpoints_dir(dir, c)).unwrap_or_else(|| dir.join("checkpoints"));
+    let checkpoints: Vec<CheckpointLine> = CheckpointStore::open_read_only(ckpt_dir)
+        .list(VerifyLevel::Quick)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|i| CheckpointLine { step: i.step, created_at: i.created_at, bytes: i.bytes, valid: i.valid })
+        .collect();
+    let last_checkpoint_age_seconds = checkpoints
+        .iter()
+        .find(|c| c.valid)
+        .and_then(|c| chrono::DateTime::parse_from_rfc3339(c.created_at.as_deref()?).ok())
+        .map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0);
+    let eta_seconds = eta(&metrics, max_steps);
+    let mut attempts = telemetry::attempts(&telemetry::events_from(events.clone()));
+    if live_lock.is_some() {
+        attempts.pop();
+    }
+    RunStatus {
+        run_dir: dir.to_path_buf(),
+        state,
+        step,
+        max_steps,
+        progress: step.zip(max_steps).map(|(s, m)| s as f64 / m.max(1) as f64),
+        last_loss: metrics.last().and_then(|m| m["loss"].as_f64()),
+        checkpoints,
+        last_checkpoint_age_seconds,
+        restarts: events.iter().filter(|e| e["event"] == "resume").count() as u64,
+        attempts: events.iter().filter(|e| e["event"] == "start").count() as u64,
+        last_signal: last_of("signal"),
+        last_stop: last_of("stop"),
+        last_publish: last_of("publish"),
+        last_requeue: last_of("requeue"),
+        last_ended_attempt: attempts.pop(),
+        lock: live_lock,
+        eta_seconds,
+    }
+}
+
+/// Seconds to max_steps from the rate over the last (up to) 100 metric lines.
+fn eta(metrics: &[serde_json::Value], max_steps: Option<u64>) -> Option<f64> {
+    let window = &metrics[metrics.len().saturating_sub(100)..];
+    let (first, last) = (window.first()?, window.last()?);
+    let t = |m: &serde_json::Value| chrono::DateTime::parse_from_rfc3339(m["time"].as_str()?).ok();
+    let secs = (t(last)? - t(first)?).num_milliseconds() as f64 / 1000.0;
+    let steps = last["step"].as_u64()?.checked_sub(first["step"].as_u64()?)? as f64;
+    let left = max_steps?.checked_sub(last["step"].as_u64()?)? as f64;
+    (steps > 0.0 && secs > 0.0).then(|| left * secs / steps)
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "run       {}", self.run_dir.display())?;
+        writeln!(f, "state     {}", self.state)?;
+        match (self.step, self.max_steps) {
+            (Some(s), Some(m)) => writeln!(f, "step      {s} / {m} ({:.1}%)", 100.0 * s as f64 / m.max(1) as f64)?,
+            (Some(s), None) => writeln!(f, "step      {s}")?,
+            _ => writeln!(f, "step      -")?,
+        }
+        if let Some(l) = self.last_loss {
+            writeln!(f, "loss      {l:.5}")?;
+        }
+        if let Some(eta) = self.eta_seconds.filter(|_| self.state == "running") {
+            writeln!(f, "eta       {}", humantime::format_duration(std::time::Duration::from_secs(eta as u64)))?;
+        }
+        writeln!(f, "attempts  {} (resumes: {})", self.attempts, self.restarts)?;
+        let valid = self.checkpoints.iter().filter(|c| c.valid).count();
+        write!(f, "ckpts     {valid} valid of {}", self.checkpoints.len())?;
+        if let Some(newest) = self.checkpoints.iter().find(|c| c.valid) {
+            write!(f, ", newest step {}", newest.step)?;
+        }
+        if let Some(age) = self.last_checkpoint_age_seconds {
+            write!(f, ", {} ago", humantime::format_duration(std::time::Duration::from_secs(age.max(0.0) as u64)))?;
+        }
+        writeln!(f)?;
+        if let Some(a) = &self.last_ended_attempt {
+            writeln!(f, "ended     {a}")?;
+        }
+        if let Some(stop) = &self.last_stop {
+            let secs = stop["seconds_to_durable_checkpoint"].as_f64();
+            writeln!(
+                f,
+                "last stop {} at step {}{}",
+                stop["reason"].as_str().unwrap_or("?"),
+                stop["step"],
+                secs.map(|s| format!(", durable checkpoint {s:.2}s after the signal")).unwrap_or_default()
+            )?;
+        }
+        if let Some(r) = &self.last_requeue {
+            writeln!(f, "requeue   {}: {}", r["decision"].as_str().unwrap_or("?"), r["reason"].as_str().unwrap_or(""))?;
+        }
+        if let Some(p) = &self.last_publish {
+            let state = if p["pushed"] == true {
+                "pushed".to_string()
+            } else if let Some(s) = p["skipped"].as_str() {
+                format!("skipped ({s})")
+            } else {
+                format!("not pushed ({})", p["last_error"].as_str().or(p["error"].as_str()).unwrap_or("?"))
+            };
+            writeln!(f, "publish   {state}")?;
+        }
+        if let Some(lock) = &self.lock {
+            writeln!(
+                f,
+                "held by   pid {} on {} (job {})",
+                lock.pid,
+                lock.host,
+                lock.job_id.as_deref().unwrap_or("none")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_dir_with_events(lines: &[serde_json::Value]) -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        // A torn last line, as a crash leaves it.
+        std::fs::write(tmp.path().join(EVENTS_FILE), format!("{text}{{\"event\":\"che")).unwrap();
+        tmp
+    }
+
+    fn two_attempts() -> Vec<serde_json::Value> {
+        use serde_json::json;
+        vec![
+            json!({"event": "start", "node": "n1", "time": "2026-11-01T10:00:00Z"}),
+            json!({"event": "signal", "node": "n1", "signal": "SIGTERM", "step": 61}),
+            json!({"event": "stop", "node": "n1", "step": 61, "reason": "SIGTERM", "seconds_to_durable_checkpoint": 0.5}),
+            json!({"event": "start", "node": "n2", "time": "2026-11-01T10:05:00Z"}),
+            json!({"event": "resume", "node": "n2", "step": 61, "steps_lost": 0}),
+        ]
+    }
+
+    #[test]
+    fn says_why_the_last_attempt_ended() {
+        let tmp = run_dir_with_events(&two_attempts());
+        let st = status(tmp.path());
+        // No live lock and no ending event: attempt 2 died unrecorded.
+        let last = st.last_ended_attempt.as_ref().unwrap();
+        assert_eq!(last.number, 2);
+        assert!(st.to_string().contains("ended     attempt 2 on n2 ended because no stop, finish or error"), "{st}");
+    }
+
+    #[test]
+    fn while_running_reports_the_attempt_before_the_running_one() {
+        let tmp = run_dir_with_events(&two_attempts());
+        let lock = LockInfo {
+            token: "t".into(),
+            job_id: None,
+            host: "n2".into(),
+            pid: 1,
+            heartbeat: unix_now(),
+            started: unix_now(),
+        };
+        std::fs::write(tmp.path().join(LOCK_FILE), serde_json::to_vec(&lock).unwrap()).unwrap();
+        let st = status(tmp.path());
+        assert_eq!(st.state, "running");
+        assert!(
+            st.to_string().contains(
+                "ended     attempt 1 on n1 ended because it received SIGTERM at step 61; checkpoint durable 0.50s \
+                 after the signal"
+            ),
+            "{st}"
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! What a report shows, read from a run directory: metrics, events, the
+//! attempts, checkpoints and event markers derived from them, and GPU
+//! samples when `gpu_stats.jsonl` exists. Only reads; tolerates torn lines.
+
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+
+use crate::gpu::STATS_FILE;
+use crate::orchestrate::{self, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunStatus};
+use crate::telemetry::{
+    Attempt, Event, GpuSample, Jsonl, MetricPoint, ValPoint, attempts, events_from, gpu_samples_from, metrics_from,
+    read_jsonl,
+};
+
+use super::error::ReportError;
+
+/// A checkpoint save (or failed save) recorded in events.jsonl.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointMark {
+    /// 1, 2, … in the order saved: the label of its marker on the loss chart.
+    pub number: usize,
+    pub step: u64,
+    /// periodic, stop or final.
+    pub kind: String,
+    pub time: Option<DateTime<Utc>>,
+    pub node: Option<String>,
+    /// The attempt that wrote it (see [`Attempt::number`]).
+    pub attempt: usize,
+    pub bytes: Option<u64>,
+    /// Training stalled this long to copy the state to host memory.
+    pub snapshot_seconds: Option<f64>,
+    /// Writing, fsync and commit (in the background for periodic saves).
+    pub persist_seconds: Option<f64>,
+    /// The failure, for `checkpoint_failed`; a warning for a committed save.
+    pub problem: Option<String>,
+    pub failed: bool,
+}
+
+/// What a vertical line on the charts stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerKind {
+    /// A stop signal (preemption, time limit, Ctrl-C) or `--stop-at-step`.
+    Signal,
+    Requeue,
+    Resume,
+    /// error, fresh_start (no checkpoint verified), nonfinite.
+    Problem,
+}
+
+/// A lifecycle event drawn as a vertical line, labelled with node and attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Marker {
+    pub kind: MarkerKind,
+    /// A word or two: `SIGTERM`, `requeue`, `no requeue`, `resume`, …
+    pub what: String,
+    pub node: Option<String>,
+    pub attempt: usize,
+    /// Its step, or the last step known when it happened.
+    pub step: Option<u64>,
+    pub time: Option<DateTime<Utc>>,
+    /// A sentence for the events table.
+    pub detail: String,
+}
+
+impl Marker {
+    /// `SIGTERM · n1 · attempt 1`
+    pub fn label(&self) -> String {
+        format!("{} · {}", self.what, self.whose())
+    }
+
+    /// `n1 · attempt 1`: who the marker belongs to.
+    pub fn whose(&self) -> String {
+        format!("{} · attempt {}", self.node.as_deref().unwrap_or("?"), self.attempt)
+    }
+}
+
+/// Everything a report draws.
+#[derive(Debug, Clone)]
+pub struct RunData {
+    pub dir: PathBuf,
+    /// `[run] name`, else the directory name.
+    pub name: String,
+    pub status: RunStatus,
+    pub events: Vec<Event>,
+    pub attempts: Vec<Attempt>,
+    pub train: Vec<MetricPoint>,
+    pub val: Vec<ValPoint>,
+    /// `None` when the run has no gpu_stats.jsonl.
+    pub gpu: Option<Vec<GpuSample>>,
+    pub checkpoints: Vec<CheckpointMark>,
+    pub markers: Vec<Marker>,
+    /// Lines that did not parse, per file (torn writes).
+    pub skipped: Vec<(&'static str, usize)>,
+}
+
+impl RunData {
+    /// Reads the run in `dir`.
+    pub fn load(dir: &Path) -> Result<RunData, ReportError> {
+        if !dir.join(CONFIG_FILE).is_file() {
+            return Err(ReportError::NotARunDir { path: dir.to_path_buf(), file: CONFIG_FILE });
+        }
+        let read = |file: &'static str| {
+            let path = dir.join(file);
+            read_jsonl(&path).map_err(|source| ReportError::Read { path, source })
+        };
+        let mut skipped = Vec::new();
+        let mut note = |file: &'static str, j: &Option<Jsonl>| {
+            if let Some(j) = j.as_ref().filter(|j| j.skipped > 0) {
+                skipped.push((file, j.skipped));
+            }
+        };
+        let events_file = read(EVENTS_FILE)?;
+        note(EVENTS_FILE, &events_file);
+        let metrics_file = read(METRICS_FILE)?;
+        note(METRICS_FILE, &metrics_file);
+        let gpu_file = read(STATS_FILE)?;
+        note(STATS_FILE, &gpu_file);
+
+        let events = events_from(events_file.map(|j| j.records).unwrap_or_default());
+        let (train, val) = metrics_from(&metrics_file.map(|j| j.records).unwrap_or_default());
+        let (checkpoints, markers) = checkpoints_and_markers(&events);
+        let name = crate::config::load(&dir.join(CONFIG_FILE), &[])
+            .map(|l| l.config.run.name)
+            .ok()
+            .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "run".into());
+        Ok(RunData {
+            dir: dir.to_path_buf(),
+            name,
+            status: orchestrate::status(dir),
+            attempts: attempts(&events),
+            events,
+            train,
+            val,
+            gpu: gpu_file.map(|j| gpu_samples_from(&j.records)),
+            checkpoints,
+            markers,
+            skipped,
+        })
+    }
+
+    /// The earliest time recorded: time axes count seconds from here.
+    pub fn origin(&self) -> Option<DateTime<Utc>> {
+        let events = self.events.iter().filter_map(|e| e.time);
+        let metrics = self.train.iter().filter_map(|m| m.time);
+        let gpu = self.gpu.iter().flatten().map(|g| g.time);
+        events.chain(metrics).chain(gpu).min()
+    }
+
+    /// The attempt (its number) running at `t`: the last one started by then.
+    pub fn attempt_at(&self, t: DateTime<Utc>) -> usize {
+        self.attempts.iter().filter(|a| a.started.is_some_and(|s| s <= t)).map(|a| a.number).next_back().unwrap_or(0)
+    }
+}
+
+/// The checkpoint saves and the chart markers recorded in `events`.
+pub fn checkpoints_and_markers(events: &[Event]) -> (Vec<CheckpointMark>, Vec<Marker>) {
+    let (mut ckpts, mut markers) = (Vec::new(), Vec::new());
+    let mut attempt = 0;
+    let mut last_step: Option<u64> = None;
+    for ev in events {
+        if ev.name == "start" {
+            attempt += 1;
+        }
+        last_step = ev.step.or(last_step);
+        let marker = |kind, what: String, detail: String| Marker {
+            kind,
+            what,
+            node: ev.node.clone(),
+            attempt,
+            step: last_step,
+            time: ev.time,
+            detail,
+        };
+        let at_step = last_step.map(|s| format!(" at step {s}")).unwrap_or_default();
+        match ev.name.as_str() {
+            "checkpoint_saved" | "checkpoint_failed" => {
+                let failed = ev.name == "checkpoint_failed";
+                ckpts.push(CheckpointMark {
+                    number: ckpts.len() + 1,
+                    step: ev.step.unwrap_or(0),
+                    kind: ev.str_field("kind").unwrap_or("?").to_string(),
+                    time: ev.time,
+                    node: ev.node.clone(),
+                    attempt,
+                    bytes: ev.raw.get("bytes").and_then(|b| b.as_u64()),
+                    snapshot_seconds: ev.f64_field("snapshot_seconds"),
+                    persist_seconds: ev.f64_field("persist_seconds"),
+                    problem: ev.str_field(if failed { "error" } else { "warning" }).map(str::to_string),
+                    failed,
+                });
+            }
+            "signal" => {
+                let sig = ev.str_field("signal").unwrap_or("signal").to_string();
+                let arrival = ev.str_field("arrival").map(|a| format!(", arrived {a}")).unwrap_or_default();
+                markers.push(marker(MarkerKind::Signal, sig.clone(), format!("{sig}{at_step}{arrival}")));
+            }
+            "requeue" => {
+                let decision = ev.str_field("decision").unwrap_or("?");
+                let what = if decision == "requeue" { "requeue" } else { "no requeue" };
+                let reason = ev.str_field("reason").unwrap_or("");
+                markers.push(marker(MarkerKind::Requeue, what.into(), format!("{decision}: {reason}")));
+            }
+            "resume" => {
+                let lost = ev.raw.get("steps_lost").and_then(|v| v.as_u64());
+                let prev = ev.str_field("previous_node").map(|n| format!(" (previous node {n})")).unwrap_or_default();
+                let lost = lost.map(|l| format!(", {l} steps lost")).unwrap_or_default();
+                markers.push(marker(MarkerKind::Resume, "resume".into(), format!("resumed{at_step}{prev}{lost}")));
+            }
+            "fresh_start" => {
+                let why = ev.str_field("reason").unwrap_or("fresh start");
+                markers.push(marker(MarkerKind::Problem, "fresh start".into(), why.to_string()));
+            }
+            "nonfinite" => {
+                let action = ev.str_field("action").unwrap_or("?");
+                markers.push(marker(
+                    MarkerKind::Problem,
+                    "non-finite".into(),
+                    format!("non-finite step{at_step}: {action}"),
+                ));
+            }
+            "error" => {
+                let err = ev.str_field("error").unwrap_or("error");
+                markers.push(marker(MarkerKind::Problem, "error".into(), format!("error{at_step}: {err}")));
+            }
+            _ => {}
+        }
+    }
+    (ckpts, markers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn events(values: Vec<serde_json::Value>) -> Vec<Event> {
+        events_from(values)
+    }
+
+    #[test]
+    fn markers_carry_node_attempt_and_the_last_known_step() {
+        let evs = events(vec![
+            json!({"event": "start", "node": "n1"}),
+            json!({"event": "signal", "node": "n1", "signal": "SIGTERM", "step": 61}),
+            json!({"event": "requeue", "node": "n1", "decision": "requeue", "reason": "preempted"}),
+            json!({"event": "start", "node": "n2"}),
+            json!({"event": "resume", "node": "n2", "step": 50, "previous_node": "n1", "steps_lost": 11}),
+        ]);
+        let (_, m) = checkpoints_and_markers(&evs);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0].label(), "SIGTERM · n1 · attempt 1");
+        assert_eq!(m[1].label(), "requeue · n1 · attempt 1");
+        assert_eq!(m[1].step, Some(61), "requeue has no step of its own: it takes the signal's");
+        assert_eq!(m[2].label(), "resume · n2 · attempt 2");
+        assert_eq!(m[2].detail, "resumed at step 50 (previous node n1), 11 steps lost");
+        assert_eq!(m[2].kind, MarkerKind::Resume);
+    }
+
+    #[test]
+    fn a_skipped_requeue_reads_as_no_requeue() {
+        let (_, m) = checkpoints_and_markers(&events(vec![
+            json!({"event": "start"}),
+            json!({"event": "requeue", "decision": "skip", "reason": "not under SLURM"}),
+        ]));
+        assert_eq!(m[0].what, "no requeue");
+        assert_eq!(m[0].detail, "skip: not under SLURM");
+    }
+
+    #[test]
+    fn checkpoints_are_numbered_with_size_and_timings() {
+        let (c, _) = checkpoints_and_markers(&events(vec![
+            json!({"event": "start", "node": "n1"}),
+            json!({"event": "checkpoint_saved", "step": 50, "kind": "periodic", "bytes": 4096,
+                   "snapshot_seconds": 0.01, "persist_seconds": 0.2}),
+            json!({"event": "checkpoint_failed", "step": 100, "kind": "periodic", "error": "disk full"}),
+        ]));
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].number, c[0].step, c[0].bytes), (1, 50, Some(4096)));
+        assert_eq!((c[0].snapshot_seconds, c[0].persist_seconds), (Some(0.01), Some(0.2)));
+        assert_eq!(c[0].attempt, 1);
+        assert!(c[1].failed);
+        assert_eq!(c[1].problem.as_deref(), Some("disk full"));
+    }
+}

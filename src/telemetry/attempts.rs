@@ -1,0 +1,296 @@
+//! The attempts of a run, derived from `events.jsonl`: each `start` event
+//! opens one, and the events up to the next `start` say how it went and how
+//! it ended. A pure function of the events, shared by `rekindle report` (the
+//! attempts table) and `rekindle status` ("last attempt ended because …").
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::records::Event;
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AttemptEnd {
+    /// It reached max_steps (`finish`).
+    Finished,
+    /// A stop signal or `--stop-at-step` (`stop`): `reason` is the signal name
+    /// or `stop_at_step`.
+    Stopped { reason: String, fast_exit: bool, before_training: bool },
+    /// It recorded an `error`.
+    Failed { error: String },
+    /// No ending event: still running, or killed without a chance to record
+    /// one (SIGKILL after the grace time, a node failure, out of memory).
+    Unrecorded,
+}
+
+impl AttemptEnd {
+    /// A few words for a table cell.
+    pub fn short(&self) -> String {
+        match self {
+            AttemptEnd::Finished => "finished".into(),
+            AttemptEnd::Stopped { reason, .. } => reason.clone(),
+            AttemptEnd::Failed { .. } => "error".into(),
+            AttemptEnd::Unrecorded => "no end recorded".into(),
+        }
+    }
+}
+
+/// One attempt of a run: one process from `start` to its exit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attempt {
+    /// 1 for the first `start` in events.jsonl, then 2, 3, …
+    pub number: usize,
+    pub node: Option<String>,
+    pub job_id: Option<String>,
+    /// SLURM's restart count (0 outside SLURM, so it can repeat).
+    pub slurm_attempt: Option<u64>,
+    pub started: Option<DateTime<Utc>>,
+    /// Time of the ending event; for an unrecorded end, of its last event.
+    pub ended: Option<DateTime<Utc>>,
+    /// The step it resumed from (0 for a fresh start).
+    pub start_step: u64,
+    /// The step of its ending event, else the highest step it recorded.
+    pub end_step: Option<u64>,
+    pub end: AttemptEnd,
+    /// From the stop signal to the durable stop checkpoint.
+    pub seconds_to_checkpoint: Option<f64>,
+    /// The requeue decision and its reason (`requeue: …`, `skip: …`).
+    pub requeue: Option<String>,
+    /// Steps this attempt trained that the next one had to train again
+    /// (the next attempt's `resume.steps_lost`).
+    pub steps_lost: Option<u64>,
+    pub checkpoints_saved: usize,
+}
+
+impl Attempt {
+    fn opened_by(number: usize, start: &Event) -> Attempt {
+        Attempt {
+            number,
+            node: start.node.clone(),
+            job_id: start.job_id.clone(),
+            slurm_attempt: start.slurm_attempt,
+            started: start.time,
+            ended: None,
+            start_step: 0,
+            end_step: None,
+            end: AttemptEnd::Unrecorded,
+            seconds_to_checkpoint: None,
+            requeue: None,
+            steps_lost: None,
+            checkpoints_saved: 0,
+        }
+    }
+
+    /// The end as a sentence: "it received SIGTERM at step 130", …
+    pub fn because(&self) -> String {
+        let at = self.end_step.map(|s| format!(" at step {s}")).unwrap_or_default();
+        let mut text = match &self.end {
+            AttemptEnd::Finished => format!("it reached max_steps{at}"),
+            AttemptEnd::Stopped { reason, before_training: true, .. } => {
+                format!("it was stopped ({reason}) before training began")
+            }
+            AttemptEnd::Stopped { reason, .. } if reason == "stop_at_step" => format!("--stop-at-step was reached{at}"),
+            AttemptEnd::Stopped { reason, fast_exit, .. } => format!(
+                "it received {reason}{at}{}",
+                if *fast_exit { " and exited at once, keeping the previous checkpoint" } else { "" }
+            ),
+            AttemptEnd::Failed { error } => format!("it failed{at}: {error}"),
+            AttemptEnd::Unrecorded => {
+                "no stop, finish or error was recorded (still running, or killed without warning: SIGKILL, node \
+                 failure, out of memory)"
+                    .to_string()
+            }
+        };
+        if let Some(secs) = self.seconds_to_checkpoint {
+            text.push_str(&format!("; checkpoint durable {secs:.2}s after the signal"));
+        }
+        if let Some(r) = &self.requeue {
+            text.push_str(&format!("; requeue {r}"));
+        }
+        text
+    }
+}
+
+impl fmt::Display for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attempt {}", self.number)?;
+        if let Some(node) = &self.node {
+            write!(f, " on {node}")?;
+        }
+        write!(f, " ended because {}", self.because())
+    }
+}
+
+/// The attempts recorded in `events` (in file order); events before the
+/// first `start` belong to none.
+pub fn attempts(events: &[Event]) -> Vec<Attempt> {
+    let mut out: Vec<Attempt> = Vec::new();
+    for ev in events {
+        if ev.name == "start" {
+            out.push(Attempt::opened_by(out.len() + 1, ev));
+            continue;
+        }
+        let Some(cur) = out.last_mut() else { continue };
+        if cur.end == AttemptEnd::Unrecorded {
+            cur.ended = ev.time.or(cur.ended);
+            if let Some(s) = ev.step {
+                cur.end_step = Some(cur.end_step.map_or(s, |e| e.max(s)));
+            }
+        }
+        match ev.name.as_str() {
+            "resume" => {
+                cur.start_step = ev.step.unwrap_or(0);
+                let lost = ev.raw.get("steps_lost").and_then(|v| v.as_u64());
+                if let Some(prev) = out.len().checked_sub(2).and_then(|i| out.get_mut(i)) {
+                    prev.steps_lost = lost;
+                }
+            }
+            "checkpoint_saved" => cur.checkpoints_saved += 1,
+            "requeue" => {
+                let decision = ev.str_field("decision").unwrap_or("?");
+                cur.requeue = Some(match ev.str_field("reason") {
+                    Some(r) => format!("{decision}: {r}"),
+                    None => decision.to_string(),
+                });
+            }
+            "finish" => {
+                cur.end = AttemptEnd::Finished;
+                cur.end_step = ev.step.or(cur.end_step);
+                cur.ended = ev.time;
+            }
+            "stop" => {
+                let flag = |k: &str| ev.raw.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
+                cur.end = AttemptEnd::Stopped {
+                    reason: ev.str_field("reason").unwrap_or("unknown").to_string(),
+                    fast_exit: flag("fast_exit"),
+                    before_training: flag("before_training"),
+                };
+                cur.end_step = ev.step.or(cur.end_step);
+                cur.ended = ev.time;
+                cur.seconds_to_checkpoint = ev.f64_field("seconds_to_durable_checkpoint");
+            }
+            "error" => {
+                cur.end = AttemptEnd::Failed { error: ev.str_field("error").unwrap_or("unknown error").to_string() };
+                cur.end_step = ev.step.or(cur.end_step);
+                cur.ended = ev.time;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn ev(v: Value) -> Event {
+        Event::from_value(v).unwrap()
+    }
+
+    fn at(secs: u32) -> String {
+        format!("2026-11-01T10:{:02}:{:02}.000Z", secs / 60, secs % 60)
+    }
+
+    fn three_attempts() -> Vec<Event> {
+        vec![
+            ev(json!({"event": "start", "time": at(0), "node": "n1", "attempt": 0, "job_id": "7"})),
+            ev(json!({"event": "checkpoint_saved", "time": at(10), "node": "n1", "step": 50, "kind": "periodic"})),
+            ev(json!({"event": "signal", "time": at(20), "node": "n1", "signal": "SIGTERM", "step": 61})),
+            ev(json!({"event": "checkpoint_saved", "time": at(21), "node": "n1", "step": 61, "kind": "stop"})),
+            ev(json!({"event": "requeue", "time": at(22), "decision": "requeue", "reason": "preempted"})),
+            ev(json!({"event": "stop", "time": at(22), "node": "n1", "step": 61, "reason": "SIGTERM",
+                      "seconds_to_durable_checkpoint": 1.25})),
+            ev(json!({"event": "start", "time": at(60), "node": "n2", "attempt": 1})),
+            ev(json!({"event": "resume", "time": at(61), "node": "n2", "step": 61, "steps_lost": 0})),
+            ev(json!({"event": "checkpoint_saved", "time": at(70), "node": "n2", "step": 100})),
+            ev(json!({"event": "start", "time": at(120), "node": "n3", "attempt": 2})),
+            ev(json!({"event": "resume", "time": at(121), "node": "n3", "step": 100, "steps_lost": 12})),
+            ev(json!({"event": "finish", "time": at(150), "node": "n3", "step": 200})),
+        ]
+    }
+
+    #[test]
+    fn each_start_opens_an_attempt_with_its_node_and_times() {
+        let a = attempts(&three_attempts());
+        assert_eq!(a.len(), 3);
+        assert_eq!(a.iter().map(|x| x.number).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(a.iter().map(|x| x.node.clone().unwrap()).collect::<Vec<_>>(), vec!["n1", "n2", "n3"]);
+        assert_eq!(a[0].slurm_attempt, Some(0));
+        assert_eq!(a[0].job_id.as_deref(), Some("7"));
+        assert_eq!(a[0].started.unwrap().to_rfc3339(), "2026-11-01T10:00:00+00:00");
+        assert_eq!(a[0].ended.unwrap().to_rfc3339(), "2026-11-01T10:00:22+00:00");
+    }
+
+    #[test]
+    fn a_stop_records_reason_step_checkpoint_time_and_requeue() {
+        let a = attempts(&three_attempts());
+        assert_eq!(
+            a[0].end,
+            AttemptEnd::Stopped { reason: "SIGTERM".into(), fast_exit: false, before_training: false }
+        );
+        assert_eq!(a[0].end_step, Some(61));
+        assert_eq!(a[0].seconds_to_checkpoint, Some(1.25));
+        assert_eq!(a[0].requeue.as_deref(), Some("requeue: preempted"));
+        assert_eq!(a[0].checkpoints_saved, 2);
+        assert_eq!(
+            a[0].because(),
+            "it received SIGTERM at step 61; checkpoint durable 1.25s after the signal; requeue requeue: preempted"
+        );
+    }
+
+    #[test]
+    fn steps_lost_are_charged_to_the_attempt_that_lost_them() {
+        let a = attempts(&three_attempts());
+        assert_eq!(a[0].steps_lost, Some(0));
+        assert_eq!(a[1].steps_lost, Some(12));
+        assert_eq!(a[2].steps_lost, None);
+        assert_eq!(a[1].start_step, 61);
+    }
+
+    #[test]
+    fn an_attempt_without_an_ending_event_is_unrecorded_with_its_last_step_and_time() {
+        let a = attempts(&three_attempts());
+        assert_eq!(a[1].end, AttemptEnd::Unrecorded);
+        assert_eq!(a[1].end_step, Some(100));
+        assert_eq!(a[1].ended.unwrap().to_rfc3339(), "2026-11-01T10:01:10+00:00");
+        assert!(a[1].to_string().starts_with("attempt 2 on n2 ended because no stop, finish or error"));
+    }
+
+    #[test]
+    fn finish_and_error_end_attempts() {
+        let a = attempts(&three_attempts());
+        assert_eq!(a[2].end, AttemptEnd::Finished);
+        assert_eq!(a[2].because(), "it reached max_steps at step 200");
+        let failed = attempts(&[
+            ev(json!({"event": "start", "time": at(0)})),
+            ev(json!({"event": "error", "time": at(5), "step": 9, "error": "non-finite loss or gradient"})),
+        ]);
+        assert_eq!(failed[0].end.short(), "error");
+        assert_eq!(failed[0].because(), "it failed at step 9: non-finite loss or gradient");
+    }
+
+    #[test]
+    fn stop_at_step_and_early_stops_read_naturally() {
+        let a = attempts(&[
+            ev(json!({"event": "start"})),
+            ev(json!({"event": "stop", "step": 60, "reason": "stop_at_step"})),
+            ev(json!({"event": "start"})),
+            ev(json!({"event": "stop", "step": 60, "reason": "SIGINT", "before_training": true})),
+        ]);
+        assert_eq!(a[0].because(), "--stop-at-step was reached at step 60");
+        assert_eq!(a[1].because(), "it was stopped (SIGINT) before training began");
+    }
+
+    #[test]
+    fn events_before_the_first_start_are_ignored() {
+        let a = attempts(&[ev(json!({"event": "stop", "step": 1})), ev(json!({"event": "start"}))]);
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].end, AttemptEnd::Unrecorded);
+        assert!(attempts(&[]).is_empty());
+    }
+}

@@ -1,0 +1,99 @@
+//! The command line as users and scripts meet it: help and version, the
+//! documented exit codes (0, 2, 75, 78), and config errors reported all at
+//! once with their place in the file and a suggestion.
+
+mod support;
+
+use std::fs;
+use std::path::Path;
+
+use clap::CommandFactory;
+use rekindle::cli::Cli;
+
+use support::runs::{EXIT_CONFIG, EXIT_DONE, outcome, rekindle, tiny_config};
+
+/// clap's exit code for a command line it cannot parse.
+const EXIT_USAGE: i32 = 2;
+
+fn run_rekindle(args: &[&str]) -> (i32, String, String) {
+    outcome(&rekindle().args(args).output().expect("start rekindle"))
+}
+
+#[test]
+fn help_of_every_subcommand_exits_zero_and_run_help_lists_exit_codes() {
+    let subcommands: Vec<String> = Cli::command().get_subcommands().map(|c| c.get_name().to_string()).collect();
+    assert!(subcommands.len() >= 3, "expected run, verify, checkpoints: {subcommands:?}");
+    for name in &subcommands {
+        let (code, stdout, stderr) = run_rekindle(&[name, "--help"]);
+        assert_eq!(code, EXIT_DONE, "`rekindle {name} --help` exited {code}:\n{stderr}");
+        assert!(stdout.contains("Usage: rekindle"), "`rekindle {name} --help` printed no usage:\n{stdout}");
+    }
+    let (_, stdout, _) = run_rekindle(&["run", "--help"]);
+    for line in ["75  stopped with a durable checkpoint", "78  configuration error", "0   finished"] {
+        assert!(stdout.contains(line), "`rekindle run --help` lacks the exit code line `{line}`:\n{stdout}");
+    }
+    let (code, stdout, _) = run_rekindle(&["--help"]);
+    assert_eq!(code, EXIT_DONE);
+    assert!(subcommands.iter().all(|s| stdout.contains(s.as_str())), "top-level help lists every subcommand");
+}
+
+#[test]
+fn version_prints_the_package_version() {
+    let (code, stdout, _) = run_rekindle(&["--version"]);
+    assert_eq!(code, EXIT_DONE);
+    assert_eq!(stdout.trim(), format!("rekindle {}", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn config_with_several_problems_lists_each_with_place_key_and_suggestion() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("bad.toml");
+    fs::write(
+        &config,
+        "[run]\nname = \"bad\"\nmax_step = 10\n\n[modle]\nkind = \"mlp\"\n\n[train]\nbatchsize = 4\ngrad_accum = 0\n",
+    )
+    .unwrap();
+    let run_dir = tmp.path().join("run");
+    let (code, _, stderr) = run_rekindle(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--set",
+        "optimizer.weight_decy=0.1",
+    ]);
+    assert_eq!(code, EXIT_CONFIG, "stderr:\n{stderr}");
+    let file = config.display().to_string();
+    let expected = [
+        format!("{file}:3:1: run.max_step: unknown key; did you mean `max_steps`?"),
+        format!("{file}:5:1: modle: unknown section; did you mean `model`?"),
+        format!("{file}:9:1: train.batchsize: unknown key; did you mean `batch_size`?"),
+        format!("{file}:10:1: train.grad_accum: must be at least 1"),
+        "from --set: optimizer.weight_decy: unknown key; did you mean `weight_decay`?".to_string(),
+    ];
+    for problem in &expected {
+        assert!(stderr.contains(problem.as_str()), "stderr lacks `{problem}`:\n{stderr}");
+    }
+    assert!(stderr.contains("5 problems"), "all problems are counted at once:\n{stderr}");
+    assert!(!run_dir.exists(), "a config error must not create the run directory");
+}
+
+#[test]
+fn unknown_flag_is_a_usage_error() {
+    let (code, _, stderr) = run_rekindle(&["run", "--config", tiny_config().to_str().unwrap(), "--no-such-flag"]);
+    assert_eq!(code, EXIT_USAGE, "stderr:\n{stderr}");
+    assert!(stderr.contains("--no-such-flag"), "the error names the flag:\n{stderr}");
+}
+
+#[test]
+fn run_with_a_missing_config_file_is_a_config_error_naming_the_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("nowhere").join("missing.toml");
+    let run_dir = tmp.path().join("run");
+    let (code, _, stderr) =
+        run_rekindle(&["run", "--config", missing.to_str().unwrap(), "--run-dir", run_dir.to_str().unwrap()]);
+    assert_eq!(code, EXIT_CONFIG, "stderr:\n{stderr}");
+    assert!(stderr.contains(&missing.display().to_string()), "the error names the path:\n{stderr}");
+    assert!(!Path::new(&run_dir).exists(), "nothing is created for a missing config");
+}

@@ -1,0 +1,730 @@
+//! The orchestrator through the real binary, with real signals and processes:
+//! each stop signal checkpoints the current step and a rerun resumes there;
+//! second and third signals; a signal before training begins; the requeue
+//! decision carried out with a stand-in `scontrol` first on PATH; the
+//! run-directory lock; failing background checkpoints (failpoints); publishing
+//! on exit; and the grace period bounding everything after the checkpoint.
+
+mod support;
+
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use support::cli::{
+    RunCmd, assert_verifies, checkpoint_steps, events, events_named, last_event, last_metric_step, metric_steps,
+    rfc3339,
+};
+use support::git::{closed_port, git, remote_and_clone};
+use support::leftovers;
+
+/// Longest wait for a child to get going (debug build, shared machine).
+const STARTUP: Duration = Duration::from_secs(60);
+/// Longest wait for a child to exit once it should.
+const EXIT: Duration = Duration::from_secs(60);
+/// A graceful stop of the tiny model takes tens of milliseconds; the default
+/// grace period is 120 s. Anything near this bound is a bug.
+const WELL_WITHIN_GRACE: Duration = Duration::from_secs(5);
+
+/// A run that would take hours: it only ends when told to.
+fn long_run(dir: &Path) -> RunCmd {
+    RunCmd::new(dir).set("run.max_steps=10000000").set("checkpoint.every_steps=100")
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+/// Sends `sig` once training is under way; checks exit 75 well within the
+/// grace period, that the checkpoint holds the last trained step, the `signal`
+/// and `stop` events; then reruns and checks it resumes from exactly that step
+/// and continues.
+fn stop_signal_checkpoints_current_step_and_rerun_resumes_there(sig: Signal) {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let mut run = long_run(&dir).spawn();
+    run.wait_for_event("checkpoint_saved", STARTUP);
+    let sent_at = Instant::now();
+    let sent_wall = run.signal(sig);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    let took = exited.at - sent_at;
+    assert!(took < WELL_WITHIN_GRACE, "{sig} took {took:?} to exit");
+
+    assert_verifies(&dir);
+    let saved = *checkpoint_steps(&dir).last().expect("a checkpoint");
+    assert_eq!(last_metric_step(&dir), Some(saved), "the stop checkpoint is not of the last trained step");
+    let stop_save = events_named(&dir, "checkpoint_saved").into_iter().find(|e| e["kind"] == "stop").unwrap();
+    assert_eq!(stop_save["step"], saved);
+
+    let signal = last_event(&dir, "signal");
+    assert_eq!(signal["signal"], sig.as_str());
+    assert_eq!(signal["step"], saved);
+    let arrival = rfc3339(&signal["arrival"]);
+    // Event times have millisecond resolution (truncated).
+    assert!(
+        arrival + Duration::from_millis(2) >= sent_wall && arrival <= SystemTime::now(),
+        "arrival {} is not when the signal was sent",
+        signal["arrival"]
+    );
+    let stop = last_event(&dir, "stop");
+    assert_eq!(stop["reason"], sig.as_str());
+    assert_eq!(stop["step"], saved);
+    let to_durable = stop["seconds_to_durable_checkpoint"].as_f64().expect("seconds_to_durable_checkpoint");
+    assert!(to_durable > 0.0 && to_durable <= took.as_secs_f64(), "seconds_to_durable_checkpoint {to_durable}");
+    // Default grace 120 s minus the 10 s safety margin, less what the stop took.
+    let left = stop["seconds_left"].as_f64().expect("seconds_left");
+    assert!(left > 110.0 - took.as_secs_f64() && left <= 110.0, "seconds_left {left}");
+
+    // The same command again: resumes from that step, loses nothing, continues.
+    let until = saved + 20;
+    long_run(&dir).arg("--stop-at-step").arg(&until.to_string()).run(EXIT).assert_code(75);
+    let resume = last_event(&dir, "resume");
+    assert_eq!(resume["step"], saved);
+    assert_eq!(resume["steps_lost"], 0);
+    assert_eq!(metric_steps(&dir), (1..=until).collect::<Vec<_>>(), "every step logged exactly once");
+    assert_eq!(checkpoint_steps(&dir).last(), Some(&until));
+    assert_verifies(&dir);
+}
+
+#[test]
+fn sigterm_checkpoints_the_current_step_and_a_rerun_resumes_there() {
+    stop_signal_checkpoints_current_step_and_rerun_resumes_there(Signal::SIGTERM);
+}
+
+#[test]
+fn sigint_checkpoints_the_current_step_and_a_rerun_resumes_there() {
+    stop_signal_checkpoints_current_step_and_rerun_resumes_there(Signal::SIGINT);
+}
+
+#[test]
+fn sigusr1_checkpoints_the_current_step_and_a_rerun_resumes_there() {
+    stop_signal_checkpoints_current_step_and_rerun_resumes_there(Signal::SIGUSR1);
+}
+
+#[test]
+fn sigusr2_checkpoints_the_current_step_and_a_rerun_resumes_there() {
+    stop_signal_checkpoints_current_step_and_rerun_resumes_there(Signal::SIGUSR2);
+}
+
+// ---------------------------------------------------------------------------
+// A stand-in scontrol.
+
+/// A stand-in `scontrol` in its own directory: runs the shell snippet
+/// `on_show` for `show job -o ID` and `on_requeue` for `requeue ID`, and
+/// records every invocation, one line each.
+struct FakeScontrol {
+    bin: PathBuf,
+    log: PathBuf,
+}
+
+/// What `scontrol show job -o 77` prints for a requeueable running batch job.
+const RUNNING_JOB: &str =
+    "JobId=77 JobName=tiny JobState=RUNNING Reason=None Requeue=1 Restarts=0 BatchFlag=1 NodeList=n1";
+
+impl FakeScontrol {
+    fn new(root: &Path, on_show: &str, on_requeue: &str) -> FakeScontrol {
+        let bin = root.join("fake-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let log = root.join("scontrol-calls");
+        let script = format!(
+            "#!/bin/sh\necho \"$*\" >> '{log}'\ncase \"$1\" in\n  show) {on_show} ;;\n  requeue) {on_requeue} ;;\nesac\n",
+            log = log.display(),
+        );
+        let path = bin.join("scontrol");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        FakeScontrol { bin, log }
+    }
+
+    fn running_job(root: &Path) -> FakeScontrol {
+        FakeScontrol::new(root, &echo(RUNNING_JOB), "exit 0")
+    }
+
+    /// PATH with the stand-in first.
+    fn path(&self) -> OsString {
+        let mut path = OsString::from(&self.bin);
+        path.push(":");
+        path.push(std::env::var_os("PATH").unwrap_or_default());
+        path
+    }
+
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log).map(|t| t.lines().map(String::from).collect()).unwrap_or_default()
+    }
+}
+
+/// A shell snippet printing `line`.
+fn echo(line: &str) -> String {
+    format!("echo '{line}'")
+}
+
+/// A long run under a (pretend) SLURM job, stopped with SIGTERM once training
+/// is under way; returns its `requeue` event.
+fn sigterm_under_slurm(dir: &Path, path: OsString, env: &[(&str, &str)], sets: &[&str]) -> Value {
+    let mut cmd = long_run(dir).env("PATH", path);
+    for (k, v) in env {
+        cmd = cmd.env(k, v);
+    }
+    for s in sets {
+        cmd = cmd.set(s);
+    }
+    let mut run = cmd.spawn();
+    run.wait_for_step(1, STARTUP);
+    run.signal(Signal::SIGTERM);
+    run.wait(EXIT).assert_code(75);
+    let requeue = last_event(dir, "requeue");
+    let in_stop = &last_event(dir, "stop")["requeue"];
+    assert_eq!((&in_stop["decision"], &in_stop["reason"]), (&requeue["decision"], &requeue["reason"]));
+    requeue
+}
+
+fn reason(requeue: &Value) -> &str {
+    requeue["reason"].as_str().unwrap_or_else(|| panic!("requeue event without a reason: {requeue}"))
+}
+
+#[test]
+fn running_requeueable_batch_job_is_requeued_with_scontrol() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let requeue = sigterm_under_slurm(&dir, fake.path(), &[("SLURM_JOB_ID", "77")], &[]);
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"]);
+    assert_eq!(requeue["decision"], "requeue", "{requeue}");
+    assert_eq!(requeue["job_id"], "77");
+    assert_eq!(requeue["answer"], "requeued");
+    assert_eq!(requeue["job_id"], last_event(&dir, "start")["job_id"], "events carry the job id");
+}
+
+#[test]
+fn cancelled_job_is_never_requeued() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::new(tmp.path(), &echo(&RUNNING_JOB.replace("RUNNING", "CANCELLED")), "exit 0");
+    let requeue = sigterm_under_slurm(&tmp.path().join("run"), fake.path(), &[("SLURM_JOB_ID", "77")], &[]);
+    assert_eq!(fake.calls(), ["show job -o 77"]);
+    assert_eq!(requeue["decision"], "skip");
+    assert!(reason(&requeue).contains("cancelled"), "{requeue}");
+}
+
+#[test]
+fn array_task_is_requeued_as_array_job_underscore_task() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::new(
+        tmp.path(),
+        &echo(&RUNNING_JOB.replace("JobId=77", "JobId=73 ArrayJobId=70 ArrayTaskId=3")),
+        "exit 0",
+    );
+    let env = [("SLURM_JOB_ID", "73"), ("SLURM_ARRAY_JOB_ID", "70"), ("SLURM_ARRAY_TASK_ID", "3")];
+    let requeue = sigterm_under_slurm(&tmp.path().join("run"), fake.path(), &env, &[]);
+    assert_eq!(fake.calls(), ["show job -o 70_3", "requeue 70_3"]);
+    assert_eq!(requeue["job_id"], "70_3");
+}
+
+#[test]
+fn requeue_never_leaves_scontrol_alone() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let requeue = sigterm_under_slurm(
+        &tmp.path().join("run"),
+        fake.path(),
+        &[("SLURM_JOB_ID", "77")],
+        &["signals.requeue=never"],
+    );
+    assert_eq!(fake.calls(), Vec::<String>::new());
+    assert_eq!(requeue["decision"], "skip");
+    assert!(reason(&requeue).contains("never"), "{requeue}");
+}
+
+#[test]
+fn job_restarted_max_restarts_times_is_not_requeued_again() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let env = [("SLURM_JOB_ID", "77"), ("SLURM_RESTART_COUNT", "3")];
+    let requeue = sigterm_under_slurm(&dir, fake.path(), &env, &["signals.max_restarts=3"]);
+    assert!(!fake.calls().iter().any(|c| c.starts_with("requeue")), "requeued: {:?}", fake.calls());
+    assert_eq!(requeue["decision"], "skip");
+    assert!(
+        reason(&requeue).contains("restarted 3 times") && reason(&requeue).contains("max_restarts = 3"),
+        "{requeue}"
+    );
+    assert_eq!(requeue["attempt"], 3, "events carry SLURM_RESTART_COUNT as the attempt");
+}
+
+#[test]
+fn missing_scontrol_skips_the_requeue_and_says_so() {
+    let tmp = tempdir();
+    // A PATH with nothing on it: no scontrol (as inside many containers).
+    let empty = tmp.path().join("empty-bin");
+    std::fs::create_dir_all(&empty).unwrap();
+    let requeue = sigterm_under_slurm(&tmp.path().join("run"), empty.into(), &[("SLURM_JOB_ID", "77")], &[]);
+    assert_eq!(requeue["decision"], "skip");
+    assert!(reason(&requeue).contains("scontrol not found"), "{requeue}");
+}
+
+#[test]
+fn job_already_pending_answer_counts_as_requeued() {
+    let tmp = tempdir();
+    let pending = "echo 'Requeue of JobId=77 returned an error: Job is pending execution' >&2; exit 1";
+    let fake = FakeScontrol::new(tmp.path(), &echo(RUNNING_JOB), pending);
+    let requeue = sigterm_under_slurm(&tmp.path().join("run"), fake.path(), &[("SLURM_JOB_ID", "77")], &[]);
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"]);
+    assert_eq!(requeue["decision"], "requeue");
+    assert_eq!(requeue["answer"], "already_pending", "{requeue}");
+    assert!(requeue.get("error").is_none(), "{requeue}");
+}
+
+#[test]
+fn without_slurm_requeue_is_skipped_with_a_note() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let requeue = sigterm_under_slurm(&tmp.path().join("run"), fake.path(), &[], &[]);
+    assert_eq!(fake.calls(), Vec::<String>::new());
+    assert_eq!(requeue["decision"], "skip");
+    assert!(reason(&requeue).contains("not running under SLURM"), "{requeue}");
+}
+
+// ---------------------------------------------------------------------------
+// More than one signal.
+
+/// Every checkpoint save sleeps this long before its rename (a failpoint), so
+/// a test can signal again while the stop checkpoint is being written.
+const SLOW_SAVES: &str = "checkpoint::before_rename=sleep(1000)";
+
+#[test]
+fn second_signal_during_the_stop_is_logged_and_the_stop_completes() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    // No periodic saves: the only (slow) save is the stop checkpoint.
+    let mut run = long_run(&dir).set("checkpoint.every_steps=0").env("FAILPOINTS", SLOW_SAVES).spawn();
+    run.wait_for_step(5, STARTUP);
+    run.signal(Signal::SIGTERM);
+    // The `signal` event is written just before the checkpoint starts.
+    run.wait_for_event("signal", EXIT);
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    assert!(exited.stderr.contains("more stop signals arrived during the checkpoint"), "{}", exited.tail());
+
+    let stop = last_event(&dir, "stop");
+    assert_eq!(stop["signals_received"], 2, "{stop}");
+    assert_ne!(stop["requeue"]["reason"], "fast exit", "a second signal must not cut the stop short: {stop}");
+    assert_eq!(stop["step"], last_metric_step(&dir).unwrap());
+    assert_eq!(checkpoint_steps(&dir), [stop["step"].as_u64().unwrap()]);
+    assert_verifies(&dir);
+}
+
+#[test]
+fn three_signals_at_once_exit_at_once_keeping_earlier_checkpoints() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = long_run(&dir)
+        .set("checkpoint.every_steps=50")
+        .set("checkpoint.keep=1000")
+        .env("PATH", fake.path())
+        .env("SLURM_JOB_ID", "77")
+        .spawn();
+    run.wait_for_event("checkpoint_saved", STARTUP);
+    // As SLURM does on preemption, the signals reach a stopped process and
+    // SIGCONT delivers them together: the training loop sees all three at once.
+    run.signal(Signal::SIGSTOP);
+    let before = checkpoint_steps(&dir);
+    let sent = Instant::now();
+    for sig in [Signal::SIGTERM, Signal::SIGUSR1, Signal::SIGUSR2] {
+        run.signal(sig);
+    }
+    run.signal(Signal::SIGCONT);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    assert!(exited.at - sent < WELL_WITHIN_GRACE);
+
+    let stop = last_event(&dir, "stop");
+    assert_eq!(stop["fast_exit"], true, "{stop}");
+    let durable = stop["step"].as_u64().expect("the stop names the durable step");
+    assert!(before.contains(&durable), "stop names step {durable}, not one of the checkpoints {before:?}");
+    assert!(
+        events_named(&dir, "checkpoint_saved").iter().all(|e| e["kind"] != "stop"),
+        "a stop checkpoint was written"
+    );
+    let after = checkpoint_steps(&dir);
+    assert!(before.iter().all(|s| after.contains(s)), "checkpoints lost: before {before:?}, after {after:?}");
+    assert_verifies(&dir);
+    assert_eq!(fake.calls(), Vec::<String>::new(), "the fast exit must not talk to SLURM");
+}
+
+#[test]
+fn third_signal_during_the_stop_finishes_the_checkpoint_but_skips_publish_and_requeue() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = long_run(&dir)
+        .set("checkpoint.every_steps=0")
+        .env("FAILPOINTS", SLOW_SAVES)
+        .env("PATH", fake.path())
+        .env("SLURM_JOB_ID", "77")
+        .spawn();
+    run.wait_for_step(5, STARTUP);
+    run.signal(Signal::SIGTERM);
+    run.wait_for_event("signal", EXIT);
+    // Two different signals: two of the same kind could merge while pending.
+    run.signal(Signal::SIGUSR1);
+    run.signal(Signal::SIGUSR2);
+    run.wait(EXIT).assert_code(75);
+
+    let stop = last_event(&dir, "stop");
+    assert_eq!(stop["requeue"]["reason"], "fast exit", "{stop}");
+    assert_eq!(stop["publish"]["skipped"], "fast exit", "{stop}");
+    // The checkpoint being committed was finished: it holds the current step.
+    assert_eq!(stop["step"], last_metric_step(&dir).unwrap());
+    assert_eq!(checkpoint_steps(&dir), [stop["step"].as_u64().unwrap()]);
+    assert_verifies(&dir);
+    assert_eq!(fake.calls(), Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------
+// A signal before training begins.
+
+#[test]
+fn signal_while_the_model_is_built_exits_75_leaving_earlier_checkpoints_as_they_were() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    // A large synthetic data set: building it takes about a second in debug,
+    // a window after the `start` event in which no training has begun.
+    let slow_start =
+        |dir: &Path| RunCmd::new(dir).set("data.synthetic_samples=100000").set("checkpoint.every_steps=50");
+    slow_start(&dir).arg("--stop-at-step").arg("60").run(EXIT).assert_code(75);
+    assert_eq!(checkpoint_steps(&dir), [50, 60]);
+    let metrics_before = std::fs::read(dir.join("metrics.jsonl")).unwrap();
+
+    let mut run = slow_start(&dir).spawn();
+    run.wait_for_event("start", STARTUP);
+    run.signal(Signal::SIGTERM);
+    let new_events = {
+        let exited = run.wait(EXIT);
+        exited.assert_code(75);
+        events(&dir).into_iter().rev().take_while(|e| e["event"] != "start").collect::<Vec<_>>()
+    };
+    let stop = last_event(&dir, "stop");
+    assert_eq!(stop["before_training"], true, "the signal arrived after training began: {stop}");
+    assert_eq!(stop["step"], 60, "the stop names the newest durable checkpoint");
+    assert!(new_events.iter().all(|e| e["event"] != "checkpoint_saved"), "{new_events:?}");
+    assert_eq!(checkpoint_steps(&dir), [50, 60]);
+    assert_eq!(leftovers(&dir.join("checkpoints")), Vec::<String>::new(), "a partial checkpoint was left");
+    assert_verifies(&dir);
+    assert_eq!(std::fs::read(dir.join("metrics.jsonl")).unwrap(), metrics_before, "metrics.jsonl changed");
+}
+
+// ---------------------------------------------------------------------------
+// The run-directory lock.
+
+fn lock_file(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("rekindle.lock")).expect("lock file")).expect("lock JSON")
+}
+
+#[test]
+fn second_run_on_a_live_run_dir_exits_1_naming_pid_and_host_and_changes_nothing() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let mut first = long_run(&dir).spawn();
+    first.wait_for_step(1, STARTUP);
+    let config_before = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+
+    // Even a run allowed to change the config must not touch a live run's directory.
+    let second = long_run(&dir).arg("--allow-config-change").set("optimizer.lr=0.1").run(EXIT);
+    second.assert_code(1);
+    let host = rekindle::slurm::hostname();
+    let pid = first.pid().as_raw();
+    assert!(second.stderr.contains(&format!("in use by pid {pid} on {host}")), "{}", second.tail());
+    assert_eq!(lock_file(&dir)["pid"], pid, "the live run's lock was replaced");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("config.toml")).unwrap(),
+        config_before,
+        "the live run's config changed"
+    );
+    assert!(!dir.join("config.toml.prev").exists());
+
+    // The first run is undisturbed.
+    first.signal(Signal::SIGTERM);
+    first.wait(EXIT).assert_code(75);
+    assert!(!dir.join("rekindle.lock").exists(), "the lock is released on exit");
+}
+
+#[test]
+fn run_after_a_sigkill_takes_over_the_stale_lock_and_resumes() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let mut first = long_run(&dir).spawn();
+    first.wait_for_event("checkpoint_saved", STARTUP);
+    let dead_pid = first.pid().as_raw();
+    first.signal(Signal::SIGKILL);
+    let killed = first.wait(EXIT);
+    assert_eq!(killed.status.signal(), Some(9));
+    assert_eq!(lock_file(&dir)["pid"], dead_pid, "SIGKILL leaves the lock behind");
+    let newest = *checkpoint_steps(&dir).last().unwrap();
+
+    let until = newest + 10;
+    let second = long_run(&dir).arg("--stop-at-step").arg(&until.to_string()).run(EXIT);
+    second.assert_code(75);
+    assert!(second.stderr.contains("taking over the run-directory lock"), "{}", second.tail());
+    assert!(second.stderr.contains(&format!("its process {dead_pid} on this host is gone")), "{}", second.tail());
+    assert_eq!(last_event(&dir, "resume")["step"], newest);
+    assert_eq!(checkpoint_steps(&dir).last(), Some(&until));
+    assert!(!dir.join("rekindle.lock").exists());
+}
+
+/// A lock as another node's rekindle (pid 1 exists here, so only the host
+/// tells it apart) left it, with a fresh heartbeat.
+fn write_foreign_lock(dir: &Path, job_id: &str) {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64();
+    let lock = json!({"token": "other-node-1-x", "job_id": job_id, "host": "other-node", "pid": 1,
+                      "heartbeat": now, "started": now - 60.0});
+    std::fs::write(dir.join("rekindle.lock"), serde_json::to_vec(&lock).unwrap()).unwrap();
+}
+
+#[test]
+fn lock_of_an_earlier_attempt_of_the_same_job_on_another_host_is_taken_over() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let short = |dir: &Path| RunCmd::new(dir).env("PATH", fake.path()).env("SLURM_JOB_ID", "77");
+    short(&dir).arg("--stop-at-step").arg("10").run(EXIT).assert_code(75);
+
+    // Another job's live lock is respected...
+    write_foreign_lock(&dir, "76");
+    let refused = short(&dir).arg("--stop-at-step").arg("20").run(EXIT);
+    refused.assert_code(1);
+    assert!(refused.stderr.contains("in use by pid 1 on other-node (job 76)"), "{}", refused.tail());
+
+    // ...but this job's own earlier attempt (requeued onto another node) is over.
+    write_foreign_lock(&dir, "77");
+    let resumed = short(&dir).env("SLURM_RESTART_COUNT", "1").arg("--stop-at-step").arg("20").run(EXIT);
+    resumed.assert_code(75);
+    assert!(resumed.stderr.contains("earlier attempt of this job (77) on other-node"), "{}", resumed.tail());
+    let resume = last_event(&dir, "resume");
+    assert_eq!((&resume["step"], &resume["restart_count"]), (&json!(10), &json!(1)));
+    assert!(!dir.join("rekindle.lock").exists());
+}
+
+// ---------------------------------------------------------------------------
+// Background checkpoint failures (failpoints compiled into test builds).
+
+#[test]
+fn failed_background_saves_are_recorded_and_training_continues_to_the_end() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let exited = RunCmd::new(&dir)
+        .set("checkpoint.every_steps=20")
+        .env("FAILPOINTS", "checkpoint::before_manifest=2*return")
+        .run(EXIT);
+    exited.assert_code(0);
+    assert!(exited.stderr.contains("background checkpoint failed; training continues"), "{}", exited.tail());
+    let failed = events_named(&dir, "checkpoint_failed");
+    let counts: Vec<&Value> = failed.iter().map(|e| &e["consecutive_failures"]).collect();
+    assert_eq!(counts, [1, 2], "{failed:?}");
+    assert!(failed.iter().all(|e| e["kind"] == "periodic" && e["error"].as_str().unwrap().contains("before_manifest")));
+    assert_eq!(last_event(&dir, "finish")["step"], 200);
+    assert_eq!(checkpoint_steps(&dir).last(), Some(&200));
+    assert_eq!(leftovers(&dir.join("checkpoints")), Vec::<String>::new(), "a failed save left files behind");
+    assert_verifies(&dir);
+}
+
+#[test]
+fn too_many_failed_saves_in_a_row_stop_the_run_with_a_clear_error() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    // The first save succeeds, every later one fails.
+    let exited = long_run(&dir)
+        .set("checkpoint.every_steps=20")
+        .set("checkpoint.max_consecutive_failures=3")
+        .env("FAILPOINTS", "checkpoint::before_manifest=1*off->return")
+        .run(EXIT);
+    exited.assert_code(1);
+    assert!(exited.stderr.contains("3 checkpoint saves in a row failed"), "{}", exited.tail());
+    assert!(exited.stderr.contains("earlier checkpoints are intact"), "{}", exited.tail());
+    assert_eq!(events_named(&dir, "checkpoint_failed").len(), 3);
+    assert_eq!(checkpoint_steps(&dir), [20]);
+    assert_verifies(&dir);
+    assert!(!dir.join("rekindle.lock").exists(), "the lock is released after a failure");
+}
+
+// ---------------------------------------------------------------------------
+// Publishing on exit.
+
+#[test]
+fn each_attempt_publishes_one_commit_naming_run_step_job_and_reason_without_weights() {
+    let tmp = tempdir();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let dir = tmp.path().join("run");
+    let attempt = |restarts: &str| {
+        RunCmd::new(&dir)
+            .set("run.max_steps=2000")
+            .set("checkpoint.every_steps=100")
+            .set("publish.enabled=true")
+            .set(&format!("publish.repo=\"{}\"", clone.display()))
+            .set("signals.requeue=never")
+            .env("SLURM_JOB_ID", "88")
+            .env("SLURM_RESTART_COUNT", restarts)
+    };
+    let mut first = attempt("0").spawn();
+    first.wait_for_event("checkpoint_saved", STARTUP);
+    first.signal(Signal::SIGTERM);
+    first.wait(EXIT).assert_code(75);
+    let stopped_at = last_event(&dir, "stop")["step"].as_u64().unwrap();
+    assert!(stopped_at < 2000, "the run finished before the signal");
+    assert_eq!(last_event(&dir, "publish")["pushed"], true);
+
+    attempt("1").run(EXIT).assert_code(0);
+    assert_eq!(last_event(&dir, "publish")["pushed"], true);
+    let log = git(&bare, &["log", "--format=%s", "main"]);
+    assert_eq!(
+        log.lines().collect::<Vec<_>>(),
+        [
+            "rekindle: tiny at step 2000 (job 88, finished)".to_string(),
+            format!("rekindle: tiny at step {stopped_at} (job 88, SIGTERM)")
+        ]
+    );
+    let files = git(&bare, &["ls-tree", "-r", "--name-only", "main"]);
+    assert_eq!(
+        files.lines().collect::<Vec<_>>(),
+        [
+            "runs/tiny/MANIFEST.json",
+            "runs/tiny/config.toml",
+            "runs/tiny/events.jsonl",
+            "runs/tiny/metrics.jsonl",
+            "runs/tiny/summary.json"
+        ]
+    );
+    let manifest: Value = serde_json::from_str(&git(&bare, &["show", "main:runs/tiny/MANIFEST.json"])).unwrap();
+    assert_eq!(manifest["step"], 2000, "the newest checkpoint's manifest is published");
+    // No weights in any commit.
+    let all = git(&bare, &["log", "--name-only", "--format=", "main"]);
+    assert!(!all.contains("safetensors") && !all.contains("checkpoints/"), "{all}");
+}
+
+// ---------------------------------------------------------------------------
+// The grace period bounds everything after the checkpoint.
+
+/// Stops a run whose publish cannot reach its remote with SIGTERM under
+/// `grace = 4s`, `safety_margin = 1s`; returns the time from the signal to the
+/// exit and the `publish` event.
+fn stop_with_unreachable_remote(tmp: &Path, remote: &str, extra: impl FnOnce(RunCmd) -> RunCmd) -> (Duration, Value) {
+    let (_bare, clone) = remote_and_clone(tmp);
+    git(&clone, &["remote", "set-url", "origin", remote]);
+    let dir = tmp.join("run");
+    let cmd = long_run(&dir)
+        .set("publish.enabled=true")
+        .set(&format!("publish.repo=\"{}\"", clone.display()))
+        .set("publish.retry_initial=500ms")
+        .set("signals.grace=4s")
+        .set("signals.safety_margin=1s");
+    let mut run = extra(cmd).spawn();
+    run.wait_for_step(1, STARTUP);
+    let sent = Instant::now();
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    let publish = last_event(&dir, "publish");
+    // The commit is made locally whatever the remote does; the next run pushes it.
+    assert_eq!(git(&clone, &["rev-list", "--count", "main"]).trim(), "1");
+    assert_verifies(&dir);
+    (exited.at - sent, publish)
+}
+
+#[test]
+fn refused_push_retries_end_within_the_grace_period() {
+    let tmp = tempdir();
+    let remote = format!("git://127.0.0.1:{}/results.git", closed_port());
+    let (took, publish) = stop_with_unreachable_remote(tmp.path(), &remote, |c| c);
+    assert!(took < Duration::from_secs(4), "exited {took:?} after the signal; grace is 4 s");
+    assert_eq!(publish["pushed"], false);
+    assert!(publish["attempts"].as_u64().unwrap() >= 2, "no retry within the grace period: {publish}");
+}
+
+#[test]
+fn silent_remote_and_hanging_scontrol_still_end_within_the_grace_period() {
+    let tmp = tempdir();
+    // Accepts connections (the kernel completes them) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let remote = format!("git://127.0.0.1:{}/results.git", silent.local_addr().unwrap().port());
+    let fake = FakeScontrol::new(tmp.path(), "exec sleep 60", "exec sleep 60");
+    let (took, publish) =
+        stop_with_unreachable_remote(tmp.path(), &remote, |c| c.env("PATH", fake.path()).env("SLURM_JOB_ID", "77"));
+    assert!(took < Duration::from_secs(4), "exited {took:?} after the signal; grace is 4 s");
+    assert_eq!(publish["pushed"], false);
+    assert_eq!(last_event(&tmp.path().join("run"), "requeue")["decision"], "skip");
+    drop(silent);
+}
+
+#[test]
+fn slow_scontrol_calls_share_the_time_left_in_the_grace_period() {
+    let tmp = tempdir();
+    // `show job` answers after 2 s of the 3 s left; `requeue` never answers.
+    let fake = FakeScontrol::new(tmp.path(), &format!("sleep 2; {}", echo(RUNNING_JOB)), "exec sleep 60");
+    let dir = tmp.path().join("run");
+    let mut run = long_run(&dir)
+        .set("signals.grace=4s")
+        .set("signals.safety_margin=1s")
+        .env("PATH", fake.path())
+        .env("SLURM_JOB_ID", "77")
+        .spawn();
+    run.wait_for_step(1, STARTUP);
+    let sent = Instant::now();
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    let took = exited.at - sent;
+    assert!(took < Duration::from_secs(4), "exited {took:?} after the signal; grace is 4 s");
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"]);
+    let requeue = last_event(&dir, "requeue");
+    assert_eq!(requeue["decision"], "requeue");
+    assert!(requeue["error"].as_str().is_some_and(|e| e.contains("did not answer")), "{requeue}");
+    assert_verifies(&dir);
+}
+
+// ---------------------------------------------------------------------------
+// Regressions of gaps found by these tests.
+
+#[test]
+fn silent_remote_still_leaves_time_to_requeue() {
+    let tmp = tempdir();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let remote = format!("git://127.0.0.1:{}/results.git", silent.local_addr().unwrap().port());
+    let fake = FakeScontrol::running_job(tmp.path());
+    stop_with_unreachable_remote(tmp.path(), &remote, |c| c.env("PATH", fake.path()).env("SLURM_JOB_ID", "77"));
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"], "{}", last_event(&tmp.path().join("run"), "requeue"));
+    drop(silent);
+}
+
+#[test]
+fn failing_run_records_an_error_event_and_summary() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    long_run(&dir)
+        .set("checkpoint.every_steps=20")
+        .env("FAILPOINTS", "checkpoint::before_manifest=return")
+        .run(EXIT)
+        .assert_code(1);
+    let error = last_event(&dir, "error");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("in a row failed")), "{error}");
+    let summary: Value = serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["state"], "failed");
+}
+
+#[test]
+fn run_whose_lock_was_taken_over_stops() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let mut run = long_run(&dir).spawn();
+    run.wait_for_step(1, STARTUP);
+    // Another node decided this lock was stale (e.g. its heartbeat stalled on NFS).
+    write_foreign_lock(&dir, "99");
+    let exited = run.wait(Duration::from_secs(15));
+    assert_eq!(exited.code(), Some(1), "{}", exited.tail());
+    assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
+}
