@@ -420,6 +420,29 @@ fn signal_while_the_model_is_built_exits_75_leaving_earlier_checkpoints_as_they_
     assert_eq!(std::fs::read(dir.join("metrics.jsonl")).unwrap(), metrics_before, "metrics.jsonl changed");
 }
 
+#[test]
+fn signal_while_the_model_is_built_under_slurm_still_requeues_the_job() {
+    // Measured on a real SLURM 22.05 (slurm/drill.sh): a job preempted while
+    // rekindle loaded exited 75 inside its GraceTime and ended FAILED, never
+    // requeued, because SLURM does not requeue a job that exits by itself.
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = RunCmd::new(&dir)
+        .set("data.synthetic_samples=100000")
+        .env("PATH", fake.path())
+        .env("SLURM_JOB_ID", "77")
+        .spawn();
+    run.wait_for_event("start", STARTUP);
+    run.signal(Signal::SIGTERM);
+    run.wait(EXIT).assert_code(75);
+    let stop = last_event(&dir, "stop");
+    assert_eq!(stop["before_training"], true, "the signal arrived after training began: {stop}");
+    assert_eq!(stop["requeue"]["decision"], "requeue", "{stop}");
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"]);
+    assert_eq!(last_event(&dir, "requeue")["answer"], "requeued");
+}
+
 // ---------------------------------------------------------------------------
 // The run-directory lock.
 

@@ -128,7 +128,7 @@ impl Attempt {
             tracing::warn!(step = rejected.step, reasons = %reasons.join("; "), "skipping checkpoint that does not verify");
         }
         let last_durable_step = outcome.loaded.as_ref().map(|l| l.snapshot.step);
-        if let Some(early) = early_stop(&stop, &mut events, last_durable_step)? {
+        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
         let mut trainer = Trainer::new(&cfg)?;
@@ -172,7 +172,7 @@ impl Attempt {
                 (0, resumes)
             }
         };
-        if let Some(early) = early_stop(&stop, &mut events, last_durable_step)? {
+        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
         // Steps logged after the checkpoint we resumed from were lost with the
@@ -588,60 +588,8 @@ impl Attempt {
     }
 
     fn requeue(&mut self, reason: StopReason, deadline: Option<Deadline>) -> Result<serde_json::Value, RunError> {
-        let stop = match reason {
-            StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
-            StopReason::Signal(_) => StopKind::ClusterSignal,
-            StopReason::StopAtStep => StopKind::StopAtStep,
-        };
-        // Each scontrol call gets what is left then (capped); once too little
-        // is left, none is made: running past the deadline means SIGKILL.
-        let timeout = || match deadline {
-            Some(d) => d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)),
-            None => Some(SCONTROL_TIMEOUT),
-        };
-        const NO_TIME: &str = "no time left before the deadline";
-        let job_id = self.slurm.control_id();
-        let needs_query = job_id.is_some()
-            && stop != StopKind::StopAtStep
-            && self.cfg.signals.requeue != crate::config::RequeuePolicy::Never;
-        let (job, job_query_error) = match (&job_id, needs_query) {
-            (Some(id), true) => match timeout().map(|t| Scontrol.show_job(id, t)) {
-                Some(Ok(j)) => (Some(j), None),
-                Some(Err(e)) => (None, Some(e.to_string())),
-                None => (None, Some(NO_TIME.to_string())),
-            },
-            _ => (None, None),
-        };
-        let input = RequeueInput {
-            policy: self.cfg.signals.requeue,
-            stop,
-            finished: self.trainer.step() >= self.cfg.run.max_steps,
-            job_id,
-            job,
-            job_query_error,
-            restart_count: self.slurm.restart_count,
-            max_restarts: self.cfg.signals.max_restarts,
-        };
-        let decision = slurm::decide(&input);
-        let mut record = serde_json::to_value(&decision).unwrap_or_default();
-        match &decision {
-            Decision::Requeue { job_id, reason } => {
-                tracing::info!(job = %job_id, %reason, "requeueing the job");
-                match timeout()
-                    .ok_or(NO_TIME.to_string())
-                    .and_then(|t| Scontrol.requeue(job_id, t).map_err(|e| e.to_string()))
-                {
-                    Ok(answer) => record["answer"] = serde_json::to_value(answer).unwrap_or_default(),
-                    Err(e) => {
-                        tracing::error!(error = %e, "scontrol requeue failed; relying on sbatch --requeue");
-                        record["error"] = e.into();
-                    }
-                }
-            }
-            Decision::Skip { reason } => tracing::info!(%reason, "not requeueing"),
-        }
-        self.events.record("requeue", record.clone())?;
-        Ok(record)
+        let finished = self.trainer.step() >= self.cfg.run.max_steps;
+        requeue_after_stop(&self.cfg, &self.slurm, reason, finished, deadline, &mut self.events)
     }
 
     fn write_summary(&mut self, state: &str) -> Result<(), RunError> {
@@ -665,14 +613,99 @@ impl Attempt {
     }
 }
 
-/// A stop signal before training began: nothing new to save.
-fn early_stop(stop: &StopFlag, events: &mut EventLog, durable: Option<u64>) -> Result<Option<Outcome>, RunError> {
+/// A stop signal before training began: nothing new to save, but the job is
+/// still requeued when it should be. A job preempted (or warned of its time
+/// limit) while it loads exits inside its GraceTime, and SLURM does not
+/// requeue a job that exits by itself: without this it would end FAILED.
+fn early_stop(
+    stop: &StopFlag,
+    events: &mut EventLog,
+    durable: Option<u64>,
+    cfg: &Config,
+    alloc: &SlurmEnv,
+) -> Result<Option<Outcome>, RunError> {
     let Some(reason) = stop.signal() else { return Ok(None) };
     tracing::warn!(reason = %reason.name(), "stop signal before training began: exiting; earlier checkpoints are intact");
     events.record("signal", json!({"signal": reason.name(), "step": durable, "before_training": true}))?;
-    events.record("stop", json!({"step": durable, "reason": reason.name(), "before_training": true}))?;
+    let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
+    let deadline = Deadline::after_signal(arrival, cfg.signals.grace, cfg.signals.safety_margin);
+    let requeue = if response_to_signal(stop.count()) == SignalResponse::ExitNow || deadline.passed(Instant::now()) {
+        json!({"decision": "skip", "reason": "fast exit"})
+    } else {
+        let finished = durable.is_some_and(|s| s >= cfg.run.max_steps);
+        requeue_after_stop(cfg, alloc, reason, finished, Some(deadline), events)?
+    };
+    events.record(
+        "stop",
+        json!({"step": durable, "reason": reason.name(), "before_training": true, "requeue": requeue}),
+    )?;
     events.sync()?;
     Ok(Some(Outcome::StoppedWithCheckpoint))
+}
+
+/// Decides whether to requeue after a stop and carries the decision out with
+/// `scontrol`; records a `requeue` event and returns what it recorded.
+fn requeue_after_stop(
+    cfg: &Config,
+    alloc: &SlurmEnv,
+    reason: StopReason,
+    finished: bool,
+    deadline: Option<Deadline>,
+    events: &mut EventLog,
+) -> Result<serde_json::Value, RunError> {
+    let stop = match reason {
+        StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
+        StopReason::Signal(_) => StopKind::ClusterSignal,
+        StopReason::StopAtStep => StopKind::StopAtStep,
+    };
+    // Each scontrol call gets what is left then (capped); once too little
+    // is left, none is made: running past the deadline means SIGKILL.
+    let timeout = || match deadline {
+        Some(d) => d.budget(Instant::now(), SCONTROL_TIMEOUT, Duration::from_millis(200)),
+        None => Some(SCONTROL_TIMEOUT),
+    };
+    const NO_TIME: &str = "no time left before the deadline";
+    let job_id = alloc.control_id();
+    let needs_query =
+        job_id.is_some() && stop != StopKind::StopAtStep && cfg.signals.requeue != crate::config::RequeuePolicy::Never;
+    let (job, job_query_error) = match (&job_id, needs_query) {
+        (Some(id), true) => match timeout().map(|t| Scontrol.show_job(id, t)) {
+            Some(Ok(j)) => (Some(j), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+            None => (None, Some(NO_TIME.to_string())),
+        },
+        _ => (None, None),
+    };
+    let input = RequeueInput {
+        policy: cfg.signals.requeue,
+        stop,
+        finished,
+        job_id,
+        job,
+        job_query_error,
+        restart_count: alloc.restart_count,
+        max_restarts: cfg.signals.max_restarts,
+    };
+    let decision = slurm::decide(&input);
+    let mut record = serde_json::to_value(&decision).unwrap_or_default();
+    match &decision {
+        Decision::Requeue { job_id, reason } => {
+            tracing::info!(job = %job_id, %reason, "requeueing the job");
+            match timeout()
+                .ok_or(NO_TIME.to_string())
+                .and_then(|t| Scontrol.requeue(job_id, t).map_err(|e| e.to_string()))
+            {
+                Ok(answer) => record["answer"] = serde_json::to_value(answer).unwrap_or_default(),
+                Err(e) => {
+                    tracing::error!(error = %e, "scontrol requeue failed; relying on sbatch --requeue");
+                    record["error"] = e.into();
+                }
+            }
+        }
+        Decision::Skip { reason } => tracing::info!(%reason, "not requeueing"),
+    }
+    events.record("requeue", record.clone())?;
+    Ok(record)
 }
 
 fn finite_or_null(x: f64) -> serde_json::Value {
