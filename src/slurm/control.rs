@@ -37,6 +37,9 @@ pub struct JobView {
     pub requeue_allowed: bool,
     pub restarts: u32,
     pub node_list: Option<String>,
+    /// PreemptTime: when SLURM began preempting the job (its GraceTime runs
+    /// from here); `None` when it is not being preempted.
+    pub preempt_time: Option<String>,
 }
 
 /// What `scontrol requeue` answered.
@@ -89,6 +92,10 @@ pub fn parse_show_job(output: &str) -> Option<JobView> {
         requeue_allowed: fields.get("Requeue").is_some_and(|v| *v == "1"),
         restarts: fields.get("Restarts").and_then(|v| v.parse().ok()).unwrap_or(0),
         node_list: fields.get("NodeList").filter(|v| **v != "(null)").map(|v| v.to_string()),
+        preempt_time: fields
+            .get("PreemptTime")
+            .filter(|v| !["None", "Unknown", "(null)"].contains(v))
+            .map(|v| v.to_string()),
     })
 }
 
@@ -150,9 +157,20 @@ mod tests {
                 batch: true,
                 requeue_allowed: true,
                 restarts: 2,
-                node_list: Some("n1".into())
+                node_list: Some("n1".into()),
+                preempt_time: None,
             }
         );
+    }
+
+    #[test]
+    fn parses_preempt_time_of_a_job_inside_its_grace_time() {
+        // As SLURM 22.05 prints a job being preempted (GraceTime running).
+        let line = "JobId=9 JobState=RUNNING Reason=None Requeue=1 Restarts=0 BatchFlag=1 \
+                    PreemptEligibleTime=2026-11-22T02:42:03 PreemptTime=2026-11-22T02:42:07 NodeList=n1";
+        assert_eq!(parse_show_job(line).unwrap().preempt_time.as_deref(), Some("2026-11-22T02:42:07"));
+        let idle = "JobId=9 JobState=RUNNING PreemptTime=None BatchFlag=1";
+        assert_eq!(parse_show_job(idle).unwrap().preempt_time, None);
     }
 
     #[test]

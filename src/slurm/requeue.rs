@@ -86,6 +86,17 @@ pub fn decide(input: &RequeueInput) -> Decision {
     if state.starts_with("CANCELLED") {
         return skip("the job was cancelled by a user: never requeued");
     }
+    if state == "COMPLETING" {
+        // SLURM 22.05 shows a job as COMPLETING while it kills its processes,
+        // whatever ended it: plain scancel (its CANCELLED state is hidden
+        // until then), preemption at the end of GraceTime, the time limit, a
+        // failed node. Each is SLURM's to requeue or not; `scontrol requeue`
+        // cannot tell a cancel from the rest, so it must not be used.
+        return skip(
+            "job state is COMPLETING: SLURM is ending the job (plain scancel, preemption after GraceTime, \
+             time limit or node failure) and requeues it itself where it should",
+        );
+    }
     if SLURM_HANDLES_IT.contains(&state.as_str()) {
         return Decision::Skip { reason: format!("job state is {state}: SLURM is already ending or requeueing it") };
     }
@@ -100,6 +111,20 @@ pub fn decide(input: &RequeueInput) -> Decision {
             "job was submitted without --requeue (Requeue=0); submit with --requeue or set requeue = \"always\"",
         );
     }
+    if let Some(since) = &job.preempt_time {
+        // Still RUNNING inside the preemption GraceTime (the signal came early,
+        // with preempt_send_user_signal). SLURM requeues a preempted job only
+        // if it is still running when GraceTime ends; one that exits by itself
+        // before then ends FAILED (measured on SLURM 22.05), so requeue it here.
+        return Decision::Requeue {
+            job_id,
+            reason: format!(
+                "training not finished; job {state} but being preempted since {since}: SLURM does not requeue \
+                 a job that exits inside its GraceTime; restart {}",
+                input.restart_count
+            ),
+        };
+    }
     Decision::Requeue { job_id, reason: format!("training not finished; job {state}, restart {}", input.restart_count) }
 }
 
@@ -108,7 +133,15 @@ mod tests {
     use super::*;
 
     fn job(state: &str, batch: bool, requeue_allowed: bool) -> JobView {
-        JobView { state: state.into(), reason: None, batch, requeue_allowed, restarts: 0, node_list: None }
+        JobView {
+            state: state.into(),
+            reason: None,
+            batch,
+            requeue_allowed,
+            restarts: 0,
+            node_list: None,
+            preempt_time: None,
+        }
     }
 
     fn base() -> RequeueInput {
@@ -143,6 +176,26 @@ mod tests {
                 let input = RequeueInput { policy, job: Some(job(state, true, true)), ..base() };
                 assert!(!requeues(&input), "{policy:?} {state}");
             }
+        }
+    }
+
+    #[test]
+    fn running_job_inside_its_preemption_grace_time_is_requeued_because_slurm_would_not() {
+        let preempted = JobView { preempt_time: Some("2026-11-22T02:42:07".into()), ..job("RUNNING", true, true) };
+        let d = decide(&RequeueInput { job: Some(preempted.clone()), ..base() });
+        assert!(matches!(&d, Decision::Requeue { reason, .. } if reason.contains("being preempted")), "{d:?}");
+        // The usual blockers still hold.
+        assert!(!requeues(&RequeueInput { policy: RequeuePolicy::Never, job: Some(preempted.clone()), ..base() }));
+        assert!(!requeues(&RequeueInput { finished: true, job: Some(preempted.clone()), ..base() }));
+        let no_flag = JobView { requeue_allowed: false, ..preempted };
+        assert!(!requeues(&RequeueInput { job: Some(no_flag), ..base() }));
+    }
+
+    #[test]
+    fn completing_job_is_left_to_slurm_as_a_plain_scancel_shows_completing() {
+        for policy in [RequeuePolicy::Auto, RequeuePolicy::Always] {
+            let d = decide(&RequeueInput { policy, job: Some(job("COMPLETING", true, true)), ..base() });
+            assert!(matches!(&d, Decision::Skip { reason } if reason.contains("plain scancel")), "{d:?}");
         }
     }
 
@@ -202,7 +255,7 @@ mod tests {
     #[test]
     fn whole_table_never_requeues_when_any_blocker_holds() {
         // Exhaustive over the discrete inputs: a requeue happens only when no
-        // blocker applies.
+        // blocker applies. Being preempted (PreemptTime set) is no blocker.
         let policies = [RequeuePolicy::Auto, RequeuePolicy::Always, RequeuePolicy::Never];
         let stops = [StopKind::ClusterSignal, StopKind::Interrupt, StopKind::StopAtStep];
         let states = ["RUNNING", "SUSPENDED", "CANCELLED", "PENDING", "COMPLETING", "PREEMPTED", "FAILED"];
@@ -213,13 +266,16 @@ mod tests {
                         for state in states {
                             for batch in [false, true] {
                                 for flag in [false, true] {
-                                    for restarts in [0, 5] {
+                                    for (restarts, preempted) in [(0, false), (5, false), (0, true), (5, true)] {
                                         let input = RequeueInput {
                                             policy,
                                             stop,
                                             finished,
                                             job_id: in_slurm.then(|| "9".to_string()),
-                                            job: Some(job(state, batch, flag)),
+                                            job: Some(JobView {
+                                                preempt_time: preempted.then(|| "2026-11-22T02:42:07".into()),
+                                                ..job(state, batch, flag)
+                                            }),
                                             job_query_error: None,
                                             restart_count: restarts,
                                             max_restarts: 5,
