@@ -270,6 +270,7 @@ start_probe() {
         p=$(sbatch --parsable -J rekindle-drill-probe -o /dev/null ${LOW:+-p "$LOW"} "${EXTRA_OPTS[@]}" \
             --time=1 --signal=B:USR1@59 --wrap "trap 'date +%s.%N > $TICK_FILE.tmp; mv $TICK_FILE.tmp $TICK_FILE; exit 0' USR1; while :; do sleep 0.2; done")
         p=${p%%;*}
+        echo "$p" >"$WORK/probe-job"
         t0=$SECONDS
         while [[ ! -s $TICK_FILE ]] && ((SECONDS - t0 < 120)); do sleep 0.2; done
         scancel "$p" 2>/dev/null
@@ -355,6 +356,15 @@ drill_cancel() {
     # A requeue would show within seconds; make sure none comes.
     sleep 5
 }
+
+# Interrupted (Ctrl-C, a CI timeout): leave no drill job behind.
+on_exit() {
+    local p
+    p=$(cat "$WORK/probe-job" 2>/dev/null)
+    cleanup_jobs "${job:-}" "${high:-}" "$p"
+}
+trap on_exit EXIT
+trap 'exit 130' INT TERM
 
 log "drills: ${drills[*]}; binary $BIN; work folder $WORK"
 [[ " ${drills[*]} " == *" timelimit "* ]] && start_probe
