@@ -100,6 +100,8 @@ struct Attempt {
     resumes: u64,
     /// Set by the lock's heartbeat when another process took the run directory.
     lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Host buffers of the last persisted snapshot, reused by the next one.
+    spare: Option<(crate::checkpoint::TensorSet, crate::checkpoint::TensorSet)>,
 }
 
 impl Attempt {
@@ -208,6 +210,7 @@ impl Attempt {
             last_durable_step,
             resumes,
             lock_lost,
+            spare: None,
         })))
     }
 
@@ -317,7 +320,14 @@ impl Attempt {
         } else {
             let payload_bytes = snapshot.payload_bytes();
             let result = self.store.save(&snapshot);
-            self.handle_persisted(Persisted { step: snapshot.step, payload_bytes, snapshot_seconds: stall, result })
+            let step = snapshot.step;
+            self.handle_persisted(Persisted {
+                step,
+                payload_bytes,
+                snapshot_seconds: stall,
+                result,
+                buffers: Some(snapshot),
+            })
         }
     }
 
@@ -329,7 +339,10 @@ impl Attempt {
     }
 
     /// Records a finished periodic save; too many failures in a row stop the run.
-    fn handle_persisted(&mut self, p: Persisted) -> Result<(), RunError> {
+    fn handle_persisted(&mut self, mut p: Persisted) -> Result<(), RunError> {
+        if let Some(buffers) = p.buffers.take() {
+            self.spare = Some((buffers.model, buffers.optimizer));
+        }
         match p.result {
             Ok(report) => {
                 self.consecutive_failures = 0;
@@ -385,8 +398,8 @@ impl Attempt {
         Ok(())
     }
 
-    fn snapshot(&self) -> Result<Snapshot, RunError> {
-        let snap = self.trainer.snapshot()?;
+    fn snapshot(&mut self) -> Result<Snapshot, RunError> {
+        let snap = self.trainer.snapshot_reusing(self.spare.take())?;
         Ok(Snapshot {
             step: snap.step,
             model: snap.model,

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::data::{DataCursor, Sampler};
 use super::error::{TrainError, candle_message};
 use super::optim::{AdamW, AdamWConfig};
-use super::params::{ParamStore, Params, check_host, from_host, param_count, to_host};
+use super::params::{ParamStore, Params, check_host, from_host, param_count, to_host_reusing};
 use super::rng::{RngState, Stream, StreamRng};
 use super::scaler::{LossScaler, ScalerState, compute_dtype};
 use super::schedule::LrSchedule;
@@ -547,11 +547,19 @@ impl Trainer {
 
     /// Host copies of the parameters, the optimizer state and the JSON state.
     pub fn snapshot(&self) -> Result<TrainSnapshot, TrainError> {
+        self.snapshot_reusing(None)
+    }
+
+    /// [`snapshot`](Self::snapshot) into the host buffers of an earlier
+    /// snapshot (handed back once it was persisted), so periodic checkpoints
+    /// copy at memory speed without allocating.
+    pub fn snapshot_reusing(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<TrainSnapshot, TrainError> {
+        let (mut old_model, old_optimizer) = reuse.unwrap_or_default();
         let mut model = TensorSet::new();
         for (name, var) in &self.params {
-            model.insert(name.clone(), to_host(name, var.as_tensor())?);
+            model.insert(name.clone(), to_host_reusing(name, var.as_tensor(), old_model.remove(name))?);
         }
-        let (optimizer, optimizer_step) = self.optimizer.state()?;
+        let (optimizer, optimizer_step) = self.optimizer.state_reusing(old_optimizer)?;
         let state = TrainState {
             format: STATE_FORMAT,
             workload: self.workload.name().to_string(),
