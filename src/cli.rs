@@ -373,25 +373,9 @@ fn config_or_default(path: Option<&Path>) -> Result<config::Config, CliError> {
     })
 }
 
-/// Memory the config's workload needs, from its real parameter count and an
-/// estimate of activation bytes per sample.
+/// Memory the config's workload needs (see `train::footprint`).
 fn footprint(cfg: &config::Config) -> Result<crate::gpu::Footprint, CliError> {
-    let trainer = crate::train::Trainer::new(cfg)?;
-    let params = trainer.param_count() as u64;
-    let bytes = match cfg.precision.dtype {
-        config::Precision::F32 => 4,
-        config::Precision::Bf16 | config::Precision::F16 => 2,
-    };
-    // Activations kept for the backward pass, ~4 tensors per layer output.
-    let per_sample = match cfg.model.kind {
-        config::ModelKind::Mlp => cfg.model.hidden.iter().sum::<usize>() as u64 * 4 * bytes,
-        config::ModelKind::Gpt => {
-            let (l, c, w) = (cfg.model.layers as u64, cfg.model.context as u64, cfg.model.width as u64);
-            let attn = cfg.model.heads as u64 * c * c;
-            l * (16 * c * w + 2 * attn) * bytes + c * 256 * 4 * 2
-        }
-    };
-    Ok(crate::gpu::Footprint::estimate_from_params(params, bytes, per_sample))
+    Ok(crate::train::footprint(cfg)?)
 }
 
 fn gpus(args: &GpusArgs) -> Result<Outcome, CliError> {
