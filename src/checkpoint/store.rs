@@ -283,21 +283,35 @@ impl CheckpointStore {
             move |source| CheckpointError::Write { step, path, source }
         };
         fs::create_dir(tmp).map_err(werr(tmp))?;
+        // Files are written (and hashed) in parallel: SHA-256 of one stream
+        // runs on one core, so separate files are what lets hashing use more.
+        let results: Vec<Result<ManifestEntry, CheckpointError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = files
+                .iter()
+                .map(|file| {
+                    let path = tmp.join(file.name);
+                    scope.spawn(move || -> Result<ManifestEntry, CheckpointError> {
+                        failpoint(&format!("checkpoint::before_write::{}", file.name))?;
+                        let (bytes, sha256) = match &file.content {
+                            Content::Tensors(set, meta) => {
+                                let header = safetensors_io::header(set, meta);
+                                let mut parts: Vec<&[u8]> = vec![&header];
+                                parts.extend(set.values().map(|t| t.data.as_slice()));
+                                write_hashed(&path, &parts)
+                            }
+                            Content::Bytes(b) => write_hashed(&path, &[b]),
+                        }
+                        .map_err(werr(&path))?;
+                        Ok(ManifestEntry { name: file.name.to_string(), bytes, sha256 })
+                    })
+                })
+                .collect();
+            // A panic in a writer (a simulated crash) propagates like one.
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        });
         let mut entries = Vec::new();
-        for file in files {
-            let path = tmp.join(file.name);
-            failpoint(&format!("checkpoint::before_write::{}", file.name))?;
-            let (bytes, sha256) = match &file.content {
-                Content::Tensors(set, meta) => {
-                    let header = safetensors_io::header(set, meta);
-                    let mut parts: Vec<&[u8]> = vec![&header];
-                    parts.extend(set.values().map(|t| t.data.as_slice()));
-                    write_hashed(&path, &parts)
-                }
-                Content::Bytes(b) => write_hashed(&path, &[b]),
-            }
-            .map_err(werr(&path))?;
-            entries.push(ManifestEntry { name: file.name.to_string(), bytes, sha256 });
+        for r in results {
+            entries.push(r?);
         }
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
