@@ -15,6 +15,8 @@ deps:
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 	@command -v $(PYTHON) >/dev/null || { apt-get update && apt-get install -y python3 python3-pip; }
 	@$(PYTHON) -c "import safetensors, numpy" 2>/dev/null || $(PYTHON) -m pip install --quiet safetensors numpy
+	@dpkg -s libssl-dev pkg-config >/dev/null 2>&1 || { apt-get update && apt-get install -y libssl-dev pkg-config; }
+	@dpkg -s librocm-smi-dev libclang-dev >/dev/null 2>&1 || { apt-get update && apt-get install -y librocm-smi-dev libclang-dev; }
 	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; } || \
 		echo "*** WARNING: cannot install chromium: tests/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"
 	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurmctld slurmd slurm-client munge; }
@@ -30,11 +32,16 @@ demo: deps build
 	./target/release/rekindle run --config configs/tiny.toml
 	./target/release/rekindle checkpoints runs/tiny
 	./target/release/rekindle verify runs/tiny
+	./target/release/rekindle status runs/tiny
+	./target/release/rekindle report runs/tiny
+	@echo "open runs/tiny/report.html to see the run"
 
-## lint: formatting and clippy, as CI enforces them
+## lint: formatting and clippy, as CI enforces them; the `rocm` feature must keep building and linking
 lint: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --features rocm -- -D warnings
+	$(CARGO) build --features rocm
 
 ## test: everything CI runs (lint, unit and integration tests)
 test: deps lint

@@ -93,6 +93,31 @@ pub enum BenchCommand {
     /// Save, load+verify, verify and snapshot stall of synthetic state of SIZE,
     /// beside `dd bs=8M conv=fsync` of the same bytes on the same filesystem.
     Checkpoint(BenchCheckpointArgs),
+    /// Training throughput of a config with checkpoints off and every N steps,
+    /// the stall per checkpoint, and a synchronous save of the same state.
+    Train(BenchTrainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchTrainArgs {
+    /// The config to train (e.g. configs/tiny.toml).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: PathBuf,
+    /// Override config keys, as for `run`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Steps per measurement.
+    #[arg(long, default_value_t = 500)]
+    pub steps: u64,
+    /// Checkpoint every this many steps in the second measurement.
+    #[arg(long, default_value_t = 50)]
+    pub every: u64,
+    /// Directory for the checkpoints.
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -294,6 +319,7 @@ pub fn execute(cli: Cli) -> Result<Outcome, CliError> {
         Command::Gpus(args) => gpus(&args),
         Command::Doctor(args) => doctor(&args),
         Command::Bench(BenchCommand::Checkpoint(args)) => bench_checkpoint(&args),
+        Command::Bench(BenchCommand::Train(args)) => bench_train(&args),
     }
 }
 
@@ -347,25 +373,9 @@ fn config_or_default(path: Option<&Path>) -> Result<config::Config, CliError> {
     })
 }
 
-/// Memory the config's workload needs, from its real parameter count and an
-/// estimate of activation bytes per sample.
+/// Memory the config's workload needs (see `train::footprint`).
 fn footprint(cfg: &config::Config) -> Result<crate::gpu::Footprint, CliError> {
-    let trainer = crate::train::Trainer::new(cfg)?;
-    let params = trainer.param_count() as u64;
-    let bytes = match cfg.precision.dtype {
-        config::Precision::F32 => 4,
-        config::Precision::Bf16 | config::Precision::F16 => 2,
-    };
-    // Activations kept for the backward pass, ~4 tensors per layer output.
-    let per_sample = match cfg.model.kind {
-        config::ModelKind::Mlp => cfg.model.hidden.iter().sum::<usize>() as u64 * 4 * bytes,
-        config::ModelKind::Gpt => {
-            let (l, c, w) = (cfg.model.layers as u64, cfg.model.context as u64, cfg.model.width as u64);
-            let attn = cfg.model.heads as u64 * c * c;
-            l * (16 * c * w + 2 * attn) * bytes + c * 256 * 4 * 2
-        }
-    };
-    Ok(crate::gpu::Footprint::estimate_from_params(params, bytes, per_sample))
+    Ok(crate::train::footprint(cfg)?)
 }
 
 fn gpus(args: &GpusArgs) -> Result<Outcome, CliError> {
@@ -387,6 +397,17 @@ fn bench_checkpoint(args: &BenchCheckpointArgs) -> Result<Outcome, CliError> {
         cold: args.cold,
     };
     let result = crate::bench::run_checkpoint_bench(&opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result).expect("bench serialises"));
+    } else {
+        print!("{result}");
+    }
+    Ok(Outcome::Done)
+}
+
+fn bench_train(args: &BenchTrainArgs) -> Result<Outcome, CliError> {
+    let cfg = config::load(&args.config, &args.overrides)?.config;
+    let result = crate::bench::run_train_bench(&cfg, args.steps, args.every, args.dir.clone())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result).expect("bench serialises"));
     } else {

@@ -619,6 +619,7 @@ fn each_attempt_publishes_one_commit_naming_run_step_job_and_reason_without_weig
             "runs/tiny/MANIFEST.json",
             "runs/tiny/config.toml",
             "runs/tiny/events.jsonl",
+            "runs/tiny/gpu_stats.jsonl",
             "runs/tiny/metrics.jsonl",
             "runs/tiny/summary.json"
         ]

@@ -34,6 +34,12 @@ pub struct CheckpointBench {
     pub stall_seconds: f64,
     pub sync_save_seconds: f64,
     pub dd_fsync_gbps: Option<f64>,
+    /// The same bytes written from memory with plain `write` + one fsync, no
+    /// hashing, no manifest: what the filesystem allows.
+    pub raw_write_fsync_gbps: f64,
+    pub raw_write_fsync_seconds: Stats,
+    /// SHA-256 of the state in memory on one thread (the verify ceiling).
+    pub sha256_one_core_gbps: f64,
     pub save_seconds: Stats,
     pub load_verify_seconds: Stats,
     pub verify_seconds: Stats,
@@ -126,6 +132,21 @@ fn dd_fsync(dir: &Path, bytes: u64) -> Option<f64> {
     ok.then_some(secs)
 }
 
+/// Writes the snapshot's tensor bytes to one file and fsyncs it, timed.
+fn raw_write(dir: &Path, snap: &Snapshot) -> std::io::Result<f64> {
+    use std::io::Write;
+    let path = dir.join("raw.bin");
+    let t0 = Instant::now();
+    let mut f = std::fs::File::create(&path)?;
+    for t in snap.model.values().chain(snap.optimizer.values()) {
+        f.write_all(&t.data)?;
+    }
+    f.sync_all()?;
+    let secs = t0.elapsed().as_secs_f64();
+    std::fs::remove_file(&path)?;
+    Ok(secs)
+}
+
 fn drop_caches() {
     let _ = Command::new("sync").status();
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3\n");
@@ -146,6 +167,7 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
     // checkpoint's snapshot costs the training loop).
     let mut staging = live.clone();
     let (mut save, mut load, mut verify, mut stall, mut dd) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut raw = vec![];
     for i in 0..opts.repeat.max(1) {
         let t0 = Instant::now();
         for (dst, src) in staging
@@ -188,10 +210,21 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         if let Some(s) = dd_fsync(work.path(), bytes) {
             dd.push(s);
         }
+        raw.push(raw_write(work.path(), &staging).map_err(io(work.path()))?);
     }
+    let t0 = Instant::now();
+    let mut h = <sha2::Sha256 as sha2::Digest>::new();
+    for t in staging.model.values().chain(staging.optimizer.values()) {
+        for chunk in t.data.chunks(1 << 20) {
+            sha2::Digest::update(&mut h, chunk);
+        }
+    }
+    let _ = sha2::Digest::finalize(h);
+    let sha256_one_core_gbps = bytes as f64 / t0.elapsed().as_secs_f64() / 1e9;
     let gbps = |s: &Stats| bytes as f64 / s.median / 1e9;
     let (save, load, verify, stall) = (Stats::of(&save), Stats::of(&load), Stats::of(&verify), Stats::of(&stall));
     let dd = (!dd.is_empty()).then(|| Stats::of(&dd));
+    let raw = Stats::of(&raw);
     Ok(CheckpointBench {
         bytes,
         repeat: opts.repeat.max(1),
@@ -202,6 +235,9 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         stall_seconds: stall.median,
         sync_save_seconds: save.median,
         dd_fsync_gbps: dd.as_ref().map(gbps),
+        sha256_one_core_gbps,
+        raw_write_fsync_gbps: gbps(&raw),
+        raw_write_fsync_seconds: raw,
         save_seconds: save,
         load_verify_seconds: load,
         verify_seconds: verify,
@@ -237,9 +273,10 @@ impl std::fmt::Display for CheckpointBench {
         row(f, "load + verify", &self.load_verify_seconds)?;
         row(f, "verify", &self.verify_seconds)?;
         row(f, "snapshot stall", &self.stall)?;
+        row(f, "write+fsync, no hash", &self.raw_write_fsync_seconds)?;
         if let Some(dd) = &self.dd_fsync_seconds {
             row(f, "dd bs=8M conv=fsync", dd)?;
         }
-        Ok(())
+        writeln!(f, "{:<22} {:>39.2}", "sha256, 1 core, memory", self.sha256_one_core_gbps)
     }
 }

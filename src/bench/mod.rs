@@ -3,7 +3,9 @@
 //! command that produced them.
 
 mod checkpoint;
+mod train;
 
 pub use checkpoint::{
     BenchError, CheckpointBench, CheckpointBenchOptions, Stats, run_checkpoint_bench, synthetic_state,
 };
+pub use train::{TrainBench, run_train_bench};

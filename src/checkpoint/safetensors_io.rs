@@ -61,6 +61,63 @@ pub fn write<W: std::io::Write + ?Sized>(
     Ok(())
 }
 
+/// Bytes needed to check a file's layout with [`check_layout`]: the 8-byte
+/// length prefix, then the header of that length.
+pub fn header_len(prefix: &[u8; 8]) -> u64 {
+    u64::from_le_bytes(*prefix)
+}
+
+/// Checks a safetensors header against the file's length without reading the
+/// tensor data: every dtype known, every tensor's byte range matching its
+/// shape, ranges contiguous from 0 and ending exactly at the end of the file.
+/// This is what parsing checks, so a file that passes loads.
+pub fn check_layout(header: &[u8], file_len: u64) -> Result<(), String> {
+    let data_len = file_len
+        .checked_sub(8 + header.len() as u64)
+        .ok_or_else(|| format!("header of {} bytes does not fit a file of {file_len} bytes", header.len()))?;
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header)
+        .map_err(|e| format!("not a safetensors file: header is not a JSON object: {e}"))?;
+    let mut ranges = Vec::new();
+    for (name, info) in &map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = info["dtype"]
+            .as_str()
+            .and_then(DType::from_safetensors_name)
+            .ok_or_else(|| format!("tensor `{name}` has an unsupported or missing dtype {}", info["dtype"]))?;
+        let shape: Vec<u64> = info["shape"]
+            .as_array()
+            .and_then(|a| a.iter().map(|d| d.as_u64()).collect())
+            .ok_or_else(|| format!("tensor `{name}` has no valid shape"))?;
+        let offsets: Vec<u64> = info["data_offsets"]
+            .as_array()
+            .and_then(|a| a.iter().map(|d| d.as_u64()).collect())
+            .filter(|o: &Vec<u64>| o.len() == 2 && o[0] <= o[1])
+            .ok_or_else(|| format!("tensor `{name}` has no valid data_offsets"))?;
+        let bytes = shape.iter().try_fold(dtype.size() as u64, |acc, d| acc.checked_mul(*d));
+        if bytes != Some(offsets[1] - offsets[0]) {
+            return Err(format!(
+                "tensor `{name}`: shape {shape:?} does not match its {} data bytes",
+                offsets[1] - offsets[0]
+            ));
+        }
+        ranges.push((offsets[0], offsets[1], name));
+    }
+    ranges.sort();
+    let mut at = 0;
+    for (start, end, name) in ranges {
+        if start != at {
+            return Err(format!("tensor `{name}` starts at byte {start}, expected {at} (overlap or gap)"));
+        }
+        at = end;
+    }
+    if at != data_len {
+        return Err(format!("tensor data ends at byte {at} but the file holds {data_len} data bytes"));
+    }
+    Ok(())
+}
+
 /// Parses a safetensors file's bytes into host tensors.
 pub fn read(bytes: &[u8]) -> Result<TensorSet, String> {
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
@@ -114,6 +171,28 @@ mod tests {
         write(&mut a, &sample(), &BTreeMap::new()).unwrap();
         write(&mut b, &sample(), &BTreeMap::new()).unwrap();
         assert_eq!(a, b);
+    }
+
+    fn split(buf: &[u8]) -> (&[u8], u64) {
+        let n = header_len(buf[..8].try_into().unwrap()) as usize;
+        (&buf[8..8 + n], buf.len() as u64)
+    }
+
+    #[test]
+    fn layout_check_accepts_what_we_write_and_refuses_what_parsing_refuses() {
+        let mut buf = Vec::new();
+        write(&mut buf, &sample(), &BTreeMap::new()).unwrap();
+        let (header, len) = split(&buf);
+        assert_eq!(check_layout(header, len), Ok(()));
+        assert!(check_layout(header, len - 1).unwrap_err().contains("data bytes"));
+        assert!(check_layout(header, len + 4).is_err());
+        let gap = br#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+        assert!(check_layout(gap, 8 + gap.len() as u64 + 8).unwrap_err().contains("gap"));
+        let bad_shape = br#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
+        assert!(check_layout(bad_shape, 8 + bad_shape.len() as u64 + 8).unwrap_err().contains("shape"));
+        let bad_dtype = br#"{"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}"#;
+        assert!(check_layout(bad_dtype, 8 + bad_dtype.len() as u64 + 1).unwrap_err().contains("dtype"));
+        assert!(check_layout(b"not json", 100).is_err());
     }
 
     #[test]

@@ -283,21 +283,35 @@ impl CheckpointStore {
             move |source| CheckpointError::Write { step, path, source }
         };
         fs::create_dir(tmp).map_err(werr(tmp))?;
+        // Files are written (and hashed) in parallel: SHA-256 of one stream
+        // runs on one core, so separate files are what lets hashing use more.
+        let results: Vec<Result<ManifestEntry, CheckpointError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = files
+                .iter()
+                .map(|file| {
+                    let path = tmp.join(file.name);
+                    scope.spawn(move || -> Result<ManifestEntry, CheckpointError> {
+                        failpoint(&format!("checkpoint::before_write::{}", file.name))?;
+                        let (bytes, sha256) = match &file.content {
+                            Content::Tensors(set, meta) => {
+                                let header = safetensors_io::header(set, meta);
+                                let mut parts: Vec<&[u8]> = vec![&header];
+                                parts.extend(set.values().map(|t| t.data.as_slice()));
+                                write_hashed(&path, &parts)
+                            }
+                            Content::Bytes(b) => write_hashed(&path, &[b]),
+                        }
+                        .map_err(werr(&path))?;
+                        Ok(ManifestEntry { name: file.name.to_string(), bytes, sha256 })
+                    })
+                })
+                .collect();
+            // A panic in a writer (a simulated crash) propagates like one.
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        });
         let mut entries = Vec::new();
-        for file in files {
-            let path = tmp.join(file.name);
-            failpoint(&format!("checkpoint::before_write::{}", file.name))?;
-            let (bytes, sha256) = match &file.content {
-                Content::Tensors(set, meta) => {
-                    let header = safetensors_io::header(set, meta);
-                    let mut parts: Vec<&[u8]> = vec![&header];
-                    parts.extend(set.values().map(|t| t.data.as_slice()));
-                    write_hashed(&path, &parts)
-                }
-                Content::Bytes(b) => write_hashed(&path, &[b]),
-            }
-            .map_err(werr(&path))?;
-            entries.push(ManifestEntry { name: file.name.to_string(), bytes, sha256 });
+        for r in results {
+            entries.push(r?);
         }
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
@@ -659,14 +673,51 @@ fn check_entry(dir: &Path, entry: &ManifestEntry, level: VerifyLevel, keep: bool
 /// `Full` checks exactly what loading checks (every hash, and that the
 /// safetensors and JSON files parse), so a checkpoint that verifies is one
 /// that resume would load.
+///
+/// Files are checked in parallel, each hashed while it is read, without
+/// keeping the bytes (nothing is allocated for the tensor data).
 pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure> {
-    match level {
-        VerifyLevel::Full => load_dir(dir).err().unwrap_or_default(),
-        VerifyLevel::Quick => match read_manifest(dir) {
-            Err(f) => vec![f],
-            Ok(manifest) => manifest.files.iter().filter_map(|e| check_entry(dir, e, level, false).err()).collect(),
-        },
+    let manifest = match read_manifest(dir) {
+        Err(f) => return vec![f],
+        Ok(m) => m,
+    };
+    if level == VerifyLevel::Quick {
+        return manifest.files.iter().filter_map(|e| check_entry(dir, e, level, false).err()).collect();
     }
+    let results: Vec<Result<(), FileFailure>> = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            manifest.files.iter().map(|entry| scope.spawn(move || verify_entry_fully(dir, entry))).collect();
+        handles.into_iter().map(|h| h.join().expect("verify thread does not panic")).collect()
+    });
+    results.into_iter().filter_map(Result::err).collect()
+}
+
+/// Hash, size, and the content check loading would make (layout of a
+/// safetensors file, JSON of state.json).
+fn verify_entry_fully(dir: &Path, entry: &ManifestEntry) -> Result<(), FileFailure> {
+    let small = entry.name == STATE_FILE;
+    let kept = check_entry(dir, entry, VerifyLevel::Full, small)?;
+    let invalid =
+        |reason: String| FileFailure { file: entry.name.clone(), problem: Problem::InvalidContent { reason } };
+    if small {
+        serde_json::from_slice::<serde_json::Value>(&kept).map_err(|e| invalid(e.to_string()))?;
+    } else if entry.name.ends_with(".safetensors") {
+        let unreadable = |e: io::Error| FileFailure {
+            file: entry.name.clone(),
+            problem: Problem::Unreadable { reason: e.to_string() },
+        };
+        let mut file = File::open(dir.join(&entry.name)).map_err(unreadable)?;
+        let mut prefix = [0u8; 8];
+        file.read_exact(&mut prefix).map_err(|_| invalid("shorter than a safetensors header".into()))?;
+        let n = safetensors_io::header_len(&prefix);
+        if n > entry.bytes.saturating_sub(8) || n > 100 << 20 {
+            return Err(invalid(format!("header length {n} does not fit the file")));
+        }
+        let mut header = vec![0u8; n as usize];
+        file.read_exact(&mut header).map_err(unreadable)?;
+        safetensors_io::check_layout(&header, entry.bytes).map_err(invalid)?;
+    }
+    Ok(())
 }
 
 fn inspect(dir: &Path, step: u64, level: VerifyLevel) -> CheckpointInfo {
@@ -687,10 +738,19 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
     let manifest = read_manifest(dir).map_err(|f| vec![f])?;
     let mut contents = BTreeMap::new();
     let mut failures = Vec::new();
-    for entry in &manifest.files {
-        match check_entry(dir, entry, VerifyLevel::Full, true) {
+    // Files in parallel, each hashed while it is read into its final buffer.
+    let results: Vec<(String, Result<Vec<u8>, FileFailure>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = manifest
+            .files
+            .iter()
+            .map(|entry| (entry.name.clone(), scope.spawn(move || check_entry(dir, entry, VerifyLevel::Full, true))))
+            .collect();
+        handles.into_iter().map(|(n, h)| (n, h.join().expect("load thread does not panic"))).collect()
+    });
+    for (name, result) in results {
+        match result {
             Ok(bytes) => {
-                contents.insert(entry.name.clone(), bytes);
+                contents.insert(name, bytes);
             }
             Err(f) => failures.push(f),
         }

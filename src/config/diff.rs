@@ -3,8 +3,12 @@
 //! config now given, and a stable hash of those keys.
 //!
 //! Training-relevant: `run.seed`, `run.max_steps`, `model.*`, `data.*`,
-//! `train.*` except `train.log_every`, `optimizer.*`, `precision.*`. Not:
-//! `run.name`, `run.dir`, `checkpoint.*`, `signals.*`, `publish.*`, `gpu.*`.
+//! `train.*` except `train.log_every` and `train.micro_batch`, `optimizer.*`,
+//! `precision.*`. Not: `run.name`, `run.dir`, `checkpoint.*`, `signals.*`,
+//! `publish.*`, `gpu.*`. `train.micro_batch` is left out like `gpu.*`: it
+//! only cuts the same samples into different pieces (and with `"auto"` it
+//! depends on the node a run lands on), so it changes float summation order,
+//! not what is trained.
 
 use std::collections::BTreeMap;
 
@@ -41,7 +45,7 @@ pub fn training_hash(config: &Config) -> String {
 fn is_training_relevant(section: &str, key: &str) -> bool {
     match section {
         "run" => matches!(key, "seed" | "max_steps"),
-        "train" => key != "log_every",
+        "train" => !matches!(key, "log_every" | "micro_batch"),
         "model" | "data" | "optimizer" | "precision" => true,
         _ => false,
     }
@@ -120,6 +124,7 @@ mod tests {
         new.run.name = "renamed".into();
         new.run.dir = Some("elsewhere".into());
         new.train.log_every = 100;
+        new.train.micro_batch = Some(crate::config::MicroBatch::Auto);
         assert!(training_diff(&old, &new).is_empty());
         assert_eq!(training_hash(&old), training_hash(&new));
     }
@@ -155,6 +160,7 @@ mod tests {
         assert!(view.contains_key("optimizer.decay_steps"));
         assert!(!view.contains_key("run.name"));
         assert!(!view.contains_key("train.log_every"));
+        assert!(!view.contains_key("train.micro_batch"));
         assert!(!view.keys().any(|k| k.starts_with("checkpoint.")));
         let keys: Vec<_> = view.keys().cloned().collect();
         let mut sorted = keys.clone();

@@ -669,6 +669,32 @@ lr = 1
     }
 
     #[test]
+    fn micro_batch_is_auto_or_a_number() {
+        use crate::config::MicroBatch;
+        assert_eq!(load_text("", &[]).unwrap().train.micro_batch, None);
+        let auto = load_text("[train]\nmicro_batch = \"auto\"\n", &[]).unwrap();
+        assert_eq!(auto.train.micro_batch, Some(MicroBatch::Auto));
+        let eight = load_text("[train]\nmicro_batch = 8\n", &[]).unwrap();
+        assert_eq!(eight.train.micro_batch, Some(MicroBatch::Samples(8)));
+        assert_eq!(load_text("", &["train.micro_batch=auto"]).unwrap().train.micro_batch, Some(MicroBatch::Auto));
+        assert_eq!(load_from_toml(&to_toml(&eight)), eight);
+        assert_eq!(load_from_toml(&to_toml(&auto)), auto);
+        for (bad, says) in [
+            ("\"big\"", "`big` is not allowed; expected \"auto\" or a whole number of samples"),
+            ("1.5", "expected \"auto\" or a whole number of samples, found floating point `1.5`"),
+            ("-2", "expected \"auto\" or a whole number of samples, found -2"),
+        ] {
+            let found = problems(&format!("[train]\nmicro_batch = {bad}\n"), &[]);
+            assert_eq!(places(&found), [("train.micro_batch".to_string(), Some(2), Some(1))], "{bad}");
+            assert_eq!(found[0].message, says, "{bad}");
+        }
+    }
+
+    fn load_from_toml(text: &str) -> Config {
+        load_text(text, &[]).unwrap()
+    }
+
+    #[test]
     fn later_set_wins() {
         let config = load_text("", &["run.seed=1", "run.seed=2"]).unwrap();
         assert_eq!(config.run.seed, 2);

@@ -143,14 +143,76 @@ pub enum OnNonFinite {
     Rollback,
 }
 
+/// How a step's samples are cut into micro-batches (`[train] micro_batch`).
+///
+/// The effective batch (`batch_size × grad_accum` samples per optimizer
+/// step, in the same order) never depends on it; only the size of the
+/// pieces the gradient is computed in does, which changes float summation
+/// order and nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MicroBatch {
+    /// From the placement plan: the largest micro-batch the free memory
+    /// (less `[gpu] headroom`) holds.
+    Auto,
+    /// This many samples per micro-batch per replica.
+    Samples(usize),
+}
+
+impl Serialize for MicroBatch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MicroBatch::Auto => s.serialize_str("auto"),
+            MicroBatch::Samples(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MicroBatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct MicroBatchVisitor;
+
+        impl serde::de::Visitor<'_> for MicroBatchVisitor {
+            type Value = MicroBatch;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"auto\" or a whole number of samples")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<MicroBatch, E> {
+                if text == "auto" {
+                    Ok(MicroBatch::Auto)
+                } else {
+                    Err(E::custom(format!("`{text}` is not allowed; expected \"auto\" or a whole number of samples")))
+                }
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<MicroBatch, E> {
+                usize::try_from(n)
+                    .map(MicroBatch::Samples)
+                    .map_err(|_| E::custom(format!("expected \"auto\" or a whole number of samples, found {n}")))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<MicroBatch, E> {
+                usize::try_from(n).map(MicroBatch::Samples).map_err(|_| E::custom(format!("{n} is too large")))
+            }
+        }
+
+        d.deserialize_any(MicroBatchVisitor)
+    }
+}
+
 /// `[train]`: the loop.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {
-    /// Samples per micro-batch.
+    /// Samples per micro-batch; with `grad_accum`, the effective batch.
     pub batch_size: usize,
-    /// Micro-batches per optimizer step.
+    /// Micro-batches per optimizer step; with `batch_size`, the effective batch.
     pub grad_accum: usize,
+    /// How the effective batch is cut into micro-batches: unset (the
+    /// default) keeps `batch_size × grad_accum` as written; `"auto"` takes
+    /// the micro-batch from the placement plan; a number sets it.
+    pub micro_batch: Option<MicroBatch>,
     /// Clip gradients to this global norm (0 disables).
     pub grad_clip: f64,
     /// Write a metrics line every this many steps.
@@ -167,6 +229,7 @@ impl Default for TrainSection {
         TrainSection {
             batch_size: 32,
             grad_accum: 1,
+            micro_batch: None,
             grad_clip: 1.0,
             log_every: 1,
             eval_every: 0,

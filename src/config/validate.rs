@@ -147,6 +147,20 @@ fn train(f: &mut Findings, train: &TrainSection, data: &DataSection) {
     f.at_least("train.batch_size", train.batch_size, 1);
     f.at_least("train.grad_accum", train.grad_accum, 1);
     f.non_negative("train.grad_clip", train.grad_clip);
+    if let Some(MicroBatch::Samples(m)) = train.micro_batch {
+        let effective = train.batch_size.saturating_mul(train.grad_accum);
+        f.require_with(
+            m >= 1 && effective >= 1 && effective.is_multiple_of(m),
+            "train.micro_batch",
+            &["train.batch_size", "train.grad_accum"],
+            || {
+                format!(
+                    "must be \"auto\" or a number of samples that divides the effective batch \
+                     train.batch_size × train.grad_accum = {effective} (got {m})"
+                )
+            },
+        );
+    }
     f.at_least("train.log_every", train.log_every, 1);
     if train.eval_every > 0 {
         f.at_least("train.eval_batches", train.eval_batches, 1);
@@ -383,6 +397,26 @@ mod tests {
         let mut c = Config::default();
         c.gpu.monitor_interval = Duration::ZERO;
         assert_eq!(keys(&c), ["gpu.monitor_interval"]);
+    }
+
+    #[test]
+    fn micro_batch_must_divide_the_effective_batch() {
+        let mut c = Config::default();
+        c.train.batch_size = 16;
+        c.train.grad_accum = 2;
+        for ok in [MicroBatch::Auto, MicroBatch::Samples(1), MicroBatch::Samples(8), MicroBatch::Samples(32)] {
+            c.train.micro_batch = Some(ok);
+            assert!(keys(&c).is_empty(), "{ok:?}");
+        }
+        for bad in [0, 3, 64] {
+            c.train.micro_batch = Some(MicroBatch::Samples(bad));
+            let found = findings(&c);
+            assert_eq!(found.len(), 1, "{bad}");
+            assert_eq!(found[0].key, "train.micro_batch");
+            assert_eq!(found[0].depends_on, ["train.batch_size", "train.grad_accum"]);
+            assert!(found[0].message.contains("divides the effective batch"), "{}", found[0].message);
+            assert!(found[0].message.contains("= 32 (got"), "{}", found[0].message);
+        }
     }
 
     #[test]

@@ -37,4 +37,5 @@ pub use nvidia::NvidiaProbe;
 pub use placement::{DeviceKind, Footprint, Placement, PlacementRequest, Plan, PlanDevice, place};
 pub use probe::{DeviceKey, GpuDevice, GpuProbe, Probed, StaticProbe, SystemProbe, Vendor};
 pub use report::{GpusReport, gpus_report, report_from};
+pub(crate) use report::{choose_devices, host_available_bytes};
 pub use visible::{EnvMap, VISIBILITY_VARIABLES, Visible, process_env, visible_devices};

@@ -145,7 +145,7 @@ pub(crate) fn choose_devices<'a>(
 }
 
 /// Host memory available now, for the CPU plan (`None` if unreadable).
-fn host_available_bytes() -> Option<u64> {
+pub(crate) fn host_available_bytes() -> Option<u64> {
     let refresh = sysinfo::RefreshKind::nothing().with_memory(sysinfo::MemoryRefreshKind::nothing().with_ram());
     sysinfo::System::new_with_specifics(refresh).ok().map(|s| s.available_memory()).filter(|&b| b > 0)
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use crate::checkpoint::CheckpointError;
 use crate::config::ConfigError;
 use crate::exit::Outcome;
+use crate::gpu::GpuError;
 use crate::telemetry::TelemetryError;
 use crate::train::TrainError;
 
@@ -48,6 +49,19 @@ pub enum RunError {
          earlier checkpoints are intact: free space or fix the checkpoint directory, then run again"
     )]
     CheckpointsFailing { count: u32, last: CheckpointError },
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(
+        "[gpu] require = true but {reason}; nothing more was trained: run on a node with a usable GPU (see \
+         `rekindle gpus` and `rekindle doctor`), or set [gpu] require = false to fall back to the CPU"
+    )]
+    GpuRequired { reason: String },
+    #[error(
+        "{source}; stopped with a checkpoint of step {step} in {checkpoint} (exit 1, not 75: the same \
+         settings would run out of memory again): set a smaller [train] micro_batch, raise [gpu] headroom, \
+         or free device memory, then run again to resume from it"
+    )]
+    OutOfMemory { step: u64, checkpoint: PathBuf, source: TrainError },
     #[error(
         "step {step} needs a rollback but no checkpoint verifies in {dir}; use on_nonfinite = \"skip\" or \"stop\""
     )]

@@ -1,8 +1,10 @@
 //! The run lifecycle: prepare the run directory, resume from the newest
 //! checkpoint that verifies, train, checkpoint periodically and on stop
-//! signals, and finish with a summary.
+//! signals, and finish with a summary. `devices.rs` places the run on
+//! devices (GPU plan, CPU fallback, out-of-memory back-off, monitor).
 
 mod deadline;
+mod devices;
 mod error;
 mod lock;
 mod persist;
@@ -13,6 +15,7 @@ mod status;
 mod stop;
 
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
+pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
 pub use lock::{LOCK_FILE, LockError, LockInfo, RunLock};
 pub use persist::{Persisted, Persister};

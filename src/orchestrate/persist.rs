@@ -17,6 +17,8 @@ pub struct Persisted {
     pub payload_bytes: u64,
     pub snapshot_seconds: f64,
     pub result: Result<SaveReport, CheckpointError>,
+    /// The snapshot's host buffers, handed back for the next snapshot to reuse.
+    pub buffers: Option<Snapshot>,
 }
 
 struct Job {
@@ -42,11 +44,14 @@ impl Persister {
                 let step = job.snapshot.step;
                 let payload_bytes = job.snapshot.payload_bytes();
                 let result = store.save(&job.snapshot);
-                drop(job.snapshot); // free host memory before reporting
-                if done_tx
-                    .send(Persisted { step, payload_bytes, snapshot_seconds: job.snapshot_seconds, result })
-                    .is_err()
-                {
+                let done = Persisted {
+                    step,
+                    payload_bytes,
+                    snapshot_seconds: job.snapshot_seconds,
+                    result,
+                    buffers: Some(job.snapshot),
+                };
+                if done_tx.send(done).is_err() {
                     break;
                 }
             }

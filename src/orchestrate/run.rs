@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! load config ─ prepare run dir ─ lock it ─ open store (remove leftovers)
+//!   ─ place on devices (plan, GPU backend or CPU fallback; devices.rs)
 //!   ─ resume from the newest checkpoint that verifies (or start at step 0)
-//!   ─ train: periodic checkpoints persisted in the background
+//!   ─ start the GPU/host monitor (gpu_stats.jsonl)
+//!   ─ train: periodic checkpoints persisted in the background; out of
+//!       memory: retry the step with half the micro-batch, at most 5 times,
+//!       then checkpoint the last completed step, exit 1
 //!   ─ stop signal / --stop-at-step:  wait for the save in flight, checkpoint the
 //!       last completed step synchronously, publish, decide on requeue, exit 75
 //!   ─ max_steps reached:  final checkpoint, summary, publish, exit 0
@@ -20,12 +24,14 @@ use serde_json::json;
 use crate::checkpoint::{CheckpointStore, MANIFEST_FILE, SaveReport, Snapshot};
 use crate::config::{self, Config};
 use crate::exit::Outcome;
+use crate::gpu::Monitor;
 use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, Decision, RequeueInput, Scontrol, SlurmControl, SlurmEnv, StopKind};
 use crate::telemetry::{EventLog, JsonlWriter};
-use crate::train::{NonFiniteEvent, StepMetrics, StepResult, Trainer};
+use crate::train::{NonFiniteEvent, StepMetrics, StepResult, TrainError, Trainer};
 
 use super::deadline::{Deadline, SignalResponse, response_to_signal};
+use super::devices::{self, Devices};
 use super::error::RunError;
 use super::lock::RunLock;
 use super::persist::{Persisted, Persister};
@@ -86,6 +92,9 @@ struct Attempt {
     events: EventLog,
     metrics: JsonlWriter,
     trainer: Trainer,
+    devices: Devices,
+    /// Writes `gpu_stats.jsonl`; stopped at exit (or when dropped).
+    monitor: Option<Monitor>,
     stop: StopFlag,
     stop_at_step: Option<u64>,
     slurm: SlurmEnv,
@@ -100,6 +109,8 @@ struct Attempt {
     resumes: u64,
     /// Set by the lock's heartbeat when another process took the run directory.
     lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Host buffers of the last persisted snapshot, reused by the next one.
+    spare: Option<(crate::checkpoint::TensorSet, crate::checkpoint::TensorSet)>,
 }
 
 impl Attempt {
@@ -113,11 +124,16 @@ impl Attempt {
     ) -> Result<Started, RunError> {
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
+        // The placement plan needs the model's size, so the trainer comes first.
+        let mut trainer = Trainer::new(&cfg)?;
+        let mut devices = Devices::select(&cfg, &mut trainer)?;
         events.record(
             "start",
             json!({"pid": std::process::id(), "rekindle_version": env!("CARGO_PKG_VERSION"),
-                   "run_dir": dir.root, "allocation": slurm, "max_steps": cfg.run.max_steps}),
+                   "run_dir": dir.root, "allocation": slurm, "max_steps": cfg.run.max_steps,
+                   "placement": devices.describe()}),
         )?;
+        devices.announce(&mut events)?;
         let outcome = store.load_latest()?;
         for rejected in &outcome.rejected {
             let reasons: Vec<String> = rejected.failures.iter().map(|f| f.to_string()).collect();
@@ -131,7 +147,6 @@ impl Attempt {
         if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
-        let mut trainer = Trainer::new(&cfg)?;
         let previous = previous_summary(&dir);
         let resumes = previous.as_ref().and_then(|s| s["resumes"].as_u64()).unwrap_or(0);
         let last_logged = last_logged_step(&dir.path(METRICS_FILE));
@@ -187,6 +202,7 @@ impl Attempt {
         // checkpoint the summary covers steps that are trained again.
         let (last_loss, best_loss) =
             outcome.loaded.as_ref().map(|l| losses_so_far(&l.snapshot.state)).unwrap_or_default();
+        let monitor = devices.start_monitor(&cfg, &dir, trainer.param_count());
         Ok(Started::Ready(Box::new(Attempt {
             last_loss,
             best_loss,
@@ -197,6 +213,8 @@ impl Attempt {
             events,
             metrics,
             trainer,
+            devices,
+            monitor,
             stop,
             stop_at_step,
             slurm,
@@ -208,6 +226,7 @@ impl Attempt {
             last_durable_step,
             resumes,
             lock_lost,
+            spare: None,
         })))
     }
 
@@ -250,14 +269,22 @@ impl Attempt {
             }
             let stop = self.stop.clone();
             let lost = std::sync::Arc::clone(&self.lock_lost);
-            match self.trainer.train_step(&move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst))? {
-                StepResult::Interrupted => continue,
-                StepResult::Completed(m) => self.after_step(&m, &progress)?,
-                StepResult::NonFiniteStop(ev) => {
+            let should_stop = move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst);
+            let result = self.devices.step(&mut self.trainer, &self.cfg, &should_stop);
+            self.devices.record_events(&mut self.events)?;
+            match result {
+                Ok(StepResult::Interrupted) => continue,
+                Ok(StepResult::Completed(m)) => self.after_step(&m, &progress)?,
+                Ok(StepResult::NonFiniteStop(ev)) => {
                     progress.finish();
                     return self.nonfinite_stop(ev);
                 }
-                StepResult::NonFiniteRollback(ev) => self.rollback(ev)?,
+                Ok(StepResult::NonFiniteRollback(ev)) => self.rollback(ev)?,
+                Err(RunError::Train(e @ TrainError::OutOfMemoryRetriesExhausted { .. })) => {
+                    progress.finish();
+                    return self.out_of_memory_stop(e);
+                }
+                Err(e) => return Err(e),
             }
         }
         progress.finish();
@@ -317,7 +344,14 @@ impl Attempt {
         } else {
             let payload_bytes = snapshot.payload_bytes();
             let result = self.store.save(&snapshot);
-            self.handle_persisted(Persisted { step: snapshot.step, payload_bytes, snapshot_seconds: stall, result })
+            let step = snapshot.step;
+            self.handle_persisted(Persisted {
+                step,
+                payload_bytes,
+                snapshot_seconds: stall,
+                result,
+                buffers: Some(snapshot),
+            })
         }
     }
 
@@ -329,7 +363,10 @@ impl Attempt {
     }
 
     /// Records a finished periodic save; too many failures in a row stop the run.
-    fn handle_persisted(&mut self, p: Persisted) -> Result<(), RunError> {
+    fn handle_persisted(&mut self, mut p: Persisted) -> Result<(), RunError> {
+        if let Some(buffers) = p.buffers.take() {
+            self.spare = Some((buffers.model, buffers.optimizer));
+        }
         match p.result {
             Ok(report) => {
                 self.consecutive_failures = 0;
@@ -385,8 +422,8 @@ impl Attempt {
         Ok(())
     }
 
-    fn snapshot(&self) -> Result<Snapshot, RunError> {
-        let snap = self.trainer.snapshot()?;
+    fn snapshot(&mut self) -> Result<Snapshot, RunError> {
+        let snap = self.trainer.snapshot_reusing(self.spare.take())?;
         Ok(Snapshot {
             step: snap.step,
             model: snap.model,
@@ -447,6 +484,7 @@ impl Attempt {
     fn finish(&mut self) -> Result<Outcome, RunError> {
         let step = self.trainer.step();
         self.checkpoint_now("final")?;
+        devices::stop_monitor(self.monitor.take(), &mut self.events)?;
         self.write_summary("finished")?;
         let published = self.publish("finished", None);
         self.events.record("finish", json!({"step": step, "publish": published}))?;
@@ -458,6 +496,15 @@ impl Attempt {
         self.events.record("nonfinite", json!({"step": ev.step, "loss": finite_or_null(ev.loss), "grad_norm": finite_or_null(ev.grad_norm), "action": "stop"}))?;
         self.checkpoint_now("stop")?;
         Err(RunError::NonFinite { step: ev.step, loss: ev.loss, grad_norm: ev.grad_norm })
+    }
+
+    /// The out-of-memory back-off gave up: checkpoint the last completed
+    /// step and fail (exit 1: running again unchanged would fail again).
+    /// Checkpoints the last completed step, then fails (the `error` event and
+    /// the failed summary are written by [`Attempt::train`]).
+    fn out_of_memory_stop(&mut self, error: TrainError) -> Result<Outcome, RunError> {
+        let report = self.checkpoint_now("stop")?;
+        Err(RunError::OutOfMemory { step: report.step, checkpoint: report.dir, source: error })
     }
 
     /// Reloads the newest checkpoint and moves the data cursor past the
@@ -525,6 +572,7 @@ impl Attempt {
         }
         let report = self.checkpoint_now("stop")?;
         let to_durable = arrival.elapsed().as_secs_f64();
+        devices::stop_monitor(self.monitor.take(), &mut self.events)?;
         if self.stop.count() >= 2 {
             tracing::warn!(signals = self.stop.count(), "more stop signals arrived during the checkpoint");
         }

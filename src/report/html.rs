@@ -146,11 +146,16 @@ fn charts_section(h: &mut String, data: &RunData, charts: &[Chart]) {
     for c in charts {
         let _ = writeln!(h, "<figure id=\"{}\">\n{}\n</figure>", c.id, c.svg);
     }
-    if data.gpu.is_none() {
-        h.push_str(
+    match &data.gpu {
+        None => h.push_str(
             "<p class=\"note\" id=\"no-gpu-stats\">No gpu_stats.jsonl in this run directory: the GPU monitor did not \
-             run (CPU backend, or no GPU visible), so there are no GPU charts.</p>\n",
-        );
+             run, so there are no GPU charts.</p>\n",
+        ),
+        Some(samples) if samples.iter().all(|s| s.devices.is_empty()) => h.push_str(
+            "<p class=\"note\" id=\"no-gpu-stats\">gpu_stats.jsonl holds host samples only: the run used no GPU \
+             (CPU backend, or no GPU visible), so there are no GPU charts.</p>\n",
+        ),
+        Some(_) => {}
     }
     h.push_str("</section>\n");
 }

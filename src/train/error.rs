@@ -30,6 +30,26 @@ pub enum TrainError {
     #[error("step {step}: {during} failed: {message}")]
     Step { step: u64, during: &'static str, message: String },
 
+    /// A micro-batch ran out of device memory. The step was not applied
+    /// (the trainer is as after the previous step), so it can be retried
+    /// with a smaller micro-batch ([`Trainer::train_step_with_backoff`](super::Trainer::train_step_with_backoff)).
+    #[error("step {step}: out of memory in {during} with micro-batch {micro_batch}: {message}")]
+    OutOfMemory { step: u64, micro_batch: usize, during: &'static str, message: String },
+
+    /// A step still ran out of memory after the back-off gave up.
+    #[error(
+        "step {step} ran out of memory {attempts} time(s); gave up at micro-batch {micro_batch} after \
+         {retries} halving(s) (the back-off halves at most {max_retries} times, down to 1 sample): {message}"
+    )]
+    OutOfMemoryRetriesExhausted {
+        step: u64,
+        attempts: u32,
+        retries: u32,
+        max_retries: u32,
+        micro_batch: usize,
+        message: String,
+    },
+
     /// A tensor operation failed during evaluation.
     #[error("evaluation at step {step} failed: {message}")]
     Eval { step: u64, message: String },
@@ -94,6 +114,15 @@ impl TrainError {
     }
 }
 
+/// Whether a candle error is a device allocation failure. candle reports
+/// CUDA's as `CUDA_ERROR_OUT_OF_MEMORY` (the driver) or "out of memory"
+/// (cudarc's allocator); the CPU backend aborts on allocation failure
+/// instead, so on the CPU this only sees injected failures.
+pub fn is_out_of_memory(err: &candle_core::Error) -> bool {
+    let message = candle_message(err).to_ascii_lowercase();
+    message.contains("out of memory") || message.contains("out_of_memory")
+}
+
 /// A candle error as one readable message, without the backtrace candle
 /// attaches when `RUST_BACKTRACE` is set.
 pub fn candle_message(err: &candle_core::Error) -> String {
@@ -109,6 +138,15 @@ pub fn candle_message(err: &candle_core::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_of_memory_is_recognised_through_wrappers() {
+        let cuda = candle_core::Error::Msg("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into());
+        assert!(is_out_of_memory(&cuda.bt().context("matmul")));
+        assert!(is_out_of_memory(&candle_core::Error::Msg("alloc: Out of memory".into())));
+        assert!(!is_out_of_memory(&candle_core::Error::Msg("shape mismatch in matmul".into())));
+        assert!(!is_out_of_memory(&candle_core::Error::NotCompiledWithCudaSupport));
+    }
 
     #[test]
     fn candle_messages_carry_no_backtrace() {

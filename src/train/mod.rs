@@ -5,12 +5,18 @@
 //! restoring one continues the run bit-exactly (`docs/determinism.md`).
 //! Models plug in through the [`Workload`] trait (`docs/workloads.md`);
 //! `mlp` and `gpt` are built in. [`validate_file`] checks JSONL datasets.
+//! A step's samples are cut up by a [`Layout`] (data-parallel replicas,
+//! micro-batch, accumulation); an out-of-memory step is retried with a
+//! smaller one (`oom.rs`); [`footprint`] estimates the memory a config needs.
 
 mod data;
 mod error;
+mod footprint;
 mod gpt;
 mod layers;
+mod layout;
 mod mlp;
+mod oom;
 mod optim;
 mod params;
 mod rng;
@@ -21,13 +27,18 @@ mod validate;
 mod workload;
 
 #[cfg(test)]
+mod replica_tests;
+#[cfg(test)]
 mod tests;
 
 pub use data::{Classification, DataCursor, Sampler, TokenSequences, is_validation};
-pub use error::{TrainError, candle_message};
+pub use error::{TrainError, candle_message, is_out_of_memory};
+pub use footprint::{CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, footprint, footprint_for};
 pub use gpt::{Gpt, GptShape, GptWorkload, VOCAB};
 pub use layers::{Embedding, LayerNorm, Linear};
+pub use layout::Layout;
 pub use mlp::{Mlp, MlpWorkload};
+pub use oom::{MAX_OOM_RETRIES, OomRetry};
 pub use optim::{AdamW, AdamWConfig, moment_names};
 pub use params::{ParamStore, Params};
 pub use rng::{RngState, Stream, StreamRng};

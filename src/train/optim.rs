@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use candle_core::{DType, Device, Tensor};
 
 use super::error::{TrainError, candle_message};
-use super::params::{Params, check_host, from_host, to_host};
+use super::params::{Params, check_host, from_host, to_host_reusing};
 use crate::checkpoint::TensorSet;
 use crate::config::OptimizerSection;
 
@@ -110,11 +110,19 @@ impl AdamW {
     /// Host copies of the moments (`exp_avg.<param>`, `exp_avg_sq.<param>`)
     /// and the step count.
     pub fn state(&self) -> Result<(TensorSet, u64), TrainError> {
+        self.state_reusing(TensorSet::new())
+    }
+
+    /// [`state`](Self::state), writing into the buffers of an earlier state
+    /// where they fit (no allocation for periodic checkpoints).
+    pub fn state_reusing(&self, mut reuse: TensorSet) -> Result<(TensorSet, u64), TrainError> {
         let mut set = TensorSet::new();
         for (name, state) in &self.moments {
             let (m_name, v_name) = moment_names(name);
-            set.insert(m_name.clone(), to_host(&m_name, &state.m)?);
-            set.insert(v_name.clone(), to_host(&v_name, &state.v)?);
+            let m = to_host_reusing(&m_name, &state.m, reuse.remove(&m_name))?;
+            let v = to_host_reusing(&v_name, &state.v, reuse.remove(&v_name))?;
+            set.insert(m_name, m);
+            set.insert(v_name, v);
         }
         Ok((set, self.step))
     }
@@ -149,6 +157,7 @@ impl AdamW {
 mod tests {
     use super::*;
     use crate::train::params::ParamStore;
+    use crate::train::params::to_host;
     use crate::train::rng::{Stream, StreamRng};
     use candle_nn::{Module, Optimizer};
 

@@ -118,11 +118,48 @@ pub fn param_count(params: &Params) -> usize {
 }
 
 /// A host copy of an f32 tensor (any layout).
+#[cfg(test)]
 pub fn to_host(name: &str, t: &Tensor) -> Result<HostTensor, TrainError> {
+    to_host_reusing(name, t, None)
+}
+
+/// A host copy of an f32 tensor, written into `reuse`'s buffer when it has the
+/// right size. A contiguous CPU tensor is copied straight from its storage
+/// with one pass and no allocation: this copy is the whole training stall of
+/// a periodic checkpoint, so it runs at memory speed.
+pub fn to_host_reusing(name: &str, t: &Tensor, reuse: Option<HostTensor>) -> Result<HostTensor, TrainError> {
     let err = |e: candle_core::Error| TrainError::Tensor { name: name.to_string(), message: candle_message(&e) };
-    let values: Vec<f32> =
-        t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).map_err(err)?;
-    Ok(HostTensor::from_f32(t.dims().to_vec(), &values))
+    let shape = t.dims().to_vec();
+    let bytes = t.elem_count() * 4;
+    let mut data = match reuse {
+        Some(h) if h.data.len() == bytes => h.data,
+        _ => vec![0u8; bytes],
+    };
+    let copied = {
+        let (storage, layout) = t.storage_and_layout();
+        match (&*storage, layout.contiguous_offsets()) {
+            (candle_core::Storage::Cpu(cpu), Some((start, end))) if t.dtype() == DType::F32 => {
+                let values: &[f32] = cpu.as_slice().map_err(err)?;
+                copy_f32_le(&values[start..end], &mut data);
+                true
+            }
+            _ => false,
+        }
+    };
+    if !copied {
+        let values: Vec<f32> =
+            t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).map_err(err)?;
+        copy_f32_le(&values, &mut data);
+    }
+    HostTensor::new(HostDType::F32, shape, data)
+        .map_err(|reason| TrainError::Tensor { name: name.to_string(), message: reason })
+}
+
+/// Writes `values` as little-endian bytes into `out` (same length × 4).
+fn copy_f32_le(values: &[f32], out: &mut [u8]) {
+    for (dst, v) in out.chunks_exact_mut(4).zip(values) {
+        dst.copy_from_slice(&v.to_le_bytes());
+    }
 }
 
 /// Checks a host tensor against the expected f32 shape.

@@ -11,7 +11,7 @@ use candle_nn::{Linear, Module, VarBuilder};
 use super::*;
 use crate::config::{Config, DataKind, ModelKind, OnNonFinite, Precision};
 
-fn tiny_mlp() -> Config {
+pub(super) fn tiny_mlp() -> Config {
     let mut cfg = Config::default();
     cfg.run.seed = 11;
     cfg.run.max_steps = 200;
@@ -29,7 +29,7 @@ fn tiny_mlp() -> Config {
     cfg
 }
 
-fn tiny_gpt() -> Config {
+pub(super) fn tiny_gpt() -> Config {
     let mut cfg = Config::default();
     cfg.run.seed = 5;
     cfg.run.max_steps = 50;
@@ -47,19 +47,19 @@ fn tiny_gpt() -> Config {
     cfg
 }
 
-fn completed(result: StepResult) -> StepMetrics {
+pub(super) fn completed(result: StepResult) -> StepMetrics {
     match result {
         StepResult::Completed(m) => m,
         other => panic!("expected a completed step, got {other:?}"),
     }
 }
 
-fn never() -> bool {
+pub(super) fn never() -> bool {
     false
 }
 
 /// Trains until `trainer.step() == until`, returning each step's loss bits.
-fn train_to(trainer: &mut Trainer, until: u64) -> Vec<u64> {
+pub(super) fn train_to(trainer: &mut Trainer, until: u64) -> Vec<u64> {
     let mut losses = Vec::new();
     while trainer.step() < until {
         losses.push(completed(trainer.train_step(&never).unwrap()).loss.to_bits());
@@ -68,7 +68,7 @@ fn train_to(trainer: &mut Trainer, until: u64) -> Vec<u64> {
 }
 
 /// Asserts two snapshots are identical, naming the first difference.
-fn assert_same(a: &TrainSnapshot, b: &TrainSnapshot) {
+pub(super) fn assert_same(a: &TrainSnapshot, b: &TrainSnapshot) {
     assert_eq!(a.step, b.step);
     for (set, x, y) in [("model", &a.model, &b.model), ("optimizer", &a.optimizer, &b.optimizer)] {
         assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "{set} tensor names");

@@ -9,6 +9,12 @@
 //! a stop or a rollback) leaves the trainer exactly as after the previous
 //! step. Every walk over parameters is in name order, and the snapshot holds
 //! host copies only, so a checkpoint can be written while training goes on.
+//!
+//! A step's samples are cut up as its [`Layout`] says (replicas, micro-batch,
+//! accumulation): replicas compute their gradients one after another over
+//! disjoint shards on the trainer's device and are averaged in replica order,
+//! so the result is deterministic. The layout is not part of the checkpoint:
+//! it changes float summation order only, never which samples a step sees.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -18,9 +24,10 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::data::{DataCursor, Sampler};
-use super::error::{TrainError, candle_message};
+use super::error::{TrainError, candle_message, is_out_of_memory};
+use super::layout::Layout;
 use super::optim::{AdamW, AdamWConfig};
-use super::params::{ParamStore, Params, check_host, from_host, param_count, to_host};
+use super::params::{ParamStore, Params, check_host, from_host, param_count, to_host_reusing};
 use super::rng::{RngState, Stream, StreamRng};
 use super::scaler::{LossScaler, ScalerState, compute_dtype};
 use super::schedule::LrSchedule;
@@ -185,8 +192,11 @@ pub struct Trainer {
     cursor: DataCursor,
     step: u64,
     counters: Counters,
+    /// `[train] batch_size`: with `grad_accum`, the effective batch, and the
+    /// unit of [`Counters::batches`] whatever the layout.
     batch_size: usize,
     grad_accum: usize,
+    layout: Layout,
     grad_clip: f64,
     on_nonfinite: OnNonFinite,
     eval_batches: usize,
@@ -213,10 +223,21 @@ impl Trainer {
         Self::with_workload(cfg, builtin_workload(cfg)?)
     }
 
+    /// The built-in workload on `device` (parameters, optimizer state and
+    /// batches live there; snapshots are host copies as always).
+    pub fn on_device(cfg: &Config, device: Device) -> Result<Self, TrainError> {
+        Self::with_workload_on(cfg, builtin_workload(cfg)?, device)
+    }
+
     /// A trainer for any [`Workload`]; `[model]` and `[data]` are left to
     /// the workload, everything else (`[run]`, `[train]`, `[optimizer]`,
     /// `[precision]`) applies.
-    pub fn with_workload(cfg: &Config, mut workload: Box<dyn Workload>) -> Result<Self, TrainError> {
+    pub fn with_workload(cfg: &Config, workload: Box<dyn Workload>) -> Result<Self, TrainError> {
+        Self::with_workload_on(cfg, workload, Device::Cpu)
+    }
+
+    /// [`with_workload`](Self::with_workload) on `device`.
+    pub fn with_workload_on(cfg: &Config, mut workload: Box<dyn Workload>, device: Device) -> Result<Self, TrainError> {
         let t = &cfg.train;
         if t.batch_size == 0 {
             return Err(TrainError::config("train.batch_size", "must be at least 1"));
@@ -227,7 +248,6 @@ impl Trainer {
         if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
             return Err(TrainError::config("train.grad_clip", "must be a finite number >= 0 (0 disables clipping)"));
         }
-        let device = Device::Cpu;
         let dtype = compute_dtype(cfg.precision.dtype, &device)?;
         let seed = cfg.run.seed;
 
@@ -276,6 +296,7 @@ impl Trainer {
             counters: Counters::default(),
             batch_size: t.batch_size,
             grad_accum: t.grad_accum,
+            layout: Layout::single(t.batch_size, t.grad_accum),
             grad_clip: t.grad_clip,
             on_nonfinite: t.on_nonfinite,
             eval_batches: t.eval_batches,
@@ -290,6 +311,40 @@ impl Trainer {
     /// Samples per optimizer step (`batch_size * grad_accum`).
     pub fn samples_per_step(&self) -> usize {
         self.batch_size * self.grad_accum
+    }
+
+    /// How a step's samples are cut up (replicas, micro-batch, accumulation).
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Cuts the following steps' samples as `layout` says. It must keep the
+    /// effective batch (`replicas × micro_batch × grad_accum` =
+    /// [`samples_per_step`](Self::samples_per_step)); the samples and their
+    /// order do not change.
+    pub fn set_layout(&mut self, layout: Layout) -> Result<(), TrainError> {
+        let effective = self.samples_per_step();
+        if layout.replicas == 0 || layout.micro_batch == 0 || layout.grad_accum == 0 {
+            return Err(TrainError::config("train.micro_batch", format!("layout {layout} has a zero factor")));
+        }
+        if layout.samples_per_step() != effective {
+            return Err(TrainError::config(
+                "train.micro_batch",
+                format!(
+                    "layout {layout} does not keep the effective batch train.batch_size × train.grad_accum = {effective}"
+                ),
+            ));
+        }
+        if layout != self.layout {
+            tracing::debug!(from = %self.layout, to = %layout, "layout changed");
+        }
+        self.layout = layout;
+        Ok(())
+    }
+
+    /// The device parameters and batches live on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Number of scalar parameters.
@@ -358,11 +413,15 @@ impl Trainer {
         Ok(n)
     }
 
-    /// One optimizer step over `grad_accum` micro-batches; `should_stop` is
-    /// polled before each micro-batch.
+    /// One optimizer step over the effective batch, cut up as the
+    /// [`layout`](Self::layout) says; `should_stop` is polled before each
+    /// micro-batch. An out-of-memory error in a micro-batch is
+    /// [`TrainError::OutOfMemory`] and leaves the trainer as after the
+    /// previous step (see [`train_step_with_backoff`](Self::train_step_with_backoff)).
     pub fn train_step(&mut self, should_stop: &dyn Fn() -> bool) -> Result<StepResult, TrainError> {
         let started = Instant::now();
         let step_no = self.step + 1;
+        let layout = self.layout;
         let fail = |during: &'static str| {
             move |e: candle_core::Error| TrainError::Step { step: step_no, during, message: candle_message(&e) }
         };
@@ -371,49 +430,33 @@ impl Trainer {
         let mut cursor = self.cursor;
         let mut dropout = self.dropout_rng.clone();
         let scale = self.scaler.scale();
-        let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
+        // The step's samples in data order; replica r takes the r-th shard.
+        let indices = self.sampler.take(&mut cursor, layout.samples_per_step());
+        let mut replica_grads: Vec<BTreeMap<String, Tensor>> = Vec::with_capacity(layout.replicas);
         let mut loss_sum = 0.0;
         let mut loss_finite = true;
         let mut tokens: Option<u64> = None;
 
-        for _ in 0..self.grad_accum {
-            if should_stop() {
-                tracing::debug!(step = step_no, "step interrupted; partial work discarded");
-                return Ok(StepResult::Interrupted);
-            }
-            let indices = self.sampler.take(&mut cursor, self.batch_size);
-            let batch =
-                self.workload.batch(Split::Train, &indices, &self.device).map_err(fail("building the batch"))?;
-            if let Some(t) = batch.tokens {
-                *tokens.get_or_insert(0) += t as u64;
-            }
-            let mut ctx = ForwardCtx::training(self.dtype, &mut dropout);
-            let loss = self.workload.loss(&batch, &mut ctx).map_err(fail("the forward pass"))?;
-            let loss = scalar_f32(&loss).map_err(fail("the forward pass"))?;
-            let value = f64::from(loss.to_scalar::<f32>().map_err(fail("reading the loss"))?);
-            loss_sum += value;
-            if !value.is_finite() {
-                loss_finite = false;
-                continue;
-            }
-            let scaled = loss.affine(scale / self.grad_accum as f64, 0.0).map_err(fail("scaling the loss"))?;
-            let store = scaled.backward().map_err(fail("the backward pass"))?;
-            for (name, var) in &self.params {
-                let Some(g) = store.get(var) else { continue };
-                let g = g.to_dtype(DType::F32).map_err(fail("accumulating gradients"))?;
-                match grads.entry(name.clone()) {
-                    Entry::Vacant(e) => {
-                        e.insert(g);
-                    }
-                    Entry::Occupied(mut e) => {
-                        let sum = (e.get() + g).map_err(fail("accumulating gradients"))?;
-                        e.insert(sum);
-                    }
+        for shard in indices.chunks(layout.per_replica()) {
+            let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
+            for micro in shard.chunks(layout.micro_batch) {
+                if should_stop() {
+                    tracing::debug!(step = step_no, "step interrupted; partial work discarded");
+                    return Ok(StepResult::Interrupted);
                 }
+                let weight = scale / layout.grad_accum as f64;
+                let out = self.micro_batch(step_no, micro, weight, &mut dropout, &mut grads)?;
+                if let Some(t) = out.tokens {
+                    *tokens.get_or_insert(0) += t as u64;
+                }
+                loss_sum += out.loss;
+                loss_finite &= out.loss.is_finite();
             }
+            replica_grads.push(grads);
         }
+        let mut grads = average_replicas(replica_grads).map_err(oom_or(step_no, layout, "averaging replicas"))?;
 
-        let loss = loss_sum / self.grad_accum as f64;
+        let loss = loss_sum / (layout.replicas * layout.grad_accum) as f64;
         if scale != 1.0 {
             for g in grads.values_mut() {
                 *g = g.affine(1.0 / scale, 0.0).map_err(fail("unscaling gradients"))?;
@@ -477,6 +520,63 @@ impl Trainer {
         self.scaler.update(true);
         self.commit(cursor, dropout, samples, tokens);
         Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, clipped, samples, tokens, false)))
+    }
+
+    /// Forward and backward of one micro-batch: adds its gradient, weighted
+    /// by `weight` (loss scale / accumulation), into `grads`. A non-finite
+    /// loss adds nothing (the step will not be applied). Out-of-memory
+    /// errors come back as [`TrainError::OutOfMemory`].
+    fn micro_batch(
+        &self,
+        step: u64,
+        indices: &[usize],
+        weight: f64,
+        dropout: &mut StreamRng,
+        grads: &mut BTreeMap<String, Tensor>,
+    ) -> Result<MicroBatchOut, TrainError> {
+        let layout = Layout { micro_batch: indices.len(), ..self.layout };
+        // Test-only injections (failpoints are compiled in for `cargo test`
+        // builds): an allocation failure, and any other step failure.
+        fail::fail_point!("train::oom", |_| Err(TrainError::OutOfMemory {
+            step,
+            micro_batch: indices.len(),
+            during: "the forward pass",
+            message: "injected allocation failure (failpoint train::oom)".into(),
+        }));
+        fail::fail_point!("train::step_error", |_| Err(TrainError::Step {
+            step,
+            during: "the forward pass",
+            message: "injected failure (failpoint train::step_error)".into(),
+        }));
+        let batch = self.workload.batch(Split::Train, indices, &self.device).map_err(oom_or(
+            step,
+            layout,
+            "building the batch",
+        ))?;
+        let mut ctx = ForwardCtx::training(self.dtype, dropout);
+        let loss = self.workload.loss(&batch, &mut ctx).map_err(oom_or(step, layout, "the forward pass"))?;
+        let loss = scalar_f32(&loss).map_err(oom_or(step, layout, "the forward pass"))?;
+        let value = f64::from(loss.to_scalar::<f32>().map_err(oom_or(step, layout, "reading the loss"))?);
+        let out = MicroBatchOut { loss: value, tokens: batch.tokens };
+        if !value.is_finite() {
+            return Ok(out);
+        }
+        let scaled = loss.affine(weight, 0.0).map_err(oom_or(step, layout, "scaling the loss"))?;
+        let store = scaled.backward().map_err(oom_or(step, layout, "the backward pass"))?;
+        for (name, var) in &self.params {
+            let Some(g) = store.get(var) else { continue };
+            let g = g.to_dtype(DType::F32).map_err(oom_or(step, layout, "accumulating gradients"))?;
+            match grads.entry(name.clone()) {
+                Entry::Vacant(e) => {
+                    e.insert(g);
+                }
+                Entry::Occupied(mut e) => {
+                    let sum = (e.get() + g).map_err(oom_or(step, layout, "accumulating gradients"))?;
+                    e.insert(sum);
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn commit(&mut self, cursor: DataCursor, dropout: StreamRng, samples: u64, tokens: Option<u64>) {
@@ -547,11 +647,19 @@ impl Trainer {
 
     /// Host copies of the parameters, the optimizer state and the JSON state.
     pub fn snapshot(&self) -> Result<TrainSnapshot, TrainError> {
+        self.snapshot_reusing(None)
+    }
+
+    /// [`snapshot`](Self::snapshot) into the host buffers of an earlier
+    /// snapshot (handed back once it was persisted), so periodic checkpoints
+    /// copy at memory speed without allocating.
+    pub fn snapshot_reusing(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<TrainSnapshot, TrainError> {
+        let (mut old_model, old_optimizer) = reuse.unwrap_or_default();
         let mut model = TensorSet::new();
         for (name, var) in &self.params {
-            model.insert(name.clone(), to_host(name, var.as_tensor())?);
+            model.insert(name.clone(), to_host_reusing(name, var.as_tensor(), old_model.remove(name))?);
         }
-        let (optimizer, optimizer_step) = self.optimizer.state()?;
+        let (optimizer, optimizer_step) = self.optimizer.state_reusing(old_optimizer)?;
         let state = TrainState {
             format: STATE_FORMAT,
             workload: self.workload.name().to_string(),
@@ -656,6 +764,50 @@ impl Trainer {
         tracing::debug!(step = self.step, cursor = ?self.cursor, "trainer restored");
         Ok(())
     }
+}
+
+/// What one micro-batch contributed besides its gradient.
+struct MicroBatchOut {
+    loss: f64,
+    tokens: Option<usize>,
+}
+
+/// Maps a candle error of a micro-batch: out of memory (retryable, nothing
+/// was applied) or any other step failure.
+fn oom_or(step: u64, layout: Layout, during: &'static str) -> impl Fn(candle_core::Error) -> TrainError {
+    move |e| {
+        let message = candle_message(&e);
+        if is_out_of_memory(&e) {
+            TrainError::OutOfMemory { step, micro_batch: layout.micro_batch, during, message }
+        } else {
+            TrainError::Step { step, during, message }
+        }
+    }
+}
+
+/// The all-reduce: the mean of the replicas' gradients, summed in replica
+/// order (so the result does not depend on which replica finished first).
+/// One replica is returned as it is, bit for bit.
+fn average_replicas(mut replicas: Vec<BTreeMap<String, Tensor>>) -> candle_core::Result<BTreeMap<String, Tensor>> {
+    if replicas.len() <= 1 {
+        return Ok(replicas.pop().unwrap_or_default());
+    }
+    let n = replicas.len();
+    let mut iter = replicas.into_iter();
+    let mut total = iter.next().unwrap_or_default();
+    for replica in iter {
+        for (name, g) in replica {
+            let sum = match total.remove(&name) {
+                Some(t) => (t + g)?,
+                None => g,
+            };
+            total.insert(name, sum);
+        }
+    }
+    for g in total.values_mut() {
+        *g = g.affine(1.0 / n as f64, 0.0)?;
+    }
+    Ok(total)
 }
 
 /// The loss as an f32 scalar, or an error if the workload returned another shape.

@@ -36,7 +36,8 @@ pub fn tiny_config() -> PathBuf {
 }
 
 /// The `rekindle` binary under test, with an environment that cannot steer
-/// it: no SLURM job (so no `scontrol`), no `RUST_LOG`.
+/// it: no SLURM job (so no `scontrol`), no `RUST_LOG`, no failpoints, no GPU
+/// inventory.
 pub fn rekindle() -> Command {
     let mut cmd = Command::cargo_bin("rekindle").expect("the rekindle binary is built by cargo test");
     for (key, _) in std::env::vars_os() {
@@ -44,7 +45,9 @@ pub fn rekindle() -> Command {
             cmd.env_remove(key);
         }
     }
-    cmd.env_remove("RUST_LOG");
+    for key in ["RUST_LOG", "FAILPOINTS", "REKINDLE_GPU_INVENTORY"] {
+        cmd.env_remove(key);
+    }
     cmd
 }
 
