@@ -390,6 +390,19 @@ fn third_signal_during_the_stop_finishes_the_checkpoint_but_skips_publish_and_re
 // ---------------------------------------------------------------------------
 // A signal before training begins.
 
+/// Waits until a run holds the lock of `dir`. The lock is taken just before
+/// the data and the model are built (about a second in debug with 100000
+/// synthetic samples), and the `start` event is written only after that, so
+/// a signal sent now lands before training begins.
+fn wait_for_lock(dir: &Path) {
+    let lock = dir.join("rekindle.lock");
+    let since = Instant::now();
+    while !lock.exists() {
+        assert!(since.elapsed() < STARTUP, "no lock file after {STARTUP:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn signal_while_the_model_is_built_exits_75_leaving_earlier_checkpoints_as_they_were() {
     let tmp = tempdir();
@@ -402,8 +415,8 @@ fn signal_while_the_model_is_built_exits_75_leaving_earlier_checkpoints_as_they_
     assert_eq!(checkpoint_steps(&dir), [50, 60]);
     let metrics_before = std::fs::read(dir.join("metrics.jsonl")).unwrap();
 
-    let mut run = slow_start(&dir).spawn();
-    run.wait_for_event("start", STARTUP);
+    let run = slow_start(&dir).spawn();
+    wait_for_lock(&dir);
     run.signal(Signal::SIGTERM);
     let new_events = {
         let exited = run.wait(EXIT);
@@ -428,12 +441,12 @@ fn signal_while_the_model_is_built_under_slurm_still_requeues_the_job() {
     let tmp = tempdir();
     let fake = FakeScontrol::running_job(tmp.path());
     let dir = tmp.path().join("run");
-    let mut run = RunCmd::new(&dir)
+    let run = RunCmd::new(&dir)
         .set("data.synthetic_samples=100000")
         .env("PATH", fake.path())
         .env("SLURM_JOB_ID", "77")
         .spawn();
-    run.wait_for_event("start", STARTUP);
+    wait_for_lock(&dir);
     run.signal(Signal::SIGTERM);
     run.wait(EXIT).assert_code(75);
     let stop = last_event(&dir, "stop");
