@@ -49,6 +49,8 @@
 #   DRILL_SECONDS         training length of one uninterrupted run (default 12);
 #                         DRILL_STEPS sets max_steps directly instead
 #   DRILL_EVERY_STEPS     checkpoint.every_steps (default 100)
+#   DRILL_CONFIG          the config trained (default configs/tiny.toml, an mlp)
+#   DRILL_HIDDEN          its model.hidden (default [64,64])
 #   DRILL_TIMEOUT         seconds one drill may take before it FAILs (default 300)
 #   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss (default: ask
 #                         slurm/local-cluster.sh when SLURM_CONF is its config)
