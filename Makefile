@@ -45,6 +45,7 @@ lint: deps
 
 ## test: everything CI runs (lint, unit and integration tests)
 test: deps lint
+	$(CARGO) build --examples
 	$(CARGO) test --all-targets
 	$(CARGO) test --doc
 
