@@ -328,11 +328,7 @@ fn status(dir: &Path, json: bool) -> Result<Outcome, CliError> {
         return Err(CliError::NotARunDir { path: dir.to_path_buf(), file: orchestrate::CONFIG_FILE });
     }
     let st = orchestrate::status(dir);
-    if json {
-        println!("{}", serde_json::to_string_pretty(&st).expect("status serialises"));
-    } else {
-        print!("{st}");
-    }
+    emit(&st, json);
     Ok(Outcome::Done)
 }
 
@@ -346,11 +342,7 @@ fn data_validate(args: &ValidateArgs) -> Result<Outcome, CliError> {
     use crate::train::{CleanMode, ValidateOptions, validate_file, write_clean};
     let opts = ValidateOptions { field: args.field.clone(), max_len: args.max_len, ..ValidateOptions::default() };
     let report = validate_file(&args.file, &opts)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
-    } else {
-        print!("{report}");
-    }
+    emit(&report, args.json);
     if let Some(out) = &args.out {
         let mode = if args.truncate { CleanMode::Truncate } else { CleanMode::Drop };
         let summary = write_clean(&args.file, out, &opts, mode)?;
@@ -381,11 +373,7 @@ fn footprint(cfg: &config::Config) -> Result<crate::gpu::Footprint, CliError> {
 fn gpus(args: &GpusArgs) -> Result<Outcome, CliError> {
     let cfg = config_or_default(args.config.as_deref())?;
     let report = crate::gpu::gpus_report(args.inventory.as_deref(), &cfg, footprint(&cfg)?)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
-    } else {
-        print!("{report}");
-    }
+    emit(&report, args.json);
     Ok(Outcome::Done)
 }
 
@@ -397,22 +385,14 @@ fn bench_checkpoint(args: &BenchCheckpointArgs) -> Result<Outcome, CliError> {
         cold: args.cold,
     };
     let result = crate::bench::run_checkpoint_bench(&opts)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&result).expect("bench serialises"));
-    } else {
-        print!("{result}");
-    }
+    emit(&result, args.json);
     Ok(Outcome::Done)
 }
 
 fn bench_train(args: &BenchTrainArgs) -> Result<Outcome, CliError> {
     let cfg = config::load(&args.config, &args.overrides)?.config;
     let result = crate::bench::run_train_bench(&cfg, args.steps, args.every, args.dir.clone())?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&result).expect("bench serialises"));
-    } else {
-        print!("{result}");
-    }
+    emit(&result, args.json);
     Ok(Outcome::Done)
 }
 
@@ -422,11 +402,7 @@ fn doctor(args: &DoctorArgs) -> Result<Outcome, CliError> {
     let opts =
         crate::gpu::DoctorOptions { inventory: args.inventory.clone(), footprint: fp, expected_checkpoint_bytes: None };
     let list = crate::gpu::doctor(cfg.as_ref(), &opts);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&list).expect("checklist serialises"));
-    } else {
-        print!("{list}");
-    }
+    emit(&list, args.json);
     Ok(if list.any_required_failed() { Outcome::Failure } else { Outcome::Done })
 }
 
@@ -561,6 +537,15 @@ fn checkpoints(path: &Path, json: bool) -> Result<Outcome, CliError> {
         );
     }
     Ok(Outcome::Done)
+}
+
+/// Prints `value` as pretty JSON (`--json`) or as its human-readable Display.
+fn emit<T: Serialize + std::fmt::Display>(value: &T, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value).expect("command output serialises"));
+    } else {
+        print!("{value}");
+    }
 }
 
 /// `1.5 MiB`-style sizes for tables.
