@@ -234,11 +234,22 @@ cleanup_jobs() {
     done
 }
 
+# Waits until the job's training has written two checkpoints and is still
+# going, so the drill acts mid-training. Usage: under_way [SECONDS to sleep first]
+under_way() {
+    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
+    [[ -z ${1:-} ]] || sleep "$1"
+    if finished_training "$run"; then
+        note "training finished before the drill acted: raise DRILL_SECONDS"
+        return 1
+    fi
+    return 0
+}
+
 # --- the drills ---
 drill_term() {
     submit term || return 1
-    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
-    finished_training "$run" && { note "training finished before the drill acted: raise DRILL_SECONDS"; return 1; }
+    under_way || return 1
     action=$(now)
     log "term: scancel -s TERM --batch $job"
     scancel -s TERM --batch "$job"
@@ -247,8 +258,7 @@ drill_term() {
 
 drill_preempt() {
     submit preempt || return 1
-    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
-    finished_training "$run" && { note "training finished before the drill acted: raise DRILL_SECONDS"; return 1; }
+    under_way || return 1
     local node
     node=$(job_field "$job" NodeList)
     action=$(now)
@@ -324,9 +334,7 @@ drill_nodeloss() {
         return 3
     fi
     submit nodeloss || return 1
-    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
-    sleep 0.$((RANDOM % 10)) # land anywhere inside a checkpoint interval
-    finished_training "$run" && { note "training finished before the drill acted: raise DRILL_SECONDS"; return 1; }
+    under_way 0.$((RANDOM % 10)) || return 1 # land anywhere inside a checkpoint interval
     local node pids slurmd_pid
     node=$(job_field "$job" NodeList)
     slurmd_pid=$(cat "$CLUSTER_DIR/run/slurmd-$node.pid" 2>/dev/null)
@@ -349,8 +357,7 @@ drill_nodeloss() {
 
 drill_cancel() {
     submit cancel || return 1
-    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
-    finished_training "$run" && { note "training finished before the drill acted: raise DRILL_SECONDS"; return 1; }
+    under_way || return 1
     action=$(now)
     log "cancel: scancel $job"
     scancel "$job"

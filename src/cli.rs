@@ -365,14 +365,9 @@ fn config_or_default(path: Option<&Path>) -> Result<config::Config, CliError> {
     })
 }
 
-/// Memory the config's workload needs (see `train::footprint`).
-fn footprint(cfg: &config::Config) -> Result<crate::gpu::Footprint, CliError> {
-    Ok(crate::train::footprint(cfg)?)
-}
-
 fn gpus(args: &GpusArgs) -> Result<Outcome, CliError> {
     let cfg = config_or_default(args.config.as_deref())?;
-    let report = crate::gpu::gpus_report(args.inventory.as_deref(), &cfg, footprint(&cfg)?)?;
+    let report = crate::gpu::gpus_report(args.inventory.as_deref(), &cfg, crate::train::footprint(&cfg)?)?;
     emit(&report, args.json);
     Ok(Outcome::Done)
 }
@@ -398,7 +393,7 @@ fn bench_train(args: &BenchTrainArgs) -> Result<Outcome, CliError> {
 
 fn doctor(args: &DoctorArgs) -> Result<Outcome, CliError> {
     let cfg = args.config.as_deref().map(|p| config::load(p, &[])).transpose()?.map(|l| l.config);
-    let fp = footprint(cfg.as_ref().unwrap_or(&config::Config::default())).ok();
+    let fp = crate::train::footprint(cfg.as_ref().unwrap_or(&config::Config::default())).ok();
     let opts =
         crate::gpu::DoctorOptions { inventory: args.inventory.clone(), footprint: fp, expected_checkpoint_bytes: None };
     let list = crate::gpu::doctor(cfg.as_ref(), &opts);

@@ -96,7 +96,8 @@ pub struct RunLock {
     heartbeat: Option<JoinHandle<()>>,
 }
 
-fn unix_now() -> f64 {
+/// Seconds since the Unix epoch (the lock's heartbeat clock).
+pub(super) fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 

@@ -27,7 +27,7 @@ use crate::exit::Outcome;
 use crate::gpu::Monitor;
 use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, Decision, RequeueInput, Scontrol, SlurmControl, SlurmEnv, StopKind};
-use crate::telemetry::{EventLog, JsonlWriter};
+use crate::telemetry::{EventLog, JsonlWriter, now_rfc3339};
 use crate::train::{NonFiniteEvent, StepMetrics, StepResult, TrainError, Trainer};
 
 use super::deadline::{Deadline, SignalResponse, response_to_signal};
@@ -303,7 +303,7 @@ impl Attempt {
         );
         if m.step.is_multiple_of(self.cfg.train.log_every) || m.step == max_steps {
             let mut line = m.to_json();
-            line["time"] = now().into();
+            line["time"] = now_rfc3339().into();
             self.metrics.append(&line)?;
         }
         if m.loss.is_finite() {
@@ -314,7 +314,7 @@ impl Attempt {
         let eval_every = self.cfg.train.eval_every;
         if eval_every > 0 && m.step.is_multiple_of(eval_every) && !self.stop.is_set() {
             let val_loss = self.trainer.evaluate()?;
-            self.metrics.append(&json!({"step": m.step, "val_loss": val_loss, "time": now()}))?;
+            self.metrics.append(&json!({"step": m.step, "val_loss": val_loss, "time": now_rfc3339()}))?;
         }
         if self.periodic_checkpoint_due(m.step) && m.step < max_steps && self.stop_reason().is_none() {
             self.periodic_checkpoint()?;
@@ -653,7 +653,7 @@ impl Attempt {
             "resumes": self.resumes,
             "checkpoints_written_this_attempt": self.checkpoints_written,
             "last_checkpoint_step": self.last_durable_step,
-            "updated_at": now(),
+            "updated_at": now_rfc3339(),
         });
         let path = self.dir.path(SUMMARY_FILE);
         rundir::write_atomically(&path, &serde_json::to_vec_pretty(&summary).expect("summary serialises"))
@@ -758,10 +758,6 @@ fn requeue_after_stop(
 
 fn finite_or_null(x: f64) -> serde_json::Value {
     if x.is_finite() { x.into() } else { serde_json::Value::Null }
-}
-
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 fn instant_to_rfc3339(t: Instant) -> String {

@@ -10,7 +10,7 @@ use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config;
 use crate::telemetry::{self, Attempt};
 
-use super::lock::{LOCK_FILE, LockInfo, STALE_AFTER};
+use super::lock::{LOCK_FILE, LockInfo, STALE_AFTER, unix_now};
 use super::rundir::{CONFIG_FILE, EVENTS_FILE, METRICS_FILE, SUMMARY_FILE, checkpoints_dir};
 
 /// What a run directory says about its run.
@@ -48,14 +48,9 @@ pub struct CheckpointLine {
     pub valid: bool,
 }
 
+/// The records of a JSON-lines file of the run (none when it is missing or unreadable).
 fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
-        .unwrap_or_default()
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    crate::telemetry::read_jsonl(path).ok().flatten().map(|j| j.records).unwrap_or_default()
 }
 
 /// Reads the status of the run in `dir`.

@@ -8,7 +8,7 @@ mod logging;
 mod records;
 
 pub use attempts::{Attempt, AttemptEnd, attempts};
-pub use events::{EventLog, JsonlWriter, TelemetryError};
+pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
 pub use logging::{LogFormat, LogOptions, init_logging};
 pub use records::{
     Event, GpuDeviceSample, GpuSample, Jsonl, MetricPoint, ValPoint, events_from, gpu_samples_from, metrics_from,
