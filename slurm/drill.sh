@@ -4,30 +4,38 @@
 # preemption, a time limit, a dead node, a cancel), waits, and judges the
 # outcome.
 #
-#   slurm/drill.sh [term] [preempt] [timelimit] [nodeloss] [cancel]   (all by default)
+#   slurm/drill.sh [DRILL...]           (all by default)
 #   make drill                        the same on the local two-node cluster
 #
-#   term       scancel -s TERM --batch: the current step is saved within the
-#              grace period, rekindle requeues the job, it resumes from exactly
-#              that step and finishes.
-#   preempt    a job in the high partition pinned to the training job's node:
-#              checkpoint within GraceTime, the job is requeued, resumes on the
-#              other node, finishes.
-#   timelimit  --time=1 --signal=B:TERM@50: the time-limit warning arrives,
-#              rekindle checkpoints and requeues, the job resumes and finishes.
-#   nodeloss   SIGKILL to the node's slurmd and to the job's processes: the
-#              node is marked down, SLURM requeues the job onto the other node,
-#              it resumes from the last periodic checkpoint (at most one
-#              checkpoint interval lost). The node is brought back afterwards.
-#              Needs the local cluster (slurm/local-cluster.sh).
-#   cancel     plain scancel: rekindle saves, does not requeue; the job ends
-#              CANCELLED.
+# Every drill submits `sbatch slurm/orchestrator.slurm ...` as a user would
+# (rekindle runs as a job step) and stops it the way users and clusters do:
+#
+#   term        plain `scancel -s TERM JOB` (reaches the job step): the current
+#               step is saved within the grace period, rekindle requeues the
+#               job, it resumes from exactly that step and finishes.
+#   term-batch  `scancel -s TERM --batch JOB` (reaches only the batch shell,
+#               which forwards it to the step): as term.
+#   usr1        `scancel -s USR1 JOB`: as term, stopped by SIGUSR1.
+#   warn        --time=1 --signal=TERM@50: the time-limit warning to the step;
+#               rekindle checkpoints and requeues, the job resumes, finishes.
+#   warn-batch  --time=1 --signal=B:TERM@50: the same warning to the batch
+#               shell, forwarded. (`timelimit` is another name for it.)
+#   preempt     a job in the high partition pinned to the training job's node:
+#               checkpoint within GraceTime, the job is requeued, resumes on the
+#               other node, finishes.
+#   nodeloss    SIGKILL to the node's slurmd and to the job's processes: the
+#               node is marked down, SLURM requeues the job onto the other node,
+#               it resumes from the last periodic checkpoint (at most one
+#               checkpoint interval lost). The node is brought back afterwards.
+#               Needs the local cluster (slurm/local-cluster.sh).
+#   cancel      plain scancel: rekindle saves, does not requeue; the job ends
+#               CANCELLED.
 #
 # Each drill prints one PASS/FAIL line and a one-line JSON summary (attempts,
 # node of each attempt, steps lost, seconds from signal to durable checkpoint,
-# publish result: see docs/drills.md). For term, preempt, timelimit and
-# nodeloss the final model and optimizer files must be byte-identical to an
-# uninterrupted run of the same config, run here without SLURM. Every attempt
+# publish result: see docs/drills.md). For every drill but cancel the final
+# model and optimizer files must be byte-identical to an uninterrupted run of
+# the same config, run here without SLURM. Every attempt
 # publishes to a bare git repository of its own drill, and the drill counts
 # the commits that arrived. Exit status 0 when every drill passed.
 #
@@ -58,18 +66,20 @@ set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
-ALL=(term preempt timelimit nodeloss cancel)
+ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
-drills=("$@")
-((${#drills[@]})) || drills=("${ALL[@]}")
-for d in "${drills[@]}"; do
-    [[ " ${ALL[*]} " == *" $d "* ]] || die "unknown drill '$d' (known: ${ALL[*]})"
+drills=()
+for d in "$@"; do
+    [[ $d == timelimit ]] && d=warn-batch # its name before the job-step launch
+    [[ " ${ALL[*]} " == *" $d "* ]] || die "unknown drill '$d' (known: ${ALL[*]}; timelimit = warn-batch)"
+    [[ " ${drills[*]} " == *" $d "* ]] || drills+=("$d")
 done
+((${#drills[@]})) || drills=("${ALL[@]}")
 
 for tool in sbatch scontrol scancel squeue sinfo git python3; do
     command -v "$tool" >/dev/null || die "$tool not found (for a local cluster: slurm/local-cluster.sh up)"
@@ -223,6 +233,7 @@ judge() {
         --state "$state" --restarts "${restarts:--1}" --exit-code "$exit_code" \
         --repo "$wd/results.git" ${REF:+--reference "$REF"} --max-steps "$STEPS" --every "$EVERY" \
         --grace "$GRACE" --seconds "$(elapsed "$t_start")" --verify-rc "$verify_rc" \
+        --job-output "$wd/slurm-$job.out" \
         --out "$wd/summary.json" "${notes[@]}" "$@"
 }
 
@@ -247,14 +258,18 @@ under_way() {
 }
 
 # --- the drills ---
-drill_term() {
-    submit term || return 1
+# Stops the job mid-training with `scancel ARGS JOB`, as a user would.
+scancel_drill() {
+    submit "$name" || return 1
     under_way || return 1
     action=$(now)
-    log "term: scancel -s TERM --batch $job"
-    scancel -s TERM --batch "$job"
+    log "$name: scancel $* $job"
+    scancel "$@" "$job"
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
+drill_term() { scancel_drill -s TERM; }
+drill_term-batch() { scancel_drill -s TERM --batch; }
+drill_usr1() { scancel_drill -s USR1; }
 
 drill_preempt() {
     submit preempt || return 1
@@ -290,21 +305,26 @@ start_probe() {
     probe_pid=$!
 }
 
-drill_timelimit() {
+# The time-limit warning: --time=1 with --signal=SPEC@50, submitted a few
+# seconds before a controller tick so the warning comes mid-training.
+# Usage: warning_drill SIGNAL_SPEC
+warning_drill() {
     local tick lead=4 next
-    [[ -n $probe_pid ]] && wait "$probe_pid"
+    [[ -n $probe_pid ]] && { wait "$probe_pid"; probe_pid=; }
     tick=$(cat "$TICK_FILE" 2>/dev/null)
     if [[ -n $tick ]]; then
         next=$(awk -v t="$tick" -v n="$(now)" -v l="$lead" 'BEGIN { while (t - l < n + 0.5) t += 30; printf "%.3f", t }')
-        log "timelimit: controller tick seen at $(date -d "@${tick%.*}" +%T); submitting ${lead}s before the one at $(date -d "@${next%.*}" +%T)"
+        log "$name: controller tick seen at $(date -d "@${tick%.*}" +%T); submitting ${lead}s before the one at $(date -d "@${next%.*}" +%T)"
         sleep "$(awk -v t="$next" -v n="$(now)" -v l="$lead" 'BEGIN { printf "%.3f", t - l - n }')"
     else
-        log "timelimit: the probe saw no time-limit tick; submitting anyway"
+        log "$name: the probe saw no time-limit tick; submitting anyway"
     fi
-    submit timelimit --time=1 --signal=B:TERM@50 || return 1
+    submit "$name" --time=1 "--signal=$1@50" || return 1
     wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
+drill_warn() { warning_drill TERM; }
+drill_warn-batch() { warning_drill B:TERM; }
 
 # The stepd processes of $job on this machine that belong to our cluster, and
 # all their descendants.
@@ -376,7 +396,7 @@ trap on_exit EXIT
 trap 'exit 130' INT TERM
 
 log "drills: ${drills[*]}; binary $BIN; work folder $WORK"
-[[ " ${drills[*]} " == *" timelimit "* ]] && start_probe
+[[ " ${drills[*]} " == *" warn"* ]] && start_probe
 failed=0
 for d in "${drills[@]}"; do
     name=$d job= high= action= EXTRA_JSON='{}' NOTES=() run= wd=

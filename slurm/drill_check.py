@@ -14,6 +14,14 @@ import subprocess
 import sys
 
 
+# Drills that end the first attempt with a graceful stop (a checkpoint of the
+# current step); those after which rekindle requeues the job itself; those
+# whose signal reaches only the batch shell, which forwards it to the step.
+GRACEFUL = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "preempt", "cancel")
+REQUEUED_BY_REKINDLE = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit")
+FORWARDED = ("term-batch", "warn-batch", "timelimit")
+
+
 def read_events(run_dir):
     events = []
     try:
@@ -81,6 +89,7 @@ def main():
     p.add_argument("--verify-rc", type=int, default=None, help="exit code of `rekindle verify`")
     p.add_argument("--extra", default="{}", help="JSON object of drill-specific facts")
     p.add_argument("--note", action="append", default=[], help="a failure drill.sh saw itself")
+    p.add_argument("--job-output", default="", help="the job's output file (orchestrator.slurm's lines)")
     p.add_argument("--out", default="")
     a = p.parse_args()
     extra = json.loads(a.extra)
@@ -155,21 +164,22 @@ def main():
             check(f"attempt {r['attempt']} resumed from the newest checkpoint", ok,
                   f"resumed from {r['from_step']}, newest recorded by attempt {r['attempt'] - 1}: {newest}")
 
-    if a.drill in ("term", "preempt", "timelimit", "cancel"):
+    if a.drill in GRACEFUL:
         s = graceful[0] if graceful else None
-        check("stopped on SIGTERM with a checkpoint of the current step", s is not None and s["signal"] == "SIGTERM",
+        want = "SIGUSR1" if a.drill == "usr1" else "SIGTERM"
+        check(f"stopped on {want} with a checkpoint of the current step", s is not None and s["signal"] == want,
               f"first stop: {s}")
         if s:
             t = s["seconds_to_durable_checkpoint"]
             check("checkpoint durable within the grace period", t is not None and t < a.grace,
                   f"{t} s < {a.grace} s")
-    if a.drill in ("term", "preempt", "timelimit"):
+    if a.drill in GRACEFUL and a.drill != "cancel":
         for s in graceful:
             nxt = next((r for r in resumes if r["attempt"] == s["attempt"] + 1), None)
             check(f"attempt {s['attempt'] + 1} resumed from exactly the stopped step with 0 steps lost",
                   nxt is not None and nxt["from_step"] == s["step"] and nxt["steps_lost"] == 0,
                   f"stopped at {s['step']}, resumed: {nxt}")
-    if a.drill in ("term", "timelimit") and graceful:
+    if a.drill in REQUEUED_BY_REKINDLE and graceful:
         req = graceful[0]["requeue"]
         check("rekindle requeued the job itself", req.get("decision") == "requeue"
               and req.get("answer") in ("requeued", "already_pending"), json.dumps(req))
@@ -188,6 +198,20 @@ def main():
               f"{len(attempts)} attempts, Restarts={a.restarts}")
         req = graceful[0]["requeue"] if graceful else {}
         check("rekindle decided not to requeue", req.get("decision") == "skip", json.dumps(req))
+    launches = forwards = None
+    if a.job_output:
+        try:
+            with open(a.job_output, encoding="utf-8", errors="replace") as f:
+                out = f.read()
+            launches = out.count(": srun ")
+            forwards = out.count("batch shell got SIG")
+        except OSError:
+            pass
+        check("every attempt ran rekindle as a job step (srun)", launches is not None and launches >= len(attempts),
+              f"{launches} srun launches in {a.job_output} for {len(attempts)} attempts")
+        if a.drill in FORWARDED:
+            check("the batch shell forwarded the signal to the step", bool(forwards),
+                  f"{forwards} forwarding lines in {a.job_output}")
     if a.verify_rc is not None:
         check("rekindle verify", a.verify_rc == 0, f"exit {a.verify_rc}")
 
@@ -221,6 +245,8 @@ def main():
         "publish": {"commits": len(log), "expected": expected_commits, "messages": log[::-1]},
         "identical_to_reference": next((c["ok"] for c in checks if c["check"].startswith("model and optimizer")), None),
         "seconds": round(a.seconds, 1),
+        "step_launches": launches,
+        "batch_shell_forwards": forwards,
         "extra": extra,
         "failed_checks": failed,
         "checks": len(checks),

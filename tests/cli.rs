@@ -97,3 +97,24 @@ fn run_with_a_missing_config_file_is_a_config_error_naming_the_path() {
     assert!(stderr.contains(&missing.display().to_string()), "the error names the path:\n{stderr}");
     assert!(!Path::new(&run_dir).exists(), "nothing is created for a missing config");
 }
+
+#[test]
+fn a_job_step_of_two_tasks_is_refused_with_exit_78_and_nothing_is_written() {
+    // What `srun -n 2 rekindle run ...` (or `sbatch -n 2` with a step) looks
+    // like to each task: two copies would train the same run directory.
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let out = rekindle()
+        .args(["run", "--config", tiny_config().to_str().unwrap(), "--run-dir", run_dir.to_str().unwrap()])
+        .env("SLURM_JOB_ID", "41")
+        .env("SLURM_STEP_ID", "0")
+        .env("SLURM_STEP_NUM_TASKS", "2")
+        .env("SLURM_PROCID", "1")
+        .output()
+        .expect("start rekindle");
+    let (code, _, stderr) = outcome(&out);
+    assert_eq!(code, EXIT_CONFIG, "{stderr}");
+    assert!(stderr.contains("SLURM started 2 tasks"), "{stderr}");
+    assert!(stderr.contains("srun -n 1"), "the error says what to do instead: {stderr}");
+    assert!(!run_dir.exists(), "a refused run must not create its run directory");
+}

@@ -22,6 +22,13 @@ pub enum RunError {
     ConfigChanged { path: PathBuf, diff: Vec<String> },
     #[error("cannot read the previous config {path}: {reason}; fix or remove it")]
     PreviousConfig { path: PathBuf, reason: String },
+    #[error(
+        "SLURM started {tasks} tasks of this program in one job step (SLURM_STEP_NUM_TASKS={tasks}), \
+         but this rekindle trains one process per run: every task would train the same run in the same directory; \
+         launch one task (`srun -n 1 ...`, or submit slurm/orchestrator.slurm without -n/--ntasks) and ask for that \
+         task's GPUs with --gres"
+    )]
+    SeveralTasks { tasks: u32 },
     #[error("cannot prepare run directory {path}: {source}")]
     RunDir { path: PathBuf, source: io::Error },
     #[error(transparent)]
@@ -72,9 +79,10 @@ impl RunError {
     /// The exit code this error maps to.
     pub fn outcome(&self) -> Outcome {
         match self {
-            RunError::Config(_) | RunError::ConfigChanged { .. } | RunError::PreviousConfig { .. } => {
-                Outcome::ConfigError
-            }
+            RunError::Config(_)
+            | RunError::ConfigChanged { .. }
+            | RunError::PreviousConfig { .. }
+            | RunError::SeveralTasks { .. } => Outcome::ConfigError,
             _ => Outcome::Failure,
         }
     }

@@ -64,6 +64,9 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let loaded = config::load(&opts.config_path, &opts.overrides)?;
     let cfg = loaded.config;
     let slurm = SlurmEnv::from_process();
+    if let Some(tasks) = slurm.several_tasks() {
+        return Err(RunError::SeveralTasks { tasks });
+    }
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.

@@ -23,6 +23,12 @@ pub struct SlurmEnv {
     pub hip_visible_devices: Option<String>,
     /// Unix time at which the job's time limit ends, when SLURM exports it.
     pub end_time: Option<i64>,
+    /// The job step this process runs in (`SLURM_STEP_ID`), when launched by
+    /// `srun`; `None` in the batch shell or outside SLURM.
+    pub step_id: Option<String>,
+    /// Tasks of this job step (`SLURM_STEP_NUM_TASKS`): how many copies of
+    /// this program `srun` started. `None` outside a step (the batch shell).
+    pub tasks: Option<u32>,
 }
 
 impl SlurmEnv {
@@ -48,6 +54,8 @@ impl SlurmEnv {
             rocr_visible_devices: env.get("ROCR_VISIBLE_DEVICES").cloned(),
             hip_visible_devices: env.get("HIP_VISIBLE_DEVICES").cloned(),
             end_time: get("SLURM_JOB_END_TIME").and_then(|v| v.parse().ok()),
+            step_id: get("SLURM_STEP_ID").or_else(|| get("SLURM_STEPID")),
+            tasks: get("SLURM_STEP_NUM_TASKS").and_then(|v| v.parse().ok()),
         }
     }
 
@@ -62,6 +70,13 @@ impl SlurmEnv {
             (Some(array), Some(task)) => Some(format!("{array}_{task}")),
             _ => self.job_id.clone(),
         }
+    }
+
+    /// More than one task started this program in one step (`srun -n 2`):
+    /// each would train the same run. Returns how many, for the error that
+    /// refuses it. A batch shell of a many-task job is one process: not counted.
+    pub fn several_tasks(&self) -> Option<u32> {
+        self.tasks.filter(|n| *n > 1)
     }
 
     /// This node's name: SLURMD_NODENAME, else the host name.
@@ -95,6 +110,20 @@ mod tests {
     fn array_task_is_addressed_as_array_underscore_task() {
         let e = env(&[("SLURM_JOB_ID", "1234"), ("SLURM_ARRAY_JOB_ID", "1200"), ("SLURM_ARRAY_TASK_ID", "7")]);
         assert_eq!(e.control_id().as_deref(), Some("1200_7"));
+    }
+
+    #[test]
+    fn a_step_of_two_tasks_is_several_tasks_and_one_task_is_not() {
+        let two =
+            env(&[("SLURM_JOB_ID", "5"), ("SLURM_STEP_ID", "0"), ("SLURM_STEP_NUM_TASKS", "2"), ("SLURM_NTASKS", "2")]);
+        assert_eq!(two.several_tasks(), Some(2));
+        assert_eq!(two.step_id.as_deref(), Some("0"));
+        let one =
+            env(&[("SLURM_JOB_ID", "5"), ("SLURM_STEP_ID", "0"), ("SLURM_STEP_NUM_TASKS", "1"), ("SLURM_NTASKS", "4")]);
+        assert_eq!(one.several_tasks(), None, "the step's own task count wins over the job's");
+        let batch = env(&[("SLURM_JOB_ID", "5"), ("SLURM_NTASKS", "2")]);
+        assert_eq!(batch.several_tasks(), None, "the batch shell of a 2-task job is one process");
+        assert_eq!(env(&[]).several_tasks(), None);
     }
 
     #[test]
