@@ -30,6 +30,9 @@
 #               Needs the local cluster (slurm/local-cluster.sh).
 #   cancel      plain scancel: rekindle saves, does not requeue; the job ends
 #               CANCELLED.
+#   tasks       `sbatch -N2 -n2 slurm/orchestrator.slurm ...`, which this
+#               rekindle cannot run: refused at once with a message naming the
+#               option (job FAILED, ExitCode 2:0), no run directory written.
 #
 # Each drill prints one PASS/FAIL line and a one-line JSON summary (attempts,
 # node of each attempt, steps lost, seconds from signal to durable checkpoint,
@@ -66,7 +69,7 @@ set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
-ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel)
+ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel tasks)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -386,6 +389,28 @@ drill_cancel() {
     sleep 5
 }
 
+# A submission that cannot work fails at once and says why. Judged here
+# (there is no run to judge); prints the same two lines as the others.
+drill_tasks() {
+    local state exit_code out ok=PASS why=()
+    t_start=$(now)
+    submit tasks -N2 -n2 || return 1
+    wait_until "the job to end" 120 job_final "$job" || why+=("did not end")
+    state=$(job_field "$job" JobState)
+    exit_code=$(job_field "$job" ExitCode)
+    out=$(cat "$wd/slurm-$job.out" 2>/dev/null)
+    [[ $state == FAILED && $exit_code == 2:0 ]] || why+=("JobState=$state ExitCode=$exit_code, want FAILED 2:0")
+    grep -q "this job has 2 tasks" <<<"$out" || why+=("the output does not say the job has 2 tasks")
+    grep -q "submit with one task on one node" <<<"$out" || why+=("the output does not say what to do")
+    [[ ! -e $run ]] || why+=("a run directory was written")
+    ((${#why[@]} == 0)) || ok=FAIL
+    echo "$ok tasks: sbatch -N2 -n2 refused: JobState=$state ExitCode=$exit_code, $(elapsed "$t_start") s${why[*]:+ -- failed: ${why[*]}}"
+    printf '{"drill":"tasks","result":"%s","job_id":"%s","attempts":0,"final_state":"%s","exit_code":"%s"}\n' \
+        "$ok" "$job" "$state" "$exit_code"
+    [[ $ok == PASS ]] && return 3
+    return 4
+}
+
 # Interrupted (Ctrl-C, a CI timeout): leave no drill job behind.
 on_exit() {
     local p
@@ -403,7 +428,8 @@ for d in "${drills[@]}"; do
     t_start=$(now)
     "drill_$d"
     rc=$?
-    if ((rc == 3)); then continue; fi
+    if ((rc == 3)); then continue; fi # judged itself: passed (or skipped)
+    if ((rc == 4)); then failed=1; continue; fi # judged itself: failed
     cleanup_jobs "$job" "$high"
     if [[ -z $job ]]; then
         echo "FAIL $d: no job was submitted (${NOTES[*]:-})"

@@ -1,6 +1,6 @@
 //! The SLURM drills against a real SLURM: brings the local two-node cluster up
 //! (`slurm/local-cluster.sh`, which installs the Debian packages when they are
-//! missing), runs all five drills of `slurm/drill.sh` with the binary under
+//! missing), runs every drill of `slurm/drill.sh` with the binary under
 //! test, asserts each printed PASS, and brings the cluster down again.
 //!
 //! Skipped, with a loud SKIPPED line, only where SLURM cannot be installed at
@@ -11,7 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 5] = ["term", "preempt", "timelimit", "nodeloss", "cancel"];
+const DRILLS: [&str; 9] =
+    ["term", "term-batch", "usr1", "warn", "warn-batch", "preempt", "nodeloss", "cancel", "tasks"];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -70,7 +71,7 @@ fn summary_of<'a>(stdout: &'a str, drill: &str) -> Option<(&'a str, serde_json::
 }
 
 #[test]
-fn all_five_drills_pass_on_a_local_two_node_slurm_cluster() {
+fn every_drill_passes_on_a_local_two_node_slurm_cluster() {
     if let Some(why) = cannot_install_slurm() {
         assert!(std::env::var_os("CI").is_none(), "CI must run the SLURM drills, but {why}");
         eprintln!("\n*** SKIPPED: the SLURM drills: {why} (apt-get install slurmctld slurmd slurm-client munge) ***\n");
