@@ -197,3 +197,37 @@ fn pushes_rejected_by_a_pre_receive_hook_are_retried_until_accepted() {
     assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "3");
     assert_eq!(git(&bare, &["rev-list", "--count", "main"]).trim(), "1");
 }
+
+#[test]
+fn files_of_unknown_type_and_files_over_the_cap_are_refused_and_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let run = run_dir(tmp.path());
+    // An allow-list, not a list of weight formats: a pickle, a file with no
+    // extension and an archive never leave the run directory.
+    std::fs::write(run.join("samples/optimizer.pkl"), b"pickled tensors").unwrap();
+    std::fs::write(run.join("samples/state"), b"raw bytes").unwrap();
+    std::fs::write(run.join("samples/outputs.tar.gz"), b"archive").unwrap();
+    std::fs::write(run.join("samples/big.txt"), vec![b'x'; (1 << 20) + 1]).unwrap();
+    let cfg = PublishSection { max_file_mib: 1, ..section(&clone) };
+    let report = publish(&request(&cfg, &run, "finished", None)).unwrap();
+    assert!(report.pushed, "{report:?}");
+
+    let files = git(&bare, &["ls-tree", "-r", "--name-only", "main"]);
+    assert!(files.contains("runs/demo/samples/a.txt"), "{files}");
+    for refused in ["optimizer.pkl", "samples/state", "outputs.tar.gz", "big.txt", "leak.safetensors"] {
+        assert!(!files.contains(refused), "{refused} was pushed:\n{files}");
+    }
+    let reason = |file: &str| {
+        report.refused.iter().find(|r| r.file == file).map(|r| r.reason.clone()).unwrap_or_else(|| {
+            panic!("{file} is not reported as refused: {:?}", report.refused);
+        })
+    };
+    for file in ["samples/optimizer.pkl", "samples/state", "samples/outputs.tar.gz", "samples/leak.safetensors"] {
+        assert!(reason(file).contains("not a publishable type"), "{file}: {}", reason(file));
+    }
+    assert!(reason("samples/big.txt").contains("max_file_mib = 1 MiB"), "{}", reason("samples/big.txt"));
+    // The report is what the `publish` event records.
+    let event = serde_json::to_value(&report).unwrap();
+    assert_eq!(event["refused"].as_array().map(Vec::len), Some(5), "{event}");
+}

@@ -380,8 +380,12 @@ pub struct PublishSection {
     /// Commit message template (default names run, step, job id and reason);
     /// `{run}`, `{step}`, `{job}`, `{reason}`, `{node}` are replaced.
     pub message: Option<String>,
-    /// Extra run-directory files to publish (glob patterns; weights are never published).
+    /// Extra run-directory files to publish (glob patterns). Only small text
+    /// artefacts and figures are published (`publish::PUBLISHABLE_EXTENSIONS`);
+    /// weights never are.
     pub include: Vec<String>,
+    /// Largest file published, in MiB; a larger one is left out with a warning.
+    pub max_file_mib: u64,
     /// Push attempts before giving up (the commit stays local and is pushed by the next run).
     pub max_attempts: u32,
     /// Wait before the second push attempt; doubles each time.
@@ -401,6 +405,7 @@ impl Default for PublishSection {
             branch: "main".into(),
             message: None,
             include: Vec::new(),
+            max_file_mib: 50,
             max_attempts: 5,
             retry_initial: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),

@@ -49,8 +49,19 @@ pub struct PublishReport {
     pub pushed: bool,
     pub attempts: u32,
     pub files: Vec<String>,
+    /// Files that were not published, each with the reason (type not on the
+    /// allow-list, over `[publish] max_file_mib`, or under `checkpoints/`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedFile>,
     /// The last push error, when not pushed (secrets redacted).
     pub last_error: Option<String>,
+}
+
+/// A run-directory file publishing left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusedFile {
+    pub file: String,
+    pub reason: String,
 }
 
 /// Errors that prevent even the local commit.
@@ -66,10 +77,35 @@ pub enum PublishError {
     Pattern { pattern: String, reason: String },
 }
 
-/// Files that hold weights are never published, whatever `include` says.
-fn is_weights(rel: &str) -> bool {
-    const WEIGHT_EXTS: [&str; 7] = [".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".npz", ".gguf"];
-    rel.starts_with("checkpoints/") || WEIGHT_EXTS.iter().any(|ext| rel.ends_with(ext))
+/// The kinds of file publishing may copy: small text artefacts and figures.
+/// An allow-list, not a deny-list of weight formats: a file of any other
+/// type (weights under any name, archives, binaries, pickles) is never pushed.
+pub const PUBLISHABLE_EXTENSIONS: [&str; 13] =
+    ["json", "jsonl", "toml", "yaml", "yml", "txt", "md", "csv", "tsv", "log", "html", "svg", "png"];
+
+/// Whether the run-directory file `rel` (of `size` bytes) may be published,
+/// or why not. Pure: the whole publishing policy, tested without a disk.
+pub fn admit(rel: &str, size: u64, max_bytes: u64) -> Result<(), String> {
+    if rel.starts_with("checkpoints/") {
+        return Err("checkpoint contents are never published (only the newest MANIFEST.json is)".into());
+    }
+    let ext = Path::new(rel).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    match ext {
+        Some(ext) if PUBLISHABLE_EXTENSIONS.contains(&ext.as_str()) => {}
+        _ => {
+            return Err(format!(
+                "not a publishable type (allowed: .{}); weights and other binary files are never published",
+                PUBLISHABLE_EXTENSIONS.join(", .")
+            ));
+        }
+    }
+    if size > max_bytes {
+        return Err(format!(
+            "{size} bytes is over [publish] max_file_mib = {} MiB; raise it or leave the file out of [publish] include",
+            max_bytes >> 20
+        ));
+    }
+    Ok(())
 }
 
 /// Removes credentials from a URL (`https://user:token@host/x` → `https://***@host/x`).
@@ -92,19 +128,22 @@ fn redact_message(msg: &str) -> String {
         .join(" ")
 }
 
-/// The (repository path, local file) pairs to publish.
-fn collect_files(req: &PublishRequest<'_>) -> Result<Vec<(String, PathBuf)>, PublishError> {
-    let mut files = Vec::new();
+/// (path in the repository under `runs/<run>/`, file in the run directory).
+type Artefact = (String, PathBuf);
+
+/// The artefacts to publish, and the files left out.
+fn collect_files(req: &PublishRequest<'_>) -> Result<(Vec<Artefact>, Vec<RefusedFile>), PublishError> {
+    let mut candidates = Vec::new();
     for name in ["config.toml", "metrics.jsonl", "events.jsonl", "summary.json", "gpu_stats.jsonl"] {
         let path = req.run_dir.join(name);
         if path.is_file() {
-            files.push((name.to_string(), path));
+            candidates.push((name.to_string(), path));
         }
     }
     if let Some(manifest) = &req.newest_manifest
         && manifest.is_file()
     {
-        files.push(("MANIFEST.json".to_string(), manifest.clone()));
+        candidates.push(("MANIFEST.json".to_string(), manifest.clone()));
     }
     for pattern in &req.cfg.include {
         let full = req.run_dir.join(pattern);
@@ -113,17 +152,24 @@ fn collect_files(req: &PublishRequest<'_>) -> Result<Vec<(String, PathBuf)>, Pub
         for path in paths.flatten() {
             let Ok(rel) = path.strip_prefix(req.run_dir) else { continue };
             let rel = rel.to_string_lossy().into_owned();
-            if !path.is_file() || files.iter().any(|(r, _)| *r == rel) {
-                continue;
+            if path.is_file() && !candidates.iter().any(|(r, _)| *r == rel) {
+                candidates.push((rel, path));
             }
-            if is_weights(&rel) {
-                tracing::warn!(file = %rel, "not publishing weights matched by [publish] include");
-                continue;
-            }
-            files.push((rel, path));
         }
     }
-    Ok(files)
+    let max_bytes = req.cfg.max_file_mib.saturating_mul(1 << 20);
+    let (mut files, mut refused) = (Vec::new(), Vec::new());
+    for (rel, path) in candidates {
+        let size = std::fs::metadata(&path).map_err(|source| PublishError::Read { path: path.clone(), source })?.len();
+        match admit(&rel, size, max_bytes) {
+            Ok(()) => files.push((rel, path)),
+            Err(reason) => {
+                tracing::warn!(file = %rel, %reason, "not publishing");
+                refused.push(RefusedFile { file: rel, reason });
+            }
+        }
+    }
+    Ok((files, refused))
 }
 
 /// Returns `base` with `blob` at `path` (creating intermediate trees).
@@ -198,7 +244,7 @@ pub fn publish(req: &PublishRequest<'_>) -> Result<PublishReport, PublishError> 
     };
     let base_tree = parent.as_ref().map(|c| c.tree()).transpose().map_err(git("reading the tree"))?;
 
-    let files = collect_files(req)?;
+    let (files, refused) = collect_files(req)?;
     let mut tree_oid = match &base_tree {
         Some(t) => t.id(),
         None => repo.treebuilder(None).and_then(|b| b.write()).map_err(git("creating a tree"))?,
@@ -212,7 +258,8 @@ pub fn publish(req: &PublishRequest<'_>) -> Result<PublishReport, PublishError> 
         tree_oid = upsert(&repo, Some(&base), &components, blob).map_err(git("building the tree"))?;
     }
 
-    let mut report = PublishReport { files: files.iter().map(|(r, _)| r.clone()).collect(), ..Default::default() };
+    let mut report =
+        PublishReport { files: files.iter().map(|(r, _)| r.clone()).collect(), refused, ..Default::default() };
     if base_tree.as_ref().map(|t| t.id()) != Some(tree_oid) {
         let tree = repo.find_tree(tree_oid).map_err(git("reading the tree"))?;
         let sig = repo
@@ -399,12 +446,22 @@ mod tests {
     }
 
     #[test]
-    fn weights_are_never_published() {
-        for w in ["checkpoints/step-1/state.json", "model.safetensors", "x/y.pt", "w.bin"] {
-            assert!(is_weights(w), "{w}");
+    fn only_allowed_types_under_the_size_cap_are_published() {
+        const MIB: u64 = 1 << 20;
+        for ok in ["metrics.jsonl", "samples/a.txt", "plots/loss.svg", "plots/LOSS.PNG", "notes.md", "eval.csv"] {
+            assert_eq!(admit(ok, 10, MIB), Ok(()), "{ok}");
         }
-        for ok in ["metrics.jsonl", "samples/a.txt", "plots/loss.svg"] {
-            assert!(!is_weights(ok), "{ok}");
+        for weights in ["model.safetensors", "x/y.pt", "w.bin", "opt.ckpt", "a.npz", "m.gguf", "w.pkl", "w.h5"] {
+            let why = admit(weights, 10, MIB).unwrap_err();
+            assert!(why.contains("not a publishable type"), "{weights}: {why}");
         }
+        for unknown in ["Makefile", "archive.tar.gz", "core", "data.parquet", "run.jsonl.bak"] {
+            assert!(admit(unknown, 10, MIB).is_err(), "a file of unknown type is never pushed: {unknown}");
+        }
+        let why = admit("checkpoints/step-1/state.json", 10, MIB).unwrap_err();
+        assert!(why.contains("checkpoint contents"), "{why}");
+        assert_eq!(admit("metrics.jsonl", MIB, MIB), Ok(()), "the cap itself is allowed");
+        let why = admit("metrics.jsonl", MIB + 1, MIB).unwrap_err();
+        assert!(why.contains("over [publish] max_file_mib = 1 MiB"), "{why}");
     }
 }
