@@ -19,15 +19,17 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use crate::checkpoint::{CheckpointStore, MANIFEST_FILE, SaveReport, Snapshot};
 use crate::config::{self, Config};
 use crate::exit::Outcome;
 use crate::gpu::Monitor;
 use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, Decision, RequeueInput, Scontrol, SlurmControl, SlurmEnv, StopKind};
-use crate::telemetry::{EventLog, JsonlWriter, now_rfc3339};
+use crate::telemetry::{
+    CheckpointFailed, CheckpointRejected, CheckpointSaved, ErrorEvent, Event, EventContext, EventLog, Finish,
+    FreshStart, JsonlWriter, MetricsLine, Nonfinite, PublishOutcome, RequeueRecord, Resume, Signal, Start, StepLine,
+    Stop, Summary, SummaryState, ValLine, metrics_step, now_rfc3339,
+};
 use crate::train::{NonFiniteEvent, StepMetrics, StepResult, TrainError, Trainer};
 
 use super::deadline::{Deadline, SignalResponse, response_to_signal};
@@ -127,20 +129,23 @@ impl Attempt {
         // The placement plan needs the model's size, so the trainer comes first.
         let mut trainer = Trainer::new(&cfg)?;
         let mut devices = Devices::select(&cfg, &mut trainer)?;
-        events.record(
-            "start",
-            json!({"pid": std::process::id(), "rekindle_version": env!("CARGO_PKG_VERSION"),
-                   "run_dir": dir.root, "allocation": slurm, "max_steps": cfg.run.max_steps,
-                   "placement": devices.describe()}),
-        )?;
+        events.record(&Event::Start(Start {
+            pid: std::process::id(),
+            rekindle_version: env!("CARGO_PKG_VERSION").into(),
+            run_dir: dir.root.clone(),
+            allocation: serde_json::to_value(&slurm).unwrap_or_default(),
+            max_steps: cfg.run.max_steps,
+            placement: devices.describe(),
+        }))?;
         devices.announce(&mut events)?;
         let outcome = store.load_latest()?;
         for rejected in &outcome.rejected {
             let reasons: Vec<String> = rejected.failures.iter().map(|f| f.to_string()).collect();
-            events.record(
-                "checkpoint_rejected",
-                json!({"step": rejected.step, "dir": rejected.dir, "failures": rejected.failures}),
-            )?;
+            events.record(&Event::CheckpointRejected(CheckpointRejected {
+                step: rejected.step,
+                dir: rejected.dir.clone(),
+                failures: serde_json::to_value(&rejected.failures).unwrap_or_default(),
+            }))?;
             tracing::warn!(step = rejected.step, reasons = %reasons.join("; "), "skipping checkpoint that does not verify");
         }
         let last_durable_step = outcome.loaded.as_ref().map(|l| l.snapshot.step);
@@ -148,7 +153,7 @@ impl Attempt {
             return Ok(Started::StoppedEarly(early));
         }
         let previous = previous_summary(&dir);
-        let resumes = previous.as_ref().and_then(|s| s["resumes"].as_u64()).unwrap_or(0);
+        let resumes = previous.as_ref().map(|s| s.resumes).unwrap_or(0);
         let last_logged = last_logged_step(&dir.path(METRICS_FILE));
         let (start_step, resumes) = match &outcome.loaded {
             Some(loaded) => {
@@ -161,14 +166,16 @@ impl Attempt {
                     .map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0);
                 let steps_lost = last_logged.map(|s| s.saturating_sub(snap.step)).unwrap_or(0);
                 tracing::info!(step = snap.step, dir = %loaded.dir.display(), steps_lost, "resumed from checkpoint");
-                events.record(
-                    "resume",
-                    json!({"step": snap.step, "from": loaded.dir,
-                           "previous_node": snap.state["host"]["node"],
-                           "previous_attempt": snap.state["host"]["slurm_restart_count"],
-                           "this_node": slurm.node_name(), "restart_count": slurm.restart_count,
-                           "steps_lost": steps_lost, "seconds_since_checkpoint": since_checkpoint}),
-                )?;
+                events.record(&Event::Resume(Resume {
+                    step: snap.step,
+                    from: loaded.dir.clone(),
+                    previous_node: snap.state["host"]["node"].as_str().map(str::to_string),
+                    previous_attempt: snap.state["host"]["slurm_restart_count"].as_u64(),
+                    this_node: slurm.node_name(),
+                    restart_count: slurm.restart_count,
+                    steps_lost,
+                    seconds_since_checkpoint: since_checkpoint,
+                }))?;
                 (snap.step, resumes + 1)
             }
             None => {
@@ -179,10 +186,10 @@ impl Attempt {
                         rejected = outcome.rejected.len(),
                         "NO CHECKPOINT VERIFIES: starting fresh from step 0 (the invalid ones are kept for inspection)"
                     );
-                    events.record(
-                        "fresh_start",
-                        json!({"reason": "no checkpoint verifies", "rejected": outcome.rejected.len()}),
-                    )?;
+                    events.record(&Event::FreshStart(FreshStart {
+                        reason: "no checkpoint verifies".into(),
+                        rejected: outcome.rejected.len(),
+                    }))?;
                 }
                 (0, resumes)
             }
@@ -244,8 +251,9 @@ impl Attempt {
             && !matches!(e, RunError::LockLost { .. })
         {
             // Best effort: the error itself is what the caller must see.
-            let _ = self.events.record("error", json!({"step": self.trainer.step(), "error": e.to_string()}));
-            let _ = self.write_summary("failed");
+            let _ =
+                self.events.record(&Event::Error(ErrorEvent { step: Some(self.trainer.step()), error: e.to_string() }));
+            let _ = self.write_summary(SummaryState::Failed);
             let _ = self.events.sync();
         }
         result
@@ -302,9 +310,7 @@ impl Attempt {
             "step"
         );
         if m.step.is_multiple_of(self.cfg.train.log_every) || m.step == max_steps {
-            let mut line = m.to_json();
-            line["time"] = now_rfc3339().into();
-            self.metrics.append(&line)?;
+            self.metrics.append(&MetricsLine::Step(step_line(m)))?;
         }
         if m.loss.is_finite() {
             self.last_loss = Some(m.loss);
@@ -314,7 +320,11 @@ impl Attempt {
         let eval_every = self.cfg.train.eval_every;
         if eval_every > 0 && m.step.is_multiple_of(eval_every) && !self.stop.is_set() {
             let val_loss = self.trainer.evaluate()?;
-            self.metrics.append(&json!({"step": m.step, "val_loss": val_loss, "time": now_rfc3339()}))?;
+            self.metrics.append(&MetricsLine::Val(ValLine {
+                step: m.step,
+                val_loss: Some(val_loss),
+                time: now_rfc3339(),
+            }))?;
         }
         if self.periodic_checkpoint_due(m.step) && m.step < max_steps && self.stop_reason().is_none() {
             self.periodic_checkpoint()?;
@@ -377,20 +387,23 @@ impl Attempt {
                 tracing::warn!(step = p.step, error = %e, "checkpoint committed with a warning");
                 self.consecutive_failures = 0;
                 self.last_durable_step = Some(p.step);
-                self.events.record(
-                    "checkpoint_saved",
-                    json!({"step": p.step, "kind": "periodic", "warning": e.to_string()}),
-                )?;
+                self.events.record(&Event::CheckpointSaved(CheckpointSaved {
+                    step: p.step,
+                    kind: "periodic".into(),
+                    warning: Some(e.to_string()),
+                    ..CheckpointSaved::default()
+                }))?;
                 Ok(())
             }
             Err(e) => {
                 self.consecutive_failures += 1;
                 tracing::warn!(step = p.step, error = %e, failures_in_a_row = self.consecutive_failures, "background checkpoint failed; training continues, earlier checkpoints are intact");
-                self.events.record(
-                    "checkpoint_failed",
-                    json!({"step": p.step, "kind": "periodic", "error": e.to_string(),
-                           "consecutive_failures": self.consecutive_failures}),
-                )?;
+                self.events.record(&Event::CheckpointFailed(CheckpointFailed {
+                    step: p.step,
+                    kind: "periodic".into(),
+                    error: e.to_string(),
+                    consecutive_failures: Some(self.consecutive_failures),
+                }))?;
                 if self.consecutive_failures >= self.cfg.checkpoint.max_consecutive_failures {
                     return Err(RunError::CheckpointsFailing { count: self.consecutive_failures, last: e });
                 }
@@ -413,12 +426,19 @@ impl Attempt {
             persist_s = format!("{:.3}", r.seconds),
             "checkpoint saved"
         );
-        self.events.record(
-            "checkpoint_saved",
-            json!({"step": r.step, "kind": kind, "bytes": r.bytes, "payload_bytes": payload,
-                   "snapshot_seconds": stall, "persist_seconds": r.seconds, "gb_per_s": gbps,
-                   "already_existed": r.already_existed, "dir": r.dir, "rotated_out": r.rotated_out}),
-        )?;
+        self.events.record(&Event::CheckpointSaved(CheckpointSaved {
+            step: r.step,
+            kind: kind.into(),
+            bytes: Some(r.bytes),
+            payload_bytes: Some(payload),
+            snapshot_seconds: Some(stall),
+            persist_seconds: Some(r.seconds),
+            gb_per_s: Some(gbps),
+            already_existed: Some(r.already_existed),
+            dir: Some(r.dir.clone()),
+            rotated_out: Some(r.rotated_out.clone()),
+            warning: None,
+        }))?;
         Ok(())
     }
 
@@ -428,7 +448,7 @@ impl Attempt {
             step: snap.step,
             model: snap.model,
             optimizer: snap.optimizer,
-            state: json!({
+            state: serde_json::json!({
                 "step": snap.step,
                 "train": snap.state,
                 "config_hash": config::training_hash(&self.cfg),
@@ -458,10 +478,12 @@ impl Attempt {
                 tracing::warn!(step = snapshot.step, error = %e, "checkpoint committed with a warning");
                 self.last_checkpoint = Instant::now();
                 self.last_durable_step = Some(snapshot.step);
-                self.events.record(
-                    "checkpoint_saved",
-                    json!({"step": snapshot.step, "kind": kind, "warning": e.to_string()}),
-                )?;
+                self.events.record(&Event::CheckpointSaved(CheckpointSaved {
+                    step: snapshot.step,
+                    kind: kind.into(),
+                    warning: Some(e.to_string()),
+                    ..CheckpointSaved::default()
+                }))?;
                 Ok(SaveReport {
                     step: snapshot.step,
                     dir: self.store.step_dir(snapshot.step),
@@ -472,10 +494,12 @@ impl Attempt {
                 })
             }
             Err(e) => {
-                self.events.record(
-                    "checkpoint_failed",
-                    json!({"step": snapshot.step, "kind": kind, "error": e.to_string()}),
-                )?;
+                self.events.record(&Event::CheckpointFailed(CheckpointFailed {
+                    step: snapshot.step,
+                    kind: kind.into(),
+                    error: e.to_string(),
+                    consecutive_failures: None,
+                }))?;
                 Err(e.into())
             }
         }
@@ -485,15 +509,22 @@ impl Attempt {
         let step = self.trainer.step();
         self.checkpoint_now("final")?;
         devices::stop_monitor(self.monitor.take(), &mut self.events)?;
-        self.write_summary("finished")?;
+        self.write_summary(SummaryState::Finished)?;
         let published = self.publish("finished", None);
-        self.events.record("finish", json!({"step": step, "publish": published}))?;
+        self.events.record(&Event::Finish(Finish { step, publish: published }))?;
         tracing::info!(step, "training finished");
         Ok(Outcome::Done)
     }
 
     fn nonfinite_stop(&mut self, ev: NonFiniteEvent) -> Result<Outcome, RunError> {
-        self.events.record("nonfinite", json!({"step": ev.step, "loss": finite_or_null(ev.loss), "grad_norm": finite_or_null(ev.grad_norm), "action": "stop"}))?;
+        self.events.record(&Event::Nonfinite(Nonfinite {
+            step: ev.step,
+            loss: finite(ev.loss),
+            grad_norm: finite(ev.grad_norm),
+            action: "stop".into(),
+            restored_step: None,
+            skipped_batches: None,
+        }))?;
         self.checkpoint_now("stop")?;
         Err(RunError::NonFinite { step: ev.step, loss: ev.loss, grad_norm: ev.grad_norm })
     }
@@ -529,11 +560,14 @@ impl Attempt {
             skipped_batches = skipped,
             "non-finite step: rolled back to the last checkpoint and skipped past its data"
         );
-        self.events.record(
-            "nonfinite",
-            json!({"step": ev.step, "loss": finite_or_null(ev.loss), "grad_norm": finite_or_null(ev.grad_norm),
-                   "action": "rollback", "restored_step": snap.step, "skipped_batches": skipped}),
-        )?;
+        self.events.record(&Event::Nonfinite(Nonfinite {
+            step: ev.step,
+            loss: finite(ev.loss),
+            grad_norm: finite(ev.grad_norm),
+            action: "rollback".into(),
+            restored_step: Some(snap.step),
+            skipped_batches: Some(skipped),
+        }))?;
         truncate_metrics(&self.dir.path(METRICS_FILE), snap.step)?;
         self.metrics = JsonlWriter::open(self.dir.path(METRICS_FILE))?;
         Ok(())
@@ -549,11 +583,13 @@ impl Attempt {
             StopReason::StopAtStep => None,
         };
         tracing::warn!(reason = %reason.name(), step, "stop requested: writing a checkpoint of the last completed step");
-        self.events.record(
-            "signal",
-            json!({"signal": reason.name(), "arrival": instant_to_rfc3339(arrival), "step": step,
-                   "deadline_in_seconds": deadline.map(|d| d.remaining(Instant::now()).as_secs_f64())}),
-        )?;
+        self.events.record(&Event::Signal(Signal {
+            signal: reason.name(),
+            step: Some(step),
+            arrival: Some(instant_to_rfc3339(arrival)),
+            deadline_in_seconds: Some(deadline.map(|d| d.remaining(Instant::now()).as_secs_f64())),
+            before_training: false,
+        }))?;
         let exit_now = |flag: &StopFlag| {
             response_to_signal(flag.count()) == SignalResponse::ExitNow
                 || deadline.is_some_and(|d| d.passed(Instant::now()))
@@ -562,11 +598,13 @@ impl Attempt {
             tracing::error!(
                 "third signal or deadline passed before the checkpoint began: exiting at once; the previous checkpoint is intact"
             );
-            self.events.record(
-                "stop",
-                json!({"step": self.last_durable_step, "reason": reason.name(), "fast_exit": true,
-                       "signals_received": self.stop.count()}),
-            )?;
+            self.events.record(&Event::Stop(Stop {
+                step: self.last_durable_step,
+                reason: reason.name(),
+                fast_exit: true,
+                signals_received: Some(self.stop.count()),
+                ..Stop::default()
+            }))?;
             self.events.sync()?;
             return Ok(Outcome::StoppedWithCheckpoint);
         }
@@ -576,10 +614,10 @@ impl Attempt {
         if self.stop.count() >= 2 {
             tracing::warn!(signals = self.stop.count(), "more stop signals arrived during the checkpoint");
         }
-        self.write_summary("stopped")?;
+        self.write_summary(SummaryState::Stopped)?;
         let (published, requeue) = if exit_now(&self.stop) {
             tracing::warn!("skipping publish and requeue: third signal or deadline passed");
-            (json!({"skipped": "fast exit"}), json!({"decision": "skip", "reason": "fast exit"}))
+            (PublishOutcome::Skipped { skipped: "fast exit".into() }, RequeueRecord::skip("fast exit"))
         } else {
             // Requeueing comes last (it ends the job) and must not be starved
             // by a slow remote: publishing gets the time left minus a reserve.
@@ -592,12 +630,16 @@ impl Attempt {
             (published, requeue)
         };
         let left = deadline.map(|d| d.remaining(Instant::now()).as_secs_f64());
-        self.events.record(
-            "stop",
-            json!({"step": report.step, "reason": reason.name(), "seconds_to_durable_checkpoint": to_durable,
-                   "seconds_left": left, "signals_received": self.stop.count(), "publish": published,
-                   "requeue": requeue}),
-        )?;
+        self.events.record(&Event::Stop(Stop {
+            step: Some(report.step),
+            reason: reason.name(),
+            seconds_to_durable_checkpoint: Some(to_durable),
+            seconds_left: Some(left),
+            signals_received: Some(self.stop.count()),
+            publish: Some(published),
+            requeue: Some(requeue),
+            ..Stop::default()
+        }))?;
         self.events.sync()?;
         tracing::info!(
             step,
@@ -608,9 +650,9 @@ impl Attempt {
     }
 
     /// Publishes results when `[publish] enabled`; failures are logged, never fatal.
-    fn publish(&mut self, reason: &str, deadline: Option<Deadline>) -> serde_json::Value {
+    fn publish(&mut self, reason: &str, deadline: Option<Deadline>) -> PublishOutcome {
         if !self.cfg.publish.enabled {
-            return json!({"skipped": "publishing disabled"});
+            return PublishOutcome::Skipped { skipped: "publishing disabled".into() };
         }
         let newest_manifest = self.last_durable_step.map(|s| self.store.step_dir(s).join(MANIFEST_FILE));
         let req = PublishRequest {
@@ -624,40 +666,45 @@ impl Attempt {
             reason: reason.to_string(),
             deadline: deadline.map(|d| d.at),
         };
-        let value = match publish::publish(&req) {
-            Ok(report) => serde_json::to_value(&report).unwrap_or_default(),
+        let outcome = match publish::publish(&req) {
+            Ok(report) => PublishOutcome::Done {
+                commit: report.commit,
+                pushed: report.pushed,
+                attempts: report.attempts,
+                files: report.files,
+                last_error: report.last_error,
+            },
             Err(e) => {
                 tracing::error!(error = %e, "publishing failed");
-                json!({"error": e.to_string()})
+                PublishOutcome::Failed { error: e.to_string() }
             }
         };
-        let _ = self.events.record("publish", value.clone());
-        value
+        let _ = self.events.record(&Event::Publish(outcome.clone()));
+        outcome
     }
 
-    fn requeue(&mut self, reason: StopReason, deadline: Option<Deadline>) -> Result<serde_json::Value, RunError> {
+    fn requeue(&mut self, reason: StopReason, deadline: Option<Deadline>) -> Result<RequeueRecord, RunError> {
         let finished = self.trainer.step() >= self.cfg.run.max_steps;
         requeue_after_stop(&self.cfg, &self.slurm, reason, finished, deadline, &mut self.events)
     }
 
-    fn write_summary(&mut self, state: &str) -> Result<(), RunError> {
-        let summary = json!({
-            "state": state,
-            "run": self.cfg.run.name,
-            "steps": self.trainer.step(),
-            "max_steps": self.cfg.run.max_steps,
-            "final_loss": self.last_loss,
-            "best_loss": self.best_loss,
-            "wall_seconds_this_attempt": self.started.elapsed().as_secs_f64(),
-            "steps_this_attempt": self.trainer.step() - self.start_step,
-            "resumes": self.resumes,
-            "checkpoints_written_this_attempt": self.checkpoints_written,
-            "last_checkpoint_step": self.last_durable_step,
-            "updated_at": now_rfc3339(),
-        });
+    fn write_summary(&mut self, state: SummaryState) -> Result<(), RunError> {
+        let summary = Summary {
+            state,
+            run: self.cfg.run.name.clone(),
+            steps: self.trainer.step(),
+            max_steps: self.cfg.run.max_steps,
+            final_loss: self.last_loss,
+            best_loss: self.best_loss,
+            wall_seconds_this_attempt: self.started.elapsed().as_secs_f64(),
+            steps_this_attempt: self.trainer.step() - self.start_step,
+            resumes: self.resumes,
+            checkpoints_written_this_attempt: self.checkpoints_written,
+            last_checkpoint_step: self.last_durable_step,
+            updated_at: now_rfc3339(),
+        };
         let path = self.dir.path(SUMMARY_FILE);
-        rundir::write_atomically(&path, &serde_json::to_vec_pretty(&summary).expect("summary serialises"))
-            .map_err(|source| RunError::RunDir { path, source })
+        rundir::write_atomically(&path, &summary.to_bytes()).map_err(|source| RunError::RunDir { path, source })
     }
 }
 
@@ -674,19 +721,27 @@ fn early_stop(
 ) -> Result<Option<Outcome>, RunError> {
     let Some(reason) = stop.signal() else { return Ok(None) };
     tracing::warn!(reason = %reason.name(), "stop signal before training began: exiting; earlier checkpoints are intact");
-    events.record("signal", json!({"signal": reason.name(), "step": durable, "before_training": true}))?;
+    events.record(&Event::Signal(Signal {
+        signal: reason.name(),
+        step: durable,
+        before_training: true,
+        ..Signal::default()
+    }))?;
     let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
     let deadline = Deadline::after_signal(arrival, cfg.signals.grace, cfg.signals.safety_margin);
     let requeue = if response_to_signal(stop.count()) == SignalResponse::ExitNow || deadline.passed(Instant::now()) {
-        json!({"decision": "skip", "reason": "fast exit"})
+        RequeueRecord::skip("fast exit")
     } else {
         let finished = durable.is_some_and(|s| s >= cfg.run.max_steps);
         requeue_after_stop(cfg, alloc, reason, finished, Some(deadline), events)?
     };
-    events.record(
-        "stop",
-        json!({"step": durable, "reason": reason.name(), "before_training": true, "requeue": requeue}),
-    )?;
+    events.record(&Event::Stop(Stop {
+        step: durable,
+        reason: reason.name(),
+        before_training: true,
+        requeue: Some(requeue),
+        ..Stop::default()
+    }))?;
     events.sync()?;
     Ok(Some(Outcome::StoppedWithCheckpoint))
 }
@@ -700,7 +755,7 @@ fn requeue_after_stop(
     finished: bool,
     deadline: Option<Deadline>,
     events: &mut EventLog,
-) -> Result<serde_json::Value, RunError> {
+) -> Result<RequeueRecord, RunError> {
     let stop = match reason {
         StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
         StopReason::Signal(_) => StopKind::ClusterSignal,
@@ -735,7 +790,7 @@ fn requeue_after_stop(
         max_restarts: cfg.signals.max_restarts,
     };
     let decision = slurm::decide(&input);
-    let mut record = serde_json::to_value(&decision).unwrap_or_default();
+    let mut record = RequeueRecord { decision: decision.clone(), answer: None, error: None };
     match &decision {
         Decision::Requeue { job_id, reason } => {
             tracing::info!(job = %job_id, %reason, "requeueing the job");
@@ -743,21 +798,42 @@ fn requeue_after_stop(
                 .ok_or(NO_TIME.to_string())
                 .and_then(|t| Scontrol.requeue(job_id, t).map_err(|e| e.to_string()))
             {
-                Ok(answer) => record["answer"] = serde_json::to_value(answer).unwrap_or_default(),
+                Ok(answer) => record.answer = Some(answer),
                 Err(e) => {
                     tracing::error!(error = %e, "scontrol requeue failed; relying on sbatch --requeue");
-                    record["error"] = e.into();
+                    record.error = Some(e);
                 }
             }
         }
         Decision::Skip { reason } => tracing::info!(%reason, "not requeueing"),
     }
-    events.record("requeue", record.clone())?;
+    events.record(&Event::Requeue(record.clone()))?;
     Ok(record)
 }
 
-fn finite_or_null(x: f64) -> serde_json::Value {
-    if x.is_finite() { x.into() } else { serde_json::Value::Null }
+/// A number as the records write it: `None` (`null`) when not finite.
+fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
+/// The `metrics.jsonl` line of a completed step.
+fn step_line(m: &StepMetrics) -> StepLine {
+    StepLine {
+        step: m.step,
+        loss: Some(m.loss),
+        lr: Some(m.lr),
+        grad_norm: Some(m.grad_norm),
+        clipped: m.clipped,
+        samples: m.samples,
+        tokens: m.tokens,
+        samples_per_s: Some(m.samples_per_s),
+        tokens_per_s: m.tokens_per_s,
+        loss_scale: m.loss_scale,
+        skipped_nonfinite: m.skipped_nonfinite,
+        epoch: m.epoch,
+        elapsed_s: Some(m.elapsed_s),
+        time: now_rfc3339(),
+    }
 }
 
 fn instant_to_rfc3339(t: Instant) -> String {
@@ -767,7 +843,7 @@ fn instant_to_rfc3339(t: Instant) -> String {
 
 /// Host and SLURM job facts recorded in each checkpoint.
 fn host_info(slurm: &SlurmEnv) -> serde_json::Value {
-    json!({
+    serde_json::json!({
         "node": slurm.node_name(),
         "hostname": slurm::hostname(),
         "pid": std::process::id(),
@@ -778,15 +854,12 @@ fn host_info(slurm: &SlurmEnv) -> serde_json::Value {
 }
 
 /// Fields added to every event.
-fn context(slurm: &SlurmEnv) -> serde_json::Map<String, serde_json::Value> {
-    json!({"node": slurm.node_name(), "job_id": slurm.job_id, "attempt": slurm.restart_count})
-        .as_object()
-        .expect("object")
-        .clone()
+fn context(slurm: &SlurmEnv) -> EventContext {
+    EventContext { node: slurm.node_name(), job_id: slurm.job_id.clone(), attempt: slurm.restart_count }
 }
 
-fn previous_summary(dir: &RunDir) -> Option<serde_json::Value> {
-    serde_json::from_slice(&std::fs::read(dir.path(SUMMARY_FILE)).ok()?).ok()
+fn previous_summary(dir: &RunDir) -> Option<Summary> {
+    Summary::read(&dir.path(SUMMARY_FILE))
 }
 
 /// `(last_loss, best_loss)` of the steps up to a checkpoint, as its `state.json` recorded them.
@@ -797,7 +870,7 @@ fn losses_so_far(state: &serde_json::Value) -> (Option<f64>, Option<f64>) {
 /// The highest step in metrics.jsonl (what the previous attempt reached).
 fn last_logged_step(path: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
-    text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["step"].as_u64()).max()
+    text.lines().filter_map(|l| metrics_step(&serde_json::from_str(l).ok()?)).max()
 }
 
 /// Keeps only metric lines of steps ≤ `step` (and drops a torn last line).
@@ -805,12 +878,7 @@ fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
     let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
     let kept: String = text
         .lines()
-        .filter(|line| {
-            serde_json::from_str::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
-        })
+        .filter(|line| serde_json::from_str(line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step))
         .map(|l| format!("{l}\n"))
         .collect();
     if kept.len() != text.len() {
