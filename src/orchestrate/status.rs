@@ -253,4 +253,17 @@ mod tests {
             "{st}"
         );
     }
+
+    #[test]
+    fn a_run_directory_written_by_0_1_0_under_slurm_shows_its_last_stop_and_requeue() {
+        let st = status(&Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/run-0.1.0-slurm"));
+        assert_eq!((st.state.as_str(), st.step, st.attempts, st.restarts), ("finished", Some(400), 2, 1));
+        let text = st.to_string();
+        assert!(text.contains("last stop SIGTERM at step 59, durable checkpoint "), "{text}");
+        assert!(text.contains("requeue   requeue: training not finished; job RUNNING, restart 0"), "{text}");
+        // The JSON of `status --json` shows the events as they were written.
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["last_requeue"]["answer"], "requeued");
+        assert_eq!(json["last_stop"]["node"], "n1");
+    }
 }

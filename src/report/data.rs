@@ -292,4 +292,19 @@ mod tests {
         assert!(c[1].failed);
         assert_eq!(c[1].problem.as_deref(), Some("disk full"));
     }
+
+    #[test]
+    fn a_run_directory_written_by_0_1_0_under_slurm_loads_whole() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/run-0.1.0-slurm");
+        let data = RunData::load(&dir).unwrap();
+        assert!(data.skipped.is_empty(), "{:?}", data.skipped);
+        assert_eq!(data.attempts.len(), 2);
+        assert_eq!(data.status.state, "finished");
+        assert_eq!((data.train.len(), data.val.len()), (8, 4));
+        assert_eq!(data.gpu.as_ref().map(|g| g.is_empty()), Some(false));
+        let what: Vec<&str> = data.markers.iter().map(|m| m.what.as_str()).collect();
+        assert_eq!(what, vec!["SIGTERM", "requeue", "resume"]);
+        assert_eq!(data.markers[2].whose(), "n2 · attempt 2");
+        assert_eq!(data.checkpoints.iter().filter(|c| c.kind == "stop").count(), 1);
+    }
 }
