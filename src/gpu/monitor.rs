@@ -17,7 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::json;
+
+use crate::telemetry::{GpuDeviceStats, GpuSample, HostSample};
 
 use super::error::GpuError;
 use super::host::{HostProbe, HostStats};
@@ -289,36 +290,32 @@ fn select(devices: Vec<GpuDevice>, only: Option<&[DeviceKey]>) -> Vec<GpuDevice>
 
 /// One `gpu_stats.jsonl` line (with its newline).
 fn sample_line(devices: &[GpuDevice], host: &HostStats, disk_dir: &Path, error: Option<&str>) -> String {
-    let devices: Vec<serde_json::Value> = devices
-        .iter()
-        .map(|d| {
-            json!({
-                "vendor": d.vendor,
-                "index": d.index,
-                "uuid": d.uuid,
-                "utilization_pct": d.utilization_pct,
-                "memory_used_mib": d.memory_used_mib(),
-                "memory_total_mib": d.memory_total_mib,
-                "temperature_c": d.temperature_c,
-                "power_w": d.power_w,
+    let sample = GpuSample {
+        time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        devices: devices
+            .iter()
+            .map(|d| GpuDeviceStats {
+                vendor: d.vendor.as_str().to_string(),
+                index: d.index,
+                uuid: d.uuid.clone(),
+                utilization_pct: d.utilization_pct,
+                memory_used_mib: d.memory_used_mib(),
+                memory_total_mib: d.memory_total_mib,
+                temperature_c: d.temperature_c,
+                power_w: d.power_w,
             })
-        })
-        .collect();
-    let mut line = json!({
-        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "devices": devices,
-        "host": {
-            "cpu_pct": host.cpu_pct,
-            "ram_used_mib": host.ram_used_mib,
-            "ram_total_mib": host.ram_total_mib,
-            "disk_free_mib": host.disk_free_mib,
-            "disk_dir": disk_dir,
+            .collect(),
+        host: HostSample {
+            cpu_pct: host.cpu_pct,
+            ram_used_mib: host.ram_used_mib,
+            ram_total_mib: host.ram_total_mib,
+            disk_free_mib: host.disk_free_mib,
+            disk_dir: disk_dir.to_path_buf(),
         },
-    });
-    if let Some(error) = error {
-        line["error"] = json!(error);
-    }
-    let mut text = line.to_string();
+        error: error.map(str::to_string),
+    };
+    // Through a JSON value: keys in alphabetical order, as before.
+    let mut text = serde_json::to_value(&sample).expect("a sample serialises").to_string();
     text.push('\n');
     text
 }

@@ -18,14 +18,15 @@
 use std::path::PathBuf;
 
 use candle_core::Device;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::config::{Config, MicroBatch, TrainSection};
 use crate::gpu::{
     self, DeviceKind, Footprint, GpuProbe, GpusReport, InventoryProbe, Monitor, MonitorSettings, PlacementRequest,
     Plan, SysinfoHost, SystemProbe, Vendor,
 };
-use crate::telemetry::EventLog;
+use crate::telemetry::{ErrorEvent, Event, EventLog, GpuFallback, MonitorOutcome, OomRetry};
 use crate::train::{Layout, StepResult, TrainError, Trainer, candle_message, checkpoint_bytes, footprint_for};
 
 use super::error::RunError;
@@ -75,7 +76,24 @@ pub struct Devices {
     /// The next step is the first on a GPU backend: a failure falls back.
     first_gpu_step: bool,
     /// Events to record, in order (`gpu_fallback`, `oom_retry`, `error`).
-    pending: Vec<(&'static str, Value)>,
+    pending: Vec<Event>,
+}
+
+/// The placement, as the `start` event records it.
+#[derive(Serialize)]
+struct Placement<'a> {
+    backend: DeviceKind,
+    plan: &'a Plan,
+    layout: Layout,
+    /// Device indices per replica (empty on the CPU).
+    devices: &'a [Vec<u32>],
+    source: &'a str,
+    /// GPUs visible to the job.
+    visible: usize,
+    /// The GPU plan not used, when there was a fallback.
+    wanted: Option<&'a Plan>,
+    fallback: Option<&'a str>,
+    notes: &'a [String],
 }
 
 impl Devices {
@@ -141,17 +159,18 @@ impl Devices {
 
     /// The placement, for the `start` event.
     pub fn describe(&self) -> Value {
-        json!({
-            "backend": self.plan.device_kind,
-            "plan": self.plan,
-            "layout": self.layout,
-            "devices": self.groups,
-            "source": self.report.source,
-            "visible": self.report.devices.len(),
-            "wanted": self.report.plan.as_ref().filter(|_| self.unusable.is_some()),
-            "fallback": self.unusable,
-            "notes": self.report.notes,
+        serde_json::to_value(Placement {
+            backend: self.plan.device_kind,
+            plan: &self.plan,
+            layout: self.layout,
+            devices: &self.groups,
+            source: &self.report.source,
+            visible: self.report.devices.len(),
+            wanted: self.report.plan.as_ref().filter(|_| self.unusable.is_some()),
+            fallback: self.unusable.as_deref(),
+            notes: &self.report.notes,
         })
+        .expect("the placement serialises")
     }
 
     /// Says what start-up decided: a `gpu_fallback` event and a loud
@@ -175,8 +194,8 @@ impl Devices {
 
     /// Records the events gathered since the last call.
     pub fn record_events(&mut self, events: &mut EventLog) -> Result<(), RunError> {
-        for (name, value) in self.pending.drain(..) {
-            events.record(name, value)?;
+        for event in self.pending.drain(..) {
+            events.record(&event)?;
         }
         Ok(())
     }
@@ -197,7 +216,13 @@ impl Devices {
         let mut retries = Vec::new();
         let result = trainer.train_step_with_backoff(should_stop, &mut |r| retries.push(r.clone()));
         for retry in retries {
-            self.pending.push(("oom_retry", serde_json::to_value(&retry).unwrap_or_default()));
+            self.pending.push(Event::OomRetry(OomRetry {
+                step: retry.step,
+                retry: retry.retry,
+                from: serde_json::to_value(retry.from).unwrap_or_default(),
+                to: serde_json::to_value(retry.to).unwrap_or_default(),
+                error: retry.error,
+            }));
         }
         match (result, before) {
             (Ok(StepResult::Interrupted), _) => Ok(StepResult::Interrupted),
@@ -255,7 +280,7 @@ impl Devices {
         if self.require {
             let error = RunError::GpuRequired { reason };
             tracing::error!("{error}");
-            self.pending.push(("error", json!({"error": error.to_string()})));
+            self.pending.push(Event::Error(ErrorEvent { step: None, error: error.to_string() }));
             return Err(error);
         }
         let wanted = self.report.plan.clone().filter(|p| p.device_kind != DeviceKind::Cpu);
@@ -266,10 +291,12 @@ impl Devices {
             "GPU FALLBACK: training on the CPU, much more slowly: {reason} \
              (set [gpu] require = true to stop instead)"
         );
-        self.pending.push((
-            "gpu_fallback",
-            json!({"reason": reason, "wanted": wanted, "plan": self.plan, "layout": self.layout}),
-        ));
+        self.pending.push(Event::GpuFallback(GpuFallback {
+            reason,
+            wanted: serde_json::to_value(wanted).unwrap_or_default(),
+            plan: serde_json::to_value(&self.plan).unwrap_or_default(),
+            layout: serde_json::to_value(self.layout).unwrap_or_default(),
+        }));
         Ok(())
     }
 }
@@ -277,11 +304,15 @@ impl Devices {
 /// Stops the monitor and records what it did (a `monitor` event).
 pub fn stop_monitor(monitor: Option<Monitor>, events: &mut EventLog) -> Result<(), RunError> {
     let Some(monitor) = monitor else { return Ok(()) };
-    let value = match monitor.stop() {
-        Ok(summary) => serde_json::to_value(&summary).unwrap_or_default(),
-        Err(e) => json!({"error": e.to_string()}),
+    let outcome = match monitor.stop() {
+        Ok(summary) => MonitorOutcome::Stopped {
+            samples: summary.samples,
+            warnings: summary.warnings.iter().filter_map(|w| serde_json::to_value(w).ok()).collect(),
+            busy_seconds: summary.busy_seconds,
+        },
+        Err(e) => MonitorOutcome::Failed { error: e.to_string() },
     };
-    events.record("monitor", value)?;
+    events.record(&Event::Monitor(outcome))?;
     Ok(())
 }
 

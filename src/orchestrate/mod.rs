@@ -1,8 +1,11 @@
 //! The run lifecycle: prepare the run directory, resume from the newest
 //! checkpoint that verifies, train, checkpoint periodically and on stop
-//! signals, and finish with a summary. `devices.rs` places the run on
-//! devices (GPU plan, CPU fallback, out-of-memory back-off, monitor).
+//! signals, and finish with a summary (`run.rs` and its phases under `run/`).
+//! `devices.rs` places the run on devices (GPU plan, CPU fallback,
+//! out-of-memory back-off, monitor); `deadline.rs` and `budget.rs` do the
+//! time arithmetic of a stop.
 
+mod budget;
 mod deadline;
 mod devices;
 mod error;
@@ -14,6 +17,7 @@ mod rundir;
 mod status;
 mod stop;
 
+pub use budget::{REQUEUE_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, scontrol_timeout, stop_deadline};
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;

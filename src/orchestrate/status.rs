@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config;
-use crate::telemetry::{self, Attempt};
+use crate::telemetry::{self, Attempt, Event, MetricsLine, PublishOutcome, RecordedEvent, StepLine, Summary};
 
 use super::lock::{LOCK_FILE, LockInfo, STALE_AFTER, unix_now};
 use super::rundir::{CONFIG_FILE, EVENTS_FILE, METRICS_FILE, SUMMARY_FILE, checkpoints_dir};
@@ -27,10 +27,11 @@ pub struct RunStatus {
     pub last_checkpoint_age_seconds: Option<f64>,
     pub restarts: u64,
     pub attempts: u64,
-    pub last_signal: Option<serde_json::Value>,
-    pub last_stop: Option<serde_json::Value>,
-    pub last_publish: Option<serde_json::Value>,
-    pub last_requeue: Option<serde_json::Value>,
+    /// The last events of these kinds, shown (and serialised) as written.
+    pub last_signal: Option<RecordedEvent>,
+    pub last_stop: Option<RecordedEvent>,
+    pub last_publish: Option<RecordedEvent>,
+    pub last_requeue: Option<RecordedEvent>,
     /// The most recent attempt that has ended (the one before the running
     /// one while the run is running), and why it ended.
     pub last_ended_attempt: Option<Attempt>,
@@ -55,23 +56,25 @@ fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
 
 /// Reads the status of the run in `dir`.
 pub fn status(dir: &Path) -> RunStatus {
-    let summary: Option<serde_json::Value> =
-        std::fs::read(dir.join(SUMMARY_FILE)).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let summary = Summary::read(&dir.join(SUMMARY_FILE));
     let cfg = config::load(&dir.join(CONFIG_FILE), &[]).ok().map(|l| l.config);
-    let events = read_jsonl(&dir.join(EVENTS_FILE));
-    let metrics: Vec<serde_json::Value> =
-        read_jsonl(&dir.join(METRICS_FILE)).into_iter().filter(|m| m.get("loss").is_some()).collect();
-    let last_of = |name: &str| events.iter().rev().find(|e| e["event"] == name).cloned();
+    let events = telemetry::events_from(read_jsonl(&dir.join(EVENTS_FILE)));
+    let metrics: Vec<StepLine> = read_jsonl(&dir.join(METRICS_FILE))
+        .iter()
+        .filter_map(|m| match MetricsLine::from_value(m)? {
+            MetricsLine::Step(s) => Some(s),
+            MetricsLine::Val(_) => None,
+        })
+        .collect();
+    let last_of = |name: &str| events.iter().rev().find(|e| e.name == name).cloned();
     let lock: Option<LockInfo> = std::fs::read(dir.join(LOCK_FILE)).ok().and_then(|b| serde_json::from_slice(&b).ok());
     let live_lock = lock.as_ref().filter(|l| unix_now() - l.heartbeat < STALE_AFTER.as_secs_f64()).cloned();
 
-    let step = metrics.last().and_then(|m| m["step"].as_u64()).or_else(|| summary.as_ref()?["steps"].as_u64());
+    let step = metrics.last().map(|m| m.step).or_else(|| summary.as_ref().map(|s| s.steps));
     let max_steps = cfg.as_ref().map(|c| c.run.max_steps);
-    let last_event = events
-        .iter()
-        .rev()
-        .find(|e| matches!(e["event"].as_str(), Some("finish" | "stop" | "error" | "start" | "resume")));
-    let state = match (live_lock.is_some(), last_event.and_then(|e| e["event"].as_str())) {
+    let last_event =
+        events.iter().rev().find(|e| matches!(e.name.as_str(), "finish" | "stop" | "error" | "start" | "resume"));
+    let state = match (live_lock.is_some(), last_event.map(|e| e.name.as_str())) {
         (true, _) => "running",
         (false, Some("finish")) => "finished",
         (false, Some("stop")) => "stopped",
@@ -94,7 +97,7 @@ pub fn status(dir: &Path) -> RunStatus {
         .and_then(|c| chrono::DateTime::parse_from_rfc3339(c.created_at.as_deref()?).ok())
         .map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0);
     let eta_seconds = eta(&metrics, max_steps);
-    let mut attempts = telemetry::attempts(&telemetry::events_from(events.clone()));
+    let mut attempts = telemetry::attempts(&events);
     if live_lock.is_some() {
         attempts.pop();
     }
@@ -104,11 +107,11 @@ pub fn status(dir: &Path) -> RunStatus {
         step,
         max_steps,
         progress: step.zip(max_steps).map(|(s, m)| s as f64 / m.max(1) as f64),
-        last_loss: metrics.last().and_then(|m| m["loss"].as_f64()),
+        last_loss: metrics.last().and_then(|m| m.loss),
         checkpoints,
         last_checkpoint_age_seconds,
-        restarts: events.iter().filter(|e| e["event"] == "resume").count() as u64,
-        attempts: events.iter().filter(|e| e["event"] == "start").count() as u64,
+        restarts: events.iter().filter(|e| e.name == "resume").count() as u64,
+        attempts: events.iter().filter(|e| e.name == "start").count() as u64,
         last_signal: last_of("signal"),
         last_stop: last_of("stop"),
         last_publish: last_of("publish"),
@@ -120,13 +123,13 @@ pub fn status(dir: &Path) -> RunStatus {
 }
 
 /// Seconds to max_steps from the rate over the last (up to) 100 metric lines.
-fn eta(metrics: &[serde_json::Value], max_steps: Option<u64>) -> Option<f64> {
+fn eta(metrics: &[StepLine], max_steps: Option<u64>) -> Option<f64> {
     let window = &metrics[metrics.len().saturating_sub(100)..];
     let (first, last) = (window.first()?, window.last()?);
-    let t = |m: &serde_json::Value| chrono::DateTime::parse_from_rfc3339(m["time"].as_str()?).ok();
+    let t = |m: &StepLine| chrono::DateTime::parse_from_rfc3339(&m.time).ok();
     let secs = (t(last)? - t(first)?).num_milliseconds() as f64 / 1000.0;
-    let steps = last["step"].as_u64()?.checked_sub(first["step"].as_u64()?)? as f64;
-    let left = max_steps?.checked_sub(last["step"].as_u64()?)? as f64;
+    let steps = last.step.checked_sub(first.step)? as f64;
+    let left = max_steps?.checked_sub(last.step)? as f64;
     (steps > 0.0 && secs > 0.0).then(|| left * secs / steps)
 }
 
@@ -158,26 +161,27 @@ impl std::fmt::Display for RunStatus {
         if let Some(a) = &self.last_ended_attempt {
             writeln!(f, "ended     {a}")?;
         }
-        if let Some(stop) = &self.last_stop {
-            let secs = stop["seconds_to_durable_checkpoint"].as_f64();
+        if let Some(Event::Stop(stop)) = self.last_stop.as_ref().map(|e| &e.event) {
+            let secs = stop.seconds_to_durable_checkpoint;
             writeln!(
                 f,
                 "last stop {} at step {}{}",
-                stop["reason"].as_str().unwrap_or("?"),
-                stop["step"],
+                if stop.reason.is_empty() { "?" } else { &stop.reason },
+                stop.step.map_or("null".to_string(), |s| s.to_string()),
                 secs.map(|s| format!(", durable checkpoint {s:.2}s after the signal")).unwrap_or_default()
             )?;
         }
-        if let Some(r) = &self.last_requeue {
-            writeln!(f, "requeue   {}: {}", r["decision"].as_str().unwrap_or("?"), r["reason"].as_str().unwrap_or(""))?;
+        if let Some(Event::Requeue(r)) = self.last_requeue.as_ref().map(|e| &e.event) {
+            writeln!(f, "requeue   {}: {}", r.decision.name(), r.decision.reason())?;
         }
-        if let Some(p) = &self.last_publish {
-            let state = if p["pushed"] == true {
-                "pushed".to_string()
-            } else if let Some(s) = p["skipped"].as_str() {
-                format!("skipped ({s})")
-            } else {
-                format!("not pushed ({})", p["last_error"].as_str().or(p["error"].as_str()).unwrap_or("?"))
+        if let Some(Event::Publish(p)) = self.last_publish.as_ref().map(|e| &e.event) {
+            let state = match p {
+                PublishOutcome::Done { pushed: true, .. } => "pushed".to_string(),
+                PublishOutcome::Skipped { skipped } => format!("skipped ({skipped})"),
+                PublishOutcome::Done { last_error, .. } => {
+                    format!("not pushed ({})", last_error.as_deref().unwrap_or("?"))
+                }
+                PublishOutcome::Failed { error } => format!("not pushed ({error})"),
             };
             writeln!(f, "publish   {state}")?;
         }
@@ -248,5 +252,18 @@ mod tests {
             ),
             "{st}"
         );
+    }
+
+    #[test]
+    fn a_run_directory_written_by_0_1_0_under_slurm_shows_its_last_stop_and_requeue() {
+        let st = status(&Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/run-0.1.0-slurm"));
+        assert_eq!((st.state.as_str(), st.step, st.attempts, st.restarts), ("finished", Some(400), 2, 1));
+        let text = st.to_string();
+        assert!(text.contains("last stop SIGTERM at step 59, durable checkpoint "), "{text}");
+        assert!(text.contains("requeue   requeue: training not finished; job RUNNING, restart 0"), "{text}");
+        // The JSON of `status --json` shows the events as they were written.
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["last_requeue"]["answer"], "requeued");
+        assert_eq!(json["last_stop"]["node"], "n1");
     }
 }

@@ -144,7 +144,7 @@ fn gpu(data: &RunData) -> Option<(LineChart<'_>, LineChart<'_>)> {
     let (mut util, mut mem) = (Vec::new(), Vec::new());
     for (i, label) in labels.iter().enumerate() {
         let colour = DEVICE_COLOURS[i % DEVICE_COLOURS.len()];
-        let of = |f: &dyn Fn(&crate::telemetry::GpuDeviceSample) -> Option<f64>| {
+        let of = |f: &dyn Fn(&crate::telemetry::GpuDevicePoint) -> Option<f64>| {
             let points = samples
                 .iter()
                 .filter_map(|s| Some((s.time, f(s.devices.iter().find(|d| d.label == *label)?)?)))

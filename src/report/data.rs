@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use crate::gpu::STATS_FILE;
 use crate::orchestrate::{self, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunStatus};
 use crate::telemetry::{
-    Attempt, Event, GpuSample, Jsonl, MetricPoint, ValPoint, attempts, events_from, gpu_samples_from, metrics_from,
-    read_jsonl,
+    Attempt, Event, GpuPoint, Jsonl, MetricPoint, RecordedEvent, ValPoint, attempts, events_from, gpu_samples_from,
+    metrics_from, read_jsonl,
 };
 
 use super::error::ReportError;
@@ -82,12 +82,12 @@ pub struct RunData {
     /// `[run] name`, else the directory name.
     pub name: String,
     pub status: RunStatus,
-    pub events: Vec<Event>,
+    pub events: Vec<RecordedEvent>,
     pub attempts: Vec<Attempt>,
     pub train: Vec<MetricPoint>,
     pub val: Vec<ValPoint>,
     /// `None` when the run has no gpu_stats.jsonl.
-    pub gpu: Option<Vec<GpuSample>>,
+    pub gpu: Option<Vec<GpuPoint>>,
     pub checkpoints: Vec<CheckpointMark>,
     pub markers: Vec<Marker>,
     /// Lines that did not parse, per file (torn writes).
@@ -155,7 +155,7 @@ impl RunData {
 }
 
 /// The checkpoint saves and the chart markers recorded in `events`.
-pub fn checkpoints_and_markers(events: &[Event]) -> (Vec<CheckpointMark>, Vec<Marker>) {
+pub fn checkpoints_and_markers(events: &[RecordedEvent]) -> (Vec<CheckpointMark>, Vec<Marker>) {
     let (mut ckpts, mut markers) = (Vec::new(), Vec::new());
     let mut attempt = 0;
     let mut last_step: Option<u64> = None;
@@ -174,54 +174,63 @@ pub fn checkpoints_and_markers(events: &[Event]) -> (Vec<CheckpointMark>, Vec<Ma
             detail,
         };
         let at_step = last_step.map(|s| format!(" at step {s}")).unwrap_or_default();
-        match ev.name.as_str() {
-            "checkpoint_saved" | "checkpoint_failed" => {
-                let failed = ev.name == "checkpoint_failed";
-                ckpts.push(CheckpointMark {
-                    number: ckpts.len() + 1,
-                    step: ev.step.unwrap_or(0),
-                    kind: ev.str_field("kind").unwrap_or("?").to_string(),
-                    time: ev.time,
-                    node: ev.node.clone(),
-                    attempt,
-                    bytes: ev.raw.get("bytes").and_then(|b| b.as_u64()),
-                    snapshot_seconds: ev.f64_field("snapshot_seconds"),
-                    persist_seconds: ev.f64_field("persist_seconds"),
-                    problem: ev.str_field(if failed { "error" } else { "warning" }).map(str::to_string),
-                    failed,
-                });
+        let checkpoint = |kind: &str, failed: bool, problem: Option<&String>| CheckpointMark {
+            number: ckpts.len() + 1,
+            step: ev.step.unwrap_or(0),
+            kind: if kind.is_empty() { "?".into() } else { kind.to_string() },
+            time: ev.time,
+            node: ev.node.clone(),
+            attempt,
+            bytes: None,
+            snapshot_seconds: None,
+            persist_seconds: None,
+            problem: problem.cloned(),
+            failed,
+        };
+        let or = |text: &str, default: &str| if text.is_empty() { default.to_string() } else { text.to_string() };
+        match &ev.event {
+            Event::CheckpointSaved(c) => {
+                let mark = CheckpointMark {
+                    bytes: c.bytes,
+                    snapshot_seconds: c.snapshot_seconds,
+                    persist_seconds: c.persist_seconds,
+                    ..checkpoint(&c.kind, false, c.warning.as_ref())
+                };
+                ckpts.push(mark);
             }
-            "signal" => {
-                let sig = ev.str_field("signal").unwrap_or("signal").to_string();
-                let arrival = ev.str_field("arrival").map(|a| format!(", arrived {a}")).unwrap_or_default();
+            Event::CheckpointFailed(c) => {
+                let mark = checkpoint(&c.kind, true, Some(&c.error).filter(|e| !e.is_empty()));
+                ckpts.push(mark);
+            }
+            Event::Signal(s) => {
+                let sig = or(&s.signal, "signal");
+                let arrival = s.arrival.as_ref().map(|a| format!(", arrived {a}")).unwrap_or_default();
                 markers.push(marker(MarkerKind::Signal, sig.clone(), format!("{sig}{at_step}{arrival}")));
             }
-            "requeue" => {
-                let decision = ev.str_field("decision").unwrap_or("?");
+            Event::Requeue(r) => {
+                let decision = r.decision.name();
                 let what = if decision == "requeue" { "requeue" } else { "no requeue" };
-                let reason = ev.str_field("reason").unwrap_or("");
-                markers.push(marker(MarkerKind::Requeue, what.into(), format!("{decision}: {reason}")));
+                markers.push(marker(MarkerKind::Requeue, what.into(), format!("{decision}: {}", r.decision.reason())));
             }
-            "resume" => {
-                let lost = ev.raw.get("steps_lost").and_then(|v| v.as_u64());
-                let prev = ev.str_field("previous_node").map(|n| format!(" (previous node {n})")).unwrap_or_default();
+            Event::Resume(r) => {
+                let lost = ev.raw.get("steps_lost").map(|_| r.steps_lost);
+                let prev = r.previous_node.as_ref().map(|n| format!(" (previous node {n})")).unwrap_or_default();
                 let lost = lost.map(|l| format!(", {l} steps lost")).unwrap_or_default();
                 markers.push(marker(MarkerKind::Resume, "resume".into(), format!("resumed{at_step}{prev}{lost}")));
             }
-            "fresh_start" => {
-                let why = ev.str_field("reason").unwrap_or("fresh start");
-                markers.push(marker(MarkerKind::Problem, "fresh start".into(), why.to_string()));
+            Event::FreshStart(f) => {
+                markers.push(marker(MarkerKind::Problem, "fresh start".into(), or(&f.reason, "fresh start")));
             }
-            "nonfinite" => {
-                let action = ev.str_field("action").unwrap_or("?");
+            Event::Nonfinite(n) => {
+                let action = or(&n.action, "?");
                 markers.push(marker(
                     MarkerKind::Problem,
                     "non-finite".into(),
                     format!("non-finite step{at_step}: {action}"),
                 ));
             }
-            "error" => {
-                let err = ev.str_field("error").unwrap_or("error");
+            Event::Error(e) => {
+                let err = or(&e.error, "error");
                 markers.push(marker(MarkerKind::Problem, "error".into(), format!("error{at_step}: {err}")));
             }
             _ => {}
@@ -235,7 +244,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn events(values: Vec<serde_json::Value>) -> Vec<Event> {
+    fn events(values: Vec<serde_json::Value>) -> Vec<RecordedEvent> {
         events_from(values)
     }
 
@@ -282,5 +291,20 @@ mod tests {
         assert_eq!(c[0].attempt, 1);
         assert!(c[1].failed);
         assert_eq!(c[1].problem.as_deref(), Some("disk full"));
+    }
+
+    #[test]
+    fn a_run_directory_written_by_0_1_0_under_slurm_loads_whole() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/run-0.1.0-slurm");
+        let data = RunData::load(&dir).unwrap();
+        assert!(data.skipped.is_empty(), "{:?}", data.skipped);
+        assert_eq!(data.attempts.len(), 2);
+        assert_eq!(data.status.state, "finished");
+        assert_eq!((data.train.len(), data.val.len()), (8, 4));
+        assert_eq!(data.gpu.as_ref().map(|g| g.is_empty()), Some(false));
+        let what: Vec<&str> = data.markers.iter().map(|m| m.what.as_str()).collect();
+        assert_eq!(what, vec!["SIGTERM", "requeue", "resume"]);
+        assert_eq!(data.markers[2].whose(), "n2 · attempt 2");
+        assert_eq!(data.checkpoints.iter().filter(|c| c.kind == "stop").count(), 1);
     }
 }

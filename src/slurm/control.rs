@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use crate::telemetry::RequeueAnswer;
+
 /// Errors talking to SLURM.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SlurmError {
@@ -40,15 +42,6 @@ pub struct JobView {
     /// PreemptTime: when SLURM began preempting the job (its GraceTime runs
     /// from here); `None` when it is not being preempted.
     pub preempt_time: Option<String>,
-}
-
-/// What `scontrol requeue` answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RequeueAnswer {
-    Requeued,
-    /// SLURM said the job is already pending or requeued: counts as success.
-    AlreadyPending,
 }
 
 /// SLURM control operations rekindle uses.

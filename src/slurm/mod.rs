@@ -1,10 +1,13 @@
 //! SLURM: what the allocation says about this job (environment), the pure
-//! requeue decision, and the thin `scontrol` interface that carries it out.
+//! requeue decision, the requeue step that asks and carries it out, and the
+//! thin `scontrol` interface behind the `SlurmControl` trait.
 
 mod control;
 mod env;
 mod requeue;
+mod requeue_job;
 
 pub use control::{JobView, RequeueAnswer, Scontrol, SlurmControl, SlurmError, parse_show_job};
 pub use env::{SlurmEnv, hostname};
 pub use requeue::{Decision, RequeueInput, StopKind, decide};
+pub use requeue_job::{NO_TIME, RequeueRequest, requeue_after_stop};

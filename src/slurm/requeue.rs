@@ -37,13 +37,9 @@ pub struct RequeueInput {
     pub max_restarts: u32,
 }
 
-/// The decision, with its reason for the log and `events.jsonl`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "decision", rename_all = "snake_case")]
-pub enum Decision {
-    Requeue { job_id: String, reason: String },
-    Skip { reason: String },
-}
+/// The decision, with its reason for the log and `events.jsonl` (the
+/// record's type, so what is decided is what is written).
+pub use crate::telemetry::RequeueDecision as Decision;
 
 /// Job states in which SLURM itself is already ending, requeueing or holding
 /// the job: requeueing again would be wrong or fail.

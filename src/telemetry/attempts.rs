@@ -8,7 +8,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::records::Event;
+use super::event::{Event, RecordedEvent};
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -66,7 +66,7 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    fn opened_by(number: usize, start: &Event) -> Attempt {
+    fn opened_by(number: usize, start: &RecordedEvent) -> Attempt {
         Attempt {
             number,
             node: start.node.clone(),
@@ -126,7 +126,7 @@ impl fmt::Display for Attempt {
 
 /// The attempts recorded in `events` (in file order); events before the
 /// first `start` belong to none.
-pub fn attempts(events: &[Event]) -> Vec<Attempt> {
+pub fn attempts(events: &[RecordedEvent]) -> Vec<Attempt> {
     let mut out: Vec<Attempt> = Vec::new();
     for ev in events {
         if ev.name == "start" {
@@ -140,40 +140,40 @@ pub fn attempts(events: &[Event]) -> Vec<Attempt> {
                 cur.end_step = Some(cur.end_step.map_or(s, |e| e.max(s)));
             }
         }
-        match ev.name.as_str() {
-            "resume" => {
-                cur.start_step = ev.step.unwrap_or(0);
-                let lost = ev.raw.get("steps_lost").and_then(|v| v.as_u64());
+        match &ev.event {
+            Event::Resume(resume) => {
+                cur.start_step = resume.step;
+                let lost = ev.raw.get("steps_lost").map(|_| resume.steps_lost);
                 if let Some(prev) = out.len().checked_sub(2).and_then(|i| out.get_mut(i)) {
                     prev.steps_lost = lost;
                 }
             }
-            "checkpoint_saved" => cur.checkpoints_saved += 1,
-            "requeue" => {
-                let decision = ev.str_field("decision").unwrap_or("?");
-                cur.requeue = Some(match ev.str_field("reason") {
-                    Some(r) => format!("{decision}: {r}"),
-                    None => decision.to_string(),
+            Event::CheckpointSaved(_) => cur.checkpoints_saved += 1,
+            Event::Requeue(r) => {
+                let decision = r.decision.name();
+                cur.requeue = Some(match r.decision.reason() {
+                    "" => decision.to_string(),
+                    reason => format!("{decision}: {reason}"),
                 });
             }
-            "finish" => {
+            Event::Finish(_) => {
                 cur.end = AttemptEnd::Finished;
                 cur.end_step = ev.step.or(cur.end_step);
                 cur.ended = ev.time;
             }
-            "stop" => {
-                let flag = |k: &str| ev.raw.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
+            Event::Stop(stop) => {
                 cur.end = AttemptEnd::Stopped {
-                    reason: ev.str_field("reason").unwrap_or("unknown").to_string(),
-                    fast_exit: flag("fast_exit"),
-                    before_training: flag("before_training"),
+                    reason: if stop.reason.is_empty() { "unknown".into() } else { stop.reason.clone() },
+                    fast_exit: stop.fast_exit,
+                    before_training: stop.before_training,
                 };
                 cur.end_step = ev.step.or(cur.end_step);
                 cur.ended = ev.time;
-                cur.seconds_to_checkpoint = ev.f64_field("seconds_to_durable_checkpoint");
+                cur.seconds_to_checkpoint = stop.seconds_to_durable_checkpoint;
             }
-            "error" => {
-                cur.end = AttemptEnd::Failed { error: ev.str_field("error").unwrap_or("unknown error").to_string() };
+            Event::Error(e) => {
+                let error = if e.error.is_empty() { "unknown error" } else { &e.error };
+                cur.end = AttemptEnd::Failed { error: error.to_string() };
                 cur.end_step = ev.step.or(cur.end_step);
                 cur.ended = ev.time;
             }
@@ -188,15 +188,15 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    fn ev(v: Value) -> Event {
-        Event::from_value(v).unwrap()
+    fn ev(v: Value) -> RecordedEvent {
+        RecordedEvent::from_value(v).unwrap()
     }
 
     fn at(secs: u32) -> String {
         format!("2026-11-01T10:{:02}:{:02}.000Z", secs / 60, secs % 60)
     }
 
-    fn three_attempts() -> Vec<Event> {
+    fn three_attempts() -> Vec<RecordedEvent> {
         vec![
             ev(json!({"event": "start", "time": at(0), "node": "n1", "attempt": 0, "job_id": "7"})),
             ev(json!({"event": "checkpoint_saved", "time": at(10), "node": "n1", "step": 50, "kind": "periodic"})),

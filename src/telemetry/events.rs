@@ -1,5 +1,5 @@
-//! Append-only JSON-lines files of a run: `events.jsonl` (lifecycle events)
-//! and `metrics.jsonl` (one line per logged step). Each line is written with a
+//! Append-only JSON-lines files of a run: `events.jsonl` (lifecycle events,
+//! [`Event`]) and `metrics.jsonl` ([`MetricsLine`](super::MetricsLine)). Each line is written with a
 //! single `write` call in append mode and flushed, so a crash can cut off at
 //! most the last line, and readers skip a torn final line.
 
@@ -8,6 +8,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+
+use super::event::{Event, EventContext, EventLine};
 
 /// Errors writing telemetry files.
 #[derive(Debug, thiserror::Error)]
@@ -40,9 +42,12 @@ impl JsonlWriter {
         Ok(JsonlWriter { path, file })
     }
 
-    /// Appends one record as a line.
+    /// Appends one record as a line. It goes through a JSON value first, so
+    /// keys come out in alphabetical order whatever the type's field order
+    /// (the files have always been written that way).
     pub fn append<T: Serialize>(&mut self, record: &T) -> Result<(), TelemetryError> {
-        let mut line = serde_json::to_vec(record).expect("telemetry records serialise");
+        let value = serde_json::to_value(record).expect("telemetry records serialise");
+        let mut line = serde_json::to_vec(&value).expect("telemetry records serialise");
         line.push(b'\n');
         self.file.write_all(&line).map_err(|source| TelemetryError::Write { path: self.path.clone(), source })
     }
@@ -62,30 +67,18 @@ impl JsonlWriter {
 #[derive(Debug)]
 pub struct EventLog {
     writer: JsonlWriter,
-    context: serde_json::Map<String, serde_json::Value>,
+    context: EventContext,
 }
 
 impl EventLog {
-    /// Opens `<run dir>/events.jsonl`; `context` fields are added to every event.
-    pub fn open(
-        path: impl Into<PathBuf>,
-        context: serde_json::Map<String, serde_json::Value>,
-    ) -> Result<EventLog, TelemetryError> {
+    /// Opens `<run dir>/events.jsonl`; `context` is added to every event.
+    pub fn open(path: impl Into<PathBuf>, context: EventContext) -> Result<EventLog, TelemetryError> {
         Ok(EventLog { writer: JsonlWriter::open(path)?, context })
     }
 
-    /// Records `event` with its own `fields` (a JSON object).
-    pub fn record(&mut self, event: &str, fields: serde_json::Value) -> Result<(), TelemetryError> {
-        let mut obj = serde_json::Map::new();
-        obj.insert("event".into(), event.into());
-        obj.insert("time".into(), now_rfc3339().into());
-        for (k, v) in &self.context {
-            obj.insert(k.clone(), v.clone());
-        }
-        if let serde_json::Value::Object(extra) = fields {
-            obj.extend(extra);
-        }
-        self.writer.append(&obj)
+    /// Appends `event` with the time and the context.
+    pub fn record(&mut self, event: &Event) -> Result<(), TelemetryError> {
+        self.writer.append(&EventLine { time: now_rfc3339(), context: &self.context, event })
     }
 
     pub fn sync(&mut self) -> Result<(), TelemetryError> {
@@ -117,9 +110,10 @@ mod tests {
     fn events_carry_name_time_and_context() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("events.jsonl");
-        let ctx = serde_json::json!({"node": "n1", "attempt": 0}).as_object().unwrap().clone();
+        let ctx = EventContext { node: "n1".into(), job_id: None, attempt: 0 };
         let mut log = EventLog::open(&path, ctx).unwrap();
-        log.record("start", serde_json::json!({"step": 0})).unwrap();
+        // Any object goes through the envelope; `Other` keeps this test independent of `Start`'s fields.
+        log.record(&Event::Other(serde_json::json!({"event": "start", "step": 0}))).unwrap();
         let v: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&path).unwrap().trim()).unwrap();
         assert_eq!(v["event"], "start");
         assert_eq!(v["node"], "n1");

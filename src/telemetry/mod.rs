@@ -1,16 +1,29 @@
-//! Telemetry: log set-up (`tracing`), the run's structured records
-//! (`events.jsonl`, `metrics.jsonl`) in the run directory, reading them back,
-//! and the attempts they describe.
+//! Telemetry: log set-up (`tracing`), the run's structured records as types
+//! (`events.jsonl`, `metrics.jsonl`, `gpu_stats.jsonl`, `summary.json`; the
+//! format is documented in docs/run-directory.md), writing and reading them
+//! back, and the attempts they describe. This module is the records'
+//! vocabulary: it depends on no other part of rekindle.
 
 mod attempts;
+mod event;
 mod events;
+mod gpu_sample;
 mod logging;
+mod metrics;
 mod records;
+#[cfg(test)]
+mod release_fixture;
+mod summary;
 
 pub use attempts::{Attempt, AttemptEnd, attempts};
-pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
-pub use logging::{LogFormat, LogOptions, init_logging};
-pub use records::{
-    Event, GpuDeviceSample, GpuSample, Jsonl, MetricPoint, ValPoint, events_from, gpu_samples_from, metrics_from,
-    parse_jsonl, read_jsonl, time_field,
+pub use event::{
+    CheckpointFailed, CheckpointRejected, CheckpointSaved, EVENT_NAMES, ErrorEvent, Event, EventContext, Finish,
+    FreshStart, GpuFallback, MonitorOutcome, Nonfinite, OomRetry, PublishOutcome, RecordedEvent, RequeueAnswer,
+    RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop, events_from,
 };
+pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
+pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
+pub use logging::{LogFormat, LogOptions, init_logging};
+pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics_from, metrics_step};
+pub use records::{Jsonl, parse_jsonl, read_jsonl, time_field};
+pub use summary::{Summary, SummaryState};

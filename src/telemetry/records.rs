@@ -1,6 +1,6 @@
-//! Reading a run's JSON-lines records back: `events.jsonl`, `metrics.jsonl`
-//! and `gpu_stats.jsonl`, as typed values for `rekindle report` and
-//! `rekindle status`.
+//! Reading a run's JSON-lines files back (`events.jsonl`, `metrics.jsonl`,
+//! `gpu_stats.jsonl`) as JSON objects, which `event.rs`, `metrics.rs` and
+//! `gpu_sample.rs` then type.
 //!
 //! Writers append one line per record, so a crash can leave a torn last line
 //! (and a resumed writer terminates it, leaving a torn line in the middle).
@@ -48,154 +48,10 @@ pub fn time_field(v: &Value, key: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(v.get(key)?.as_str()?).ok().map(|t| t.with_timezone(&Utc))
 }
 
-/// One line of `events.jsonl`: the common fields typed, the rest in `raw`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Event {
-    /// start, resume, checkpoint_saved, signal, stop, requeue, finish, …
-    pub name: String,
-    pub time: Option<DateTime<Utc>>,
-    pub node: Option<String>,
-    pub job_id: Option<String>,
-    /// SLURM's restart count when the event was written (0 outside SLURM).
-    pub slurm_attempt: Option<u64>,
-    /// The event's own `step`, when it has one.
-    pub step: Option<u64>,
-    pub raw: Value,
-}
-
-impl Event {
-    /// Types a record; `None` when it has no `event` name.
-    pub fn from_value(raw: Value) -> Option<Event> {
-        let name = raw.get("event")?.as_str()?.to_string();
-        let text = |k: &str| match raw.get(k) {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Number(n)) => Some(n.to_string()),
-            _ => None,
-        };
-        Some(Event {
-            time: time_field(&raw, "time"),
-            node: text("node"),
-            job_id: text("job_id"),
-            slurm_attempt: raw.get("attempt").and_then(Value::as_u64),
-            step: raw.get("step").and_then(Value::as_u64),
-            name,
-            raw,
-        })
-    }
-
-    /// A string field of the event.
-    pub fn str_field(&self, key: &str) -> Option<&str> {
-        self.raw.get(key)?.as_str()
-    }
-
-    /// A numeric field of the event.
-    pub fn f64_field(&self, key: &str) -> Option<f64> {
-        self.raw.get(key)?.as_f64()
-    }
-}
-
-/// Types every record that names an event.
-pub fn events_from(records: Vec<Value>) -> Vec<Event> {
-    records.into_iter().filter_map(Event::from_value).collect()
-}
-
-/// A training line of `metrics.jsonl`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MetricPoint {
-    pub step: u64,
-    pub time: Option<DateTime<Utc>>,
-    pub loss: Option<f64>,
-    pub lr: Option<f64>,
-    pub samples_per_s: Option<f64>,
-    pub tokens_per_s: Option<f64>,
-}
-
-/// A validation line of `metrics.jsonl`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ValPoint {
-    pub step: u64,
-    pub time: Option<DateTime<Utc>>,
-    pub val_loss: f64,
-}
-
-/// Splits metric records into training and validation points (each sorted
-/// by step). Non-finite values are dropped: they cannot be plotted.
-pub fn metrics_from(records: &[Value]) -> (Vec<MetricPoint>, Vec<ValPoint>) {
-    let finite = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).filter(|x| x.is_finite());
-    let (mut train, mut val) = (Vec::new(), Vec::new());
-    for r in records {
-        let Some(step) = r.get("step").and_then(Value::as_u64) else { continue };
-        let time = time_field(r, "time");
-        if let Some(val_loss) = finite(r, "val_loss") {
-            val.push(ValPoint { step, time, val_loss });
-        } else if r.get("loss").is_some() {
-            train.push(MetricPoint {
-                step,
-                time,
-                loss: finite(r, "loss"),
-                lr: finite(r, "lr"),
-                samples_per_s: finite(r, "samples_per_s"),
-                tokens_per_s: finite(r, "tokens_per_s"),
-            });
-        }
-    }
-    train.sort_by_key(|m| m.step);
-    val.sort_by_key(|v| v.step);
-    (train, val)
-}
-
-/// One device in one line of `gpu_stats.jsonl`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuDeviceSample {
-    /// `nvidia 0`, `amd 1`, …: stable across samples.
-    pub label: String,
-    pub utilization_pct: Option<f64>,
-    pub memory_used_mib: Option<f64>,
-    pub memory_total_mib: Option<f64>,
-}
-
-/// One line of `gpu_stats.jsonl` (see `gpu::monitor` for the writer).
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuSample {
-    pub time: DateTime<Utc>,
-    pub devices: Vec<GpuDeviceSample>,
-}
-
-/// Types GPU monitor records; lines without a time are skipped.
-pub fn gpu_samples_from(records: &[Value]) -> Vec<GpuSample> {
-    let mut out: Vec<GpuSample> = records
-        .iter()
-        .filter_map(|r| {
-            let time = time_field(r, "time")?;
-            let devices = r
-                .get("devices")
-                .and_then(Value::as_array)
-                .map(|ds| {
-                    ds.iter()
-                        .enumerate()
-                        .map(|(i, d)| {
-                            let vendor = d.get("vendor").and_then(Value::as_str).unwrap_or("gpu");
-                            let index = d.get("index").and_then(Value::as_u64).unwrap_or(i as u64);
-                            GpuDeviceSample {
-                                label: format!("{vendor} {index}"),
-                                utilization_pct: d.get("utilization_pct").and_then(Value::as_f64),
-                                memory_used_mib: d.get("memory_used_mib").and_then(Value::as_f64),
-                                memory_total_mib: d.get("memory_total_mib").and_then(Value::as_f64),
-                            }
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            Some(GpuSample { time, devices })
-        })
-        .collect();
-    out.sort_by_key(|s| s.time);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::{RecordedEvent as Event, gpu_samples_from, metrics_from};
     use serde_json::json;
 
     #[test]

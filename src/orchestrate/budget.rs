@@ -1,0 +1,118 @@
+//! How the time left after a stop signal is shared out, as pure functions of
+//! instants (no clock reads): the deadline of a stop, when to skip straight
+//! to the exit, what publishing may use (the requeue reserve kept back), and
+//! what one `scontrol` call may take. See `deadline.rs` for the deadline
+//! itself.
+
+use std::time::{Duration, Instant};
+
+use super::deadline::{Deadline, SignalResponse, response_to_signal};
+use super::stop::StopReason;
+
+/// Time kept for the requeue decision after publishing, at most.
+pub const REQUEUE_RESERVE: Duration = Duration::from_secs(5);
+
+/// Longest a single `scontrol` call may take.
+pub const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Below this, an `scontrol` call is not even started.
+pub const SCONTROL_MINIMUM: Duration = Duration::from_millis(200);
+
+/// The deadline of a stop: a signal's grace period (less the safety margin)
+/// from its arrival; `--stop-at-step` has none.
+pub fn stop_deadline(reason: StopReason, arrival: Instant, grace: Duration, margin: Duration) -> Option<Deadline> {
+    match reason {
+        StopReason::Signal(_) => Some(Deadline::after_signal(arrival, grace, margin)),
+        StopReason::StopAtStep => None,
+    }
+}
+
+/// True when the fastest safe exit is due: a third signal, or the deadline passed.
+pub fn exit_now(signals: usize, deadline: Option<Deadline>, now: Instant) -> bool {
+    response_to_signal(signals) == SignalResponse::ExitNow || deadline.is_some_and(|d| d.passed(now))
+}
+
+/// The deadline for publishing: requeueing comes last (it ends the job) and
+/// must not be starved by a slow remote, so publishing gets the time left
+/// minus a third of it, at most [`REQUEUE_RESERVE`].
+pub fn publish_deadline(deadline: Option<Deadline>, now: Instant) -> Option<Deadline> {
+    deadline.map(|d| {
+        let reserve = (d.remaining(now) / 3).min(REQUEUE_RESERVE);
+        Deadline { at: d.at.checked_sub(reserve).unwrap_or(d.at) }
+    })
+}
+
+/// The time one `scontrol` call may take at `now`: what is left (capped at
+/// [`SCONTROL_TIMEOUT`]); `None` when less than [`SCONTROL_MINIMUM`] is left.
+/// Without a deadline, the cap.
+pub fn scontrol_timeout(deadline: Option<Deadline>, now: Instant) -> Option<Duration> {
+    match deadline {
+        Some(d) => d.budget(now, SCONTROL_TIMEOUT, SCONTROL_MINIMUM),
+        None => Some(SCONTROL_TIMEOUT),
+    }
+}
+
+/// Seconds left before the deadline (`None` without one), as the records write them.
+pub fn seconds_left(deadline: Option<Deadline>, now: Instant) -> Option<f64> {
+    deadline.map(|d| d.remaining(now).as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn deadline_in(t0: Instant, secs: u64) -> Option<Deadline> {
+        Some(Deadline { at: t0 + S(secs) })
+    }
+
+    #[test]
+    fn a_signal_has_a_deadline_and_stop_at_step_none() {
+        let t0 = Instant::now();
+        let d = stop_deadline(StopReason::Signal(15), t0, S(60), S(10)).unwrap();
+        assert_eq!(d.remaining(t0), S(50));
+        assert_eq!(stop_deadline(StopReason::StopAtStep, t0, S(60), S(10)), None);
+    }
+
+    #[test]
+    fn the_third_signal_or_a_passed_deadline_means_exit_now() {
+        let t0 = Instant::now();
+        assert!(!exit_now(1, deadline_in(t0, 5), t0));
+        assert!(!exit_now(2, deadline_in(t0, 5), t0));
+        assert!(exit_now(3, deadline_in(t0, 5), t0));
+        assert!(exit_now(1, deadline_in(t0, 5), t0 + S(5)));
+        assert!(!exit_now(1, None, t0 + S(500)), "no deadline never passes");
+        assert!(exit_now(3, None, t0));
+    }
+
+    #[test]
+    fn publishing_leaves_a_third_of_the_time_for_the_requeue_at_most_the_reserve() {
+        let t0 = Instant::now();
+        // 60 s left: a third is 20 s, capped at the 5 s reserve.
+        assert_eq!(publish_deadline(deadline_in(t0, 60), t0).unwrap().remaining(t0), S(55));
+        // 6 s left: a third (2 s) is kept.
+        assert_eq!(publish_deadline(deadline_in(t0, 6), t0).unwrap().remaining(t0), S(4));
+        // Passed: nothing to share, the deadline stays.
+        let d = deadline_in(t0, 1);
+        assert_eq!(publish_deadline(d, t0 + S(2)), d);
+        assert_eq!(publish_deadline(None, t0), None);
+    }
+
+    #[test]
+    fn an_scontrol_call_gets_what_is_left_capped_and_none_below_the_minimum() {
+        let t0 = Instant::now();
+        assert_eq!(scontrol_timeout(deadline_in(t0, 60), t0), Some(SCONTROL_TIMEOUT));
+        assert_eq!(scontrol_timeout(deadline_in(t0, 3), t0), Some(S(3)));
+        assert_eq!(scontrol_timeout(deadline_in(t0, 3), t0 + Duration::from_millis(2_900)), None);
+        assert_eq!(scontrol_timeout(None, t0), Some(SCONTROL_TIMEOUT));
+    }
+
+    #[test]
+    fn seconds_left_is_none_without_a_deadline_and_zero_once_passed() {
+        let t0 = Instant::now();
+        assert_eq!(seconds_left(deadline_in(t0, 4), t0), Some(4.0));
+        assert_eq!(seconds_left(deadline_in(t0, 4), t0 + S(9)), Some(0.0));
+        assert_eq!(seconds_left(None, t0), None);
+    }
+}

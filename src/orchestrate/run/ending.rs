@@ -1,0 +1,421 @@
+//! The end of an attempt. Finished and stopped attempts take one path,
+//! driven by [`Ending`]: checkpoint (`final` or `stop`), stop the monitor,
+//! write `summary.json`, publish, requeue (stops only, unless it is time to
+//! exit at once), record the ending event. A stop that cannot wait for a
+//! checkpoint, a stop before training began, and failures end here too.
+
+use std::time::Instant;
+
+use crate::checkpoint::MANIFEST_FILE;
+use crate::config::Config;
+use crate::exit::Outcome;
+use crate::publish::{self, PublishRequest};
+use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
+use crate::telemetry::{
+    ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
+    now_rfc3339,
+};
+use crate::train::{NonFiniteEvent, TrainError};
+
+use super::super::budget;
+use super::super::deadline::Deadline;
+use super::super::devices;
+use super::super::error::RunError;
+use super::super::rundir::{self, SUMMARY_FILE};
+use super::super::stop::{StopFlag, StopReason};
+use super::Attempt;
+
+/// How an attempt that did not fail ends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Ending {
+    /// `max_steps` reached: exit 0.
+    Finished,
+    /// A stop signal or `--stop-at-step`: exit 75.
+    Stopped { reason: StopReason, arrival: Instant, deadline: Option<Deadline> },
+}
+
+impl Ending {
+    /// The kind of the checkpoint written first.
+    fn checkpoint_kind(&self) -> &'static str {
+        match self {
+            Ending::Finished => "final",
+            Ending::Stopped { .. } => "stop",
+        }
+    }
+
+    fn summary_state(&self) -> SummaryState {
+        match self {
+            Ending::Finished => SummaryState::Finished,
+            Ending::Stopped { .. } => SummaryState::Stopped,
+        }
+    }
+
+    fn outcome(&self) -> Outcome {
+        match self {
+            Ending::Finished => Outcome::Done,
+            Ending::Stopped { .. } => Outcome::StoppedWithCheckpoint,
+        }
+    }
+}
+
+/// What the ending path did, for its event.
+#[derive(Debug, Clone, PartialEq)]
+struct Wrapped {
+    /// The step of the checkpoint just written.
+    step: u64,
+    seconds_to_durable_checkpoint: Option<f64>,
+    seconds_left: Option<f64>,
+    signals_received: usize,
+    publish: PublishOutcome,
+    requeue: Option<RequeueRecord>,
+}
+
+/// The event that closes the attempt: `finish` or `stop`.
+fn ending_event(ending: &Ending, done: Wrapped) -> Event {
+    match ending {
+        Ending::Finished => Event::Finish(Finish { step: done.step, publish: done.publish }),
+        Ending::Stopped { reason, .. } => Event::Stop(Stop {
+            step: Some(done.step),
+            reason: reason.name(),
+            seconds_to_durable_checkpoint: done.seconds_to_durable_checkpoint,
+            // Written as `null` when there is no deadline (--stop-at-step).
+            seconds_left: Some(done.seconds_left),
+            signals_received: Some(done.signals_received),
+            publish: Some(done.publish),
+            requeue: done.requeue,
+            ..Stop::default()
+        }),
+    }
+}
+
+impl Attempt {
+    /// A stop was requested during training: records the signal, then either
+    /// exits at once keeping the previous checkpoint (third signal, or the
+    /// deadline passed before the checkpoint began) or takes the ending path.
+    pub(super) fn stop(&mut self, reason: StopReason) -> Result<Outcome, RunError> {
+        let step = self.trainer.step();
+        let arrival = self.stop.first_arrival().unwrap_or_else(Instant::now);
+        let signals = &self.cfg.signals;
+        let deadline = budget::stop_deadline(reason, arrival, signals.grace, signals.safety_margin);
+        tracing::warn!(reason = %reason.name(), step, "stop requested: writing a checkpoint of the last completed step");
+        self.events.record(&Event::Signal(Signal {
+            signal: reason.name(),
+            step: Some(step),
+            arrival: Some(instant_to_rfc3339(arrival)),
+            deadline_in_seconds: Some(budget::seconds_left(deadline, Instant::now())),
+            before_training: false,
+        }))?;
+        if budget::exit_now(self.stop.count(), deadline, Instant::now()) && self.last_durable_step.is_some() {
+            tracing::error!(
+                "third signal or deadline passed before the checkpoint began: exiting at once; the previous checkpoint is intact"
+            );
+            self.events.record(&Event::Stop(Stop {
+                step: self.last_durable_step,
+                reason: reason.name(),
+                fast_exit: true,
+                signals_received: Some(self.stop.count()),
+                ..Stop::default()
+            }))?;
+            self.events.sync()?;
+            return Ok(Outcome::StoppedWithCheckpoint);
+        }
+        self.end(Ending::Stopped { reason, arrival, deadline })
+    }
+
+    /// The ending path of a finished or stopped attempt.
+    pub(super) fn end(&mut self, ending: Ending) -> Result<Outcome, RunError> {
+        let report = self.checkpoint_now(ending.checkpoint_kind())?;
+        let arrival = match ending {
+            Ending::Stopped { arrival, .. } => Some(arrival),
+            Ending::Finished => None,
+        };
+        let to_durable = arrival.map(|a| a.elapsed().as_secs_f64());
+        devices::stop_monitor(self.monitor.take(), &mut self.events)?;
+        if arrival.is_some() && self.stop.count() >= 2 {
+            tracing::warn!(signals = self.stop.count(), "more stop signals arrived during the checkpoint");
+        }
+        self.write_summary(ending.summary_state())?;
+        let (publish, requeue) = self.publish_and_requeue(&ending)?;
+        let deadline = match ending {
+            Ending::Stopped { deadline, .. } => deadline,
+            Ending::Finished => None,
+        };
+        let done = Wrapped {
+            step: report.step,
+            seconds_to_durable_checkpoint: to_durable,
+            seconds_left: budget::seconds_left(deadline, Instant::now()),
+            signals_received: self.stop.count(),
+            publish,
+            requeue,
+        };
+        self.events.record(&ending_event(&ending, done))?;
+        match ending {
+            Ending::Finished => tracing::info!(step = report.step, "training finished"),
+            Ending::Stopped { .. } => {
+                self.events.sync()?;
+                tracing::info!(
+                    step = report.step,
+                    seconds_to_durable_checkpoint = format!("{:.3}", to_durable.unwrap_or_default()),
+                    "stopped with a durable checkpoint; run the same command again to continue"
+                );
+            }
+        }
+        Ok(ending.outcome())
+    }
+
+    /// Publishing, then (after a stop) the requeue step, each within what
+    /// the deadline leaves; both skipped when it is time to exit at once.
+    fn publish_and_requeue(&mut self, ending: &Ending) -> Result<(PublishOutcome, Option<RequeueRecord>), RunError> {
+        match *ending {
+            Ending::Finished => Ok((self.publish("finished", None), None)),
+            Ending::Stopped { deadline, .. } if budget::exit_now(self.stop.count(), deadline, Instant::now()) => {
+                tracing::warn!("skipping publish and requeue: third signal or deadline passed");
+                Ok((PublishOutcome::Skipped { skipped: "fast exit".into() }, Some(RequeueRecord::skip("fast exit"))))
+            }
+            Ending::Stopped { reason, deadline, .. } => {
+                let published = self.publish(&reason.name(), budget::publish_deadline(deadline, Instant::now()));
+                let finished = self.trainer.step() >= self.cfg.run.max_steps;
+                let requeue = requeue_and_record(&self.cfg, &self.slurm, reason, finished, deadline, &mut self.events)?;
+                Ok((published, Some(requeue)))
+            }
+        }
+    }
+
+    /// Records a failure (best effort: the error itself is what the caller
+    /// must see): an `error` event, a failed summary.
+    pub(super) fn fail(&mut self, error: &RunError) {
+        let _ =
+            self.events.record(&Event::Error(ErrorEvent { step: Some(self.trainer.step()), error: error.to_string() }));
+        let _ = self.write_summary(SummaryState::Failed);
+        let _ = self.events.sync();
+    }
+
+    /// A non-finite step under `on_nonfinite = "stop"`: checkpoint, then fail.
+    pub(super) fn nonfinite_stop(&mut self, ev: NonFiniteEvent) -> Result<Outcome, RunError> {
+        self.events.record(&Event::Nonfinite(Nonfinite {
+            step: ev.step,
+            loss: finite(ev.loss),
+            grad_norm: finite(ev.grad_norm),
+            action: "stop".into(),
+            restored_step: None,
+            skipped_batches: None,
+        }))?;
+        self.checkpoint_now("stop")?;
+        Err(RunError::NonFinite { step: ev.step, loss: ev.loss, grad_norm: ev.grad_norm })
+    }
+
+    /// The out-of-memory back-off gave up: checkpoint the last completed
+    /// step and fail (exit 1: running again unchanged would fail again).
+    pub(super) fn out_of_memory_stop(&mut self, error: TrainError) -> Result<Outcome, RunError> {
+        let report = self.checkpoint_now("stop")?;
+        Err(RunError::OutOfMemory { step: report.step, checkpoint: report.dir, source: error })
+    }
+
+    /// Publishes results when `[publish] enabled`; failures are logged, never fatal.
+    fn publish(&mut self, reason: &str, deadline: Option<Deadline>) -> PublishOutcome {
+        if !self.cfg.publish.enabled {
+            return PublishOutcome::Skipped { skipped: "publishing disabled".into() };
+        }
+        let newest_manifest = self.last_durable_step.map(|s| self.store.step_dir(s).join(MANIFEST_FILE));
+        let req = PublishRequest {
+            cfg: &self.cfg.publish,
+            run_name: &self.cfg.run.name,
+            run_dir: &self.dir.root,
+            newest_manifest,
+            step: self.trainer.step(),
+            job_id: self.slurm.job_id.clone(),
+            node: self.slurm.node_name(),
+            reason: reason.to_string(),
+            deadline: deadline.map(|d| d.at),
+        };
+        let outcome = match publish::publish(&req) {
+            Ok(report) => PublishOutcome::Done {
+                commit: report.commit,
+                pushed: report.pushed,
+                attempts: report.attempts,
+                files: report.files,
+                last_error: report.last_error,
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "publishing failed");
+                PublishOutcome::Failed { error: e.to_string() }
+            }
+        };
+        let _ = self.events.record(&Event::Publish(outcome.clone()));
+        outcome
+    }
+
+    fn write_summary(&mut self, state: SummaryState) -> Result<(), RunError> {
+        let summary = Summary {
+            state,
+            run: self.cfg.run.name.clone(),
+            steps: self.trainer.step(),
+            max_steps: self.cfg.run.max_steps,
+            final_loss: self.last_loss,
+            best_loss: self.best_loss,
+            wall_seconds_this_attempt: self.started.elapsed().as_secs_f64(),
+            steps_this_attempt: self.trainer.step() - self.start_step,
+            resumes: self.resumes,
+            checkpoints_written_this_attempt: self.checkpoints_written,
+            last_checkpoint_step: self.last_durable_step,
+            updated_at: now_rfc3339(),
+        };
+        let path = self.dir.path(SUMMARY_FILE);
+        rundir::write_atomically(&path, &summary.to_bytes()).map_err(|source| RunError::RunDir { path, source })
+    }
+}
+
+/// A stop signal before training began: nothing new to save, but the job is
+/// still requeued when it should be. A job preempted (or warned of its time
+/// limit) while it loads exits inside its GraceTime, and SLURM does not
+/// requeue a job that exits by itself: without this it would end FAILED.
+pub(super) fn early_stop(
+    stop: &StopFlag,
+    events: &mut EventLog,
+    durable: Option<u64>,
+    cfg: &Config,
+    alloc: &SlurmEnv,
+) -> Result<Option<Outcome>, RunError> {
+    let Some(reason) = stop.signal() else { return Ok(None) };
+    tracing::warn!(reason = %reason.name(), "stop signal before training began: exiting; earlier checkpoints are intact");
+    events.record(&Event::Signal(Signal {
+        signal: reason.name(),
+        step: durable,
+        before_training: true,
+        ..Signal::default()
+    }))?;
+    let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
+    let deadline = Deadline::after_signal(arrival, cfg.signals.grace, cfg.signals.safety_margin);
+    let requeue = if budget::exit_now(stop.count(), Some(deadline), Instant::now()) {
+        RequeueRecord::skip("fast exit")
+    } else {
+        let finished = durable.is_some_and(|s| s >= cfg.run.max_steps);
+        requeue_and_record(cfg, alloc, reason, finished, Some(deadline), events)?
+    };
+    events.record(&Event::Stop(Stop {
+        step: durable,
+        reason: reason.name(),
+        before_training: true,
+        requeue: Some(requeue),
+        ..Stop::default()
+    }))?;
+    events.sync()?;
+    Ok(Some(Outcome::StoppedWithCheckpoint))
+}
+
+/// The requeue step through the real `scontrol`, each call bounded by what
+/// the deadline leaves; records the `requeue` event and returns it.
+fn requeue_and_record(
+    cfg: &Config,
+    alloc: &SlurmEnv,
+    reason: StopReason,
+    finished: bool,
+    deadline: Option<Deadline>,
+    events: &mut EventLog,
+) -> Result<RequeueRecord, RunError> {
+    let req = RequeueRequest {
+        policy: cfg.signals.requeue,
+        stop: stop_kind(reason),
+        finished,
+        job_id: alloc.control_id(),
+        restart_count: alloc.restart_count,
+        max_restarts: cfg.signals.max_restarts,
+    };
+    let record = slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(deadline, Instant::now()));
+    events.record(&Event::Requeue(record.clone()))?;
+    Ok(record)
+}
+
+/// Why training stopped, as the requeue decision sees it.
+fn stop_kind(reason: StopReason) -> StopKind {
+    match reason {
+        StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
+        StopReason::Signal(_) => StopKind::ClusterSignal,
+        StopReason::StopAtStep => StopKind::StopAtStep,
+    }
+}
+
+/// A number as the records write it: `None` (`null`) when not finite.
+pub(super) fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
+fn instant_to_rfc3339(t: Instant) -> String {
+    let ago = chrono::Duration::from_std(t.elapsed()).unwrap_or_default();
+    (chrono::Utc::now() - ago).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::libc::{SIGINT, SIGTERM, SIGUSR1};
+    use serde_json::{Value, json};
+
+    fn wrapped() -> Wrapped {
+        Wrapped {
+            step: 61,
+            seconds_to_durable_checkpoint: Some(0.5),
+            seconds_left: Some(20.0),
+            signals_received: 1,
+            publish: PublishOutcome::Skipped { skipped: "publishing disabled".into() },
+            requeue: Some(RequeueRecord::skip("not running under SLURM")),
+        }
+    }
+
+    fn fields(event: &Event) -> Value {
+        serde_json::to_value(event).unwrap()
+    }
+
+    #[test]
+    fn finished_and_stopped_differ_only_in_their_data() {
+        let stopped = Ending::Stopped { reason: StopReason::Signal(SIGTERM), arrival: Instant::now(), deadline: None };
+        assert_eq!(
+            (Ending::Finished.checkpoint_kind(), Ending::Finished.summary_state(), Ending::Finished.outcome()),
+            ("final", SummaryState::Finished, Outcome::Done)
+        );
+        assert_eq!(
+            (stopped.checkpoint_kind(), stopped.summary_state(), stopped.outcome()),
+            ("stop", SummaryState::Stopped, Outcome::StoppedWithCheckpoint)
+        );
+    }
+
+    #[test]
+    fn a_finished_attempt_records_its_step_and_publish_only() {
+        let v = fields(&ending_event(&Ending::Finished, wrapped()));
+        assert_eq!(v, json!({"event": "finish", "step": 61, "publish": {"skipped": "publishing disabled"}}));
+    }
+
+    #[test]
+    fn a_stopped_attempt_records_timings_signals_publish_and_requeue() {
+        let t0 = Instant::now();
+        let deadline = Some(Deadline { at: t0 + std::time::Duration::from_secs(30) });
+        let ending = Ending::Stopped { reason: StopReason::Signal(SIGTERM), arrival: t0, deadline };
+        let v = fields(&ending_event(&ending, wrapped()));
+        assert_eq!(
+            v,
+            json!({"event": "stop", "step": 61, "reason": "SIGTERM", "seconds_to_durable_checkpoint": 0.5,
+                   "seconds_left": 20.0, "signals_received": 1, "publish": {"skipped": "publishing disabled"},
+                   "requeue": {"decision": "skip", "reason": "not running under SLURM"}})
+        );
+        // --stop-at-step has no deadline: seconds_left is written, as null.
+        let at_step = Ending::Stopped { reason: StopReason::StopAtStep, arrival: t0, deadline: None };
+        let v = fields(&ending_event(&at_step, Wrapped { seconds_left: None, ..wrapped() }));
+        assert_eq!((&v["reason"], &v["seconds_left"]), (&json!("stop_at_step"), &Value::Null));
+        assert!(v.get("fast_exit").is_none() && v.get("before_training").is_none());
+    }
+
+    #[test]
+    fn sigint_is_an_interrupt_other_signals_come_from_the_cluster() {
+        assert_eq!(stop_kind(StopReason::Signal(SIGINT)), StopKind::Interrupt);
+        assert_eq!(stop_kind(StopReason::Signal(SIGTERM)), StopKind::ClusterSignal);
+        assert_eq!(stop_kind(StopReason::Signal(SIGUSR1)), StopKind::ClusterSignal);
+        assert_eq!(stop_kind(StopReason::StopAtStep), StopKind::StopAtStep);
+    }
+
+    #[test]
+    fn non_finite_numbers_are_recorded_as_null() {
+        assert_eq!(finite(1.5), Some(1.5));
+        assert_eq!(finite(f64::NAN), None);
+        assert_eq!(finite(f64::INFINITY), None);
+    }
+}

@@ -1,0 +1,305 @@
+//! Checkpoints during an attempt: periodic ones (snapshotted on this
+//! thread, persisted in the background), the synchronous one at a stop or
+//! the end, what each records, and the rollback after a non-finite step.
+
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::{SaveReport, Snapshot};
+use crate::config;
+use crate::slurm::{self, SlurmEnv};
+use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, JsonlWriter, Nonfinite};
+use crate::train::NonFiniteEvent;
+
+use super::super::error::RunError;
+use super::super::persist::Persisted;
+use super::super::rundir::METRICS_FILE;
+use super::Attempt;
+use super::ending::finite;
+use super::start::{losses_so_far, truncate_metrics};
+
+impl Attempt {
+    /// True when a periodic checkpoint is due after `step`.
+    pub(super) fn periodic_checkpoint_due(&self, step: u64) -> bool {
+        periodic_due(
+            step,
+            self.cfg.checkpoint.every_steps,
+            self.last_checkpoint.elapsed(),
+            self.cfg.checkpoint.interval,
+        )
+    }
+
+    /// Snapshots into host memory (the stall) and persists in the background
+    /// (or inline with `[checkpoint] async = false`).
+    pub(super) fn periodic_checkpoint(&mut self) -> Result<(), RunError> {
+        if self.persister.busy() {
+            tracing::warn!(step = self.trainer.step(), "previous checkpoint is still being written; skipping this one");
+            return Ok(());
+        }
+        self.last_checkpoint = Instant::now();
+        let t0 = Instant::now();
+        let snapshot = self.snapshot()?;
+        let stall = t0.elapsed().as_secs_f64();
+        if self.cfg.checkpoint.async_save {
+            self.persister.submit(snapshot, stall);
+            Ok(())
+        } else {
+            let payload_bytes = snapshot.payload_bytes();
+            let result = self.store.save(&snapshot);
+            let step = snapshot.step;
+            self.handle_persisted(Persisted {
+                step,
+                payload_bytes,
+                snapshot_seconds: stall,
+                result,
+                buffers: Some(snapshot),
+            })
+        }
+    }
+
+    pub(super) fn collect_background(&mut self) -> Result<(), RunError> {
+        match self.persister.poll() {
+            Some(p) => self.handle_persisted(p),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a finished periodic save; too many failures in a row stop the run.
+    fn handle_persisted(&mut self, mut p: Persisted) -> Result<(), RunError> {
+        if let Some(buffers) = p.buffers.take() {
+            self.spare = Some((buffers.model, buffers.optimizer));
+        }
+        match p.result {
+            Ok(report) => {
+                self.consecutive_failures = 0;
+                self.record_saved(&report, "periodic", p.payload_bytes, p.snapshot_seconds)
+            }
+            Err(e) if e.committed() => {
+                // Durable and loadable; only the directory sync or rotation failed.
+                tracing::warn!(step = p.step, error = %e, "checkpoint committed with a warning");
+                self.consecutive_failures = 0;
+                self.last_durable_step = Some(p.step);
+                self.events.record(&Event::CheckpointSaved(CheckpointSaved {
+                    step: p.step,
+                    kind: "periodic".into(),
+                    warning: Some(e.to_string()),
+                    ..CheckpointSaved::default()
+                }))?;
+                Ok(())
+            }
+            Err(e) => {
+                self.consecutive_failures += 1;
+                tracing::warn!(step = p.step, error = %e, failures_in_a_row = self.consecutive_failures, "background checkpoint failed; training continues, earlier checkpoints are intact");
+                self.events.record(&Event::CheckpointFailed(CheckpointFailed {
+                    step: p.step,
+                    kind: "periodic".into(),
+                    error: e.to_string(),
+                    consecutive_failures: Some(self.consecutive_failures),
+                }))?;
+                if self.consecutive_failures >= self.cfg.checkpoint.max_consecutive_failures {
+                    return Err(RunError::CheckpointsFailing { count: self.consecutive_failures, last: e });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn record_saved(&mut self, r: &SaveReport, kind: &str, payload: u64, stall: f64) -> Result<(), RunError> {
+        self.last_durable_step = Some(r.step);
+        if !r.already_existed {
+            self.checkpoints_written += 1;
+        }
+        tracing::info!(
+            step = r.step,
+            kind,
+            bytes = r.bytes,
+            stall_s = format!("{stall:.4}"),
+            persist_s = format!("{:.3}", r.seconds),
+            "checkpoint saved"
+        );
+        self.events.record(&Event::CheckpointSaved(saved_event(r, kind, payload, stall)))?;
+        Ok(())
+    }
+
+    fn snapshot(&mut self) -> Result<Snapshot, RunError> {
+        let snap = self.trainer.snapshot_reusing(self.spare.take())?;
+        Ok(Snapshot {
+            step: snap.step,
+            model: snap.model,
+            optimizer: snap.optimizer,
+            state: serde_json::json!({
+                "step": snap.step,
+                "train": snap.state,
+                "config_hash": config::training_hash(&self.cfg),
+                "metrics": {"last_loss": self.last_loss, "best_loss": self.best_loss},
+                "host": host_info(&self.slurm),
+                "rekindle_version": env!("CARGO_PKG_VERSION"),
+            }),
+        })
+    }
+
+    /// Writes a checkpoint of the current step synchronously (after any save in flight).
+    pub(super) fn checkpoint_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
+        if let Some(p) = self.persister.wait() {
+            self.handle_persisted(p)?;
+        }
+        let t0 = Instant::now();
+        let snapshot = self.snapshot()?;
+        let stall = t0.elapsed().as_secs_f64();
+        let payload = snapshot.payload_bytes();
+        match self.store.save(&snapshot) {
+            Ok(report) => {
+                self.last_checkpoint = Instant::now();
+                self.record_saved(&report, kind, payload, stall)?;
+                Ok(report)
+            }
+            Err(e) if e.committed() => {
+                tracing::warn!(step = snapshot.step, error = %e, "checkpoint committed with a warning");
+                self.last_checkpoint = Instant::now();
+                self.last_durable_step = Some(snapshot.step);
+                self.events.record(&Event::CheckpointSaved(CheckpointSaved {
+                    step: snapshot.step,
+                    kind: kind.into(),
+                    warning: Some(e.to_string()),
+                    ..CheckpointSaved::default()
+                }))?;
+                Ok(SaveReport {
+                    step: snapshot.step,
+                    dir: self.store.step_dir(snapshot.step),
+                    bytes: payload,
+                    seconds: t0.elapsed().as_secs_f64(),
+                    already_existed: false,
+                    rotated_out: Vec::new(),
+                })
+            }
+            Err(e) => {
+                self.events.record(&Event::CheckpointFailed(CheckpointFailed {
+                    step: snapshot.step,
+                    kind: kind.into(),
+                    error: e.to_string(),
+                    consecutive_failures: None,
+                }))?;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Reloads the newest checkpoint and moves the data cursor past the
+    /// offending batch.
+    pub(super) fn rollback(&mut self, ev: NonFiniteEvent) -> Result<(), RunError> {
+        if let Some(p) = self.persister.wait() {
+            self.handle_persisted(p)?;
+        }
+        let outcome = self.store.load_latest()?;
+        let Some(loaded) = outcome.loaded else {
+            return Err(RunError::NothingToRollBackTo { step: ev.step, dir: self.dir.checkpoints.clone() });
+        };
+        let snap = &loaded.snapshot;
+        self.trainer
+            .restore(&snap.model, &snap.optimizer, &snap.state["train"])
+            .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
+        let skipped = self.trainer.skip_past(&ev)?;
+        (self.last_loss, self.best_loss) = losses_so_far(&snap.state);
+        tracing::warn!(
+            failed_step = ev.step,
+            restored_step = snap.step,
+            skipped_batches = skipped,
+            "non-finite step: rolled back to the last checkpoint and skipped past its data"
+        );
+        self.events.record(&Event::Nonfinite(Nonfinite {
+            step: ev.step,
+            loss: finite(ev.loss),
+            grad_norm: finite(ev.grad_norm),
+            action: "rollback".into(),
+            restored_step: Some(snap.step),
+            skipped_batches: Some(skipped),
+        }))?;
+        truncate_metrics(&self.dir.path(METRICS_FILE), snap.step)?;
+        self.metrics = JsonlWriter::open(self.dir.path(METRICS_FILE))?;
+        Ok(())
+    }
+}
+
+/// A checkpoint falls due every `every_steps` steps (0: never by steps) and
+/// whenever `interval` has passed since the last one.
+fn periodic_due(step: u64, every_steps: u64, since_last: Duration, interval: Duration) -> bool {
+    (every_steps > 0 && step.is_multiple_of(every_steps)) || since_last >= interval
+}
+
+/// The `checkpoint_saved` event of a save that went through.
+fn saved_event(r: &SaveReport, kind: &str, payload: u64, stall: f64) -> CheckpointSaved {
+    let gbps = if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 };
+    CheckpointSaved {
+        step: r.step,
+        kind: kind.into(),
+        bytes: Some(r.bytes),
+        payload_bytes: Some(payload),
+        snapshot_seconds: Some(stall),
+        persist_seconds: Some(r.seconds),
+        gb_per_s: Some(gbps),
+        already_existed: Some(r.already_existed),
+        dir: Some(r.dir.clone()),
+        rotated_out: Some(r.rotated_out.clone()),
+        warning: None,
+    }
+}
+
+/// Host and SLURM job facts recorded in each checkpoint.
+fn host_info(slurm: &SlurmEnv) -> serde_json::Value {
+    serde_json::json!({
+        "node": slurm.node_name(),
+        "hostname": slurm::hostname(),
+        "pid": std::process::id(),
+        "slurm_job_id": slurm.job_id,
+        "slurm_restart_count": slurm.restart_count,
+        "allocation": slurm,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_checkpoints_fall_due_by_steps_or_by_time() {
+        let (hour, second) = (Duration::from_secs(3600), Duration::from_secs(1));
+        assert!(periodic_due(50, 25, second, hour));
+        assert!(!periodic_due(51, 25, second, hour));
+        assert!(!periodic_due(50, 0, second, hour), "every_steps = 0: by time only");
+        assert!(periodic_due(51, 25, hour, hour));
+        assert!(periodic_due(1, 0, hour + second, hour));
+    }
+
+    #[test]
+    fn a_saved_checkpoint_records_size_timings_and_rotation() {
+        let r = SaveReport {
+            step: 50,
+            dir: "ckpt/step-50".into(),
+            bytes: 2_000_000_000,
+            seconds: 2.0,
+            already_existed: false,
+            rotated_out: vec!["ckpt/step-25".into()],
+        };
+        let e = saved_event(&r, "periodic", 1_900_000_000, 0.25);
+        assert_eq!(
+            (e.step, e.kind.as_str(), e.bytes, e.payload_bytes),
+            (50, "periodic", Some(2_000_000_000), Some(1_900_000_000))
+        );
+        assert_eq!((e.snapshot_seconds, e.persist_seconds, e.gb_per_s), (Some(0.25), Some(2.0), Some(1.0)));
+        assert_eq!(e.rotated_out, Some(vec!["ckpt/step-25".into()]));
+        assert_eq!(e.warning, None);
+        let instant = SaveReport { seconds: 0.0, ..r };
+        assert_eq!(saved_event(&instant, "stop", 1, 0.0).gb_per_s, Some(0.0), "no division by zero");
+    }
+
+    #[test]
+    fn checkpoints_record_where_they_were_written() {
+        let env = std::collections::BTreeMap::from([
+            ("SLURM_JOB_ID".to_string(), "7".to_string()),
+            ("SLURMD_NODENAME".to_string(), "n3".to_string()),
+        ]);
+        let info = host_info(&SlurmEnv::from_map(&env));
+        assert_eq!((info["node"].as_str(), info["slurm_job_id"].as_str()), (Some("n3"), Some("7")));
+        assert_eq!(info["slurm_restart_count"], 0);
+        assert_eq!(info["allocation"]["job_id"], "7");
+    }
+}

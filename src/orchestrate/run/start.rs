@@ -1,0 +1,271 @@
+//! The start of an attempt: the `start` event, checkpoints that do not
+//! verify, resuming from the newest one that does (or starting fresh), and
+//! trimming `metrics.jsonl` back to the step resumed from.
+
+use std::path::Path;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+
+use crate::checkpoint::{CheckpointInfo, CheckpointStore, Loaded};
+use crate::config::Config;
+use crate::slurm::SlurmEnv;
+use crate::telemetry::{
+    CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, Resume, Start, Summary, metrics_step,
+};
+use crate::train::Trainer;
+
+use super::super::devices::Devices;
+use super::super::error::RunError;
+use super::super::persist::Persister;
+use super::super::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
+use super::super::stop::StopFlag;
+use super::ending::early_stop;
+use super::{Attempt, Started, context};
+
+impl Attempt {
+    /// Opens the records, places the run, resumes (or starts fresh) and
+    /// starts the monitor; a stop signal that arrived meanwhile ends it here.
+    pub(super) fn start(
+        cfg: Config,
+        dir: RunDir,
+        stop: StopFlag,
+        stop_at_step: Option<u64>,
+        slurm: SlurmEnv,
+        lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Started, RunError> {
+        let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
+        let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
+        // The placement plan needs the model's size, so the trainer comes first.
+        let mut trainer = Trainer::new(&cfg)?;
+        let mut devices = Devices::select(&cfg, &mut trainer)?;
+        events.record(&start_event(&cfg, &dir, &slurm, &devices))?;
+        devices.announce(&mut events)?;
+        let outcome = store.load_latest()?;
+        record_rejected(&mut events, &outcome.rejected)?;
+        let last_durable_step = outcome.loaded.as_ref().map(|l| l.snapshot.step);
+        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
+            return Ok(Started::StoppedEarly(early));
+        }
+        let resumes = previous_summary(&dir).map(|s| s.resumes).unwrap_or(0);
+        let (start_step, resumes) = match &outcome.loaded {
+            Some(loaded) => {
+                let snap = &loaded.snapshot;
+                trainer
+                    .restore(&snap.model, &snap.optimizer, &snap.state["train"])
+                    .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
+                let last_logged = last_logged_step(&dir.path(METRICS_FILE));
+                let resume = resume_event(loaded, last_logged, &slurm, Utc::now());
+                tracing::info!(step = snap.step, dir = %loaded.dir.display(), steps_lost = resume.steps_lost, "resumed from checkpoint");
+                events.record(&Event::Resume(resume))?;
+                (snap.step, resumes + 1)
+            }
+            None => {
+                fresh_start(&mut events, outcome.rejected.len())?;
+                (0, resumes)
+            }
+        };
+        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
+            return Ok(Started::StoppedEarly(early));
+        }
+        // Steps logged after the checkpoint we resumed from were lost with the
+        // previous attempt; they are trained again, so drop their lines to keep
+        // every step exactly once.
+        truncate_metrics(&dir.path(METRICS_FILE), start_step)?;
+        let metrics = JsonlWriter::open(dir.path(METRICS_FILE))?;
+        let persister = Persister::spawn(store.clone())
+            .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
+        // The losses so far come from the checkpoint, not summary.json: a
+        // SIGKILLed attempt writes no summary, and after a fallback to an older
+        // checkpoint the summary covers steps that are trained again.
+        let (last_loss, best_loss) =
+            outcome.loaded.as_ref().map(|l| losses_so_far(&l.snapshot.state)).unwrap_or_default();
+        let monitor = devices.start_monitor(&cfg, &dir, trainer.param_count());
+        Ok(Started::Ready(Box::new(Attempt {
+            last_loss,
+            best_loss,
+            cfg,
+            dir,
+            store,
+            persister,
+            events,
+            metrics,
+            trainer,
+            devices,
+            monitor,
+            stop,
+            stop_at_step,
+            slurm,
+            started: Instant::now(),
+            start_step,
+            checkpoints_written: 0,
+            consecutive_failures: 0,
+            last_checkpoint: Instant::now(),
+            last_durable_step,
+            resumes,
+            lock_lost,
+            spare: None,
+        })))
+    }
+}
+
+fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) -> Event {
+    Event::Start(Start {
+        pid: std::process::id(),
+        rekindle_version: env!("CARGO_PKG_VERSION").into(),
+        run_dir: dir.root.clone(),
+        allocation: serde_json::to_value(slurm).unwrap_or_default(),
+        max_steps: cfg.run.max_steps,
+        placement: devices.describe(),
+    })
+}
+
+/// A `checkpoint_rejected` event (and a warning) per checkpoint that does not verify.
+fn record_rejected(events: &mut EventLog, rejected: &[CheckpointInfo]) -> Result<(), RunError> {
+    for r in rejected {
+        let reasons: Vec<String> = r.failures.iter().map(|f| f.to_string()).collect();
+        events.record(&Event::CheckpointRejected(CheckpointRejected {
+            step: r.step,
+            dir: r.dir.clone(),
+            failures: serde_json::to_value(&r.failures).unwrap_or_default(),
+        }))?;
+        tracing::warn!(step = r.step, reasons = %reasons.join("; "), "skipping checkpoint that does not verify");
+    }
+    Ok(())
+}
+
+/// No checkpoint to resume from: say so, loudly when some were rejected.
+fn fresh_start(events: &mut EventLog, rejected: usize) -> Result<(), RunError> {
+    if rejected == 0 {
+        tracing::info!("no checkpoint yet: starting from step 0");
+        return Ok(());
+    }
+    tracing::error!(
+        rejected,
+        "NO CHECKPOINT VERIFIES: starting fresh from step 0 (the invalid ones are kept for inspection)"
+    );
+    events.record(&Event::FreshStart(FreshStart { reason: "no checkpoint verifies".into(), rejected }))?;
+    Ok(())
+}
+
+/// The `resume` event for a checkpoint loaded at `now`; `last_logged` is
+/// the highest step in metrics.jsonl (what the previous attempt reached).
+fn resume_event(loaded: &Loaded, last_logged: Option<u64>, slurm: &SlurmEnv, now: DateTime<Utc>) -> Resume {
+    let snap = &loaded.snapshot;
+    let since_checkpoint = DateTime::parse_from_rfc3339(&loaded.manifest.created_at)
+        .ok()
+        .map(|t| (now - t.with_timezone(&Utc)).num_milliseconds() as f64 / 1000.0);
+    Resume {
+        step: snap.step,
+        from: loaded.dir.clone(),
+        previous_node: snap.state["host"]["node"].as_str().map(str::to_string),
+        previous_attempt: snap.state["host"]["slurm_restart_count"].as_u64(),
+        this_node: slurm.node_name(),
+        restart_count: slurm.restart_count,
+        steps_lost: last_logged.map(|s| s.saturating_sub(snap.step)).unwrap_or(0),
+        seconds_since_checkpoint: since_checkpoint,
+    }
+}
+
+fn previous_summary(dir: &RunDir) -> Option<Summary> {
+    Summary::read(&dir.path(SUMMARY_FILE))
+}
+
+/// `(last_loss, best_loss)` of the steps up to a checkpoint, as its `state.json` recorded them.
+pub(super) fn losses_so_far(state: &serde_json::Value) -> (Option<f64>, Option<f64>) {
+    (state["metrics"]["last_loss"].as_f64(), state["metrics"]["best_loss"].as_f64())
+}
+
+/// The highest step in metrics.jsonl (what the previous attempt reached).
+fn last_logged_step(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().filter_map(|l| metrics_step(&serde_json::from_str(l).ok()?)).max()
+}
+
+/// Keeps only metric lines of steps ≤ `step` (and drops a torn last line).
+pub(super) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let kept: String = text
+        .lines()
+        .filter(|line| serde_json::from_str(line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if kept.len() != text.len() {
+        rundir::write_atomically(path, kept.as_bytes())
+            .map_err(|source| RunError::RunDir { path: path.to_path_buf(), source })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{Manifest, Snapshot, TensorSet};
+    use std::collections::BTreeMap;
+
+    const METRICS: &str = "{\"step\":4,\"loss\":1.0}\n{\"step\":6,\"val_loss\":0.9}\n{\"step\":8,\"loss\":0.8}\n";
+
+    #[test]
+    fn truncating_metrics_keeps_steps_up_to_the_checkpoint_and_drops_a_torn_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        std::fs::write(&path, format!("{METRICS}{{\"step\":9,\"lo")).unwrap();
+        truncate_metrics(&path, 6).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"step\":4,\"loss\":1.0}\n{\"step\":6,\"val_loss\":0.9}\n"
+        );
+        // Nothing to drop: the file is left alone; a missing file is fine.
+        truncate_metrics(&path, 100).unwrap();
+        assert!(std::fs::read_to_string(&path).unwrap().ends_with("0.9}\n"));
+        truncate_metrics(&tmp.path().join("absent.jsonl"), 0).unwrap();
+    }
+
+    #[test]
+    fn the_last_logged_step_counts_every_kind_of_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        std::fs::write(&path, format!("{METRICS}{{\"step\":10,\"val_loss\":0.7}}\n{{\"step\":11")).unwrap();
+        assert_eq!(last_logged_step(&path), Some(10));
+        assert_eq!(last_logged_step(&tmp.path().join("absent.jsonl")), None);
+    }
+
+    fn loaded(step: u64, state: serde_json::Value) -> Loaded {
+        Loaded {
+            dir: format!("ckpt/step-{step}").into(),
+            manifest: Manifest {
+                format_version: 1,
+                step,
+                created_at: "2026-11-23T12:00:00.000Z".into(),
+                rekindle_version: "test".into(),
+                files: Vec::new(),
+            },
+            snapshot: Snapshot { step, model: TensorSet::new(), optimizer: TensorSet::new(), state },
+        }
+    }
+
+    #[test]
+    fn a_resume_says_where_from_what_was_lost_and_how_old_the_checkpoint_is() {
+        let state = serde_json::json!({"host": {"node": "n1", "slurm_restart_count": 2}});
+        let slurm = SlurmEnv::from_map(&BTreeMap::from([
+            ("SLURMD_NODENAME".to_string(), "n2".to_string()),
+            ("SLURM_RESTART_COUNT".to_string(), "3".to_string()),
+        ]));
+        let now = DateTime::parse_from_rfc3339("2026-11-23T12:00:01.500Z").unwrap().with_timezone(&Utc);
+        let r = resume_event(&loaded(50, state), Some(61), &slurm, now);
+        assert_eq!((r.step, r.steps_lost, r.restart_count), (50, 11, 3));
+        assert_eq!((r.previous_node.as_deref(), r.previous_attempt, r.this_node.as_str()), (Some("n1"), Some(2), "n2"));
+        assert_eq!(r.seconds_since_checkpoint, Some(1.5));
+        assert_eq!(r.from, Path::new("ckpt/step-50"));
+        // A checkpoint without host facts, and nothing logged after it.
+        let r = resume_event(&loaded(50, serde_json::json!({})), Some(40), &slurm, now);
+        assert_eq!((r.previous_node, r.previous_attempt, r.steps_lost), (None, None, 0));
+    }
+
+    #[test]
+    fn losses_come_from_the_checkpoint_state() {
+        let state = serde_json::json!({"metrics": {"last_loss": 0.5, "best_loss": null}});
+        assert_eq!(losses_so_far(&state), (Some(0.5), None));
+        assert_eq!(losses_so_far(&serde_json::json!({})), (None, None));
+    }
+}

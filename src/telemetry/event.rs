@@ -1,0 +1,693 @@
+//! The lines of `events.jsonl` as types: [`Event`] is one variant per event
+//! kind, serde-tagged by `event`, and [`RecordedEvent`] is a line read back
+//! with its envelope (`time`, `node`, `job_id`, `attempt`).
+//!
+//! The JSON these types write is the format documented in
+//! `docs/run-directory.md`; a test checks that every variant is documented
+//! there. Writers only ever produce known variants; readers are lenient: every
+//! field has a default (older versions and hand-written fixtures omit some),
+//! an unknown event kind, or a known one whose fields do not fit, reads as
+//! [`Event::Other`] holding the raw object, and [`RecordedEvent::raw`] keeps
+//! every field, known or not.
+//!
+//! Nested objects that other modules own and serialise (the placement plan,
+//! the SLURM allocation, checkpoint verification failures, the monitor's
+//! warnings) are kept as JSON values here: this module is the records'
+//! vocabulary and depends on no other part of rekindle.
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+/// One event of `events.jsonl` (without its envelope, see [`EventContext`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// An attempt began (written once the placement is known).
+    Start(Start),
+    /// A checkpoint directory did not verify at start-up and is skipped.
+    CheckpointRejected(CheckpointRejected),
+    /// Training resumed from a checkpoint.
+    Resume(Resume),
+    /// Checkpoints exist but none verifies: training starts again at step 0.
+    FreshStart(FreshStart),
+    /// A GPU could not be used: training goes on on the CPU.
+    GpuFallback(GpuFallback),
+    /// A step ran out of memory and is retried with a smaller micro-batch.
+    OomRetry(OomRetry),
+    /// A checkpoint is durable.
+    CheckpointSaved(CheckpointSaved),
+    /// A checkpoint could not be written (earlier ones are intact).
+    CheckpointFailed(CheckpointFailed),
+    /// A step's loss or gradient was not finite.
+    Nonfinite(Nonfinite),
+    /// A stop signal (or `--stop-at-step`) was acted on.
+    Signal(Signal),
+    /// The GPU/host monitor stopped.
+    Monitor(MonitorOutcome),
+    /// Results were published (or publishing failed).
+    Publish(PublishOutcome),
+    /// The requeue decision and what `scontrol requeue` answered.
+    Requeue(RequeueRecord),
+    /// The attempt stopped with a durable checkpoint (exit 75).
+    Stop(Stop),
+    /// Training reached `max_steps` (exit 0).
+    Finish(Finish),
+    /// The attempt failed (exit 1).
+    Error(ErrorEvent),
+    /// An event this version does not know (or whose fields do not fit):
+    /// the whole object, `event` included. Never written by this version.
+    #[serde(untagged)]
+    Other(Value),
+}
+
+/// Every `event` name this version writes, in the order of [`Event`].
+pub const EVENT_NAMES: [&str; 16] = [
+    "start",
+    "checkpoint_rejected",
+    "resume",
+    "fresh_start",
+    "gpu_fallback",
+    "oom_retry",
+    "checkpoint_saved",
+    "checkpoint_failed",
+    "nonfinite",
+    "signal",
+    "monitor",
+    "publish",
+    "requeue",
+    "stop",
+    "finish",
+    "error",
+];
+
+impl Event {
+    /// The `event` name (for [`Event::Other`], the name it was read with).
+    pub fn name(&self) -> &str {
+        match self {
+            Event::Start(_) => "start",
+            Event::CheckpointRejected(_) => "checkpoint_rejected",
+            Event::Resume(_) => "resume",
+            Event::FreshStart(_) => "fresh_start",
+            Event::GpuFallback(_) => "gpu_fallback",
+            Event::OomRetry(_) => "oom_retry",
+            Event::CheckpointSaved(_) => "checkpoint_saved",
+            Event::CheckpointFailed(_) => "checkpoint_failed",
+            Event::Nonfinite(_) => "nonfinite",
+            Event::Signal(_) => "signal",
+            Event::Monitor(_) => "monitor",
+            Event::Publish(_) => "publish",
+            Event::Requeue(_) => "requeue",
+            Event::Stop(_) => "stop",
+            Event::Finish(_) => "finish",
+            Event::Error(_) => "error",
+            Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
+        }
+    }
+
+    /// The event's own `step`, when it has one.
+    pub fn step(&self) -> Option<u64> {
+        match self {
+            Event::CheckpointRejected(e) => Some(e.step),
+            Event::Resume(e) => Some(e.step),
+            Event::OomRetry(e) => Some(e.step),
+            Event::CheckpointSaved(e) => Some(e.step),
+            Event::CheckpointFailed(e) => Some(e.step),
+            Event::Nonfinite(e) => Some(e.step),
+            Event::Signal(e) => e.step,
+            Event::Stop(e) => e.step,
+            Event::Finish(e) => Some(e.step),
+            Event::Error(e) => e.step,
+            Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
+            Event::Start(_)
+            | Event::FreshStart(_)
+            | Event::GpuFallback(_)
+            | Event::Monitor(_)
+            | Event::Publish(_)
+            | Event::Requeue(_) => None,
+        }
+    }
+}
+
+/// `start`: who runs the attempt, where, and on which devices.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Start {
+    pub pid: u32,
+    pub rekindle_version: String,
+    pub run_dir: PathBuf,
+    /// The SLURM allocation as the environment describes it (`SlurmEnv`).
+    pub allocation: Value,
+    pub max_steps: u64,
+    /// Backend, plan, layout and devices in use (see `orchestrate::Devices`).
+    pub placement: Value,
+}
+
+/// `checkpoint_rejected`: a checkpoint that does not verify.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckpointRejected {
+    pub step: u64,
+    pub dir: PathBuf,
+    /// What failed to verify, file by file.
+    pub failures: Value,
+}
+
+/// `resume`: the checkpoint training continues from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Resume {
+    pub step: u64,
+    /// The checkpoint directory.
+    pub from: PathBuf,
+    /// The node that wrote the checkpoint.
+    pub previous_node: Option<String>,
+    /// SLURM's restart count when the checkpoint was written.
+    pub previous_attempt: Option<u64>,
+    pub this_node: String,
+    pub restart_count: u32,
+    /// Steps the previous attempt logged after this checkpoint (trained again).
+    pub steps_lost: u64,
+    /// Age of the checkpoint in seconds.
+    pub seconds_since_checkpoint: Option<f64>,
+}
+
+/// `fresh_start`: no checkpoint verifies.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FreshStart {
+    pub reason: String,
+    /// Checkpoints rejected.
+    pub rejected: usize,
+}
+
+/// `gpu_fallback`: why the GPU plan is not used, and the CPU plan instead.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuFallback {
+    pub reason: String,
+    /// The GPU plan that could not be used (`null` when there was none).
+    pub wanted: Value,
+    pub plan: Value,
+    pub layout: Value,
+}
+
+/// `oom_retry`: one retry of a step after running out of memory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OomRetry {
+    pub step: u64,
+    /// 1 for the first retry of this step.
+    pub retry: u32,
+    /// The layout that ran out of memory.
+    pub from: Value,
+    /// The layout of the retry.
+    pub to: Value,
+    pub error: String,
+}
+
+/// `checkpoint_saved`: either a full report (`bytes` … `rotated_out`), or,
+/// for a checkpoint committed with a problem afterwards, only `warning`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckpointSaved {
+    pub step: u64,
+    /// periodic, stop or final.
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_bytes: Option<u64>,
+    /// Training stalled this long to copy the state to host memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_seconds: Option<f64>,
+    /// Writing, fsync and commit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persist_seconds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gb_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub already_existed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    /// Checkpoint directories removed by rotation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotated_out: Option<Vec<PathBuf>>,
+    /// Committed and loadable, but the directory sync or rotation failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// `checkpoint_failed`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckpointFailed {
+    pub step: u64,
+    pub kind: String,
+    pub error: String,
+    /// Periodic saves only: failures in a row so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+}
+
+/// `nonfinite`: `action` is `stop` or `rollback` (then `restored_step` and
+/// `skipped_batches` say where training went back to).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Nonfinite {
+    pub step: u64,
+    /// `null` when not finite.
+    pub loss: Option<f64>,
+    pub grad_norm: Option<f64>,
+    pub action: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restored_step: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_batches: Option<u64>,
+}
+
+/// `signal`: during training with `arrival` and `deadline_in_seconds`; before
+/// training with `before_training: true` instead.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Signal {
+    /// SIGTERM, SIGUSR1, …, or `stop_at_step`.
+    pub signal: String,
+    /// The last completed step (before training: the newest durable one, or `null`).
+    pub step: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arrival: Option<String>,
+    /// Present during training; `null` when there is no deadline (`--stop-at-step`).
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    pub deadline_in_seconds: Option<Option<f64>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub before_training: bool,
+}
+
+/// `stop`: three shapes, by how the attempt stopped — with a stop checkpoint
+/// (`seconds_to_durable_checkpoint` … `requeue`), a fast exit keeping the
+/// previous checkpoint (`fast_exit: true`), or before training began
+/// (`before_training: true` and `requeue`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Stop {
+    /// The step of the durable checkpoint kept (`null`: none yet).
+    pub step: Option<u64>,
+    /// The signal name or `stop_at_step`.
+    pub reason: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fast_exit: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub before_training: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seconds_to_durable_checkpoint: Option<f64>,
+    /// Seconds left before the deadline at the end (`null`: no deadline).
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    pub seconds_left: Option<Option<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signals_received: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish: Option<PublishOutcome>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requeue: Option<RequeueRecord>,
+}
+
+/// `finish`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Finish {
+    pub step: u64,
+    pub publish: PublishOutcome,
+}
+
+/// `error`: `step` is absent when the failure came before training (e.g.
+/// `[gpu] require = true` with no usable GPU).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ErrorEvent {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    pub error: String,
+}
+
+/// What publishing did, as `publish`, `stop.publish` and `finish.publish` record it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PublishOutcome {
+    /// Not attempted: `publishing disabled`, `fast exit`.
+    Skipped { skipped: String },
+    /// Even the local commit failed.
+    Failed { error: String },
+    /// Committed; `pushed` says whether the push succeeded.
+    Done {
+        /// The new commit; `null` when nothing changed since the last publish.
+        commit: Option<String>,
+        pushed: bool,
+        attempts: u32,
+        files: Vec<String>,
+        /// The last push error, when not pushed.
+        last_error: Option<String>,
+    },
+}
+
+impl Default for PublishOutcome {
+    fn default() -> PublishOutcome {
+        PublishOutcome::Skipped { skipped: String::new() }
+    }
+}
+
+/// What the stopped monitor reports (`monitor`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MonitorOutcome {
+    Failed {
+        error: String,
+    },
+    Stopped {
+        samples: u64,
+        /// `low_utilization` and `low_disk` warnings, each with its numbers.
+        warnings: Vec<Value>,
+        /// Seconds the monitor spent sampling and writing.
+        busy_seconds: f64,
+    },
+}
+
+/// The requeue decision (`decision`: `requeue` or `skip`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum RequeueDecision {
+    Requeue {
+        #[serde(default)]
+        job_id: String,
+        #[serde(default)]
+        reason: String,
+    },
+    Skip {
+        #[serde(default)]
+        reason: String,
+    },
+}
+
+impl RequeueDecision {
+    /// `requeue` or `skip`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RequeueDecision::Requeue { .. } => "requeue",
+            RequeueDecision::Skip { .. } => "skip",
+        }
+    }
+
+    pub fn reason(&self) -> &str {
+        match self {
+            RequeueDecision::Requeue { reason, .. } | RequeueDecision::Skip { reason } => reason,
+        }
+    }
+}
+
+/// What `scontrol requeue` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequeueAnswer {
+    Requeued,
+    /// SLURM said the job is already pending or requeued: counts as success.
+    AlreadyPending,
+}
+
+/// `requeue` (also `stop.requeue`): the decision, and for a requeue either
+/// SLURM's `answer` or the `error` that kept it from answering.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequeueRecord {
+    #[serde(flatten)]
+    pub decision: RequeueDecision,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<RequeueAnswer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RequeueRecord {
+    /// A decision not carried out (or not needing to be).
+    pub fn skip(reason: impl Into<String>) -> RequeueRecord {
+        RequeueRecord { decision: RequeueDecision::Skip { reason: reason.into() }, answer: None, error: None }
+    }
+}
+
+/// Fields of every event: the node, SLURM job id and SLURM restart count.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventContext {
+    pub node: String,
+    pub job_id: Option<String>,
+    /// SLURM's restart count (0 outside SLURM).
+    pub attempt: u32,
+}
+
+/// A line as written: envelope and event.
+#[derive(Serialize)]
+pub(crate) struct EventLine<'a> {
+    pub time: String,
+    #[serde(flatten)]
+    pub context: &'a EventContext,
+    #[serde(flatten)]
+    pub event: &'a Event,
+}
+
+/// One line of `events.jsonl` read back: the envelope typed, the event typed,
+/// and every field (known or not) in `raw`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedEvent {
+    /// start, resume, checkpoint_saved, signal, stop, requeue, finish, …
+    pub name: String,
+    pub time: Option<DateTime<Utc>>,
+    pub node: Option<String>,
+    pub job_id: Option<String>,
+    /// SLURM's restart count when the event was written (0 outside SLURM).
+    pub slurm_attempt: Option<u64>,
+    /// The event's own `step`, when it has one.
+    pub step: Option<u64>,
+    pub event: Event,
+    pub raw: Value,
+}
+
+impl RecordedEvent {
+    /// Types a record; `None` when it has no `event` name.
+    pub fn from_value(raw: Value) -> Option<RecordedEvent> {
+        let name = raw.get("event")?.as_str()?.to_string();
+        let text = |k: &str| match raw.get(k) {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        let event = serde_json::from_value::<Event>(raw.clone()).unwrap_or_else(|_| Event::Other(raw.clone()));
+        Some(RecordedEvent {
+            time: super::records::time_field(&raw, "time"),
+            node: text("node"),
+            job_id: text("job_id"),
+            slurm_attempt: raw.get("attempt").and_then(Value::as_u64),
+            step: event.step(),
+            name,
+            event,
+            raw,
+        })
+    }
+}
+
+/// Serialises as the line was read (every field, known or not).
+impl Serialize for RecordedEvent {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.raw.serialize(serializer)
+    }
+}
+
+/// Types every record that names an event.
+pub fn events_from(records: Vec<Value>) -> Vec<RecordedEvent> {
+    records.into_iter().filter_map(RecordedEvent::from_value).collect()
+}
+
+/// A field that may be absent (`None`), `null` (`Some(None)`) or a value.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn line(event: &Event) -> Value {
+        let ctx = EventContext { node: "n1".into(), job_id: Some("7".into()), attempt: 2 };
+        serde_json::to_value(EventLine { time: "t".into(), context: &ctx, event }).unwrap()
+    }
+
+    #[test]
+    fn events_are_tagged_by_name_next_to_the_envelope() {
+        let v = line(&Event::Finish(Finish {
+            step: 9,
+            publish: PublishOutcome::Skipped { skipped: "publishing disabled".into() },
+        }));
+        assert_eq!(
+            v,
+            json!({"event": "finish", "time": "t", "node": "n1", "job_id": "7", "attempt": 2, "step": 9,
+                   "publish": {"skipped": "publishing disabled"}})
+        );
+    }
+
+    #[test]
+    fn absent_null_and_value_stay_distinct() {
+        let before =
+            Event::Signal(Signal { signal: "SIGTERM".into(), step: None, before_training: true, ..Signal::default() });
+        let v = line(&before);
+        assert_eq!(v["step"], Value::Null);
+        assert!(v.get("deadline_in_seconds").is_none() && v.get("arrival").is_none());
+        let during = Event::Signal(Signal {
+            signal: "stop_at_step".into(),
+            step: Some(4),
+            arrival: Some("a".into()),
+            deadline_in_seconds: Some(None),
+            before_training: false,
+        });
+        let v = line(&during);
+        assert_eq!(v["deadline_in_seconds"], Value::Null);
+        assert!(v.get("before_training").is_none());
+        let back = RecordedEvent::from_value(v).unwrap();
+        assert_eq!(back.event, during);
+    }
+
+    #[test]
+    fn every_variant_round_trips_through_its_json() {
+        let requeue = RequeueRecord {
+            decision: RequeueDecision::Requeue { job_id: "7".into(), reason: "preempted".into() },
+            answer: Some(RequeueAnswer::AlreadyPending),
+            error: None,
+        };
+        let events = vec![
+            Event::Start(Start { pid: 1, max_steps: 5, allocation: json!({"job_id": null}), ..Start::default() }),
+            Event::CheckpointRejected(CheckpointRejected { step: 3, failures: json!([]), ..Default::default() }),
+            Event::Resume(Resume { step: 3, previous_node: Some("n0".into()), ..Default::default() }),
+            Event::FreshStart(FreshStart { reason: "no checkpoint verifies".into(), rejected: 2 }),
+            Event::GpuFallback(GpuFallback { reason: "r".into(), ..Default::default() }),
+            Event::OomRetry(OomRetry { step: 2, retry: 1, error: "oom".into(), ..Default::default() }),
+            Event::CheckpointSaved(CheckpointSaved {
+                step: 5,
+                kind: "final".into(),
+                bytes: Some(10),
+                ..Default::default()
+            }),
+            Event::CheckpointFailed(CheckpointFailed {
+                step: 5,
+                kind: "stop".into(),
+                error: "e".into(),
+                consecutive_failures: None,
+            }),
+            Event::Nonfinite(Nonfinite {
+                step: 4,
+                loss: None,
+                grad_norm: Some(1.0),
+                action: "stop".into(),
+                ..Default::default()
+            }),
+            Event::Signal(Signal { signal: "SIGUSR1".into(), step: Some(2), ..Default::default() }),
+            Event::Monitor(MonitorOutcome::Stopped { samples: 3, warnings: vec![], busy_seconds: 0.5 }),
+            Event::Publish(PublishOutcome::Done {
+                commit: None,
+                pushed: false,
+                attempts: 2,
+                files: vec![],
+                last_error: Some("x".into()),
+            }),
+            Event::Requeue(requeue.clone()),
+            Event::Stop(Stop {
+                step: Some(5),
+                reason: "SIGTERM".into(),
+                seconds_left: Some(Some(3.0)),
+                requeue: Some(requeue),
+                ..Default::default()
+            }),
+            Event::Finish(Finish { step: 5, publish: PublishOutcome::Failed { error: "e".into() } }),
+            Event::Error(ErrorEvent { step: None, error: "boom".into() }),
+        ];
+        assert_eq!(events.len(), EVENT_NAMES.len());
+        for (event, name) in events.iter().zip(EVENT_NAMES) {
+            assert_eq!(event.name(), name);
+            let v = line(event);
+            assert_eq!(v["event"], name);
+            let back = RecordedEvent::from_value(v).unwrap();
+            assert_eq!(&back.event, event, "{name}");
+        }
+    }
+
+    /// Adding a variant stops this from compiling until it is handled here:
+    /// list it in [`EVENT_NAMES`] (and so in docs/run-directory.md).
+    fn is_listed(event: &Event) -> bool {
+        match event {
+            Event::Start(_)
+            | Event::CheckpointRejected(_)
+            | Event::Resume(_)
+            | Event::FreshStart(_)
+            | Event::GpuFallback(_)
+            | Event::OomRetry(_)
+            | Event::CheckpointSaved(_)
+            | Event::CheckpointFailed(_)
+            | Event::Nonfinite(_)
+            | Event::Signal(_)
+            | Event::Monitor(_)
+            | Event::Publish(_)
+            | Event::Requeue(_)
+            | Event::Stop(_)
+            | Event::Finish(_)
+            | Event::Error(_) => EVENT_NAMES.contains(&event.name()),
+            Event::Other(_) => false,
+        }
+    }
+
+    #[test]
+    fn every_listed_name_reads_as_its_own_variant() {
+        for name in EVENT_NAMES {
+            let fields = match name {
+                "monitor" => json!({"event": name, "samples": 1, "warnings": [], "busy_seconds": 0.0}),
+                "publish" => json!({"event": name, "skipped": "publishing disabled"}),
+                "requeue" => json!({"event": name, "decision": "skip", "reason": "r"}),
+                _ => json!({"event": name}),
+            };
+            let e = RecordedEvent::from_value(fields).unwrap();
+            assert!(is_listed(&e.event), "{name} reads as {:?}", e.event);
+            assert_eq!(e.event.name(), name);
+        }
+    }
+
+    /// The section of docs/run-directory.md that documents each event (`### `name``).
+    fn documented_events() -> Vec<String> {
+        let doc = include_str!("../../docs/run-directory.md");
+        let section = doc.split("\n## events.jsonl").nth(1).expect("docs/run-directory.md has ## events.jsonl");
+        let section = section.split("\n## ").next().unwrap_or_default();
+        section.lines().filter_map(|l| l.strip_prefix("### `")?.strip_suffix('`').map(str::to_string)).collect()
+    }
+
+    #[test]
+    fn every_event_is_documented_and_every_documented_event_exists() {
+        let documented = documented_events();
+        for name in EVENT_NAMES {
+            assert!(documented.iter().any(|d| d == name), "event `{name}` is missing from docs/run-directory.md");
+        }
+        for name in &documented {
+            assert!(EVENT_NAMES.contains(&name.as_str()), "docs/run-directory.md documents `{name}`, not an event");
+        }
+        assert_eq!(documented.len(), EVENT_NAMES.len(), "an event is documented twice: {documented:?}");
+    }
+
+    #[test]
+    fn unknown_kinds_and_fields_are_kept_not_rejected() {
+        let v = json!({"event": "teleport", "time": "2026-11-01T10:00:00Z", "step": 3, "where": "moon"});
+        let e = RecordedEvent::from_value(v.clone()).unwrap();
+        assert_eq!(e.event, Event::Other(v));
+        assert_eq!((e.name.as_str(), e.event.name(), e.step), ("teleport", "teleport", Some(3)));
+        let e = RecordedEvent::from_value(json!({"event": "resume", "step": 3, "flux": 1})).unwrap();
+        assert!(matches!(e.event, Event::Resume(Resume { step: 3, .. })));
+        assert_eq!(e.raw["flux"], 1);
+        // A known kind whose field has the wrong type is kept whole, too.
+        let e = RecordedEvent::from_value(json!({"event": "resume", "step": "three"})).unwrap();
+        assert!(matches!(e.event, Event::Other(_)));
+        assert_eq!(e.name, "resume");
+    }
+}

@@ -1,0 +1,154 @@
+//! `metrics.jsonl`: a [`StepLine`] every `[train] log_every` steps (and at
+//! `max_steps`), and a [`ValLine`] every `[train] eval_every` steps. Non-finite
+//! numbers are written as `null`. Also the report's views of those lines.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::records::time_field;
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum MetricsLine {
+    Step(StepLine),
+    Val(ValLine),
+}
+
+/// A training step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepLine {
+    /// Steps completed, this one included.
+    pub step: u64,
+    /// Mean loss over the step's micro-batches.
+    pub loss: Option<f64>,
+    pub lr: Option<f64>,
+    /// Global L2 norm of the gradient before clipping.
+    pub grad_norm: Option<f64>,
+    pub clipped: bool,
+    /// Samples in the step.
+    pub samples: u64,
+    /// Tokens in the step (language models; `null` otherwise).
+    pub tokens: Option<u64>,
+    pub samples_per_s: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+    /// The loss scale after the step (f16 only; `null` otherwise).
+    pub loss_scale: Option<f64>,
+    /// The update was skipped: a loss or gradient was not finite.
+    pub skipped_nonfinite: bool,
+    /// Epoch of the data cursor after the step.
+    pub epoch: u64,
+    /// Wall-clock seconds of the step.
+    pub elapsed_s: Option<f64>,
+    /// RFC 3339, UTC.
+    pub time: String,
+}
+
+/// A validation loss.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ValLine {
+    pub step: u64,
+    pub val_loss: Option<f64>,
+    pub time: String,
+}
+
+impl MetricsLine {
+    /// Types a record: a validation line has `val_loss`, a step line `loss`;
+    /// anything else (or a line without a step) is `None`.
+    pub fn from_value(v: &Value) -> Option<MetricsLine> {
+        v.get("step")?.as_u64()?;
+        if v.get("val_loss").is_some() {
+            serde_json::from_value(v.clone()).ok().map(MetricsLine::Val)
+        } else if v.get("loss").is_some() {
+            serde_json::from_value(v.clone()).ok().map(MetricsLine::Step)
+        } else {
+            None
+        }
+    }
+
+    pub fn step(&self) -> u64 {
+        match self {
+            MetricsLine::Step(s) => s.step,
+            MetricsLine::Val(v) => v.step,
+        }
+    }
+}
+
+/// The step of a metrics record of either kind.
+pub fn metrics_step(v: &Value) -> Option<u64> {
+    v.get("step")?.as_u64()
+}
+
+/// A training line of `metrics.jsonl`, for plotting.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricPoint {
+    pub step: u64,
+    pub time: Option<DateTime<Utc>>,
+    pub loss: Option<f64>,
+    pub lr: Option<f64>,
+    pub samples_per_s: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+}
+
+/// A validation line of `metrics.jsonl`, for plotting.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValPoint {
+    pub step: u64,
+    pub time: Option<DateTime<Utc>>,
+    pub val_loss: f64,
+}
+
+/// Splits metric records into training and validation points (each sorted
+/// by step). Non-finite values are dropped: they cannot be plotted.
+pub fn metrics_from(records: &[Value]) -> (Vec<MetricPoint>, Vec<ValPoint>) {
+    let finite = |x: Option<f64>| x.filter(|x| x.is_finite());
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for r in records {
+        let time = time_field(r, "time");
+        match MetricsLine::from_value(r) {
+            Some(MetricsLine::Val(v)) => {
+                if let Some(val_loss) = finite(v.val_loss) {
+                    val.push(ValPoint { step: v.step, time, val_loss });
+                }
+            }
+            Some(MetricsLine::Step(s)) => train.push(MetricPoint {
+                step: s.step,
+                time,
+                loss: finite(s.loss),
+                lr: finite(s.lr),
+                samples_per_s: finite(s.samples_per_s),
+                tokens_per_s: finite(s.tokens_per_s),
+            }),
+            None => {}
+        }
+    }
+    train.sort_by_key(|m| m.step);
+    val.sort_by_key(|v| v.step);
+    (train, val)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn step_and_val_lines_write_their_own_fields_only() {
+        let step = MetricsLine::Step(StepLine { step: 3, loss: Some(f64::NAN), lr: Some(0.1), ..StepLine::default() });
+        let v = serde_json::to_value(&step).unwrap();
+        assert_eq!(v["loss"], Value::Null);
+        assert_eq!(v["tokens"], Value::Null);
+        assert!(v.get("val_loss").is_none());
+        assert_eq!(v.as_object().unwrap().len(), 14);
+        let val =
+            serde_json::to_value(MetricsLine::Val(ValLine { step: 3, val_loss: Some(0.5), time: "t".into() })).unwrap();
+        assert_eq!(val, json!({"step": 3, "val_loss": 0.5, "time": "t"}));
+        assert_eq!(MetricsLine::from_value(&val).map(|l| l.step()), Some(3));
+        assert!(matches!(MetricsLine::from_value(&v), Some(MetricsLine::Step(_))));
+        assert_eq!(MetricsLine::from_value(&json!({"step": 1})), None);
+        assert_eq!(metrics_step(&json!({"step": 1})), Some(1));
+    }
+}
