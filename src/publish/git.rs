@@ -21,6 +21,7 @@ use git2::{Cred, CredentialType, ObjectType, Oid, PushOptions, RemoteCallbacks, 
 use serde::Serialize;
 
 use crate::config::PublishSection;
+use crate::telemetry::RefusedFile;
 
 use super::backoff::next_wait;
 
@@ -55,13 +56,6 @@ pub struct PublishReport {
     pub refused: Vec<RefusedFile>,
     /// The last push error, when not pushed (secrets redacted).
     pub last_error: Option<String>,
-}
-
-/// A run-directory file publishing left out, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RefusedFile {
-    pub file: String,
-    pub reason: String,
 }
 
 /// Errors that prevent even the local commit.

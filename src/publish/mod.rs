@@ -6,6 +6,4 @@ mod backoff;
 mod git;
 
 pub use backoff::{next_wait, retry_delay};
-pub use git::{
-    PUBLISHABLE_EXTENSIONS, PublishError, PublishReport, PublishRequest, RefusedFile, admit, publish, redact_url,
-};
+pub use git::{PUBLISHABLE_EXTENSIONS, PublishError, PublishReport, PublishRequest, admit, publish, redact_url};

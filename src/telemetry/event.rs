@@ -347,9 +347,20 @@ pub enum PublishOutcome {
         pushed: bool,
         attempts: u32,
         files: Vec<String>,
+        /// Files left out (type not on the allow-list, over the size cap,
+        /// under `checkpoints/`); absent when none was.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        refused: Vec<RefusedFile>,
         /// The last push error, when not pushed.
         last_error: Option<String>,
     },
+}
+
+/// A run-directory file publishing left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedFile {
+    pub file: String,
+    pub reason: String,
 }
 
 impl Default for PublishOutcome {
@@ -594,6 +605,7 @@ mod tests {
                 pushed: false,
                 attempts: 2,
                 files: vec![],
+                refused: vec![RefusedFile { file: "w.pkl".into(), reason: "not a publishable type".into() }],
                 last_error: Some("x".into()),
             }),
             Event::Requeue(requeue.clone()),

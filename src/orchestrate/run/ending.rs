@@ -234,6 +234,7 @@ impl Attempt {
                 pushed: report.pushed,
                 attempts: report.attempts,
                 files: report.files,
+                refused: report.refused,
                 last_error: report.last_error,
             },
             Err(e) => {
