@@ -118,3 +118,46 @@ fn a_job_step_of_two_tasks_is_refused_with_exit_78_and_nothing_is_written() {
     assert!(stderr.contains("srun -n 1"), "the error says what to do instead: {stderr}");
     assert!(!run_dir.exists(), "a refused run must not create its run directory");
 }
+
+/// `slurm/orchestrator.slurm` run by bash, the way SLURM runs it, with only
+/// the environment given (no SLURM variables of the test's own environment).
+fn orchestrator_script(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/orchestrator.slurm");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(script).args(args).env("REKINDLE_BIN", env!("CARGO_BIN_EXE_rekindle"));
+    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("SLURM")) {
+        cmd.env_remove(key);
+    }
+    cmd.envs(env.iter().copied()).stdin(std::process::Stdio::null()).output().expect("run bash")
+}
+
+#[test]
+fn orchestrator_script_outside_slurm_runs_rekindle_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let config = tiny_config();
+    let out = orchestrator_script(
+        &[config.to_str().unwrap(), "--run-dir", run_dir.to_str().unwrap(), "--stop-at-step", "3"],
+        &[],
+    );
+    let (code, _, stderr) = outcome(&out);
+    assert_eq!(code, 75, "{stderr}");
+    assert!(!stderr.contains("srun"), "no job step outside SLURM: {stderr}");
+    assert!(run_dir.join("checkpoints/step-0000000003/MANIFEST.json").is_file(), "{stderr}");
+}
+
+#[test]
+fn orchestrator_script_refuses_a_job_of_two_tasks_before_starting_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let config = tiny_config();
+    let out = orchestrator_script(
+        &[config.to_str().unwrap(), "--run-dir", run_dir.to_str().unwrap()],
+        &[("SLURM_JOB_ID", "7"), ("SLURM_NTASKS", "2"), ("SLURM_NNODES", "2")],
+    );
+    let (code, _, stderr) = outcome(&out);
+    assert_eq!(code, EXIT_USAGE, "{stderr}");
+    assert!(stderr.contains("this job has 2 tasks"), "{stderr}");
+    assert!(stderr.contains("submit with one task on one node"), "{stderr}");
+    assert!(!run_dir.exists(), "nothing may be written: {stderr}");
+}
