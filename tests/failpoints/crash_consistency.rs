@@ -8,7 +8,7 @@
 //! that nothing committed was lost, that no leftovers survive the reopen, and
 //! that the next save works.
 
-mod support;
+use crate::support;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -232,7 +232,7 @@ failpoint_cases! {
 /// store forms them: `{}` in the loop over the data files, `{name}` in
 /// `write_hashed`, which also writes the manifest.
 fn failpoints_in_store_source() -> Vec<String> {
-    let source = include_str!("../src/checkpoint/store.rs");
+    let source = include_str!("../../src/checkpoint/store.rs");
     let mut with_manifest = REQUIRED_FILES.to_vec();
     with_manifest.push(MANIFEST_FILE);
     let expand = |prefix: &str, files: &[&str]| files.iter().map(|f| format!("{prefix}{f}")).collect::<Vec<_>>();

@@ -6,7 +6,7 @@
 //! Skipped, with a loud SKIPPED line, only where SLURM cannot be installed at
 //! all (not root, or no apt-get) — and never when `CI` is set: CI must run them.
 //! The drills take a few minutes; their progress goes to stderr
-//! (`cargo test --test drills -- --nocapture` shows it live).
+//! (`cargo test --test it drills:: -- --nocapture` shows it live).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
