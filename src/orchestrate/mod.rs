@@ -3,6 +3,7 @@
 //! signals, and finish with a summary. `devices.rs` places the run on
 //! devices (GPU plan, CPU fallback, out-of-memory back-off, monitor).
 
+mod atomic;
 mod deadline;
 mod devices;
 mod error;
@@ -14,6 +15,7 @@ mod rundir;
 mod status;
 mod stop;
 
+pub use atomic::write_atomically;
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
@@ -22,7 +24,7 @@ pub use persist::{Persisted, Persister};
 pub use run::{RunOptions, run};
 pub use rundir::{
     CHECKPOINTS_DIR, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE, checkpoints_dir, prepare,
-    resolve_run_dir, write_atomically,
+    resolve_run_dir,
 };
 pub use status::{CheckpointLine, RunStatus, status};
 pub use stop::{StopFlag, StopReason};
