@@ -1,5 +1,5 @@
 //! Saves deterministic checkpoints into a directory, step after step: the
-//! process `tests/sigkill.rs` kills with SIGKILL at random moments.
+//! process `tests/it/sigkill.rs` kills with SIGKILL at random moments.
 //!
 //! ```text
 //! ckpt_writer DIR [--until STEP] [--payload BYTES] [--keep N]
@@ -7,7 +7,7 @@
 //!
 //! Opens the store in `DIR` (removing leftovers of a killed predecessor),
 //! resumes after the newest valid checkpoint and saves steps 1, 2, 3, … whose
-//! content depends only on the step (`tests/support/deterministic.rs`), so
+//! content depends only on the step (`tests/it/support/deterministic.rs`), so
 //! whoever reads a checkpoint can tell whether it holds exactly what was
 //! saved. Runs until `--until` (forever without it). Prints `resumed N` (0 for
 //! an empty store) and `committed N` after each save returns.
@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use rekindle::checkpoint::CheckpointStore;
 
 #[allow(dead_code)] // the tests use more of it than the writer
-#[path = "../tests/support/deterministic.rs"]
+#[path = "../tests/it/support/deterministic.rs"]
 mod deterministic;
 
 struct Args {

@@ -13,6 +13,7 @@ use crate::config;
 use crate::exit::{EXIT_CODES_HELP, Outcome};
 use crate::orchestrate::{self, RunError, RunOptions};
 use crate::telemetry::{LogFormat, LogOptions};
+use crate::units::human_bytes;
 
 /// rekindle: training runs that survive preemption, time limits and node loss.
 ///
@@ -394,9 +395,12 @@ fn bench_train(args: &BenchTrainArgs) -> Result<Outcome, CliError> {
 fn doctor(args: &DoctorArgs) -> Result<Outcome, CliError> {
     let cfg = args.config.as_deref().map(|p| config::load(p, &[])).transpose()?.map(|l| l.config);
     let fp = crate::train::footprint(cfg.as_ref().unwrap_or(&config::Config::default())).ok();
-    let opts =
-        crate::gpu::DoctorOptions { inventory: args.inventory.clone(), footprint: fp, expected_checkpoint_bytes: None };
-    let list = crate::gpu::doctor(cfg.as_ref(), &opts);
+    let opts = crate::doctor::DoctorOptions {
+        inventory: args.inventory.clone(),
+        footprint: fp,
+        expected_checkpoint_bytes: None,
+    };
+    let list = crate::doctor::doctor(cfg.as_ref(), &opts);
     emit(&list, args.json);
     Ok(if list.any_required_failed() { Outcome::Failure } else { Outcome::Done })
 }
@@ -543,18 +547,6 @@ fn emit<T: Serialize + std::fmt::Display>(value: &T, json: bool) {
     }
 }
 
-/// `1.5 MiB`-style sizes for tables.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,12 +555,5 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn human_bytes_picks_a_readable_unit() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
     }
 }

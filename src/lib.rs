@@ -10,16 +10,19 @@
 //! - [`orchestrate`]: the run lifecycle (run directory, resume, stop, deadlines).
 //! - [`publish`]: git-publishing results on exit.
 //! - [`slurm`]: the allocation, the requeue decision, `scontrol`.
-//! - [`gpu`]: GPU detection, visibility, placement, monitoring, `doctor`.
+//! - [`gpu`]: GPU detection, visibility, placement, monitoring.
+//! - [`doctor`]: whether the machine is ready for a run (`rekindle doctor`).
 //! - [`telemetry`]: logging setup, the run's event records, reading them back.
 //! - [`report`]: the HTML report of a run (`rekindle report`).
 //! - [`cli`]: the command line and what each subcommand does.
 //! - [`exit`]: the exit-code contract.
+//! - [`units`]: byte counts as people read them.
 
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod doctor;
 pub mod exit;
 pub mod gpu;
 pub mod orchestrate;
@@ -28,3 +31,4 @@ pub mod report;
 pub mod slurm;
 pub mod telemetry;
 pub mod train;
+pub mod units;

@@ -1,19 +1,30 @@
 //! The checkpoint store: format version 1 (safetensors + `state.json` +
 //! `MANIFEST.json` with SHA-256 of every file), the crash-consistent commit
 //! protocol, rotation, verification and loading. See docs/checkpoint-format.md.
+//!
+//! - `layout.rs`: the files and directory names of a checkpoint, [`Snapshot`].
+//! - `store.rs`: [`CheckpointStore`]: the commit protocol, rotation, loading the newest.
+//! - `rotation.rs`: which checkpoints to delete, a pure function.
+//! - `verify.rs`: what makes a checkpoint valid; reading one through those checks.
+//! - `hashed_io.rs`: writes and reads hashed on the same pass; fsyncs.
+//! - `manifest.rs`, `safetensors_io.rs`, `tensor.rs`: the file formats and host tensors.
+//! - `error.rs`: [`CheckpointError`] and per-file failures.
 
 mod error;
+mod hashed_io;
+mod layout;
 mod manifest;
 pub mod rotation;
 mod safetensors_io;
 mod store;
 mod tensor;
+mod verify;
 
 pub use error::{CheckpointError, FileFailure, Problem};
-pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
-pub use store::{
-    CheckpointInfo, CheckpointStore, LoadOutcome, Loaded, MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE,
-    SaveReport, Snapshot, VerifyLevel, load_dir, parse_step_dir_name, read_manifest, step_dir_name,
-    verify_checkpoint_dir,
+pub use layout::{
+    MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name,
 };
+pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+pub use store::{CheckpointStore, LoadOutcome, SaveReport};
 pub use tensor::{DType, HostTensor, TensorSet, payload_bytes};
+pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};

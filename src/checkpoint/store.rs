@@ -1,5 +1,7 @@
 //! The checkpoint store: the commit protocol that makes a checkpoint either
-//! fully there or not there at all, rotation, verification and loading.
+//! fully there or not there at all, rotation, and finding the newest
+//! checkpoint to load. What a valid checkpoint is lives in `verify.rs`; the
+//! hashed writes and fsyncs in `hashed_io.rs`.
 //!
 //! Commit protocol (see docs/checkpoint-format.md):
 //! 1. check free space against the exact bytes to be written;
@@ -15,53 +17,27 @@
 //! interrupted saves and deletes are removed when the store is opened.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
-use super::error::{CheckpointError, FileFailure, Problem};
+use super::error::{CheckpointError, FileFailure};
+use super::hashed_io::{available_space, fsync_dir, write_hashed};
+use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name};
 use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry};
 use super::rotation::{self, Action, Candidate};
 use super::safetensors_io;
-use super::tensor::{TensorSet, payload_bytes};
-
-/// Parameters by name.
-pub const MODEL_FILE: &str = "model.safetensors";
-/// Optimizer state by parameter name.
-pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
-/// Step, cursor, RNG, scaler, schedule, metrics, host/job info.
-pub const STATE_FILE: &str = "state.json";
-/// The files every format-1 checkpoint holds besides its manifest.
-pub const REQUIRED_FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
+use super::tensor::TensorSet;
+use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect, load_dir, verify_checkpoint_dir};
 
 const TMP_PREFIX: &str = ".tmp-";
 const TRASH_PREFIX: &str = ".trash-";
-const STEP_PREFIX: &str = "step-";
-const IO_BUFFER: usize = 8 << 20;
+
 /// Slack on top of the exact file sizes for the manifest and filesystem metadata.
 const SPACE_SLACK: u64 = 1 << 20;
-
-/// Everything a checkpoint holds, in host memory.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
-    pub step: u64,
-    pub model: TensorSet,
-    pub optimizer: TensorSet,
-    /// Everything that is not a tensor; written as `state.json`.
-    pub state: serde_json::Value,
-}
-
-impl Snapshot {
-    /// Tensor payload bytes (what dominates the checkpoint's size).
-    pub fn payload_bytes(&self) -> u64 {
-        payload_bytes(&self.model) + payload_bytes(&self.optimizer)
-    }
-}
 
 /// What a successful save did.
 #[derive(Debug, Clone, Serialize)]
@@ -76,35 +52,6 @@ pub struct SaveReport {
     pub already_existed: bool,
     /// Checkpoints removed by rotation.
     pub rotated_out: Vec<PathBuf>,
-}
-
-/// How thoroughly [`CheckpointStore::list`] checks each checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VerifyLevel {
-    /// Manifest, presence, file types and sizes (no reading of contents).
-    Quick,
-    /// Everything `Quick` checks plus every file's SHA-256.
-    Full,
-}
-
-/// One checkpoint directory and what verification found.
-#[derive(Debug, Clone, Serialize)]
-pub struct CheckpointInfo {
-    pub step: u64,
-    pub dir: PathBuf,
-    pub created_at: Option<String>,
-    /// Bytes of the files named by the manifest (0 when it is unreadable).
-    pub bytes: u64,
-    pub valid: bool,
-    pub failures: Vec<FileFailure>,
-}
-
-/// A checkpoint that verified and was read into memory.
-#[derive(Debug, Clone)]
-pub struct Loaded {
-    pub dir: PathBuf,
-    pub manifest: Manifest,
-    pub snapshot: Snapshot,
 }
 
 /// The result of looking for the newest valid checkpoint.
@@ -450,328 +397,10 @@ fn join(failures: &[FileFailure]) -> String {
     failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
 }
 
-/// `step-0000001234`.
-pub fn step_dir_name(step: u64) -> String {
-    format!("{STEP_PREFIX}{step:010}")
-}
-
-/// The step of a `step-<digits>` directory name.
-pub fn parse_step_dir_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix(STEP_PREFIX)?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
-}
-
-/// Creates `path`, writes `parts` into it straight from their memory while a
-/// second thread hashes the same bytes, and fsyncs it. Hashing costs about as
-/// much CPU as the write, so running them side by side makes a save take the
-/// longer of the two instead of their sum; nothing is copied and nothing is
-/// read back. Returns (bytes, hex sha256).
-fn write_hashed(path: &Path, parts: &[&[u8]]) -> io::Result<(u64, String)> {
-    let mut file = File::options().write(true).create_new(true).open(path)?;
-    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-    let digest = std::thread::scope(|scope| -> io::Result<String> {
-        let hasher = scope.spawn(|| {
-            let mut h = Sha256::new();
-            for part in parts {
-                for chunk in part.chunks(HASH_CHUNK) {
-                    h.update(chunk);
-                }
-            }
-            hex::encode(h.finalize())
-        });
-        let written =
-            parts.iter().try_for_each(|part| part.chunks(IO_BUFFER).try_for_each(|chunk| file.write_all(chunk)));
-        let digest = hasher.join().expect("hashing thread does not panic");
-        written.map(|()| digest)
-    })?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    fail_io(&format!("checkpoint::before_fsync::{name}"))?;
-    file.sync_all()?;
-    fail_io(&format!("checkpoint::after_fsync::{name}"))?;
-    Ok((total, digest))
-}
-
-/// Bytes hashed per `update` call (keeps the hasher's working set in cache).
-const HASH_CHUNK: usize = 1 << 20;
-
-/// A failpoint inside I/O code: its injected error is an `EIO`.
-fn fail_io(name: &str) -> io::Result<()> {
-    let _ = name; // unused when failpoints are compiled out
-    fail::fail_point!(name, |arg: Option<String>| {
-        let code = match arg.as_deref() {
-            Some("ENOSPC") => nix::libc::ENOSPC,
-            Some("EACCES") => nix::libc::EACCES,
-            Some("EROFS") => nix::libc::EROFS,
-            _ => nix::libc::EIO,
-        };
-        Err(io::Error::from_raw_os_error(code))
-    });
-    Ok(())
-}
-
-fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-fn available_space(dir: &Path) -> io::Result<u64> {
-    let st = nix::sys::statvfs::statvfs(dir).map_err(io::Error::from)?;
-    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
-}
-
-/// Reads a file and hashes it on the same pass: a second thread hashes each
-/// chunk as soon as it is read, so reading and hashing overlap. With `keep`
-/// the bytes are returned (read straight into their final buffer); without,
-/// two buffers alternate. Returns (bytes, hex sha256, kept bytes).
-fn read_hashed(path: &Path, keep: bool) -> io::Result<(u64, String, Vec<u8>)> {
-    let mut file = File::open(path)?;
-    let len = file.metadata()?.len() as usize;
-    if keep {
-        let mut buf = vec![0u8; len];
-        let (total, digest) = std::thread::scope(|scope| -> io::Result<(u64, String)> {
-            // The reader fills disjoint chunks in order and hands each filled
-            // chunk, now read-only, to the hasher.
-            let (tx, rx) = std::sync::mpsc::sync_channel::<&[u8]>(4);
-            let hasher = scope.spawn(move || {
-                let mut h = Sha256::new();
-                for chunk in rx {
-                    h.update(chunk);
-                }
-                hex::encode(h.finalize())
-            });
-            let mut total = 0u64;
-            let mut result = Ok(());
-            for chunk in buf.chunks_mut(IO_BUFFER) {
-                match read_full(&mut file, chunk) {
-                    Ok(n) => {
-                        total += n as u64;
-                        let filled: &[u8] = chunk;
-                        let _ = tx.send(&filled[..n]);
-                        if n < filled.len() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-            drop(tx);
-            let digest = hasher.join().expect("hashing thread does not panic");
-            result.map(|()| (total, digest))
-        })?;
-        buf.truncate(total as usize);
-        // A file that grew since stat: hash and keep the rest too.
-        let mut rest = Vec::new();
-        file.read_to_end(&mut rest)?;
-        if !rest.is_empty() {
-            buf.extend_from_slice(&rest);
-            let digest = hex::encode(Sha256::digest(&buf));
-            return Ok((buf.len() as u64, digest, buf));
-        }
-        return Ok((total, digest, buf));
-    }
-    let mut hasher = Sha256::new();
-    let mut total = 0u64;
-    let mut bufs = [vec![0u8; IO_BUFFER], vec![0u8; IO_BUFFER]];
-    let mut current = 0;
-    let mut pending: Option<usize> = None;
-    loop {
-        let (a, b) = bufs.split_at_mut(1);
-        let (fill_buf, hash_buf) = if current == 0 { (&mut a[0], &b[0]) } else { (&mut b[0], &a[0]) };
-        let n = std::thread::scope(|scope| {
-            let h = &mut hasher;
-            let handle = pending.map(|m| scope.spawn(move || h.update(&hash_buf[..m])));
-            let n = read_full(&mut file, fill_buf);
-            if let Some(handle) = handle {
-                handle.join().expect("hashing thread does not panic");
-            }
-            n
-        })?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-        pending = Some(n);
-        current = 1 - current;
-    }
-    Ok((total, hex::encode(hasher.finalize()), Vec::new()))
-}
-
-/// Reads until `buf` is full or the file ends; returns the bytes read.
-fn read_full(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-/// Reads and parses the manifest of `dir`.
-pub fn read_manifest(dir: &Path) -> Result<Manifest, FileFailure> {
-    let path = dir.join(MANIFEST_FILE);
-    let fail = |problem| FileFailure { file: MANIFEST_FILE.into(), problem };
-    match fs::symlink_metadata(&path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(fail(Problem::ManifestMissing)),
-        Err(e) => return Err(fail(Problem::ManifestUnreadable { reason: e.to_string() })),
-        Ok(m) if !m.file_type().is_file() => return Err(fail(Problem::NotPlainFile)),
-        Ok(_) => {}
-    }
-    let bytes = fs::read(&path).map_err(|e| fail(Problem::ManifestUnreadable { reason: e.to_string() }))?;
-    let manifest = Manifest::parse(&bytes)?;
-    for required in REQUIRED_FILES {
-        if !manifest.files.iter().any(|f| f.name == required) {
-            return Err(fail(Problem::ManifestInvalid { reason: format!("does not list `{required}`") }));
-        }
-    }
-    if let Some(step) = dir.file_name().and_then(|n| parse_step_dir_name(&n.to_string_lossy()))
-        && step != manifest.step
-    {
-        return Err(fail(Problem::ManifestInvalid {
-            reason: format!("manifest is for step {} but the directory is for step {step}", manifest.step),
-        }));
-    }
-    Ok(manifest)
-}
-
-/// Checks one file named by the manifest. With `keep`, returns its bytes.
-fn check_entry(dir: &Path, entry: &ManifestEntry, level: VerifyLevel, keep: bool) -> Result<Vec<u8>, FileFailure> {
-    let fail = |problem| FileFailure { file: entry.name.clone(), problem };
-    let path = dir.join(&entry.name);
-    let meta = match fs::symlink_metadata(&path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(fail(Problem::Missing)),
-        Err(e) => return Err(fail(Problem::Unreadable { reason: e.to_string() })),
-        Ok(m) => m,
-    };
-    if !meta.file_type().is_file() {
-        return Err(fail(Problem::NotPlainFile));
-    }
-    if meta.len() != entry.bytes {
-        return Err(fail(Problem::WrongSize { expected: entry.bytes, actual: meta.len() }));
-    }
-    if level == VerifyLevel::Quick {
-        return Ok(Vec::new());
-    }
-    let (bytes, sha256, kept) =
-        read_hashed(&path, keep).map_err(|e| fail(Problem::Unreadable { reason: e.to_string() }))?;
-    if bytes != entry.bytes {
-        return Err(fail(Problem::WrongSize { expected: entry.bytes, actual: bytes }));
-    }
-    if sha256 != entry.sha256.to_ascii_lowercase() {
-        return Err(fail(Problem::Sha256Mismatch { expected: entry.sha256.clone(), actual: sha256 }));
-    }
-    Ok(kept)
-}
-
-/// Verifies one checkpoint directory; an empty list means it is valid.
-///
-/// `Full` checks exactly what loading checks (every hash, and that the
-/// safetensors and JSON files parse), so a checkpoint that verifies is one
-/// that resume would load.
-///
-/// Files are checked in parallel, each hashed while it is read, without
-/// keeping the bytes (nothing is allocated for the tensor data).
-pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure> {
-    let manifest = match read_manifest(dir) {
-        Err(f) => return vec![f],
-        Ok(m) => m,
-    };
-    if level == VerifyLevel::Quick {
-        return manifest.files.iter().filter_map(|e| check_entry(dir, e, level, false).err()).collect();
-    }
-    let results: Vec<Result<(), FileFailure>> = std::thread::scope(|scope| {
-        let handles: Vec<_> =
-            manifest.files.iter().map(|entry| scope.spawn(move || verify_entry_fully(dir, entry))).collect();
-        handles.into_iter().map(|h| h.join().expect("verify thread does not panic")).collect()
-    });
-    results.into_iter().filter_map(Result::err).collect()
-}
-
-/// Hash, size, and the content check loading would make (layout of a
-/// safetensors file, JSON of state.json).
-fn verify_entry_fully(dir: &Path, entry: &ManifestEntry) -> Result<(), FileFailure> {
-    let small = entry.name == STATE_FILE;
-    let kept = check_entry(dir, entry, VerifyLevel::Full, small)?;
-    let invalid =
-        |reason: String| FileFailure { file: entry.name.clone(), problem: Problem::InvalidContent { reason } };
-    if small {
-        serde_json::from_slice::<serde_json::Value>(&kept).map_err(|e| invalid(e.to_string()))?;
-    } else if entry.name.ends_with(".safetensors") {
-        let unreadable = |e: io::Error| FileFailure {
-            file: entry.name.clone(),
-            problem: Problem::Unreadable { reason: e.to_string() },
-        };
-        let mut file = File::open(dir.join(&entry.name)).map_err(unreadable)?;
-        let mut prefix = [0u8; 8];
-        file.read_exact(&mut prefix).map_err(|_| invalid("shorter than a safetensors header".into()))?;
-        let n = safetensors_io::header_len(&prefix);
-        if n > entry.bytes.saturating_sub(8) || n > 100 << 20 {
-            return Err(invalid(format!("header length {n} does not fit the file")));
-        }
-        let mut header = vec![0u8; n as usize];
-        file.read_exact(&mut header).map_err(unreadable)?;
-        safetensors_io::check_layout(&header, entry.bytes).map_err(invalid)?;
-    }
-    Ok(())
-}
-
-fn inspect(dir: &Path, step: u64, level: VerifyLevel) -> CheckpointInfo {
-    let manifest = read_manifest(dir).ok();
-    let failures = verify_checkpoint_dir(dir, level);
-    CheckpointInfo {
-        step,
-        dir: dir.to_path_buf(),
-        created_at: manifest.as_ref().map(|m| m.created_at.clone()),
-        bytes: manifest.as_ref().map(Manifest::total_bytes).unwrap_or(0),
-        valid: failures.is_empty(),
-        failures,
-    }
-}
-
-/// Reads a checkpoint, verifying every hash on the same pass, and parses it.
-pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
-    let manifest = read_manifest(dir).map_err(|f| vec![f])?;
-    let mut contents = BTreeMap::new();
-    let mut failures = Vec::new();
-    // Files in parallel, each hashed while it is read into its final buffer.
-    let results: Vec<(String, Result<Vec<u8>, FileFailure>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = manifest
-            .files
-            .iter()
-            .map(|entry| (entry.name.clone(), scope.spawn(move || check_entry(dir, entry, VerifyLevel::Full, true))))
-            .collect();
-        handles.into_iter().map(|(n, h)| (n, h.join().expect("load thread does not panic"))).collect()
-    });
-    for (name, result) in results {
-        match result {
-            Ok(bytes) => {
-                contents.insert(name, bytes);
-            }
-            Err(f) => failures.push(f),
-        }
-    }
-    if !failures.is_empty() {
-        return Err(failures);
-    }
-    let invalid = |file: &str, reason: String| {
-        vec![FileFailure { file: file.into(), problem: Problem::InvalidContent { reason } }]
-    };
-    let model = safetensors_io::read(&contents[MODEL_FILE]).map_err(|r| invalid(MODEL_FILE, r))?;
-    let optimizer = safetensors_io::read(&contents[OPTIMIZER_FILE]).map_err(|r| invalid(OPTIMIZER_FILE, r))?;
-    let state: serde_json::Value =
-        serde_json::from_slice(&contents[STATE_FILE]).map_err(|e| invalid(STATE_FILE, e.to_string()))?;
-    let step = manifest.step;
-    Ok(Loaded { dir: dir.to_path_buf(), manifest, snapshot: Snapshot { step, model, optimizer, state } })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::error::Problem;
     use crate::checkpoint::tensor::HostTensor;
 
     fn snapshot(step: u64) -> Snapshot {
@@ -878,14 +507,5 @@ mod tests {
         std::os::unix::fs::symlink(&outside, &state).unwrap();
         let failures = verify_checkpoint_dir(&store.step_dir(1), VerifyLevel::Full);
         assert_eq!(failures, vec![FileFailure { file: STATE_FILE.into(), problem: Problem::NotPlainFile }]);
-    }
-
-    #[test]
-    fn step_dir_names_round_trip() {
-        assert_eq!(step_dir_name(1234), "step-0000001234");
-        assert_eq!(parse_step_dir_name("step-0000001234"), Some(1234));
-        assert_eq!(parse_step_dir_name("step-"), None);
-        assert_eq!(parse_step_dir_name("step-12a"), None);
-        assert_eq!(parse_step_dir_name(".tmp-step-1"), None);
     }
 }

@@ -1,6 +1,6 @@
 //! Config-change detection for resume: which keys that shape the trained
 //! weights differ between the config a checkpoint was trained with and the
-//! config now given, and a stable hash of those keys.
+//! config now given.
 //!
 //! Training-relevant: `run.seed`, `run.max_steps`, `model.*`, `data.*`,
 //! `train.*` except `train.log_every` and `train.micro_batch`, `optimizer.*`,
@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use super::schema::Config;
 
@@ -31,15 +30,6 @@ pub fn training_diff(old: &Config, new: &Config) -> Vec<String> {
             (a != b).then(|| format!("{key}: {} -> {}", show(a), show(b)))
         })
         .collect()
-}
-
-/// Hex SHA-256 of the canonical JSON of the training-relevant keys: one
-/// object, keys `section.key` in sorted order, compact. Equal hashes mean
-/// [`training_diff`] is empty.
-pub fn training_hash(config: &Config) -> String {
-    let canonical =
-        serde_json::to_string(&training_view(config)).unwrap_or_else(|e| format!("unserializable training view: {e}"));
-    hex::encode(Sha256::digest(canonical.as_bytes()))
 }
 
 fn is_training_relevant(section: &str, key: &str) -> bool {
@@ -126,7 +116,6 @@ mod tests {
         new.train.log_every = 100;
         new.train.micro_batch = Some(crate::config::MicroBatch::Auto);
         assert!(training_diff(&old, &new).is_empty());
-        assert_eq!(training_hash(&old), training_hash(&new));
     }
 
     #[test]
@@ -142,18 +131,7 @@ mod tests {
     }
 
     #[test]
-    fn training_hash_is_stable_hex_sha256() {
-        let hash = training_hash(&Config::default());
-        assert_eq!(hash.len(), 64);
-        assert!(hash.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(hash, training_hash(&Config::default().clone()));
-        let mut other = Config::default();
-        other.optimizer.lr = 2e-3;
-        assert_ne!(hash, training_hash(&other));
-    }
-
-    #[test]
-    fn training_hash_covers_exactly_the_relevant_keys() {
+    fn training_view_covers_exactly_the_relevant_keys() {
         let view = training_view(&Config::default());
         assert!(view.contains_key("run.seed"));
         assert!(view.contains_key("model.hidden"));

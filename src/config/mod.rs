@@ -14,7 +14,7 @@ mod load;
 mod schema;
 mod validate;
 
-pub use diff::{training_diff, training_hash};
+pub use diff::training_diff;
 pub use error::{ConfigError, Problem};
 pub use keys::{all_keys, section_keys, sections};
 pub use load::{LoadedConfig, from_str, load, to_toml};

@@ -22,8 +22,8 @@ use crate::telemetry::{GpuDeviceStats, GpuSample, HostSample};
 
 use super::error::GpuError;
 use super::host::{HostProbe, HostStats};
-use super::placement::bytes;
 use super::probe::{DeviceKey, GpuDevice, GpuProbe};
+use crate::units::mib_or_gib;
 
 /// File name of the statistics, in the run directory.
 pub const STATS_FILE: &str = "gpu_stats.jsonl";
@@ -86,9 +86,9 @@ impl fmt::Display for MonitorWarning {
                 f,
                 "{} free on the filesystem of {} but the next checkpoint needs about {}: free space or move \
                  [checkpoint] dir",
-                bytes(*free_bytes),
+                mib_or_gib(*free_bytes),
                 dir.display(),
-                bytes(*needed_bytes)
+                mib_or_gib(*needed_bytes)
             ),
         }
     }

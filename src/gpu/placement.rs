@@ -9,8 +9,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::error::GpuError;
-
-const GIB: f64 = (1u64 << 30) as f64;
+use crate::units::mib_or_gib;
 
 /// Bytes the workload needs: model state (held once per replica, split over
 /// the devices of a replica) and activations (per sample of a micro-batch).
@@ -201,10 +200,10 @@ pub fn place(request: &PlacementRequest) -> Result<Placement, GpuError> {
             "the model does not fit the {n} {kind} device(s): it needs {} of state plus {} per sample, but they \
              offer {} together ({} on the largest) after {:.0}% headroom; use more or larger GPUs, lower \
              [gpu] headroom, or a smaller model",
-            bytes(state),
-            bytes(per_sample),
-            bytes(total),
-            bytes(largest),
+            mib_or_gib(state),
+            mib_or_gib(per_sample),
+            mib_or_gib(total),
+            mib_or_gib(largest),
             headroom * 100.0
         ));
     };
@@ -217,24 +216,28 @@ pub fn place(request: &PlacementRequest) -> Result<Placement, GpuError> {
 
     let mut reason = match (replicas, best.k) {
         (1, 1) => {
-            format!("single device: the model state ({}) fits on {}", bytes(state), name(request.kind, &best.groups[0]))
+            format!(
+                "single device: the model state ({}) fits on {}",
+                mib_or_gib(state),
+                name(request.kind, &best.groups[0])
+            )
         }
         (_, 1) => format!(
             "data parallel over {replicas} devices: the model state ({}) fits on each (smallest used: {} usable)",
-            bytes(state),
-            bytes(best.groups.iter().map(|g| usable(&g[0])).min().unwrap_or(0))
+            mib_or_gib(state),
+            mib_or_gib(best.groups.iter().map(|g| usable(&g[0])).min().unwrap_or(0))
         ),
         (1, k) => format!(
             "layer split (pipeline) over {k} devices: the model state ({}) does not fit one device \
              ({} usable on the largest)",
-            bytes(state),
-            bytes(largest)
+            mib_or_gib(state),
+            mib_or_gib(largest)
         ),
         (_, k) => format!(
             "hybrid: {replicas} data-parallel replicas, each with its layers split over {k} devices, because \
              the model state ({}) does not fit one device ({} usable on the largest)",
-            bytes(state),
-            bytes(largest)
+            mib_or_gib(state),
+            mib_or_gib(largest)
         ),
     };
     let room = if best.capacity == u64::MAX { "any number of".to_string() } else { best.capacity.to_string() };
@@ -242,7 +245,7 @@ pub fn place(request: &PlacementRequest) -> Result<Placement, GpuError> {
         "; after {:.0}% headroom there is room for {room} samples per micro-batch ({} each); \
          micro-batch {micro_batch} × {grad_accum} accumulation step(s) × {replicas} replica(s) = effective batch {batch}",
         headroom * 100.0,
-        bytes(per_sample),
+        mib_or_gib(per_sample),
     ));
     if micro_batch < per_replica && (micro_batch as u64) < best.capacity {
         reason.push_str(&format!(
@@ -276,14 +279,17 @@ fn place_on_cpu(request: &PlacementRequest, state: u64, per_sample: u64) -> Resu
                     reason: format!(
                         "no GPU is visible and the model does not fit host memory: it needs {} of state plus {} \
                          per sample, {} usable after {:.0}% headroom",
-                        bytes(state),
-                        bytes(per_sample),
-                        bytes(usable),
+                        mib_or_gib(state),
+                        mib_or_gib(per_sample),
+                        mib_or_gib(usable),
                         request.headroom * 100.0
                     ),
                 });
             }
-            (capacity, format!("; host memory: {} usable holds the model state ({})", bytes(usable), bytes(state)))
+            (
+                capacity,
+                format!("; host memory: {} usable holds the model state ({})", mib_or_gib(usable), mib_or_gib(state)),
+            )
         }
         None => (u64::MAX, String::new()),
     };
@@ -335,12 +341,6 @@ fn largest_divisor_at_most(n: usize, cap: u64) -> usize {
 
 fn name(kind: DeviceKind, group: &[PlanDevice]) -> String {
     group.iter().map(|d| format!("{kind} {}", d.index)).collect::<Vec<_>>().join(", ")
-}
-
-/// `1.5 GiB`, `300.0 MiB`.
-pub(crate) fn bytes(n: u64) -> String {
-    let n = n as f64;
-    if n >= GIB { format!("{:.1} GiB", n / GIB) } else { format!("{:.1} MiB", n / (1u64 << 20) as f64) }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What a GPU probe reports and the small trait every probe implements: the
-//! real vendor probes (`nvidia.rs`, `amd.rs`), the JSON inventory
+//! vendor probes (combined by `system.rs`), the JSON inventory
 //! (`inventory.rs`) and a fixed list for tests all answer with [`Probed`].
+//! The vendors depend on this file, never the reverse.
 //!
 //! A probe that cannot find its driver library is not failing: it returns no
 //! devices and a note ("NVIDIA: no driver library"), so a GPU-less machine
@@ -13,7 +14,6 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::error::GpuError;
-use super::nvidia::NvidiaProbe;
 
 /// GPU vendors rekindle can detect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -120,46 +120,6 @@ pub trait GpuProbe: Send {
     fn probe(&self) -> Result<Probed, GpuError>;
 }
 
-/// The probes compiled into this build: NVIDIA always (the library is
-/// loaded at run time), AMD with the `rocm` feature.
-pub struct SystemProbe {
-    nvidia: NvidiaProbe,
-    #[cfg(feature = "rocm")]
-    amd: super::amd::AmdProbe,
-}
-
-impl SystemProbe {
-    /// Initialises every vendor library once; failures become notes.
-    pub fn new() -> SystemProbe {
-        SystemProbe {
-            nvidia: NvidiaProbe::new(),
-            #[cfg(feature = "rocm")]
-            amd: super::amd::AmdProbe::new(),
-        }
-    }
-}
-
-impl Default for SystemProbe {
-    fn default() -> Self {
-        SystemProbe::new()
-    }
-}
-
-impl GpuProbe for SystemProbe {
-    fn name(&self) -> String {
-        if cfg!(feature = "rocm") { "nvml + rocm-smi".into() } else { "nvml".into() }
-    }
-
-    fn probe(&self) -> Result<Probed, GpuError> {
-        let mut found = self.nvidia.probe()?;
-        #[cfg(feature = "rocm")]
-        found.extend(self.amd.probe()?);
-        #[cfg(not(feature = "rocm"))]
-        found.notes.push("AMD: not compiled in (build with `--features rocm` to detect AMD GPUs)".into());
-        Ok(found)
-    }
-}
-
 /// A probe that answers from memory: the given results in order, then the
 /// last one forever. For tests and for injecting a known node.
 pub struct StaticProbe {
@@ -238,14 +198,5 @@ pub(crate) mod tests {
         assert!(matches!(probe.probe(), Err(GpuError::Probe { .. })));
         assert_eq!(probe.probe().unwrap(), Probed::default());
         assert_eq!(probe.probe().unwrap(), Probed::default());
-    }
-
-    #[test]
-    fn system_probe_answers_without_a_gpu_driver() {
-        // On machines without libnvidia-ml this is a note, never an error.
-        let found = SystemProbe::new().probe().unwrap();
-        if found.devices.is_empty() {
-            assert!(found.notes.iter().any(|n| n.starts_with("NVIDIA:")), "{:?}", found.notes);
-        }
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::rundir::write_atomically;
+use super::atomic::write_atomically;
 
 pub const LOCK_FILE: &str = "rekindle.lock";
 /// How often the holder refreshes its heartbeat.

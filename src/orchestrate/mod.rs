@@ -5,6 +5,7 @@
 //! out-of-memory back-off, monitor); `deadline.rs` and `budget.rs` do the
 //! time arithmetic of a stop.
 
+mod atomic;
 mod budget;
 mod deadline;
 mod devices;
@@ -17,6 +18,7 @@ mod rundir;
 mod status;
 mod stop;
 
+pub use atomic::write_atomically;
 pub use budget::{REQUEUE_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, scontrol_timeout, stop_deadline};
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
@@ -26,7 +28,7 @@ pub use persist::{Persisted, Persister};
 pub use run::{RunOptions, run};
 pub use rundir::{
     CHECKPOINTS_DIR, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE, checkpoints_dir, prepare,
-    resolve_run_dir, write_atomically,
+    resolve_run_dir,
 };
 pub use status::{CheckpointLine, RunStatus, status};
 pub use stop::{StopFlag, StopReason};

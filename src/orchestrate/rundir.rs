@@ -11,11 +11,12 @@
 //! ```
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::config::{self, Config};
 
+// Re-exported for the lifecycle, which writes its records next to the config.
+use super::atomic::write_atomically;
 use super::error::RunError;
 
 /// File names inside a run directory.
@@ -76,14 +77,4 @@ pub fn prepare(root: &Path, cfg: &Config, allow_config_change: bool) -> Result<R
     write_atomically(&config_path, config::to_toml(cfg).as_bytes())
         .map_err(|source| RunError::RunDir { path: config_path.clone(), source })?;
     Ok(RunDir { root: root.to_path_buf(), checkpoints: checkpoints_dir(root, cfg) })
-}
-
-/// Writes `bytes` to `path` through a temporary file, fsync and rename.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    fs::File::open(dir)?.sync_all()
 }

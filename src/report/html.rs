@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use chrono::{DateTime, Utc};
 
-use crate::cli::human_bytes;
+use crate::units::human_bytes;
 
 use super::charts::Chart;
 use super::data::RunData;

@@ -3,57 +3,21 @@
 //! `plotters`), every checkpoint, signal, requeue and resume, and a table of
 //! attempts. Reads only the run directory; the page needs no network and no
 //! script.
+//!
+//! - `render.rs`: the whole report, from run directory to file.
+//! - `data.rs`: the run's records read back, with checkpoints and markers.
+//! - `charts.rs`, `plot.rs`: the SVG charts.
+//! - `html.rs`: the page.
+//! - `error.rs`: [`ReportError`].
 
 mod charts;
 mod data;
 mod error;
 mod html;
 mod plot;
-
-use std::path::{Path, PathBuf};
+mod render;
 
 pub use charts::Chart;
 pub use data::{CheckpointMark, Marker, MarkerKind, RunData, checkpoints_and_markers};
 pub use error::ReportError;
-
-/// Default report file name, inside the run directory.
-pub const REPORT_FILE: &str = "report.html";
-
-/// The report of the run in `dir`, as HTML.
-pub fn render(dir: &Path) -> Result<String, ReportError> {
-    let data = RunData::load(dir)?;
-    let charts = charts::all(&data)?;
-    Ok(html::page(&data, &charts))
-}
-
-/// Writes the report of the run in `dir` to `out` (default
-/// `<dir>/report.html`) atomically; returns where it went.
-pub fn write_report(dir: &Path, out: Option<&Path>) -> Result<PathBuf, ReportError> {
-    let html = render(dir)?;
-    let path = out.map(Path::to_path_buf).unwrap_or_else(|| dir.join(REPORT_FILE));
-    crate::orchestrate::write_atomically(&path, html.as_bytes())
-        .map_err(|source| ReportError::Write { path: path.clone(), source })?;
-    Ok(path)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_run_without_records_yet_renders_with_notes_instead_of_charts() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join(crate::orchestrate::CONFIG_FILE), "[run]\nname = \"fresh\"\n").unwrap();
-        let html = render(tmp.path()).unwrap();
-        assert!(html.contains("<title>rekindle report: fresh</title>"));
-        assert!(html.contains("No metrics yet"));
-        assert!(!html.contains("<figure"));
-        assert!(!html.contains("<svg"));
-    }
-
-    #[test]
-    fn a_directory_without_config_is_not_a_run() {
-        let tmp = tempfile::tempdir().unwrap();
-        assert!(matches!(render(tmp.path()), Err(ReportError::NotARunDir { .. })));
-    }
-}
+pub use render::{REPORT_FILE, render, write_report};

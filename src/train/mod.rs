@@ -9,6 +9,7 @@
 //! micro-batch, accumulation); an out-of-memory step is retried with a
 //! smaller one (`oom.rs`); [`footprint`] estimates the memory a config needs.
 
+mod builtin;
 mod data;
 mod error;
 mod footprint;
@@ -31,6 +32,7 @@ mod replica_tests;
 #[cfg(test)]
 mod tests;
 
+pub use builtin::builtin_workload;
 pub use data::{Classification, DataCursor, Sampler, TokenSequences, is_validation};
 pub use error::{TrainError, candle_message, is_out_of_memory};
 pub use footprint::{CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, footprint, footprint_for};
@@ -49,4 +51,4 @@ pub use validate::{
     CleanMode, CleanSummary, LengthStats, Problem, ProblemCount, ValidateOptions, ValidationReport, validate_file,
     write_clean,
 };
-pub use workload::{Batch, ForwardCtx, Split, Workload, builtin_workload};
+pub use workload::{Batch, ForwardCtx, Split, Workload};

@@ -23,6 +23,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::builtin::builtin_workload;
 use super::data::{DataCursor, Sampler};
 use super::error::{TrainError, candle_message, is_out_of_memory};
 use super::layout::Layout;
@@ -31,7 +32,7 @@ use super::params::{ParamStore, Params, check_host, from_host, param_count, to_h
 use super::rng::{RngState, Stream, StreamRng};
 use super::scaler::{LossScaler, ScalerState, compute_dtype};
 use super::schedule::LrSchedule;
-use super::workload::{ForwardCtx, Split, Workload, builtin_workload};
+use super::workload::{ForwardCtx, Split, Workload};
 use crate::checkpoint::TensorSet;
 use crate::config::{Config, OnNonFinite};
 
@@ -355,11 +356,6 @@ impl Trainer {
     /// Parameter names and shapes, in name order.
     pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
         self.params.iter().map(|(n, v)| (n.clone(), v.dims().to_vec())).collect()
-    }
-
-    /// The workload's name.
-    pub fn workload_name(&self) -> &str {
-        self.workload.name()
     }
 
     /// The dtype matrix products run in.

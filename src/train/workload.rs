@@ -6,17 +6,13 @@
 //! random numbers and *when* (the data cursor, the RNG streams, the step)
 //! stays in the [`Trainer`](super::Trainer), so any workload resumes
 //! bit-exactly without doing anything itself. The built-in `mlp` and `gpt`
-//! models implement it the same way a user's model would; see
-//! `docs/workloads.md`.
+//! models implement it the same way a user's model would (`builtin.rs`
+//! picks one; this file knows none of them); see `docs/workloads.md`.
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
-use super::error::TrainError;
-use super::gpt::GptWorkload;
-use super::mlp::MlpWorkload;
 use super::rng::StreamRng;
-use crate::config::{Config, ModelKind};
 
 /// Which part of the data a batch comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -186,14 +182,6 @@ pub trait Workload: Send {
     /// The mean loss of a batch: a scalar (rank-0) tensor. During training
     /// the trainer differentiates it with respect to every parameter.
     fn loss(&self, batch: &Batch, ctx: &mut ForwardCtx<'_>) -> candle_core::Result<Tensor>;
-}
-
-/// The built-in workload `[model] kind` names, with its data from `[data]`.
-pub fn builtin_workload(cfg: &Config) -> Result<Box<dyn Workload>, TrainError> {
-    Ok(match cfg.model.kind {
-        ModelKind::Mlp => Box::new(MlpWorkload::from_config(cfg)?),
-        ModelKind::Gpt => Box::new(GptWorkload::from_config(cfg)?),
-    })
 }
 
 /// `docs/workloads.md`, whose example is compiled and run as a doc test.

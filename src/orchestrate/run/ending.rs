@@ -21,7 +21,7 @@ use super::super::budget;
 use super::super::deadline::Deadline;
 use super::super::devices;
 use super::super::error::RunError;
-use super::super::rundir::{self, SUMMARY_FILE};
+use super::super::rundir::SUMMARY_FILE;
 use super::super::stop::{StopFlag, StopReason};
 use super::Attempt;
 
@@ -262,7 +262,7 @@ impl Attempt {
             updated_at: now_rfc3339(),
         };
         let path = self.dir.path(SUMMARY_FILE);
-        rundir::write_atomically(&path, &summary.to_bytes()).map_err(|source| RunError::RunDir { path, source })
+        super::super::write_atomically(&path, &summary.to_bytes()).map_err(|source| RunError::RunDir { path, source })
     }
 }
 

@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::{SaveReport, Snapshot};
-use crate::config;
 use crate::slurm::{self, SlurmEnv};
 use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, JsonlWriter, Nonfinite};
 use crate::train::NonFiniteEvent;
@@ -129,7 +128,6 @@ impl Attempt {
             state: serde_json::json!({
                 "step": snap.step,
                 "train": snap.state,
-                "config_hash": config::training_hash(&self.cfg),
                 "metrics": {"last_loss": self.last_loss, "best_loss": self.best_loss},
                 "host": host_info(&self.slurm),
                 "rekindle_version": env!("CARGO_PKG_VERSION"),

@@ -18,7 +18,7 @@ use crate::train::Trainer;
 use super::super::devices::Devices;
 use super::super::error::RunError;
 use super::super::persist::Persister;
-use super::super::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
+use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::super::stop::StopFlag;
 use super::ending::early_stop;
 use super::{Attempt, Started, context};
@@ -191,7 +191,7 @@ pub(super) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
         .map(|l| format!("{l}\n"))
         .collect();
     if kept.len() != text.len() {
-        rundir::write_atomically(path, kept.as_bytes())
+        super::super::write_atomically(path, kept.as_bytes())
             .map_err(|source| RunError::RunDir { path: path.to_path_buf(), source })?;
     }
     Ok(())

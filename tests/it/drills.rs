@@ -6,7 +6,7 @@
 //! Skipped, with a loud SKIPPED line, only where SLURM cannot be installed at
 //! all (not root, or no apt-get) — and never when `CI` is set: CI must run them.
 //! The drills take a few minutes; their progress goes to stderr
-//! (`cargo test --test drills -- --nocapture` shows it live).
+//! (`cargo test --test it drills:: -- --nocapture` shows it live).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,25 +24,6 @@ fn cluster(arg: &str) -> std::process::Output {
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("cannot run slurm/local-cluster.sh {arg}: {e}"))
-}
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
-}
-
-/// Why SLURM can neither be found nor installed here, if so.
-fn cannot_install_slurm() -> Option<String> {
-    if ["slurmctld", "slurmd", "sbatch", "munged"].iter().all(|t| on_path(t)) {
-        return None;
-    }
-    if !on_path("apt-get") {
-        return Some("SLURM is not installed and there is no apt-get to install it".into());
-    }
-    let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    if uid.as_deref().unwrap_or("") != "0" {
-        return Some("SLURM is not installed and installing it needs root".into());
-    }
-    None
 }
 
 /// Stops the cluster when the test ends, also when an assertion fails.
@@ -72,9 +53,7 @@ fn summary_of<'a>(stdout: &'a str, drill: &str) -> Option<(&'a str, serde_json::
 
 #[test]
 fn every_drill_passes_on_a_local_two_node_slurm_cluster() {
-    if let Some(why) = cannot_install_slurm() {
-        assert!(std::env::var_os("CI").is_none(), "CI must run the SLURM drills, but {why}");
-        eprintln!("\n*** SKIPPED: the SLURM drills: {why} (apt-get install slurmctld slurmd slurm-client munge) ***\n");
+    if crate::support::requires::slurm().is_none() {
         return;
     }
     let up = cluster("up");

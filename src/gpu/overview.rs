@@ -13,7 +13,8 @@ use crate::config::{Config, GpuBackend};
 use super::error::GpuError;
 use super::inventory::InventoryProbe;
 use super::placement::{DeviceKind, Footprint, PlacementRequest, Plan, PlanDevice, place};
-use super::probe::{GpuDevice, GpuProbe, SystemProbe, Vendor};
+use super::probe::{GpuDevice, GpuProbe, Vendor};
+use super::system::SystemProbe;
 use super::visible::{EnvMap, process_env, visible_devices};
 
 const MIB: u64 = 1 << 20;

@@ -14,7 +14,7 @@
 //!   after 5 retries it stops with a checkpoint and exit 1;
 //! - the monitor writes `gpu_stats.jsonl` every `[gpu] monitor_interval`.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

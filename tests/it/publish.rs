@@ -2,7 +2,7 @@
 //! to commit into, the `git` command line to check what arrived, and
 //! `git daemon` for a remote whose pre-receive hook rejects pushes.
 
-mod support;
+use crate::support;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! checkpoint. The `rekindle verify` and `rekindle checkpoints` commands report
 //! the same file and reason, in text and in JSON, with the documented exit codes.
 
-mod support;
+use crate::support;
 
 use std::ffi::OsStr;
 use std::fs;

@@ -5,7 +5,7 @@
 //! run-directory lock; failing background checkpoints (failpoints); publishing
 //! on exit; and the grace period bounding everything after the checkpoint.
 
-mod support;
+use crate::support;
 
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;

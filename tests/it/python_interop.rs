@@ -4,9 +4,10 @@
 //!
 //! Needs `python3` with `safetensors` and `numpy` (`pip install safetensors
 //! numpy`; CI installs them). Without them the tests fail, unless
-//! `REKINDLE_SKIP_PYTHON=1`, which turns them into a loud SKIPPED.
+//! `REKINDLE_SKIP_PYTHON=1` outside CI, which turns them into a loud SKIPPED
+//! (`support::requires`).
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;
@@ -63,27 +64,6 @@ for name, info in header.items():
     out[name] = {"dtype": info["dtype"], "shape": info["shape"], "values": values.tolist()}
 print(json.dumps(out))
 "#;
-
-/// `Some(())` when python3 with safetensors and numpy is there; `None` when it
-/// is not and `REKINDLE_SKIP_PYTHON=1` allows skipping; panics otherwise.
-fn python_or_skip() -> Option<()> {
-    let probe = Command::new("python3").args(["-c", "import safetensors, numpy"]).output();
-    let problem = match probe {
-        Ok(out) if out.status.success() => return Some(()),
-        Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
-        Err(e) => format!("cannot run python3: {e}"),
-    };
-    if std::env::var("REKINDLE_SKIP_PYTHON").is_ok_and(|v| v == "1") {
-        eprintln!(
-            "\n*** SKIPPED (REKINDLE_SKIP_PYTHON=1): python3 with safetensors and numpy unavailable: {problem} ***\n"
-        );
-        return None;
-    }
-    panic!(
-        "python3 cannot import safetensors and numpy ({problem}): run `pip install safetensors numpy`, \
-         or set REKINDLE_SKIP_PYTHON=1 to skip this test"
-    );
-}
 
 fn python_json(script: &str, args: &[&Path]) -> Value {
     let out = Command::new("python3").arg("-c").arg(script).args(args).output().expect("run python3");
@@ -180,7 +160,7 @@ fn assert_numpy_matches(file: &str, loaded: &Value, saved: &TensorSet) {
 
 #[test]
 fn numpy_loads_saved_tensors_with_identical_dtypes_shapes_and_values() {
-    let Some(()) = python_or_skip() else { return };
+    let Some(()) = support::requires::python() else { return };
     let (_tmp, store) = temp_store(3);
     let snapshot = interop_snapshot();
     store.save(&snapshot).unwrap();
@@ -201,7 +181,7 @@ fn numpy_loads_saved_tensors_with_identical_dtypes_shapes_and_values() {
 
 #[test]
 fn bf16_tensors_follow_the_safetensors_layout() {
-    let Some(()) = python_or_skip() else { return };
+    let Some(()) = support::requires::python() else { return };
     let (_tmp, store) = temp_store(3);
     let mut snapshot = interop_snapshot();
     // 1.0, -2.5, 0.15625, 3.0: bf16 is the top half of the f32 bit pattern.

@@ -1,5 +1,6 @@
-//! `rekindle doctor`: the checks to run before submitting, or at the top of
-//! an sbatch script, as a checklist. Each check says ok, warn, fail or skip,
+//! `rekindle doctor`: whether this machine is ready for a run — config,
+//! SLURM, GPUs, disk, the checkpoint store, publishing — checked before
+//! submitting, or at the top of an sbatch script, as a checklist. Each check says ok, warn, fail or skip,
 //! what it found, and whether it is required: a failed required check means
 //! the run should not start.
 //!
@@ -19,12 +20,11 @@ use serde::Serialize;
 use crate::checkpoint::{CheckpointStore, HostTensor, Snapshot, TensorSet, VerifyLevel};
 use crate::config::{Config, GpuBackend, validate};
 
-use super::host::{free_disk_bytes, nearest_existing};
-use super::inventory::InventoryProbe;
-use super::placement::{DeviceKind, Footprint, PlacementRequest, PlanDevice, bytes, place};
-use super::probe::{GpuProbe, SystemProbe};
-use super::report::choose_devices;
-use super::visible::{EnvMap, visible_devices};
+use crate::gpu::{
+    DeviceKind, EnvMap, Footprint, GpuProbe, InventoryProbe, PlacementRequest, PlanDevice, SystemProbe, choose_devices,
+    free_disk_bytes, nearest_existing, place, visible_devices,
+};
+use crate::units::mib_or_gib;
 
 /// The outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -374,25 +374,31 @@ fn check_disk(list: &mut Checklist, dir: &Path, expected: Option<u64>) {
             return;
         }
     };
-    let place = format!("{} free on the filesystem of {}", bytes(free), dir.display());
+    let place = format!("{} free on the filesystem of {}", mib_or_gib(free), dir.display());
     match expected {
         None => list.push("free disk", CheckStatus::Ok, true, format!("{place} (checkpoint size unknown)")),
         Some(need) if free < need => list.push(
             "free disk",
             CheckStatus::Fail,
             true,
-            format!("{place}, but one checkpoint needs about {}: free space or move [checkpoint] dir", bytes(need)),
+            format!(
+                "{place}, but one checkpoint needs about {}: free space or move [checkpoint] dir",
+                mib_or_gib(need)
+            ),
         ),
         // The next checkpoint is written before an old one rotates out.
         Some(need) if free < need.saturating_mul(2) => list.push(
             "free disk",
             CheckStatus::Warn,
             true,
-            format!("{place}: room for one checkpoint of about {} but not two", bytes(need)),
+            format!("{place}: room for one checkpoint of about {} but not two", mib_or_gib(need)),
         ),
-        Some(need) => {
-            list.push("free disk", CheckStatus::Ok, true, format!("{place}; a checkpoint needs about {}", bytes(need)))
-        }
+        Some(need) => list.push(
+            "free disk",
+            CheckStatus::Ok,
+            true,
+            format!("{place}; a checkpoint needs about {}", mib_or_gib(need)),
+        ),
     }
 }
 
@@ -474,8 +480,8 @@ fn check_publish(list: &mut Checklist, config: &Config) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::probe::tests::device;
-    use crate::gpu::probe::{Probed, StaticProbe, Vendor};
+    use crate::gpu::test_device as device;
+    use crate::gpu::{Probed, StaticProbe, Vendor};
 
     struct Fixture {
         dir: tempfile::TempDir,

@@ -8,7 +8,7 @@
 //! `REKINDLE_SIGKILL_SEED` replays the delays of an earlier run (the seed is
 //! printed on stderr).
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;

@@ -2,7 +2,7 @@
 //! process, such as `examples/ckpt_writer.rs` — can recompute exactly what a
 //! checkpoint of step N must hold and compare it bit for bit.
 //!
-//! Shared by the integration tests (`tests/support/mod.rs`) and the writer
+//! Shared by the integration tests (`tests/it/support/mod.rs`) and the writer
 //! example (through `#[path]`), so both sides use one definition.
 
 use rekindle::checkpoint::{DType, HostTensor, Snapshot, TensorSet};

@@ -7,7 +7,7 @@
 //! exactly when `gpu_stats.jsonl` exists; torn last lines are tolerated.
 //! `rekindle status` on the same run says why the last attempt ended.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! documented exit codes (0, 2, 75, 78), and config errors reported all at
 //! once with their place in the file and a suggestion.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::Path;

@@ -8,7 +8,7 @@
 //! that nothing committed was lost, that no leftovers survive the reopen, and
 //! that the next save works.
 
-mod support;
+use crate::support;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -228,11 +228,13 @@ failpoint_cases! {
         "checkpoint::rotation_trashed" => Trashed;
 }
 
-/// Every failpoint named in store.rs. Per-file names are expanded the way the
+/// Every failpoint named in the store's sources (the commit protocol in
+/// store.rs, its I/O in hashed_io.rs). Per-file names are expanded the way the
 /// store forms them: `{}` in the loop over the data files, `{name}` in
 /// `write_hashed`, which also writes the manifest.
 fn failpoints_in_store_source() -> Vec<String> {
-    let source = include_str!("../src/checkpoint/store.rs");
+    let source =
+        concat!(include_str!("../../src/checkpoint/store.rs"), include_str!("../../src/checkpoint/hashed_io.rs"));
     let mut with_manifest = REQUIRED_FILES.to_vec();
     with_manifest.push(MANIFEST_FILE);
     let expand = |prefix: &str, files: &[&str]| files.iter().map(|f| format!("{prefix}{f}")).collect::<Vec<_>>();

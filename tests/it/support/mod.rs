@@ -1,14 +1,17 @@
 //! Helpers shared by the integration tests: deterministic snapshots, a look at
 //! what lies on disk (leftovers, file bytes, manifests), file damage, the real
 //! `rekindle` binary as a child process ([`cli`]), finished runs and what they
-//! leave behind ([`runs`]), and git repositories on disk ([`git`]).
+//! leave behind ([`runs`]), git repositories on disk ([`git`]), and what some
+//! tests need from the machine ([`requires`]).
 //!
-//! Every test binary includes this module and uses a different part of it.
+//! Both test binaries (`tests/it/`, `tests/failpoints/`) include this module,
+//! and each uses a different part of it.
 #![allow(dead_code)]
 
 pub mod cli;
 pub mod deterministic;
 pub mod git;
+pub mod requires;
 pub mod runs;
 
 use std::collections::BTreeMap;

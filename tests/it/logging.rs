@@ -3,7 +3,7 @@
 //! `--log-format json` writes one JSON object per line; `-q` keeps only
 //! warnings and errors; `RUST_LOG` overrides the level.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

@@ -5,12 +5,12 @@
 //! after the check passed), and an injected ENOSPC at fsync.
 //!
 //! Mounting needs root (CAP_SYS_ADMIN); without it the tmpfs tests print a
-//! loud SKIPPED line and pass.
+//! loud SKIPPED line and pass, except in CI (`support::requires`).
 //!
 //! Failpoints are process-global, so every test here holds a
 //! `fail::FailScenario` and they run one at a time.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::io::Write;
@@ -19,6 +19,7 @@ use std::process::Command;
 
 use rekindle::checkpoint::{CheckpointError, CheckpointStore, MODEL_FILE, OPTIMIZER_FILE, Snapshot};
 
+use support::requires::Need;
 use support::{leftovers, snapshot_for_step, valid_steps};
 
 /// Tensor bytes per checkpoint: a 4 MiB tmpfs holds a few of them.
@@ -66,10 +67,7 @@ impl Drop for Tmpfs {
 fn tmpfs_or_skip(size: &str) -> Option<Tmpfs> {
     match Tmpfs::mount(size) {
         Ok(t) => Some(t),
-        Err(e) => {
-            eprintln!("\n*** SKIPPED: cannot mount tmpfs (need root): {e} ***\n");
-            None
-        }
+        Err(e) => support::requires::unmet(Need::Root, format_args!("cannot mount a tmpfs: {e}")),
     }
 }
 

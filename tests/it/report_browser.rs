@@ -11,10 +11,10 @@
 //! run without GPU statistics is also copied there (how docs/report.png is
 //! made).
 
-mod support;
+use crate::support;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,35 +24,6 @@ const WIDTH: u32 = 1280;
 const HEIGHT: u32 = 2000;
 /// Longest a headless Chromium call may take before the test kills it.
 const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(90);
-
-fn find_chromium() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("REKINDLE_CHROMIUM") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
-        .find(|p| p.is_file())
-}
-
-/// The Chromium binary; `None` (after a loud message) only when it is missing,
-/// `REKINDLE_SKIP_CHROMIUM=1` and this is not CI; panics otherwise.
-fn chromium_or_skip() -> Option<PathBuf> {
-    if let Some(p) = find_chromium() {
-        return Some(p);
-    }
-    let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-    if !in_ci && std::env::var("REKINDLE_SKIP_CHROMIUM").is_ok_and(|v| v == "1") {
-        eprintln!(
-            "\n*** SKIPPED (REKINDLE_SKIP_CHROMIUM=1): chromium not found; the report was not opened in a browser ***\n"
-        );
-        return None;
-    }
-    panic!(
-        "chromium not found on PATH: run `make deps` (apt-get install chromium), set REKINDLE_CHROMIUM to a \
-         Chromium binary, or (outside CI only) set REKINDLE_SKIP_CHROMIUM=1 to skip this test"
-    );
-}
 
 /// What a headless Chromium call left behind.
 struct Headless {
@@ -159,7 +130,7 @@ fn dump_dom(chromium: &Path, page: &Path) -> String {
 
 #[test]
 fn reports_render_in_headless_chromium_without_page_errors() {
-    let Some(chromium) = chromium_or_skip() else { return };
+    let Some(chromium) = support::requires::chromium() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let blank = tmp.path().join("blank.html");
     std::fs::write(&blank, "<!DOCTYPE html><html><head><title>blank</title></head><body></body></html>").unwrap();
@@ -217,7 +188,7 @@ fn reports_render_in_headless_chromium_without_page_errors() {
 
 #[test]
 fn a_script_error_or_a_missing_page_counts_as_a_page_error() {
-    let Some(chromium) = chromium_or_skip() else { return };
+    let Some(chromium) = support::requires::chromium() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let bad = tmp.path().join("bad.html");
     std::fs::write(&bad, "<!DOCTYPE html><html><body><p>x</p><script>undefinedFunction();</script></body></html>")

@@ -10,7 +10,7 @@
 //!
 //! Workloads are kept tiny (a step takes milliseconds in a debug build).
 
-mod support;
+use crate::support;
 
 use std::fs;
 

@@ -1,0 +1,45 @@
+//! Byte counts as people read them, shared by the command line, the report,
+//! placement and `doctor`, so that none of them imports another for it.
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// `512 B`, `1.5 KiB`, `3.0 GiB`: the largest binary unit below the value
+/// (up to TiB), for tables of file sizes.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= KIB as f64 && unit < UNITS.len() - 1 {
+        value /= KIB as f64;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+/// `1.5 GiB`, `300.0 MiB`: memory sizes in MiB or GiB only, as placement
+/// plans, memory warnings and disk checks print them.
+pub fn mib_or_gib(n: u64) -> String {
+    let (n, gib) = (n as f64, GIB as f64);
+    if n >= gib { format!("{:.1} GiB", n / gib) } else { format!("{:.1} MiB", n / MIB as f64) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_picks_a_readable_unit() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+
+    #[test]
+    fn mib_or_gib_switches_to_gib_at_one_gib() {
+        assert_eq!(mib_or_gib(300 << 20), "300.0 MiB");
+        assert_eq!(mib_or_gib((1 << 30) - 1), "1024.0 MiB");
+        assert_eq!(mib_or_gib(3 << 29), "1.5 GiB");
+    }
+}

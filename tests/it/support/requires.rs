@@ -1,0 +1,126 @@
+//! What some tests need beyond cargo, in one place. Every test that needs
+//! more than the build asks here, so this is their list:
+//!
+//! | need | tests | outside CI, when missing |
+//! |---|---|---|
+//! | root (mount a tmpfs) | `failpoints`: `disk_full::saving_until_the_disk_is_full…`, `disk_full::disk_filling_up_during_the_write…` | skipped |
+//! | `python3` with `safetensors` and `numpy` | `it`: `python_interop::numpy_loads_…`, `python_interop::bf16_tensors_…` | fails, unless `REKINDLE_SKIP_PYTHON=1` |
+//! | Chromium (`REKINDLE_CHROMIUM` or on PATH) | `it`: `report_browser::*` | fails, unless `REKINDLE_SKIP_CHROMIUM=1` |
+//! | SLURM, or root and apt-get to install it | `it`: `drills::*` | skipped |
+//!
+//! A test missing what it needs either returns after a loud
+//! `SKIPPED: <test>: <why>` line on stderr or fails. In CI (`CI` set, and
+//! not to `false`) it always fails: CI must run every test.
+
+use std::fmt::Display;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// What a test needs from the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Root, to mount a tmpfs.
+    Root,
+    /// `python3` that imports `safetensors` and `numpy`.
+    Python,
+    /// A headless Chromium.
+    Chromium,
+    /// SLURM's daemons and clients, or root and apt-get to install them.
+    Slurm,
+}
+
+impl Need {
+    /// The variable that, set to `1` outside CI, lets the test skip; `None`
+    /// where skipping needs no permission.
+    fn opt_out(self) -> Option<&'static str> {
+        match self {
+            Need::Root | Need::Slurm => None,
+            Need::Python => Some("REKINDLE_SKIP_PYTHON"),
+            Need::Chromium => Some("REKINDLE_SKIP_CHROMIUM"),
+        }
+    }
+
+    /// How to get it.
+    fn remedy(self) -> &'static str {
+        match self {
+            Need::Root => "run the tests as root",
+            Need::Python => "run `pip install safetensors numpy`",
+            Need::Slurm => "run as root on Debian/Ubuntu, or apt-get install slurmctld slurmd slurm-client munge",
+            Need::Chromium => {
+                "run `make deps` (apt-get install chromium) or set REKINDLE_CHROMIUM to a Chromium binary"
+            }
+        }
+    }
+}
+
+/// Whether this is CI: `CI` set to anything but empty or `false`.
+pub fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
+}
+
+/// The running test's name: libtest names each test's thread after it.
+fn current_test() -> String {
+    std::thread::current().name().unwrap_or("unknown test").to_string()
+}
+
+/// The test cannot run here because `why`: prints the SKIPPED line and
+/// returns `None` (the caller returns), or panics in CI and where an opt-out
+/// variable exists but is not set to `1`.
+pub fn unmet<T>(need: Need, why: impl Display) -> Option<T> {
+    let test = current_test();
+    if in_ci() {
+        panic!("{test} needs {need:?} and CI must run it, but {why}: {}", need.remedy());
+    }
+    if let Some(var) = need.opt_out()
+        && !std::env::var(var).is_ok_and(|v| v == "1")
+    {
+        panic!("{test} needs {need:?}, but {why}: {}, or (outside CI only) set {var}=1 to skip it", need.remedy());
+    }
+    eprintln!("\n*** SKIPPED: {test}: {why} ({}) ***\n", need.remedy());
+    None
+}
+
+/// `Some(())` when `python3` imports `safetensors` and `numpy`; otherwise see [`unmet`].
+pub fn python() -> Option<()> {
+    let probe = Command::new("python3").args(["-c", "import safetensors, numpy"]).output();
+    let problem = match probe {
+        Ok(out) if out.status.success() => return Some(()),
+        Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
+        Err(e) => format!("cannot run python3: {e}"),
+    };
+    unmet(Need::Python, format_args!("python3 cannot import safetensors and numpy ({problem})"))
+}
+
+/// The Chromium binary: `REKINDLE_CHROMIUM`, else `chromium` or
+/// `chromium-browser` on PATH; otherwise see [`unmet`].
+pub fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("REKINDLE_CHROMIUM") {
+        return Some(PathBuf::from(p));
+    }
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
+            .find(|p| p.is_file())
+    });
+    found.or_else(|| unmet(Need::Chromium, "chromium not found on PATH; the report was not opened in a browser"))
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+}
+
+/// `Some(())` when SLURM is installed, or can be (root and apt-get:
+/// `slurm/local-cluster.sh up` installs it); otherwise see [`unmet`].
+pub fn slurm() -> Option<()> {
+    if ["slurmctld", "slurmd", "sbatch", "munged"].iter().all(|t| on_path(t)) {
+        return Some(());
+    }
+    if !on_path("apt-get") {
+        return unmet(Need::Slurm, "SLURM is not installed and there is no apt-get to install it");
+    }
+    let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if uid.as_deref().unwrap_or("") != "0" {
+        return unmet(Need::Slurm, "SLURM is not installed and installing it needs root");
+    }
+    Some(())
+}
