@@ -765,3 +765,90 @@ fn run_whose_lock_was_taken_over_stops() {
     assert_eq!(exited.code(), Some(1), "{}", exited.tail());
     assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
 }
+
+// ---------------------------------------------------------------------------
+// Issue 15: a stop path that cannot be derailed. The stop checkpoint comes
+// first, the requeue next, then publishing and the records; a failing step is
+// recorded and the next one still runs; exit 75 only with a durable checkpoint.
+
+/// A run under a (pretend) SLURM job 77 whose `scontrol` answers as for a
+/// running requeueable batch job.
+fn under_fake_slurm(dir: &Path, fake: &FakeScontrol) -> RunCmd {
+    long_run(dir).env("PATH", fake.path()).env("SLURM_JOB_ID", "77")
+}
+
+#[test]
+fn issue15_failed_stop_checkpoint_still_requeues_and_exits_75_naming_the_earlier_checkpoint() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    // A first attempt leaves a valid checkpoint of step 10.
+    under_fake_slurm(&dir, &fake).arg("--stop-at-step").arg("10").run(EXIT).assert_code(75);
+    assert_eq!(checkpoint_steps(&dir), [10]);
+
+    // The second attempt cannot save anything (no periodic saves either).
+    let mut run = under_fake_slurm(&dir, &fake)
+        .set("checkpoint.every_steps=0")
+        .env("FAILPOINTS", "checkpoint::before_manifest=return")
+        .spawn();
+    run.wait_for_step(15, STARTUP);
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"], "a failed stop checkpoint must not skip the requeue");
+    assert!(
+        exited.stderr.contains("keeping the earlier checkpoint of step 10"),
+        "the output must name the checkpoint kept: {}",
+        exited.tail()
+    );
+    let failed = last_event(&dir, "checkpoint_failed");
+    assert_eq!(failed["kind"], "stop", "{failed}");
+    let stop = last_event(&dir, "stop");
+    assert_eq!(stop["step"], 10, "the stop names the earlier checkpoint it keeps: {stop}");
+    assert!(stop["checkpoint_error"].as_str().is_some_and(|e| e.contains("before_manifest")), "{stop}");
+    assert_eq!(stop["requeue"]["answer"], "requeued", "{stop}");
+    assert_eq!(checkpoint_steps(&dir), [10]);
+    assert_verifies(&dir);
+}
+
+#[test]
+fn issue15_stop_without_any_durable_checkpoint_still_requeues_but_exits_1() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = under_fake_slurm(&dir, &fake)
+        .set("checkpoint.every_steps=0")
+        .env("FAILPOINTS", "checkpoint::before_manifest=return")
+        .spawn();
+    run.wait_for_step(5, STARTUP);
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(1);
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"], "the job still comes back, from step 0");
+    assert!(exited.stderr.contains("no earlier checkpoint"), "{}", exited.tail());
+    assert_eq!(last_event(&dir, "requeue")["answer"], "requeued");
+    assert!(events_named(&dir, "stop").is_empty(), "no `stop` event without a durable checkpoint");
+    let error = last_event(&dir, "error");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("stop checkpoint")), "{error}");
+    assert_eq!(checkpoint_steps(&dir), Vec::<u64>::new());
+}
+
+#[test]
+fn issue15_failing_summary_write_is_recorded_and_the_stop_still_requeues() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = under_fake_slurm(&dir, &fake).spawn();
+    run.wait_for_step(1, STARTUP);
+    // summary.json as a directory: writing the summary (a rename onto it) fails.
+    std::fs::create_dir_all(dir.join("summary.json").join("in-the-way")).unwrap();
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"]);
+    let stop = last_event(&dir, "stop");
+    let failures = stop["failures"].as_array().unwrap_or_else(|| panic!("no failures recorded: {stop}"));
+    assert!(failures.iter().any(|f| f.as_str().is_some_and(|f| f.starts_with("summary:"))), "{stop}");
+    assert_eq!(stop["step"], last_metric_step(&dir).unwrap());
+    assert_verifies(&dir);
+}

@@ -70,6 +70,12 @@ pub enum RunError {
     )]
     OutOfMemory { step: u64, checkpoint: PathBuf, source: TrainError },
     #[error(
+        "stopped by {reason} at step {step}, but the stop checkpoint failed ({error}) and no earlier checkpoint \
+         verifies: nothing durable to resume from (exit 1, not 75); the job was still requeued where the rules \
+         allow, and the next attempt starts from step 0 unless the checkpoint directory is fixed"
+    )]
+    StopWithoutCheckpoint { reason: String, step: u64, error: String },
+    #[error(
         "step {step} needs a rollback but no checkpoint verifies in {dir}; use on_nonfinite = \"skip\" or \"stop\""
     )]
     NothingToRollBackTo { step: u64, dir: PathBuf },

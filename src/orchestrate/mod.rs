@@ -17,7 +17,10 @@ mod rundir;
 mod status;
 mod stop;
 
-pub use budget::{REQUEUE_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, scontrol_timeout, stop_deadline};
+pub use budget::{
+    PUBLISH_AFTER_REQUEUE, PUBLISH_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, requeue_deadline,
+    scontrol_timeout, stop_deadline,
+};
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;

@@ -287,9 +287,10 @@ pub struct Signal {
 }
 
 /// `stop`: three shapes, by how the attempt stopped — with a stop checkpoint
-/// (`seconds_to_durable_checkpoint` … `requeue`), a fast exit keeping the
-/// previous checkpoint (`fast_exit: true`), or before training began
-/// (`before_training: true` and `requeue`).
+/// (`seconds_to_durable_checkpoint` … `requeue`; or, when the stop checkpoint
+/// failed, `checkpoint_error` and `step` naming the earlier checkpoint kept),
+/// a fast exit keeping the previous checkpoint (`fast_exit: true`), or before
+/// training began (`before_training: true` and `requeue`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Stop {
@@ -312,6 +313,15 @@ pub struct Stop {
     pub publish: Option<PublishOutcome>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requeue: Option<RequeueRecord>,
+    /// The stop checkpoint failed, and why: `step` then names the earlier
+    /// checkpoint (of this attempt or one before) kept instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_error: Option<String>,
+    /// Steps of the stop that failed after the checkpoint (`summary: …`,
+    /// `monitor: …`, `events: …`), each recorded and passed over; absent
+    /// when none did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
 }
 
 /// `finish`.
@@ -614,6 +624,8 @@ mod tests {
                 reason: "SIGTERM".into(),
                 seconds_left: Some(Some(3.0)),
                 requeue: Some(requeue),
+                checkpoint_error: Some("disk full".into()),
+                failures: vec!["summary: read-only file system".into()],
                 ..Default::default()
             }),
             Event::Finish(Finish { step: 5, publish: PublishOutcome::Failed { error: "e".into() } }),

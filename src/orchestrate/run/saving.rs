@@ -137,49 +137,68 @@ impl Attempt {
         })
     }
 
-    /// Writes a checkpoint of the current step synchronously (after any save in flight).
+    /// Writes a checkpoint of the current step synchronously (after any save
+    /// in flight). Used where the run ends (stop, final, non-finite and
+    /// out-of-memory stops), so nothing but the save itself can fail it: a
+    /// failed save in flight (even one that makes too many in a row) and an
+    /// event that cannot be written are logged, and the save is still tried.
+    /// `last_durable_step` is set as soon as the checkpoint is committed.
     pub(super) fn checkpoint_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
-        if let Some(p) = self.persister.wait() {
-            self.handle_persisted(p)?;
+        if let Some(p) = self.persister.wait()
+            && let Err(e) = self.handle_persisted(p)
+        {
+            tracing::error!(error = %e, "the background save in flight failed; writing the {kind} checkpoint anyway");
         }
         let t0 = Instant::now();
         let snapshot = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
         let payload = snapshot.payload_bytes();
-        match self.store.save(&snapshot) {
+        let step = snapshot.step;
+        let result = self.store.save(&snapshot);
+        let recorded = match &result {
             Ok(report) => {
                 self.last_checkpoint = Instant::now();
-                self.record_saved(&report, kind, payload, stall)?;
-                Ok(report)
+                self.record_saved(report, kind, payload, stall)
             }
             Err(e) if e.committed() => {
-                tracing::warn!(step = snapshot.step, error = %e, "checkpoint committed with a warning");
+                tracing::warn!(step, error = %e, "checkpoint committed with a warning");
                 self.last_checkpoint = Instant::now();
-                self.last_durable_step = Some(snapshot.step);
-                self.events.record(&Event::CheckpointSaved(CheckpointSaved {
-                    step: snapshot.step,
-                    kind: kind.into(),
-                    warning: Some(e.to_string()),
-                    ..CheckpointSaved::default()
-                }))?;
-                Ok(SaveReport {
-                    step: snapshot.step,
-                    dir: self.store.step_dir(snapshot.step),
-                    bytes: payload,
-                    seconds: t0.elapsed().as_secs_f64(),
-                    already_existed: false,
-                    rotated_out: Vec::new(),
-                })
+                self.last_durable_step = Some(step);
+                self.events
+                    .record(&Event::CheckpointSaved(CheckpointSaved {
+                        step,
+                        kind: kind.into(),
+                        warning: Some(e.to_string()),
+                        ..CheckpointSaved::default()
+                    }))
+                    .map_err(RunError::from)
             }
             Err(e) => {
-                self.events.record(&Event::CheckpointFailed(CheckpointFailed {
-                    step: snapshot.step,
-                    kind: kind.into(),
-                    error: e.to_string(),
-                    consecutive_failures: None,
-                }))?;
-                Err(e.into())
+                tracing::error!(step, kind, error = %e, "checkpoint failed; earlier checkpoints are intact");
+                self.events
+                    .record(&Event::CheckpointFailed(CheckpointFailed {
+                        step,
+                        kind: kind.into(),
+                        error: e.to_string(),
+                        consecutive_failures: None,
+                    }))
+                    .map_err(RunError::from)
             }
+        };
+        if let Err(e) = recorded {
+            tracing::error!(error = %e, "could not record the {kind} checkpoint's event");
+        }
+        match result {
+            Ok(report) => Ok(report),
+            Err(e) if e.committed() => Ok(SaveReport {
+                step,
+                dir: self.store.step_dir(step),
+                bytes: payload,
+                seconds: t0.elapsed().as_secs_f64(),
+                already_existed: false,
+                rotated_out: Vec::new(),
+            }),
+            Err(e) => Err(e.into()),
         }
     }
 
