@@ -852,3 +852,62 @@ fn issue15_failing_summary_write_is_recorded_and_the_stop_still_requeues() {
     assert_eq!(stop["step"], last_metric_step(&dir).unwrap());
     assert_verifies(&dir);
 }
+
+// ---------------------------------------------------------------------------
+// Issue 15: the background persister dying must not silently end
+// checkpointing (failpoint `persist::before_save` panics inside its thread).
+
+#[test]
+fn issue15_persister_that_panics_is_restarted_and_checkpointing_goes_on() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    // The first background save panics in the persister thread; later ones work.
+    let exited = RunCmd::new(&dir)
+        .set("run.max_steps=400")
+        .set("checkpoint.every_steps=20")
+        .env("FAILPOINTS", "persist::before_save=1*panic(injected persister panic)")
+        // A backtrace would take the dying thread long to print (see below).
+        .env("RUST_BACKTRACE", "0")
+        .run(EXIT);
+    exited.assert_code(0);
+    assert!(exited.stderr.contains("background checkpoint thread died"), "{}", exited.tail());
+    let died = events_named(&dir, "persister_died");
+    assert_eq!(died.len(), 1, "{died:?}");
+    assert_eq!((&died[0]["step"], &died[0]["action"]), (&json!(20), &json!("restarted")), "{died:?}");
+    assert!(died[0]["error"].as_str().is_some_and(|e| e.contains("injected persister panic")), "{died:?}");
+    let periodic: Vec<u64> = events_named(&dir, "checkpoint_saved")
+        .iter()
+        .filter(|e| e["kind"] == "periodic")
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
+    // Saves falling due while the thread was dying (running its panic hook)
+    // are skipped as "still being written"; after the restart they are
+    // written again, up to the last before max_steps.
+    assert!(periodic.len() >= 2 && periodic.iter().all(|&s| s > 20), "{periodic:?}");
+    assert_eq!(periodic.last(), Some(&380), "periodic saves after the restart: {periodic:?}");
+    assert_eq!(last_event(&dir, "finish")["step"], 400);
+    assert_verifies(&dir);
+}
+
+#[test]
+fn issue15_persister_that_keeps_dying_stops_the_run_after_a_synchronous_checkpoint() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let exited = RunCmd::new(&dir)
+        .set("checkpoint.every_steps=20")
+        .set("checkpoint.max_consecutive_failures=2")
+        .env("FAILPOINTS", "persist::before_save=panic(injected persister panic)")
+        .run(EXIT);
+    exited.assert_code(1);
+    assert!(exited.stderr.contains("background checkpoint thread died 2 times in a row"), "{}", exited.tail());
+    let died = events_named(&dir, "persister_died");
+    let actions: Vec<&Value> = died.iter().map(|e| &e["action"]).collect();
+    assert_eq!(actions, [&json!("restarted"), &json!("stopping")], "{died:?}");
+    // The synchronous checkpoint (on the training thread) is of the last step trained.
+    let saved = last_event(&dir, "checkpoint_saved");
+    assert_eq!(saved["kind"], "stop", "{saved}");
+    assert_eq!(saved["step"], last_metric_step(&dir).unwrap());
+    assert_eq!(checkpoint_steps(&dir), [saved["step"].as_u64().unwrap()]);
+    assert!(last_event(&dir, "error")["error"].as_str().is_some_and(|e| e.contains("died 2 times")));
+    assert_verifies(&dir);
+}

@@ -56,6 +56,12 @@ pub enum RunError {
          earlier checkpoints are intact: free space or fix the checkpoint directory, then run again"
     )]
     CheckpointsFailing { count: u32, last: CheckpointError },
+    #[error(
+        "the background checkpoint thread died {count} times in a row ([checkpoint] max_consecutive_failures); \
+         last: {error}; a synchronous checkpoint of the last completed step was attempted (see events.jsonl): \
+         run again to resume from the newest checkpoint that verifies, and report the panic"
+    )]
+    PersisterDied { count: u32, error: String },
     #[error(transparent)]
     Gpu(#[from] GpuError),
     #[error(

@@ -25,7 +25,7 @@ pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
 pub use lock::{LOCK_FILE, LockError, LockInfo, RunLock};
-pub use persist::{Persisted, Persister};
+pub use persist::{Persisted, Persister, PersisterDied};
 pub use run::{RunOptions, run};
 pub use rundir::{
     CHECKPOINTS_DIR, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE, checkpoints_dir, prepare,

@@ -41,6 +41,8 @@ pub enum Event {
     CheckpointSaved(CheckpointSaved),
     /// A checkpoint could not be written (earlier ones are intact).
     CheckpointFailed(CheckpointFailed),
+    /// The background checkpoint thread died: restarted, or the run stops.
+    PersisterDied(PersisterDied),
     /// A step's loss or gradient was not finite.
     Nonfinite(Nonfinite),
     /// A stop signal (or `--stop-at-step`) was acted on.
@@ -64,7 +66,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 16] = [
+pub const EVENT_NAMES: [&str; 17] = [
     "start",
     "checkpoint_rejected",
     "resume",
@@ -73,6 +75,7 @@ pub const EVENT_NAMES: [&str; 16] = [
     "oom_retry",
     "checkpoint_saved",
     "checkpoint_failed",
+    "persister_died",
     "nonfinite",
     "signal",
     "monitor",
@@ -95,6 +98,7 @@ impl Event {
             Event::OomRetry(_) => "oom_retry",
             Event::CheckpointSaved(_) => "checkpoint_saved",
             Event::CheckpointFailed(_) => "checkpoint_failed",
+            Event::PersisterDied(_) => "persister_died",
             Event::Nonfinite(_) => "nonfinite",
             Event::Signal(_) => "signal",
             Event::Monitor(_) => "monitor",
@@ -115,6 +119,7 @@ impl Event {
             Event::OomRetry(e) => Some(e.step),
             Event::CheckpointSaved(e) => Some(e.step),
             Event::CheckpointFailed(e) => Some(e.step),
+            Event::PersisterDied(e) => e.step,
             Event::Nonfinite(e) => Some(e.step),
             Event::Signal(e) => e.step,
             Event::Stop(e) => e.step,
@@ -250,6 +255,23 @@ pub struct CheckpointFailed {
     /// Periodic saves only: failures in a row so far.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consecutive_failures: Option<u32>,
+}
+
+/// `persister_died`: the background checkpoint thread is gone (a panic, or
+/// its channel closed); the save in flight is lost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PersisterDied {
+    /// The step whose save was in flight (`null`: none).
+    pub step: Option<u64>,
+    /// The panic's message, or why the thread is gone.
+    pub error: String,
+    /// `restarted` (a new thread takes over), or `stopping` (it died
+    /// `[checkpoint] max_consecutive_failures` times in a row: a synchronous
+    /// checkpoint is attempted, then the run fails).
+    pub action: String,
+    /// Failed periodic saves in a row, this one included.
+    pub consecutive_failures: u32,
 }
 
 /// `nonfinite`: `action` is `stop` or `rollback` (then `restored_step` and
@@ -601,6 +623,12 @@ mod tests {
                 error: "e".into(),
                 consecutive_failures: None,
             }),
+            Event::PersisterDied(PersisterDied {
+                step: Some(5),
+                error: "panicked: boom".into(),
+                action: "restarted".into(),
+                consecutive_failures: 1,
+            }),
             Event::Nonfinite(Nonfinite {
                 step: 4,
                 loss: None,
@@ -653,6 +681,7 @@ mod tests {
             | Event::OomRetry(_)
             | Event::CheckpointSaved(_)
             | Event::CheckpointFailed(_)
+            | Event::PersisterDied(_)
             | Event::Nonfinite(_)
             | Event::Signal(_)
             | Event::Monitor(_)
