@@ -214,8 +214,11 @@ impl Attempt {
                 self.earlier_valid_checkpoint()
             }
         };
-        // 2. The requeue decision, unless it is time to exit at once.
-        let fast_exit = budget::exit_now(self.stop.count(), deadline, Instant::now());
+        // 2. The requeue decision, unless it is time to exit at once. The
+        // signal count is taken before it: SLURM's SIGTERM for our own
+        // requeue may arrive before `scontrol requeue` has even returned.
+        let signals_before_requeue = self.stop.count();
+        let fast_exit = budget::exit_now(signals_before_requeue, deadline, Instant::now());
         let requeue = if fast_exit {
             tracing::warn!("skipping requeue and publish: third signal or deadline passed");
             RequeueRecord::skip("fast exit")
@@ -225,7 +228,6 @@ impl Attempt {
             requeue_and_record(&self.cfg, &self.slurm, reason, finished, requeue_deadline, &mut self.events)
         };
         let requeued_at = requeue.answer.is_some().then(Instant::now);
-        let signals_at_requeue = self.stop.count();
         // 3. The monitor and the summary that publishing carries.
         if let Err(e) = devices::stop_monitor(self.monitor.take(), &mut self.events) {
             failures.push(self.failed_step("monitor", &e));
@@ -237,10 +239,8 @@ impl Attempt {
         // 4. Publishing: skipped on a fast exit, or on a third signal or a
         // passed deadline since, unless SLURM is already ending the job for
         // our requeue (its signals are expected; its kill bounds the time).
-        let now = Instant::now();
-        let cut_short = fast_exit
-            || (requeued_at.is_none() && budget::exit_now(self.stop.count(), deadline, now))
-            || (requeued_at.is_some() && budget::exit_now(signals_at_requeue, deadline, now));
+        let signals = if requeued_at.is_some() { signals_before_requeue } else { self.stop.count() };
+        let cut_short = fast_exit || budget::exit_now(signals, deadline, Instant::now());
         let publish = if cut_short {
             PublishOutcome::Skipped { skipped: "fast exit".into() }
         } else {
@@ -303,9 +303,7 @@ impl Attempt {
 
     /// Records an event on the stop path: a failure is logged, never returned.
     fn record_or_log(&mut self, event: &Event) {
-        if let Err(e) = self.events.record(event) {
-            tracing::error!(error = %e, event = event.name(), "could not record an event; going on");
-        }
+        record_or_log(&mut self.events, event);
     }
 
     fn sync_or_log(&mut self) {
@@ -412,12 +410,11 @@ pub(super) fn early_stop(
 ) -> Result<Option<Outcome>, RunError> {
     let Some(reason) = stop.signal() else { return Ok(None) };
     tracing::warn!(reason = %reason.name(), "stop signal before training began: exiting; earlier checkpoints are intact");
-    events.record(&Event::Signal(Signal {
-        signal: reason.name(),
-        step: durable,
-        before_training: true,
-        ..Signal::default()
-    }))?;
+    // Records, best effort: nothing may keep the requeue from running.
+    record_or_log(
+        events,
+        &Event::Signal(Signal { signal: reason.name(), step: durable, before_training: true, ..Signal::default() }),
+    );
     let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
     let deadline = Deadline::after_signal(arrival, cfg.signals.grace, cfg.signals.safety_margin);
     let requeue = if budget::exit_now(stop.count(), Some(deadline), Instant::now()) {
@@ -426,15 +423,27 @@ pub(super) fn early_stop(
         let finished = durable.is_some_and(|s| s >= cfg.run.max_steps);
         requeue_and_record(cfg, alloc, reason, finished, Some(deadline), events)
     };
-    events.record(&Event::Stop(Stop {
-        step: durable,
-        reason: reason.name(),
-        before_training: true,
-        requeue: Some(requeue),
-        ..Stop::default()
-    }))?;
-    events.sync()?;
+    record_or_log(
+        events,
+        &Event::Stop(Stop {
+            step: durable,
+            reason: reason.name(),
+            before_training: true,
+            requeue: Some(requeue),
+            ..Stop::default()
+        }),
+    );
+    if let Err(e) = events.sync() {
+        tracing::error!(error = %e, "could not sync events.jsonl");
+    }
     Ok(Some(Outcome::StoppedWithCheckpoint))
+}
+
+/// Records an event on a stop path: a failure is logged, never returned.
+fn record_or_log(events: &mut EventLog, event: &Event) {
+    if let Err(e) = events.record(event) {
+        tracing::error!(error = %e, event = event.name(), "could not record an event; going on");
+    }
 }
 
 /// The requeue step through the real `scontrol`, each call bounded by what
