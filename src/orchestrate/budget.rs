@@ -67,6 +67,23 @@ pub fn publish_deadline(deadline: Option<Deadline>, requeued_at: Option<Instant>
     }
 }
 
+/// True when publishing is to be skipped after the requeue step: a third
+/// signal or a passed deadline, as for [`exit_now`], except that once SLURM
+/// accepted our requeue only the signals received *before* the requeue
+/// count: the SIGTERMs that follow (to the step, and forwarded by the batch
+/// shell) are SLURM ending the job we asked it to end, bounded by its
+/// SIGKILL and [`PUBLISH_AFTER_REQUEUE`], not a request to quit at once.
+pub fn skip_publish(
+    signals_before_requeue: usize,
+    signals_now: usize,
+    requeued: bool,
+    deadline: Option<Deadline>,
+    now: Instant,
+) -> bool {
+    let counted = if requeued { signals_before_requeue } else { signals_now };
+    exit_now(counted, deadline, now)
+}
+
 /// The time one `scontrol` call may take at `now`: what is left (capped at
 /// [`SCONTROL_TIMEOUT`]); `None` when less than [`SCONTROL_MINIMUM`] is left.
 /// Without a deadline, the cap.
@@ -137,6 +154,21 @@ mod tests {
         assert_eq!(publish_deadline(deadline_in(t0, 4), Some(t0)), deadline_in(t0, 4));
         assert_eq!(publish_deadline(None, None), None);
         assert_eq!(publish_deadline(None, Some(t0)).unwrap().remaining(t0), PUBLISH_AFTER_REQUEUE);
+    }
+
+    #[test]
+    fn signals_after_an_accepted_requeue_do_not_skip_publishing_a_passed_deadline_does() {
+        let t0 = Instant::now();
+        let d = deadline_in(t0, 10);
+        // One signal before the requeue, two more from SLURM's kill after it.
+        assert!(!skip_publish(1, 3, true, d, t0));
+        // The same three signals without a requeue: a third means exit now.
+        assert!(skip_publish(1, 3, false, d, t0));
+        assert!(!skip_publish(1, 2, false, d, t0));
+        // A third signal before the requeue, or a passed deadline, skips either way.
+        assert!(skip_publish(3, 3, true, d, t0));
+        assert!(skip_publish(1, 1, true, d, t0 + S(10)));
+        assert!(!skip_publish(1, 1, true, None, t0 + S(500)));
     }
 
     #[test]

@@ -239,8 +239,14 @@ impl Attempt {
         // 4. Publishing: skipped on a fast exit, or on a third signal or a
         // passed deadline since, unless SLURM is already ending the job for
         // our requeue (its signals are expected; its kill bounds the time).
-        let signals = if requeued_at.is_some() { signals_before_requeue } else { self.stop.count() };
-        let cut_short = fast_exit || budget::exit_now(signals, deadline, Instant::now());
+        let cut_short = fast_exit
+            || budget::skip_publish(
+                signals_before_requeue,
+                self.stop.count(),
+                requeued_at.is_some(),
+                deadline,
+                Instant::now(),
+            );
         let publish = if cut_short {
             PublishOutcome::Skipped { skipped: "fast exit".into() }
         } else {
