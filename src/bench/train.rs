@@ -48,6 +48,8 @@ fn snapshot(trainer: &Trainer, reuse: Option<Snapshot>) -> Result<Snapshot, Benc
 /// Trains `steps` steps twice: without checkpoints, then with one every `every` steps.
 pub fn run_train_bench(cfg: &Config, steps: u64, every: u64, dir: PathBuf) -> Result<TrainBench, BenchError> {
     let io = |source| BenchError::Io { path: dir.clone(), source };
+    let died =
+        |d: crate::orchestrate::PersisterDied| BenchError::Io { path: dir.clone(), source: std::io::Error::other(d) };
     std::fs::create_dir_all(&dir).map_err(io)?;
     let work = tempfile::Builder::new().prefix("rekindle-bench-train-").tempdir_in(&dir).map_err(io)?;
 
@@ -72,7 +74,7 @@ pub fn run_train_bench(cfg: &Config, steps: u64, every: u64, dir: PathBuf) -> Re
     let t0 = Instant::now();
     for _ in 0..steps {
         step(&mut trainer)?;
-        if let Some(done) = persister.poll() {
+        if let Some(done) = persister.poll().map_err(died)? {
             done.result?;
             spare = done.buffers;
         }
@@ -81,10 +83,10 @@ pub fn run_train_bench(cfg: &Config, steps: u64, every: u64, dir: PathBuf) -> Re
             let snap = snapshot(&trainer, spare.take())?;
             stalls += s0.elapsed().as_secs_f64();
             count += 1;
-            persister.submit(snap, 0.0);
+            persister.submit(snap, 0.0).map_err(died)?;
         }
     }
-    if let Some(done) = persister.wait() {
+    if let Some(done) = persister.wait().map_err(died)? {
         done.result?;
         spare = done.buffers;
     }

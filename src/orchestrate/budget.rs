@@ -1,16 +1,27 @@
 //! How the time left after a stop signal is shared out, as pure functions of
 //! instants (no clock reads): the deadline of a stop, when to skip straight
-//! to the exit, what publishing may use (the requeue reserve kept back), and
-//! what one `scontrol` call may take. See `deadline.rs` for the deadline
-//! itself.
+//! to the exit, what the requeue step may use (a reserve kept back for
+//! publishing), what publishing may use (bounded further once SLURM has
+//! accepted a requeue and will kill the job), and what one `scontrol` call
+//! may take. See `deadline.rs` for the deadline itself.
 
 use std::time::{Duration, Instant};
 
 use super::deadline::{Deadline, SignalResponse, response_to_signal};
 use super::stop::StopReason;
 
-/// Time kept for the requeue decision after publishing, at most.
-pub const REQUEUE_RESERVE: Duration = Duration::from_secs(5);
+/// Time kept back from the requeue step for publishing, at most: enough for
+/// its local commit (milliseconds), so a hanging `scontrol` still leaves a
+/// commit for the next attempt to push. Small, because the requeue matters
+/// more and each `scontrol` call needs its time.
+pub const PUBLISH_RESERVE: Duration = Duration::from_secs(1);
+
+/// Longest publishing may take once SLURM has accepted a requeue. After
+/// `scontrol requeue` SLURM ends the job: SIGTERM to its processes, SIGKILL
+/// `KillWait` later (SLURM's default 30 s; 20 s on the local test cluster;
+/// rekindle cannot know the cluster's value without another `scontrol` call).
+/// Half the default leaves the records time to be written before the kill.
+pub const PUBLISH_AFTER_REQUEUE: Duration = Duration::from_secs(15);
 
 /// Longest a single `scontrol` call may take.
 pub const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,14 +43,45 @@ pub fn exit_now(signals: usize, deadline: Option<Deadline>, now: Instant) -> boo
     response_to_signal(signals) == SignalResponse::ExitNow || deadline.is_some_and(|d| d.passed(now))
 }
 
-/// The deadline for publishing: requeueing comes last (it ends the job) and
-/// must not be starved by a slow remote, so publishing gets the time left
-/// minus a third of it, at most [`REQUEUE_RESERVE`].
-pub fn publish_deadline(deadline: Option<Deadline>, now: Instant) -> Option<Deadline> {
+/// The deadline of the requeue step: it comes before publishing (the requeue
+/// is what brings the job back; a published commit is a copy of the
+/// records), but a hanging `scontrol` must not starve publishing of the few
+/// milliseconds its local commit needs, so a tenth of the time left is kept
+/// back, at most [`PUBLISH_RESERVE`].
+pub fn requeue_deadline(deadline: Option<Deadline>, now: Instant) -> Option<Deadline> {
     deadline.map(|d| {
-        let reserve = (d.remaining(now) / 3).min(REQUEUE_RESERVE);
+        let reserve = (d.remaining(now) / 10).min(PUBLISH_RESERVE);
         Deadline { at: d.at.checked_sub(reserve).unwrap_or(d.at) }
     })
+}
+
+/// The deadline for publishing: the stop's deadline, and, when SLURM accepted
+/// a requeue at `requeued_at`, at most [`PUBLISH_AFTER_REQUEUE`] after it
+/// (SLURM's SIGKILL follows the requeue by `KillWait`, whatever our deadline
+/// says). `--stop-at-step` never requeues, so it keeps no deadline.
+pub fn publish_deadline(deadline: Option<Deadline>, requeued_at: Option<Instant>) -> Option<Deadline> {
+    let after_requeue = requeued_at.map(|t| Deadline { at: t + PUBLISH_AFTER_REQUEUE });
+    match (deadline, after_requeue) {
+        (Some(d), Some(r)) => Some(if r.at < d.at { r } else { d }),
+        (d, r) => d.or(r),
+    }
+}
+
+/// True when publishing is to be skipped after the requeue step: a third
+/// signal or a passed deadline, as for [`exit_now`], except that once SLURM
+/// accepted our requeue only the signals received *before* the requeue
+/// count: the SIGTERMs that follow (to the step, and forwarded by the batch
+/// shell) are SLURM ending the job we asked it to end, bounded by its
+/// SIGKILL and [`PUBLISH_AFTER_REQUEUE`], not a request to quit at once.
+pub fn skip_publish(
+    signals_before_requeue: usize,
+    signals_now: usize,
+    requeued: bool,
+    deadline: Option<Deadline>,
+    now: Instant,
+) -> bool {
+    let counted = if requeued { signals_before_requeue } else { signals_now };
+    exit_now(counted, deadline, now)
 }
 
 /// The time one `scontrol` call may take at `now`: what is left (capped at
@@ -87,16 +129,46 @@ mod tests {
     }
 
     #[test]
-    fn publishing_leaves_a_third_of_the_time_for_the_requeue_at_most_the_reserve() {
+    fn the_requeue_leaves_a_tenth_of_the_time_for_publishing_at_most_the_reserve() {
         let t0 = Instant::now();
-        // 60 s left: a third is 20 s, capped at the 5 s reserve.
-        assert_eq!(publish_deadline(deadline_in(t0, 60), t0).unwrap().remaining(t0), S(55));
-        // 6 s left: a third (2 s) is kept.
-        assert_eq!(publish_deadline(deadline_in(t0, 6), t0).unwrap().remaining(t0), S(4));
+        // 60 s left: a tenth is 6 s, capped at the 1 s reserve.
+        assert_eq!(requeue_deadline(deadline_in(t0, 60), t0).unwrap().remaining(t0), S(59));
+        // 5 s left: a tenth (0.5 s) is kept.
+        let ms = Duration::from_millis;
+        assert_eq!(requeue_deadline(deadline_in(t0, 5), t0).unwrap().remaining(t0), ms(4_500));
         // Passed: nothing to share, the deadline stays.
         let d = deadline_in(t0, 1);
-        assert_eq!(publish_deadline(d, t0 + S(2)), d);
-        assert_eq!(publish_deadline(None, t0), None);
+        assert_eq!(requeue_deadline(d, t0 + S(2)), d);
+        assert_eq!(requeue_deadline(None, t0), None);
+    }
+
+    #[test]
+    fn publishing_after_an_accepted_requeue_ends_before_slurm_kills_the_job() {
+        let t0 = Instant::now();
+        // Not requeued: the stop's own deadline.
+        assert_eq!(publish_deadline(deadline_in(t0, 100), None), deadline_in(t0, 100));
+        // Requeued at t0 + 2 s with 100 s left: SLURM's kill comes first.
+        let d = publish_deadline(deadline_in(t0, 100), Some(t0 + S(2))).unwrap();
+        assert_eq!(d.remaining(t0), S(2) + PUBLISH_AFTER_REQUEUE);
+        // Requeued with only 4 s left: the stop's deadline comes first.
+        assert_eq!(publish_deadline(deadline_in(t0, 4), Some(t0)), deadline_in(t0, 4));
+        assert_eq!(publish_deadline(None, None), None);
+        assert_eq!(publish_deadline(None, Some(t0)).unwrap().remaining(t0), PUBLISH_AFTER_REQUEUE);
+    }
+
+    #[test]
+    fn signals_after_an_accepted_requeue_do_not_skip_publishing_a_passed_deadline_does() {
+        let t0 = Instant::now();
+        let d = deadline_in(t0, 10);
+        // One signal before the requeue, two more from SLURM's kill after it.
+        assert!(!skip_publish(1, 3, true, d, t0));
+        // The same three signals without a requeue: a third means exit now.
+        assert!(skip_publish(1, 3, false, d, t0));
+        assert!(!skip_publish(1, 2, false, d, t0));
+        // A third signal before the requeue, or a passed deadline, skips either way.
+        assert!(skip_publish(3, 3, true, d, t0));
+        assert!(skip_publish(1, 1, true, d, t0 + S(10)));
+        assert!(!skip_publish(1, 1, true, None, t0 + S(500)));
     }
 
     #[test]

@@ -56,6 +56,12 @@ pub enum RunError {
          earlier checkpoints are intact: free space or fix the checkpoint directory, then run again"
     )]
     CheckpointsFailing { count: u32, last: CheckpointError },
+    #[error(
+        "the background checkpoint thread died {count} times in a row ([checkpoint] max_consecutive_failures); \
+         last: {error}; a synchronous checkpoint of the last completed step was attempted (see events.jsonl): \
+         run again to resume from the newest checkpoint that verifies, and report the panic"
+    )]
+    PersisterDied { count: u32, error: String },
     #[error(transparent)]
     Gpu(#[from] GpuError),
     #[error(
@@ -69,6 +75,12 @@ pub enum RunError {
          or free device memory, then run again to resume from it"
     )]
     OutOfMemory { step: u64, checkpoint: PathBuf, source: TrainError },
+    #[error(
+        "stopped by {reason} at step {step}, but the stop checkpoint failed ({error}) and no earlier checkpoint \
+         verifies: nothing durable to resume from (exit 1, not 75); the job was still requeued where the rules \
+         allow, and the next attempt starts from step 0 unless the checkpoint directory is fixed"
+    )]
+    StopWithoutCheckpoint { reason: String, step: u64, error: String },
     #[error(
         "step {step} needs a rollback but no checkpoint verifies in {dir}; use on_nonfinite = \"skip\" or \"stop\""
     )]

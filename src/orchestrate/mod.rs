@@ -19,12 +19,15 @@ mod status;
 mod stop;
 
 pub use atomic::write_atomically;
-pub use budget::{REQUEUE_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, scontrol_timeout, stop_deadline};
+pub use budget::{
+    PUBLISH_AFTER_REQUEUE, PUBLISH_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, requeue_deadline,
+    scontrol_timeout, stop_deadline,
+};
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
 pub use lock::{LOCK_FILE, LockError, LockInfo, RunLock};
-pub use persist::{Persisted, Persister};
+pub use persist::{Persisted, Persister, PersisterDied};
 pub use run::{RunOptions, run};
 pub use rundir::{
     CHECKPOINTS_DIR, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE, checkpoints_dir, prepare,

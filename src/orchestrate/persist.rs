@@ -3,6 +3,13 @@
 //! persister thread, which runs the store's commit protocol while training
 //! continues. One save at a time: a checkpoint falling due while one is in
 //! flight is skipped (and logged), never queued behind it.
+//!
+//! The thread can die (a panic in the save path, or its channels closing).
+//! That is never silent: [`Persister::poll`], [`Persister::wait`] and
+//! [`Persister::submit`] report it as [`PersisterDied`] (with the panic's
+//! message and the step that was in flight), and [`Persister::restart`]
+//! starts a new thread on the same store. What the run does about it is the
+//! caller's decision (`run/saving.rs`).
 
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
@@ -26,8 +33,19 @@ struct Job {
     snapshot_seconds: f64,
 }
 
+/// The persister thread is gone: the save in flight (if any) is lost.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the background checkpoint thread died ({error})")]
+pub struct PersisterDied {
+    /// The step whose save was in flight (or being handed over).
+    pub step: Option<u64>,
+    /// The panic's message, or why the thread is otherwise gone.
+    pub error: String,
+}
+
 /// The persister thread and its channels.
 pub struct Persister {
+    store: CheckpointStore,
     jobs: Option<SyncSender<Job>>,
     done: Receiver<Persisted>,
     handle: Option<JoinHandle<()>>,
@@ -37,12 +55,98 @@ pub struct Persister {
 impl Persister {
     /// Starts the thread that saves into `store`.
     pub fn spawn(store: CheckpointStore) -> std::io::Result<Persister> {
+        let (jobs, done, handle) = start_thread(store.clone())?;
+        Ok(Persister { store, jobs: Some(jobs), done, handle: Some(handle), in_flight: None })
+    }
+
+    /// Replaces a dead thread with a new one on the same store.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        let _ = self.reap();
+        let (jobs, done, handle) = start_thread(self.store.clone())?;
+        (self.jobs, self.done, self.handle, self.in_flight) = (Some(jobs), done, Some(handle), None);
+        Ok(())
+    }
+
+    /// True while a save is running.
+    pub fn busy(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Hands a snapshot to the thread. Call only when not [`busy`](Self::busy).
+    /// Fails when the thread is gone (the snapshot is dropped).
+    pub fn submit(&mut self, snapshot: Snapshot, snapshot_seconds: f64) -> Result<(), PersisterDied> {
+        debug_assert!(self.in_flight.is_none(), "one save at a time");
+        let step = snapshot.step;
+        self.in_flight = Some((step, Instant::now()));
+        let sent = match &self.jobs {
+            // Capacity 1 and at most one in flight: never blocks.
+            Some(tx) => tx.send(Job { snapshot, snapshot_seconds }).is_ok(),
+            None => false,
+        };
+        if sent { Ok(()) } else { Err(self.died()) }
+    }
+
+    /// A finished save, if one completed since the last call (non-blocking);
+    /// an error when the thread died.
+    pub fn poll(&mut self) -> Result<Option<Persisted>, PersisterDied> {
+        match self.done.try_recv() {
+            Ok(p) => {
+                self.in_flight = None;
+                Ok(Some(p))
+            }
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(self.died()),
+        }
+    }
+
+    /// Waits for the save in flight, if any; an error when the thread died.
+    pub fn wait(&mut self) -> Result<Option<Persisted>, PersisterDied> {
+        if self.in_flight.is_none() {
+            return Ok(None);
+        }
+        match self.done.recv() {
+            Ok(p) => {
+                self.in_flight = None;
+                Ok(Some(p))
+            }
+            Err(_) => Err(self.died()),
+        }
+    }
+
+    /// The thread is gone: joins it for its panic message and forgets the
+    /// save in flight. Later calls report it again until [`restart`](Self::restart).
+    fn died(&mut self) -> PersisterDied {
+        let step = self.in_flight.take().map(|(step, _)| step);
+        let error = self.reap().unwrap_or_else(|| "the thread is gone (its channel closed)".to_string());
+        PersisterDied { step, error }
+    }
+
+    /// Joins the thread; the message of its panic, if it panicked.
+    fn reap(&mut self) -> Option<String> {
+        self.jobs.take();
+        let payload = self.handle.take()?.join().err()?;
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic payload".to_string());
+        Some(format!("panicked: {message}"))
+    }
+}
+
+type Started = (SyncSender<Job>, Receiver<Persisted>, JoinHandle<()>);
+
+/// The thread and its two channels: jobs in (capacity 1), finished saves out.
+fn start_thread(store: CheckpointStore) -> std::io::Result<Started> {
+    {
         let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel();
         let handle = std::thread::Builder::new().name("rekindle-persist".into()).spawn(move || {
             for job in jobs_rx {
                 let step = job.snapshot.step;
                 let payload_bytes = job.snapshot.payload_bytes();
+                // Tests make this thread die here (`persist::before_save=panic`).
+                fail::fail_point!("persist::before_save");
                 let result = store.save(&job.snapshot);
                 let done = Persisted {
                     step,
@@ -56,50 +160,13 @@ impl Persister {
                 }
             }
         })?;
-        Ok(Persister { jobs: Some(jobs_tx), done: done_rx, handle: Some(handle), in_flight: None })
-    }
-
-    /// True while a save is running.
-    pub fn busy(&self) -> bool {
-        self.in_flight.is_some()
-    }
-
-    /// Hands a snapshot to the thread. Call only when not [`busy`](Self::busy).
-    pub fn submit(&mut self, snapshot: Snapshot, snapshot_seconds: f64) {
-        debug_assert!(self.in_flight.is_none(), "one save at a time");
-        self.in_flight = Some((snapshot.step, Instant::now()));
-        if let Some(tx) = &self.jobs {
-            // Capacity 1 and at most one in flight: never blocks.
-            let _ = tx.send(Job { snapshot, snapshot_seconds });
-        }
-    }
-
-    /// A finished save, if one completed since the last call (non-blocking).
-    pub fn poll(&mut self) -> Option<Persisted> {
-        match self.done.try_recv() {
-            Ok(p) => {
-                self.in_flight = None;
-                Some(p)
-            }
-            Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => None,
-        }
-    }
-
-    /// Waits for the save in flight, if any.
-    pub fn wait(&mut self) -> Option<Persisted> {
-        self.in_flight?;
-        let p = self.done.recv().ok();
-        self.in_flight = None;
-        p
+        Ok((jobs_tx, done_rx, handle))
     }
 }
 
 impl Drop for Persister {
     fn drop(&mut self) {
-        self.jobs.take();
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+        let _ = self.reap();
     }
 }
 
@@ -120,13 +187,39 @@ mod tests {
         let store = CheckpointStore::open(tmp.path(), 3).unwrap();
         let mut p = Persister::spawn(store.clone()).unwrap();
         assert!(!p.busy());
-        p.submit(snap(5), 0.0);
+        p.submit(snap(5), 0.0).unwrap();
         assert!(p.busy());
-        let done = p.wait().unwrap();
+        let done = p.wait().unwrap().unwrap();
         assert_eq!(done.step, 5);
         assert!(done.result.is_ok());
         assert!(!p.busy());
-        assert!(p.wait().is_none(), "nothing in flight");
+        assert!(p.wait().unwrap().is_none(), "nothing in flight");
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, 5);
+    }
+
+    #[test]
+    fn a_dead_thread_is_reported_with_its_panic_and_can_be_restarted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+        let mut p = Persister::spawn(store.clone()).unwrap();
+        // Kill the thread as a panic would: replace it with one that panics.
+        p.jobs.take();
+        p.handle.take().unwrap().join().unwrap();
+        let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(1);
+        let (done_tx, done_rx) = mpsc::channel::<Persisted>();
+        p.handle = Some(std::thread::spawn(move || {
+            let _keep = (jobs_rx.recv(), done_tx);
+            panic!("boom");
+        }));
+        (p.jobs, p.done) = (Some(jobs_tx), done_rx);
+        p.submit(snap(7), 0.0).unwrap();
+        let died = p.wait().unwrap_err();
+        assert_eq!(died, PersisterDied { step: Some(7), error: "panicked: boom".into() });
+        assert!(!p.busy());
+        assert!(p.submit(snap(8), 0.0).is_err(), "still dead until restarted");
+        p.restart().unwrap();
+        p.submit(snap(9), 0.0).unwrap();
+        assert_eq!(p.wait().unwrap().unwrap().step, 9);
+        assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, 9);
     }
 }

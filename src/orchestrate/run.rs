@@ -10,8 +10,10 @@
 //!              5 times) ─ metrics ─ periodic checkpoints persisted in the
 //!              background (saving.rs)
 //! ending.rs    max_steps: final checkpoint, summary, publish, `finish`, exit 0
-//!              stop signal / --stop-at-step: stop checkpoint, summary,
-//!              publish, requeue (slurm::requeue_after_stop), `stop`, exit 75
+//!              stop signal / --stop-at-step: stop checkpoint, requeue
+//!              (slurm::requeue_after_stop), summary, publish, `stop`; each
+//!              failure recorded and passed over; exit 75 with a durable
+//!              checkpoint (this attempt's or an earlier one, named), else 1
 //!              (third signal or deadline passed: exit at once, budget.rs)
 //!              failure: `error`, failed summary, exit 1
 //! ```

@@ -41,6 +41,8 @@ pub enum Event {
     CheckpointSaved(CheckpointSaved),
     /// A checkpoint could not be written (earlier ones are intact).
     CheckpointFailed(CheckpointFailed),
+    /// The background checkpoint thread died: restarted, or the run stops.
+    PersisterDied(PersisterDied),
     /// A step's loss or gradient was not finite.
     Nonfinite(Nonfinite),
     /// A stop signal (or `--stop-at-step`) was acted on.
@@ -64,7 +66,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 16] = [
+pub const EVENT_NAMES: [&str; 17] = [
     "start",
     "checkpoint_rejected",
     "resume",
@@ -73,6 +75,7 @@ pub const EVENT_NAMES: [&str; 16] = [
     "oom_retry",
     "checkpoint_saved",
     "checkpoint_failed",
+    "persister_died",
     "nonfinite",
     "signal",
     "monitor",
@@ -95,6 +98,7 @@ impl Event {
             Event::OomRetry(_) => "oom_retry",
             Event::CheckpointSaved(_) => "checkpoint_saved",
             Event::CheckpointFailed(_) => "checkpoint_failed",
+            Event::PersisterDied(_) => "persister_died",
             Event::Nonfinite(_) => "nonfinite",
             Event::Signal(_) => "signal",
             Event::Monitor(_) => "monitor",
@@ -115,6 +119,7 @@ impl Event {
             Event::OomRetry(e) => Some(e.step),
             Event::CheckpointSaved(e) => Some(e.step),
             Event::CheckpointFailed(e) => Some(e.step),
+            Event::PersisterDied(e) => e.step,
             Event::Nonfinite(e) => Some(e.step),
             Event::Signal(e) => e.step,
             Event::Stop(e) => e.step,
@@ -252,6 +257,23 @@ pub struct CheckpointFailed {
     pub consecutive_failures: Option<u32>,
 }
 
+/// `persister_died`: the background checkpoint thread is gone (a panic, or
+/// its channel closed); the save in flight is lost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PersisterDied {
+    /// The step whose save was in flight (`null`: none).
+    pub step: Option<u64>,
+    /// The panic's message, or why the thread is gone.
+    pub error: String,
+    /// `restarted` (a new thread takes over), or `stopping` (it died
+    /// `[checkpoint] max_consecutive_failures` times in a row: a synchronous
+    /// checkpoint is attempted, then the run fails).
+    pub action: String,
+    /// Failed periodic saves in a row, this one included.
+    pub consecutive_failures: u32,
+}
+
 /// `nonfinite`: `action` is `stop` or `rollback` (then `restored_step` and
 /// `skipped_batches` say where training went back to).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -287,9 +309,10 @@ pub struct Signal {
 }
 
 /// `stop`: three shapes, by how the attempt stopped — with a stop checkpoint
-/// (`seconds_to_durable_checkpoint` … `requeue`), a fast exit keeping the
-/// previous checkpoint (`fast_exit: true`), or before training began
-/// (`before_training: true` and `requeue`).
+/// (`seconds_to_durable_checkpoint` … `requeue`; or, when the stop checkpoint
+/// failed, `checkpoint_error` and `step` naming the earlier checkpoint kept),
+/// a fast exit keeping the previous checkpoint (`fast_exit: true`), or before
+/// training began (`before_training: true` and `requeue`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Stop {
@@ -312,6 +335,15 @@ pub struct Stop {
     pub publish: Option<PublishOutcome>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requeue: Option<RequeueRecord>,
+    /// The stop checkpoint failed, and why: `step` then names the earlier
+    /// checkpoint (of this attempt or one before) kept instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_error: Option<String>,
+    /// Steps of the stop that failed after the checkpoint (`summary: …`,
+    /// `monitor: …`, `events: …`), each recorded and passed over; absent
+    /// when none did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
 }
 
 /// `finish`.
@@ -591,6 +623,12 @@ mod tests {
                 error: "e".into(),
                 consecutive_failures: None,
             }),
+            Event::PersisterDied(PersisterDied {
+                step: Some(5),
+                error: "panicked: boom".into(),
+                action: "restarted".into(),
+                consecutive_failures: 1,
+            }),
             Event::Nonfinite(Nonfinite {
                 step: 4,
                 loss: None,
@@ -614,6 +652,8 @@ mod tests {
                 reason: "SIGTERM".into(),
                 seconds_left: Some(Some(3.0)),
                 requeue: Some(requeue),
+                checkpoint_error: Some("disk full".into()),
+                failures: vec!["summary: read-only file system".into()],
                 ..Default::default()
             }),
             Event::Finish(Finish { step: 5, publish: PublishOutcome::Failed { error: "e".into() } }),
@@ -641,6 +681,7 @@ mod tests {
             | Event::OomRetry(_)
             | Event::CheckpointSaved(_)
             | Event::CheckpointFailed(_)
+            | Event::PersisterDied(_)
             | Event::Nonfinite(_)
             | Event::Signal(_)
             | Event::Monitor(_)

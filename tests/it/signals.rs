@@ -765,3 +765,150 @@ fn run_whose_lock_was_taken_over_stops() {
     assert_eq!(exited.code(), Some(1), "{}", exited.tail());
     assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
 }
+
+// ---------------------------------------------------------------------------
+// Issue 15: a stop path that cannot be derailed. The stop checkpoint comes
+// first, the requeue next, then publishing and the records; a failing step is
+// recorded and the next one still runs; exit 75 only with a durable checkpoint.
+
+/// A run under a (pretend) SLURM job 77 whose `scontrol` answers as for a
+/// running requeueable batch job.
+fn under_fake_slurm(dir: &Path, fake: &FakeScontrol) -> RunCmd {
+    long_run(dir).env("PATH", fake.path()).env("SLURM_JOB_ID", "77")
+}
+
+#[test]
+fn issue15_failed_stop_checkpoint_still_requeues_and_exits_75_naming_the_earlier_checkpoint() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    // A first attempt leaves a valid checkpoint of step 10.
+    under_fake_slurm(&dir, &fake).arg("--stop-at-step").arg("10").run(EXIT).assert_code(75);
+    assert_eq!(checkpoint_steps(&dir), [10]);
+
+    // The second attempt cannot save anything (no periodic saves either).
+    let mut run = under_fake_slurm(&dir, &fake)
+        .set("checkpoint.every_steps=0")
+        .env("FAILPOINTS", "checkpoint::before_manifest=return")
+        .spawn();
+    run.wait_for_step(15, STARTUP);
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"], "a failed stop checkpoint must not skip the requeue");
+    assert!(
+        exited.stderr.contains("keeping the earlier checkpoint of step 10"),
+        "the output must name the checkpoint kept: {}",
+        exited.tail()
+    );
+    let failed = last_event(&dir, "checkpoint_failed");
+    assert_eq!(failed["kind"], "stop", "{failed}");
+    let stop = last_event(&dir, "stop");
+    assert_eq!(stop["step"], 10, "the stop names the earlier checkpoint it keeps: {stop}");
+    assert!(stop["checkpoint_error"].as_str().is_some_and(|e| e.contains("before_manifest")), "{stop}");
+    assert_eq!(stop["requeue"]["answer"], "requeued", "{stop}");
+    assert_eq!(checkpoint_steps(&dir), [10]);
+    assert_verifies(&dir);
+}
+
+#[test]
+fn issue15_stop_without_any_durable_checkpoint_still_requeues_but_exits_1() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = under_fake_slurm(&dir, &fake)
+        .set("checkpoint.every_steps=0")
+        .env("FAILPOINTS", "checkpoint::before_manifest=return")
+        .spawn();
+    run.wait_for_step(5, STARTUP);
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(1);
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"], "the job still comes back, from step 0");
+    assert!(exited.stderr.contains("no earlier checkpoint"), "{}", exited.tail());
+    assert_eq!(last_event(&dir, "requeue")["answer"], "requeued");
+    assert!(events_named(&dir, "stop").is_empty(), "no `stop` event without a durable checkpoint");
+    let error = last_event(&dir, "error");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("stop checkpoint")), "{error}");
+    assert_eq!(checkpoint_steps(&dir), Vec::<u64>::new());
+}
+
+#[test]
+fn issue15_failing_summary_write_is_recorded_and_the_stop_still_requeues() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = under_fake_slurm(&dir, &fake).spawn();
+    run.wait_for_step(1, STARTUP);
+    // summary.json as a directory: writing the summary (a rename onto it) fails.
+    std::fs::create_dir_all(dir.join("summary.json").join("in-the-way")).unwrap();
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    exited.assert_code(75);
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"]);
+    let stop = last_event(&dir, "stop");
+    let failures = stop["failures"].as_array().unwrap_or_else(|| panic!("no failures recorded: {stop}"));
+    assert!(failures.iter().any(|f| f.as_str().is_some_and(|f| f.starts_with("summary:"))), "{stop}");
+    assert_eq!(stop["step"], last_metric_step(&dir).unwrap());
+    assert_verifies(&dir);
+}
+
+// ---------------------------------------------------------------------------
+// Issue 15: the background persister dying must not silently end
+// checkpointing (failpoint `persist::before_save` panics inside its thread).
+
+#[test]
+fn issue15_persister_that_panics_is_restarted_and_checkpointing_goes_on() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    // The first background save panics in the persister thread; later ones work.
+    let exited = RunCmd::new(&dir)
+        .set("run.max_steps=400")
+        .set("checkpoint.every_steps=20")
+        .env("FAILPOINTS", "persist::before_save=1*panic(injected persister panic)")
+        // A backtrace would take the dying thread long to print (see below).
+        .env("RUST_BACKTRACE", "0")
+        .run(EXIT);
+    exited.assert_code(0);
+    assert!(exited.stderr.contains("background checkpoint thread died"), "{}", exited.tail());
+    let died = events_named(&dir, "persister_died");
+    assert_eq!(died.len(), 1, "{died:?}");
+    assert_eq!((&died[0]["step"], &died[0]["action"]), (&json!(20), &json!("restarted")), "{died:?}");
+    assert!(died[0]["error"].as_str().is_some_and(|e| e.contains("injected persister panic")), "{died:?}");
+    let periodic: Vec<u64> = events_named(&dir, "checkpoint_saved")
+        .iter()
+        .filter(|e| e["kind"] == "periodic")
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
+    // Saves falling due while the thread was dying (running its panic hook)
+    // are skipped as "still being written"; after the restart they are
+    // written again, on into the second half of the run (before the fix:
+    // none at all after step 20).
+    assert!(periodic.len() >= 2 && periodic.iter().all(|&s| s > 20), "{periodic:?}");
+    assert!(periodic.last().is_some_and(|&s| s >= 200), "periodic saves after the restart: {periodic:?}");
+    assert_eq!(last_event(&dir, "finish")["step"], 400);
+    assert_verifies(&dir);
+}
+
+#[test]
+fn issue15_persister_that_keeps_dying_stops_the_run_after_a_synchronous_checkpoint() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let exited = RunCmd::new(&dir)
+        .set("checkpoint.every_steps=20")
+        .set("checkpoint.max_consecutive_failures=2")
+        .env("FAILPOINTS", "persist::before_save=panic(injected persister panic)")
+        .run(EXIT);
+    exited.assert_code(1);
+    assert!(exited.stderr.contains("background checkpoint thread died 2 times in a row"), "{}", exited.tail());
+    let died = events_named(&dir, "persister_died");
+    let actions: Vec<&Value> = died.iter().map(|e| &e["action"]).collect();
+    assert_eq!(actions, [&json!("restarted"), &json!("stopping")], "{died:?}");
+    // The synchronous checkpoint (on the training thread) is of the last step trained.
+    let saved = last_event(&dir, "checkpoint_saved");
+    assert_eq!(saved["kind"], "stop", "{saved}");
+    assert_eq!(saved["step"], last_metric_step(&dir).unwrap());
+    assert_eq!(checkpoint_steps(&dir), [saved["step"].as_u64().unwrap()]);
+    assert!(last_event(&dir, "error")["error"].as_str().is_some_and(|e| e.contains("died 2 times")));
+    assert_verifies(&dir);
+}

@@ -1,12 +1,22 @@
-//! The end of an attempt. Finished and stopped attempts take one path,
-//! driven by [`Ending`]: checkpoint (`final` or `stop`), stop the monitor,
-//! write `summary.json`, publish, requeue (stops only, unless it is time to
-//! exit at once), record the ending event. A stop that cannot wait for a
-//! checkpoint, a stop before training began, and failures end here too.
+//! The end of an attempt. A finished attempt writes its `final` checkpoint,
+//! stops the monitor, writes `summary.json`, publishes and records `finish`.
+//! A stopped attempt takes its steps in the order of what matters, and no
+//! step can derail the next ([`Attempt::stop`]):
+//!
+//! ```text
+//! stop checkpoint ─ requeue decision (scontrol) ─ summary ─ publish ─ `stop` event
+//! ```
+//!
+//! Each step that fails is logged and recorded, and the next one still runs
+//! within the deadline; the exit code says what is on disk: 75 with a stop
+//! checkpoint of this attempt, or, when it failed, with an earlier checkpoint
+//! that verifies and that the log and the `stop` event name; otherwise 1. A
+//! stop that cannot wait for a checkpoint, a stop before training began, and
+//! failures end here too.
 
 use std::time::Instant;
 
-use crate::checkpoint::MANIFEST_FILE;
+use crate::checkpoint::{MANIFEST_FILE, VerifyLevel, verify_checkpoint_dir};
 use crate::config::Config;
 use crate::exit::Outcome;
 use crate::publish::{self, PublishRequest};
@@ -68,6 +78,10 @@ struct Wrapped {
     signals_received: usize,
     publish: PublishOutcome,
     requeue: Option<RequeueRecord>,
+    /// Why the stop checkpoint failed, when `step` names an earlier one.
+    checkpoint_error: Option<String>,
+    /// Steps after the checkpoint that failed and were passed over.
+    failures: Vec<String>,
 }
 
 /// The event that closes the attempt: `finish` or `stop`.
@@ -83,40 +97,48 @@ fn ending_event(ending: &Ending, done: Wrapped) -> Event {
             signals_received: Some(done.signals_received),
             publish: Some(done.publish),
             requeue: done.requeue,
+            checkpoint_error: done.checkpoint_error,
+            failures: done.failures,
             ..Stop::default()
         }),
     }
 }
 
 impl Attempt {
-    /// A stop was requested during training: records the signal, then either
-    /// exits at once keeping the previous checkpoint (third signal, or the
-    /// deadline passed before the checkpoint began) or takes the ending path.
+    /// A stop was requested during training: exits at once keeping the
+    /// previous checkpoint (third signal, or the deadline passed before the
+    /// checkpoint began, and a previous checkpoint verifies), or takes the
+    /// stop path. Nothing fallible runs before the checkpoint: the `signal`
+    /// event is a record, written best effort.
     pub(super) fn stop(&mut self, reason: StopReason) -> Result<Outcome, RunError> {
         let step = self.trainer.step();
         let arrival = self.stop.first_arrival().unwrap_or_else(Instant::now);
         let signals = &self.cfg.signals;
         let deadline = budget::stop_deadline(reason, arrival, signals.grace, signals.safety_margin);
         tracing::warn!(reason = %reason.name(), step, "stop requested: writing a checkpoint of the last completed step");
-        self.events.record(&Event::Signal(Signal {
+        self.record_or_log(&Event::Signal(Signal {
             signal: reason.name(),
             step: Some(step),
             arrival: Some(instant_to_rfc3339(arrival)),
             deadline_in_seconds: Some(budget::seconds_left(deadline, Instant::now())),
             before_training: false,
-        }))?;
-        if budget::exit_now(self.stop.count(), deadline, Instant::now()) && self.last_durable_step.is_some() {
+        }));
+        if budget::exit_now(self.stop.count(), deadline, Instant::now())
+            && let Some(kept) = self.earlier_valid_checkpoint()
+        {
             tracing::error!(
-                "third signal or deadline passed before the checkpoint began: exiting at once; the previous checkpoint is intact"
+                step = kept,
+                dir = %self.store.step_dir(kept).display(),
+                "third signal or deadline passed before the checkpoint began: exiting at once, keeping the earlier checkpoint of step {kept}"
             );
-            self.events.record(&Event::Stop(Stop {
-                step: self.last_durable_step,
+            self.record_or_log(&Event::Stop(Stop {
+                step: Some(kept),
                 reason: reason.name(),
                 fast_exit: true,
                 signals_received: Some(self.stop.count()),
                 ..Stop::default()
-            }))?;
-            self.events.sync()?;
+            }));
+            self.sync_or_log();
             return Ok(Outcome::StoppedWithCheckpoint);
         }
         self.end(Ending::Stopped { reason, arrival, deadline })
@@ -124,60 +146,175 @@ impl Attempt {
 
     /// The ending path of a finished or stopped attempt.
     pub(super) fn end(&mut self, ending: Ending) -> Result<Outcome, RunError> {
-        let report = self.checkpoint_now(ending.checkpoint_kind())?;
-        let arrival = match ending {
-            Ending::Stopped { arrival, .. } => Some(arrival),
-            Ending::Finished => None,
-        };
-        let to_durable = arrival.map(|a| a.elapsed().as_secs_f64());
-        devices::stop_monitor(self.monitor.take(), &mut self.events)?;
-        if arrival.is_some() && self.stop.count() >= 2 {
-            tracing::warn!(signals = self.stop.count(), "more stop signals arrived during the checkpoint");
+        match ending {
+            Ending::Finished => self.finish(),
+            Ending::Stopped { reason, arrival, deadline } => self.stop_in_order(reason, arrival, deadline),
         }
+    }
+
+    /// `max_steps` reached: final checkpoint, monitor, summary, publish,
+    /// `finish`. Any failure fails the run (exit 1): there is no requeue to
+    /// protect and no deadline to keep.
+    fn finish(&mut self) -> Result<Outcome, RunError> {
+        let ending = Ending::Finished;
+        let report = self.checkpoint_now(ending.checkpoint_kind())?;
+        devices::stop_monitor(self.monitor.take(), &mut self.events)?;
         self.write_summary(ending.summary_state())?;
-        let (publish, requeue) = self.publish_and_requeue(&ending)?;
-        let deadline = match ending {
-            Ending::Stopped { deadline, .. } => deadline,
-            Ending::Finished => None,
-        };
+        let publish = self.publish("finished", None);
         let done = Wrapped {
             step: report.step,
+            seconds_to_durable_checkpoint: None,
+            seconds_left: None,
+            signals_received: self.stop.count(),
+            publish,
+            requeue: None,
+            checkpoint_error: None,
+            failures: Vec::new(),
+        };
+        self.events.record(&ending_event(&ending, done))?;
+        tracing::info!(step = report.step, "training finished");
+        Ok(ending.outcome())
+    }
+
+    /// The stop path, in the order of what matters; see the module header.
+    ///
+    /// 1. The checkpoint: what the next attempt resumes from.
+    /// 2. The requeue decision: what brings the job back. It runs whether the
+    ///    checkpoint succeeded or not (without one the next attempt resumes
+    ///    from an earlier checkpoint, or starts over: still better than a job
+    ///    that ends FAILED), and before publishing, so a slow or broken remote
+    ///    can never keep a preempted job from coming back.
+    /// 3. `summary.json`, before publishing because publishing copies it.
+    /// 4. Publishing. Once SLURM has accepted our requeue it ends the job:
+    ///    SIGTERM now, SIGKILL `KillWait` later. So publishing then gets at
+    ///    most [`budget::PUBLISH_AFTER_REQUEUE`], and signals arriving after
+    ///    the requeue are SLURM's own kill of a job we asked it to end: they
+    ///    do not count toward the third-signal fast exit (a forwarded SIGTERM
+    ///    and one sent to the step directly would otherwise make three and
+    ///    skip publishing every time).
+    /// 5. The `stop` event and the sync of `events.jsonl`.
+    fn stop_in_order(
+        &mut self,
+        reason: StopReason,
+        arrival: Instant,
+        deadline: Option<Deadline>,
+    ) -> Result<Outcome, RunError> {
+        let ending = Ending::Stopped { reason, arrival, deadline };
+        let mut failures = Vec::new();
+        // 1. The checkpoint (its failure is recorded as `checkpoint_failed`).
+        let saved = self.checkpoint_now(ending.checkpoint_kind());
+        let to_durable = saved.is_ok().then(|| arrival.elapsed().as_secs_f64());
+        if self.stop.count() >= 2 {
+            tracing::warn!(signals = self.stop.count(), "more stop signals arrived during the checkpoint");
+        }
+        let kept = match &saved {
+            Ok(report) => Some(report.step),
+            Err(e) => {
+                tracing::error!(error = %e, "the stop checkpoint failed; going on with the requeue decision");
+                self.earlier_valid_checkpoint()
+            }
+        };
+        // 2. The requeue decision, unless it is time to exit at once. The
+        // signal count is taken before it: SLURM's SIGTERM for our own
+        // requeue may arrive before `scontrol requeue` has even returned.
+        let signals_before_requeue = self.stop.count();
+        let fast_exit = budget::exit_now(signals_before_requeue, deadline, Instant::now());
+        let requeue = if fast_exit {
+            tracing::warn!("skipping requeue and publish: third signal or deadline passed");
+            RequeueRecord::skip("fast exit")
+        } else {
+            let finished = self.trainer.step() >= self.cfg.run.max_steps;
+            let requeue_deadline = budget::requeue_deadline(deadline, Instant::now());
+            requeue_and_record(&self.cfg, &self.slurm, reason, finished, requeue_deadline, &mut self.events)
+        };
+        let requeued_at = requeue.answer.is_some().then(Instant::now);
+        // 3. The monitor and the summary that publishing carries.
+        if let Err(e) = devices::stop_monitor(self.monitor.take(), &mut self.events) {
+            failures.push(self.failed_step("monitor", &e));
+        }
+        let state = if kept.is_some() { ending.summary_state() } else { SummaryState::Failed };
+        if let Err(e) = self.write_summary(state) {
+            failures.push(self.failed_step("summary", &e));
+        }
+        // 4. Publishing: skipped on a fast exit, or on a third signal or a
+        // passed deadline since, unless SLURM is already ending the job for
+        // our requeue (its signals are expected; its kill bounds the time).
+        let cut_short = fast_exit
+            || budget::skip_publish(
+                signals_before_requeue,
+                self.stop.count(),
+                requeued_at.is_some(),
+                deadline,
+                Instant::now(),
+            );
+        let publish = if cut_short {
+            PublishOutcome::Skipped { skipped: "fast exit".into() }
+        } else {
+            self.publish(&reason.name(), budget::publish_deadline(deadline, requeued_at))
+        };
+        // 5. The records.
+        let Some(step) = kept else {
+            let (step, error) = (self.trainer.step(), saved.err().map(|e| e.to_string()).unwrap_or_default());
+            return Err(RunError::StopWithoutCheckpoint { reason: reason.name(), step, error });
+        };
+        let checkpoint_error = saved.as_ref().err().map(|e| e.to_string());
+        let done = Wrapped {
+            step,
             seconds_to_durable_checkpoint: to_durable,
             seconds_left: budget::seconds_left(deadline, Instant::now()),
             signals_received: self.stop.count(),
             publish,
-            requeue,
+            requeue: Some(requeue),
+            checkpoint_error: checkpoint_error.clone(),
+            failures,
         };
-        self.events.record(&ending_event(&ending, done))?;
-        match ending {
-            Ending::Finished => tracing::info!(step = report.step, "training finished"),
-            Ending::Stopped { .. } => {
-                self.events.sync()?;
-                tracing::info!(
-                    step = report.step,
-                    seconds_to_durable_checkpoint = format!("{:.3}", to_durable.unwrap_or_default()),
-                    "stopped with a durable checkpoint; run the same command again to continue"
-                );
-            }
+        self.record_or_log(&ending_event(&ending, done));
+        self.sync_or_log();
+        match checkpoint_error {
+            None => tracing::info!(
+                step,
+                seconds_to_durable_checkpoint = format!("{:.3}", to_durable.unwrap_or_default()),
+                "stopped with a durable checkpoint; run the same command again to continue"
+            ),
+            Some(error) => tracing::warn!(
+                step,
+                dir = %self.store.step_dir(step).display(),
+                %error,
+                "the stop checkpoint failed: keeping the earlier checkpoint of step {step}, which verifies; \
+                 run the same command again to continue from it"
+            ),
         }
         Ok(ending.outcome())
     }
 
-    /// Publishing, then (after a stop) the requeue step, each within what
-    /// the deadline leaves; both skipped when it is time to exit at once.
-    fn publish_and_requeue(&mut self, ending: &Ending) -> Result<(PublishOutcome, Option<RequeueRecord>), RunError> {
-        match *ending {
-            Ending::Finished => Ok((self.publish("finished", None), None)),
-            Ending::Stopped { deadline, .. } if budget::exit_now(self.stop.count(), deadline, Instant::now()) => {
-                tracing::warn!("skipping publish and requeue: third signal or deadline passed");
-                Ok((PublishOutcome::Skipped { skipped: "fast exit".into() }, Some(RequeueRecord::skip("fast exit"))))
-            }
-            Ending::Stopped { reason, deadline, .. } => {
-                let published = self.publish(&reason.name(), budget::publish_deadline(deadline, Instant::now()));
-                let finished = self.trainer.step() >= self.cfg.run.max_steps;
-                let requeue = requeue_and_record(&self.cfg, &self.slurm, reason, finished, deadline, &mut self.events)?;
-                Ok((published, Some(requeue)))
-            }
+    /// The newest checkpoint known durable in this attempt (resumed from or
+    /// saved), if it still passes the quick check (every file present with
+    /// its size: cheap inside a deadline, and it catches a checkpoint that a
+    /// failed save of the same step replaced in part).
+    fn earlier_valid_checkpoint(&self) -> Option<u64> {
+        let step = self.last_durable_step?;
+        let failures = verify_checkpoint_dir(&self.store.step_dir(step), VerifyLevel::Quick);
+        if failures.is_empty() {
+            return Some(step);
+        }
+        tracing::error!(step, failures = ?failures, "the earlier checkpoint no longer verifies");
+        None
+    }
+
+    /// Logs a step of the stop path that failed; returns its record (`what: error`).
+    fn failed_step(&self, what: &str, error: &RunError) -> String {
+        tracing::error!(error = %error, "stop: {what} failed; going on");
+        format!("{what}: {error}")
+    }
+
+    /// Records an event on the stop path: a failure is logged, never returned.
+    fn record_or_log(&mut self, event: &Event) {
+        record_or_log(&mut self.events, event);
+    }
+
+    fn sync_or_log(&mut self) {
+        if let Err(e) = self.events.sync() {
+            tracing::error!(error = %e, "could not sync events.jsonl");
         }
     }
 
@@ -279,33 +416,44 @@ pub(super) fn early_stop(
 ) -> Result<Option<Outcome>, RunError> {
     let Some(reason) = stop.signal() else { return Ok(None) };
     tracing::warn!(reason = %reason.name(), "stop signal before training began: exiting; earlier checkpoints are intact");
-    events.record(&Event::Signal(Signal {
-        signal: reason.name(),
-        step: durable,
-        before_training: true,
-        ..Signal::default()
-    }))?;
+    // Records, best effort: nothing may keep the requeue from running.
+    record_or_log(
+        events,
+        &Event::Signal(Signal { signal: reason.name(), step: durable, before_training: true, ..Signal::default() }),
+    );
     let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
     let deadline = Deadline::after_signal(arrival, cfg.signals.grace, cfg.signals.safety_margin);
     let requeue = if budget::exit_now(stop.count(), Some(deadline), Instant::now()) {
         RequeueRecord::skip("fast exit")
     } else {
         let finished = durable.is_some_and(|s| s >= cfg.run.max_steps);
-        requeue_and_record(cfg, alloc, reason, finished, Some(deadline), events)?
+        requeue_and_record(cfg, alloc, reason, finished, Some(deadline), events)
     };
-    events.record(&Event::Stop(Stop {
-        step: durable,
-        reason: reason.name(),
-        before_training: true,
-        requeue: Some(requeue),
-        ..Stop::default()
-    }))?;
-    events.sync()?;
+    record_or_log(
+        events,
+        &Event::Stop(Stop {
+            step: durable,
+            reason: reason.name(),
+            before_training: true,
+            requeue: Some(requeue),
+            ..Stop::default()
+        }),
+    );
+    if let Err(e) = events.sync() {
+        tracing::error!(error = %e, "could not sync events.jsonl");
+    }
     Ok(Some(Outcome::StoppedWithCheckpoint))
 }
 
+/// Records an event on a stop path: a failure is logged, never returned.
+fn record_or_log(events: &mut EventLog, event: &Event) {
+    if let Err(e) = events.record(event) {
+        tracing::error!(error = %e, event = event.name(), "could not record an event; going on");
+    }
+}
+
 /// The requeue step through the real `scontrol`, each call bounded by what
-/// the deadline leaves; records the `requeue` event and returns it.
+/// `deadline` leaves; records the `requeue` event (best effort) and returns it.
 fn requeue_and_record(
     cfg: &Config,
     alloc: &SlurmEnv,
@@ -313,7 +461,7 @@ fn requeue_and_record(
     finished: bool,
     deadline: Option<Deadline>,
     events: &mut EventLog,
-) -> Result<RequeueRecord, RunError> {
+) -> RequeueRecord {
     let req = RequeueRequest {
         policy: cfg.signals.requeue,
         stop: stop_kind(reason),
@@ -323,8 +471,11 @@ fn requeue_and_record(
         max_restarts: cfg.signals.max_restarts,
     };
     let record = slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(deadline, Instant::now()));
-    events.record(&Event::Requeue(record.clone()))?;
-    Ok(record)
+    // A record: failing to write it must not undo a requeue SLURM accepted.
+    if let Err(e) = events.record(&Event::Requeue(record.clone())) {
+        tracing::error!(error = %e, "could not record the requeue event");
+    }
+    record
 }
 
 /// Why training stopped, as the requeue decision sees it.
@@ -360,6 +511,8 @@ mod tests {
             signals_received: 1,
             publish: PublishOutcome::Skipped { skipped: "publishing disabled".into() },
             requeue: Some(RequeueRecord::skip("not running under SLURM")),
+            checkpoint_error: None,
+            failures: Vec::new(),
         }
     }
 

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::{SaveReport, Snapshot};
 use crate::slurm::{self, SlurmEnv};
-use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, JsonlWriter, Nonfinite};
+use crate::telemetry::{self, CheckpointFailed, CheckpointSaved, Event, JsonlWriter, Nonfinite};
 use crate::train::NonFiniteEvent;
 
 use super::super::error::RunError;
-use super::super::persist::Persisted;
+use super::super::persist::{Persisted, PersisterDied};
 use super::super::rundir::METRICS_FILE;
 use super::Attempt;
 use super::ending::finite;
@@ -39,8 +39,10 @@ impl Attempt {
         let snapshot = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
         if self.cfg.checkpoint.async_save {
-            self.persister.submit(snapshot, stall);
-            Ok(())
+            match self.persister.submit(snapshot, stall) {
+                Ok(()) => Ok(()),
+                Err(died) => self.on_persister_death(died),
+            }
         } else {
             let payload_bytes = snapshot.payload_bytes();
             let result = self.store.save(&snapshot);
@@ -57,9 +59,53 @@ impl Attempt {
 
     pub(super) fn collect_background(&mut self) -> Result<(), RunError> {
         match self.persister.poll() {
-            Some(p) => self.handle_persisted(p),
-            None => Ok(()),
+            Ok(Some(p)) => self.handle_persisted(p),
+            Ok(None) => Ok(()),
+            Err(died) => self.on_persister_death(died),
         }
+    }
+
+    /// The persister died during training. It is restarted: a panic in the
+    /// save path most likely concerns one save, while the training state
+    /// (the expensive part) is intact on this thread, so one death must not
+    /// end a long run, nor (as before) silently end its checkpointing. The
+    /// lost save counts as a failed one, so a thread that keeps dying stops
+    /// the run like saves that keep failing: after one synchronous checkpoint
+    /// attempt on this thread (which does not go through the persister),
+    /// with an error that says so.
+    fn on_persister_death(&mut self, died: PersisterDied) -> Result<(), RunError> {
+        let Err(error) = self.record_persister_death(died) else { return Ok(()) };
+        match self.checkpoint_now("stop") {
+            Ok(report) => tracing::warn!(step = report.step, "synchronous checkpoint written before stopping"),
+            Err(e) => {
+                tracing::error!(error = %e, "the synchronous checkpoint failed too; earlier checkpoints are intact")
+            }
+        }
+        Err(error)
+    }
+
+    /// Logs and records a dead persister, counts its lost save as a failed
+    /// one and restarts it; an error (and no restart) once deaths and failed
+    /// saves in a row reach `[checkpoint] max_consecutive_failures`.
+    fn record_persister_death(&mut self, died: PersisterDied) -> Result<(), RunError> {
+        self.consecutive_failures += 1;
+        let count = self.consecutive_failures;
+        let give_up = count >= self.cfg.checkpoint.max_consecutive_failures;
+        let action = if give_up { "stopping" } else { "restarted" };
+        tracing::error!(step = ?died.step, error = %died.error, failures_in_a_row = count, action, "background checkpoint thread died; the save in flight is lost");
+        let event = Event::PersisterDied(telemetry::PersisterDied {
+            step: died.step,
+            error: died.error.clone(),
+            action: action.into(),
+            consecutive_failures: count,
+        });
+        if let Err(e) = self.events.record(&event) {
+            tracing::error!(error = %e, "could not record the persister_died event");
+        }
+        if give_up {
+            return Err(RunError::PersisterDied { count, error: died.error });
+        }
+        self.persister.restart().map_err(|source| RunError::RunDir { path: self.dir.checkpoints.clone(), source })
     }
 
     /// Records a finished periodic save; too many failures in a row stop the run.
@@ -135,57 +181,81 @@ impl Attempt {
         })
     }
 
-    /// Writes a checkpoint of the current step synchronously (after any save in flight).
+    /// Writes a checkpoint of the current step synchronously (after any save
+    /// in flight). Used where the run ends (stop, final, non-finite and
+    /// out-of-memory stops), so nothing but the save itself can fail it: a
+    /// failed save in flight (even one that makes too many in a row) and an
+    /// event that cannot be written are logged, and the save is still tried.
+    /// `last_durable_step` is set as soon as the checkpoint is committed.
     pub(super) fn checkpoint_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
-        if let Some(p) = self.persister.wait() {
-            self.handle_persisted(p)?;
+        let in_flight = match self.persister.wait() {
+            Ok(Some(p)) => self.handle_persisted(p),
+            Ok(None) => Ok(()),
+            Err(died) => self.record_persister_death(died),
+        };
+        if let Err(e) = in_flight {
+            tracing::error!(error = %e, "the background save in flight failed; writing the {kind} checkpoint anyway");
         }
         let t0 = Instant::now();
         let snapshot = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
         let payload = snapshot.payload_bytes();
-        match self.store.save(&snapshot) {
+        let step = snapshot.step;
+        let result = self.store.save(&snapshot);
+        let recorded = match &result {
             Ok(report) => {
                 self.last_checkpoint = Instant::now();
-                self.record_saved(&report, kind, payload, stall)?;
-                Ok(report)
+                self.record_saved(report, kind, payload, stall)
             }
             Err(e) if e.committed() => {
-                tracing::warn!(step = snapshot.step, error = %e, "checkpoint committed with a warning");
+                tracing::warn!(step, error = %e, "checkpoint committed with a warning");
                 self.last_checkpoint = Instant::now();
-                self.last_durable_step = Some(snapshot.step);
-                self.events.record(&Event::CheckpointSaved(CheckpointSaved {
-                    step: snapshot.step,
-                    kind: kind.into(),
-                    warning: Some(e.to_string()),
-                    ..CheckpointSaved::default()
-                }))?;
-                Ok(SaveReport {
-                    step: snapshot.step,
-                    dir: self.store.step_dir(snapshot.step),
-                    bytes: payload,
-                    seconds: t0.elapsed().as_secs_f64(),
-                    already_existed: false,
-                    rotated_out: Vec::new(),
-                })
+                self.last_durable_step = Some(step);
+                self.events
+                    .record(&Event::CheckpointSaved(CheckpointSaved {
+                        step,
+                        kind: kind.into(),
+                        warning: Some(e.to_string()),
+                        ..CheckpointSaved::default()
+                    }))
+                    .map_err(RunError::from)
             }
             Err(e) => {
-                self.events.record(&Event::CheckpointFailed(CheckpointFailed {
-                    step: snapshot.step,
-                    kind: kind.into(),
-                    error: e.to_string(),
-                    consecutive_failures: None,
-                }))?;
-                Err(e.into())
+                tracing::error!(step, kind, error = %e, "checkpoint failed; earlier checkpoints are intact");
+                self.events
+                    .record(&Event::CheckpointFailed(CheckpointFailed {
+                        step,
+                        kind: kind.into(),
+                        error: e.to_string(),
+                        consecutive_failures: None,
+                    }))
+                    .map_err(RunError::from)
             }
+        };
+        if let Err(e) = recorded {
+            tracing::error!(error = %e, "could not record the {kind} checkpoint's event");
+        }
+        match result {
+            Ok(report) => Ok(report),
+            Err(e) if e.committed() => Ok(SaveReport {
+                step,
+                dir: self.store.step_dir(step),
+                bytes: payload,
+                seconds: t0.elapsed().as_secs_f64(),
+                already_existed: false,
+                rotated_out: Vec::new(),
+            }),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Reloads the newest checkpoint and moves the data cursor past the
     /// offending batch.
     pub(super) fn rollback(&mut self, ev: NonFiniteEvent) -> Result<(), RunError> {
-        if let Some(p) = self.persister.wait() {
-            self.handle_persisted(p)?;
+        match self.persister.wait() {
+            Ok(Some(p)) => self.handle_persisted(p)?,
+            Ok(None) => {}
+            Err(died) => self.on_persister_death(died)?,
         }
         let outcome = self.store.load_latest()?;
         let Some(loaded) = outcome.loaded else {
