@@ -88,13 +88,6 @@ pub struct StepMetrics {
     pub elapsed_s: f64,
 }
 
-impl StepMetrics {
-    /// The metrics as one JSON object (non-finite numbers become `null`).
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
-    }
-}
-
 /// A step whose loss or gradient was not finite and whose policy is stop or rollback.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NonFiniteEvent {
