@@ -108,6 +108,9 @@ struct Attempt {
     checkpoints_written: u64,
     consecutive_failures: u32,
     last_checkpoint: Instant,
+    /// The step at which a periodic save fell due while the previous one was
+    /// still being written: it is taken at the first step the writer is free.
+    save_due_since: Option<u64>,
     last_durable_step: Option<u64>,
     last_loss: Option<f64>,
     best_loss: Option<f64>,
@@ -204,7 +207,8 @@ impl Attempt {
                 time: now_rfc3339(),
             }))?;
         }
-        if self.periodic_checkpoint_due(m.step) && m.step < max_steps && self.stop_reason().is_none() {
+        let due = self.save_due_since.is_some() || self.periodic_checkpoint_due(m.step);
+        if due && m.step < max_steps && self.stop_reason().is_none() {
             self.periodic_checkpoint()?;
         }
         Ok(())

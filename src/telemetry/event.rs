@@ -37,6 +37,9 @@ pub enum Event {
     GpuFallback(GpuFallback),
     /// A step ran out of memory and is retried with a smaller micro-batch.
     OomRetry(OomRetry),
+    /// A periodic checkpoint was snapshotted and handed to the background
+    /// writer: it is in flight until its `checkpoint_saved`.
+    CheckpointStarted(CheckpointStarted),
     /// A checkpoint is durable.
     CheckpointSaved(CheckpointSaved),
     /// A checkpoint could not be written (earlier ones are intact).
@@ -66,13 +69,14 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 17] = [
+pub const EVENT_NAMES: [&str; 18] = [
     "start",
     "checkpoint_rejected",
     "resume",
     "fresh_start",
     "gpu_fallback",
     "oom_retry",
+    "checkpoint_started",
     "checkpoint_saved",
     "checkpoint_failed",
     "persister_died",
@@ -96,6 +100,7 @@ impl Event {
             Event::FreshStart(_) => "fresh_start",
             Event::GpuFallback(_) => "gpu_fallback",
             Event::OomRetry(_) => "oom_retry",
+            Event::CheckpointStarted(_) => "checkpoint_started",
             Event::CheckpointSaved(_) => "checkpoint_saved",
             Event::CheckpointFailed(_) => "checkpoint_failed",
             Event::PersisterDied(_) => "persister_died",
@@ -117,6 +122,7 @@ impl Event {
             Event::CheckpointRejected(e) => Some(e.step),
             Event::Resume(e) => Some(e.step),
             Event::OomRetry(e) => Some(e.step),
+            Event::CheckpointStarted(e) => Some(e.step),
             Event::CheckpointSaved(e) => Some(e.step),
             Event::CheckpointFailed(e) => Some(e.step),
             Event::PersisterDied(e) => e.step,
@@ -211,6 +217,22 @@ pub struct OomRetry {
     /// The layout of the retry.
     pub to: Value,
     pub error: String,
+}
+
+/// `checkpoint_started`: a periodic snapshot is in host memory and the
+/// background writer has it; a node lost before its `checkpoint_saved` loses
+/// it, and so the steps trained since `due_step`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckpointStarted {
+    pub step: u64,
+    /// Always `periodic` in this version.
+    pub kind: String,
+    /// The step at which this save fell due; earlier than `step` when the
+    /// previous save was still being written then (the save waits for it).
+    pub due_step: u64,
+    /// Training stalled this long to copy the state to host memory.
+    pub snapshot_seconds: f64,
 }
 
 /// `checkpoint_saved`: either a full report (`bytes` … `rotated_out`), or,
@@ -611,6 +633,12 @@ mod tests {
             Event::FreshStart(FreshStart { reason: "no checkpoint verifies".into(), rejected: 2 }),
             Event::GpuFallback(GpuFallback { reason: "r".into(), ..Default::default() }),
             Event::OomRetry(OomRetry { step: 2, retry: 1, error: "oom".into(), ..Default::default() }),
+            Event::CheckpointStarted(CheckpointStarted {
+                step: 5,
+                kind: "periodic".into(),
+                due_step: 4,
+                snapshot_seconds: 0.01,
+            }),
             Event::CheckpointSaved(CheckpointSaved {
                 step: 5,
                 kind: "final".into(),
@@ -679,6 +707,7 @@ mod tests {
             | Event::FreshStart(_)
             | Event::GpuFallback(_)
             | Event::OomRetry(_)
+            | Event::CheckpointStarted(_)
             | Event::CheckpointSaved(_)
             | Event::CheckpointFailed(_)
             | Event::PersisterDied(_)

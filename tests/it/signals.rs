@@ -296,6 +296,53 @@ fn without_slurm_requeue_is_skipped_with_a_note() {
 /// a test can signal again while the stop checkpoint is being written.
 const SLOW_SAVES: &str = "checkpoint::before_rename=sleep(1000)";
 
+/// A periodic save that falls due while the previous one is still being
+/// written waits for it and is taken at the first step after it commits:
+/// none is skipped, so what a lost node costs does not depend on load
+/// (issue 15, docs/drills.md "What a lost node costs").
+#[test]
+fn a_save_due_while_the_previous_is_written_waits_instead_of_being_skipped() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    // Every save takes 300 ms, an interval of 5 steps a few ms: every save
+    // falls due while the previous one is still being written.
+    let every = 5;
+    let mut run = long_run(&dir)
+        .set(&format!("checkpoint.every_steps={every}"))
+        .set("checkpoint.keep=1000")
+        .env("FAILPOINTS", "checkpoint::before_rename=sleep(300)")
+        .spawn();
+    run.wait_until("four periodic saves", EXIT, |r| {
+        r.new_events().iter().filter(|e| e["event"] == "checkpoint_saved" && e["kind"] == "periodic").count() >= 4
+    });
+    run.signal(Signal::SIGTERM);
+    run.wait(EXIT).assert_code(75);
+
+    let started = events_named(&dir, "checkpoint_started");
+    let steps = |e: &Value| (e["due_step"].as_u64().unwrap(), e["step"].as_u64().unwrap());
+    assert!(started.len() >= 4, "{started:?}");
+    assert!(started.iter().all(|e| e["kind"] == "periodic" && e["snapshot_seconds"].is_number()), "{started:?}");
+    assert!(
+        started.iter().skip(1).any(|e| steps(e).0 < steps(e).1),
+        "no save waited for the previous one: {started:?}"
+    );
+    for pair in started.windows(2) {
+        let ((_, prev), (due, step)) = (steps(&pair[0]), steps(&pair[1]));
+        let next_multiple = (prev / every + 1) * every;
+        assert_eq!(due, next_multiple, "a save fell due at {next_multiple} and was skipped: {pair:?}");
+        assert!(step >= due, "{pair:?}");
+    }
+    // Every started save but the last committed (the stop waits for it).
+    let saved: Vec<u64> = events_named(&dir, "checkpoint_saved")
+        .iter()
+        .filter(|e| e["kind"] == "periodic")
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
+    let snapshots: Vec<u64> = started.iter().map(|e| steps(e).1).collect();
+    assert!(snapshots.starts_with(&saved), "saved {saved:?}, started {snapshots:?}");
+    assert_verifies(&dir);
+}
+
 #[test]
 fn second_signal_during_the_stop_is_logged_and_the_stop_completes() {
     let tmp = tempdir();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::{SaveReport, Snapshot};
 use crate::slurm::{self, SlurmEnv};
-use crate::telemetry::{self, CheckpointFailed, CheckpointSaved, Event, JsonlWriter, Nonfinite};
+use crate::telemetry::{self, CheckpointFailed, CheckpointSaved, CheckpointStarted, Event, JsonlWriter, Nonfinite};
 use crate::train::NonFiniteEvent;
 
 use super::super::error::RunError;
@@ -29,16 +29,32 @@ impl Attempt {
 
     /// Snapshots into host memory (the stall) and persists in the background
     /// (or inline with `[checkpoint] async = false`).
+    ///
+    /// A save that falls due while the previous one is still being written
+    /// waits for it, and is taken at the first step boundary after it
+    /// commits: skipping it would leave up to two intervals unsaved, and
+    /// the steps lost to a dead node would depend on how loaded it was.
     pub(super) fn periodic_checkpoint(&mut self) -> Result<(), RunError> {
+        let step = self.trainer.step();
         if self.persister.busy() {
-            tracing::warn!(step = self.trainer.step(), "previous checkpoint is still being written; skipping this one");
+            if self.save_due_since.is_none() {
+                tracing::warn!(step, "previous checkpoint is still being written; this one waits for it");
+                self.save_due_since = Some(step);
+            }
             return Ok(());
         }
+        let due_step = self.save_due_since.take().unwrap_or(step);
         self.last_checkpoint = Instant::now();
         let t0 = Instant::now();
         let snapshot = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
         if self.cfg.checkpoint.async_save {
+            self.events.record(&Event::CheckpointStarted(CheckpointStarted {
+                step,
+                kind: "periodic".into(),
+                due_step,
+                snapshot_seconds: stall,
+            }))?;
             match self.persister.submit(snapshot, stall) {
                 Ok(()) => Ok(()),
                 Err(died) => self.on_persister_death(died),

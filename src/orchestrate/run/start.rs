@@ -101,6 +101,7 @@ impl Attempt {
             checkpoints_written: 0,
             consecutive_failures: 0,
             last_checkpoint: Instant::now(),
+            save_due_since: None,
             last_durable_step,
             resumes,
             lock_lost,
