@@ -19,6 +19,7 @@ deps:
 	@dpkg -s librocm-smi-dev libclang-dev >/dev/null 2>&1 || { apt-get update && apt-get install -y librocm-smi-dev libclang-dev; }
 	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; } || \
 		echo "*** WARNING: cannot install chromium: tests/it/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"
+	@dpkg -s libopenmpi-dev openmpi-bin >/dev/null 2>&1 || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y libopenmpi-dev openmpi-bin; }
 	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurmctld slurmd slurm-client munge; }
 
 ## build: the release binary at target/release/rekindle
@@ -36,21 +37,29 @@ demo: deps build
 	./target/release/rekindle report runs/tiny
 	@echo "open runs/tiny/report.html to see the run"
 
-## lint: formatting and clippy, as CI enforces them; the `rocm` feature must keep building and linking
+# The features the tests build with: `mpi` (data-parallel ranks through the
+# system's OpenMPI, which `deps` installs), so that its tests run in CI.
+FEATURES ?= --features mpi
+
+## lint: formatting and clippy, as CI enforces them; the `rocm` and `mpi` features must keep building and linking
 lint: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --all-targets --features rocm -- -D warnings
+	$(CARGO) clippy --all-targets --features mpi -- -D warnings
 	$(CARGO) build --features rocm
 
 ## test: everything CI runs (lint, unit and integration tests)
 # The SLURM drills (tests/it/drills.rs) last minutes and judge timings: they
 # run alone after the rest, as when they had a test binary of their own.
+# Built with $(FEATURES); the library's unit tests of `distributed` also run
+# without any feature, where a world of several ranks must be refused.
 test: deps lint
-	$(CARGO) build --examples
-	$(CARGO) test --all-targets -- --skip drills::
-	$(CARGO) test --test it drills::
-	$(CARGO) test --doc
+	$(CARGO) build --examples $(FEATURES)
+	$(CARGO) test --all-targets $(FEATURES) -- --skip drills::
+	$(CARGO) test --test it $(FEATURES) drills::
+	$(CARGO) test --doc $(FEATURES)
+	$(CARGO) test --lib distributed::
 
 clean:
 	$(CARGO) clean

@@ -97,6 +97,25 @@ pub enum BenchCommand {
     /// Training throughput of a config with checkpoints off and every N steps,
     /// the stall per checkpoint, and a synchronous save of the same state.
     Train(BenchTrainArgs),
+    /// The gradient sum of a data-parallel step on every rank of a world,
+    /// timed and checked bit for bit: launch it as the ranks, e.g.
+    /// `mpirun -n 2 rekindle bench collective --bytes 64MiB` or
+    /// `srun -n 2 --mpi=pmix rekindle bench collective` (needs the `mpi`
+    /// feature for more than one rank). Rank 0 prints.
+    Collective(BenchCollectiveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchCollectiveArgs {
+    /// Size of the summed vector (f32): bytes, or with a unit (64MiB, 1GiB).
+    #[arg(long, value_parser = parse_size, default_value = "16MiB")]
+    pub bytes: u64,
+    /// Timed repetitions (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    pub iterations: usize,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -293,6 +312,8 @@ pub enum CliError {
     #[error(transparent)]
     Bench(#[from] crate::bench::BenchError),
     #[error(transparent)]
+    CollectiveBench(#[from] crate::bench::CollectiveBenchError),
+    #[error(transparent)]
     Report(#[from] crate::report::ReportError),
     #[error("{path} is not a run directory (no {file}); pass the directory `rekindle run` wrote to")]
     NotARunDir { path: PathBuf, file: &'static str },
@@ -321,6 +342,7 @@ pub fn execute(cli: Cli) -> Result<Outcome, CliError> {
         Command::Doctor(args) => doctor(&args),
         Command::Bench(BenchCommand::Checkpoint(args)) => bench_checkpoint(&args),
         Command::Bench(BenchCommand::Train(args)) => bench_train(&args),
+        Command::Bench(BenchCommand::Collective(args)) => bench_collective(&args),
     }
 }
 
@@ -389,6 +411,13 @@ fn bench_train(args: &BenchTrainArgs) -> Result<Outcome, CliError> {
     let cfg = config::load(&args.config, &args.overrides)?.config;
     let result = crate::bench::run_train_bench(&cfg, args.steps, args.every, args.dir.clone())?;
     emit(&result, args.json);
+    Ok(Outcome::Done)
+}
+
+fn bench_collective(args: &BenchCollectiveArgs) -> Result<Outcome, CliError> {
+    if let Some(result) = crate::bench::run_collective_bench(args.bytes, args.iterations)? {
+        emit(&result, args.json);
+    }
     Ok(Outcome::Done)
 }
 

@@ -7,6 +7,7 @@
 //! - [`config`]: the TOML config, overrides, validation with every error at once.
 //! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
 //! - [`train`]: models, optimizer, data, and the training loop's state.
+//! - [`distributed`]: ranks of a data-parallel run and their collectives (MPI).
 //! - [`orchestrate`]: the run lifecycle (run directory, resume, stop, deadlines).
 //! - [`publish`]: git-publishing results on exit.
 //! - [`slurm`]: the allocation, the requeue decision, `scontrol`.
@@ -22,6 +23,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod distributed;
 pub mod doctor;
 pub mod exit;
 pub mod gpu;

@@ -56,7 +56,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    fn of(samples: &[f64]) -> Stats {
+    pub(super) fn of(samples: &[f64]) -> Stats {
         let mut s = samples.to_vec();
         s.sort_by(f64::total_cmp);
         let median = if s.is_empty() {

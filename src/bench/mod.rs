@@ -3,9 +3,11 @@
 //! command that produced them.
 
 mod checkpoint;
+mod collective;
 mod train;
 
 pub use checkpoint::{
     BenchError, CheckpointBench, CheckpointBenchOptions, Stats, run_checkpoint_bench, synthetic_state,
 };
+pub use collective::{CollectiveBench, CollectiveBenchError, run_collective_bench};
 pub use train::{TrainBench, run_train_bench};

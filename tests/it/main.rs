@@ -16,6 +16,7 @@ mod support;
 
 mod cli;
 mod corruption;
+mod distributed;
 mod drills;
 mod gpu_run;
 mod kill_chain;

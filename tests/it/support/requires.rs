@@ -7,6 +7,7 @@
 //! | `python3` with `safetensors` and `numpy` | `it`: `python_interop::numpy_loads_…`, `python_interop::bf16_tensors_…` | fails, unless `REKINDLE_SKIP_PYTHON=1` |
 //! | Chromium (`REKINDLE_CHROMIUM` or on PATH) | `it`: `report_browser::*` | fails, unless `REKINDLE_SKIP_CHROMIUM=1` |
 //! | SLURM, or root and apt-get to install it | `it`: `drills::*` | skipped |
+//! | a build with `--features mpi`, and OpenMPI's `mpirun` | `it`: `distributed::*` (those launching ranks) | skipped |
 //!
 //! A test missing what it needs either returns after a loud
 //! `SKIPPED: <test>: <why>` line on stderr or fails. In CI (`CI` set, and
@@ -27,6 +28,8 @@ pub enum Need {
     Chromium,
     /// SLURM's daemons and clients, or root and apt-get to install them.
     Slurm,
+    /// This build has the `mpi` feature, and `mpirun` is on PATH.
+    Mpi,
 }
 
 impl Need {
@@ -34,7 +37,7 @@ impl Need {
     /// where skipping needs no permission.
     fn opt_out(self) -> Option<&'static str> {
         match self {
-            Need::Root | Need::Slurm => None,
+            Need::Root | Need::Slurm | Need::Mpi => None,
             Need::Python => Some("REKINDLE_SKIP_PYTHON"),
             Need::Chromium => Some("REKINDLE_SKIP_CHROMIUM"),
         }
@@ -46,6 +49,9 @@ impl Need {
             Need::Root => "run the tests as root",
             Need::Python => "run `pip install safetensors numpy`",
             Need::Slurm => "run as root on Debian/Ubuntu, or apt-get install slurmctld slurmd slurm-client munge",
+            Need::Mpi => {
+                "apt-get install libopenmpi-dev openmpi-bin, and run `cargo test --features mpi` (as `make test` does)"
+            }
             Need::Chromium => {
                 "run `make deps` (apt-get install chromium) or set REKINDLE_CHROMIUM to a Chromium binary"
             }
@@ -121,6 +127,18 @@ pub fn slurm() -> Option<()> {
     let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref().unwrap_or("") != "0" {
         return unmet(Need::Slurm, "SLURM is not installed and installing it needs root");
+    }
+    Some(())
+}
+
+/// `Some(())` when this build has the `mpi` feature and `mpirun` is on
+/// PATH; otherwise see [`unmet`].
+pub fn mpi() -> Option<()> {
+    if !cfg!(feature = "mpi") {
+        return unmet(Need::Mpi, "the tests were built without the `mpi` feature");
+    }
+    if !on_path("mpirun") {
+        return unmet(Need::Mpi, "mpirun is not on PATH");
     }
     Some(())
 }

@@ -1,0 +1,56 @@
+//! Data-parallel runs across processes: who this process is in the world
+//! ([`world`]), and the collective operations ranks use to agree
+//! ([`collective`]): a deterministic sum of gradients, a stop flag folded
+//! into a maximum, gathering what each rank wrote.
+//!
+//! A single process needs none of this: [`Solo`] is the one-rank world and
+//! costs nothing. A run launched as several ranks (`srun -n N`, `mpirun -n
+//! N`) needs the `mpi` cargo feature, which links the system's MPI library
+//! (OpenMPI; see docs/distributed.md); a build without it refuses a world of
+//! more than one rank with a message naming the feature.
+
+pub mod collective;
+pub mod error;
+#[cfg(feature = "mpi")]
+pub mod mpi_world;
+pub mod world;
+
+pub use collective::{Collective, Solo, sum_in_rank_order};
+pub use error::DistributedError;
+pub use world::{Launcher, WorldInfo};
+
+/// The collective engine for `info`: [`Solo`] for a world of one rank; MPI
+/// (initialised here, once per process) for more, when built with the `mpi`
+/// feature.
+pub fn connect(info: &WorldInfo) -> Result<Box<dyn Collective>, DistributedError> {
+    if info.size <= 1 {
+        return Ok(Box::new(Solo));
+    }
+    #[cfg(feature = "mpi")]
+    {
+        Ok(Box::new(mpi_world::MpiWorld::initialize(info)?))
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        Err(DistributedError::NotBuiltWithMpi { size: info.size, launcher: info.launcher })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_world_of_one_connects_without_mpi() {
+        let world = connect(&WorldInfo::SINGLE).unwrap();
+        assert_eq!((world.rank(), world.size(), world.engine()), (0, 1, "solo"));
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn a_world_of_two_is_refused_naming_the_feature() {
+        let info = WorldInfo { rank: 1, size: 2, local_rank: 0, launcher: Launcher::Slurm };
+        let err = connect(&info).err().expect("refused").to_string();
+        assert!(err.contains("`mpi` feature") && err.contains("--features mpi") && err.contains("2 ranks"), "{err}");
+    }
+}
