@@ -18,9 +18,10 @@ use super::error::DistributedError;
 
 /// Collective operations over all ranks of the world. Every rank must make
 /// the same calls in the same order (they block until all ranks arrive).
-/// Not `Send`: MPI is initialised for one thread (`MPI_THREAD_FUNNELED`),
-/// the one that trains.
-pub trait Collective {
+/// `Send` (a trainer moves to its own thread) but not `Sync`: one thread
+/// at a time makes the calls, which is what MPI is initialised for
+/// (`MPI_THREAD_SERIALIZED`).
+pub trait Collective: Send {
     /// This process's rank.
     fn rank(&self) -> usize;
     /// Number of ranks.

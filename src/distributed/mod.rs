@@ -13,10 +13,12 @@ pub mod collective;
 pub mod error;
 #[cfg(feature = "mpi")]
 pub mod mpi_world;
+pub mod threads;
 pub mod world;
 
 pub use collective::{Collective, Solo, sum_in_rank_order};
 pub use error::DistributedError;
+pub use threads::ThreadRank;
 pub use world::{Launcher, WorldInfo};
 
 /// The collective engine for `info`: [`Solo`] for a world of one rank; MPI

@@ -1,7 +1,9 @@
 //! The MPI engine (the `mpi` feature): rsmpi over the system's OpenMPI.
 //!
-//! MPI is initialised once per process with `MPI_THREAD_FUNNELED`: only the
-//! training thread makes MPI calls. The world it reports must be the one the
+//! MPI is initialised once per process with `MPI_THREAD_SERIALIZED`: any
+//! thread may make MPI calls, one at a time. [`MpiWorld`] is `Send` (the
+//! trainer owning it may move to its own thread) and not `Sync`, so the
+//! type system keeps the calls serialised. The world it reports must be the one the
 //! launcher's variables described ([`WorldInfo`]), or the ranks were started
 //! by something else than they think (e.g. `srun` without `--mpi=pmix`,
 //! where every task initialises a world of its own).
@@ -25,6 +27,13 @@ pub struct MpiWorld {
     rank: usize,
     size: usize,
 }
+
+// SAFETY: MPI handles are plain C handles into the library; the library is
+// initialised with MPI_THREAD_SERIALIZED (checked in `initialize`), which
+// allows calls from any thread as long as no two are concurrent. `MpiWorld`
+// is not `Sync` and every call takes `&self`, so only the one thread owning
+// it at a time can call.
+unsafe impl Send for MpiWorld {}
 
 impl MpiWorld {
     /// Initialises MPI and checks it sees the world the launcher described.

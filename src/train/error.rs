@@ -30,6 +30,11 @@ pub enum TrainError {
     #[error("step {step}: {during} failed: {message}")]
     Step { step: u64, during: &'static str, message: String },
 
+    /// The ranks of a data-parallel run could not agree (a collective
+    /// failed, or ranks disagree on what they hold).
+    #[error("step {step}: ranks of the data-parallel run could not agree on {during}: {message}")]
+    Collective { step: u64, during: &'static str, message: String },
+
     /// A micro-batch ran out of device memory. The step was not applied
     /// (the trainer is as after the previous step), so it can be retried
     /// with a smaller micro-batch ([`Trainer::train_step_with_backoff`](super::Trainer::train_step_with_backoff)).

@@ -31,6 +31,8 @@ mod workload;
 mod replica_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod world_tests;
 
 pub use builtin::builtin_workload;
 pub use data::{Classification, DataCursor, Sampler, TokenSequences, is_validation};

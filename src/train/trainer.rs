@@ -35,6 +35,7 @@ use super::schedule::LrSchedule;
 use super::workload::{ForwardCtx, Split, Workload};
 use crate::checkpoint::TensorSet;
 use crate::config::{Config, OnNonFinite};
+use crate::distributed::Collective;
 
 /// Version of the JSON training state; a restore refuses any other.
 pub const STATE_FORMAT: u32 = 1;
@@ -194,6 +195,9 @@ pub struct Trainer {
     grad_clip: f64,
     on_nonfinite: OnNonFinite,
     eval_batches: usize,
+    /// The other ranks of a data-parallel run ([`join_world`](Self::join_world));
+    /// `None` for a process alone.
+    world: Option<Box<dyn Collective>>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -294,6 +298,7 @@ impl Trainer {
             grad_clip: t.grad_clip,
             on_nonfinite: t.on_nonfinite,
             eval_batches: t.eval_batches,
+            world: None,
         })
     }
 
@@ -334,6 +339,50 @@ impl Trainer {
         }
         self.layout = layout;
         Ok(())
+    }
+
+    /// Makes this trainer one rank of a data-parallel world of
+    /// `world.size()` ranks: the layout becomes one replica per rank, and
+    /// each step this rank computes only its replica's shard, the ranks sum
+    /// their gradients and losses in rank order, and every rank applies the
+    /// same update. Every rank holds the whole training state (parameters,
+    /// optimizer, data cursor), identical on all ranks after every step, so
+    /// N ranks train exactly as one process with N replicas.
+    ///
+    /// A world of one is the same as none. Refused when the effective batch
+    /// does not split into `world.size()` equal shards, and with dropout:
+    /// a rank cannot know the dropout draws of the ranks before it, which
+    /// one process with replicas draws from one stream.
+    pub fn join_world(&mut self, world: Box<dyn Collective>, dropout: f64) -> Result<(), TrainError> {
+        let n = world.size();
+        if n <= 1 {
+            return Ok(());
+        }
+        if dropout > 0.0 {
+            return Err(TrainError::config(
+                "model.dropout",
+                format!(
+                    "must be 0 in a data-parallel run of {n} ranks (got {dropout}); train with one rank to use dropout"
+                ),
+            ));
+        }
+        let effective = self.samples_per_step();
+        let layout = Layout::fit(effective, n, self.layout.micro_batch).ok_or_else(|| {
+            TrainError::config(
+                "train.batch_size",
+                format!(
+                    "the effective batch train.batch_size × train.grad_accum = {effective} must split into {n} equal                      shards, one per rank: make it a multiple of {n}"
+                ),
+            )
+        })?;
+        self.set_layout(layout)?;
+        self.world = Some(world);
+        Ok(())
+    }
+
+    /// This rank and the world's size (`(0, 1)` for a process alone).
+    pub fn rank_and_size(&self) -> (usize, usize) {
+        self.world.as_ref().map_or((0, 1), |w| (w.rank(), w.size()))
     }
 
     /// The device parameters and batches live on.
@@ -422,14 +471,20 @@ impl Trainer {
         // The step's samples in data order; replica r takes the r-th shard.
         let indices = self.sampler.take(&mut cursor, layout.samples_per_step());
         let mut replica_grads: Vec<BTreeMap<String, Tensor>> = Vec::with_capacity(layout.replicas);
-        let mut loss_sum = 0.0;
-        let mut loss_finite = true;
+        // Each micro-batch's loss and tokens, in step order.
+        let mut micro_losses: Vec<f64> = Vec::with_capacity(layout.replicas * layout.grad_accum);
         let mut tokens: Option<u64> = None;
+        // In a world of ranks this rank computes only its own replica, and
+        // never stops inside a step: the others would wait for it in the sum.
+        let mine = self.world.as_ref().map(|w| w.rank());
 
-        for shard in indices.chunks(layout.per_replica()) {
+        for (replica, shard) in indices.chunks(layout.per_replica()).enumerate() {
+            if mine.is_some_and(|m| m != replica) {
+                continue;
+            }
             let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
             for micro in shard.chunks(layout.micro_batch) {
-                if should_stop() {
+                if mine.is_none() && should_stop() {
                     tracing::debug!(step = step_no, "step interrupted; partial work discarded");
                     return Ok(StepResult::Interrupted);
                 }
@@ -438,12 +493,28 @@ impl Trainer {
                 if let Some(t) = out.tokens {
                     *tokens.get_or_insert(0) += t as u64;
                 }
-                loss_sum += out.loss;
-                loss_finite &= out.loss.is_finite();
+                micro_losses.push(out.loss);
             }
             replica_grads.push(grads);
         }
-        let mut grads = average_replicas(replica_grads).map_err(oom_or(step_no, layout, "averaging replicas"))?;
+        let mut grads = match &self.world {
+            None => average_replicas(replica_grads).map_err(oom_or(step_no, layout, "averaging replicas"))?,
+            Some(world) => {
+                let (all_losses, all_tokens) = gather_losses(&**world, step_no, &micro_losses, tokens)?;
+                micro_losses = all_losses;
+                tokens = all_tokens;
+                let local = replica_grads.pop().unwrap_or_default();
+                if micro_losses.iter().all(|l| l.is_finite()) {
+                    average_across_ranks(&**world, step_no, local, &self.device)?
+                } else {
+                    // The step will not be applied: no sum to agree on.
+                    BTreeMap::new()
+                }
+            }
+        };
+        // Summed in step order, as one process adds its micro-batches.
+        let loss_sum: f64 = micro_losses.iter().fold(0.0, |acc, l| acc + l);
+        let loss_finite = micro_losses.iter().all(|l| l.is_finite());
 
         let loss = loss_sum / (layout.replicas * layout.grad_accum) as f64;
         if scale != 1.0 {
@@ -797,6 +868,91 @@ fn average_replicas(mut replicas: Vec<BTreeMap<String, Tensor>>) -> candle_core:
         *g = g.affine(1.0 / n as f64, 0.0)?;
     }
     Ok(total)
+}
+
+/// Every rank's micro-batch losses, in rank order (so in step order), and
+/// the world's token count.
+fn gather_losses(
+    world: &dyn Collective,
+    step: u64,
+    mine: &[f64],
+    tokens: Option<u64>,
+) -> Result<(Vec<f64>, Option<u64>), TrainError> {
+    let agree = |e: crate::distributed::DistributedError| TrainError::Collective {
+        step,
+        during: "the losses",
+        message: e.to_string(),
+    };
+    let mut bytes: Vec<u8> = tokens.map_or(u64::MAX, |t| t).to_le_bytes().to_vec();
+    bytes.extend(mine.iter().flat_map(|l| l.to_le_bytes()));
+    let all = world.all_gather_bytes(&bytes).map_err(agree)?;
+    let mut losses = Vec::with_capacity(mine.len() * all.len());
+    let mut total_tokens: Option<u64> = None;
+    for (rank, b) in all.iter().enumerate() {
+        if b.len() < 8 || !b.len().is_multiple_of(8) {
+            return Err(TrainError::Collective {
+                step,
+                during: "the losses",
+                message: format!("rank {rank} sent {} bytes", b.len()),
+            });
+        }
+        let words: Vec<[u8; 8]> = b.chunks_exact(8).map(|c| c.try_into().unwrap_or([0; 8])).collect();
+        let t = u64::from_le_bytes(words[0]);
+        if t != u64::MAX {
+            *total_tokens.get_or_insert(0) += t;
+        }
+        losses.extend(words[1..].iter().map(|w| f64::from_le_bytes(*w)));
+    }
+    Ok((losses, total_tokens))
+}
+
+/// The average over ranks of each rank's replica gradient: the rank-order
+/// sum (`((g₀ + g₁) + g₂) + …`, f32, as [`average_replicas`] adds one
+/// process's replicas) scaled by `1 / ranks`, identical on every rank.
+fn average_across_ranks(
+    world: &dyn Collective,
+    step: u64,
+    local: BTreeMap<String, Tensor>,
+    device: &Device,
+) -> Result<BTreeMap<String, Tensor>, TrainError> {
+    let fail = |during: &'static str| {
+        move |e: candle_core::Error| TrainError::Step { step, during, message: candle_message(&e) }
+    };
+    let agree = |e: crate::distributed::DistributedError| TrainError::Collective {
+        step,
+        during: "the gradient sum",
+        message: e.to_string(),
+    };
+    // The same tensors, in the same order, on every rank: compare names
+    // and shapes first, or the sum would add unrelated numbers.
+    let layout: Vec<(String, Vec<usize>)> = local.iter().map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
+    let described = serde_json::to_vec(&layout).unwrap_or_default();
+    for (rank, theirs) in world.all_gather_bytes(&described).map_err(agree)?.iter().enumerate() {
+        if *theirs != described {
+            return Err(TrainError::Collective {
+                step,
+                during: "the gradient sum",
+                message: format!("rank {rank} has gradients of other tensors or shapes than rank {}", world.rank()),
+            });
+        }
+    }
+    let mut flat: Vec<f32> = Vec::with_capacity(local.values().map(Tensor::elem_count).sum());
+    for t in local.values() {
+        flat.extend(t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(fail("reading gradients"))?);
+    }
+    let summed = world.sum_in_rank_order(&flat).map_err(agree)?;
+    let n = world.size() as f64;
+    let mut out = BTreeMap::new();
+    let mut at = 0;
+    for (name, shape) in layout {
+        let len: usize = shape.iter().product();
+        let t = Tensor::from_slice(&summed[at..at + len], shape.as_slice(), device)
+            .and_then(|t| t.affine(1.0 / n, 0.0))
+            .map_err(fail("averaging gradients across ranks"))?;
+        at += len;
+        out.insert(name, t);
+    }
+    Ok(out)
 }
 
 /// The loss as an f32 scalar, or an error if the workload returned another shape.
