@@ -271,6 +271,33 @@ fn issue_15_a_resume_past_a_damaged_checkpoint_keeps_what_it_commits_and_quarant
     assert!(events(&dir).iter().all(|e| e["event"] != "error"), "no attempt failed");
 }
 
+/// Issue 15, when the damaged checkpoint cannot be moved aside (here a file
+/// stands where `quarantine/` should go): the event says so and why, and the
+/// checkpoints committed afterwards still stay, because rotation verifies a
+/// checkpoint newer than the one it runs for before counting it.
+#[test]
+fn issue_15_a_damaged_checkpoint_that_cannot_be_quarantined_never_costs_the_stop_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("damaged");
+    let training = Training::tiny_mlp(40).set("checkpoint.keep=1").set("checkpoint.every_steps=10");
+    training.stop_at(&dir, 30);
+    flip_byte(&step_dir(&dir, 30).join("optimizer.safetensors"));
+    fs::write(dir.join("checkpoints").join("quarantine"), b"in the way").unwrap();
+
+    training.expect_exit(&dir, &["--stop-at-step", "15"], EXIT_STOPPED);
+    assert_eq!(checkpoint_steps(&dir), [15], "the stop checkpoint stays; the damaged 30 is rotated out");
+    let (code, verified) = rekindle_out(&["verify", &dir.to_string_lossy()]);
+    assert_eq!(code, 0, "{verified}");
+    let q = events_named(&dir, "checkpoint_quarantined");
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!((q[0]["step"].as_u64(), &q[0]["moved_to"]), (Some(30), &serde_json::Value::Null));
+    let error = q[0]["error"].as_str().expect("the event says why the move failed");
+    assert!(error.contains("cannot move the damaged checkpoint") && error.contains("step-0000000030"), "{error}");
+    assert!(q[0]["reason"].as_str().unwrap().contains("optimizer.safetensors"), "{}", q[0]);
+    training.expect_exit(&dir, &[], EXIT_DONE);
+    assert_eq!(events_named(&dir, "resume").last().unwrap()["step"], 15);
+}
+
 /// `rekindle ARGS…`: (exit code, stdout and stderr).
 fn rekindle_out(args: &[&str]) -> (i32, String) {
     let (code, stdout, stderr) = outcome(&rekindle().args(args).output().expect("run rekindle"));
