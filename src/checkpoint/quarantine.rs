@@ -21,7 +21,6 @@ use chrono::{DateTime, Utc};
 use super::error::{CheckpointError, FileFailure};
 use super::hashed_io::fsync_dir;
 use super::layout::{parse_step_dir_name, step_dir_name};
-use super::manifest::MANIFEST_FILE;
 use super::verify::{CheckpointInfo, VerifyLevel, inspect, read_manifest};
 
 /// The directory inside the checkpoints directory that holds quarantined checkpoints.
@@ -94,9 +93,8 @@ pub(super) fn list_quarantined(checkpoints: &Path, level: VerifyLevel) -> Result
         }
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        let step = parse_quarantine_name(&name)
-            .or_else(|| path.join(MANIFEST_FILE).is_file().then(|| read_manifest(&path).ok().map(|m| m.step)).flatten())
-            .unwrap_or(0);
+        // A directory put here by hand may be named anything: its manifest then says the step.
+        let step = parse_quarantine_name(&name).or_else(|| read_manifest(&path).ok().map(|m| m.step)).unwrap_or(0);
         found.push((name, inspect(&path, step, level)));
     }
     found.sort_by(|(na, a), (nb, b)| b.step.cmp(&a.step).then(nb.cmp(na)));

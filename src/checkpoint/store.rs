@@ -639,6 +639,30 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_that_cannot_be_quarantined_stays_put_and_never_outranks_the_one_just_committed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 1).unwrap();
+        store.save(&snapshot(20)).unwrap();
+        rot(&store, 20);
+        // A file where the quarantine directory should go: the move fails.
+        fs::write(tmp.path().join(super::super::quarantine::QUARANTINE_DIR), b"in the way").unwrap();
+        let outcome = store.load_latest().unwrap();
+        assert!(outcome.loaded.is_none());
+        let quarantined = store.quarantine(&outcome.rejected);
+        let err = quarantined[0].moved_to.as_ref().unwrap_err();
+        assert!(matches!(err, CheckpointError::Quarantine { .. }), "{err:?}");
+        assert!(err.to_string().contains(&store.step_dir(20).display().to_string()), "{err}");
+        assert!(store.step_dir(20).is_dir(), "left where it was");
+        assert!(store.list_quarantined(VerifyLevel::Full).unwrap().is_empty());
+
+        // Saving an older step (the fresh start's first checkpoint): the damaged,
+        // newer one is verified fully, does not count, and goes instead.
+        let report = store.save(&snapshot(10)).unwrap();
+        assert_eq!(report.rotated_out, vec![store.step_dir(20)]);
+        assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot(10));
+    }
+
+    #[test]
     fn symlinked_file_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path().join("c"), 3).unwrap();
