@@ -256,6 +256,9 @@ fn issue_15_a_resume_past_a_damaged_checkpoint_keeps_what_it_commits_and_quarant
         (json["quarantined"][0]["step"].as_u64(), json["quarantined"][0]["valid"].as_bool()),
         (Some(40), Some(false))
     );
+    let (code, status) = rekindle_out(&["status", &dir.to_string_lossy()]);
+    assert_eq!(code, 0, "{status}");
+    assert!(status.contains("1 quarantined"), "rekindle status counts it:\n{status}");
     let (code, verified) = rekindle_out(&["verify", &dir.to_string_lossy()]);
     assert_eq!(code, 0, "quarantined checkpoints do not fail verify:\n{verified}");
     assert!(verified.contains("quarantined") && verified.contains(&moved_to.display().to_string()), "{verified}");
