@@ -82,8 +82,8 @@ pub enum CheckpointError {
     SyncDir { path: PathBuf, source: io::Error },
     #[error(
         "cannot move the damaged checkpoint {dir} aside to {to}: {source}{hint}; it stays where it is, is never \
-         loaded, and rotation verifies it fully before counting it; move it out of the checkpoints directory \
-         yourself to keep it for inspection",
+         loaded, and rotation counts it invalid (and may delete it) until a save of its step replaces it; move it \
+         out of the checkpoints directory yourself to keep it for inspection",
         hint = io_hint(source)
     )]
     Quarantine { dir: PathBuf, to: PathBuf, source: io::Error },

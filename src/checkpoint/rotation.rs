@@ -18,7 +18,8 @@
 //! full verification, so the store verifies those fully before they may count
 //! toward `keep`; and checkpoints that failed at resume are quarantined
 //! (moved out of the checkpoints directory, `quarantine.rs`), so the planner
-//! never sees them at all.
+//! never sees them at all, or, when one cannot be moved, the store remembers
+//! it and hands it to the planner as invalid.
 
 /// A checkpoint as the planner sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

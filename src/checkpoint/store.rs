@@ -20,20 +20,24 @@
 //! them failed and whether the new checkpoint is committed.
 //!
 //! Rotation never deletes the checkpoint it runs for (the planner is told its
-//! step), and it does not take the quick check's word for a checkpoint newer
-//! than that one: such a checkpoint is only there when a resumed run fell
-//! back past it, that is when it failed full verification (and could not be
-//! quarantined, see `quarantine.rs`), so it is verified fully before it may
-//! count toward `keep`. Older checkpoints keep the quick check: verifying them
-//! fully at every save would cost a read of every kept checkpoint.
+//! step), and never counts as valid a checkpoint known to be bad. Those that
+//! fail full verification at resume are quarantined (`quarantine.rs`), out of
+//! rotation's sight; one that cannot be moved is remembered by the store (and
+//! its clones) as invalid until a save of its step replaces it. And rotation
+//! does not take the quick check's word for a checkpoint newer than the one
+//! just committed: such a checkpoint is only there when a resumed run fell
+//! back past it, so it is verified fully before it may count toward `keep`.
+//! Older checkpoints keep the quick check: verifying them fully at every save
+//! would cost a read of every kept checkpoint.
 //!
 //! A directory without a valid manifest is never a checkpoint; leftovers of
 //! interrupted saves and deletes are removed when the store is opened.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -83,6 +87,10 @@ pub struct LoadOutcome {
 pub struct CheckpointStore {
     dir: PathBuf,
     keep: usize,
+    /// Steps whose checkpoint failed full verification and could not be
+    /// quarantined: rotation counts them invalid until a save of that step
+    /// replaces them. Shared by the clones (the persister's among them).
+    known_bad: Arc<Mutex<BTreeSet<u64>>>,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -94,7 +102,7 @@ impl CheckpointStore {
     pub fn open(dir: impl Into<PathBuf>, keep: usize) -> Result<CheckpointStore, CheckpointError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|source| CheckpointError::CreateDir { path: dir.clone(), source })?;
-        let store = CheckpointStore { dir, keep: keep.max(1) };
+        let store = CheckpointStore { dir, keep: keep.max(1), known_bad: Arc::default() };
         for leftover in store.leftovers()? {
             tracing::warn!(path = %leftover.display(), "removing leftover of an interrupted checkpoint save or delete");
             fs::remove_dir_all(&leftover)
@@ -105,7 +113,7 @@ impl CheckpointStore {
 
     /// A read-only view of a checkpoints directory: nothing is created or removed.
     pub fn open_read_only(dir: impl Into<PathBuf>) -> CheckpointStore {
-        CheckpointStore { dir: dir.into(), keep: usize::MAX }
+        CheckpointStore { dir: dir.into(), keep: usize::MAX, known_bad: Arc::default() }
     }
 
     /// The checkpoints directory.
@@ -150,6 +158,7 @@ impl CheckpointStore {
             // Deterministic training: the same step holds the same state, so an
             // existing valid checkpoint is as good as a new one.
             tracing::info!(step, dir = %final_dir.display(), "checkpoint of this step already exists and verifies; keeping it");
+            self.known_bad().remove(&step);
             return Ok(SaveReport {
                 step,
                 dir: final_dir,
@@ -179,6 +188,7 @@ impl CheckpointStore {
         ));
         match self.write_and_commit(snapshot, &files, &tmp, &final_dir) {
             Ok(bytes) => {
+                self.known_bad().remove(&step);
                 let rotated_out = self.rotate(step).map_err(|e| CheckpointError::AfterCommit {
                     step,
                     dir: final_dir.clone(),
@@ -343,9 +353,13 @@ impl CheckpointStore {
     /// module doc); the others get the quick check.
     fn rotate(&self, committed: u64) -> Result<Vec<PathBuf>, CheckpointError> {
         let infos = self.list(VerifyLevel::Quick)?;
+        let known_bad = self.known_bad().clone();
         let candidates: Vec<Candidate> = infos
             .iter()
             .map(|i| {
+                if known_bad.contains(&i.step) {
+                    return Candidate { step: i.step, valid: false };
+                }
                 if i.step <= committed || !i.valid {
                     return Candidate { step: i.step, valid: i.valid };
                 }
@@ -388,14 +402,18 @@ impl CheckpointStore {
 
     /// Moves each checkpoint of `rejected` (what [`load_latest`](Self::load_latest)
     /// found damaged) into `quarantine/`, logging each move. A checkpoint that
-    /// cannot be moved stays where it is (and is reported as such); rotation
-    /// never counts it as valid, since it is newer than anything saved after
-    /// the fall-back. Only the process that owns the run directory may call this.
+    /// cannot be moved stays where it is (and is reported as such); this store
+    /// and its clones remember it, and rotation never counts it as valid until
+    /// a save of its step replaces it. Only the process that owns the run
+    /// directory may call this.
     pub fn quarantine(&self, rejected: &[CheckpointInfo]) -> Vec<Quarantined> {
         rejected
             .iter()
             .map(|info| {
                 let moved_to = quarantine::move_to_quarantine(&self.dir, &info.dir, info.step);
+                if moved_to.is_err() {
+                    self.known_bad().insert(info.step);
+                }
                 match &moved_to {
                     Ok(to) => tracing::warn!(step = info.step, from = %info.dir.display(), to = %to.display(), failures = %join(&info.failures), "quarantined a checkpoint that does not verify; it is kept for inspection and never loaded or rotated"),
                     Err(e) => tracing::error!(step = info.step, error = %e, "could not quarantine a checkpoint that does not verify"),
@@ -403,6 +421,11 @@ impl CheckpointStore {
                 Quarantined { step: info.step, dir: info.dir.clone(), failures: info.failures.clone(), moved_to }
             })
             .collect()
+    }
+
+    fn known_bad(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+        // The set stays consistent whatever panicked while holding it.
+        self.known_bad.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The quarantined checkpoints (`quarantine/`), newest step first, with
@@ -660,6 +683,27 @@ mod tests {
         let report = store.save(&snapshot(10)).unwrap();
         assert_eq!(report.rotated_out, vec![store.step_dir(20)]);
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot(10));
+    }
+
+    #[test]
+    fn a_damaged_checkpoint_left_in_place_never_counts_toward_keep_even_once_older_than_the_newest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 2).unwrap();
+        store.save(&snapshot(10)).unwrap();
+        store.save(&snapshot(40)).unwrap();
+        rot(&store, 40);
+        fs::write(tmp.path().join(super::super::quarantine::QUARANTINE_DIR), b"in the way").unwrap();
+        let outcome = store.load_latest().unwrap();
+        assert_eq!(outcome.loaded.unwrap().snapshot.step, 10);
+        assert!(store.quarantine(&outcome.rejected)[0].moved_to.is_err());
+        // The run goes past step 40 without a checkpoint there; at 50 the
+        // damaged 40 is older than the one committed, and passes the quick
+        // check, but the store knows better: 10 is kept, 40 goes.
+        let clone = store.clone();
+        let report = clone.save(&snapshot(50)).unwrap();
+        assert_eq!(report.rotated_out, vec![store.step_dir(40)]);
+        let steps: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
+        assert_eq!(steps, vec![50, 10]);
     }
 
     #[test]
