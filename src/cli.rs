@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use crate::checkpoint::{CheckpointInfo, CheckpointStore, MANIFEST_FILE, VerifyLevel, parse_step_dir_name};
+use crate::checkpoint::{
+    CheckpointInfo, CheckpointStore, MANIFEST_FILE, QUARANTINE_DIR, VerifyLevel, parse_quarantine_name,
+    parse_step_dir_name,
+};
 use crate::config;
 use crate::exit::{EXIT_CODES_HELP, Outcome};
 use crate::orchestrate::{self, RunError, RunOptions};
@@ -58,9 +61,12 @@ pub enum Command {
     /// PATH is one checkpoint directory (`.../checkpoints/step-0000001234`), a
     /// checkpoints directory, or a run directory (then every checkpoint in it).
     /// Exit 0 when everything verifies, 1 otherwise, naming each failing file
-    /// and why.
+    /// and why. Quarantined checkpoints (`checkpoints/quarantine/`, moved
+    /// there when they failed verification at resume) are reported, but do
+    /// not make it fail.
     Verify(VerifyArgs),
-    /// List a run's checkpoints: step, time, size, and whether each verifies.
+    /// List a run's checkpoints: step, time, size, and whether each verifies;
+    /// then the quarantined ones, with why they failed.
     Checkpoints(CheckpointsArgs),
     /// One screen about a run: state, progress, loss, checkpoints, last stop,
     /// requeue and publish (reads only the run directory).
@@ -466,50 +472,91 @@ fn resolve_target(path: &Path) -> Result<Target, CliError> {
         return Ok(Target::Store(path.join(orchestrate::CHECKPOINTS_DIR)));
     }
     if path.is_dir()
-        && std::fs::read_dir(path)
-            .map(|rd| rd.flatten().any(|e| parse_step_dir_name(&e.file_name().to_string_lossy()).is_some()))
-            .unwrap_or(false)
+        && (path.join(QUARANTINE_DIR).is_dir()
+            || std::fs::read_dir(path)
+                .map(|rd| rd.flatten().any(|e| parse_step_dir_name(&e.file_name().to_string_lossy()).is_some()))
+                .unwrap_or(false))
     {
         return Ok(Target::Store(path.to_path_buf()));
     }
     Err(CliError::NotACheckpointPath { path: path.to_path_buf() })
 }
 
-fn infos_for(path: &Path) -> Result<Vec<CheckpointInfo>, CliError> {
+/// The checkpoints a verify/checkpoints PATH holds, and the quarantined ones
+/// beside them (none when PATH is one checkpoint).
+struct Listing {
+    checkpoints: Vec<CheckpointInfo>,
+    quarantined: Vec<CheckpointInfo>,
+}
+
+fn infos_for(path: &Path) -> Result<Listing, CliError> {
     Ok(match resolve_target(path)? {
         Target::One(dir) => {
             let step = dir
                 .file_name()
-                .and_then(|n| parse_step_dir_name(&n.to_string_lossy()))
+                .and_then(|n| {
+                    let name = n.to_string_lossy();
+                    parse_step_dir_name(&name).or_else(|| parse_quarantine_name(&name))
+                })
                 .or_else(|| crate::checkpoint::read_manifest(&dir).ok().map(|m| m.step))
                 .unwrap_or(0);
             let failures = crate::checkpoint::verify_checkpoint_dir(&dir, VerifyLevel::Full);
             let manifest = crate::checkpoint::read_manifest(&dir).ok();
-            vec![CheckpointInfo {
+            let info = CheckpointInfo {
                 step,
                 created_at: manifest.as_ref().map(|m| m.created_at.clone()),
                 bytes: manifest.as_ref().map(|m| m.total_bytes()).unwrap_or(0),
                 valid: failures.is_empty(),
                 failures,
                 dir,
-            }]
+            };
+            Listing { checkpoints: vec![info], quarantined: Vec::new() }
         }
-        Target::Store(dir) => CheckpointStore::open_read_only(dir).list(VerifyLevel::Full)?,
+        Target::Store(dir) => {
+            let store = CheckpointStore::open_read_only(dir);
+            Listing {
+                checkpoints: store.list(VerifyLevel::Full)?,
+                quarantined: store.list_quarantined(VerifyLevel::Full)?,
+            }
+        }
     })
 }
 
 #[derive(Serialize)]
 struct VerifyJson<'a> {
     path: &'a Path,
+    /// Every checkpoint verifies (quarantined ones do not count: they are
+    /// not checkpoints of the run any more).
     all_valid: bool,
     checkpoints: &'a [CheckpointInfo],
+    quarantined: &'a [CheckpointInfo],
+}
+
+/// The reasons a checkpoint fails, in one line.
+fn reasons(info: &CheckpointInfo) -> String {
+    info.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
+}
+
+/// The lines that tell about quarantined checkpoints (empty when there are none).
+fn print_quarantined(quarantined: &[CheckpointInfo]) {
+    if quarantined.is_empty() {
+        return;
+    }
+    println!(
+        "{} quarantined checkpoint(s): they failed verification when a run resumed and were moved aside; never loaded or rotated, kept for inspection (delete them with `rm -r`, or move one back under its step- name once repaired):",
+        quarantined.len()
+    );
+    for info in quarantined {
+        let status = if info.valid { "verifies now".to_string() } else { reasons(info) };
+        println!("{:>10}  {}  {status}", info.step, info.dir.display());
+    }
 }
 
 fn verify(path: &Path, json: bool) -> Result<Outcome, CliError> {
-    let infos = infos_for(path)?;
+    let Listing { checkpoints: infos, quarantined } = infos_for(path)?;
     let all_valid = infos.iter().all(|i| i.valid);
     if json {
-        let report = VerifyJson { path, all_valid, checkpoints: &infos };
+        let report = VerifyJson { path, all_valid, checkpoints: &infos, quarantined: &quarantined };
         println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
     } else {
         if infos.is_empty() {
@@ -529,33 +576,35 @@ fn verify(path: &Path, json: bool) -> Result<Outcome, CliError> {
         if !infos.is_empty() {
             println!("{good} of {} checkpoint(s) verify", infos.len());
         }
+        print_quarantined(&quarantined);
     }
     Ok(if all_valid { Outcome::Done } else { Outcome::Failure })
 }
 
 fn checkpoints(path: &Path, json: bool) -> Result<Outcome, CliError> {
-    let infos = infos_for(path)?;
+    let Listing { checkpoints: infos, quarantined } = infos_for(path)?;
     let resume_step = infos.iter().find(|i| i.valid).map(|i| i.step);
     if json {
         #[derive(Serialize)]
         struct ListJson<'a> {
             resume_step: Option<u64>,
             checkpoints: &'a [CheckpointInfo],
+            quarantined: &'a [CheckpointInfo],
         }
-        println!("{}", serde_json::to_string_pretty(&ListJson { resume_step, checkpoints: &infos }).unwrap());
+        let list = ListJson { resume_step, checkpoints: &infos, quarantined: &quarantined };
+        println!("{}", serde_json::to_string_pretty(&list).unwrap());
         return Ok(Outcome::Done);
     }
     if infos.is_empty() {
         println!("no checkpoints in {}", path.display());
-        return Ok(Outcome::Done);
+    } else {
+        println!("{:>10}  {:<24}  {:>10}  status", "step", "created", "size");
     }
-    println!("{:>10}  {:<24}  {:>10}  status", "step", "created", "size");
     for info in &infos {
         let status = if info.valid {
             if Some(info.step) == resume_step { "valid (resume point)".to_string() } else { "valid".to_string() }
         } else {
-            let reasons: Vec<String> = info.failures.iter().map(|f| f.to_string()).collect();
-            format!("INVALID: {}", reasons.join("; "))
+            format!("INVALID: {}", reasons(info))
         };
         println!(
             "{:>10}  {:<24}  {:>10}  {status}",
@@ -564,6 +613,7 @@ fn checkpoints(path: &Path, json: bool) -> Result<Outcome, CliError> {
             human_bytes(info.bytes)
         );
     }
+    print_quarantined(&quarantined);
     Ok(Outcome::Done)
 }
 

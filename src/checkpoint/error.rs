@@ -64,6 +64,29 @@ pub enum CheckpointError {
         hint = io_hint(source)
     )]
     Write { step: u64, path: PathBuf, source: io::Error },
+    #[error(
+        "cannot move the invalid checkpoint of step {step} at {dir} aside to {to} to replace it: {source}{hint}; \
+         the new checkpoint of step {step} was not committed (its temporary directory was removed), the invalid \
+         one stays where it is (it is never loaded) and earlier checkpoints are untouched",
+        hint = io_hint(source)
+    )]
+    ReplaceMoveAside { step: u64, dir: PathBuf, to: PathBuf, source: io::Error },
+    #[error(
+        "cannot rename the new checkpoint of step {step} into {dir}: {source}{hint}; it was not committed (its \
+         temporary directory was removed) and earlier checkpoints are untouched; the invalid checkpoint it was to \
+         replace had been moved aside to {aside}, which the next start removes",
+        hint = io_hint(source)
+    )]
+    ReplaceRename { step: u64, dir: PathBuf, aside: PathBuf, source: io::Error },
+    #[error("cannot sync directory {path}: {source}{hint}", hint = io_hint(source))]
+    SyncDir { path: PathBuf, source: io::Error },
+    #[error(
+        "cannot move the damaged checkpoint {dir} aside to {to}: {source}{hint}; it stays where it is, is never \
+         loaded, and rotation counts it invalid (and may delete it) until a save of its step replaces it; move it \
+         out of the checkpoints directory yourself to keep it for inspection",
+        hint = io_hint(source)
+    )]
+    Quarantine { dir: PathBuf, to: PathBuf, source: io::Error },
     #[error("checkpoint of step {step}: tensor `{name}` is invalid: {reason}")]
     BadTensor { step: u64, name: String, reason: String },
     #[error("checkpoint {path} does not verify: {}", join_failures(failures))]

@@ -3,7 +3,8 @@
 //! a load costs the longer of I/O and SHA-256 rather than their sum. Also the
 //! fsyncs and the free-space query of the commit protocol, and the
 //! failpoints inside its I/O (`checkpoint::before_fsync::<file>`,
-//! `checkpoint::after_fsync::<file>`).
+//! `checkpoint::after_fsync::<file>`; the store uses [`fail_io`] for its
+//! own I/O failpoints too).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -48,7 +49,7 @@ pub(super) fn write_hashed(path: &Path, parts: &[&[u8]]) -> io::Result<(u64, Str
 const HASH_CHUNK: usize = 1 << 20;
 
 /// A failpoint inside I/O code: its injected error is an `EIO`.
-fn fail_io(name: &str) -> io::Result<()> {
+pub(super) fn fail_io(name: &str) -> io::Result<()> {
     let _ = name; // unused when failpoints are compiled out
     fail::fail_point!(name, |arg: Option<String>| {
         let code = match arg.as_deref() {

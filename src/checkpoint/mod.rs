@@ -5,6 +5,7 @@
 //! - `layout.rs`: the files and directory names of a checkpoint, [`Snapshot`].
 //! - `store.rs`: [`CheckpointStore`]: the commit protocol, rotation, loading the newest.
 //! - `rotation.rs`: which checkpoints to delete, a pure function.
+//! - `quarantine.rs`: where checkpoints that fail verification at resume are moved.
 //! - `verify.rs`: what makes a checkpoint valid; reading one through those checks.
 //! - `hashed_io.rs`: writes and reads hashed on the same pass; fsyncs.
 //! - `manifest.rs`, `safetensors_io.rs`, `tensor.rs`: the file formats and host tensors.
@@ -14,6 +15,7 @@ mod error;
 mod hashed_io;
 mod layout;
 mod manifest;
+mod quarantine;
 pub mod rotation;
 mod safetensors_io;
 mod store;
@@ -25,6 +27,7 @@ pub use layout::{
     MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name,
 };
 pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
 pub use store::{CheckpointStore, LoadOutcome, SaveReport};
 pub use tensor::{DType, HostTensor, TensorSet, payload_bytes};
 pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};

@@ -13,21 +13,40 @@
 //! 5. rotate: old checkpoints are first renamed to `.trash-…` (atomic), then
 //!    removed, so a crash mid-delete never leaves a half checkpoint behind.
 //!
+//! Saving a step whose `step-…` directory exists but does not verify replaces
+//! it: the old one is renamed to `.trash-…`, the new one renamed in, the
+//! directory synced, the old one removed; each of those has a failpoint
+//! (`checkpoint::replace::…`) and its own error, so a failure says which of
+//! them failed and whether the new checkpoint is committed.
+//!
+//! Rotation never deletes the checkpoint it runs for (the planner is told its
+//! step), and never counts as valid a checkpoint known to be bad. Those that
+//! fail full verification at resume are quarantined (`quarantine.rs`), out of
+//! rotation's sight; one that cannot be moved is remembered by the store (and
+//! its clones) as invalid until a save of its step replaces it. And rotation
+//! does not take the quick check's word for a checkpoint newer than the one
+//! just committed: such a checkpoint is only there when a resumed run fell
+//! back past it, so it is verified fully before it may count toward `keep`.
+//! Older checkpoints keep the quick check: verifying them fully at every save
+//! would cost a read of every kept checkpoint.
+//!
 //! A directory without a valid manifest is never a checkpoint; leftovers of
 //! interrupted saves and deletes are removed when the store is opened.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use serde::Serialize;
 
 use super::error::{CheckpointError, FileFailure};
-use super::hashed_io::{available_space, fsync_dir, write_hashed};
+use super::hashed_io::{available_space, fail_io, fsync_dir, write_hashed};
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name};
 use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry};
+use super::quarantine::{self, Quarantined};
 use super::rotation::{self, Action, Candidate};
 use super::safetensors_io;
 use super::tensor::TensorSet;
@@ -68,6 +87,10 @@ pub struct LoadOutcome {
 pub struct CheckpointStore {
     dir: PathBuf,
     keep: usize,
+    /// Steps whose checkpoint failed full verification and could not be
+    /// quarantined: rotation counts them invalid until a save of that step
+    /// replaces them. Shared by the clones (the persister's among them).
+    known_bad: Arc<Mutex<BTreeSet<u64>>>,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -79,7 +102,7 @@ impl CheckpointStore {
     pub fn open(dir: impl Into<PathBuf>, keep: usize) -> Result<CheckpointStore, CheckpointError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|source| CheckpointError::CreateDir { path: dir.clone(), source })?;
-        let store = CheckpointStore { dir, keep: keep.max(1) };
+        let store = CheckpointStore { dir, keep: keep.max(1), known_bad: Arc::default() };
         for leftover in store.leftovers()? {
             tracing::warn!(path = %leftover.display(), "removing leftover of an interrupted checkpoint save or delete");
             fs::remove_dir_all(&leftover)
@@ -90,7 +113,7 @@ impl CheckpointStore {
 
     /// A read-only view of a checkpoints directory: nothing is created or removed.
     pub fn open_read_only(dir: impl Into<PathBuf>) -> CheckpointStore {
-        CheckpointStore { dir: dir.into(), keep: usize::MAX }
+        CheckpointStore { dir: dir.into(), keep: usize::MAX, known_bad: Arc::default() }
     }
 
     /// The checkpoints directory.
@@ -135,6 +158,7 @@ impl CheckpointStore {
             // Deterministic training: the same step holds the same state, so an
             // existing valid checkpoint is as good as a new one.
             tracing::info!(step, dir = %final_dir.display(), "checkpoint of this step already exists and verifies; keeping it");
+            self.known_bad().remove(&step);
             return Ok(SaveReport {
                 step,
                 dir: final_dir,
@@ -164,7 +188,8 @@ impl CheckpointStore {
         ));
         match self.write_and_commit(snapshot, &files, &tmp, &final_dir) {
             Ok(bytes) => {
-                let rotated_out = self.rotate().map_err(|e| CheckpointError::AfterCommit {
+                self.known_bad().remove(&step);
+                let rotated_out = self.rotate(step).map_err(|e| CheckpointError::AfterCommit {
                     step,
                     dir: final_dir.clone(),
                     stage: "rotating out old checkpoints",
@@ -274,32 +299,41 @@ impl CheckpointStore {
         fsync_dir(tmp).map_err(werr(tmp))?;
         failpoint("checkpoint::before_rename")?;
 
+        let after = |stage: &'static str| {
+            move |e| CheckpointError::AfterCommit { step, dir: final_dir.to_path_buf(), stage, source: Box::new(e) }
+        };
+        let sync_err = |source| CheckpointError::SyncDir { path: self.dir.clone(), source };
         if final_dir.exists() {
             // An invalid checkpoint of the same step (a valid one was kept
-            // above): move it aside atomically, then remove it.
-            let trash = self.trash_path(step);
-            tracing::warn!(dir = %final_dir.display(), "replacing an invalid checkpoint of the same step");
-            fs::rename(final_dir, &trash).map_err(werr(final_dir))?;
-            fs::rename(tmp, final_dir).map_err(werr(final_dir))?;
-            fsync_dir(&self.dir).map_err(werr(&self.dir))?;
-            fs::remove_dir_all(&trash).map_err(|source| CheckpointError::Remove { path: trash, source })?;
+            // above): move it aside atomically, put the new one in its place,
+            // then remove it. Until the second rename no committed state has
+            // changed but the invalid one's name.
+            let aside = self.trash_path(step);
+            tracing::warn!(dir = %final_dir.display(), aside = %aside.display(), "replacing an invalid checkpoint of the same step");
+            fail_io("checkpoint::replace::move_aside").and_then(|()| fs::rename(final_dir, &aside)).map_err(
+                |source| CheckpointError::ReplaceMoveAside {
+                    step,
+                    dir: final_dir.to_path_buf(),
+                    to: aside.clone(),
+                    source,
+                },
+            )?;
+            fail_io("checkpoint::replace::rename").and_then(|()| fs::rename(tmp, final_dir)).map_err(|source| {
+                CheckpointError::ReplaceRename { step, dir: final_dir.to_path_buf(), aside: aside.clone(), source }
+            })?;
+            fail_io("checkpoint::replace::sync").and_then(|()| fsync_dir(&self.dir)).map_err(sync_err).map_err(
+                after("syncing the checkpoints directory after replacing an invalid checkpoint of the same step"),
+            )?;
+            fail_io("checkpoint::replace::remove_old")
+                .and_then(|()| fs::remove_dir_all(&aside))
+                .map_err(|source| CheckpointError::Remove { path: aside.clone(), source })
+                .map_err(after("removing the invalid checkpoint it replaced (the next start removes it)"))?;
         } else {
             fs::rename(tmp, final_dir).map_err(werr(final_dir))?;
-            let after = |e| CheckpointError::AfterCommit {
-                step,
-                dir: final_dir.to_path_buf(),
-                stage: "syncing the checkpoints directory",
-                source: Box::new(e),
-            };
-            failpoint("checkpoint::after_rename").map_err(after)?;
-            fsync_dir(&self.dir).map_err(werr(&self.dir)).map_err(after)?;
+            failpoint("checkpoint::after_rename").map_err(after("syncing the checkpoints directory"))?;
+            fsync_dir(&self.dir).map_err(sync_err).map_err(after("syncing the checkpoints directory"))?;
         }
-        failpoint("checkpoint::after_commit").map_err(|e| CheckpointError::AfterCommit {
-            step,
-            dir: final_dir.to_path_buf(),
-            stage: "the commit's last step",
-            source: Box::new(e),
-        })?;
+        failpoint("checkpoint::after_commit").map_err(after("the commit's last step"))?;
         Ok(manifest.total_bytes() + manifest_bytes)
     }
 
@@ -312,13 +346,32 @@ impl CheckpointStore {
         ))
     }
 
-    /// Applies the rotation plan: deletes what the pure planner says, each
-    /// checkpoint first renamed aside so it disappears atomically.
-    fn rotate(&self) -> Result<Vec<PathBuf>, CheckpointError> {
+    /// Applies the rotation plan for the checkpoint of step `committed`, just
+    /// committed: deletes what the pure planner says, each checkpoint first
+    /// renamed aside so it disappears atomically. Checkpoints newer than
+    /// `committed` are verified fully before they count as valid (see the
+    /// module doc); the others get the quick check.
+    fn rotate(&self, committed: u64) -> Result<Vec<PathBuf>, CheckpointError> {
         let infos = self.list(VerifyLevel::Quick)?;
-        let candidates: Vec<Candidate> = infos.iter().map(|i| Candidate { step: i.step, valid: i.valid }).collect();
+        let known_bad = self.known_bad().clone();
+        let candidates: Vec<Candidate> = infos
+            .iter()
+            .map(|i| {
+                if known_bad.contains(&i.step) {
+                    return Candidate { step: i.step, valid: false };
+                }
+                if i.step <= committed || !i.valid {
+                    return Candidate { step: i.step, valid: i.valid };
+                }
+                let failures = verify_checkpoint_dir(&i.dir, VerifyLevel::Full);
+                if !failures.is_empty() {
+                    tracing::warn!(step = i.step, dir = %i.dir.display(), failures = %join(&failures), committed, "a checkpoint newer than the one just committed does not verify; rotation does not count it");
+                }
+                Candidate { step: i.step, valid: failures.is_empty() }
+            })
+            .collect();
         let mut removed = Vec::new();
-        for action in rotation::plan(&candidates, self.keep) {
+        for action in rotation::plan(&candidates, self.keep, committed) {
             if let Action::Delete { step, reason } = action {
                 failpoint("checkpoint::rotation_delete")?;
                 let dir = self.step_dir(step);
@@ -345,6 +398,40 @@ impl CheckpointStore {
         }
         infos.sort_by_key(|i| std::cmp::Reverse(i.step));
         Ok(infos)
+    }
+
+    /// Moves each checkpoint of `rejected` (what [`load_latest`](Self::load_latest)
+    /// found damaged) into `quarantine/`, logging each move. A checkpoint that
+    /// cannot be moved stays where it is (and is reported as such); this store
+    /// and its clones remember it, and rotation never counts it as valid until
+    /// a save of its step replaces it. Only the process that owns the run
+    /// directory may call this.
+    pub fn quarantine(&self, rejected: &[CheckpointInfo]) -> Vec<Quarantined> {
+        rejected
+            .iter()
+            .map(|info| {
+                let moved_to = quarantine::move_to_quarantine(&self.dir, &info.dir, info.step);
+                if moved_to.is_err() {
+                    self.known_bad().insert(info.step);
+                }
+                match &moved_to {
+                    Ok(to) => tracing::warn!(step = info.step, from = %info.dir.display(), to = %to.display(), failures = %join(&info.failures), "quarantined a checkpoint that does not verify; it is kept for inspection and never loaded or rotated"),
+                    Err(e) => tracing::error!(step = info.step, error = %e, "could not quarantine a checkpoint that does not verify"),
+                }
+                Quarantined { step: info.step, dir: info.dir.clone(), failures: info.failures.clone(), moved_to }
+            })
+            .collect()
+    }
+
+    fn known_bad(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+        // The set stays consistent whatever panicked while holding it.
+        self.known_bad.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The quarantined checkpoints (`quarantine/`), newest step first, with
+    /// what verification at `level` finds in them now.
+    pub fn list_quarantined(&self, level: VerifyLevel) -> Result<Vec<CheckpointInfo>, CheckpointError> {
+        quarantine::list_quarantined(&self.dir, level)
     }
 
     /// Loads the newest checkpoint that verifies completely (every hash and
@@ -494,6 +581,129 @@ mod tests {
         let again = store.save(&snapshot(4)).unwrap();
         assert!(!again.already_existed);
         assert!(verify_checkpoint_dir(&store.step_dir(4), VerifyLevel::Full).is_empty());
+    }
+
+    /// Flips one byte in the middle of the model file: same size, wrong hash.
+    fn rot(store: &CheckpointStore, step: u64) {
+        let model = store.step_dir(step).join(MODEL_FILE);
+        let mut bytes = fs::read(&model).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        fs::write(&model, bytes).unwrap();
+    }
+
+    #[test]
+    fn rotation_never_deletes_the_checkpoint_it_just_committed_past_newer_damaged_ones() {
+        // Issue 15: newer checkpoints that keep their size pass the quick
+        // check; with keep = 1 they used to outrank the checkpoint just
+        // committed, which rotation then deleted.
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+        store.save(&snapshot(30)).unwrap();
+        store.save(&snapshot(40)).unwrap();
+        rot(&store, 30);
+        rot(&store, 40);
+        let store = CheckpointStore::open(tmp.path(), 1).unwrap();
+        let report = store.save(&snapshot(10)).unwrap();
+        assert!(verify_checkpoint_dir(&store.step_dir(10), VerifyLevel::Full).is_empty());
+        assert_eq!(report.rotated_out, vec![store.step_dir(40), store.step_dir(30)], "the damaged ones go");
+        assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot(10));
+        // A newer checkpoint that does verify counts toward keep, but the
+        // committed one still stays.
+        store.save(&snapshot(50)).unwrap();
+        let store = CheckpointStore::open(tmp.path(), 1).unwrap();
+        store.save(&snapshot(20)).unwrap();
+        let steps: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
+        assert_eq!(steps, vec![50, 20]);
+    }
+
+    #[test]
+    fn quarantined_checkpoints_are_moved_aside_listed_apart_and_never_rotated() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 1).unwrap();
+        store.save(&snapshot(10)).unwrap();
+        let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+        store.save(&snapshot(20)).unwrap();
+        rot(&store, 20);
+        let outcome = store.load_latest().unwrap();
+        assert_eq!(outcome.loaded.unwrap().snapshot.step, 10);
+        let quarantined = store.quarantine(&outcome.rejected);
+        assert_eq!(quarantined.len(), 1);
+        let moved_to = quarantined[0].moved_to.as_ref().unwrap().clone();
+        assert_eq!(moved_to.parent().unwrap(), tmp.path().join(super::super::quarantine::QUARANTINE_DIR));
+        assert!(moved_to.file_name().unwrap().to_string_lossy().starts_with("step-0000000020-"));
+        assert!(quarantined[0].reason().contains("model.safetensors: sha256 mismatch"), "{}", quarantined[0].reason());
+        assert!(!store.step_dir(20).exists());
+
+        let listed: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
+        assert_eq!(listed, vec![10], "a quarantined checkpoint is not listed as one");
+        let q = store.list_quarantined(VerifyLevel::Full).unwrap();
+        assert_eq!((q.len(), q[0].step, q[0].valid), (1, 20, false));
+        assert_eq!(q[0].dir, moved_to);
+        assert!(matches!(q[0].failures[0].problem, Problem::Sha256Mismatch { .. }));
+
+        // Rotation (keep = 1) and reopening leave it alone.
+        let store = CheckpointStore::open(tmp.path(), 1).unwrap();
+        store.save(&snapshot(30)).unwrap();
+        store.save(&snapshot(40)).unwrap();
+        assert!(moved_to.is_dir());
+        assert_eq!(store.list_quarantined(VerifyLevel::Quick).unwrap().len(), 1);
+        let listed: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
+        assert_eq!(listed, vec![40]);
+
+        // The same step quarantined again (in the same second) gets its own name.
+        store.save(&snapshot(20)).unwrap();
+        rot(&store, 20);
+        let info = store.list(VerifyLevel::Full).unwrap().into_iter().find(|i| i.step == 20).unwrap();
+        let again = store.quarantine(&[info]);
+        let second = again[0].moved_to.as_ref().unwrap();
+        assert_ne!(second, &moved_to);
+        assert_eq!(store.list_quarantined(VerifyLevel::Quick).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_checkpoint_that_cannot_be_quarantined_stays_put_and_never_outranks_the_one_just_committed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 1).unwrap();
+        store.save(&snapshot(20)).unwrap();
+        rot(&store, 20);
+        // A file where the quarantine directory should go: the move fails.
+        fs::write(tmp.path().join(super::super::quarantine::QUARANTINE_DIR), b"in the way").unwrap();
+        let outcome = store.load_latest().unwrap();
+        assert!(outcome.loaded.is_none());
+        let quarantined = store.quarantine(&outcome.rejected);
+        let err = quarantined[0].moved_to.as_ref().unwrap_err();
+        assert!(matches!(err, CheckpointError::Quarantine { .. }), "{err:?}");
+        assert!(err.to_string().contains(&store.step_dir(20).display().to_string()), "{err}");
+        assert!(store.step_dir(20).is_dir(), "left where it was");
+        assert!(store.list_quarantined(VerifyLevel::Full).unwrap().is_empty());
+
+        // Saving an older step (the fresh start's first checkpoint): the damaged,
+        // newer one is verified fully, does not count, and goes instead.
+        let report = store.save(&snapshot(10)).unwrap();
+        assert_eq!(report.rotated_out, vec![store.step_dir(20)]);
+        assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot(10));
+    }
+
+    #[test]
+    fn a_damaged_checkpoint_left_in_place_never_counts_toward_keep_even_once_older_than_the_newest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 2).unwrap();
+        store.save(&snapshot(10)).unwrap();
+        store.save(&snapshot(40)).unwrap();
+        rot(&store, 40);
+        fs::write(tmp.path().join(super::super::quarantine::QUARANTINE_DIR), b"in the way").unwrap();
+        let outcome = store.load_latest().unwrap();
+        assert_eq!(outcome.loaded.unwrap().snapshot.step, 10);
+        assert!(store.quarantine(&outcome.rejected)[0].moved_to.is_err());
+        // The run goes past step 40 without a checkpoint there; at 50 the
+        // damaged 40 is older than the one committed, and passes the quick
+        // check, but the store knows better: 10 is kept, 40 goes.
+        let clone = store.clone();
+        let report = clone.save(&snapshot(50)).unwrap();
+        assert_eq!(report.rotated_out, vec![store.step_dir(40)]);
+        let steps: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
+        assert_eq!(steps, vec![50, 10]);
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub struct RunStatus {
     pub progress: Option<f64>,
     pub last_loss: Option<f64>,
     pub checkpoints: Vec<CheckpointLine>,
+    /// Checkpoints moved to `checkpoints/quarantine/` because they failed
+    /// verification at resume (`rekindle checkpoints` lists them).
+    pub quarantined: usize,
     pub last_checkpoint_age_seconds: Option<f64>,
     pub restarts: u64,
     pub attempts: u64,
@@ -85,7 +88,9 @@ pub fn status(dir: &Path) -> RunStatus {
     }
     .to_string();
     let ckpt_dir = cfg.as_ref().map(|c| checkpoints_dir(dir, c)).unwrap_or_else(|| dir.join("checkpoints"));
-    let checkpoints: Vec<CheckpointLine> = CheckpointStore::open_read_only(ckpt_dir)
+    let store = CheckpointStore::open_read_only(ckpt_dir);
+    let quarantined = store.list_quarantined(VerifyLevel::Quick).map(|q| q.len()).unwrap_or(0);
+    let checkpoints: Vec<CheckpointLine> = store
         .list(VerifyLevel::Quick)
         .unwrap_or_default()
         .into_iter()
@@ -109,6 +114,7 @@ pub fn status(dir: &Path) -> RunStatus {
         progress: step.zip(max_steps).map(|(s, m)| s as f64 / m.max(1) as f64),
         last_loss: metrics.last().and_then(|m| m.loss),
         checkpoints,
+        quarantined,
         last_checkpoint_age_seconds,
         restarts: events.iter().filter(|e| e.name == "resume").count() as u64,
         attempts: events.iter().filter(|e| e.name == "start").count() as u64,
@@ -156,6 +162,9 @@ impl std::fmt::Display for RunStatus {
         }
         if let Some(age) = self.last_checkpoint_age_seconds {
             write!(f, ", {} ago", humantime::format_duration(std::time::Duration::from_secs(age.max(0.0) as u64)))?;
+        }
+        if self.quarantined > 0 {
+            write!(f, "; {} quarantined (see `rekindle checkpoints`)", self.quarantined)?;
         }
         writeln!(f)?;
         if let Some(a) = &self.last_ended_attempt {
@@ -219,6 +228,18 @@ mod tests {
             json!({"event": "start", "node": "n2", "time": "2026-11-01T10:05:00Z"}),
             json!({"event": "resume", "node": "n2", "step": 61, "steps_lost": 0}),
         ]
+    }
+
+    #[test]
+    fn counts_quarantined_checkpoints_apart() {
+        let tmp = run_dir_with_events(&two_attempts());
+        assert_eq!(status(tmp.path()).quarantined, 0);
+        assert!(!status(tmp.path()).to_string().contains("quarantined"));
+        let held = tmp.path().join("checkpoints").join(crate::checkpoint::QUARANTINE_DIR);
+        std::fs::create_dir_all(held.join("step-0000000040-20261123T134501Z")).unwrap();
+        let st = status(tmp.path());
+        assert_eq!((st.quarantined, st.checkpoints.len()), (1, 0));
+        assert!(st.to_string().contains("; 1 quarantined (see `rekindle checkpoints`)"), "{st}");
     }
 
     #[test]

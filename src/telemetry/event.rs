@@ -29,6 +29,8 @@ pub enum Event {
     Start(Start),
     /// A checkpoint directory did not verify at start-up and is skipped.
     CheckpointRejected(CheckpointRejected),
+    /// A rejected checkpoint was moved to `quarantine/` (or could not be).
+    CheckpointQuarantined(CheckpointQuarantined),
     /// Training resumed from a checkpoint.
     Resume(Resume),
     /// Checkpoints exist but none verifies: training starts again at step 0.
@@ -69,9 +71,10 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 18] = [
+pub const EVENT_NAMES: [&str; 19] = [
     "start",
     "checkpoint_rejected",
+    "checkpoint_quarantined",
     "resume",
     "fresh_start",
     "gpu_fallback",
@@ -96,6 +99,7 @@ impl Event {
         match self {
             Event::Start(_) => "start",
             Event::CheckpointRejected(_) => "checkpoint_rejected",
+            Event::CheckpointQuarantined(_) => "checkpoint_quarantined",
             Event::Resume(_) => "resume",
             Event::FreshStart(_) => "fresh_start",
             Event::GpuFallback(_) => "gpu_fallback",
@@ -120,6 +124,7 @@ impl Event {
     pub fn step(&self) -> Option<u64> {
         match self {
             Event::CheckpointRejected(e) => Some(e.step),
+            Event::CheckpointQuarantined(e) => Some(e.step),
             Event::Resume(e) => Some(e.step),
             Event::OomRetry(e) => Some(e.step),
             Event::CheckpointStarted(e) => Some(e.step),
@@ -164,6 +169,26 @@ pub struct CheckpointRejected {
     pub dir: PathBuf,
     /// What failed to verify, file by file.
     pub failures: Value,
+}
+
+/// `checkpoint_quarantined`: a checkpoint that failed verification at resume
+/// was moved out of the checkpoints directory, so that nothing counts it as a
+/// checkpoint again; or it could not be moved (`moved_to` is `None`, `error`
+/// says why) and stays where it was.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckpointQuarantined {
+    pub step: u64,
+    /// Where it was.
+    pub dir: PathBuf,
+    /// Where it is now (`…/checkpoints/quarantine/step-…-<time>`).
+    pub moved_to: Option<PathBuf>,
+    /// What failed, in one line (`file: problem; …`).
+    pub reason: String,
+    /// What failed to verify, file by file.
+    pub failures: Value,
+    /// Why it could not be moved, when it could not.
+    pub error: Option<String>,
 }
 
 /// `resume`: the checkpoint training continues from.
@@ -629,6 +654,13 @@ mod tests {
         let events = vec![
             Event::Start(Start { pid: 1, max_steps: 5, allocation: json!({"job_id": null}), ..Start::default() }),
             Event::CheckpointRejected(CheckpointRejected { step: 3, failures: json!([]), ..Default::default() }),
+            Event::CheckpointQuarantined(CheckpointQuarantined {
+                step: 3,
+                moved_to: Some("ckpt/quarantine/step-0000000003-20261123T120000Z".into()),
+                reason: "model.safetensors: sha256 mismatch".into(),
+                failures: json!([{"file": "model.safetensors", "problem": "sha256_mismatch"}]),
+                ..Default::default()
+            }),
             Event::Resume(Resume { step: 3, previous_node: Some("n0".into()), ..Default::default() }),
             Event::FreshStart(FreshStart { reason: "no checkpoint verifies".into(), rejected: 2 }),
             Event::GpuFallback(GpuFallback { reason: "r".into(), ..Default::default() }),
@@ -703,6 +735,7 @@ mod tests {
         match event {
             Event::Start(_)
             | Event::CheckpointRejected(_)
+            | Event::CheckpointQuarantined(_)
             | Event::Resume(_)
             | Event::FreshStart(_)
             | Event::GpuFallback(_)

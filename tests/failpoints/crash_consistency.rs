@@ -7,6 +7,10 @@
 //! and check that the newest *fully committed* checkpoint loads byte for byte,
 //! that nothing committed was lost, that no leftovers survive the reopen, and
 //! that the next save works.
+//!
+//! The same for the branch that replaces an invalid checkpoint of the same
+//! step (a resumed run reaching a step saved before whose files were damaged
+//! since): starting from 20, 30 and a damaged 40 (keep = 3), we save 40 again.
 
 use crate::support;
 
@@ -17,8 +21,8 @@ use rekindle::checkpoint::{
 };
 
 use support::{
-    Reference, assert_holds_small_snapshot, assert_same_checkpoint_on_disk, leftovers, leftovers_with_prefix,
-    save_steps, small_snapshot, temp_store, valid_steps,
+    Reference, assert_holds_small_snapshot, assert_same_checkpoint_on_disk, flip_byte, leftovers,
+    leftovers_with_prefix, save_steps, small_snapshot, temp_store, valid_steps,
 };
 
 const KEEP: usize = 3;
@@ -155,8 +159,8 @@ fn run_case(failpoint: &str, fault: Fault, reached: Reached) {
 
 macro_rules! failpoint_cases {
     ($($crash:ident, $error:ident: $point:literal => $reached:ident;)*) => {
-        /// Every failpoint the cases below exercise.
-        const COVERED: &[&str] = &[$($point),*];
+        /// Every failpoint of the commit of a new step the cases below exercise.
+        const COVERED_COMMIT: &[&str] = &[$($point),*];
         $(
             #[test]
             fn $crash() {
@@ -228,6 +232,178 @@ failpoint_cases! {
         "checkpoint::rotation_trashed" => Trashed;
 }
 
+/// How far the replacement of the damaged step 40 got when its failpoint fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replace {
+    /// Before the damaged 40 was renamed aside: it is still in place.
+    MoveAside,
+    /// The damaged 40 is aside (`.trash-…`); the new one is not renamed in.
+    Rename,
+    /// The new 40 is committed; the checkpoints directory is not synced.
+    Sync,
+    /// The new 40 is committed and synced; the damaged one is not removed.
+    RemoveOld,
+}
+
+impl Replace {
+    fn committed(self) -> bool {
+        matches!(self, Replace::Sync | Replace::RemoveOld)
+    }
+}
+
+/// Saves 10, 20, 30 and 40 (10 is rotated out), then damages 40 keeping its
+/// size (one flipped byte).
+fn store_with_damaged_newest() -> (tempfile::TempDir, CheckpointStore) {
+    let (tmp, store) = temp_store(KEEP);
+    save_steps(&store, &[10, 20, 30, NEW_STEP]);
+    flip_byte(&store.step_dir(NEW_STEP).join(REQUIRED_FILES[0]));
+    (tmp, store)
+}
+
+fn run_replace_case(failpoint: &str, fault: Fault, stage: Replace) {
+    let scenario = fail::FailScenario::setup();
+    let (_tmp, store) = store_with_damaged_newest();
+    let dir = store.dir().to_path_buf();
+    let step_dir = store.step_dir(NEW_STEP);
+
+    fail::cfg(failpoint, if fault == Fault::Crash { "panic" } else { "return" }).unwrap();
+    let outcome = attempt_save(&store, NEW_STEP);
+    fail::remove(failpoint);
+
+    // What each stage leaves: (temporary dirs, moved-aside dirs).
+    let debris = |tmp: usize, trash: usize| {
+        assert_eq!(leftovers_with_prefix(&dir, ".tmp-").len(), tmp, "{failpoint} {fault:?}: {:?}", leftovers(&dir));
+        assert_eq!(leftovers_with_prefix(&dir, ".trash-").len(), trash, "{failpoint} {fault:?}: {:?}", leftovers(&dir));
+    };
+    match (fault, outcome) {
+        (Fault::Crash, Err(_panic)) => match stage {
+            Replace::MoveAside => debris(1, 0),
+            Replace::Rename => debris(1, 1),
+            Replace::Sync | Replace::RemoveOld => debris(0, 1),
+        },
+        (Fault::IoError, Ok(Err(err))) => {
+            assert_eq!(err.committed(), stage.committed(), "{failpoint}: {err}");
+            let message = err.to_string();
+            assert!(message.contains(&step_dir.display().to_string()), "{failpoint}: names the step's dir: {message}");
+            let eio = |e: &std::io::Error| assert_eq!(e.raw_os_error(), Some(nix::libc::EIO), "{failpoint}: {message}");
+            match (stage, &err) {
+                (Replace::MoveAside, CheckpointError::ReplaceMoveAside { step, dir: d, source, .. }) => {
+                    assert_eq!((*step, d), (NEW_STEP, &step_dir));
+                    eio(source);
+                    assert!(message.contains("was not committed"), "{message}");
+                    assert!(message.contains("stays where it is"), "{message}");
+                    debris(0, 0);
+                }
+                (Replace::Rename, CheckpointError::ReplaceRename { step, dir: d, aside, source }) => {
+                    assert_eq!((*step, d), (NEW_STEP, &step_dir));
+                    eio(source);
+                    assert!(aside.is_dir(), "the damaged one is aside at {}", aside.display());
+                    assert!(message.contains(&aside.display().to_string()), "says where the old one went: {message}");
+                    assert!(message.contains("was not committed"), "{message}");
+                    debris(0, 1);
+                }
+                (Replace::Sync, CheckpointError::AfterCommit { step, source, .. }) => {
+                    assert_eq!(*step, NEW_STEP);
+                    match source.as_ref() {
+                        CheckpointError::SyncDir { path, source } => {
+                            assert_eq!(path, &dir);
+                            eio(source);
+                        }
+                        other => panic!("{failpoint}: expected SyncDir, got {other:?}"),
+                    }
+                    assert!(message.contains("syncing the checkpoints directory"), "{message}");
+                    debris(0, 1);
+                }
+                (Replace::RemoveOld, CheckpointError::AfterCommit { step, source, .. }) => {
+                    assert_eq!(*step, NEW_STEP);
+                    match source.as_ref() {
+                        CheckpointError::Remove { path, source } => {
+                            assert!(path.is_dir() && leftovers_with_prefix(&dir, ".trash-").len() == 1);
+                            eio(source);
+                        }
+                        other => panic!("{failpoint}: expected Remove, got {other:?}"),
+                    }
+                    assert!(message.contains("removing the invalid checkpoint it replaced"), "{message}");
+                    debris(0, 1);
+                }
+                (_, other) => panic!("{failpoint}: unexpected error {other:?}"),
+            }
+        }
+        (Fault::Crash, Ok(result)) => panic!("failpoint {failpoint} never fired: save returned {result:?}"),
+        (Fault::IoError, Ok(Ok(report))) => panic!("failpoint {failpoint} never fired: save returned {report:?}"),
+        (Fault::IoError, Err(_)) => panic!("failpoint {failpoint} configured to return an error panicked"),
+    }
+
+    // Before and after the reopen, the newest checkpoint that loads is the
+    // new 40 once committed, else 30; the damaged 40 is reported while it is
+    // still in place.
+    let newest = if stage.committed() { NEW_STEP } else { 30 };
+    let damaged_in_place = stage == Replace::MoveAside;
+    for store in [CheckpointStore::open_read_only(&dir), CheckpointStore::open(&dir, KEEP).unwrap()] {
+        let outcome = store.load_latest().unwrap();
+        let loaded = outcome.loaded.expect("a checkpoint loads");
+        assert!(loaded.snapshot == small_snapshot(newest), "{failpoint}: loaded step {}", loaded.snapshot.step);
+        let rejected: Vec<u64> = outcome.rejected.iter().map(|r| r.step).collect();
+        assert_eq!(rejected, if damaged_in_place { vec![NEW_STEP] } else { vec![] }, "{failpoint}");
+    }
+    assert_eq!(leftovers(&dir), Vec::<String>::new(), "leftovers after reopen, {failpoint}");
+    let store = CheckpointStore::open(&dir, KEEP).unwrap();
+    let listed: Vec<(u64, bool)> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| (i.step, i.valid)).collect();
+    let expected: Vec<(u64, bool)> = match stage {
+        Replace::MoveAside => vec![(40, false), (30, true), (20, true)],
+        Replace::Rename => vec![(30, true), (20, true)],
+        Replace::Sync | Replace::RemoveOld => vec![(40, true), (30, true), (20, true)],
+    };
+    assert_eq!(listed, expected, "{failpoint}");
+    for &(step, valid) in &expected {
+        if valid {
+            assert_holds_small_snapshot(&store, step);
+        }
+    }
+
+    // Saving 40 again completes the replacement (or keeps the committed one),
+    // and the store goes on rotating normally.
+    let report = store.save(&small_snapshot(NEW_STEP)).unwrap();
+    assert_eq!(report.already_existed, stage.committed(), "{failpoint}");
+    assert_holds_small_snapshot(&store, NEW_STEP);
+    store.save(&small_snapshot(NEXT_STEP)).unwrap();
+    assert_eq!(valid_steps(&store), vec![NEXT_STEP, NEW_STEP, 30], "{failpoint}: after the next save");
+    assert_eq!(leftovers(&dir), Vec::<String>::new());
+    scenario.teardown();
+}
+
+macro_rules! replace_cases {
+    ($($crash:ident, $error:ident: $point:literal => $stage:ident;)*) => {
+        /// Every failpoint of the replacement of an invalid checkpoint the cases below exercise.
+        const COVERED_REPLACE: &[&str] = &[$($point),*];
+        $(
+            #[test]
+            fn $crash() {
+                run_replace_case($point, Fault::Crash, Replace::$stage);
+            }
+            #[test]
+            fn $error() {
+                run_replace_case($point, Fault::IoError, Replace::$stage);
+            }
+        )*
+    };
+}
+
+replace_cases! {
+    crash_before_moving_the_invalid_checkpoint_aside_keeps_previous_checkpoint,
+    error_moving_the_invalid_checkpoint_aside_says_nothing_was_committed:
+        "checkpoint::replace::move_aside" => MoveAside;
+    crash_before_renaming_the_replacement_in_keeps_previous_checkpoint,
+    error_renaming_the_replacement_in_says_where_the_invalid_one_went:
+        "checkpoint::replace::rename" => Rename;
+    crash_before_syncing_after_the_replacement_keeps_the_new_checkpoint,
+    error_syncing_after_the_replacement_is_reported_as_after_the_commit:
+        "checkpoint::replace::sync" => Sync;
+    crash_before_removing_the_replaced_checkpoint_keeps_the_new_checkpoint,
+    error_removing_the_replaced_checkpoint_is_reported_as_after_the_commit:
+        "checkpoint::replace::remove_old" => RemoveOld;
+}
+
 /// Every failpoint named in the store's sources (the commit protocol in
 /// store.rs, its I/O in hashed_io.rs). Per-file names are expanded the way the
 /// store forms them: `{}` in the loop over the data files, `{name}` in
@@ -260,9 +436,11 @@ fn failpoints_in_store_source() -> Vec<String> {
 fn every_failpoint_in_the_store_is_exercised() {
     let in_source = failpoints_in_store_source();
     assert!(in_source.len() >= 17, "found only {in_source:?} in store.rs");
-    let mut covered: Vec<String> = COVERED.iter().map(|s| s.to_string()).collect();
+    let mut covered: Vec<String> = COVERED_COMMIT.iter().chain(COVERED_REPLACE).map(|s| s.to_string()).collect();
     covered.sort();
     assert_eq!(covered, in_source, "failpoints in store.rs and the cases here differ");
+    covered.dedup();
+    assert_eq!(covered.len(), COVERED_COMMIT.len() + COVERED_REPLACE.len(), "a failpoint is covered twice");
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! same loss, learning rate and gradient norm.
 //!
 //! Also: the tiny run learns; a resume with changed training settings is
-//! refused unless allowed; a corrupted newest checkpoint is skipped.
+//! refused unless allowed; a corrupted newest checkpoint is skipped, and
+//! quarantined so that rotation never counts it (issue 15).
 //!
 //! Workloads are kept tiny (a step takes milliseconds in a debug build).
 
@@ -16,8 +17,8 @@ use std::fs;
 
 use support::flip_byte;
 use support::runs::{
-    EXIT_CONFIG, EXIT_DONE, Training, assert_same_checkpoint, assert_same_metrics, checkpoint_steps, events_named,
-    kill_after_periodic_checkpoint, losses, metrics, step_dir, summary,
+    EXIT_CONFIG, EXIT_DONE, EXIT_STOPPED, Training, assert_same_checkpoint, assert_same_metrics, checkpoint_steps,
+    events, events_named, kill_after_periodic_checkpoint, losses, metrics, outcome, rekindle, step_dir, summary,
 };
 
 /// Trains `training` uninterrupted in `<tmp>/reference`, then once per
@@ -186,6 +187,124 @@ fn resume_falls_back_past_a_corrupted_newest_checkpoint_and_ends_identical() {
     assert_eq!(events_named(&dir, "resume").last().unwrap()["step"], fallback);
     assert_same_checkpoint(&dir, &reference, 60);
     assert_same_metrics(&dir, &reference, 60);
+}
+
+/// Issue 15: a damaged checkpoint that keeps its size (one flipped byte)
+/// passes the size-only check rotation used. With `keep = 1`, a resumed run
+/// that rightly fell back past it then deleted every checkpoint it committed
+/// (the periodic ones and the stop checkpoint) right after the commit, exited
+/// 75 claiming a durable checkpoint that was gone, and the next attempt
+/// started over. Now the damaged one is quarantined at resume, reported, and
+/// the checkpoints committed afterwards stay.
+#[test]
+fn issue_15_a_resume_past_a_damaged_checkpoint_keeps_what_it_commits_and_quarantines_the_damaged_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (reference, dir) = (tmp.path().join("reference"), tmp.path().join("damaged"));
+    let training = Training::tiny_mlp(60).set("checkpoint.keep=1").set("checkpoint.every_steps=10");
+    training.run_to_end(&reference);
+    training.stop_at(&dir, 40);
+    assert_eq!(checkpoint_steps(&dir), [40], "keep = 1 leaves only the stop checkpoint");
+    let damaged_model = step_dir(&dir, 40).join("model.safetensors");
+    let size = fs::metadata(&damaged_model).unwrap().len();
+    flip_byte(&damaged_model);
+    assert_eq!(fs::metadata(&damaged_model).unwrap().len(), size, "the damage keeps the file's size");
+    let damaged_bytes = fs::read(&damaged_model).unwrap();
+
+    // Resume (nothing verifies: a fresh start), checkpoint at 10 and 20, stop at 25.
+    training.expect_exit(&dir, &["--stop-at-step", "25"], EXIT_STOPPED);
+    assert_eq!(checkpoint_steps(&dir), [25], "the stop checkpoint of an exit 75 must exist");
+    let (code, verified) = rekindle_out(&["verify", &step_dir(&dir, 25).to_string_lossy()]);
+    assert_eq!(code, 0, "the stop checkpoint verifies:\n{verified}");
+    for saved in events_named(&dir, "checkpoint_saved") {
+        let own = saved["dir"].clone();
+        let rotated = saved["rotated_out"].as_array().cloned().unwrap_or_default();
+        assert!(!rotated.contains(&own), "a save rotated out its own checkpoint: {saved}");
+    }
+
+    // The damaged one is quarantined, intact as found, and reported.
+    let quarantine = dir.join("checkpoints").join("quarantine");
+    let held: Vec<_> = fs::read_dir(&quarantine).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    let moved_to = &held[0];
+    assert!(moved_to.file_name().unwrap().to_string_lossy().starts_with("step-0000000040-"), "{moved_to:?}");
+    assert!(fs::read(moved_to.join("model.safetensors")).unwrap() == damaged_bytes, "kept as found");
+    let rejected = events_named(&dir, "checkpoint_rejected");
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected[0]["step"], 40);
+    let quarantined = events_named(&dir, "checkpoint_quarantined");
+    assert_eq!(quarantined.len(), 1, "{quarantined:?}");
+    let q = &quarantined[0];
+    assert_eq!((q["step"].as_u64(), q["dir"].as_str()), (Some(40), step_dir(&dir, 40).to_str()));
+    assert_eq!(q["moved_to"].as_str(), moved_to.to_str());
+    assert_eq!(q["error"], serde_json::Value::Null);
+    let reason = q["reason"].as_str().unwrap();
+    assert!(reason.contains("model.safetensors") && reason.contains("sha256 mismatch"), "{reason}");
+    assert_eq!(events_named(&dir, "fresh_start").len(), 1, "nothing else verified: a fresh start");
+
+    // `rekindle checkpoints` lists it apart; `rekindle verify` reports it and passes.
+    let (code, listing) = rekindle_out(&["checkpoints", &dir.to_string_lossy()]);
+    assert_eq!(code, 0, "{listing}");
+    assert!(listing.contains("valid (resume point)"), "{listing}");
+    assert!(listing.contains("1 quarantined checkpoint(s)"), "{listing}");
+    assert!(listing.contains(&moved_to.display().to_string()) && listing.contains("sha256 mismatch"), "{listing}");
+    let (code, json) = rekindle_out(&["checkpoints", &dir.to_string_lossy(), "--json"]);
+    assert_eq!(code, 0, "{json}");
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["resume_step"], 25);
+    assert_eq!(json["checkpoints"].as_array().map(Vec::len), Some(1), "{json}");
+    assert_eq!(
+        (json["quarantined"][0]["step"].as_u64(), json["quarantined"][0]["valid"].as_bool()),
+        (Some(40), Some(false))
+    );
+    let (code, status) = rekindle_out(&["status", &dir.to_string_lossy()]);
+    assert_eq!(code, 0, "{status}");
+    assert!(status.contains("1 quarantined"), "rekindle status counts it:\n{status}");
+    let (code, verified) = rekindle_out(&["verify", &dir.to_string_lossy()]);
+    assert_eq!(code, 0, "quarantined checkpoints do not fail verify:\n{verified}");
+    assert!(verified.contains("quarantined") && verified.contains(&moved_to.display().to_string()), "{verified}");
+
+    // The next attempt resumes from the stop checkpoint and ends as if never stopped.
+    training.run_to_end(&dir);
+    assert_eq!(events_named(&dir, "resume").last().unwrap()["step"], 25);
+    assert_eq!(events_named(&dir, "checkpoint_quarantined").len(), 1, "nothing more to quarantine");
+    assert_eq!(checkpoint_steps(&dir), [60]);
+    assert!(moved_to.is_dir(), "rotation never deletes a quarantined checkpoint");
+    assert_same_checkpoint(&dir, &reference, 60);
+    assert_same_metrics(&dir, &reference, 60);
+    assert!(events(&dir).iter().all(|e| e["event"] != "error"), "no attempt failed");
+}
+
+/// Issue 15, when the damaged checkpoint cannot be moved aside (here a file
+/// stands where `quarantine/` should go): the event says so and why, and the
+/// checkpoints committed afterwards still stay, because rotation verifies a
+/// checkpoint newer than the one it runs for before counting it.
+#[test]
+fn issue_15_a_damaged_checkpoint_that_cannot_be_quarantined_never_costs_the_stop_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("damaged");
+    let training = Training::tiny_mlp(40).set("checkpoint.keep=1").set("checkpoint.every_steps=10");
+    training.stop_at(&dir, 30);
+    flip_byte(&step_dir(&dir, 30).join("optimizer.safetensors"));
+    fs::write(dir.join("checkpoints").join("quarantine"), b"in the way").unwrap();
+
+    training.expect_exit(&dir, &["--stop-at-step", "15"], EXIT_STOPPED);
+    assert_eq!(checkpoint_steps(&dir), [15], "the stop checkpoint stays; the damaged 30 is rotated out");
+    let (code, verified) = rekindle_out(&["verify", &dir.to_string_lossy()]);
+    assert_eq!(code, 0, "{verified}");
+    let q = events_named(&dir, "checkpoint_quarantined");
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!((q[0]["step"].as_u64(), &q[0]["moved_to"]), (Some(30), &serde_json::Value::Null));
+    let error = q[0]["error"].as_str().expect("the event says why the move failed");
+    assert!(error.contains("cannot move the damaged checkpoint") && error.contains("step-0000000030"), "{error}");
+    assert!(q[0]["reason"].as_str().unwrap().contains("optimizer.safetensors"), "{}", q[0]);
+    training.expect_exit(&dir, &[], EXIT_DONE);
+    assert_eq!(events_named(&dir, "resume").last().unwrap()["step"], 15);
+}
+
+/// `rekindle ARGS…`: (exit code, stdout and stderr).
+fn rekindle_out(args: &[&str]) -> (i32, String) {
+    let (code, stdout, stderr) = outcome(&rekindle().args(args).output().expect("run rekindle"));
+    (code, format!("{stdout}{stderr}"))
 }
 
 /// Losses that are lowest early: a huge weight decay pulls every weight to

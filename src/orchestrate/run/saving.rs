@@ -14,7 +14,7 @@ use super::super::persist::{Persisted, PersisterDied};
 use super::super::rundir::METRICS_FILE;
 use super::Attempt;
 use super::ending::finite;
-use super::start::{losses_so_far, truncate_metrics};
+use super::start::{losses_so_far, set_aside_rejected, truncate_metrics};
 
 impl Attempt {
     /// True when a periodic checkpoint is due after `step`.
@@ -265,8 +265,9 @@ impl Attempt {
         }
     }
 
-    /// Reloads the newest checkpoint and moves the data cursor past the
-    /// offending batch.
+    /// Reloads the newest checkpoint that verifies (newer ones that do not are
+    /// recorded and quarantined, as at start) and moves the data cursor past
+    /// the offending batch.
     pub(super) fn rollback(&mut self, ev: NonFiniteEvent) -> Result<(), RunError> {
         match self.persister.wait() {
             Ok(Some(p)) => self.handle_persisted(p)?,
@@ -274,6 +275,7 @@ impl Attempt {
             Err(died) => self.on_persister_death(died)?,
         }
         let outcome = self.store.load_latest()?;
+        set_aside_rejected(&self.store, &mut self.events, &outcome.rejected)?;
         let Some(loaded) = outcome.loaded else {
             return Err(RunError::NothingToRollBackTo { step: ev.step, dir: self.dir.checkpoints.clone() });
         };

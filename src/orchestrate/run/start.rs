@@ -1,6 +1,7 @@
 //! The start of an attempt: the `start` event, checkpoints that do not
-//! verify, resuming from the newest one that does (or starting fresh), and
-//! trimming `metrics.jsonl` back to the step resumed from.
+//! verify (recorded, then quarantined so that nothing counts them as
+//! checkpoints again), resuming from the newest one that does (or starting
+//! fresh), and trimming `metrics.jsonl` back to the step resumed from.
 
 use std::path::Path;
 use std::time::Instant;
@@ -11,7 +12,8 @@ use crate::checkpoint::{CheckpointInfo, CheckpointStore, Loaded};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{
-    CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, Resume, Start, Summary, metrics_step,
+    CheckpointQuarantined, CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, Resume, Start, Summary,
+    metrics_step,
 };
 use crate::train::Trainer;
 
@@ -42,7 +44,7 @@ impl Attempt {
         events.record(&start_event(&cfg, &dir, &slurm, &devices))?;
         devices.announce(&mut events)?;
         let outcome = store.load_latest()?;
-        record_rejected(&mut events, &outcome.rejected)?;
+        set_aside_rejected(&store, &mut events, &outcome.rejected)?;
         let last_durable_step = outcome.loaded.as_ref().map(|l| l.snapshot.step);
         if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
@@ -121,6 +123,28 @@ fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) 
     })
 }
 
+/// A `checkpoint_rejected` event (and a warning) per checkpoint that does not
+/// verify, then each is moved to quarantine and a `checkpoint_quarantined`
+/// event says where (or why it could not be moved).
+pub(super) fn set_aside_rejected(
+    store: &CheckpointStore,
+    events: &mut EventLog,
+    rejected: &[CheckpointInfo],
+) -> Result<(), RunError> {
+    record_rejected(events, rejected)?;
+    for q in store.quarantine(rejected) {
+        events.record(&Event::CheckpointQuarantined(CheckpointQuarantined {
+            step: q.step,
+            dir: q.dir.clone(),
+            reason: q.reason(),
+            failures: serde_json::to_value(&q.failures).unwrap_or_default(),
+            moved_to: q.moved_to.as_ref().ok().cloned(),
+            error: q.moved_to.as_ref().err().map(|e| e.to_string()),
+        }))?;
+    }
+    Ok(())
+}
+
 /// A `checkpoint_rejected` event (and a warning) per checkpoint that does not verify.
 fn record_rejected(events: &mut EventLog, rejected: &[CheckpointInfo]) -> Result<(), RunError> {
     for r in rejected {
@@ -143,7 +167,7 @@ fn fresh_start(events: &mut EventLog, rejected: usize) -> Result<(), RunError> {
     }
     tracing::error!(
         rejected,
-        "NO CHECKPOINT VERIFIES: starting fresh from step 0 (the invalid ones are kept for inspection)"
+        "NO CHECKPOINT VERIFIES: starting fresh from step 0 (the invalid ones are kept for inspection in checkpoints/quarantine/)"
     );
     events.record(&Event::FreshStart(FreshStart { reason: "no checkpoint verifies".into(), rejected }))?;
     Ok(())

@@ -1,0 +1,121 @@
+//! Quarantine: where a checkpoint goes when a run looking for one to resume
+//! from finds that it does not verify (a hash that no longer matches, a torn
+//! copy, a missing file). It is moved, not deleted: the damage is evidence,
+//! and a checkpoint that only failed to read (a flaky network filesystem) can
+//! be moved back by hand.
+//!
+//! A quarantined checkpoint lives in `<checkpoints>/quarantine/`, under
+//! `step-<10 digits>-<UTC time, YYYYMMDDTHHMMSSZ>` (and `-<n>` when that name
+//! is taken). Nothing that looks for checkpoints looks there: listing,
+//! loading and rotation read only the `step-<digits>` entries of the
+//! checkpoints directory itself, and a quarantined name is not one of those
+//! even if it were. So a damaged checkpoint is never counted as valid again
+//! (by the size-only check of rotation, say) and never deleted by rotation.
+//! `rekindle checkpoints` and `rekindle verify` list them apart.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+
+use super::error::{CheckpointError, FileFailure};
+use super::hashed_io::fsync_dir;
+use super::layout::{parse_step_dir_name, step_dir_name};
+use super::verify::{CheckpointInfo, VerifyLevel, inspect, read_manifest};
+
+/// The directory inside the checkpoints directory that holds quarantined checkpoints.
+pub const QUARANTINE_DIR: &str = "quarantine";
+
+/// A checkpoint that failed verification at resume, and where it was moved.
+#[derive(Debug)]
+pub struct Quarantined {
+    pub step: u64,
+    /// Where it was (`…/checkpoints/step-…`).
+    pub dir: PathBuf,
+    /// What failed, file by file.
+    pub failures: Vec<FileFailure>,
+    /// Its new path, or why it could not be moved (it then stays where it was).
+    pub moved_to: Result<PathBuf, CheckpointError>,
+}
+
+impl Quarantined {
+    /// The failures as one line: `model.safetensors: sha256 mismatch: …; …`.
+    pub fn reason(&self) -> String {
+        self.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// `step-0000000300-20261123T134501Z`, or with `-<n>` for the `n`-th
+/// quarantine of the same step in the same second (`n` ≥ 2).
+pub fn quarantine_name(step: u64, at: DateTime<Utc>, n: u32) -> String {
+    let base = format!("{}-{}", step_dir_name(step), at.format("%Y%m%dT%H%M%SZ"));
+    if n <= 1 { base } else { format!("{base}-{n}") }
+}
+
+/// The step of a quarantined checkpoint's name (`step-<10 digits>-…`).
+pub fn parse_quarantine_name(name: &str) -> Option<u64> {
+    let (step_part, rest) = name.split_at_checked(15)?;
+    rest.starts_with('-').then(|| parse_step_dir_name(step_part)).flatten()
+}
+
+/// Moves the checkpoint directory `dir` of `step` into `checkpoints/quarantine/`
+/// under a name no other quarantined checkpoint has, durably (both directories
+/// are synced). Returns its new path.
+pub(super) fn move_to_quarantine(checkpoints: &Path, dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
+    let qdir = checkpoints.join(QUARANTINE_DIR);
+    let now = Utc::now();
+    let to = (1..)
+        .map(|n| qdir.join(quarantine_name(step, now, n)))
+        .find(|p| !p.exists())
+        .expect("an unused quarantine name exists");
+    let failed = |source| CheckpointError::Quarantine { dir: dir.to_path_buf(), to: to.clone(), source };
+    fs::create_dir_all(&qdir).map_err(failed)?;
+    fs::rename(dir, &to).map_err(failed)?;
+    fsync_dir(checkpoints).map_err(failed)?;
+    fsync_dir(&qdir).map_err(failed)?;
+    Ok(to)
+}
+
+/// Every quarantined checkpoint in `checkpoints/quarantine/`, newest step
+/// first (then newest quarantine first), with what verification at `level`
+/// finds now. Entries that are not directories are ignored.
+pub(super) fn list_quarantined(checkpoints: &Path, level: VerifyLevel) -> Result<Vec<CheckpointInfo>, CheckpointError> {
+    let qdir = checkpoints.join(QUARANTINE_DIR);
+    if !qdir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let list_err = |source| CheckpointError::ListDir { path: qdir.clone(), source };
+    let mut found = Vec::new();
+    for entry in fs::read_dir(&qdir).map_err(list_err)? {
+        let entry = entry.map_err(list_err)?;
+        if !entry.file_type().map_err(list_err)?.is_dir() {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        // A directory put here by hand may be named anything: its manifest then says the step.
+        let step = parse_quarantine_name(&name).or_else(|| read_manifest(&path).ok().map(|m| m.step)).unwrap_or(0);
+        found.push((name, inspect(&path, step, level)));
+    }
+    found.sort_by(|(na, a), (nb, b)| b.step.cmp(&a.step).then(nb.cmp(na)));
+    Ok(found.into_iter().map(|(_, info)| info).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quarantine_names_carry_the_step_and_the_time_and_never_parse_as_checkpoints() {
+        let at = DateTime::parse_from_rfc3339("2026-11-23T13:45:01.250Z").unwrap().with_timezone(&Utc);
+        let name = quarantine_name(300, at, 1);
+        assert_eq!(name, "step-0000000300-20261123T134501Z");
+        assert_eq!(quarantine_name(300, at, 3), "step-0000000300-20261123T134501Z-3");
+        assert_eq!(parse_quarantine_name(&name), Some(300));
+        assert_eq!(parse_quarantine_name("step-0000000300-20261123T134501Z-3"), Some(300));
+        assert_eq!(parse_step_dir_name(&name), None, "a quarantined name is never a checkpoint name");
+        assert_eq!(parse_quarantine_name("step-0000000300"), None);
+        assert_eq!(parse_quarantine_name("notes.txt"), None);
+        assert_eq!(parse_quarantine_name("stép-000000030-x"), None);
+    }
+}
