@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -140,15 +140,10 @@ fn verify_entry_fully(dir: &Path, entry: &ManifestEntry) -> Result<(), FileFailu
             problem: Problem::Unreadable { reason: e.to_string() },
         };
         let mut file = File::open(dir.join(&entry.name)).map_err(unreadable)?;
-        let mut prefix = [0u8; 8];
-        file.read_exact(&mut prefix).map_err(|_| invalid("shorter than a safetensors header".into()))?;
-        let n = safetensors_io::header_len(&prefix);
-        if n > entry.bytes.saturating_sub(8) || n > 100 << 20 {
-            return Err(invalid(format!("header length {n} does not fit the file")));
-        }
-        let mut header = vec![0u8; n as usize];
-        file.read_exact(&mut header).map_err(unreadable)?;
-        safetensors_io::check_layout(&header, entry.bytes).map_err(invalid)?;
+        safetensors_io::read_layout(&mut file, entry.bytes).map_err(|e| match e {
+            safetensors_io::LayoutError::Invalid(reason) => invalid(reason),
+            safetensors_io::LayoutError::Io(e) => unreadable(e),
+        })?;
     }
     Ok(())
 }

@@ -465,3 +465,31 @@ fn trainer_can_move_to_its_own_thread() {
     assert_send::<Trainer>();
     assert_send::<TrainSnapshot>();
 }
+
+/// `state.json` as resume reads it, fuzzed (see `crate::fuzz`): a mutated
+/// file restores or is refused with a named error, never a panic; and a
+/// trainer that accepted it takes a step (or fails one) without panicking.
+#[test]
+fn mutated_state_json_restores_or_is_refused_never_a_panic() {
+    use proptest::test_runner::{TestCaseError, TestRunner};
+    let cfg = tiny_mlp();
+    let mut source = Trainer::new(&cfg).unwrap();
+    for _ in 0..3 {
+        completed(source.train_step(&never).unwrap());
+    }
+    let snap = source.snapshot().unwrap();
+    let valid = serde_json::to_vec_pretty(&snap.state).unwrap();
+    let target = std::cell::RefCell::new(Trainer::new(&cfg).unwrap());
+    let mut runner = TestRunner::new(crate::fuzz::config());
+    runner
+        .run(&crate::fuzz::mutated(valid), |bytes| {
+            let Ok(state) = serde_json::from_slice::<serde_json::Value>(&bytes) else { return Ok(()) };
+            let mut target = target.borrow_mut();
+            if target.restore(&snap.model, &snap.optimizer, &state).is_ok() {
+                let _ = target.train_step(&never);
+                let _ = target.snapshot().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+}
