@@ -257,7 +257,8 @@ mod tests {
         file.extend_from_slice(header);
         file.extend_from_slice(&[0; 4]);
         assert!(read(&file).is_err());
-        let past_end = br#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[18446744073709551611,18446744073709551615]}}"#;
+        let past_end =
+            br#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[18446744073709551611,18446744073709551615]}}"#;
         assert!(check_layout(past_end, 8 + past_end.len() as u64 + 4).is_err());
     }
 

@@ -310,10 +310,14 @@ mod tests {
                 .iter()
                 .map(|f| {
                     let name = f.to_string();
-                    prop_oneof![Just(fixture(f)), fuzz::mutated(fixture(f))].prop_map(move |b| (name.clone(), b)).boxed()
+                    prop_oneof![Just(fixture(f)), fuzz::mutated(fixture(f))]
+                        .prop_map(move |b| (name.clone(), b))
+                        .boxed()
                 })
                 .collect();
-            files.push(prop_oneof![Just(lock()), fuzz::mutated(lock())].prop_map(|b| (LOCK_FILE.to_string(), b)).boxed());
+            files.push(
+                prop_oneof![Just(lock()), fuzz::mutated(lock())].prop_map(|b| (LOCK_FILE.to_string(), b)).boxed(),
+            );
             files.push(
                 prop_oneof![Just(manifest()), fuzz::mutated(manifest())]
                     .prop_map(|b| ("checkpoints/step-0000000010/MANIFEST.json".to_string(), b))
