@@ -782,10 +782,9 @@ fn check_counts(st: &TrainState) -> Result<(), TrainError> {
         ("counters.clipped", c.clipped),
     ];
     match counts.into_iter().find(|(_, n)| *n > MAX_COUNT) {
-        Some((field, n)) => Err(TrainError::state(
-            field,
-            format!("{n} is beyond 2^53, which no run reaches: the file is damaged"),
-        )),
+        Some((field, n)) => {
+            Err(TrainError::state(field, format!("{n} is beyond 2^53, which no run reaches: the file is damaged")))
+        }
         None => Ok(()),
     }
 }
