@@ -4,7 +4,7 @@
 CARGO ?= cargo
 PYTHON ?= python3
 
-.PHONY: all deps build demo test lint unit clean drill
+.PHONY: all deps build demo test lint unit clean drill fuzz
 
 all: build
 
@@ -51,6 +51,13 @@ test: deps lint
 	$(CARGO) test --all-targets -- --skip drills::
 	$(CARGO) test --test it drills::
 	$(CARGO) test --doc
+
+## fuzz: the fuzz tests of every reader (src/fuzz.rs) with many more cases
+## than `make test` runs (64 each); FUZZ_CASES=N to choose, bounded by FUZZ_TIMEOUT
+FUZZ_CASES ?= 5000
+FUZZ_TIMEOUT ?= 1800
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) timeout $(FUZZ_TIMEOUT) $(CARGO) test --lib -- fuzz mutated_state_json
 
 clean:
 	$(CARGO) clean

@@ -1,10 +1,15 @@
 //! Shared pieces of the property tests that fuzz every reader of what
 //! rekindle reads back (`MANIFEST.json`, `state.json`, safetensors headers,
 //! the lock file, `events.jsonl`/`metrics.jsonl`/`gpu_stats.jsonl` lines,
-//! `summary.json`, config TOML). Each reader's fuzz test lives beside it and
+//! `summary.json`, config TOML and `--set` overrides, GPU inventories, and
+//! whole damaged run directories through `status` and `report`). Each
+//! reader's fuzz test lives beside it (a `fuzz` module in its tests) and
 //! asserts the same thing: any input gives a value or a typed error, never a
 //! panic, and no allocation is sized by an untrusted length before that
 //! length is checked against the bytes actually there.
+//!
+//! `cargo test --lib fuzz` runs them all; `make fuzz` runs them with many
+//! more cases.
 //!
 //! Inputs come in two kinds: arbitrary bytes, and a valid file with
 //! [`Mutation`]s applied (byte flips, truncations, inserted bytes, a number
