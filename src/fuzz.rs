@@ -1,7 +1,8 @@
 //! Shared pieces of the property tests that fuzz every reader of what
 //! rekindle reads back (`MANIFEST.json`, `state.json`, safetensors headers,
 //! the lock file, `events.jsonl`/`metrics.jsonl`/`gpu_stats.jsonl` lines,
-//! `summary.json`, config TOML and `--set` overrides, GPU inventories, and
+//! `summary.json`, config TOML and `--set` overrides, GPU inventories, data
+//! JSONL through `rekindle data validate` and `--clean`, and
 //! whole damaged run directories through `status` and `report`). Each
 //! reader's fuzz test lives beside it (a `fuzz` module in its tests) and
 //! asserts the same thing: any input gives a value or a typed error, never a
