@@ -7,7 +7,7 @@
 //! Mounting needs root (CAP_SYS_ADMIN); without it the tmpfs tests print a
 //! loud SKIPPED line and pass, except in CI (`support::requires`). The
 //! free-space pre-check also runs without root, against a free-space answer
-//! injected through the `checkpoint::available_space` failpoint.
+//! injected through the `fs::available_space` failpoint.
 //!
 //! Failpoints are process-global, so every test here holds a
 //! `fail::FailScenario` and they run one at a time.
@@ -153,7 +153,7 @@ fn saving_until_the_disk_is_full_fails_the_space_check_and_keeps_earlier_checkpo
 }
 
 /// The free-space pre-check on any machine, root or not: the filesystem's
-/// answer is replaced by the `checkpoint::available_space` failpoint (the
+/// answer is replaced by the `fs::available_space` failpoint (the
 /// tmpfs test above checks the same against a real full filesystem).
 #[test]
 fn the_free_space_pre_check_refuses_a_save_that_does_not_fit_before_writing_anything() {
@@ -162,9 +162,9 @@ fn the_free_space_pre_check_refuses_a_save_that_does_not_fit_before_writing_anyt
     let store = CheckpointStore::open(tmp.path().join("checkpoints"), 3).unwrap();
     store.save(&snapshot(1)).unwrap();
     // One byte short of the payload alone (the check adds 1 MiB of slack).
-    fail::cfg("checkpoint::available_space", &format!("return({})", PAYLOAD - 1)).unwrap();
+    fail::cfg("fs::available_space", &format!("return({})", PAYLOAD - 1)).unwrap();
     let err = store.save(&snapshot(2)).expect_err("a save that does not fit");
-    fail::remove("checkpoint::available_space");
+    fail::remove("fs::available_space");
     match &err {
         CheckpointError::NoSpace { step, path, needed, available } => {
             assert_eq!((*step, path, *available), (2, &store.dir().to_path_buf(), PAYLOAD as u64 - 1));
@@ -181,9 +181,9 @@ fn the_free_space_pre_check_refuses_a_save_that_does_not_fit_before_writing_anyt
         CheckpointError::NoSpace { needed, .. } => needed,
         _ => unreachable!(),
     };
-    fail::cfg("checkpoint::available_space", &format!("return({needed})")).unwrap();
+    fail::cfg("fs::available_space", &format!("return({needed})")).unwrap();
     let saved = store.save(&snapshot(2));
-    fail::remove("checkpoint::available_space");
+    fail::remove("fs::available_space");
     saved.unwrap();
     assert_earlier_checkpoints_intact(&store, &[1, 2]);
     scenario.teardown();
