@@ -350,7 +350,7 @@ fn safetensors_with_header(len_prefix: u64, header: &[u8], data: usize) -> Vec<u
 /// Hostile files (a safetensors header claiming 2^60 bytes, a shape whose
 /// byte count overflows, data offsets past the end, manifest sizes that add
 /// past u64::MAX, a garbage lock and summary) through `verify`,
-/// `checkpoints` and `status`: each gives a clean error naming the file and
+/// `checkpoints`, `status` and `report`: each gives a clean error naming the file and
 /// the documented exit code, never a panic (found by the fuzz tests of the
 /// readers; see src/fuzz.rs).
 #[test]
@@ -420,4 +420,9 @@ fn hostile_files_give_a_clean_error_and_exit_code_never_a_panic() {
         let (code, out, err) = rekindle_unpanicked(&args);
         assert_eq!(code, 0, "status --json={json}:\n{out}\n{err}");
     }
+    let report = run.join("report.html");
+    let (code, out, err) =
+        rekindle_unpanicked(&[OsStr::new("report"), run.as_os_str(), OsStr::new("--out"), report.as_os_str()]);
+    assert_eq!(code, 0, "report:\n{out}\n{err}");
+    assert!(fs::read_to_string(&report).unwrap().contains("</html>"));
 }
