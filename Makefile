@@ -4,7 +4,7 @@
 CARGO ?= cargo
 PYTHON ?= python3
 
-.PHONY: all deps build demo test lint unit clean drill
+.PHONY: all deps build demo test lint unit clean drill fuzz
 
 all: build
 
@@ -60,6 +60,13 @@ test: deps lint
 	$(CARGO) test --test it $(FEATURES) drills::
 	$(CARGO) test --doc $(FEATURES)
 	$(CARGO) test --lib distributed::
+
+## fuzz: the fuzz tests of every reader (src/fuzz.rs) with many more cases
+## than `make test` runs (64 each); FUZZ_CASES=N to choose, bounded by FUZZ_TIMEOUT
+FUZZ_CASES ?= 5000
+FUZZ_TIMEOUT ?= 1800
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) timeout $(FUZZ_TIMEOUT) $(CARGO) test --lib -- fuzz mutated_state_json
 
 clean:
 	$(CARGO) clean

@@ -275,7 +275,8 @@ pub struct RunArgs {
     /// Resume even if training settings differ from the run directory's config.toml.
     #[arg(long)]
     pub allow_config_change: bool,
-    /// Stop after step K as if told to stop: checkpoint step K, exit 75.
+    /// Stop after step K as if told to stop: checkpoint step K, exit 75 (when
+    /// K >= max_steps the run finishes instead: final checkpoint, exit 0).
     #[arg(long, value_name = "K")]
     pub stop_at_step: Option<u64>,
 }

@@ -14,7 +14,8 @@ pub enum Outcome {
     ConfigError,
     /// 2: the command line was invalid (clap's own code).
     UsageError,
-    /// 1: anything else, including a failed verification.
+    /// 1: anything else, including a failed verification and a stop that
+    /// leaves no durable checkpoint to continue from.
     Failure,
 }
 
@@ -41,7 +42,8 @@ impl From<Outcome> for ExitCode {
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0   finished (training done, verification passed)
-  1   failure (including a checkpoint that does not verify)
+  1   failure (including a checkpoint that does not verify, and a stop with no
+      checkpoint to continue from: the next run starts at step 0)
   2   usage error on the command line
   75  stopped with a durable checkpoint: run the same command again to continue
   78  configuration error: nothing was started or changed";

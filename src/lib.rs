@@ -34,3 +34,6 @@ pub mod slurm;
 pub mod telemetry;
 pub mod train;
 pub mod units;
+
+#[cfg(test)]
+mod fuzz;

@@ -45,7 +45,16 @@ pub struct CheckpointBench {
     pub verify_seconds: Stats,
     pub stall: Stats,
     pub dd_fsync_seconds: Option<Stats>,
+    /// `--cold` was asked for.
     pub cold_reads: bool,
+    /// Every read ran after the page cache was dropped. `false` when
+    /// `--cold` was not given, or when dropping failed (not root,
+    /// `/proc/sys/vm/drop_caches` not writable): the load and verify figures
+    /// are then warm-cache numbers, and `cold_cache_reason` says why.
+    pub cold_cache: bool,
+    /// Why the reads were not cold; absent when they were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cold_cache_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -147,9 +156,26 @@ fn raw_write(dir: &Path, snap: &Snapshot) -> std::io::Result<f64> {
     Ok(secs)
 }
 
-fn drop_caches() {
+/// The kernel's page-cache control file.
+const DROP_CACHES: &str = "/proc/sys/vm/drop_caches";
+
+/// Writes back dirty pages and drops the page cache through `control`
+/// (`/proc/sys/vm/drop_caches`); the error says why it could not.
+fn drop_caches(control: &Path) -> Result<(), String> {
     let _ = Command::new("sync").status();
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3\n");
+    std::fs::write(control, "3\n").map_err(|e| {
+        format!("cannot drop the page cache through {}: {e} (it needs root on the host)", control.display())
+    })
+}
+
+/// Whether the reads were cold, and why not: from `--cold` and the first
+/// failure to drop the cache, if any.
+fn cold_cache(requested: bool, failure: Option<String>) -> (bool, Option<String>) {
+    match (requested, failure) {
+        (false, _) => (false, Some("not requested (--cold not given)".into())),
+        (true, Some(why)) => (false, Some(why)),
+        (true, None) => (true, None),
+    }
 }
 
 /// Runs the checkpoint benchmark.
@@ -168,6 +194,14 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
     let mut staging = live.clone();
     let (mut save, mut load, mut verify, mut stall, mut dd) = (vec![], vec![], vec![], vec![], vec![]);
     let mut raw = vec![];
+    let mut drop_failure: Option<String> = None;
+    let cold = |failure: &mut Option<String>| {
+        if opts.cold
+            && let Err(why) = drop_caches(Path::new(DROP_CACHES))
+        {
+            failure.get_or_insert(why);
+        }
+    };
     for i in 0..opts.repeat.max(1) {
         let t0 = Instant::now();
         for (dst, src) in staging
@@ -188,18 +222,14 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         let report = store.save(&staging)?;
         save.push(t0.elapsed().as_secs_f64());
 
-        if opts.cold {
-            drop_caches();
-        }
+        cold(&mut drop_failure);
         let t0 = Instant::now();
         let loaded = crate::checkpoint::load_dir(&report.dir)
             .map_err(|f| BenchError::Invalid { step: live.step, reason: format!("{f:?}") })?;
         load.push(t0.elapsed().as_secs_f64());
         drop(loaded);
 
-        if opts.cold {
-            drop_caches();
-        }
+        cold(&mut drop_failure);
         let t0 = Instant::now();
         let failures = crate::checkpoint::verify_checkpoint_dir(&report.dir, VerifyLevel::Full);
         verify.push(t0.elapsed().as_secs_f64());
@@ -225,6 +255,10 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
     let (save, load, verify, stall) = (Stats::of(&save), Stats::of(&load), Stats::of(&verify), Stats::of(&stall));
     let dd = (!dd.is_empty()).then(|| Stats::of(&dd));
     let raw = Stats::of(&raw);
+    let (cold_cache, cold_cache_reason) = cold_cache(opts.cold, drop_failure);
+    if let (true, false, Some(why)) = (opts.cold, cold_cache, &cold_cache_reason) {
+        tracing::warn!("--cold: {why}; load and verify were measured with a warm page cache");
+    }
     Ok(CheckpointBench {
         bytes,
         repeat: opts.repeat.max(1),
@@ -244,6 +278,8 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         stall,
         dd_fsync_seconds: dd,
         cold_reads: opts.cold,
+        cold_cache,
+        cold_cache_reason,
     })
 }
 
@@ -255,8 +291,15 @@ impl std::fmt::Display for CheckpointBench {
             "checkpoint benchmark: {gib:.2} GiB of state in {}, {} repeat(s){}",
             self.dir.display(),
             self.repeat,
-            if self.cold_reads { ", cold reads" } else { "" }
+            if self.cold_cache { ", cold reads" } else { "" }
         )?;
+        if self.cold_reads && !self.cold_cache {
+            writeln!(
+                f,
+                "NOT COLD: --cold was asked for, but {}; load and verify below read from a warm page cache",
+                self.cold_cache_reason.as_deref().unwrap_or("the page cache could not be dropped")
+            )?;
+        }
         writeln!(f, "{:<22} {:>9} {:>9} {:>9} {:>9}", "operation", "median s", "min s", "max s", "GB/s")?;
         let row = |f: &mut std::fmt::Formatter<'_>, name: &str, s: &Stats| {
             writeln!(
@@ -278,5 +321,53 @@ impl std::fmt::Display for CheckpointBench {
             row(f, "dd bs=8M conv=fsync", dd)?;
         }
         writeln!(f, "{:<22} {:>39.2}", "sha256, 1 core, memory", self.sha256_one_core_gbps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_cache_that_cannot_be_dropped_is_reported_not_silently_warm() {
+        let tmp = tempfile::tempdir().unwrap();
+        let why = drop_caches(&tmp.path().join("no-such-dir/drop_caches")).unwrap_err();
+        assert!(why.contains("cannot drop the page cache") && why.contains("needs root"), "{why}");
+        assert_eq!(cold_cache(true, Some(why.clone())), (false, Some(why)));
+        assert_eq!(cold_cache(true, None), (true, None));
+        assert!(!cold_cache(false, None).0);
+    }
+
+    #[test]
+    fn warm_numbers_asked_for_cold_say_so_in_json_and_text() {
+        let stats = || Stats::of(&[1.0]);
+        let bench = CheckpointBench {
+            bytes: 1 << 20,
+            repeat: 1,
+            dir: "/tmp".into(),
+            save_gbps: 1.0,
+            load_verify_gbps: 1.0,
+            verify_gbps: 1.0,
+            stall_seconds: 0.1,
+            sync_save_seconds: 1.0,
+            dd_fsync_gbps: None,
+            raw_write_fsync_gbps: 1.0,
+            raw_write_fsync_seconds: stats(),
+            sha256_one_core_gbps: 1.0,
+            save_seconds: stats(),
+            load_verify_seconds: stats(),
+            verify_seconds: stats(),
+            stall: stats(),
+            dd_fsync_seconds: None,
+            cold_reads: true,
+            cold_cache: false,
+            cold_cache_reason: Some("cannot drop the page cache through /proc/sys/vm/drop_caches: denied".into()),
+        };
+        let json = serde_json::to_value(&bench).unwrap();
+        assert_eq!((&json["cold_reads"], &json["cold_cache"]), (&serde_json::json!(true), &serde_json::json!(false)));
+        assert!(json["cold_cache_reason"].as_str().unwrap().contains("denied"));
+        let text = bench.to_string();
+        assert!(text.contains("NOT COLD: --cold was asked for, but cannot drop"), "{text}");
+        assert!(!text.contains(", cold reads"), "{text}");
     }
 }

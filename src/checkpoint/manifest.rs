@@ -36,9 +36,11 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Total bytes of the files the manifest names (the manifest itself excluded).
+    /// Total bytes of the files the manifest names (the manifest itself
+    /// excluded). Saturating: the sizes are read from a file and may add up
+    /// past `u64::MAX` (such a manifest never verifies: no file has that size).
     pub fn total_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.bytes).sum()
+        self.files.iter().fold(0u64, |sum, f| sum.saturating_add(f.bytes))
     }
 
     /// Parses manifest bytes, checking the format version and every file name.
@@ -145,5 +147,56 @@ mod tests {
         let mut dup = m.clone();
         dup.files.push(dup.files[0].clone());
         assert!(Manifest::parse(&dup.to_bytes()).is_err());
+    }
+
+    #[test]
+    fn sizes_adding_up_past_u64_max_saturate_instead_of_panicking() {
+        // Two entries of u64::MAX bytes: summing them panicked in debug builds
+        // (`rekindle checkpoints`, `rekindle verify`, rotation's size checks).
+        let mut m = Manifest::parse(&manifest_with("model.safetensors")).unwrap();
+        m.files[0].bytes = u64::MAX;
+        m.files.push(ManifestEntry { name: "state.json".into(), bytes: u64::MAX, sha256: "b".repeat(64) });
+        let m = Manifest::parse(&m.to_bytes()).unwrap();
+        assert_eq!(m.total_bytes(), u64::MAX);
+    }
+
+    /// Property tests over arbitrary and mutated manifests; see `crate::fuzz`.
+    mod fuzz {
+        use super::*;
+        use crate::fuzz;
+        use proptest::prelude::*;
+
+        fn valid() -> Vec<u8> {
+            let files = ["model.safetensors", "optimizer.safetensors", "state.json"]
+                .map(|n| serde_json::json!({"name": n, "bytes": 12345, "sha256": "0123456789abcdef".repeat(4)}));
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "format_version": 1, "step": 120, "created_at": "2026-01-01T00:00:00Z",
+                "rekindle_version": "0.1.0", "files": files,
+            }))
+            .unwrap()
+        }
+
+        fn check(bytes: &[u8]) -> Result<(), TestCaseError> {
+            if let Ok(m) = Manifest::parse(bytes) {
+                let _ = m.total_bytes();
+                prop_assert!(m.files.iter().all(|f| is_plain_name(&f.name) && f.name != MANIFEST_FILE));
+                prop_assert_eq!(Manifest::parse(&m.to_bytes()), Ok(m));
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn arbitrary_bytes_parse_or_give_a_named_failure(bytes in fuzz::bytes(256)) {
+                check(&bytes)?;
+            }
+
+            #[test]
+            fn mutated_manifests_parse_or_give_a_named_failure(bytes in fuzz::mutated(valid())) {
+                check(&bytes)?;
+            }
+        }
     }
 }

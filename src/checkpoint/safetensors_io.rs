@@ -67,6 +67,39 @@ pub fn header_len(prefix: &[u8; 8]) -> u64 {
     u64::from_le_bytes(*prefix)
 }
 
+/// Longest header [`read_layout`] reads; the `safetensors` crate refuses
+/// longer ones too (its `MAX_HEADER_SIZE`).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Reads the length prefix and header of a safetensors file of `file_len`
+/// bytes from `r` and checks its layout ([`check_layout`]). The length in the
+/// prefix is untrusted: it is checked against `file_len` and
+/// [`MAX_HEADER_BYTES`] before anything is allocated for it, so a header
+/// claiming 2^60 bytes is an error, not an allocation.
+pub fn read_layout<R: std::io::Read>(r: &mut R, file_len: u64) -> Result<(), LayoutError> {
+    let mut prefix = [0u8; 8];
+    r.read_exact(&mut prefix)
+        .map_err(|_| LayoutError::Invalid(format!("shorter than a safetensors header ({file_len} bytes)")))?;
+    let n = header_len(&prefix);
+    if n > file_len.saturating_sub(8) || n > MAX_HEADER_BYTES {
+        return Err(LayoutError::Invalid(format!(
+            "header length {n} does not fit the file of {file_len} bytes (at most {MAX_HEADER_BYTES})"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    r.read_exact(&mut header).map_err(LayoutError::Io)?;
+    check_layout(&header, file_len).map_err(LayoutError::Invalid)
+}
+
+/// Why [`read_layout`] refused a file.
+#[derive(Debug)]
+pub enum LayoutError {
+    /// The bytes are not a safetensors file of this length.
+    Invalid(String),
+    /// Reading failed.
+    Io(std::io::Error),
+}
+
 /// Checks a safetensors header against the file's length without reading the
 /// tensor data: every dtype known, every tensor's byte range matching its
 /// shape, ranges contiguous from 0 and ending exactly at the end of the file.
@@ -200,5 +233,88 @@ mod tests {
         let mut buf = Vec::new();
         write(&mut buf, &sample(), &BTreeMap::new()).unwrap();
         assert!(read(&buf[..buf.len() - 3]).is_err());
+    }
+
+    #[test]
+    fn a_header_claiming_2_pow_60_bytes_is_refused_before_any_allocation() {
+        let mut file = (1u64 << 60).to_le_bytes().to_vec();
+        file.extend_from_slice(b"{}");
+        let err = read_layout(&mut file.as_slice(), file.len() as u64).unwrap_err();
+        assert!(matches!(&err, LayoutError::Invalid(r) if r.contains("header length 1152921504606846976")), "{err:?}");
+        // Even when the file claims to be that long (a sparse file, a lying
+        // manifest), the header is capped.
+        let err = read_layout(&mut file.as_slice(), 1 << 62).unwrap_err();
+        assert!(matches!(err, LayoutError::Invalid(_)), "{err:?}");
+        assert!(read(&file).is_err());
+    }
+
+    #[test]
+    fn a_shape_whose_byte_count_overflows_is_refused() {
+        let header = br#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}}"#;
+        let err = check_layout(header, 8 + header.len() as u64 + 4).unwrap_err();
+        assert!(err.contains("does not match"), "{err}");
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header);
+        file.extend_from_slice(&[0; 4]);
+        assert!(read(&file).is_err());
+        let past_end =
+            br#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[18446744073709551611,18446744073709551615]}}"#;
+        assert!(check_layout(past_end, 8 + past_end.len() as u64 + 4).is_err());
+    }
+
+    /// Property tests over arbitrary and mutated files; see `crate::fuzz`.
+    mod fuzz {
+        use super::*;
+        use crate::fuzz;
+        use proptest::prelude::*;
+
+        fn valid_file() -> Vec<u8> {
+            let mut buf = Vec::new();
+            write(&mut buf, &sample(), &BTreeMap::from([("format".to_string(), "pt".to_string())])).unwrap();
+            buf
+        }
+
+        /// Every reader of the file, with the promise that ties them: a file
+        /// whose layout checks (what `verify` checks without reading the data)
+        /// parses (what resume does).
+        fn read_every_way(bytes: &[u8]) -> Result<(), TestCaseError> {
+            let parsed = read(bytes);
+            let layout = read_layout(&mut &bytes[..], bytes.len() as u64);
+            if let Err(LayoutError::Io(e)) = &layout {
+                return Err(TestCaseError::fail(format!("reading from memory failed: {e}")));
+            }
+            if layout.is_ok() {
+                prop_assert!(parsed.is_ok(), "layout checks but parsing fails: {:?}", parsed);
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn arbitrary_bytes_are_read_or_refused(bytes in fuzz::bytes(256)) {
+                read_every_way(&bytes)?;
+            }
+
+            #[test]
+            fn mutated_files_are_read_or_refused(bytes in fuzz::mutated(valid_file())) {
+                read_every_way(&bytes)?;
+            }
+
+            #[test]
+            fn any_header_length_prefix_is_checked_before_allocating(n in any::<u64>(), claimed in any::<u64>()) {
+                let mut file = valid_file();
+                file[..8].copy_from_slice(&n.to_le_bytes());
+                // `claimed`: the length a manifest says the file has.
+                let _ = read_layout(&mut file.as_slice(), claimed);
+                read_every_way(&file)?;
+            }
+
+            #[test]
+            fn any_header_is_checked_against_any_length(header in fuzz::mutated(split(&valid_file()).0.to_vec()), len in any::<u64>()) {
+                let _ = check_layout(&header, len);
+            }
+        }
     }
 }

@@ -176,6 +176,12 @@ impl CheckpointStore {
             path: self.dir.clone(),
             source,
         })?;
+        // `fs::available_space=return(BYTES)` stands in for the
+        // filesystem's answer, so the pre-check is tested on every machine
+        // (a real small filesystem needs root to mount). Not a `checkpoint::`
+        // point: those are the crash and error points of the commit protocol,
+        // each exercised by tests/failpoints/crash_consistency.rs.
+        let available = injected_available_space().unwrap_or(available);
         if available < needed {
             return Err(CheckpointError::NoSpace { step, path: self.dir.clone(), needed, available });
         }
@@ -478,6 +484,12 @@ fn failpoint(name: &str) -> Result<(), CheckpointError> {
     let _ = name; // unused when failpoints are compiled out
     fail::fail_point!(name, |_| Err(CheckpointError::Injected(name.to_string())));
     Ok(())
+}
+
+/// The free space the `fs::available_space` failpoint reports, if set.
+fn injected_available_space() -> Option<u64> {
+    fail::fail_point!("fs::available_space", |bytes| bytes.and_then(|b| b.trim().parse().ok()));
+    None
 }
 
 fn join(failures: &[FileFailure]) -> String {

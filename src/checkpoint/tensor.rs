@@ -74,12 +74,14 @@ pub struct HostTensor {
 impl HostTensor {
     /// Builds a tensor, checking that `data` holds exactly `shape` elements.
     pub fn new(dtype: DType, shape: Vec<usize>, data: Vec<u8>) -> Result<Self, String> {
-        let elems: usize = shape.iter().product();
-        if elems * dtype.size() != data.len() {
+        // Checked: a shape read from a file can claim more elements than a
+        // usize holds, and its product must be refused, not wrap or panic.
+        let needed = shape.iter().try_fold(dtype.size(), |acc, d| acc.checked_mul(*d));
+        if needed != Some(data.len()) {
+            let needed = needed.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
             return Err(format!(
-                "tensor of shape {shape:?} and dtype {} needs {} bytes, got {}",
+                "tensor of shape {shape:?} and dtype {} needs {needed} bytes, got {}",
                 dtype.safetensors_name(),
-                elems * dtype.size(),
                 data.len()
             ));
         }
@@ -109,4 +111,21 @@ pub type TensorSet = BTreeMap<String, HostTensor>;
 /// Total payload bytes of a set (without headers).
 pub fn payload_bytes(set: &TensorSet) -> u64 {
     set.values().map(|t| t.data.len() as u64).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shape_whose_byte_count_overflows_is_refused_not_a_panic() {
+        // 2^32 · 2^32 · 4 bytes overflows a u64: it used to panic in debug
+        // builds (`attempt to multiply with overflow`) and wrap in release.
+        let err = HostTensor::new(DType::F32, vec![1 << 32, 1 << 32], vec![0; 4]).unwrap_err();
+        assert!(err.contains("more than 2^64"), "{err}");
+        let err = HostTensor::new(DType::U8, vec![usize::MAX, 2], Vec::new()).unwrap_err();
+        assert!(err.contains("more than 2^64"), "{err}");
+        assert!(HostTensor::new(DType::I64, vec![2, 0, 3], Vec::new()).is_ok());
+        assert!(HostTensor::new(DType::F32, vec![3], vec![0; 11]).unwrap_err().contains("needs 12 bytes, got 11"));
+    }
 }

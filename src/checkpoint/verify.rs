@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -107,8 +107,9 @@ fn check_entry(dir: &Path, entry: &ManifestEntry, level: VerifyLevel, keep: bool
 /// safetensors and JSON files parse), so a checkpoint that verifies is one
 /// that resume would load.
 ///
-/// Files are checked in parallel, each hashed while it is read, without
-/// keeping the bytes (nothing is allocated for the tensor data).
+/// Files are checked in parallel (at most [`MAX_PARALLEL_FILES`] at once),
+/// each hashed while it is read, without keeping the bytes (nothing is
+/// allocated for the tensor data).
 pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure> {
     let manifest = match read_manifest(dir) {
         Err(f) => return vec![f],
@@ -117,12 +118,42 @@ pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure>
     if level == VerifyLevel::Quick {
         return manifest.files.iter().filter_map(|e| check_entry(dir, e, level, false).err()).collect();
     }
-    let results: Vec<Result<(), FileFailure>> = std::thread::scope(|scope| {
-        let handles: Vec<_> =
-            manifest.files.iter().map(|entry| scope.spawn(move || verify_entry_fully(dir, entry))).collect();
-        handles.into_iter().map(|h| h.join().expect("verify thread does not panic")).collect()
-    });
+    let results = in_parallel(&manifest.files, |entry| verify_entry_fully(dir, entry));
     results.into_iter().filter_map(Result::err).collect()
+}
+
+/// Most files checked at once. The manifest is untrusted: a thread for each
+/// file it lists would let a manifest of 100 000 names exhaust the kernel's
+/// threads and mappings (and a failed spawn aborts). A checkpoint has three
+/// files, so this costs real checkpoints nothing.
+const MAX_PARALLEL_FILES: usize = 8;
+
+/// `f` of every item, in order, on at most [`MAX_PARALLEL_FILES`] threads
+/// that take the next item as they finish one.
+fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let mut slots: Vec<Option<R>> = std::iter::repeat_with(|| None).take(items.len()).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..items.len().min(MAX_PARALLEL_FILES))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { return done };
+                        done.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            for (i, result) in worker.join().expect("file check thread does not panic") {
+                slots[i] = Some(result);
+            }
+        }
+    });
+    slots.into_iter().map(|r| r.expect("every item was checked")).collect()
 }
 
 /// Hash, size, and the content check loading would make (layout of a
@@ -140,15 +171,10 @@ fn verify_entry_fully(dir: &Path, entry: &ManifestEntry) -> Result<(), FileFailu
             problem: Problem::Unreadable { reason: e.to_string() },
         };
         let mut file = File::open(dir.join(&entry.name)).map_err(unreadable)?;
-        let mut prefix = [0u8; 8];
-        file.read_exact(&mut prefix).map_err(|_| invalid("shorter than a safetensors header".into()))?;
-        let n = safetensors_io::header_len(&prefix);
-        if n > entry.bytes.saturating_sub(8) || n > 100 << 20 {
-            return Err(invalid(format!("header length {n} does not fit the file")));
-        }
-        let mut header = vec![0u8; n as usize];
-        file.read_exact(&mut header).map_err(unreadable)?;
-        safetensors_io::check_layout(&header, entry.bytes).map_err(invalid)?;
+        safetensors_io::read_layout(&mut file, entry.bytes).map_err(|e| match e {
+            safetensors_io::LayoutError::Invalid(reason) => invalid(reason),
+            safetensors_io::LayoutError::Io(e) => unreadable(e),
+        })?;
     }
     Ok(())
 }
@@ -173,14 +199,8 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
     let mut contents = BTreeMap::new();
     let mut failures = Vec::new();
     // Files in parallel, each hashed while it is read into its final buffer.
-    let results: Vec<(String, Result<Vec<u8>, FileFailure>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = manifest
-            .files
-            .iter()
-            .map(|entry| (entry.name.clone(), scope.spawn(move || check_entry(dir, entry, VerifyLevel::Full, true))))
-            .collect();
-        handles.into_iter().map(|(n, h)| (n, h.join().expect("load thread does not panic"))).collect()
-    });
+    let results: Vec<(String, Result<Vec<u8>, FileFailure>)> =
+        in_parallel(&manifest.files, |entry| (entry.name.clone(), check_entry(dir, entry, VerifyLevel::Full, true)));
     for (name, result) in results {
         match result {
             Ok(bytes) => {
@@ -201,4 +221,42 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
         serde_json::from_slice(&contents[STATE_FILE]).map_err(|e| invalid(STATE_FILE, e.to_string()))?;
     let step = manifest.step;
     Ok(Loaded { dir: dir.to_path_buf(), manifest, snapshot: Snapshot { step, model, optimizer, state } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint directory whose manifest lists the required files and
+    /// `extra` more, none of which exist.
+    fn manifest_listing(extra: usize) -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        let files: Vec<ManifestEntry> = REQUIRED_FILES
+            .iter()
+            .map(|n| n.to_string())
+            .chain((0..extra).map(|i| format!("f{i}")))
+            .map(|name| ManifestEntry { name, bytes: 1, sha256: "0".repeat(64) })
+            .collect();
+        let manifest = Manifest {
+            format_version: super::super::manifest::FORMAT_VERSION,
+            step: 1,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            rekindle_version: "0.1.0".into(),
+            files,
+        };
+        fs::write(tmp.path().join(MANIFEST_FILE), manifest.to_bytes()).unwrap();
+        tmp
+    }
+
+    #[test]
+    fn a_manifest_listing_forty_thousand_files_is_checked_without_a_thread_each() {
+        // One thread per listed file used to be spawned at once: a hostile
+        // manifest listing 40 000 files ran into the kernel's limits on
+        // threads and mappings, and a failed spawn panics.
+        let tmp = manifest_listing(40_000);
+        let failures = verify_checkpoint_dir(tmp.path(), VerifyLevel::Full);
+        assert_eq!(failures.len(), 40_003);
+        assert!(failures.iter().all(|f| f.problem == Problem::Missing));
+        assert_eq!(load_dir(tmp.path()).unwrap_err().len(), 40_003);
+    }
 }

@@ -833,6 +833,61 @@ lr = 1
         assert_eq!(tiny.checkpoint.every_steps, 50);
     }
 
+    /// Property tests over arbitrary and mutated config files and
+    /// overrides; see `crate::fuzz`. Every input loads or gives problems
+    /// that name what is wrong, never a panic.
+    mod fuzz {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::fuzz;
+
+        fn example() -> Vec<u8> {
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/example.toml")).unwrap()
+        }
+
+        fn check(bytes: &[u8], sets: &[String]) -> Result<(), TestCaseError> {
+            match from_str(&String::from_utf8_lossy(bytes), "fuzz.toml", sets) {
+                Ok(loaded) => {
+                    let _ = to_toml(&loaded.config);
+                }
+                Err(err) => {
+                    prop_assert!(!err.problems().is_empty(), "an error without a problem: {err}");
+                    let _ = err.to_string();
+                }
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn arbitrary_text_loads_or_names_its_problems(bytes in fuzz::bytes(512)) {
+                check(&bytes, &[])?;
+            }
+
+            #[test]
+            fn mutated_example_config_loads_or_names_its_problems(bytes in fuzz::mutated(example())) {
+                check(&bytes, &[])?;
+            }
+
+            #[test]
+            fn arbitrary_overrides_apply_or_name_their_problems(
+                sets in proptest::collection::vec(
+                    prop_oneof![
+                        "[a-z_.]{0,24}=[ -~]{0,24}",
+                        "(run|model|train|checkpoint|signals|gpu)\\.[a-z_]{1,16}=(-?[0-9]{1,25}|\\[\\]|\"[a-z]*\"|true|1e400|\\{\\})",
+                        "[ -~]{0,40}",
+                    ],
+                    0..4,
+                ),
+            ) {
+                check(&example(), &sets)?;
+            }
+        }
+    }
+
     mod round_trip {
         use proptest::prelude::*;
 

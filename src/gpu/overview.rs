@@ -344,4 +344,56 @@ mod tests {
             assert!(r.notes.iter().any(|n| n.starts_with("NVIDIA:")), "{:?}", r.notes);
         }
     }
+
+    /// Property tests: a GPU inventory (`rekindle gpus --inventory`,
+    /// `REKINDLE_GPU_INVENTORY`) arbitrary or mutated, then planned for
+    /// several models and visibility variables: a plan or a named error,
+    /// never a panic (memory sizes near u64::MAX, thousands of devices).
+    mod fuzz {
+        use super::*;
+        use crate::fuzz;
+        use crate::gpu::inventory::parse_inventory;
+        use proptest::prelude::*;
+
+        fn valid() -> Vec<u8> {
+            br#"{"devices": [
+                {"vendor": "nvidia", "name": "H100", "memory_total_mib": 81559, "memory_free_mib": 80000, "index": 0},
+                {"vendor": "amd", "name": "MI250", "memory_total_mib": 65536, "index": 3, "busy": true}
+            ]}"#
+            .to_vec()
+        }
+
+        fn plan_every_way(bytes: &[u8]) {
+            let Ok(devices) = parse_inventory(&String::from_utf8_lossy(bytes), Path::new("fuzz.json")) else { return };
+            let env: EnvMap = [("CUDA_VISIBLE_DEVICES".to_string(), "0,3,18446744073709551615".to_string())].into();
+            for params in [1, 100_000_000, u64::MAX / 64] {
+                let footprint = Footprint::estimate_from_params(params, 4, 64 << 20);
+                for env in [None, Some(&env)] {
+                    if let Ok(r) = report_from(
+                        &StaticProbe::new(devices.clone()),
+                        env,
+                        &Config::default(),
+                        footprint,
+                        Some(u64::MAX),
+                    ) {
+                        let _ = (r.to_string(), serde_json::to_string(&r).unwrap());
+                    }
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn arbitrary_inventories_plan_or_are_refused(bytes in fuzz::bytes(256)) {
+                plan_every_way(&bytes);
+            }
+
+            #[test]
+            fn mutated_inventories_plan_or_are_refused(bytes in fuzz::mutated(valid())) {
+                plan_every_way(&bytes);
+            }
+        }
+    }
 }

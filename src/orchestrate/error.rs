@@ -82,6 +82,13 @@ pub enum RunError {
     )]
     StopWithoutCheckpoint { reason: String, step: u64, error: String },
     #[error(
+        "stopped by {reason} before training began, and this run has no checkpoint yet: nothing was trained \
+         and nothing is lost, but there is nothing to resume from either (exit 1, not 75: 75 promises a durable \
+         checkpoint); the job was still requeued where the rules allow; run the same command again to start at \
+         step 0"
+    )]
+    StoppedBeforeFirstCheckpoint { reason: String },
+    #[error(
         "step {step} needs a rollback but no checkpoint verifies in {dir}; use on_nonfinite = \"skip\" or \"stop\""
     )]
     NothingToRollBackTo { step: u64, dir: PathBuf },

@@ -56,6 +56,19 @@ pub struct LockInfo {
     pub started: f64,
 }
 
+impl LockInfo {
+    /// Parses a lock file; `None` when it is not a lock (a torn write of a
+    /// crashed holder, or anything else), never a panic.
+    pub fn parse(bytes: &[u8]) -> Option<LockInfo> {
+        serde_json::from_slice(bytes).ok()
+    }
+
+    /// Reads and parses the lock file at `path`; `None` when missing or not a lock.
+    pub fn read(path: &Path) -> Option<LockInfo> {
+        LockInfo::parse(&fs::read(path).ok()?)
+    }
+}
+
 /// Who is asking for the lock, and when.
 #[derive(Debug, Clone)]
 pub struct Claimant {
@@ -102,8 +115,15 @@ pub(super) fn unix_now() -> f64 {
 }
 
 fn pid_alive(pid: u32) -> bool {
+    // The pid comes from the lock file: 0 and anything past i32::MAX are no
+    // process (kill(2) would read them as "my process group" or "every
+    // process" and answer that they exist).
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    if pid <= 0 {
+        return false;
+    }
     // Signal 0 checks existence; EPERM means it exists but is not ours.
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
         Ok(()) => true,
         Err(e) => e == nix::errno::Errno::EPERM,
     }
@@ -130,7 +150,7 @@ impl RunLock {
                 f.sync_all().map_err(io)?;
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                let held: Option<LockInfo> = fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+                let held: Option<LockInfo> = LockInfo::read(&path);
                 match held {
                     // An unreadable lock is a torn write of a crashed holder.
                     None => tracing::warn!(lock = %path.display(), "taking over an unreadable lock file"),
@@ -190,7 +210,7 @@ fn heartbeat_loop(path: &Path, mut info: LockInfo, stop: &AtomicBool, lost: &Ato
             continue;
         }
         waited = Duration::ZERO;
-        let current: Option<LockInfo> = fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let current: Option<LockInfo> = LockInfo::read(path);
         if current.as_ref().map(|c| &c.token) != Some(&info.token) {
             tracing::error!(lock = %path.display(), "the run-directory lock was taken over by another process; stopping without writing more");
             lost.store(true, Ordering::SeqCst);
@@ -209,7 +229,7 @@ impl Drop for RunLock {
         if let Some(h) = self.heartbeat.take() {
             let _ = h.join();
         }
-        let current: Option<LockInfo> = fs::read(&self.path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let current: Option<LockInfo> = LockInfo::read(&self.path);
         if current.is_some_and(|c| c.token == self.info.token) {
             let _ = fs::remove_file(&self.path);
         }
@@ -263,5 +283,57 @@ mod tests {
         drop(first);
         assert!(!tmp.path().join(LOCK_FILE).exists());
         RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap();
+    }
+
+    #[test]
+    fn a_pid_that_names_no_single_process_is_not_alive() {
+        // kill(0, 0) and kill(-1, 0) succeed (process group, every process):
+        // a lock file saying pid 0 or 4294967295 used to count as live.
+        assert!(!pid_alive(0));
+        assert!(!pid_alive(u32::MAX));
+        assert!(!pid_alive(i32::MAX as u32 + 1));
+        assert!(pid_alive(std::process::id()));
+    }
+
+    /// Property tests over arbitrary and mutated lock files; see `crate::fuzz`.
+    mod fuzz {
+        use super::*;
+        use crate::fuzz;
+        use proptest::prelude::*;
+
+        fn valid() -> Vec<u8> {
+            let info = LockInfo {
+                token: "n1-4242-1700000000.5".into(),
+                job_id: Some("77".into()),
+                host: "n1".into(),
+                pid: 4242,
+                heartbeat: 1_700_000_000.5,
+                started: 1_699_999_000.25,
+            };
+            serde_json::to_vec_pretty(&info).unwrap()
+        }
+
+        fn check(bytes: &[u8]) {
+            if let Some(held) = LockInfo::parse(bytes) {
+                for (host, job, now) in [("n1", Some("77"), 1e9), ("n2", None, f64::MAX), ("n1", None, -1.0)] {
+                    let _ = takeover(&held, &me(host, job, now), |_| true, STALE);
+                    let _ = takeover(&held, &me(host, job, now), pid_alive, STALE);
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn arbitrary_bytes_are_a_lock_or_none(bytes in fuzz::bytes(256)) {
+                check(&bytes);
+            }
+
+            #[test]
+            fn mutated_lock_files_are_a_lock_or_none(bytes in fuzz::mutated(valid())) {
+                check(&bytes);
+            }
+        }
     }
 }

@@ -9,7 +9,9 @@
 //! train_loop   steps (out of memory: retry with half the micro-batch, at most
 //!              5 times) ─ metrics ─ periodic checkpoints persisted in the
 //!              background (saving.rs)
-//! ending.rs    max_steps: final checkpoint, summary, publish, `finish`, exit 0
+//! ending.rs    max_steps (also when a stop arrives with the last step, or
+//!              --stop-at-step >= max_steps): final checkpoint, summary,
+//!              publish, `finish`, exit 0
 //!              stop signal / --stop-at-step: stop checkpoint, requeue
 //!              (slurm::requeue_after_stop), summary, publish, `stop`; each
 //!              failure recorded and passed over; exit 75 with a durable
@@ -21,7 +23,9 @@
 //! The training loop runs on this thread and polls the stop flag between
 //! micro-batches; the signal handler only records. A stop signal that
 //! arrives before training began ends the attempt in `start` (still
-//! requeueing the job when it should be).
+//! requeueing the job when it should be): exit 75 with an earlier checkpoint
+//! to resume from, exit 0 when that checkpoint already is of `max_steps` (the
+//! run is finished), exit 1 when there is no checkpoint yet.
 
 mod ending;
 mod saving;
@@ -149,12 +153,16 @@ impl Attempt {
                 return Err(RunError::LockLost { dir: self.dir.root.clone() });
             }
             self.collect_background()?;
+            // Reaching max_steps comes first: a run whose last step is done
+            // is finished (final checkpoint, exit 0) even when the step it
+            // was told to stop at, or a stop signal, arrives with it. A stop
+            // there would exit 75 and requeue a job that has nothing left to do.
+            if self.trainer.step() >= max_steps {
+                break;
+            }
             if let Some(reason) = self.stop_reason() {
                 progress.finish();
                 return self.stop(reason);
-            }
-            if self.trainer.step() >= max_steps {
-                break;
             }
             let stop = self.stop.clone();
             let lost = std::sync::Arc::clone(&self.lock_lost);

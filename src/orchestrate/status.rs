@@ -70,7 +70,7 @@ pub fn status(dir: &Path) -> RunStatus {
         })
         .collect();
     let last_of = |name: &str| events.iter().rev().find(|e| e.name == name).cloned();
-    let lock: Option<LockInfo> = std::fs::read(dir.join(LOCK_FILE)).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let lock: Option<LockInfo> = LockInfo::read(&dir.join(LOCK_FILE));
     let live_lock = lock.as_ref().filter(|l| unix_now() - l.heartbeat < STALE_AFTER.as_secs_f64()).cloned();
 
     let step = metrics.last().map(|m| m.step).or_else(|| summary.as_ref().map(|s| s.steps));
@@ -286,5 +286,83 @@ mod tests {
         let json = serde_json::to_value(&st).unwrap();
         assert_eq!(json["last_requeue"]["answer"], "requeued");
         assert_eq!(json["last_stop"]["node"], "n1");
+    }
+
+    /// Property tests: `rekindle status` and `rekindle report` over a run
+    /// directory whose every file (events, metrics, GPU samples, summary,
+    /// config, lock, a checkpoint's manifest) may be mutated; see `crate::fuzz`.
+    mod fuzz {
+        use super::*;
+        use crate::fuzz;
+        use proptest::prelude::*;
+
+        const FILES: [&str; 5] = ["events.jsonl", "metrics.jsonl", "gpu_stats.jsonl", "summary.json", "config.toml"];
+
+        fn fixture(file: &str) -> Vec<u8> {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/run-0.1.0-slurm").join(file);
+            std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        }
+
+        fn lock() -> Vec<u8> {
+            let info = LockInfo {
+                token: "t".into(),
+                job_id: Some("77".into()),
+                host: "n1".into(),
+                pid: 1,
+                heartbeat: unix_now(),
+                started: unix_now() - 60.0,
+            };
+            serde_json::to_vec(&info).unwrap()
+        }
+
+        fn manifest() -> Vec<u8> {
+            let files = ["model.safetensors", "optimizer.safetensors", "state.json"]
+                .map(|n| serde_json::json!({"name": n, "bytes": 100, "sha256": "ab".repeat(32)}));
+            serde_json::to_vec(&serde_json::json!({
+                "format_version": 1, "step": 10, "created_at": "2026-11-01T10:00:00Z",
+                "rekindle_version": "0.1.0", "files": files,
+            }))
+            .unwrap()
+        }
+
+        /// Which file gets which mutations.
+        fn damaged_run_dir() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
+            let mut files: Vec<BoxedStrategy<(String, Vec<u8>)>> = FILES
+                .iter()
+                .map(|f| {
+                    let name = f.to_string();
+                    prop_oneof![Just(fixture(f)), fuzz::mutated(fixture(f))]
+                        .prop_map(move |b| (name.clone(), b))
+                        .boxed()
+                })
+                .collect();
+            files.push(
+                prop_oneof![Just(lock()), fuzz::mutated(lock())].prop_map(|b| (LOCK_FILE.to_string(), b)).boxed(),
+            );
+            files.push(
+                prop_oneof![Just(manifest()), fuzz::mutated(manifest())]
+                    .prop_map(|b| ("checkpoints/step-0000000010/MANIFEST.json".to_string(), b))
+                    .boxed(),
+            );
+            files
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn status_and_report_of_a_damaged_run_dir_never_panic(files in damaged_run_dir()) {
+                let tmp = tempfile::tempdir().unwrap();
+                for (name, bytes) in &files {
+                    let path = tmp.path().join(name);
+                    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                    std::fs::write(&path, bytes).unwrap();
+                }
+                let st = status(tmp.path());
+                let _ = st.to_string();
+                let _ = serde_json::to_string(&st).unwrap();
+                let _ = crate::report::render(tmp.path());
+            }
+        }
     }
 }

@@ -110,4 +110,65 @@ mod tests {
         assert_eq!(s[0].devices[0].label, "nvidia 1");
         assert_eq!(s[0].devices[0].utilization_pct, Some(90.0));
     }
+
+    /// Property tests over arbitrary and mutated record files (the
+    /// lenient readers of `events.jsonl`, `metrics.jsonl`,
+    /// `gpu_stats.jsonl`, and `summary.json`); see `crate::fuzz`.
+    mod fuzz {
+        use super::*;
+        use crate::fuzz;
+        use crate::telemetry::{Summary, attempts, events_from};
+        use proptest::prelude::*;
+
+        fn fixture(file: &str) -> Vec<u8> {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/run-0.1.0-slurm").join(file);
+            std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        }
+
+        /// Every typed reader of a JSON-lines file, as `status` and `report` use them.
+        fn read_every_way(bytes: &[u8]) {
+            let j = parse_jsonl(&String::from_utf8_lossy(bytes));
+            let events = events_from(j.records.clone());
+            for e in &events {
+                let _ = (e.event.step(), e.event.name(), e.name.as_str());
+            }
+            let _ = attempts(&events).iter().map(|a| (a.end.short(), a.because())).collect::<Vec<_>>();
+            let _ = metrics_from(&j.records);
+            let _ = gpu_samples_from(&j.records);
+            for r in &j.records {
+                let _ = crate::telemetry::metrics_step(r);
+                let _ = time_field(r, "time");
+            }
+            let _ = Summary::parse(bytes);
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn arbitrary_bytes_are_records_or_skipped(bytes in fuzz::bytes(512)) {
+                read_every_way(&bytes);
+            }
+
+            #[test]
+            fn mutated_events_are_records_or_skipped(bytes in fuzz::mutated(fixture("events.jsonl"))) {
+                read_every_way(&bytes);
+            }
+
+            #[test]
+            fn mutated_metrics_are_records_or_skipped(bytes in fuzz::mutated(fixture("metrics.jsonl"))) {
+                read_every_way(&bytes);
+            }
+
+            #[test]
+            fn mutated_gpu_stats_are_records_or_skipped(bytes in fuzz::mutated(fixture("gpu_stats.jsonl"))) {
+                read_every_way(&bytes);
+            }
+
+            #[test]
+            fn mutated_summaries_parse_or_are_none(bytes in fuzz::mutated(fixture("summary.json"))) {
+                read_every_way(&bytes);
+            }
+        }
+    }
 }

@@ -465,3 +465,54 @@ fn trainer_can_move_to_its_own_thread() {
     assert_send::<Trainer>();
     assert_send::<TrainSnapshot>();
 }
+
+/// Found by the fuzz test below: a `state.json` whose step or counters sat
+/// at u64::MAX restored, and the next step panicked (`attempt to add with
+/// overflow` in `commit` and in the optimizer) in debug builds.
+#[test]
+fn a_state_json_with_counters_no_run_reaches_is_refused_on_restore() {
+    let cfg = tiny_mlp();
+    let mut source = Trainer::new(&cfg).unwrap();
+    completed(source.train_step(&never).unwrap());
+    let snap = source.snapshot().unwrap();
+    for (path, value) in [
+        ("/counters/samples", serde_json::json!(u64::MAX)),
+        ("/optimizer_step", serde_json::json!(u64::MAX)),
+        ("/counters/tokens", serde_json::json!((1u64 << 53) + 1)),
+    ] {
+        let mut state = snap.state.clone();
+        *state.pointer_mut(path).unwrap_or_else(|| panic!("{path} in {}", snap.state)) = value;
+        let mut target = Trainer::new(&cfg).unwrap();
+        let err = target.restore(&snap.model, &snap.optimizer, &state).unwrap_err().to_string();
+        assert!(err.contains("beyond 2^53"), "{path}: {err}");
+        assert_eq!(target.step(), 0, "{path}: a refused restore changed the trainer");
+    }
+}
+
+/// `state.json` as resume reads it, fuzzed (see `crate::fuzz`): a mutated
+/// file restores or is refused with a named error, never a panic; and a
+/// trainer that accepted it takes a step (or fails one) without panicking.
+#[test]
+fn mutated_state_json_restores_or_is_refused_never_a_panic() {
+    use proptest::test_runner::{TestCaseError, TestRunner};
+    let cfg = tiny_mlp();
+    let mut source = Trainer::new(&cfg).unwrap();
+    for _ in 0..3 {
+        completed(source.train_step(&never).unwrap());
+    }
+    let snap = source.snapshot().unwrap();
+    let valid = serde_json::to_vec_pretty(&snap.state).unwrap();
+    let target = std::cell::RefCell::new(Trainer::new(&cfg).unwrap());
+    let mut runner = TestRunner::new(crate::fuzz::config());
+    runner
+        .run(&crate::fuzz::mutated(valid), |bytes| {
+            let Ok(state) = serde_json::from_slice::<serde_json::Value>(&bytes) else { return Ok(()) };
+            let mut target = target.borrow_mut();
+            if target.restore(&snap.model, &snap.optimizer, &state).is_ok() {
+                let _ = target.train_step(&never);
+                let _ = target.snapshot().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+}

@@ -773,6 +773,7 @@ impl Trainer {
                 ),
             ));
         }
+        check_counts(&st)?;
         if st.epoch != st.cursor.epoch || st.schedule.step != st.step {
             return Err(TrainError::state("step", "epoch/step fields disagree with the cursor/schedule"));
         }
@@ -823,6 +824,39 @@ impl Trainer {
         self.counters = st.counters;
         tracing::debug!(step = self.step, cursor = ?self.cursor, "trainer restored");
         Ok(())
+    }
+}
+
+/// Largest count `state.json` may hold: 2^53, the largest integer every
+/// JSON reader (Python's, JavaScript's) keeps exact. No run counts that far;
+/// a larger count is damage, and training on from it would overflow the
+/// counters (a panic in debug builds, a wrap in release).
+const MAX_COUNT: u64 = 1 << 53;
+
+/// Refuses a `state.json` whose steps or counters no run could reach.
+fn check_counts(st: &TrainState) -> Result<(), TrainError> {
+    let c = &st.counters;
+    let counts = [
+        ("step", st.step),
+        ("epoch", st.epoch),
+        ("optimizer_step", st.optimizer_step),
+        ("cursor.epoch", st.cursor.epoch),
+        ("cursor.position", st.cursor.position),
+        ("schedule.step", st.schedule.step),
+        ("scaler.growth_tracker", st.scaler.growth_tracker),
+        ("counters.batches", c.batches),
+        ("counters.samples", c.samples),
+        ("counters.tokens", c.tokens),
+        ("counters.nonfinite_skipped", c.nonfinite_skipped),
+        ("counters.scaler_skipped", c.scaler_skipped),
+        ("counters.batches_skipped", c.batches_skipped),
+        ("counters.clipped", c.clipped),
+    ];
+    match counts.into_iter().find(|(_, n)| *n > MAX_COUNT) {
+        Some((field, n)) => {
+            Err(TrainError::state(field, format!("{n} is beyond 2^53, which no run reaches: the file is damaged")))
+        }
+        None => Ok(()),
     }
 }
 

@@ -505,4 +505,53 @@ mod tests {
         let err = validate_file(Path::new("/nonexistent/x.jsonl"), &ValidateOptions::default()).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/x.jsonl"), "{err}");
     }
+
+    /// Property tests: `rekindle data validate` and `--clean` over arbitrary
+    /// and mutated JSONL (the crafted file above, one line per problem):
+    /// a report or a named error, never a panic; a truncated record is cut
+    /// at a character boundary whatever `max_len` is.
+    mod fuzz {
+        use super::*;
+        use crate::fuzz;
+        use proptest::prelude::*;
+
+        fn check(bytes: &[u8], max_len: usize) -> Result<(), TestCaseError> {
+            let tmp = tempfile::tempdir().unwrap();
+            let input = tmp.path().join("in.jsonl");
+            std::fs::write(&input, bytes).unwrap();
+            let opts = ValidateOptions { max_len, ..ValidateOptions::default() };
+            if let Ok(report) = validate_file(&input, &opts) {
+                let _ = (report.summary(), report.is_clean());
+                prop_assert_eq!(report.valid + report.invalid, report.lines);
+            }
+            for mode in [CleanMode::Drop, CleanMode::Truncate] {
+                let output = tmp.path().join("out.jsonl");
+                if write_clean(&input, &output, &opts, mode).is_ok() {
+                    let cleaned = validate_file(&output, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert!(cleaned.is_clean(), "{mode:?} wrote invalid lines: {}", cleaned.summary());
+                }
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn arbitrary_bytes_are_validated_or_refused(bytes in fuzz::bytes(256), max_len in 0usize..16) {
+                check(&bytes, max_len)?;
+            }
+
+            #[test]
+            fn mutated_jsonl_is_validated_or_refused(
+                bytes in fuzz::mutated({
+                    let tmp = tempfile::tempdir().unwrap();
+                    std::fs::read(crafted(tmp.path())).unwrap()
+                }),
+                max_len in 0usize..16,
+            ) {
+                check(&bytes, max_len)?;
+            }
+        }
+    }
 }

@@ -5,7 +5,9 @@
 //! after the check passed), and an injected ENOSPC at fsync.
 //!
 //! Mounting needs root (CAP_SYS_ADMIN); without it the tmpfs tests print a
-//! loud SKIPPED line and pass, except in CI (`support::requires`).
+//! loud SKIPPED line and pass, except in CI (`support::requires`). The
+//! free-space pre-check also runs without root, against a free-space answer
+//! injected through the `fs::available_space` failpoint.
 //!
 //! Failpoints are process-global, so every test here holds a
 //! `fail::FailScenario` and they run one at a time.
@@ -147,6 +149,43 @@ fn saving_until_the_disk_is_full_fails_the_space_check_and_keeps_earlier_checkpo
     assert!(!store.step_dir(failed_step).exists());
     assert_earlier_checkpoints_intact(&store, &saved);
     drop(tmpfs);
+    scenario.teardown();
+}
+
+/// The free-space pre-check on any machine, root or not: the filesystem's
+/// answer is replaced by the `fs::available_space` failpoint (the
+/// tmpfs test above checks the same against a real full filesystem).
+#[test]
+fn the_free_space_pre_check_refuses_a_save_that_does_not_fit_before_writing_anything() {
+    let scenario = fail::FailScenario::setup();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path().join("checkpoints"), 3).unwrap();
+    store.save(&snapshot(1)).unwrap();
+    // One byte short of the payload alone (the check adds 1 MiB of slack).
+    fail::cfg("fs::available_space", &format!("return({})", PAYLOAD - 1)).unwrap();
+    let err = store.save(&snapshot(2)).expect_err("a save that does not fit");
+    fail::remove("fs::available_space");
+    match &err {
+        CheckpointError::NoSpace { step, path, needed, available } => {
+            assert_eq!((*step, path, *available), (2, &store.dir().to_path_buf(), PAYLOAD as u64 - 1));
+            assert!(*needed > PAYLOAD as u64 + (1 << 20), "needed {needed}: payload plus 1 MiB of slack");
+        }
+        other => panic!("expected CheckpointError::NoSpace, got {other:?}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains("not enough free space") && message.contains("earlier checkpoints are untouched"));
+    assert!(!store.step_dir(2).exists());
+    assert_earlier_checkpoints_intact(&store, &[1]);
+    // Exactly enough passes.
+    let needed = match err {
+        CheckpointError::NoSpace { needed, .. } => needed,
+        _ => unreachable!(),
+    };
+    fail::cfg("fs::available_space", &format!("return({needed})")).unwrap();
+    let saved = store.save(&snapshot(2));
+    fail::remove("fs::available_space");
+    saved.unwrap();
+    assert_earlier_checkpoints_intact(&store, &[1, 2]);
     scenario.teardown();
 }
 

@@ -161,3 +161,24 @@ fn orchestrator_script_refuses_a_job_of_two_tasks_before_starting_anything() {
     assert!(stderr.contains("submit with one task on one node"), "{stderr}");
     assert!(!run_dir.exists(), "nothing may be written: {stderr}");
 }
+
+/// `rekindle bench checkpoint` says whether its reads were cold: without
+/// `--cold` the JSON has `cold_cache: false` and why, and the text does not
+/// claim cold reads. (`--cold` itself is not run here: it drops the page
+/// cache of the whole machine; its failure path is a unit test of
+/// src/bench/checkpoint.rs.)
+#[test]
+fn bench_checkpoint_reports_whether_its_reads_were_cold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let (code, stdout, stderr) =
+        run_rekindle(&["bench", "checkpoint", "--bytes", "1MiB", "--repeat", "1", "--dir", dir, "--json"]);
+    assert_eq!(code, EXIT_DONE, "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((&json["cold_reads"], &json["cold_cache"]), (&false.into(), &false.into()), "{json}");
+    assert!(json["cold_cache_reason"].as_str().unwrap().contains("not requested"), "{json}");
+    let (code, stdout, stderr) =
+        run_rekindle(&["bench", "checkpoint", "--bytes", "1MiB", "--repeat", "1", "--dir", dir]);
+    assert_eq!(code, EXIT_DONE, "{stderr}");
+    assert!(!stdout.contains("cold reads") && !stdout.contains("NOT COLD"), "{stdout}");
+}

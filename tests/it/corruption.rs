@@ -132,7 +132,12 @@ fn rewrite_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 /// Rewrites the model file *and* its manifest entry (as a buggy writer or a
 /// person might): sizes and hashes match, the content does not parse.
 fn replace_model_with_rehashed_junk(dir: &Path) {
-    let junk = b"this is not a safetensors file";
+    replace_model_with_rehashed(dir, b"this is not a safetensors file");
+}
+
+/// Replaces the model file with `junk` and records its size and hash in the
+/// manifest, so only the content check can refuse it.
+fn replace_model_with_rehashed(dir: &Path, junk: &[u8]) {
     fs::write(dir.join(MODEL_FILE), junk).unwrap();
     let sha = {
         use sha2::Digest;
@@ -321,4 +326,103 @@ fn verify_rejects_a_file_with_matching_hash_but_invalid_content_like_load_latest
     assert_eq!(code, 1, "verify accepts a checkpoint that resume rejects: {json}");
     let (_, json) = rekindle_json(&[OsStr::new("checkpoints"), tmp.path().as_os_str()]);
     assert_eq!(json["resume_step"], GOOD, "checkpoints names a resume point that resume would skip: {json}");
+}
+
+/// Runs the real binary; `(exit code, stdout, stderr)`, asserting it did not panic.
+fn rekindle_unpanicked(args: &[&OsStr]) -> (i32, String, String) {
+    let out = Command::cargo_bin("rekindle").unwrap().args(args).output().expect("run rekindle");
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    let code = out.status.code().unwrap_or_else(|| panic!("rekindle {args:?} died of a signal:\n{stderr}"));
+    assert!(!stderr.contains("panicked"), "rekindle {args:?} panicked:\n{stderr}");
+    assert_ne!(code, 101, "rekindle {args:?} exited 101 (a panic):\n{stderr}");
+    (code, stdout, stderr)
+}
+
+/// A safetensors file whose header is `header` (JSON) and whose data is `data` bytes of zeros.
+fn safetensors_with_header(len_prefix: u64, header: &[u8], data: usize) -> Vec<u8> {
+    let mut file = len_prefix.to_le_bytes().to_vec();
+    file.extend_from_slice(header);
+    file.extend(std::iter::repeat_n(0u8, data));
+    file
+}
+
+/// Hostile files (a safetensors header claiming 2^60 bytes, a shape whose
+/// byte count overflows, data offsets past the end, manifest sizes that add
+/// past u64::MAX, a garbage lock and summary) through `verify`,
+/// `checkpoints`, `status` and `report`: each gives a clean error naming the file and
+/// the documented exit code, never a panic (found by the fuzz tests of the
+/// readers; see src/fuzz.rs).
+#[test]
+fn hostile_files_give_a_clean_error_and_exit_code_never_a_panic() {
+    let overflowing = br#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}}"#;
+    let past_end = br#"{"w":{"dtype":"U8","shape":[4],"data_offsets":[18446744073709551611,18446744073709551615]}}"#;
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        ("2^60 header", safetensors_with_header(1 << 60, b"{}", 0), "header length 1152921504606846976"),
+        ("overflowing shape", safetensors_with_header(overflowing.len() as u64, overflowing, 4), "does not match"),
+        (
+            "offsets past the end",
+            safetensors_with_header(past_end.len() as u64, past_end, 4),
+            "starts at byte 18446744073709551611",
+        ),
+    ];
+    for (what, model, reason) in cases {
+        let (tmp, store) = store_with_damaged_newest(|dir| replace_model_with_rehashed(dir, &model));
+        let damaged = store.step_dir(DAMAGED);
+        let (code, text, _) = rekindle_unpanicked(&[OsStr::new("verify"), damaged.as_os_str()]);
+        assert_eq!(code, 1, "{what}: verify must exit 1:\n{text}");
+        assert!(text.contains(MODEL_FILE) && text.contains(reason), "{what}: verify does not say why:\n{text}");
+        let (code, json) = rekindle_json(&[OsStr::new("checkpoints"), tmp.path().as_os_str()]);
+        assert_eq!(code, 0, "{what}");
+        assert_eq!(json["resume_step"], GOOD, "{what}: {json}");
+        fs::copy(support::cli::TINY_CONFIG, tmp.path().join("config.toml")).unwrap();
+        let (code, out, _) = rekindle_unpanicked(&[OsStr::new("status"), tmp.path().as_os_str()]);
+        assert_eq!(code, 0, "{what}: {out}");
+        assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, GOOD, "{what}");
+    }
+
+    // Manifest sizes that add up past u64::MAX (summed for every listing).
+    let (tmp, store) = store_with_damaged_newest(|dir| {
+        rewrite_manifest(dir, |m| {
+            for entry in m["files"].as_array_mut().unwrap() {
+                entry["bytes"] = u64::MAX.into();
+            }
+        })
+    });
+    let (code, text, _) = rekindle_unpanicked(&[OsStr::new("verify"), store.step_dir(DAMAGED).as_os_str()]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("wrong size"), "{text}");
+    let (code, json) = rekindle_json(&[OsStr::new("checkpoints"), tmp.path().as_os_str()]);
+    assert_eq!((code, &json["resume_step"]), (0, &serde_json::json!(GOOD)), "{json}");
+    assert_eq!(json["checkpoints"][0]["bytes"], u64::MAX, "{json}");
+
+    // A run directory whose lock, summary and records are garbage or hostile.
+    let run = tmp.path();
+    fs::copy(support::cli::TINY_CONFIG, run.join("config.toml")).unwrap();
+    fs::write(
+        run.join("rekindle.lock"),
+        br#"{"token":"t","job_id":null,"host":"h","pid":0,"heartbeat":1e308,"started":-1e308}"#,
+    )
+    .unwrap();
+    fs::write(run.join("summary.json"), b"\x00\xff{{{").unwrap();
+    fs::write(
+        run.join("events.jsonl"),
+        b"{\"event\":\"start\",\"time\":\"+262143-12-31T23:59:59Z\"}\n{\"event\":\"stop\",\"step\":18446744073709551615}\n{\"ev",
+    )
+    .unwrap();
+    fs::write(run.join("metrics.jsonl"), b"{\"step\":18446744073709551615,\"loss\":1e308,\"time\":\"x\"}\n[[[[")
+        .unwrap();
+    for json in [false, true] {
+        let mut args = vec![OsStr::new("status"), run.as_os_str()];
+        if json {
+            args.push(OsStr::new("--json"));
+        }
+        let (code, out, err) = rekindle_unpanicked(&args);
+        assert_eq!(code, 0, "status --json={json}:\n{out}\n{err}");
+    }
+    let report = run.join("report.html");
+    let (code, out, err) =
+        rekindle_unpanicked(&[OsStr::new("report"), run.as_os_str(), OsStr::new("--out"), report.as_os_str()]);
+    assert_eq!(code, 0, "report:\n{out}\n{err}");
+    assert!(fs::read_to_string(&report).unwrap().contains("</html>"));
 }

@@ -1,5 +1,8 @@
-//! Device placement of `rekindle run` (issue 6), through the real binary on
-//! this GPU-less machine, with injected GPUs and failures:
+//! Device placement of `rekindle run` (issue 6), through the real binary,
+//! with injected GPUs (and injected GPU-less nodes) and failures; where a
+//! test runs on this machine's own devices it first asks `rekindle gpus`
+//! what is there and asserts the matching outcome, so the suite passes on
+//! GPU nodes too:
 //!
 //! - a fake 2-GPU node (`REKINDLE_GPU_INVENTORY`): this build has no CUDA
 //!   backend, so the run falls back to the CPU with a `gpu_fallback` event,
@@ -35,6 +38,24 @@ fn inventory(dir: &Path, n: usize, free_mib: u64) -> PathBuf {
     let path = dir.join(format!("node-{n}.json"));
     fs::write(&path, format!(r#"{{"devices": [{}]}}"#, vec![device; n].join(", "))).unwrap();
     path
+}
+
+/// An inventory of a node with no GPU at all (`{"devices": []}`), in `dir`.
+fn no_gpus(dir: &Path) -> PathBuf {
+    let path = dir.join("node-0.json");
+    fs::write(&path, r#"{"devices": []}"#).unwrap();
+    path
+}
+
+/// Whether this machine has a GPU a run with `[gpu] backend = "auto"` (the
+/// default) plans for, asked the way a run asks (`rekindle gpus --json`
+/// probes like `rekindle run` does): tests about "this machine" assert what
+/// matches the answer.
+fn this_machine_plans_a_gpu() -> bool {
+    let out = support::runs::rekindle().args(["gpus", "--json"]).output().unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("rekindle gpus --json: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    report["plan"]["device_kind"].as_str().is_some_and(|k| k != "cpu")
 }
 
 /// The tiny mlp for `steps` steps (warm-up shortened to fit).
@@ -93,12 +114,28 @@ fn a_fake_two_gpu_node_falls_back_to_the_cpu_with_an_event() {
     assert_eq!(fallback["plan"]["device_kind"], "cpu");
     assert_eq!(summary(&dir)["steps"], 3, "trained on the CPU to the end");
 
-    // The same node without the inventory is this machine: no GPU, no fallback.
+    // A node without GPUs: no fallback, the CPU from the start.
     let plain = tmp.path().join("plain");
-    let (code, stderr) = run_with(&on_any_backend(3), &plain, &[], None);
+    let (code, stderr) =
+        run_with(&on_any_backend(3), &plain, &[("REKINDLE_GPU_INVENTORY", &no_gpus(tmp.path()))], None);
     assert_eq!(code, EXIT_DONE, "{stderr}");
     assert!(events_named(&plain, "gpu_fallback").is_empty());
     assert_eq!(the_event(&plain, "start")["placement"]["backend"], "cpu");
+
+    // This machine, probed: the outcome matches what `rekindle gpus` finds.
+    let here = tmp.path().join("here");
+    let gpu_here = this_machine_plans_a_gpu();
+    let (code, stderr) = run_with(&on_any_backend(3), &here, &[], None);
+    assert_eq!(code, EXIT_DONE, "{stderr}");
+    let placement = &the_event(&here, "start")["placement"];
+    if gpu_here {
+        // A GPU this build can use trains there; one it cannot falls back.
+        let fell_back = !events_named(&here, "gpu_fallback").is_empty();
+        assert_eq!(placement["backend"] == "cpu", fell_back, "{placement}");
+    } else {
+        assert!(events_named(&here, "gpu_fallback").is_empty(), "no GPU here, yet a fallback");
+        assert_eq!(placement["backend"], "cpu", "{placement}");
+    }
 }
 
 #[test]
@@ -117,11 +154,23 @@ fn require_true_refuses_before_training() {
     assert!(the_event(&dir, "error")["error"].as_str().unwrap().contains("require = true"));
     assert_eq!(the_event(&dir, "start")["placement"]["wanted"]["replicas"], 2);
 
-    // And with no GPU at all (this machine, no inventory).
+    // And on a node with no GPU at all.
     let none = tmp.path().join("none");
-    let (code, stderr) = run_with(&training, &none, &[], None);
+    let (code, stderr) = run_with(&training, &none, &[("REKINDLE_GPU_INVENTORY", &no_gpus(tmp.path()))], None);
     assert_eq!(code, EXIT_FAILURE, "{stderr}");
     assert!(stderr.contains("require = true but no usable GPU is visible to this job"), "{stderr}");
+
+    // This machine, probed: without a GPU it refuses the same way; with one
+    // it refuses for this build's missing backend or trains on it.
+    let here = tmp.path().join("here");
+    let gpu_here = this_machine_plans_a_gpu();
+    let (code, stderr) = run_with(&training, &here, &[], None);
+    if gpu_here {
+        assert!(code == EXIT_DONE || stderr.contains("require = true but this build has no"), "{code}: {stderr}");
+    } else {
+        assert_eq!(code, EXIT_FAILURE, "{stderr}");
+        assert!(stderr.contains("require = true but no usable GPU is visible to this job"), "{stderr}");
+    }
 }
 
 #[test]

@@ -481,10 +481,12 @@ fn signal_while_the_model_is_built_exits_75_leaving_earlier_checkpoints_as_they_
 }
 
 #[test]
-fn signal_while_the_model_is_built_under_slurm_still_requeues_the_job() {
+fn signal_while_the_model_is_built_with_no_checkpoint_yet_exits_1_and_still_requeues_the_job() {
     // Measured on a real SLURM 22.05 (slurm/drill.sh): a job preempted while
-    // rekindle loaded exited 75 inside its GraceTime and ended FAILED, never
+    // rekindle loaded exited inside its GraceTime and ended FAILED, never
     // requeued, because SLURM does not requeue a job that exits by itself.
+    // With no checkpoint yet the exit is 1, not 75 (75 promises a durable
+    // checkpoint), and it says that the next attempt starts at step 0.
     let tmp = tempdir();
     let fake = FakeScontrol::running_job(tmp.path());
     let dir = tmp.path().join("run");
@@ -495,12 +497,70 @@ fn signal_while_the_model_is_built_under_slurm_still_requeues_the_job() {
         .spawn();
     wait_for_lock(&dir);
     run.signal(Signal::SIGTERM);
-    run.wait(EXIT).assert_code(75);
+    let exited = run.wait(EXIT);
+    exited.assert_code(1);
+    assert!(exited.stderr.contains("no checkpoint yet"), "{}", exited.tail());
+    assert!(exited.stderr.contains("start at step 0"), "{}", exited.tail());
+    assert!(!exited.stderr.contains("panicked"), "{}", exited.tail());
+    assert_eq!(checkpoint_steps(&dir), Vec::<u64>::new());
     let stop = last_event(&dir, "stop");
     assert_eq!(stop["before_training"], true, "the signal arrived after training began: {stop}");
+    assert_eq!(stop["step"], Value::Null, "there is no checkpoint to name: {stop}");
     assert_eq!(stop["requeue"]["decision"], "requeue", "{stop}");
     assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"]);
     assert_eq!(last_event(&dir, "requeue")["answer"], "requeued");
+}
+
+#[test]
+fn signal_while_a_finished_run_loads_exits_0_without_a_requeue() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let slow_start = |dir: &Path| {
+        RunCmd::new(dir)
+            .set("data.synthetic_samples=100000")
+            .set("run.max_steps=10")
+            .env("PATH", fake.path())
+            .env("SLURM_JOB_ID", "77")
+    };
+    slow_start(&dir).run(EXIT).assert_code(0);
+    assert_eq!(checkpoint_steps(&dir), [10]);
+    let finishes = events_named(&dir, "finish").len();
+
+    let run = slow_start(&dir).spawn();
+    wait_for_lock(&dir);
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    // Whether the signal lands before training began or after, the run is
+    // finished: exit 0, a `finish`, never a `stop`, never a requeue.
+    exited.assert_code(0);
+    assert_eq!(events_named(&dir, "finish").len(), finishes + 1, "{}", exited.tail());
+    assert!(events_named(&dir, "stop").is_empty(), "a finished run recorded a stop");
+    assert!(events_named(&dir, "requeue").is_empty(), "a finished run made a requeue decision");
+    assert!(!fake.calls().iter().any(|c| c.starts_with("requeue")), "{:?}", fake.calls());
+    assert_eq!(checkpoint_steps(&dir), [10]);
+    assert_verifies(&dir);
+}
+
+/// `--stop-at-step K` with K at or past `max_steps`: the run reaches its end,
+/// so it finishes (final checkpoint, summary `finished`, exit 0) rather than
+/// exiting 75 with a `stop` that asks to be run again.
+#[test]
+fn stop_at_step_at_or_past_max_steps_finishes_with_a_final_checkpoint() {
+    for stop_at in ["20", "25"] {
+        let tmp = tempdir();
+        let dir = tmp.path().join("run");
+        let exited = RunCmd::new(&dir).set("run.max_steps=20").arg("--stop-at-step").arg(stop_at).run(EXIT);
+        exited.assert_code(0);
+        assert_eq!(checkpoint_steps(&dir), [20], "--stop-at-step {stop_at}");
+        let saved = events_named(&dir, "checkpoint_saved");
+        assert_eq!(saved.last().unwrap()["kind"], "final", "--stop-at-step {stop_at}: {saved:?}");
+        assert_eq!(last_event(&dir, "finish")["step"], 20);
+        assert!(events_named(&dir, "stop").is_empty(), "--stop-at-step {stop_at} recorded a stop");
+        let summary: Value = serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(summary["state"], "finished", "--stop-at-step {stop_at}: {summary}");
+        assert_verifies(&dir);
+    }
 }
 
 // ---------------------------------------------------------------------------

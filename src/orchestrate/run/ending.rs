@@ -11,8 +11,9 @@
 //! within the deadline; the exit code says what is on disk: 75 with a stop
 //! checkpoint of this attempt, or, when it failed, with an earlier checkpoint
 //! that verifies and that the log and the `stop` event name; otherwise 1. A
-//! stop that cannot wait for a checkpoint, a stop before training began, and
-//! failures end here too.
+//! stop that cannot wait for a checkpoint, a stop before training began
+//! ([`early_stop`]: 75, 0 when already finished, 1 with no checkpoint yet),
+//! and failures end here too.
 
 use std::time::Instant;
 
@@ -407,6 +408,12 @@ impl Attempt {
 /// still requeued when it should be. A job preempted (or warned of its time
 /// limit) while it loads exits inside its GraceTime, and SLURM does not
 /// requeue a job that exits by itself: without this it would end FAILED.
+///
+/// The exit code says what is on disk ([`early_stop_outcome`]): 75 with an
+/// earlier checkpoint to resume from; 0 when that checkpoint is of
+/// `max_steps` (the run is finished: a `finish` event, no requeue); and with
+/// no checkpoint at all, [`RunError::StoppedBeforeFirstCheckpoint`] (exit 1,
+/// after the same requeue decision), since 75 promises a durable checkpoint.
 pub(super) fn early_stop(
     stop: &StopFlag,
     events: &mut EventLog,
@@ -415,7 +422,24 @@ pub(super) fn early_stop(
     alloc: &SlurmEnv,
 ) -> Result<Option<Outcome>, RunError> {
     let Some(reason) = stop.signal() else { return Ok(None) };
-    tracing::warn!(reason = %reason.name(), "stop signal before training began: exiting; earlier checkpoints are intact");
+    let ending = early_stop_outcome(durable, cfg.run.max_steps);
+    match ending {
+        EarlyStop::Finished => tracing::warn!(
+            reason = %reason.name(),
+            step = durable,
+            "stop signal before training began, and the run is already finished: exiting 0"
+        ),
+        EarlyStop::Resumable => tracing::warn!(
+            reason = %reason.name(),
+            step = durable,
+            "stop signal before training began: exiting; earlier checkpoints are intact"
+        ),
+        EarlyStop::NoCheckpoint => tracing::warn!(
+            reason = %reason.name(),
+            "stop signal before training began and before any checkpoint: there is no checkpoint yet, \
+             the next attempt starts at step 0"
+        ),
+    }
     // Records, best effort: nothing may keep the requeue from running.
     record_or_log(
         events,
@@ -423,26 +447,56 @@ pub(super) fn early_stop(
     );
     let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
     let deadline = Deadline::after_signal(arrival, cfg.signals.grace, cfg.signals.safety_margin);
-    let requeue = if budget::exit_now(stop.count(), Some(deadline), Instant::now()) {
-        RequeueRecord::skip("fast exit")
-    } else {
-        let finished = durable.is_some_and(|s| s >= cfg.run.max_steps);
-        requeue_and_record(cfg, alloc, reason, finished, Some(deadline), events)
-    };
-    record_or_log(
-        events,
-        &Event::Stop(Stop {
-            step: durable,
-            reason: reason.name(),
-            before_training: true,
-            requeue: Some(requeue),
-            ..Stop::default()
+    let closing = match (ending, durable) {
+        // A finished run has nothing to come back for: no requeue decision.
+        (EarlyStop::Finished, Some(step)) => Event::Finish(Finish {
+            step,
+            publish: PublishOutcome::Skipped { skipped: "stop signal before training began".into() },
         }),
-    );
+        _ => {
+            let requeue = if budget::exit_now(stop.count(), Some(deadline), Instant::now()) {
+                RequeueRecord::skip("fast exit")
+            } else {
+                requeue_and_record(cfg, alloc, reason, false, Some(deadline), events)
+            };
+            Event::Stop(Stop {
+                step: durable,
+                reason: reason.name(),
+                before_training: true,
+                requeue: Some(requeue),
+                ..Stop::default()
+            })
+        }
+    };
+    record_or_log(events, &closing);
     if let Err(e) = events.sync() {
         tracing::error!(error = %e, "could not sync events.jsonl");
     }
-    Ok(Some(Outcome::StoppedWithCheckpoint))
+    match ending {
+        EarlyStop::Finished => Ok(Some(Outcome::Done)),
+        EarlyStop::Resumable => Ok(Some(Outcome::StoppedWithCheckpoint)),
+        EarlyStop::NoCheckpoint => Err(RunError::StoppedBeforeFirstCheckpoint { reason: reason.name() }),
+    }
+}
+
+/// What a stop before training began leaves behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EarlyStop {
+    /// The newest checkpoint is of `max_steps`: nothing left to train (exit 0).
+    Finished,
+    /// An earlier checkpoint to resume from (exit 75).
+    Resumable,
+    /// No checkpoint yet: nothing to resume from (exit 1).
+    NoCheckpoint,
+}
+
+/// Decides [`EarlyStop`] from the newest durable checkpoint's step.
+fn early_stop_outcome(durable: Option<u64>, max_steps: u64) -> EarlyStop {
+    match durable {
+        Some(step) if step >= max_steps => EarlyStop::Finished,
+        Some(_) => EarlyStop::Resumable,
+        None => EarlyStop::NoCheckpoint,
+    }
 }
 
 /// Records an event on a stop path: a failure is logged, never returned.
@@ -564,6 +618,15 @@ mod tests {
         assert_eq!(stop_kind(StopReason::Signal(SIGTERM)), StopKind::ClusterSignal);
         assert_eq!(stop_kind(StopReason::Signal(SIGUSR1)), StopKind::ClusterSignal);
         assert_eq!(stop_kind(StopReason::StopAtStep), StopKind::StopAtStep);
+    }
+
+    #[test]
+    fn a_stop_before_training_exits_by_what_is_on_disk() {
+        assert_eq!(early_stop_outcome(None, 100), EarlyStop::NoCheckpoint);
+        assert_eq!(early_stop_outcome(Some(0), 100), EarlyStop::Resumable);
+        assert_eq!(early_stop_outcome(Some(99), 100), EarlyStop::Resumable);
+        assert_eq!(early_stop_outcome(Some(100), 100), EarlyStop::Finished);
+        assert_eq!(early_stop_outcome(Some(150), 100), EarlyStop::Finished);
     }
 
     #[test]
