@@ -30,6 +30,18 @@ impl Outcome {
             Outcome::ConfigError => 78,
         }
     }
+
+    /// The outcome of a code (a data-parallel run's followers exit with the
+    /// leader's); an unknown code is a failure.
+    pub fn from_code(code: u8) -> Outcome {
+        match code {
+            0 => Outcome::Done,
+            2 => Outcome::UsageError,
+            75 => Outcome::StoppedWithCheckpoint,
+            78 => Outcome::ConfigError,
+            _ => Outcome::Failure,
+        }
+    }
 }
 
 impl From<Outcome> for ExitCode {
@@ -47,3 +59,18 @@ Exit codes:
   2   usage error on the command line
   75  stopped with a durable checkpoint: run the same command again to continue
   78  configuration error: nothing was started or changed";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_round_trips_through_its_code() {
+        for o in
+            [Outcome::Done, Outcome::StoppedWithCheckpoint, Outcome::ConfigError, Outcome::UsageError, Outcome::Failure]
+        {
+            assert_eq!(Outcome::from_code(o.code()), o);
+        }
+        assert_eq!(Outcome::from_code(9), Outcome::Failure);
+    }
+}

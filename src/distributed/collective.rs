@@ -14,6 +14,8 @@
 //! sends and receives about twice the vector, as a ring all-reduce would,
 //! whatever the world size.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use super::error::DistributedError;
 
 /// Collective operations over all ranks of the world. Every rank must make
@@ -65,6 +67,46 @@ impl Collective for Solo {
     }
     fn barrier(&self) -> Result<(), DistributedError> {
         Ok(())
+    }
+}
+
+/// One world shared by several owners (the trainer's step and the
+/// orchestrator's agreements): each call locks it, so the calls stay
+/// serialised as MPI needs.
+#[derive(Clone)]
+pub struct SharedWorld(Arc<Mutex<Box<dyn Collective>>>);
+
+impl SharedWorld {
+    pub fn new(world: Box<dyn Collective>) -> SharedWorld {
+        SharedWorld(Arc::new(Mutex::new(world)))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&dyn Collective) -> T) -> T {
+        f(&**self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Collective for SharedWorld {
+    fn rank(&self) -> usize {
+        self.with(|w| w.rank())
+    }
+    fn size(&self) -> usize {
+        self.with(|w| w.size())
+    }
+    fn engine(&self) -> &'static str {
+        self.with(|w| w.engine())
+    }
+    fn sum_in_rank_order(&self, local: &[f32]) -> Result<Vec<f32>, DistributedError> {
+        self.with(|w| w.sum_in_rank_order(local))
+    }
+    fn max_u64(&self, local: u64) -> Result<u64, DistributedError> {
+        self.with(|w| w.max_u64(local))
+    }
+    fn all_gather_bytes(&self, local: &[u8]) -> Result<Vec<Vec<u8>>, DistributedError> {
+        self.with(|w| w.all_gather_bytes(local))
+    }
+    fn barrier(&self) -> Result<(), DistributedError> {
+        self.with(|w| w.barrier())
     }
 }
 

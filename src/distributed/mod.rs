@@ -16,7 +16,7 @@ pub mod mpi_world;
 pub mod threads;
 pub mod world;
 
-pub use collective::{Collective, Solo, sum_in_rank_order};
+pub use collective::{Collective, SharedWorld, Solo, sum_in_rank_order};
 pub use error::DistributedError;
 pub use threads::ThreadRank;
 pub use world::{Launcher, WorldInfo};

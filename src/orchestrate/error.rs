@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use crate::checkpoint::CheckpointError;
 use crate::config::ConfigError;
+use crate::distributed::DistributedError;
 use crate::exit::Outcome;
 use crate::gpu::GpuError;
 use crate::telemetry::TelemetryError;
@@ -22,13 +23,10 @@ pub enum RunError {
     ConfigChanged { path: PathBuf, diff: Vec<String> },
     #[error("cannot read the previous config {path}: {reason}; fix or remove it")]
     PreviousConfig { path: PathBuf, reason: String },
-    #[error(
-        "SLURM started {tasks} tasks of this program in one job step (SLURM_STEP_NUM_TASKS={tasks}), \
-         but this rekindle trains one process per run: every task would train the same run in the same directory; \
-         launch one task (`srun -n 1 ...`, or submit slurm/orchestrator.slurm without -n/--ntasks) and ask for that \
-         task's GPUs with --gres"
-    )]
-    SeveralTasks { tasks: u32 },
+    #[error(transparent)]
+    Distributed(crate::distributed::DistributedError),
+    #[error("the ranks of this data-parallel run disagree: {what}")]
+    Ranks { what: String },
     #[error("cannot prepare run directory {path}: {source}")]
     RunDir { path: PathBuf, source: io::Error },
     #[error(transparent)]
@@ -101,7 +99,11 @@ impl RunError {
             RunError::Config(_)
             | RunError::ConfigChanged { .. }
             | RunError::PreviousConfig { .. }
-            | RunError::SeveralTasks { .. } => Outcome::ConfigError,
+            | RunError::Distributed(
+                DistributedError::NotBuiltWithMpi { .. }
+                | DistributedError::BadLaunchEnv { .. }
+                | DistributedError::WorldMismatch { .. },
+            ) => Outcome::ConfigError,
             _ => Outcome::Failure,
         }
     }

@@ -13,6 +13,7 @@ mod error;
 mod lock;
 mod persist;
 mod progress;
+mod ranks;
 mod run;
 mod rundir;
 mod status;

@@ -36,6 +36,7 @@ use std::time::Instant;
 
 use crate::checkpoint::{CheckpointStore, TensorSet};
 use crate::config::{self, Config};
+use crate::distributed::{self, SharedWorld, WorldInfo};
 use crate::exit::Outcome;
 use crate::gpu::Monitor;
 use crate::slurm::SlurmEnv;
@@ -47,6 +48,7 @@ use super::error::RunError;
 use super::lock::RunLock;
 use super::persist::Persister;
 use super::progress::Progress;
+use super::ranks::{self, Leader};
 use super::rundir::{self, RunDir};
 use super::stop::{StopFlag, StopReason};
 use ending::Ending;
@@ -70,17 +72,40 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let loaded = config::load(&opts.config_path, &opts.overrides)?;
     let cfg = loaded.config;
     let slurm = SlurmEnv::from_process();
-    if let Some(tasks) = slurm.several_tasks() {
-        return Err(RunError::SeveralTasks { tasks });
-    }
+    let info = WorldInfo::detect().map_err(RunError::Distributed)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    if info.size <= 1 {
+        return lead(opts, cfg, stop, slurm, root, None);
+    }
+    // A data-parallel run (docs/distributed.md): rank 0 leads, the others follow.
+    let world = SharedWorld::new(distributed::connect(&info).map_err(RunError::Distributed)?);
+    if !info.is_leader() {
+        let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg));
+        return ranks::follow(&cfg, store, world, slurm.node_name(), &stop);
+    }
+    tracing::info!(ranks = info.size, launcher = %info.launcher, "leading a data-parallel run");
+    let (leader, nodes) = Leader::hello(world, slurm.node_name(), &stop)?;
+    let result = lead(opts, cfg, stop.clone(), slurm, root, Some((leader.clone(), nodes)));
+    leader.end(&stop, result.as_ref().map_or_else(RunError::outcome, |o| *o));
+    result
+}
+
+/// Everything a one-process run (or a data-parallel run's leader) does.
+fn lead(
+    opts: &RunOptions,
+    cfg: Config,
+    stop: StopFlag,
+    slurm: SlurmEnv,
+    root: PathBuf,
+    world: Option<(Leader, Vec<String>)>,
+) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
     std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
     let lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
-    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, lock.lost_flag())? {
+    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, lock.lost_flag(), world)? {
         Started::Ready(attempt) => attempt.train(),
         Started::StoppedEarly(outcome) => Ok(outcome),
     }
@@ -123,6 +148,8 @@ struct Attempt {
     lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Host buffers of the last persisted snapshot, reused by the next one.
     spare: Option<(TensorSet, TensorSet)>,
+    /// The other ranks of a data-parallel run, which this attempt leads.
+    leader: Option<Leader>,
 }
 
 impl Attempt {
@@ -153,16 +180,34 @@ impl Attempt {
                 return Err(RunError::LockLost { dir: self.dir.root.clone() });
             }
             self.collect_background()?;
-            // Reaching max_steps comes first: a run whose last step is done
-            // is finished (final checkpoint, exit 0) even when the step it
-            // was told to stop at, or a stop signal, arrives with it. A stop
-            // there would exit 75 and requeue a job that has nothing left to do.
-            if self.trainer.step() >= max_steps {
-                break;
-            }
-            if let Some(reason) = self.stop_reason() {
-                progress.finish();
-                return self.stop(reason);
+            // With other ranks, every rank must make the same choice: agree
+            // first (a signal on any rank stops all at this boundary), then
+            // train exactly when agreed, whatever arrives meanwhile.
+            let agreed = match &self.leader {
+                None => true,
+                Some(leader) => {
+                    let lost = self.lock_lost.load(std::sync::atomic::Ordering::SeqCst);
+                    let would = !lost && self.stop_reason().is_none() && self.trainer.step() < max_steps;
+                    leader.tick(&self.stop, would)?
+                }
+            };
+            if !agreed || self.leader.is_none() {
+                if self.lock_lost.load(std::sync::atomic::Ordering::SeqCst) {
+                    progress.finish();
+                    return Err(RunError::LockLost { dir: self.dir.root.clone() });
+                }
+                // Reaching max_steps comes first: a run whose last step is
+                // done is finished (final checkpoint, exit 0) even when the
+                // step it was told to stop at, or a stop signal, arrives with
+                // it. A stop there would exit 75 and requeue a job that has
+                // nothing left to do.
+                if self.trainer.step() >= max_steps {
+                    break;
+                }
+                if let Some(reason) = self.stop_reason() {
+                    progress.finish();
+                    return self.stop(reason);
+                }
             }
             let stop = self.stop.clone();
             let lost = std::sync::Arc::clone(&self.lock_lost);

@@ -106,6 +106,22 @@ impl StopFlag {
     pub fn is_set(&self) -> bool {
         self.count() > 0
     }
+
+    /// Records a stop signal another rank of a data-parallel run received
+    /// at `arrival` (by this process's clock): counted once, and it becomes
+    /// the first signal when it arrived before any this process received,
+    /// so the deadline is the earliest arrival over all ranks.
+    pub fn merge_remote(&self, sig: i32, arrival: Instant) {
+        let nanos = arrival.saturating_duration_since(self.shared.base).as_nanos() as u64 + 1;
+        let current = self.shared.first_arrival.load(Ordering::SeqCst);
+        if current == 0 || nanos < current {
+            self.shared.first_signal.store(sig as usize, Ordering::SeqCst);
+            self.shared.first_arrival.store(nanos, Ordering::SeqCst);
+        }
+        if self.count() == 0 {
+            self.shared.count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Shared {
@@ -122,6 +138,25 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remote_signal_counts_once_and_wins_only_when_earlier() {
+        let flag = StopFlag::default();
+        let early = Instant::now();
+        std::thread::sleep(Duration::from_millis(5));
+        flag.raise(libc::SIGUSR1);
+        flag.merge_remote(libc::SIGTERM, early);
+        assert_eq!(flag.signal(), Some(StopReason::Signal(libc::SIGTERM)));
+        assert!(flag.first_arrival().unwrap() <= early + Duration::from_micros(1));
+        assert_eq!(flag.count(), 1, "the remote signal is not one of ours");
+        flag.merge_remote(libc::SIGUSR2, Instant::now());
+        assert_eq!(flag.signal(), Some(StopReason::Signal(libc::SIGTERM)), "a later remote signal changes nothing");
+
+        let quiet = StopFlag::default();
+        quiet.merge_remote(libc::SIGTERM, Instant::now());
+        assert!(quiet.is_set());
+        assert_eq!((quiet.signal(), quiet.count()), (Some(StopReason::Signal(libc::SIGTERM)), 1));
+    }
 
     #[test]
     fn first_signal_and_its_time_are_kept_later_ones_counted() {

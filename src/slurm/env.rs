@@ -72,13 +72,6 @@ impl SlurmEnv {
         }
     }
 
-    /// More than one task started this program in one step (`srun -n 2`):
-    /// each would train the same run. Returns how many, for the error that
-    /// refuses it. A batch shell of a many-task job is one process: not counted.
-    pub fn several_tasks(&self) -> Option<u32> {
-        self.tasks.filter(|n| *n > 1)
-    }
-
     /// This node's name: SLURMD_NODENAME, else the host name.
     pub fn node_name(&self) -> String {
         self.node.clone().unwrap_or_else(hostname)
@@ -113,17 +106,12 @@ mod tests {
     }
 
     #[test]
-    fn a_step_of_two_tasks_is_several_tasks_and_one_task_is_not() {
+    fn a_step_records_its_id_and_task_count() {
         let two =
             env(&[("SLURM_JOB_ID", "5"), ("SLURM_STEP_ID", "0"), ("SLURM_STEP_NUM_TASKS", "2"), ("SLURM_NTASKS", "2")]);
-        assert_eq!(two.several_tasks(), Some(2));
-        assert_eq!(two.step_id.as_deref(), Some("0"));
-        let one =
-            env(&[("SLURM_JOB_ID", "5"), ("SLURM_STEP_ID", "0"), ("SLURM_STEP_NUM_TASKS", "1"), ("SLURM_NTASKS", "4")]);
-        assert_eq!(one.several_tasks(), None, "the step's own task count wins over the job's");
+        assert_eq!((two.step_id.as_deref(), two.tasks), (Some("0"), Some(2)));
         let batch = env(&[("SLURM_JOB_ID", "5"), ("SLURM_NTASKS", "2")]);
-        assert_eq!(batch.several_tasks(), None, "the batch shell of a 2-task job is one process");
-        assert_eq!(env(&[]).several_tasks(), None);
+        assert_eq!(batch.tasks, None, "the batch shell of a 2-task job is not a step");
     }
 
     #[test]

@@ -159,6 +159,12 @@ pub struct Start {
     pub max_steps: u64,
     /// Backend, plan, layout and devices in use (see `orchestrate::Devices`).
     pub placement: Value,
+    /// Ranks of a data-parallel run (absent for one process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<usize>,
+    /// The node of each rank, in rank order (absent for one process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank_nodes: Option<Vec<String>>,
 }
 
 /// `checkpoint_rejected`: a checkpoint that does not verify.

@@ -45,6 +45,10 @@ impl Trainer {
         should_stop: &dyn Fn() -> bool,
         on_retry: &mut dyn FnMut(&OomRetry),
     ) -> Result<StepResult, TrainError> {
+        if self.rank_and_size().1 > 1 {
+            // Ranks must keep one layout: no back-off in a world.
+            return self.train_step(should_stop);
+        }
         let mut retries = 0;
         loop {
             let (step, micro_batch, message) = match self.train_step(should_stop) {

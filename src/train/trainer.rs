@@ -350,9 +350,11 @@ impl Trainer {
     /// N ranks train exactly as one process with N replicas.
     ///
     /// A world of one is the same as none. Refused when the effective batch
-    /// does not split into `world.size()` equal shards, and with dropout:
-    /// a rank cannot know the dropout draws of the ranks before it, which
-    /// one process with replicas draws from one stream.
+    /// does not split into `world.size()` equal shards; with dropout (a rank
+    /// cannot know the dropout draws of the ranks before it, which one
+    /// process with replicas draws from one stream); and with
+    /// `on_nonfinite = "rollback"`. The out-of-memory back-off is off in a
+    /// world: one rank shrinking its micro-batch alone would break the sum.
     pub fn join_world(&mut self, world: Box<dyn Collective>, dropout: f64) -> Result<(), TrainError> {
         let n = world.size();
         if n <= 1 {
@@ -363,6 +365,15 @@ impl Trainer {
                 "model.dropout",
                 format!(
                     "must be 0 in a data-parallel run of {n} ranks (got {dropout}); train with one rank to use dropout"
+                ),
+            ));
+        }
+        if self.on_nonfinite == OnNonFinite::Rollback {
+            return Err(TrainError::config(
+                "train.on_nonfinite",
+                format!(
+                    "\"rollback\" reloads a checkpoint on one process; in a data-parallel run of {n} ranks use \"skip\" \
+                     or \"stop\" (every rank sees the same non-finite step and acts alike)"
                 ),
             ));
         }

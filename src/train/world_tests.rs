@@ -84,7 +84,13 @@ fn what_ranks_cannot_do_together_is_refused_with_the_key() {
     let err = Trainer::new(&cfg).unwrap().join_world(Box::new(ThreadRank::world(2).remove(0)), 0.0).unwrap_err();
     assert!(err.to_string().contains("multiple of 2"), "{err}");
 
+    let mut cfg = no_dropout(tiny_mlp());
+    cfg.train.on_nonfinite = crate::config::OnNonFinite::Rollback;
+    let err = Trainer::new(&cfg).unwrap().join_world(Box::new(ThreadRank::world(2).remove(0)), 0.0).unwrap_err();
+    assert!(err.to_string().contains("train.on_nonfinite"), "{err}");
+
     // A world of one changes nothing.
+    let cfg = no_dropout(tiny_mlp());
     let mut t = Trainer::new(&cfg).unwrap();
     t.join_world(Box::new(ThreadRank::world(1).remove(0)), 0.0).unwrap();
     assert_eq!(t.rank_and_size(), (0, 1));

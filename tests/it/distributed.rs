@@ -3,29 +3,65 @@
 //! step uses must be exact (each rank checks it against the sum it computes
 //! alone, bit for bit) and deterministic; a binary built without the `mpi`
 //! feature must refuse to be one of several ranks, naming the feature.
+//!
+//! `rekindle run` over two ranks: stopped (by `--stop-at-step`, or by a
+//! SIGTERM that reaches only one rank) and resumed at two ranks, it ends byte
+//! for byte as two ranks never stopped; resumed at one rank, it sees every
+//! sample exactly once and ends close to it (not bit-exact: the float
+//! summation order changes).
 
 use crate::support;
 
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use support::requires;
-use support::runs::rekindle;
+use support::runs::{
+    EXIT_DONE, EXIT_STOPPED, Training, assert_same_checkpoint, assert_same_metrics, events_named, last_logged_step,
+    losses, rekindle, step_dir,
+};
 
 /// `mpirun -n ranks rekindle ARGS…` as root on a 2-vCPU machine: no core
 /// binding (both ranks pinned to one core are ~25× slower, FACTS.md), and
 /// more ranks than cores allowed.
 fn mpirun(ranks: usize, args: &[&str]) -> Output {
-    let exe = rekindle().get_program().to_owned();
-    Command::new("mpirun")
-        .args(["-n", &ranks.to_string(), "--bind-to", "none", "--oversubscribe"])
+    mpirun_command(ranks, rekindle(), args).output().expect("run mpirun")
+}
+
+/// `mpirun -n ranks` around `cmd` (its program, arguments and environment).
+fn mpirun_command(ranks: usize, cmd: Command, args: &[&str]) -> Command {
+    let mut mpi = Command::new("mpirun");
+    mpi.args(["-n", &ranks.to_string(), "--bind-to", "none", "--oversubscribe"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .arg(exe)
-        .args(args)
-        .output()
-        .expect("run mpirun")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => mpi.env(key, v),
+            None => mpi.env_remove(key),
+        };
+    }
+    mpi.arg(cmd.get_program()).args(cmd.get_args()).args(args);
+    mpi
+}
+
+/// The tiny mlp for `max_steps`, checkpointing every 10 steps.
+fn training(max_steps: u64) -> Training {
+    Training::tiny_mlp(max_steps).set("checkpoint.every_steps=10")
+}
+
+/// `training` over `ranks` ranks in `run_dir`; asserts the exit code.
+fn run_ranks(training: &Training, ranks: usize, run_dir: &Path, extra: &[&str], expected: i32) {
+    let out = mpirun_command(ranks, training.command(run_dir, extra), &[]).output().expect("run mpirun");
+    assert_eq!(
+        out.status.code(),
+        Some(expected),
+        "mpirun -n {ranks} rekindle run {extra:?}: {:?}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn json_of(out: &Output) -> Value {
@@ -80,4 +116,104 @@ fn a_rank_of_a_bigger_world_is_refused_without_the_mpi_feature_and_named_with_it
     } else {
         assert!(stderr.contains("without the `mpi` feature") && stderr.contains("--features mpi"), "{stderr}");
     }
+}
+
+#[test]
+fn two_ranks_stopped_and_resumed_end_byte_identical_to_two_ranks_never_stopped() {
+    let Some(()) = requires::mpi() else { return };
+    let training = training(40);
+    let tmp = tempfile::tempdir().unwrap();
+    let (reference, stopped) = (tmp.path().join("reference"), tmp.path().join("stopped"));
+    run_ranks(&training, 2, &reference, &[], EXIT_DONE);
+    run_ranks(&training, 2, &stopped, &["--stop-at-step", "15"], EXIT_STOPPED);
+    assert!(step_dir(&stopped, 15).is_dir());
+    run_ranks(&training, 2, &stopped, &[], EXIT_DONE);
+    assert_same_checkpoint(&stopped, &reference, 40);
+    assert_same_metrics(&stopped, &reference, 40);
+    // One writer: rank 0. The start event names both ranks' nodes.
+    let start = &events_named(&reference, "start")[0];
+    assert_eq!(start["world_size"], 2, "{start}");
+    assert_eq!(start["rank_nodes"].as_array().map(Vec::len), Some(2), "{start}");
+    assert_eq!(events_named(&reference, "start").len(), 1, "only rank 0 writes records");
+}
+
+/// The pid of rank `rank` of the run writing `run_dir` (OpenMPI tells each
+/// rank its number in `OMPI_COMM_WORLD_RANK`).
+fn rank_pid(run_dir: &Path, rank: usize) -> Option<i32> {
+    let needle = run_dir.to_string_lossy().to_string();
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let environ = std::fs::read(entry.path().join("environ")).ok()?;
+        let args = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let is_rank = environ.split(|b| *b == 0).any(|kv| kv == want.as_bytes());
+        (args.contains(" run ") && args.contains(&needle) && is_rank).then_some(pid)
+    })
+}
+
+#[test]
+fn a_sigterm_to_one_rank_stops_both_at_one_step_with_one_checkpoint_and_the_resume_is_exact() {
+    let Some(()) = requires::mpi() else { return };
+    let training = training(100_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let mut child: Child = mpirun_command(2, training.command(&run_dir, &[]), &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mpirun");
+    let t0 = Instant::now();
+    let follower = loop {
+        let trained = last_logged_step(&run_dir).is_some_and(|s| s >= 12);
+        if let (true, Some(pid)) = (trained, rank_pid(&run_dir, 1)) {
+            break pid;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the signal");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the ranks did not train 12 steps in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Only rank 1 gets it: rank 0 must learn it from the step's agreement.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(follower), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(EXIT_STOPPED), "{status}");
+    let stop = events_named(&run_dir, "stop").pop().expect("a stop event from rank 0");
+    assert_eq!(stop["reason"], "SIGTERM", "{stop}");
+    let step = stop["step"].as_u64().unwrap();
+    assert_eq!(last_logged_step(&run_dir), Some(step), "both ranks stopped at the step of the checkpoint");
+    assert!(step_dir(&run_dir, step).is_dir());
+
+    // The same run resumed at two ranks to a fixed step equals an
+    // uninterrupted two-rank run to that step.
+    let target = step + 5;
+    run_ranks(&training, 2, &run_dir, &["--stop-at-step", &target.to_string()], EXIT_STOPPED);
+    let reference = tmp.path().join("reference");
+    run_ranks(&training, 2, &reference, &["--stop-at-step", &target.to_string()], EXIT_STOPPED);
+    assert_same_checkpoint(&run_dir, &reference, target);
+    assert_same_metrics(&run_dir, &reference, target);
+}
+
+#[test]
+fn two_ranks_resumed_at_one_see_every_sample_once_and_land_close() {
+    let Some(()) = requires::mpi() else { return };
+    let training = training(40);
+    let tmp = tempfile::tempdir().unwrap();
+    let (reference, elastic) = (tmp.path().join("reference"), tmp.path().join("elastic"));
+    run_ranks(&training, 2, &reference, &[], EXIT_DONE);
+    run_ranks(&training, 2, &elastic, &["--stop-at-step", "15"], EXIT_STOPPED);
+    training.run_to_end(&elastic);
+    // Every step once; the same samples consumed (data cursor and counters).
+    let state = |dir: &Path| -> Value {
+        let bytes = std::fs::read(step_dir(dir, 40).join("state.json")).unwrap();
+        serde_json::from_slice::<Value>(&bytes).unwrap()["train"].clone()
+    };
+    let (a, b) = (state(&elastic), state(&reference));
+    for key in ["cursor", "counters", "step"] {
+        assert_eq!(a[key], b[key], "`{key}` differs after the world size changed");
+    }
+    let (la, lb) = (losses(&elastic, 40), losses(&reference, 40));
+    for (step, (x, y)) in la.iter().zip(&lb).enumerate() {
+        assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "step {}: loss {x} at 2 → 1 ranks, {y} at 2", step + 1);
+    }
+    assert_eq!(la[..15], lb[..15], "the steps before the stop are the same records");
 }

@@ -20,6 +20,7 @@ use crate::train::Trainer;
 use super::super::devices::Devices;
 use super::super::error::RunError;
 use super::super::persist::Persister;
+use super::super::ranks::Leader;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::super::stop::StopFlag;
 use super::ending::early_stop;
@@ -35,13 +36,23 @@ impl Attempt {
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
         lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        world: Option<(Leader, Vec<String>)>,
     ) -> Result<Started, RunError> {
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
         // The placement plan needs the model's size, so the trainer comes first.
         let mut trainer = Trainer::new(&cfg)?;
         let mut devices = Devices::select(&cfg, &mut trainer)?;
-        events.record(&start_event(&cfg, &dir, &slurm, &devices))?;
+        let (leader, rank_nodes) = world.map_or((None, None), |(l, nodes)| (Some(l), Some(nodes)));
+        if let Some(leader) = &leader {
+            trainer.join_world(Box::new(leader.world().clone()), cfg.model.dropout)?;
+        }
+        let mut start = start_event(&cfg, &dir, &slurm, &devices);
+        if let Event::Start(s) = &mut start {
+            s.world_size = rank_nodes.as_ref().map(Vec::len);
+            s.rank_nodes = rank_nodes;
+        }
+        events.record(&start)?;
         devices.announce(&mut events)?;
         let outcome = store.load_latest()?;
         set_aside_rejected(&store, &mut events, &outcome.rejected)?;
@@ -69,6 +80,9 @@ impl Attempt {
         };
         if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
+        }
+        if let Some(leader) = &leader {
+            leader.begin(&stop, outcome.loaded.as_ref().map(|l| l.snapshot.step))?;
         }
         // Steps logged after the checkpoint we resumed from were lost with the
         // previous attempt; they are trained again, so drop their lines to keep
@@ -108,6 +122,7 @@ impl Attempt {
             resumes,
             lock_lost,
             spare: None,
+            leader,
         })))
     }
 }
@@ -120,6 +135,8 @@ fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) 
         allocation: serde_json::to_value(slurm).unwrap_or_default(),
         max_steps: cfg.run.max_steps,
         placement: devices.describe(),
+        world_size: None,
+        rank_nodes: None,
     })
 }
 
