@@ -78,6 +78,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     signals(&mut f, &config.signals);
     publish(&mut f, &config.publish);
     gpu(&mut f, &config.gpu);
+    watchdog(&mut f, &config.watchdog);
     f.0
 }
 
@@ -232,6 +233,20 @@ fn signals(f: &mut Findings, s: &SignalsSection) {
             humantime::format_duration(grace)
         )
     });
+}
+
+fn watchdog(f: &mut Findings, w: &WatchdogSection) {
+    f.require(w.floor > Duration::ZERO, "watchdog.floor", || "must be longer than 0, e.g. \"10m\"".to_string());
+    for (key, limit) in [
+        ("watchdog.step", w.step),
+        ("watchdog.eval", w.eval),
+        ("watchdog.save", w.save),
+        ("watchdog.publish", w.publish),
+    ] {
+        f.require(limit != Limit::Fixed(Duration::ZERO), key, || {
+            "must be \"auto\" or longer than 0 (use watchdog.enabled = false to turn the watchdog off)".to_string()
+        });
+    }
 }
 
 fn gpu(f: &mut Findings, g: &GpuSection) {

@@ -15,7 +15,12 @@
 //!              failure recorded and passed over; exit 75 with a durable
 //!              checkpoint (this attempt's or an earlier one, named), else 1
 //!              (third signal or deadline passed: exit at once, budget.rs)
-//!              failure: `error`, failed summary, exit 1
+//!              failure: classified (crash.rs): transient → requeue with a
+//!              hold, bounded; deterministic → none; `error`, failed
+//!              summary, exit 1
+//! hang.rs      the watchdog (its own thread) found a step, evaluation, save
+//!              or publish stuck: `hang`, checkpoint if the training thread
+//!              is free, requeue, `stop`, exit 75 (1 without a checkpoint)
 //! ```
 //!
 //! The training loop runs on this thread and polls the stop flag between
@@ -24,6 +29,7 @@
 //! requeueing the job when it should be).
 
 mod ending;
+mod hang;
 mod saving;
 mod start;
 
@@ -45,7 +51,9 @@ use super::persist::Persister;
 use super::progress::Progress;
 use super::rundir::{self, RunDir};
 use super::stop::{StopFlag, StopReason};
+use super::watchdog::{Activity, Beats, Watchdog, Worker};
 use ending::Ending;
+use hang::{HangDesk, SharedDurable};
 
 /// What `rekindle run` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -76,7 +84,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
-    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, lock.lost_flag())? {
+    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, &lock)? {
         Started::Ready(attempt) => attempt.train(),
         Started::StoppedEarly(outcome) => Ok(outcome),
     }
@@ -116,6 +124,14 @@ struct Attempt {
     lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Host buffers of the last persisted snapshot, reused by the next one.
     spare: Option<(TensorSet, TensorSet)>,
+    /// What this thread and the persister are doing, for the watchdog.
+    beats: Beats,
+    /// The watchdog thread (`None` with `[watchdog] enabled = false`).
+    _watchdog: Option<Watchdog>,
+    /// Where the watchdog asks for a checkpoint while the persister is stuck.
+    hang: std::sync::Arc<HangDesk>,
+    /// `last_durable_step`, readable by the watchdog.
+    durable: SharedDurable,
 }
 
 impl Attempt {
@@ -125,8 +141,9 @@ impl Attempt {
             .or_else(|| self.stop_at_step.filter(|k| self.trainer.step() >= *k).map(|_| StopReason::StopAtStep))
     }
 
-    /// Trains to the end or to a stop; a failure is recorded in
-    /// `events.jsonl` and `summary.json` before it is returned.
+    /// Trains to the end or to a stop; a failure is classified, recorded in
+    /// `events.jsonl` and `summary.json`, and requeued when transient
+    /// (`ending.rs`), before it is returned.
     fn train(mut self: Box<Self>) -> Result<Outcome, RunError> {
         let result = self.train_loop();
         if let Err(e) = &result
@@ -145,6 +162,10 @@ impl Attempt {
                 progress.finish();
                 return Err(RunError::LockLost { dir: self.dir.root.clone() });
             }
+            if self.hang.requested() {
+                progress.finish();
+                self.answer_watchdog();
+            }
             self.collect_background()?;
             if let Some(reason) = self.stop_reason() {
                 progress.finish();
@@ -155,8 +176,14 @@ impl Attempt {
             }
             let stop = self.stop.clone();
             let lost = std::sync::Arc::clone(&self.lock_lost);
-            let should_stop = move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst);
+            let hang = std::sync::Arc::clone(&self.hang);
+            let should_stop =
+                move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst) || hang.requested();
+            let busy = self.beats.begin(Worker::Training, Activity::Step, self.trainer.step() + 1);
+            // Tests make a step hang here (`train::step=sleep(…)`).
+            fail::fail_point!("train::step");
             let result = self.devices.step(&mut self.trainer, &self.cfg, &should_stop);
+            drop(busy);
             self.devices.record_events(&mut self.events)?;
             match result {
                 Ok(StepResult::Interrupted) => continue,
@@ -197,7 +224,11 @@ impl Attempt {
         progress.update(m.step, m.loss);
         let eval_every = self.cfg.train.eval_every;
         if eval_every > 0 && m.step.is_multiple_of(eval_every) && !self.stop.is_set() {
+            let busy = self.beats.begin(Worker::Training, Activity::Eval, m.step);
+            // Tests make an evaluation hang here (`run::eval=sleep(…)`).
+            fail::fail_point!("run::eval");
             let val_loss = self.trainer.evaluate()?;
+            drop(busy);
             self.metrics.append(&MetricsLine::Val(ValLine {
                 step: m.step,
                 val_loss: Some(val_loss),

@@ -17,8 +17,8 @@ mod summary;
 
 pub use attempts::{Attempt, AttemptEnd, attempts};
 pub use event::{
-    CheckpointFailed, CheckpointRejected, CheckpointSaved, EVENT_NAMES, ErrorEvent, Event, EventContext, Finish,
-    FreshStart, GpuFallback, MonitorOutcome, Nonfinite, OomRetry, PersisterDied, PublishOutcome, RecordedEvent,
+    CheckpointFailed, CheckpointRejected, CheckpointSaved, CrashClass, EVENT_NAMES, ErrorEvent, Event, EventContext, Finish,
+    FreshStart, GpuFallback, HangEvent, MonitorOutcome, Nonfinite, OomRetry, PersisterDied, PublishOutcome, RecordedEvent,
     RefusedFile, RequeueAnswer, RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop, events_from,
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};

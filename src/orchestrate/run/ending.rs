@@ -23,16 +23,18 @@ use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
 use crate::telemetry::{
     ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
-    now_rfc3339,
+    events_from, now_rfc3339, read_jsonl,
 };
 use crate::train::{NonFiniteEvent, TrainError};
 
 use super::super::budget;
+use super::super::crash::{self, CrashAction};
 use super::super::deadline::Deadline;
 use super::super::devices;
 use super::super::error::RunError;
-use super::super::rundir::SUMMARY_FILE;
+use super::super::rundir::{EVENTS_FILE, SUMMARY_FILE};
 use super::super::stop::{StopFlag, StopReason};
+use super::super::watchdog::{Activity, Worker};
 use super::Attempt;
 
 /// How an attempt that did not fail ends.
@@ -319,12 +321,62 @@ impl Attempt {
     }
 
     /// Records a failure (best effort: the error itself is what the caller
-    /// must see): an `error` event, a failed summary.
+    /// must see) after classifying it (`crash.rs`): a transient one requeues
+    /// the job (the usual requeue rules, at most `[run] max_crash_requeues`
+    /// in a row without a new checkpoint, each held back longer), a
+    /// deterministic one never does. Then the `error` event, with the class
+    /// and what was done, and a failed summary. The exit code stays 1.
     pub(super) fn fail(&mut self, error: &RunError) {
-        let _ =
-            self.events.record(&Event::Error(ErrorEvent { step: Some(self.trainer.step()), error: error.to_string() }));
+        let steps = self.trainer.step() - self.start_step;
+        let (class, why) = crash::classify(error, steps);
+        let in_a_row = crash::crash_requeues_in_a_row(&self.recorded_events());
+        let stop_path = matches!(error, RunError::StopWithoutCheckpoint { .. });
+        let action = crash::decide(class, in_a_row, self.cfg.run.max_crash_requeues, stop_path);
+        tracing::error!(class = ?class, %why, "the run failed: {error}");
+        let (requeue, hold_seconds, hold_error) = match action {
+            CrashAction::Requeue { hold } => {
+                let req = RequeueRequest {
+                    policy: self.cfg.signals.requeue,
+                    stop: StopKind::TransientCrash,
+                    finished: false,
+                    job_id: self.slurm.control_id(),
+                    restart_count: self.slurm.restart_count,
+                    max_restarts: self.cfg.signals.max_restarts,
+                };
+                let out = slurm::requeue_after_crash(&Scontrol, &req, hold, &|| {
+                    budget::scontrol_timeout(None, Instant::now())
+                });
+                self.record_or_log(&Event::Requeue(out.record.clone()));
+                (out.record, out.hold_seconds, out.hold_error)
+            }
+            CrashAction::NoRequeue { reason } => {
+                tracing::error!(%reason, "not requeueing after this failure");
+                (RequeueRecord::skip(reason), None, None)
+            }
+        };
+        self.record_or_log(&Event::Error(ErrorEvent {
+            step: Some(self.trainer.step()),
+            error: error.to_string(),
+            class: Some(class),
+            why: Some(why),
+            requeue: Some(requeue),
+            hold_seconds,
+            hold_error,
+        }));
         let _ = self.write_summary(SummaryState::Failed);
         let _ = self.events.sync();
+    }
+
+    /// The events of the run so far, as far as they can be read back.
+    fn recorded_events(&self) -> Vec<Event> {
+        match read_jsonl(&self.dir.path(EVENTS_FILE)) {
+            Ok(Some(lines)) => events_from(lines.records).into_iter().map(|e| e.event).collect(),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read events.jsonl back; counting no earlier crash requeues");
+                Vec::new()
+            }
+        }
     }
 
     /// A non-finite step under `on_nonfinite = "stop"`: checkpoint, then fail.
@@ -365,7 +417,12 @@ impl Attempt {
             reason: reason.to_string(),
             deadline: deadline.map(|d| d.at),
         };
-        let outcome = match publish::publish(&req) {
+        let busy = self.beats.begin(Worker::Training, Activity::Publish, self.trainer.step());
+        // Tests make publishing hang here (`run::publish=sleep(…)`).
+        fail::fail_point!("run::publish");
+        let published = publish::publish(&req);
+        drop(busy);
+        let outcome = match published {
             Ok(report) => PublishOutcome::Done {
                 commit: report.commit,
                 pushed: report.pushed,

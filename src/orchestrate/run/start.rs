@@ -2,7 +2,7 @@
 //! verify, resuming from the newest one that does (or starting fresh), and
 //! trimming `metrics.jsonl` back to the step resumed from.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -19,8 +19,11 @@ use super::super::devices::Devices;
 use super::super::error::RunError;
 use super::super::persist::Persister;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
+use super::super::lock::RunLock;
 use super::super::stop::StopFlag;
+use super::super::watchdog::{Beats, Watchdog};
 use super::ending::early_stop;
+use super::hang::{HangDesk, HangHandler, SharedDurable, events_path};
 use super::{Attempt, Started, context};
 
 impl Attempt {
@@ -32,7 +35,7 @@ impl Attempt {
         stop: StopFlag,
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
-        lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        lock: &RunLock,
     ) -> Result<Started, RunError> {
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
@@ -73,8 +76,32 @@ impl Attempt {
         // every step exactly once.
         truncate_metrics(&dir.path(METRICS_FILE), start_step)?;
         let metrics = JsonlWriter::open(dir.path(METRICS_FILE))?;
-        let persister = Persister::spawn(store.clone())
+        let beats = Beats::default();
+        let persister = Persister::spawn(store.clone(), beats.clone())
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
+        let hang = std::sync::Arc::new(HangDesk::default());
+        let durable = SharedDurable::new(last_durable_step);
+        let watchdog = if cfg.watchdog.enabled {
+            let handler = HangHandler {
+                cfg: cfg.clone(),
+                slurm: slurm.clone(),
+                events: events_path(&dir.root),
+                store: store.clone(),
+                durable: durable.clone(),
+                desk: std::sync::Arc::clone(&hang),
+                lock: lock.release_handle(),
+            };
+            let dog = Watchdog::spawn(
+                cfg.watchdog.clone(),
+                cfg.train.eval_batches,
+                beats.clone(),
+                Box::new(move |h| handler.handle(h)),
+            )
+            .map_err(|source| RunError::RunDir { path: PathBuf::from("<watchdog thread>"), source })?;
+            Some(dog)
+        } else {
+            None
+        };
         // The losses so far come from the checkpoint, not summary.json: a
         // SIGKILLed attempt writes no summary, and after a fallback to an older
         // checkpoint the summary covers steps that are trained again.
@@ -103,8 +130,12 @@ impl Attempt {
             last_checkpoint: Instant::now(),
             last_durable_step,
             resumes,
-            lock_lost,
+            lock_lost: lock.lost_flag(),
             spare: None,
+            beats,
+            _watchdog: watchdog,
+            hang,
+            durable,
         })))
     }
 }

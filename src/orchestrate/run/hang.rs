@@ -1,0 +1,338 @@
+//! The end of an attempt that hangs: what the watchdog (`watchdog.rs`) does
+//! once a step, an evaluation, a save or a publish has run past its limit.
+//! It runs on the watchdog's thread, never on the stuck one, and ends the
+//! process itself: a stuck thread cannot be joined or unwound.
+//!
+//! ```text
+//! `hang` event ─ checkpoint of the last completed step (only when the stuck
+//! thread is the persister: the training thread writes it, asked through the
+//! [`HangDesk`]) ─ requeue decision (scontrol) ─ `stop` (or `error`) event ─
+//! release the lock ─ exit 75 (a checkpoint verifies) or 1 (none)
+//! ```
+//!
+//! Time: the checkpoint attempt may use the same budget as a stop signal's
+//! (`[signals] grace` less `safety_margin`, from the moment the hang is
+//! seen): it writes to the filesystem that may be the stuck one. Each
+//! `scontrol` call then gets its usual timeout. If the records themselves
+//! hang (a dead NFS server holds `events.jsonl` too), the watchdog exits
+//! anyway once that budget and the `scontrol` timeouts have passed, with the
+//! code known from memory.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::checkpoint::{CheckpointStore, VerifyLevel, verify_checkpoint_dir};
+use crate::config::Config;
+use crate::exit::Outcome;
+use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
+use crate::telemetry::{CrashClass, ErrorEvent, Event, EventLog, HangEvent, RequeueRecord, Stop};
+
+use super::super::budget::{self, SCONTROL_TIMEOUT};
+use super::super::deadline::Deadline;
+use super::super::lock::LockRelease;
+use super::super::rundir::EVENTS_FILE;
+use super::super::watchdog::{Hang, Worker};
+use super::{Attempt, context};
+
+/// "No durable checkpoint" in [`SharedDurable`].
+const NONE: u64 = u64::MAX;
+
+/// The newest durable step, shared with the watchdog (the training thread
+/// owns the attempt; the watchdog must not wait for it to read this).
+#[derive(Debug, Clone)]
+pub(super) struct SharedDurable(Arc<AtomicU64>);
+
+impl SharedDurable {
+    pub(super) fn new(step: Option<u64>) -> SharedDurable {
+        SharedDurable(Arc::new(AtomicU64::new(step.unwrap_or(NONE))))
+    }
+
+    pub(super) fn set(&self, step: u64) {
+        self.0.store(step, Ordering::SeqCst);
+    }
+
+    fn get(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::SeqCst)).filter(|s| *s != NONE)
+    }
+}
+
+/// How the watchdog asks the (free) training thread for a checkpoint.
+#[derive(Debug, Default)]
+pub(super) struct HangDesk {
+    requested: AtomicBool,
+    reply: Mutex<Option<Sender<Result<u64, String>>>>,
+}
+
+impl HangDesk {
+    /// True once the watchdog asked for a checkpoint: training must stop.
+    pub(super) fn requested(&self) -> bool {
+        self.requested.load(Ordering::SeqCst)
+    }
+
+    fn request(&self, reply: Sender<Result<u64, String>>) {
+        *self.reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(reply);
+        self.requested.store(true, Ordering::SeqCst);
+    }
+
+    fn answer(&self, result: Result<u64, String>) {
+        if let Some(tx) = self.reply.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = tx.send(result);
+        }
+    }
+}
+
+impl Attempt {
+    /// The watchdog found the persister stuck and asked for a checkpoint:
+    /// writes one of the last completed step beside the stuck save (never
+    /// waiting for it), answers, and waits for the watchdog to end the
+    /// process. Training must not go on meanwhile: the watchdog is
+    /// requeueing the job.
+    pub(super) fn answer_watchdog(&mut self) -> ! {
+        tracing::warn!(step = self.trainer.step(), "watchdog: writing a checkpoint of the last completed step beside the stuck save");
+        let result = self.save_now("hang").map(|r| r.step).map_err(|e| e.to_string());
+        if let Err(e) = self.events.sync() {
+            tracing::error!(error = %e, "could not sync events.jsonl");
+        }
+        self.hang.answer(result);
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// What the watchdog needs to end a hung attempt without the training thread.
+pub(super) struct HangHandler {
+    pub(super) cfg: Config,
+    pub(super) slurm: SlurmEnv,
+    pub(super) events: PathBuf,
+    pub(super) store: CheckpointStore,
+    pub(super) durable: SharedDurable,
+    pub(super) desk: Arc<HangDesk>,
+    pub(super) lock: LockRelease,
+}
+
+impl HangHandler {
+    /// Records, checkpoints where it can, requeues, releases the lock and
+    /// exits the process; never returns.
+    pub(super) fn handle(self, hang: Hang) -> ! {
+        let budget = self.cfg.signals.grace.saturating_sub(self.cfg.signals.safety_margin);
+        let deadline = Deadline { at: Instant::now() + budget };
+        // What to exit with if even the records hang: from memory only.
+        let fallback = if self.durable.get().is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
+        let (tx, rx) = mpsc::channel();
+        let spawned = std::thread::Builder::new().name("rekindle-hang".into()).spawn(move || {
+            let _ = tx.send(self.end_attempt(hang, deadline));
+        });
+        let outcome = match spawned {
+            Ok(_) => rx.recv_timeout(budget + 2 * SCONTROL_TIMEOUT + Duration::from_secs(5)).unwrap_or_else(|_| {
+                tracing::error!("watchdog: the hang's records did not finish in time (the filesystem may be stuck too); exiting anyway");
+                fallback
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "watchdog: cannot start the thread that records the hang; exiting");
+                fallback
+            }
+        };
+        std::process::exit(i32::from(outcome.code()))
+    }
+
+    fn end_attempt(self, hang: Hang, deadline: Deadline) -> Outcome {
+        let what = hang.busy.activity.name();
+        let thread = hang.busy.worker.name();
+        tracing::error!(
+            activity = what,
+            thread,
+            step = hang.busy.step,
+            stuck_s = format!("{:.1}", hang.stuck_for.as_secs_f64()),
+            limit_s = format!("{:.1}", hang.limit.as_secs_f64()),
+            "HANG: the {what} of step {} has run past its [watchdog] limit; ending this attempt and requeueing",
+            hang.busy.step
+        );
+        let mut events = match EventLog::open(&self.events, context(&self.slurm)) {
+            Ok(log) => Some(log),
+            Err(e) => {
+                tracing::error!(error = %e, "watchdog: cannot open events.jsonl; going on without records");
+                None
+            }
+        };
+        record(&mut events, &Event::Hang(hang_event(&hang)));
+        sync(&mut events);
+        // The checkpoint: only a free training thread can take a snapshot.
+        if hang.busy.worker == Worker::Training {
+            tracing::error!(
+                newest = ?self.durable.get(),
+                "watchdog: the training thread itself is stuck: no new checkpoint; the next attempt resumes from the newest durable one"
+            );
+        } else {
+            let (tx, rx) = mpsc::channel();
+            self.desk.request(tx);
+            match rx.recv_timeout(deadline.remaining(Instant::now())) {
+                Ok(Ok(step)) => tracing::warn!(step, "watchdog: checkpoint of the last completed step written"),
+                Ok(Err(e)) => tracing::error!(error = %e, "watchdog: the checkpoint of the last completed step failed"),
+                Err(_) => tracing::error!("watchdog: the training thread did not write a checkpoint in time"),
+            }
+        }
+        let kept = self.durable.get().filter(|step| {
+            let failures = verify_checkpoint_dir(&self.store.step_dir(*step), VerifyLevel::Quick);
+            failures.is_empty() || {
+                tracing::error!(step, ?failures, "watchdog: the newest checkpoint no longer verifies");
+                false
+            }
+        });
+        let req = RequeueRequest {
+            policy: self.cfg.signals.requeue,
+            stop: StopKind::Hang,
+            finished: false,
+            job_id: self.slurm.control_id(),
+            restart_count: self.slurm.restart_count,
+            max_restarts: self.cfg.signals.max_restarts,
+        };
+        let requeue = slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(None, Instant::now()));
+        record(&mut events, &Event::Requeue(requeue.clone()));
+        let outcome = match kept {
+            Some(step) => {
+                record(&mut events, &Event::Stop(hang_stop(&hang, step, requeue)));
+                tracing::warn!(step, "watchdog: exiting 75; the next attempt resumes from the checkpoint of step {step}");
+                Outcome::StoppedWithCheckpoint
+            }
+            None => {
+                record(&mut events, &Event::Error(hang_error(&hang, requeue)));
+                tracing::error!("watchdog: exiting 1: no checkpoint verifies; the next attempt starts from step 0");
+                Outcome::Failure
+            }
+        };
+        sync(&mut events);
+        self.lock.release();
+        outcome
+    }
+}
+
+/// The `hang` event.
+fn hang_event(hang: &Hang) -> HangEvent {
+    HangEvent {
+        activity: hang.busy.activity.name().into(),
+        thread: hang.busy.worker.name().into(),
+        step: hang.busy.step,
+        since: rfc3339(hang.busy.since_wall),
+        stuck_seconds: hang.stuck_for.as_secs_f64(),
+        limit_seconds: hang.limit.as_secs_f64(),
+    }
+}
+
+/// The `stop` event of a hang that ended with a durable checkpoint.
+fn hang_stop(hang: &Hang, step: u64, requeue: RequeueRecord) -> Stop {
+    Stop { step: Some(step), reason: hang_reason(hang), requeue: Some(requeue), ..Stop::default() }
+}
+
+/// The `error` event of a hang with no checkpoint to resume from.
+fn hang_error(hang: &Hang, requeue: RequeueRecord) -> ErrorEvent {
+    ErrorEvent {
+        step: Some(hang.busy.step),
+        error: format!(
+            "the {} of step {} hung for {:.0}s (limit {:.0}s) and no checkpoint verifies",
+            hang.busy.activity.name(),
+            hang.busy.step,
+            hang.stuck_for.as_secs_f64(),
+            hang.limit.as_secs_f64()
+        ),
+        class: Some(CrashClass::Transient),
+        why: Some("a hang (stuck collective, filesystem or data loader)".into()),
+        requeue: Some(requeue),
+        ..ErrorEvent::default()
+    }
+}
+
+/// `hang: <activity>`, the `stop` event's reason.
+fn hang_reason(hang: &Hang) -> String {
+    format!("hang: {}", hang.busy.activity.name())
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn record(events: &mut Option<EventLog>, event: &Event) {
+    if let Some(log) = events
+        && let Err(e) = log.record(event)
+    {
+        tracing::error!(error = %e, event = event.name(), "watchdog: could not record an event; going on");
+    }
+}
+
+fn sync(events: &mut Option<EventLog>) {
+    if let Some(log) = events
+        && let Err(e) = log.sync()
+    {
+        tracing::error!(error = %e, "watchdog: could not sync events.jsonl");
+    }
+}
+
+/// `<run dir>/events.jsonl`.
+pub(super) fn events_path(root: &std::path::Path) -> PathBuf {
+    root.join(EVENTS_FILE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrate::watchdog::{Activity, Busy};
+
+    fn hang(worker: Worker, activity: Activity) -> Hang {
+        Hang {
+            busy: Busy {
+                worker,
+                activity,
+                step: 12,
+                since: Instant::now(),
+                since_wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000),
+            },
+            limit: Duration::from_secs(2),
+            stuck_for: Duration::from_millis(2500),
+        }
+    }
+
+    #[test]
+    fn a_hang_records_what_was_stuck_since_when_and_its_limit() {
+        let e = hang_event(&hang(Worker::Persister, Activity::Save));
+        assert_eq!((e.activity.as_str(), e.thread.as_str(), e.step), ("save", "persister", 12));
+        assert_eq!((e.stuck_seconds, e.limit_seconds), (2.5, 2.0));
+        assert_eq!(e.since, "2026-11-18T11:06:40.000Z");
+    }
+
+    #[test]
+    fn a_hang_ends_with_a_stop_naming_the_checkpoint_or_an_error_without_one() {
+        let requeue = RequeueRecord::skip("not running under SLURM");
+        let stop = hang_stop(&hang(Worker::Training, Activity::Step), 10, requeue.clone());
+        assert_eq!((stop.step, stop.reason.as_str()), (Some(10), "hang: step"));
+        assert_eq!(stop.requeue, Some(requeue.clone()));
+        let error = hang_error(&hang(Worker::Training, Activity::Eval), requeue);
+        assert_eq!(error.class, Some(CrashClass::Transient));
+        assert!(error.error.contains("the eval of step 12 hung for 2s (limit 2s)"), "{}", error.error);
+    }
+
+    #[test]
+    fn the_desk_carries_one_answer_to_the_watchdog() {
+        let desk = HangDesk::default();
+        assert!(!desk.requested());
+        desk.answer(Ok(1)); // nobody asked: dropped
+        let (tx, rx) = mpsc::channel();
+        desk.request(tx);
+        assert!(desk.requested());
+        desk.answer(Ok(7));
+        desk.answer(Ok(8));
+        assert_eq!(rx.recv().unwrap(), Ok(7));
+        assert!(rx.try_recv().is_err(), "one answer");
+    }
+
+    #[test]
+    fn the_shared_durable_step_starts_empty_or_at_the_resumed_step() {
+        assert_eq!(SharedDurable::new(None).get(), None);
+        let d = SharedDurable::new(Some(4));
+        assert_eq!(d.get(), Some(4));
+        d.set(9);
+        assert_eq!(d.get(), Some(9));
+    }
+}
