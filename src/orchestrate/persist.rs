@@ -155,6 +155,9 @@ fn start_thread(store: CheckpointStore, beats: Beats) -> std::io::Result<Started
                 fail::fail_point!("persist::before_save");
                 let result = store.save(&job.snapshot);
                 drop(busy);
+                if result.as_ref().map_or_else(CheckpointError::committed, |_| true) {
+                    beats.committed(step);
+                }
                 let done = Persisted {
                     step,
                     payload_bytes,

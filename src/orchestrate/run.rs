@@ -53,7 +53,7 @@ use super::rundir::{self, RunDir};
 use super::stop::{StopFlag, StopReason};
 use super::watchdog::{Activity, Beats, Watchdog, Worker};
 use ending::Ending;
-use hang::{HangDesk, SharedDurable};
+use hang::HangDesk;
 
 /// What `rekindle run` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -130,8 +130,6 @@ struct Attempt {
     _watchdog: Option<Watchdog>,
     /// Where the watchdog asks for a checkpoint while the persister is stuck.
     hang: std::sync::Arc<HangDesk>,
-    /// `last_durable_step`, readable by the watchdog.
-    durable: SharedDurable,
 }
 
 impl Attempt {

@@ -179,6 +179,7 @@ pub fn poll_interval(cfg: &WatchdogSection) -> Duration {
 struct State {
     slots: [Option<Busy>; 2],
     step_times: VecDeque<Duration>,
+    newest_committed: Option<u64>,
 }
 
 /// What the watched threads are doing, shared with the watchdog.
@@ -204,6 +205,20 @@ impl Beats {
     /// What is under way now.
     pub fn busy(&self) -> Vec<Busy> {
         self.state().slots.iter().flatten().copied().collect()
+    }
+
+    /// A checkpoint of `step` is committed (by either thread, or resumed
+    /// from): what the watchdog falls back on when training is stuck. Set
+    /// by the persister itself, so a save that finished while the training
+    /// thread hangs still counts.
+    pub fn committed(&self, step: u64) {
+        let mut state = self.state();
+        state.newest_committed = Some(state.newest_committed.map_or(step, |s| s.max(step)));
+    }
+
+    /// The newest step [`committed`](Self::committed) in this attempt.
+    pub fn newest_committed(&self) -> Option<u64> {
+        self.state().newest_committed
     }
 
     /// The median of the recent step times (`None` until enough are measured).
@@ -375,6 +390,17 @@ mod tests {
             drop(beats.begin(Worker::Training, Activity::Step, step));
         }
         assert!(beats.median_step().is_some());
+    }
+
+    #[test]
+    fn the_newest_committed_step_only_grows() {
+        let beats = Beats::default();
+        assert_eq!(beats.newest_committed(), None);
+        beats.committed(20);
+        beats.committed(10);
+        assert_eq!(beats.newest_committed(), Some(20), "a late report of an older save does not win");
+        beats.committed(30);
+        assert_eq!(beats.newest_committed(), Some(30));
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //! code known from memory.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -34,30 +34,8 @@ use super::super::budget::{self, SCONTROL_TIMEOUT};
 use super::super::deadline::Deadline;
 use super::super::lock::LockRelease;
 use super::super::rundir::EVENTS_FILE;
-use super::super::watchdog::{Hang, Worker};
+use super::super::watchdog::{Beats, Hang, Worker};
 use super::{Attempt, context};
-
-/// "No durable checkpoint" in [`SharedDurable`].
-const NONE: u64 = u64::MAX;
-
-/// The newest durable step, shared with the watchdog (the training thread
-/// owns the attempt; the watchdog must not wait for it to read this).
-#[derive(Debug, Clone)]
-pub(super) struct SharedDurable(Arc<AtomicU64>);
-
-impl SharedDurable {
-    pub(super) fn new(step: Option<u64>) -> SharedDurable {
-        SharedDurable(Arc::new(AtomicU64::new(step.unwrap_or(NONE))))
-    }
-
-    pub(super) fn set(&self, step: u64) {
-        self.0.store(step, Ordering::SeqCst);
-    }
-
-    fn get(&self) -> Option<u64> {
-        Some(self.0.load(Ordering::SeqCst)).filter(|s| *s != NONE)
-    }
-}
 
 /// How the watchdog asks the (free) training thread for a checkpoint.
 #[derive(Debug, Default)]
@@ -109,7 +87,7 @@ pub(super) struct HangHandler {
     pub(super) slurm: SlurmEnv,
     pub(super) events: PathBuf,
     pub(super) store: CheckpointStore,
-    pub(super) durable: SharedDurable,
+    pub(super) beats: Beats,
     pub(super) desk: Arc<HangDesk>,
     pub(super) lock: LockRelease,
 }
@@ -121,7 +99,7 @@ impl HangHandler {
         let budget = self.cfg.signals.grace.saturating_sub(self.cfg.signals.safety_margin);
         let deadline = Deadline { at: Instant::now() + budget };
         // What to exit with if even the records hang: from memory only.
-        let fallback = if self.durable.get().is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
+        let fallback = if self.beats.newest_committed().is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
         let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new().name("rekindle-hang".into()).spawn(move || {
             let _ = tx.send(self.end_attempt(hang, deadline));
@@ -163,7 +141,7 @@ impl HangHandler {
         // The checkpoint: only a free training thread can take a snapshot.
         if hang.busy.worker == Worker::Training {
             tracing::error!(
-                newest = ?self.durable.get(),
+                newest = ?self.beats.newest_committed(),
                 "watchdog: the training thread itself is stuck: no new checkpoint; the next attempt resumes from the newest durable one"
             );
         } else {
@@ -175,7 +153,7 @@ impl HangHandler {
                 Err(_) => tracing::error!("watchdog: the training thread did not write a checkpoint in time"),
             }
         }
-        let kept = self.durable.get().filter(|step| {
+        let kept = self.beats.newest_committed().filter(|step| {
             let failures = verify_checkpoint_dir(&self.store.step_dir(*step), VerifyLevel::Quick);
             failures.is_empty() || {
                 tracing::error!(step, ?failures, "watchdog: the newest checkpoint no longer verifies");
@@ -325,14 +303,5 @@ mod tests {
         desk.answer(Ok(8));
         assert_eq!(rx.recv().unwrap(), Ok(7));
         assert!(rx.try_recv().is_err(), "one answer");
-    }
-
-    #[test]
-    fn the_shared_durable_step_starts_empty_or_at_the_resumed_step() {
-        assert_eq!(SharedDurable::new(None).get(), None);
-        let d = SharedDurable::new(Some(4));
-        assert_eq!(d.get(), Some(4));
-        d.set(9);
-        assert_eq!(d.get(), Some(9));
     }
 }

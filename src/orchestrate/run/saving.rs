@@ -155,7 +155,7 @@ impl Attempt {
     /// for the watchdog.
     fn mark_durable(&mut self, step: u64) {
         self.last_durable_step = Some(step);
-        self.durable.set(step);
+        self.beats.committed(step);
     }
 
     fn record_saved(&mut self, r: &SaveReport, kind: &str, payload: u64, stall: f64) -> Result<(), RunError> {

@@ -23,7 +23,7 @@ use super::super::lock::RunLock;
 use super::super::stop::StopFlag;
 use super::super::watchdog::{Beats, Watchdog};
 use super::ending::early_stop;
-use super::hang::{HangDesk, HangHandler, SharedDurable, events_path};
+use super::hang::{HangDesk, HangHandler, events_path};
 use super::{Attempt, Started, context};
 
 impl Attempt {
@@ -80,14 +80,16 @@ impl Attempt {
         let persister = Persister::spawn(store.clone(), beats.clone())
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
         let hang = std::sync::Arc::new(HangDesk::default());
-        let durable = SharedDurable::new(last_durable_step);
+        if let Some(step) = last_durable_step {
+            beats.committed(step);
+        }
         let watchdog = if cfg.watchdog.enabled {
             let handler = HangHandler {
                 cfg: cfg.clone(),
                 slurm: slurm.clone(),
                 events: events_path(&dir.root),
                 store: store.clone(),
-                durable: durable.clone(),
+                beats: beats.clone(),
                 desk: std::sync::Arc::clone(&hang),
                 lock: lock.release_handle(),
             };
@@ -135,7 +137,6 @@ impl Attempt {
             beats,
             _watchdog: watchdog,
             hang,
-            durable,
         })))
     }
 }
