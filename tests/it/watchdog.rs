@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use support::cli::{RunCmd, assert_verifies, checkpoint_steps, events_named, last_event};
+use support::git::remote_and_clone;
 use support::scontrol::FakeScontrol;
 
 /// A sleep far longer than any test: the watchdog must end it.
@@ -122,6 +123,34 @@ fn a_stuck_background_save_gets_a_durable_checkpoint_of_the_last_step_beside_it(
     assert_eq!(last_event(&dir, "stop")["step"], step);
     assert_eq!(checkpoint_steps(&dir).last(), Some(&step));
     assert_verifies(&dir);
+}
+
+#[test]
+fn a_publish_stuck_after_the_final_checkpoint_is_a_hang_that_keeps_it_and_is_not_requeued() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let (_remote, clone) = remote_and_clone(tmp.path());
+    let fake = FakeScontrol::running_job(tmp.path());
+    let publishing = |cmd: RunCmd| {
+        cmd.set("run.max_steps=20")
+            .set("checkpoint.every_steps=10")
+            .set("publish.enabled=true")
+            .set(&format!("publish.repo=\"{}\"", clone.display()))
+            .env("PATH", fake.path())
+            .env("SLURM_JOB_ID", "77")
+    };
+    let cmd = publishing(RunCmd::new(&dir).set("watchdog.publish=\"2s\""));
+    let hang = hangs(cmd, &dir, &format!("run::publish=sleep({FOREVER_MS})"), 75);
+    assert_eq!((&hang["activity"], &hang["thread"], &hang["step"]), (&"publish".into(), &"training".into(), &20.into()));
+    assert_eq!(last_event(&dir, "checkpoint_saved")["kind"], "final");
+    let stop = last_event(&dir, "stop");
+    assert_eq!((&stop["reason"], &stop["step"]), (&"hang: publish".into(), &20.into()), "{stop}");
+    assert_eq!(stop["requeue"]["reason"], "training finished", "{stop}");
+    assert!(!fake.calls().iter().any(|c| c.starts_with("requeue")), "{:?}", fake.calls());
+    assert_verifies(&dir);
+    // Run again: training is done; it publishes and finishes.
+    publishing(RunCmd::new(&dir)).run(EXIT).assert_code(0);
+    assert_eq!(last_event(&dir, "finish")["publish"]["pushed"], true);
 }
 
 #[test]

@@ -160,10 +160,13 @@ impl HangHandler {
                 false
             }
         });
+        // A publish that hangs after the final checkpoint: training is done,
+        // nothing to requeue; exit 75 all the same (a rerun publishes).
+        let finished = kept.is_some_and(|step| step >= self.cfg.run.max_steps);
         let req = RequeueRequest {
             policy: self.cfg.signals.requeue,
             stop: StopKind::Hang,
-            finished: false,
+            finished,
             job_id: self.slurm.control_id(),
             restart_count: self.slurm.restart_count,
             max_restarts: self.cfg.signals.max_restarts,
