@@ -51,7 +51,7 @@ use super::persist::Persister;
 use super::progress::Progress;
 use super::rundir::{self, RunDir};
 use super::stop::{StopFlag, StopReason};
-use super::watchdog::{Activity, Beats, Watchdog, Worker};
+use super::watchdog::{Activity, Beats, Progress as WatchedProgress, Watchdog, Worker};
 use ending::Ending;
 use hang::HangDesk;
 
@@ -220,6 +220,7 @@ impl Attempt {
             self.best_loss = Some(self.best_loss.map_or(m.loss, |b| b.min(m.loss)));
         }
         progress.update(m.step, m.loss);
+        self.beats.progressed(WatchedProgress { step: m.step, last_loss: self.last_loss, best_loss: self.best_loss });
         let eval_every = self.cfg.train.eval_every;
         if eval_every > 0 && m.step.is_multiple_of(eval_every) && !self.stop.is_set() {
             let busy = self.beats.begin(Worker::Training, Activity::Eval, m.step);

@@ -180,6 +180,18 @@ struct State {
     slots: [Option<Busy>; 2],
     step_times: VecDeque<Duration>,
     newest_committed: Option<u64>,
+    commits: u64,
+    progress: Progress,
+}
+
+/// Where training stands, as the training thread last published it: what the
+/// watchdog writes into `summary.json` when it ends a hung attempt.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Progress {
+    /// Steps completed.
+    pub step: u64,
+    pub last_loss: Option<f64>,
+    pub best_loss: Option<f64>,
 }
 
 /// What the watched threads are doing, shared with the watchdog.
@@ -214,11 +226,34 @@ impl Beats {
     pub fn committed(&self, step: u64) {
         let mut state = self.state();
         state.newest_committed = Some(state.newest_committed.map_or(step, |s| s.max(step)));
+        state.commits += 1;
     }
 
-    /// The newest step [`committed`](Self::committed) in this attempt.
+    /// The attempt resumed from a checkpoint of `step` (not written by it).
+    pub fn resumed_from(&self, step: u64) {
+        let mut state = self.state();
+        state.newest_committed = Some(state.newest_committed.map_or(step, |s| s.max(step)));
+        state.progress.step = step;
+    }
+
+    /// The newest committed step: resumed from or [`committed`](Self::committed).
     pub fn newest_committed(&self) -> Option<u64> {
         self.state().newest_committed
+    }
+
+    /// Checkpoints committed in this attempt (a save that replaced one of the
+    /// same step counts too).
+    pub fn commits(&self) -> u64 {
+        self.state().commits
+    }
+
+    /// The training thread completed a step.
+    pub fn progressed(&self, progress: Progress) {
+        self.state().progress = progress;
+    }
+
+    pub fn progress(&self) -> Progress {
+        self.state().progress
     }
 
     /// The median of the recent step times (`None` until enough are measured).
@@ -401,6 +436,10 @@ mod tests {
         assert_eq!(beats.newest_committed(), Some(20), "a late report of an older save does not win");
         beats.committed(30);
         assert_eq!(beats.newest_committed(), Some(30));
+        assert_eq!(beats.commits(), 3);
+        let resumed = Beats::default();
+        resumed.resumed_from(40);
+        assert_eq!((resumed.newest_committed(), resumed.commits(), resumed.progress().step), (Some(40), 0, 40));
     }
 
     #[test]

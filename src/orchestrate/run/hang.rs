@@ -7,7 +7,7 @@
 //! `hang` event ─ checkpoint of the last completed step (only when the stuck
 //! thread is the persister: the training thread writes it, asked through the
 //! [`HangDesk`]) ─ requeue decision (scontrol) ─ `stop` (or `error`) event ─
-//! release the lock ─ exit 75 (a checkpoint verifies) or 1 (none)
+//! summary.json ─ release the lock ─ exit 75 (a checkpoint verifies) or 1 (none)
 //! ```
 //!
 //! Time: the checkpoint attempt may use the same budget as a stop signal's
@@ -28,8 +28,11 @@ use crate::checkpoint::{CheckpointStore, VerifyLevel, verify_checkpoint_dir};
 use crate::config::Config;
 use crate::exit::Outcome;
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
-use crate::telemetry::{CrashClass, ErrorEvent, Event, EventLog, HangEvent, RequeueRecord, Stop};
+use crate::telemetry::{
+    CrashClass, ErrorEvent, Event, EventLog, HangEvent, RequeueRecord, Stop, Summary, SummaryState, now_rfc3339,
+};
 
+use super::super::atomic::write_atomically;
 use super::super::budget::{self, SCONTROL_TIMEOUT};
 use super::super::deadline::Deadline;
 use super::super::lock::LockRelease;
@@ -90,6 +93,11 @@ pub(super) struct HangHandler {
     pub(super) beats: Beats,
     pub(super) desk: Arc<HangDesk>,
     pub(super) lock: LockRelease,
+    /// `<run dir>/summary.json`, and what it needs beyond [`Beats`].
+    pub(super) summary: PathBuf,
+    pub(super) start_step: u64,
+    pub(super) resumes: u64,
+    pub(super) started: Instant,
 }
 
 impl HangHandler {
@@ -186,8 +194,31 @@ impl HangHandler {
             }
         };
         sync(&mut events);
+        let state = if kept.is_some() { SummaryState::Stopped } else { SummaryState::Failed };
+        if let Err(e) = write_atomically(&self.summary, &self.summary(state, kept).to_bytes()) {
+            tracing::error!(error = %e, "watchdog: could not write summary.json");
+        }
         self.lock.release();
         outcome
+    }
+
+    /// `summary.json` of the hung attempt, from what the threads published.
+    fn summary(&self, state: SummaryState, kept: Option<u64>) -> Summary {
+        let progress = self.beats.progress();
+        Summary {
+            state,
+            run: self.cfg.run.name.clone(),
+            steps: progress.step,
+            max_steps: self.cfg.run.max_steps,
+            final_loss: progress.last_loss,
+            best_loss: progress.best_loss,
+            wall_seconds_this_attempt: self.started.elapsed().as_secs_f64(),
+            steps_this_attempt: progress.step.saturating_sub(self.start_step),
+            resumes: self.resumes,
+            checkpoints_written_this_attempt: self.beats.commits(),
+            last_checkpoint_step: kept,
+            updated_at: now_rfc3339(),
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use super::super::persist::Persister;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::super::lock::RunLock;
 use super::super::stop::StopFlag;
-use super::super::watchdog::{Beats, Watchdog};
+use super::super::watchdog::{Beats, Progress, Watchdog};
 use super::ending::early_stop;
 use super::hang::{HangDesk, HangHandler, events_path};
 use super::{Attempt, Started, context};
@@ -80,9 +80,6 @@ impl Attempt {
         let persister = Persister::spawn(store.clone(), beats.clone())
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
         let hang = std::sync::Arc::new(HangDesk::default());
-        if let Some(step) = last_durable_step {
-            beats.committed(step);
-        }
         let watchdog = if cfg.watchdog.enabled {
             let handler = HangHandler {
                 cfg: cfg.clone(),
@@ -92,6 +89,10 @@ impl Attempt {
                 beats: beats.clone(),
                 desk: std::sync::Arc::clone(&hang),
                 lock: lock.release_handle(),
+                summary: dir.path(SUMMARY_FILE),
+                start_step,
+                resumes,
+                started: Instant::now(),
             };
             let dog = Watchdog::spawn(
                 cfg.watchdog.clone(),
@@ -109,6 +110,10 @@ impl Attempt {
         // checkpoint the summary covers steps that are trained again.
         let (last_loss, best_loss) =
             outcome.loaded.as_ref().map(|l| losses_so_far(&l.snapshot.state)).unwrap_or_default();
+        if let Some(step) = last_durable_step {
+            beats.resumed_from(step);
+        }
+        beats.progressed(Progress { step: start_step, last_loss, best_loss });
         let monitor = devices.start_monitor(&cfg, &dir, trainer.param_count());
         Ok(Started::Ready(Box::new(Attempt {
             last_loss,
