@@ -486,7 +486,9 @@ impl<'de> Deserialize<'de> for Limit {
                     return Ok(Limit::Auto);
                 }
                 humantime::parse_duration(text).map(Limit::Fixed).map_err(|e| {
-                    E::custom(format!("`{text}` is neither \"auto\" nor a duration ({e}); write e.g. \"auto\" or \"30m\""))
+                    E::custom(format!(
+                        "`{text}` is neither \"auto\" nor a duration ({e}); write e.g. \"auto\" or \"30m\""
+                    ))
                 })
             }
         }

@@ -63,9 +63,7 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
         RunError::Lock(LockError::Held { .. }) => (Deterministic, "another live run holds the run directory"),
         RunError::LockLost { .. } => (Deterministic, "another process took the run directory over"),
         RunError::NonFinite { .. } => (Deterministic, "a non-finite loss or gradient"),
-        RunError::NothingToRollBackTo { .. } => {
-            (Deterministic, "a non-finite step with no checkpoint to roll back to")
-        }
+        RunError::NothingToRollBackTo { .. } => (Deterministic, "a non-finite step with no checkpoint to roll back to"),
         RunError::CheckpointsFailing { last, .. } => return checkpoint_class(last),
         RunError::PersisterDied { .. } => (Deterministic, "the checkpoint thread panicked repeatedly (a bug)"),
         RunError::Gpu(e) => return gpu_class(e),
@@ -271,10 +269,7 @@ mod tests {
             (RunError::Gpu(GpuError::NoPlacement { reason: "r".into() }), Deterministic),
             (RunError::GpuRequired { reason: "r".into() }, Deterministic),
             (RunError::OutOfMemory { step: 9, checkpoint: path(), source: step_error() }, Deterministic),
-            (
-                RunError::StopWithoutCheckpoint { reason: "SIGTERM".into(), step: 9, error: "e".into() },
-                Transient,
-            ),
+            (RunError::StopWithoutCheckpoint { reason: "SIGTERM".into(), step: 9, error: "e".into() }, Transient),
         ]
     }
 

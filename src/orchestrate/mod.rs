@@ -23,11 +23,11 @@ mod stop;
 mod watchdog;
 
 pub use atomic::write_atomically;
-pub use crash::{CrashAction, classify as classify_crash, decide as decide_after_crash};
 pub use budget::{
     PUBLISH_AFTER_REQUEUE, PUBLISH_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, requeue_deadline,
     scontrol_timeout, stop_deadline,
 };
+pub use crash::{CrashAction, classify as classify_crash, decide as decide_after_crash};
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;

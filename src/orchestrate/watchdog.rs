@@ -393,9 +393,16 @@ mod tests {
         assert_eq!(overdue(&[step], limits, now), None, "90 s of 95");
         let save = busy(Worker::Persister, Activity::Save, t0 + Duration::from_secs(50));
         let hang = overdue(&[step, save], limits, now).unwrap();
-        assert_eq!((hang.busy.activity, hang.limit, hang.stuck_for), (Activity::Save, Duration::from_secs(10), Duration::from_secs(50)));
+        assert_eq!(
+            (hang.busy.activity, hang.limit, hang.stuck_for),
+            (Activity::Save, Duration::from_secs(10), Duration::from_secs(50))
+        );
         let old_step = busy(Worker::Training, Activity::Step, t0);
-        assert_eq!(overdue(&[old_step, save], limits, now).unwrap().busy.activity, Activity::Save, "40 s over beats 5 s over");
+        assert_eq!(
+            overdue(&[old_step, save], limits, now).unwrap().busy.activity,
+            Activity::Save,
+            "40 s over beats 5 s over"
+        );
     }
 
     #[test]
@@ -414,10 +421,10 @@ mod tests {
             let _save = beats.begin(Worker::Persister, Activity::Save, 4);
             let _step = beats.begin(Worker::Training, Activity::Step, 5);
             let busy = beats.busy();
-            assert_eq!(busy.iter().map(|b| (b.worker, b.activity, b.step)).collect::<Vec<_>>(), [
-                (Worker::Training, Activity::Step, 5),
-                (Worker::Persister, Activity::Save, 4)
-            ]);
+            assert_eq!(
+                busy.iter().map(|b| (b.worker, b.activity, b.step)).collect::<Vec<_>>(),
+                [(Worker::Training, Activity::Step, 5), (Worker::Persister, Activity::Save, 4)]
+            );
         }
         assert!(beats.busy().is_empty());
         assert_eq!(beats.median_step(), None, "one step measured");

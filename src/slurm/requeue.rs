@@ -266,8 +266,13 @@ mod tests {
         // Exhaustive over the discrete inputs: a requeue happens only when no
         // blocker applies. Being preempted (PreemptTime set) is no blocker.
         let policies = [RequeuePolicy::Auto, RequeuePolicy::Always, RequeuePolicy::Never];
-        let stops =
-            [StopKind::ClusterSignal, StopKind::Interrupt, StopKind::StopAtStep, StopKind::Hang, StopKind::TransientCrash];
+        let stops = [
+            StopKind::ClusterSignal,
+            StopKind::Interrupt,
+            StopKind::StopAtStep,
+            StopKind::Hang,
+            StopKind::TransientCrash,
+        ];
         let states = ["RUNNING", "SUSPENDED", "CANCELLED", "PENDING", "COMPLETING", "PREEMPTED", "FAILED"];
         for policy in policies {
             for stop in stops {

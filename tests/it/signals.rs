@@ -20,8 +20,8 @@ use support::cli::{
     rfc3339,
 };
 use support::git::{closed_port, git, remote_and_clone};
-use support::scontrol::{FakeScontrol, RUNNING_JOB, echo};
 use support::leftovers;
+use support::scontrol::{FakeScontrol, RUNNING_JOB, echo};
 
 /// Longest wait for a child to get going (debug build, shared machine).
 const STARTUP: Duration = Duration::from_secs(60);

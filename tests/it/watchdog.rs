@@ -120,7 +120,7 @@ fn a_stuck_background_save_gets_a_durable_checkpoint_of_the_last_step_beside_it(
     let hang = hangs(watched_run(&dir, "save"), &dir, &format!("persist::before_save=1*off->sleep({FOREVER_MS})"), 75);
     assert_eq!((&hang["activity"], &hang["thread"]), (&"save".into(), &"persister".into()));
     let stuck = hang["step"].as_u64().unwrap();
-    assert!(stuck >= 20 && stuck % 10 == 0, "{hang}");
+    assert!(stuck >= 20 && stuck.is_multiple_of(10), "{hang}");
     // The training thread was free: it trained on, then wrote the last
     // completed step itself when the watchdog asked.
     let saved = last_event(&dir, "checkpoint_saved");
@@ -148,7 +148,10 @@ fn a_publish_stuck_after_the_final_checkpoint_is_a_hang_that_keeps_it_and_is_not
     };
     let cmd = publishing(RunCmd::new(&dir).set("watchdog.publish=\"2s\""));
     let hang = hangs(cmd, &dir, &format!("run::publish=sleep({FOREVER_MS})"), 75);
-    assert_eq!((&hang["activity"], &hang["thread"], &hang["step"]), (&"publish".into(), &"training".into(), &20.into()));
+    assert_eq!(
+        (&hang["activity"], &hang["thread"], &hang["step"]),
+        (&"publish".into(), &"training".into(), &20.into())
+    );
     assert_eq!(last_event(&dir, "checkpoint_saved")["kind"], "final");
     let stop = last_event(&dir, "stop");
     assert_eq!((&stop["reason"], &stop["step"]), (&"hang: publish".into(), &20.into()), "{stop}");

@@ -72,7 +72,10 @@ impl Attempt {
     /// process. Training must not go on meanwhile: the watchdog is
     /// requeueing the job.
     pub(super) fn answer_watchdog(&mut self) -> ! {
-        tracing::warn!(step = self.trainer.step(), "watchdog: writing a checkpoint of the last completed step beside the stuck save");
+        tracing::warn!(
+            step = self.trainer.step(),
+            "watchdog: writing a checkpoint of the last completed step beside the stuck save"
+        );
         let result = self.save_now("hang").map(|r| r.step).map_err(|e| e.to_string());
         if let Err(e) = self.events.sync() {
             tracing::error!(error = %e, "could not sync events.jsonl");
@@ -107,7 +110,8 @@ impl HangHandler {
         let budget = self.cfg.signals.grace.saturating_sub(self.cfg.signals.safety_margin);
         let deadline = Deadline { at: Instant::now() + budget };
         // What to exit with if even the records hang: from memory only.
-        let fallback = if self.beats.newest_committed().is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
+        let fallback =
+            if self.beats.newest_committed().is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
         let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new().name("rekindle-hang".into()).spawn(move || {
             let _ = tx.send(self.end_attempt(hang, deadline));
@@ -184,7 +188,10 @@ impl HangHandler {
         let outcome = match kept {
             Some(step) => {
                 record(&mut events, &Event::Stop(hang_stop(&hang, step, requeue)));
-                tracing::warn!(step, "watchdog: exiting 75; the next attempt resumes from the checkpoint of step {step}");
+                tracing::warn!(
+                    step,
+                    "watchdog: exiting 75; the next attempt resumes from the checkpoint of step {step}"
+                );
                 Outcome::StoppedWithCheckpoint
             }
             None => {

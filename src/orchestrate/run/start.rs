@@ -17,9 +17,9 @@ use crate::train::Trainer;
 
 use super::super::devices::Devices;
 use super::super::error::RunError;
+use super::super::lock::RunLock;
 use super::super::persist::Persister;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
-use super::super::lock::RunLock;
 use super::super::stop::StopFlag;
 use super::super::watchdog::{Beats, Progress, Watchdog};
 use super::ending::early_stop;
