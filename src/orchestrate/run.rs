@@ -177,15 +177,23 @@ impl Attempt {
             let hang = std::sync::Arc::clone(&self.hang);
             let should_stop =
                 move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst) || hang.requested();
-            let busy = self.beats.begin(Worker::Training, Activity::Step, self.trainer.step() + 1);
+            let mut busy = Some(self.beats.begin(Worker::Training, Activity::Step, self.trainer.step() + 1));
             // Tests make a step hang here (`train::step=sleep(…)`).
             fail::fail_point!("train::step");
             let result = self.devices.step(&mut self.trainer, &self.cfg, &should_stop);
-            drop(busy);
+            // A completed step's records are part of it: a run-directory
+            // filesystem that hangs its metrics line hangs the step.
+            if !matches!(result, Ok(StepResult::Completed(_))) {
+                drop(busy.take());
+            }
             self.devices.record_events(&mut self.events)?;
             match result {
                 Ok(StepResult::Interrupted) => continue,
-                Ok(StepResult::Completed(m)) => self.after_step(&m, &progress)?,
+                Ok(StepResult::Completed(m)) => {
+                    self.record_step(&m, &progress)?;
+                    drop(busy.take());
+                    self.after_step(&m)?;
+                }
                 Ok(StepResult::NonFiniteStop(ev)) => {
                     progress.finish();
                     return self.nonfinite_stop(ev);
@@ -202,7 +210,8 @@ impl Attempt {
         self.end(Ending::Finished)
     }
 
-    fn after_step(&mut self, m: &StepMetrics, progress: &Progress) -> Result<(), RunError> {
+    /// The records of a completed step: its metrics line, the losses, the progress.
+    fn record_step(&mut self, m: &StepMetrics, progress: &Progress) -> Result<(), RunError> {
         let max_steps = self.cfg.run.max_steps;
         tracing::debug!(
             step = m.step,
@@ -221,6 +230,12 @@ impl Attempt {
         }
         progress.update(m.step, m.loss);
         self.beats.progressed(WatchedProgress { step: m.step, last_loss: self.last_loss, best_loss: self.best_loss });
+        Ok(())
+    }
+
+    /// What follows a completed step: an evaluation, a periodic checkpoint.
+    fn after_step(&mut self, m: &StepMetrics) -> Result<(), RunError> {
+        let max_steps = self.cfg.run.max_steps;
         let eval_every = self.cfg.train.eval_every;
         if eval_every > 0 && m.step.is_multiple_of(eval_every) && !self.stop.is_set() {
             let busy = self.beats.begin(Worker::Training, Activity::Eval, m.step);
