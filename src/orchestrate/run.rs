@@ -160,9 +160,9 @@ impl Attempt {
                 progress.finish();
                 return Err(RunError::LockLost { dir: self.dir.root.clone() });
             }
-            if self.hang.requested() {
+            if self.hang.ended() {
                 progress.finish();
-                self.answer_watchdog();
+                self.yield_to_watchdog();
             }
             self.collect_background()?;
             if let Some(reason) = self.stop_reason() {
@@ -175,8 +175,7 @@ impl Attempt {
             let stop = self.stop.clone();
             let lost = std::sync::Arc::clone(&self.lock_lost);
             let hang = std::sync::Arc::clone(&self.hang);
-            let should_stop =
-                move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst) || hang.requested();
+            let should_stop = move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst) || hang.ended();
             let mut busy = Some(self.beats.begin(Worker::Training, Activity::Step, self.trainer.step() + 1));
             // Tests make a step hang here (`train::step=sleep(…)`).
             fail::fail_point!("train::step");

@@ -10,6 +10,10 @@
 //! summary.json ─ release the lock ─ exit 75 (a checkpoint verifies) or 1 (none)
 //! ```
 //!
+//! Through the [`HangDesk`] the training thread also learns that the attempt
+//! is ending (at its next micro-batch boundary) and stops there, so a step
+//! that was only slow cannot race the watchdog's records and exit.
+//!
 //! Time: the checkpoint attempt may use the same budget as a stop signal's
 //! (`[signals] grace` less `safety_margin`, from the moment the hang is
 //! seen): it writes to the filesystem that may be the stuck one. Each
@@ -40,22 +44,39 @@ use super::super::rundir::EVENTS_FILE;
 use super::super::watchdog::{Beats, Hang, Worker};
 use super::{Attempt, context};
 
-/// How the watchdog asks the (free) training thread for a checkpoint.
+/// How the watchdog tells the training thread that it is ending the
+/// attempt, and asks it (when it is free) for a checkpoint.
 #[derive(Debug, Default)]
 pub(super) struct HangDesk {
+    /// The watchdog is ending the attempt: training must not go on (a step
+    /// that was only slow must not race the watchdog's records and exit).
+    ended: AtomicBool,
+    /// ... and it wants a checkpoint of the last completed step.
     requested: AtomicBool,
     reply: Mutex<Option<Sender<Result<u64, String>>>>,
 }
 
 impl HangDesk {
-    /// True once the watchdog asked for a checkpoint: training must stop.
-    pub(super) fn requested(&self) -> bool {
+    /// True once the watchdog is ending the attempt: training must stop.
+    pub(super) fn ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    fn requested(&self) -> bool {
         self.requested.load(Ordering::SeqCst)
     }
 
+    /// The attempt ends; no checkpoint wanted (the training thread is the stuck one).
+    fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+
+    /// The attempt ends, with a checkpoint wanted. The request is in place
+    /// before `ended` is set, so a thread that sees `ended` sees it too.
     fn request(&self, reply: Sender<Result<u64, String>>) {
         *self.reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(reply);
         self.requested.store(true, Ordering::SeqCst);
+        self.ended.store(true, Ordering::SeqCst);
     }
 
     fn answer(&self, result: Result<u64, String>) {
@@ -66,21 +87,24 @@ impl HangDesk {
 }
 
 impl Attempt {
-    /// The watchdog found the persister stuck and asked for a checkpoint:
-    /// writes one of the last completed step beside the stuck save (never
-    /// waiting for it), answers, and waits for the watchdog to end the
-    /// process. Training must not go on meanwhile: the watchdog is
-    /// requeueing the job.
-    pub(super) fn answer_watchdog(&mut self) -> ! {
-        tracing::warn!(
-            step = self.trainer.step(),
-            "watchdog: writing a checkpoint of the last completed step beside the stuck save"
-        );
-        let result = self.save_now("hang").map(|r| r.step).map_err(|e| e.to_string());
-        if let Err(e) = self.events.sync() {
-            tracing::error!(error = %e, "could not sync events.jsonl");
+    /// The watchdog is ending the attempt. When it found the persister stuck
+    /// it wants a checkpoint: writes one of the last completed step beside
+    /// the stuck save (never waiting for it) and answers. Then waits for the
+    /// watchdog to end the process: training must not go on meanwhile.
+    pub(super) fn yield_to_watchdog(&mut self) -> ! {
+        if self.hang.requested() {
+            tracing::warn!(
+                step = self.trainer.step(),
+                "watchdog: writing a checkpoint of the last completed step beside the stuck save"
+            );
+            let result = self.save_now("hang").map(|r| r.step).map_err(|e| e.to_string());
+            if let Err(e) = self.events.sync() {
+                tracing::error!(error = %e, "could not sync events.jsonl");
+            }
+            self.hang.answer(result);
+        } else {
+            tracing::warn!(step = self.trainer.step(), "watchdog: ending the attempt; training stops here");
         }
-        self.hang.answer(result);
         loop {
             std::thread::park();
         }
@@ -152,6 +176,7 @@ impl HangHandler {
         sync(&mut events);
         // The checkpoint: only a free training thread can take a snapshot.
         if hang.busy.worker == Worker::Training {
+            self.desk.end();
             tracing::error!(
                 newest = ?self.beats.newest_committed(),
                 "watchdog: the training thread itself is stuck: no new checkpoint; the next attempt resumes from the newest durable one"
@@ -334,12 +359,15 @@ mod tests {
 
     #[test]
     fn the_desk_carries_one_answer_to_the_watchdog() {
+        let stuck = HangDesk::default();
+        stuck.end();
+        assert!(stuck.ended() && !stuck.requested(), "a stuck training thread is asked for nothing");
         let desk = HangDesk::default();
-        assert!(!desk.requested());
+        assert!(!desk.ended() && !desk.requested());
         desk.answer(Ok(1)); // nobody asked: dropped
         let (tx, rx) = mpsc::channel();
         desk.request(tx);
-        assert!(desk.requested());
+        assert!(desk.ended() && desk.requested());
         desk.answer(Ok(7));
         desk.answer(Ok(8));
         assert_eq!(rx.recv().unwrap(), Ok(7));
