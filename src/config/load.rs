@@ -455,7 +455,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{DataKind, ModelKind, all_keys};
+    use crate::config::{DataKind, Limit, ModelKind, all_keys};
 
     fn load_text(text: &str, sets: &[&str]) -> Result<Config, Vec<Problem>> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -692,6 +692,17 @@ lr = 1
 
     fn load_from_toml(text: &str) -> Config {
         load_text(text, &[]).unwrap()
+    }
+
+    #[test]
+    fn watchdog_limits_are_auto_or_durations() {
+        let config = load_text("[watchdog]\nstep = \"90s\"\n", &["watchdog.save=\"auto\""]).unwrap();
+        assert_eq!(config.watchdog.step, Limit::Fixed(Duration::from_secs(90)));
+        assert_eq!((config.watchdog.save, config.watchdog.eval), (Limit::Auto, Limit::Auto));
+        let found = problems("[watchdog]\npublish = \"soon\"\n", &[]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].key, "watchdog.publish");
+        assert!(found[0].message.contains("neither \"auto\" nor a duration"), "{}", found[0].message);
     }
 
     #[test]

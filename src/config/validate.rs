@@ -360,6 +360,15 @@ mod tests {
     }
 
     #[test]
+    fn watchdog_limits_and_floor_must_be_longer_than_zero() {
+        let mut c = Config::default();
+        c.watchdog.step = Limit::Fixed(Duration::ZERO);
+        c.watchdog.save = Limit::Fixed(Duration::from_secs(5));
+        c.watchdog.floor = Duration::ZERO;
+        assert_eq!(keys(&c), ["watchdog.floor", "watchdog.step"]);
+    }
+
+    #[test]
     fn optimizer_schedule_relations() {
         let mut c = Config::default();
         c.optimizer.min_lr = 0.1;

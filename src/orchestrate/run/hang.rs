@@ -162,7 +162,7 @@ impl HangHandler {
             step = hang.busy.step,
             stuck_s = format!("{:.1}", hang.stuck_for.as_secs_f64()),
             limit_s = format!("{:.1}", hang.limit.as_secs_f64()),
-            "HANG: the {what} of step {} has run past its [watchdog] limit; ending this attempt and requeueing",
+            "HANG: {what} at step {} has run past its [watchdog] limit; ending this attempt and requeueing",
             hang.busy.step
         );
         let mut events = match EventLog::open(&self.events, context(&self.slurm)) {
@@ -276,7 +276,7 @@ fn hang_error(hang: &Hang, requeue: RequeueRecord) -> ErrorEvent {
     ErrorEvent {
         step: Some(hang.busy.step),
         error: format!(
-            "the {} of step {} hung for {:.0}s (limit {:.0}s) and no checkpoint verifies",
+            "{} at step {} hung for {:.0}s (limit {:.0}s) and no checkpoint verifies",
             hang.busy.activity.name(),
             hang.busy.step,
             hang.stuck_for.as_secs_f64(),
@@ -354,7 +354,7 @@ mod tests {
         assert_eq!(stop.requeue, Some(requeue.clone()));
         let error = hang_error(&hang(Worker::Training, Activity::Eval), requeue);
         assert_eq!(error.class, Some(CrashClass::Transient));
-        assert!(error.error.contains("the eval of step 12 hung for 2s (limit 2s)"), "{}", error.error);
+        assert!(error.error.contains("eval at step 12 hung for 2s (limit 2s)"), "{}", error.error);
     }
 
     #[test]
