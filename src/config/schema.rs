@@ -37,8 +37,9 @@ pub struct RunSection {
     pub seed: u64,
     /// Optimizer steps of the whole run.
     pub max_steps: u64,
-    /// Requeues after transient crashes (I/O or device errors) in a row
-    /// without a new checkpoint in between; 0 never requeues after a crash.
+    /// Requeues after transient crashes (I/O or device errors) and hangs in
+    /// a row without a new checkpoint in between; 0 never requeues after
+    /// a crash or a hang.
     pub max_crash_requeues: u32,
 }
 

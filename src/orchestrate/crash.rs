@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::checkpoint::CheckpointError;
 use crate::gpu::GpuError;
-use crate::telemetry::{CrashClass, Event, TelemetryError};
+use crate::telemetry::{CrashClass, Event, RequeueRecord, TelemetryError};
 use crate::train::TrainError;
 
 use super::error::RunError;
@@ -163,11 +163,15 @@ pub fn hold_after(in_a_row: u32) -> Duration {
 }
 
 /// Crash requeues SLURM accepted since the last checkpoint saved, from the
-/// events of the run so far.
+/// events of the run so far. A hang's requeue counts as one (its `stop`
+/// event, reason `hang: …`): a job that hangs at the same place after every
+/// restart is a crash loop too.
 pub fn crash_requeues_in_a_row(events: &[Event]) -> u32 {
+    let accepted = |r: &Option<RequeueRecord>| r.as_ref().is_some_and(|r| r.answer.is_some());
     events.iter().fold(0, |n, e| match e {
         Event::CheckpointSaved(_) => 0,
-        Event::Error(err) if err.requeue.as_ref().is_some_and(|r| r.answer.is_some()) => n + 1,
+        Event::Error(err) if accepted(&err.requeue) => n + 1,
+        Event::Stop(stop) if stop.reason.starts_with("hang:") && accepted(&stop.requeue) => n + 1,
         _ => n,
     })
 }
@@ -179,7 +183,7 @@ mod tests {
 
     use super::*;
     use crate::config::ConfigError;
-    use crate::telemetry::{CheckpointSaved, ErrorEvent, RequeueAnswer, RequeueDecision, RequeueRecord};
+    use crate::telemetry::{CheckpointSaved, ErrorEvent, RequeueAnswer, RequeueDecision, Stop};
     use CrashClass::{Deterministic, Transient};
 
     fn io_error() -> io::Error {
@@ -348,5 +352,18 @@ mod tests {
         assert_eq!(crash_requeues_in_a_row(&[crash(true), saved.clone(), crash(true)]), 1);
         assert_eq!(crash_requeues_in_a_row(&[crash(true), crash(false), plain_error]), 1, "only accepted requeues");
         assert_eq!(crash_requeues_in_a_row(&[crash(true), saved]), 0);
+        let hang = |reason: &str| {
+            Event::Stop(Stop {
+                reason: reason.into(),
+                requeue: Some(RequeueRecord {
+                    decision: RequeueDecision::Requeue { job_id: "7".into(), reason: "r".into() },
+                    answer: Some(RequeueAnswer::Requeued),
+                    error: None,
+                }),
+                ..Stop::default()
+            })
+        };
+        assert_eq!(crash_requeues_in_a_row(&[crash(true), hang("hang: step")]), 2, "a hang's requeue counts");
+        assert_eq!(crash_requeues_in_a_row(&[hang("SIGTERM")]), 0, "a preemption's does not");
     }
 }

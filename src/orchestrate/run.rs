@@ -128,7 +128,8 @@ struct Attempt {
     beats: Beats,
     /// The watchdog thread (`None` with `[watchdog] enabled = false`).
     _watchdog: Option<Watchdog>,
-    /// Where the watchdog asks for a checkpoint while the persister is stuck.
+    /// Where the watchdog ends the attempt (and asks for a checkpoint when
+    /// the persister is the stuck thread).
     hang: std::sync::Arc<HangDesk>,
 }
 
@@ -272,6 +273,19 @@ fn step_line(m: &StepMetrics) -> StepLine {
         epoch: m.epoch,
         elapsed_s: Some(m.elapsed_s),
         time: now_rfc3339(),
+    }
+}
+
+/// The events of the run so far, as far as they can be read back (for the
+/// crash-requeue count; unreadable lines and an unreadable file count as none).
+fn recorded_events(path: &std::path::Path) -> Vec<crate::telemetry::Event> {
+    match crate::telemetry::read_jsonl(path) {
+        Ok(Some(lines)) => crate::telemetry::events_from(lines.records).into_iter().map(|e| e.event).collect(),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot read the events back; counting no earlier requeues");
+            Vec::new()
+        }
     }
 }
 

@@ -51,9 +51,7 @@ fn hangs(cmd: RunCmd, dir: &Path, failpoints: &str, code: i32) -> Value {
     assert!(started.elapsed() < HANG_EXIT, "took {:?}", started.elapsed());
     assert!(exited.stderr.contains("HANG"), "the hang is logged loudly:\n{}", exited.tail());
     assert!(!dir.join("rekindle.lock").exists(), "the lock is released at the watchdog's exit");
-    let hangs = events_named(dir, "hang");
-    assert_eq!(hangs.len(), 1, "{hangs:?}");
-    let hang = hangs[0].clone();
+    let hang = last_event(dir, "hang");
     assert_eq!(hang["limit_seconds"], 2.0, "{hang}");
     assert!(hang["stuck_seconds"].as_f64().unwrap() > 2.0, "{hang}");
     assert!(hang["since"].is_string(), "{hang}");
@@ -86,6 +84,18 @@ fn a_stuck_step_is_a_hang_that_requeues_the_job_and_exits_75_with_the_last_check
     assert_eq!((&summary["state"], &summary["steps"]), (&"stopped".into(), &30.into()), "{summary}");
     assert_eq!(summary["last_checkpoint_step"], newest);
     assert_verifies(&dir);
+    // The requeued attempt hangs at once, before any new checkpoint: a hang
+    // loop, bounded by [run] max_crash_requeues like a crash loop.
+    let again = watched_run(&dir, "step")
+        .set("run.max_crash_requeues=1")
+        .env("PATH", fake.path())
+        .env("SLURM_JOB_ID", "77")
+        .env("SLURM_RESTART_COUNT", "1");
+    hangs(again, &dir, &format!("train::step=sleep({FOREVER_MS})"), 75);
+    let requeue = last_event(&dir, "requeue");
+    assert_eq!(requeue["decision"], "skip", "{requeue}");
+    assert!(requeue["reason"].as_str().unwrap().contains("max_crash_requeues = 1"), "{requeue}");
+    assert_eq!(fake.calls().len(), 2, "SLURM not asked again: {:?}", fake.calls());
     // The next attempt resumes there.
     RunCmd::new(&dir)
         .set("run.max_steps=10000000")

@@ -23,7 +23,7 @@ use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
 use crate::telemetry::{
     ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
-    events_from, now_rfc3339, read_jsonl,
+    now_rfc3339,
 };
 use crate::train::{NonFiniteEvent, TrainError};
 
@@ -35,7 +35,7 @@ use super::super::error::RunError;
 use super::super::rundir::{EVENTS_FILE, SUMMARY_FILE};
 use super::super::stop::{StopFlag, StopReason};
 use super::super::watchdog::{Activity, Worker};
-use super::Attempt;
+use super::{Attempt, recorded_events};
 
 /// How an attempt that did not fail ends.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -329,7 +329,7 @@ impl Attempt {
     pub(super) fn fail(&mut self, error: &RunError) {
         let steps = self.trainer.step() - self.start_step;
         let (class, why) = crash::classify(error, steps);
-        let in_a_row = crash::crash_requeues_in_a_row(&self.recorded_events());
+        let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(&self.dir.path(EVENTS_FILE)));
         let stop_path = matches!(error, RunError::StopWithoutCheckpoint { .. });
         let action = crash::decide(class, in_a_row, self.cfg.run.max_crash_requeues, stop_path);
         tracing::error!(class = ?class, %why, "the run failed: {error}");
@@ -365,18 +365,6 @@ impl Attempt {
         }));
         let _ = self.write_summary(SummaryState::Failed);
         let _ = self.events.sync();
-    }
-
-    /// The events of the run so far, as far as they can be read back.
-    fn recorded_events(&self) -> Vec<Event> {
-        match read_jsonl(&self.dir.path(EVENTS_FILE)) {
-            Ok(Some(lines)) => events_from(lines.records).into_iter().map(|e| e.event).collect(),
-            Ok(None) => Vec::new(),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read events.jsonl back; counting no earlier crash requeues");
-                Vec::new()
-            }
-        }
     }
 
     /// A non-finite step under `on_nonfinite = "stop"`: checkpoint, then fail.

@@ -38,11 +38,12 @@ use crate::telemetry::{
 
 use super::super::atomic::write_atomically;
 use super::super::budget::{self, SCONTROL_TIMEOUT};
+use super::super::crash::{self, CrashAction};
 use super::super::deadline::Deadline;
 use super::super::lock::LockRelease;
 use super::super::rundir::EVENTS_FILE;
 use super::super::watchdog::{Beats, Hang, Worker};
-use super::{Attempt, context};
+use super::{Attempt, context, recorded_events};
 
 /// How the watchdog tells the training thread that it is ending the
 /// attempt, and asks it (when it is free) for a checkpoint.
@@ -208,7 +209,18 @@ impl HangHandler {
             restart_count: self.slurm.restart_count,
             max_restarts: self.cfg.signals.max_restarts,
         };
-        let requeue = slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(None, Instant::now()));
+        // Hangs count toward `[run] max_crash_requeues` like transient
+        // crashes: a job that hangs at the same place every time must stop.
+        let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(&self.events));
+        let requeue = match crash::decide(CrashClass::Transient, in_a_row, self.cfg.run.max_crash_requeues, false) {
+            CrashAction::Requeue { .. } => {
+                slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(None, Instant::now()))
+            }
+            CrashAction::NoRequeue { reason } => {
+                tracing::error!(%reason, "watchdog: not requeueing");
+                RequeueRecord::skip(reason)
+            }
+        };
         record(&mut events, &Event::Requeue(requeue.clone()));
         let outcome = match kept {
             Some(step) => {
