@@ -163,7 +163,7 @@ impl HangHandler {
             step = hang.busy.step,
             stuck_s = format!("{:.1}", hang.stuck_for.as_secs_f64()),
             limit_s = format!("{:.1}", hang.limit.as_secs_f64()),
-            "HANG: {what} at step {} has run past its [watchdog] limit; ending this attempt and requeueing",
+            "HANG: {what} at step {} has run past its [watchdog] limit; ending this attempt",
             hang.busy.step
         );
         let mut events = match EventLog::open(&self.events, context(&self.slurm)) {
@@ -213,13 +213,11 @@ impl HangHandler {
         // crashes: a job that hangs at the same place every time must stop.
         let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(&self.events));
         let requeue = match crash::decide(CrashClass::Transient, in_a_row, self.cfg.run.max_crash_requeues, false) {
-            CrashAction::Requeue { .. } => {
-                slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(None, Instant::now()))
-            }
-            CrashAction::NoRequeue { reason } => {
+            CrashAction::NoRequeue { reason } if !finished => {
                 tracing::error!(%reason, "watchdog: not requeueing");
                 RequeueRecord::skip(reason)
             }
+            _ => slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(None, Instant::now())),
         };
         record(&mut events, &Event::Requeue(requeue.clone()));
         let outcome = match kept {
