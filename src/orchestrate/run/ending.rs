@@ -332,7 +332,7 @@ impl Attempt {
         let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(&self.dir.path(EVENTS_FILE)));
         let stop_path = matches!(error, RunError::StopWithoutCheckpoint { .. });
         let action = crash::decide(class, in_a_row, self.cfg.run.max_crash_requeues, stop_path);
-        tracing::error!(class = ?class, %why, "the run failed: {error}");
+        tracing::error!(class = ?class, %why, "the run failed; classified before exiting 1");
         let (requeue, hold_seconds, hold_error) = match action {
             CrashAction::Requeue { hold } => {
                 let req = RequeueRequest {
