@@ -195,7 +195,8 @@ mod tests {
     fn saves_in_the_background_one_at_a_time() {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-        let mut p = Persister::spawn(store.clone(), Beats::default()).unwrap();
+        let beats = Beats::default();
+        let mut p = Persister::spawn(store.clone(), beats.clone()).unwrap();
         assert!(!p.busy());
         p.submit(snap(5), 0.0).unwrap();
         assert!(p.busy());
@@ -205,6 +206,9 @@ mod tests {
         assert!(!p.busy());
         assert!(p.wait().unwrap().is_none(), "nothing in flight");
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, 5);
+        // The watchdog's view: the commit, reported by the persister itself.
+        assert_eq!((beats.newest_committed(), beats.commits()), (Some(5), 1));
+        assert!(beats.busy().is_empty(), "the save is over");
     }
 
     #[test]
