@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{CheckpointStore, Snapshot};
 use crate::config::Config;
-use crate::orchestrate::Persister;
+use crate::orchestrate::{Beats, Persister};
 use crate::train::{StepResult, Trainer};
 
 use super::checkpoint::BenchError;
@@ -67,7 +67,7 @@ pub fn run_train_bench(cfg: &Config, steps: u64, every: u64, dir: PathBuf) -> Re
     let without = steps as f64 / t0.elapsed().as_secs_f64();
 
     let store = CheckpointStore::open(work.path().join("checkpoints"), 3)?;
-    let mut persister = Persister::spawn(store.clone()).map_err(io)?;
+    let mut persister = Persister::spawn(store.clone(), Beats::default()).map_err(io)?;
     let mut trainer = Trainer::new(cfg).map_err(trainer_err)?;
     let (mut stalls, mut count) = (0.0, 0u64);
     let mut spare = None;

@@ -455,7 +455,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{DataKind, ModelKind, all_keys};
+    use crate::config::{DataKind, Limit, ModelKind, all_keys};
 
     fn load_text(text: &str, sets: &[&str]) -> Result<Config, Vec<Problem>> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -695,6 +695,17 @@ lr = 1
     }
 
     #[test]
+    fn watchdog_limits_are_auto_or_durations() {
+        let config = load_text("[watchdog]\nstep = \"90s\"\n", &["watchdog.save=\"auto\""]).unwrap();
+        assert_eq!(config.watchdog.step, Limit::Fixed(Duration::from_secs(90)));
+        assert_eq!((config.watchdog.save, config.watchdog.eval), (Limit::Auto, Limit::Auto));
+        let found = problems("[watchdog]\npublish = \"soon\"\n", &[]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].key, "watchdog.publish");
+        assert!(found[0].message.contains("neither \"auto\" nor a duration"), "{}", found[0].message);
+    }
+
+    #[test]
     fn later_set_wins() {
         let config = load_text("", &["run.seed=1", "run.seed=2"]).unwrap();
         assert_eq!(config.run.seed, 2);
@@ -710,9 +721,9 @@ lr = 1
         assert_eq!(
             shown,
             [
-                "from --set: run.max_step: unknown key; did you mean `max_steps`? allowed: name, dir, seed, max_steps",
+                "from --set: run.max_step: unknown key; did you mean `max_steps`? allowed: name, dir, seed, max_steps, max_crash_requeues",
                 "from --set: nosuch.key: unknown section; allowed: run, model, data, train, optimizer, \
-                 precision, checkpoint, signals, publish, gpu",
+                 precision, checkpoint, signals, publish, gpu, watchdog",
                 "from --set: run.seed: expected a non-negative integer, found string \"x\"",
                 "from --set: checkpoint.keep: must be at least 1 (got 0)",
             ]

@@ -22,6 +22,7 @@ pub struct Config {
     pub signals: SignalsSection,
     pub publish: PublishSection,
     pub gpu: GpuSection,
+    pub watchdog: WatchdogSection,
 }
 
 /// `[run]`: identity and length of the run.
@@ -36,11 +37,15 @@ pub struct RunSection {
     pub seed: u64,
     /// Optimizer steps of the whole run.
     pub max_steps: u64,
+    /// Requeues after transient crashes (I/O or device errors) and hangs in
+    /// a row without a new checkpoint in between; 0 never requeues after
+    /// a crash or a hang.
+    pub max_crash_requeues: u32,
 }
 
 impl Default for RunSection {
     fn default() -> Self {
-        RunSection { name: "run".into(), dir: None, seed: 0, max_steps: 1000 }
+        RunSection { name: "run".into(), dir: None, seed: 0, max_steps: 1000, max_crash_requeues: 3 }
     }
 }
 
@@ -445,6 +450,81 @@ impl Default for GpuSection {
             headroom: 0.25,
             require: false,
             monitor_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A `[watchdog]` limit: `"auto"` (derived from the measured median step
+/// time, see `orchestrate::watchdog::auto_limit`) or a fixed duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Auto,
+    Fixed(Duration),
+}
+
+impl Serialize for Limit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Limit::Auto => s.serialize_str("auto"),
+            Limit::Fixed(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Limit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct LimitVisitor;
+
+        impl serde::de::Visitor<'_> for LimitVisitor {
+            type Value = Limit;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"auto\" or a duration such as \"30m\"")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Limit, E> {
+                if text == "auto" {
+                    return Ok(Limit::Auto);
+                }
+                humantime::parse_duration(text).map(Limit::Fixed).map_err(|e| {
+                    E::custom(format!(
+                        "`{text}` is neither \"auto\" nor a duration ({e}); write e.g. \"auto\" or \"30m\""
+                    ))
+                })
+            }
+        }
+
+        d.deserialize_str(LimitVisitor)
+    }
+}
+
+/// `[watchdog]`: how long a training step, an evaluation, a checkpoint save
+/// or a publish may take before it counts as a hang (a stuck collective, a
+/// dead NFS server, a deadlocked data loader) and the attempt is ended with
+/// a requeue instead of burning the allocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchdogSection {
+    pub enabled: bool,
+    pub step: Limit,
+    pub eval: Limit,
+    pub save: Limit,
+    pub publish: Limit,
+    /// The shortest `"auto"` limit of a step or an evaluation; saves and
+    /// publishes get three times it.
+    #[serde(with = "humantime_serde_compat")]
+    pub floor: Duration,
+}
+
+impl Default for WatchdogSection {
+    fn default() -> Self {
+        WatchdogSection {
+            enabled: true,
+            step: Limit::Auto,
+            eval: Limit::Auto,
+            save: Limit::Auto,
+            publish: Limit::Auto,
+            floor: Duration::from_secs(600),
         }
     }
 }

@@ -78,6 +78,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     signals(&mut f, &config.signals);
     publish(&mut f, &config.publish);
     gpu(&mut f, &config.gpu);
+    watchdog(&mut f, &config.watchdog);
     f.0
 }
 
@@ -234,6 +235,20 @@ fn signals(f: &mut Findings, s: &SignalsSection) {
     });
 }
 
+fn watchdog(f: &mut Findings, w: &WatchdogSection) {
+    f.require(w.floor > Duration::ZERO, "watchdog.floor", || "must be longer than 0, e.g. \"10m\"".to_string());
+    for (key, limit) in [
+        ("watchdog.step", w.step),
+        ("watchdog.eval", w.eval),
+        ("watchdog.save", w.save),
+        ("watchdog.publish", w.publish),
+    ] {
+        f.require(limit != Limit::Fixed(Duration::ZERO), key, || {
+            "must be \"auto\" or longer than 0 (use watchdog.enabled = false to turn the watchdog off)".to_string()
+        });
+    }
+}
+
 fn gpu(f: &mut Findings, g: &GpuSection) {
     f.unit_fraction("gpu.headroom", g.headroom);
     f.require_with(!(g.require && g.backend == GpuBackend::Cpu), "gpu.require", &["gpu.backend"], || {
@@ -342,6 +357,15 @@ mod tests {
         c.model.dropout = f64::NAN;
         c.optimizer.beta2 = 1.0;
         assert_eq!(keys(&c), ["model.dropout", "data.val_fraction", "optimizer.beta2"]);
+    }
+
+    #[test]
+    fn watchdog_limits_and_floor_must_be_longer_than_zero() {
+        let mut c = Config::default();
+        c.watchdog.step = Limit::Fixed(Duration::ZERO);
+        c.watchdog.save = Limit::Fixed(Duration::from_secs(5));
+        c.watchdog.floor = Duration::ZERO;
+        assert_eq!(keys(&c), ["watchdog.floor", "watchdog.step"]);
     }
 
     #[test]

@@ -280,7 +280,11 @@ impl Devices {
         if self.require {
             let error = RunError::GpuRequired { reason };
             tracing::error!("{error}");
-            self.pending.push(Event::Error(ErrorEvent { step: None, error: error.to_string() }));
+            self.pending.push(Event::Error(ErrorEvent {
+                step: None,
+                error: error.to_string(),
+                ..ErrorEvent::default()
+            }));
             return Err(error);
         }
         let wanted = self.report.plan.clone().filter(|p| p.device_kind != DeviceKind::Cpu);

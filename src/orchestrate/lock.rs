@@ -198,6 +198,33 @@ impl RunLock {
     pub fn lost_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.lost)
     }
+
+    /// A handle that releases this lock from another thread, for an exit
+    /// that cannot unwind to this lock's drop (the watchdog's `process::exit`
+    /// while the training thread is stuck).
+    pub fn release_handle(&self) -> LockRelease {
+        LockRelease { path: self.path.clone(), token: self.info.token.clone(), stop: Arc::clone(&self.stop) }
+    }
+}
+
+/// Releases a [`RunLock`] without its owner: see [`RunLock::release_handle`].
+#[derive(Debug, Clone)]
+pub struct LockRelease {
+    path: PathBuf,
+    token: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl LockRelease {
+    /// Stops the heartbeat (it checks every 200 ms; not joined, the process
+    /// is about to exit) and removes the lock file if it is still ours.
+    pub fn release(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let current: Option<LockInfo> = fs::read(&self.path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        if current.is_some_and(|c| c.token == self.token) {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
 }
 
 fn heartbeat_loop(path: &Path, mut info: LockInfo, stop: &AtomicBool, lost: &AtomicBool) {
@@ -283,6 +310,19 @@ mod tests {
         drop(first);
         assert!(!tmp.path().join(LOCK_FILE).exists());
         RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap();
+    }
+
+    #[test]
+    fn a_release_handle_frees_the_directory_without_the_owner() {
+        let tmp = tempfile::tempdir().unwrap();
+        let held = RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap();
+        held.release_handle().release();
+        assert!(!tmp.path().join(LOCK_FILE).exists());
+        // Another run may take it at once; the owner's drop leaves that one alone.
+        let next = RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap();
+        drop(held);
+        assert!(tmp.path().join(LOCK_FILE).exists(), "the new holder's lock survives the old owner's drop");
+        drop(next);
     }
 
     #[test]

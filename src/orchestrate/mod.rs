@@ -3,10 +3,13 @@
 //! signals, and finish with a summary (`run.rs` and its phases under `run/`).
 //! `devices.rs` places the run on devices (GPU plan, CPU fallback,
 //! out-of-memory back-off, monitor); `deadline.rs` and `budget.rs` do the
-//! time arithmetic of a stop.
+//! time arithmetic of a stop; `watchdog.rs` turns a stuck step, evaluation,
+//! save or publish into a requeue; `crash.rs` classifies a crash as
+//! transient (requeued) or deterministic (not).
 
 mod atomic;
 mod budget;
+mod crash;
 mod deadline;
 mod devices;
 mod error;
@@ -18,16 +21,18 @@ mod run;
 mod rundir;
 mod status;
 mod stop;
+mod watchdog;
 
 pub use atomic::write_atomically;
 pub use budget::{
     PUBLISH_AFTER_REQUEUE, PUBLISH_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, requeue_deadline,
     scontrol_timeout, stop_deadline,
 };
+pub use crash::{CrashAction, classify as classify_crash, decide as decide_after_crash};
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
-pub use lock::{LOCK_FILE, LockError, LockInfo, RunLock};
+pub use lock::{LOCK_FILE, LockError, LockInfo, LockRelease, RunLock};
 pub use persist::{Persisted, Persister, PersisterDied};
 pub use run::{RunOptions, run};
 pub use rundir::{
@@ -36,3 +41,4 @@ pub use rundir::{
 };
 pub use status::{CheckpointLine, RunStatus, status};
 pub use stop::{StopFlag, StopReason};
+pub use watchdog::{Activity, Beats, Worker};

@@ -17,6 +17,8 @@ use std::time::Instant;
 
 use crate::checkpoint::{CheckpointError, CheckpointStore, SaveReport, Snapshot};
 
+use super::watchdog::{Activity, Beats, Worker};
+
 /// A finished background save.
 #[derive(Debug)]
 pub struct Persisted {
@@ -46,6 +48,7 @@ pub struct PersisterDied {
 /// The persister thread and its channels.
 pub struct Persister {
     store: CheckpointStore,
+    beats: Beats,
     jobs: Option<SyncSender<Job>>,
     done: Receiver<Persisted>,
     handle: Option<JoinHandle<()>>,
@@ -53,16 +56,17 @@ pub struct Persister {
 }
 
 impl Persister {
-    /// Starts the thread that saves into `store`.
-    pub fn spawn(store: CheckpointStore) -> std::io::Result<Persister> {
-        let (jobs, done, handle) = start_thread(store.clone())?;
-        Ok(Persister { store, jobs: Some(jobs), done, handle: Some(handle), in_flight: None })
+    /// Starts the thread that saves into `store`; each save is an
+    /// [`Activity::Save`] of [`Worker::Persister`] in `beats` (the watchdog's view).
+    pub fn spawn(store: CheckpointStore, beats: Beats) -> std::io::Result<Persister> {
+        let (jobs, done, handle) = start_thread(store.clone(), beats.clone())?;
+        Ok(Persister { store, beats, jobs: Some(jobs), done, handle: Some(handle), in_flight: None })
     }
 
     /// Replaces a dead thread with a new one on the same store.
     pub fn restart(&mut self) -> std::io::Result<()> {
         let _ = self.reap();
-        let (jobs, done, handle) = start_thread(self.store.clone())?;
+        let (jobs, done, handle) = start_thread(self.store.clone(), self.beats.clone())?;
         (self.jobs, self.done, self.handle, self.in_flight) = (Some(jobs), done, Some(handle), None);
         Ok(())
     }
@@ -137,7 +141,7 @@ impl Persister {
 type Started = (SyncSender<Job>, Receiver<Persisted>, JoinHandle<()>);
 
 /// The thread and its two channels: jobs in (capacity 1), finished saves out.
-fn start_thread(store: CheckpointStore) -> std::io::Result<Started> {
+fn start_thread(store: CheckpointStore, beats: Beats) -> std::io::Result<Started> {
     {
         let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel();
@@ -145,9 +149,15 @@ fn start_thread(store: CheckpointStore) -> std::io::Result<Started> {
             for job in jobs_rx {
                 let step = job.snapshot.step;
                 let payload_bytes = job.snapshot.payload_bytes();
-                // Tests make this thread die here (`persist::before_save=panic`).
+                let busy = beats.begin(Worker::Persister, Activity::Save, step);
+                // Tests make this thread die (`persist::before_save=panic`) or
+                // hang (`=sleep(…)`) here.
                 fail::fail_point!("persist::before_save");
                 let result = store.save(&job.snapshot);
+                drop(busy);
+                if result.as_ref().map_or_else(CheckpointError::committed, |_| true) {
+                    beats.committed(step);
+                }
                 let done = Persisted {
                     step,
                     payload_bytes,
@@ -185,7 +195,8 @@ mod tests {
     fn saves_in_the_background_one_at_a_time() {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-        let mut p = Persister::spawn(store.clone()).unwrap();
+        let beats = Beats::default();
+        let mut p = Persister::spawn(store.clone(), beats.clone()).unwrap();
         assert!(!p.busy());
         p.submit(snap(5), 0.0).unwrap();
         assert!(p.busy());
@@ -195,13 +206,16 @@ mod tests {
         assert!(!p.busy());
         assert!(p.wait().unwrap().is_none(), "nothing in flight");
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, 5);
+        // The watchdog's view: the commit, reported by the persister itself.
+        assert_eq!((beats.newest_committed(), beats.commits()), (Some(5), 1));
+        assert!(beats.busy().is_empty(), "the save is over");
     }
 
     #[test]
     fn a_dead_thread_is_reported_with_its_panic_and_can_be_restarted() {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-        let mut p = Persister::spawn(store.clone()).unwrap();
+        let mut p = Persister::spawn(store.clone(), Beats::default()).unwrap();
         // Kill the thread as a panic would: replace it with one that panics.
         p.jobs.take();
         p.handle.take().unwrap().join().unwrap();

@@ -17,7 +17,12 @@
 //!              failure recorded and passed over; exit 75 with a durable
 //!              checkpoint (this attempt's or an earlier one, named), else 1
 //!              (third signal or deadline passed: exit at once, budget.rs)
-//!              failure: `error`, failed summary, exit 1
+//!              failure: classified (crash.rs): transient → requeue with a
+//!              hold, bounded; deterministic → none; `error`, failed
+//!              summary, exit 1
+//! hang.rs      the watchdog (its own thread) found a step, evaluation, save
+//!              or publish stuck: `hang`, checkpoint if the training thread
+//!              is free, requeue, `stop`, exit 75 (1 without a checkpoint)
 //! ```
 //!
 //! The training loop runs on this thread and polls the stop flag between
@@ -28,6 +33,7 @@
 //! run is finished), exit 1 when there is no checkpoint yet.
 
 mod ending;
+mod hang;
 mod saving;
 mod start;
 
@@ -51,7 +57,9 @@ use super::progress::Progress;
 use super::ranks::{self, Leader};
 use super::rundir::{self, RunDir};
 use super::stop::{StopFlag, StopReason};
+use super::watchdog::{Activity, Beats, Progress as WatchedProgress, Watchdog, Worker};
 use ending::Ending;
+use hang::HangDesk;
 
 /// What `rekindle run` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -105,7 +113,7 @@ fn lead(
     let lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
-    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, lock.lost_flag(), world)? {
+    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, &lock, world)? {
         Started::Ready(attempt) => attempt.train(),
         Started::StoppedEarly(outcome) => Ok(outcome),
     }
@@ -150,6 +158,13 @@ struct Attempt {
     spare: Option<(TensorSet, TensorSet)>,
     /// The other ranks of a data-parallel run, which this attempt leads.
     leader: Option<Leader>,
+    /// What this thread and the persister are doing, for the watchdog.
+    beats: Beats,
+    /// The watchdog thread (`None` with `[watchdog] enabled = false`).
+    _watchdog: Option<Watchdog>,
+    /// Where the watchdog ends the attempt (and asks for a checkpoint when
+    /// the persister is the stuck thread).
+    hang: std::sync::Arc<HangDesk>,
 }
 
 impl Attempt {
@@ -159,8 +174,9 @@ impl Attempt {
             .or_else(|| self.stop_at_step.filter(|k| self.trainer.step() >= *k).map(|_| StopReason::StopAtStep))
     }
 
-    /// Trains to the end or to a stop; a failure is recorded in
-    /// `events.jsonl` and `summary.json` before it is returned.
+    /// Trains to the end or to a stop; a failure is classified, recorded in
+    /// `events.jsonl` and `summary.json`, and requeued when transient
+    /// (`ending.rs`), before it is returned.
     fn train(mut self: Box<Self>) -> Result<Outcome, RunError> {
         let result = self.train_loop();
         if let Err(e) = &result
@@ -178,6 +194,10 @@ impl Attempt {
             if self.lock_lost.load(std::sync::atomic::Ordering::SeqCst) {
                 progress.finish();
                 return Err(RunError::LockLost { dir: self.dir.root.clone() });
+            }
+            if self.hang.ended() {
+                progress.finish();
+                self.yield_to_watchdog();
             }
             self.collect_background()?;
             // With other ranks, every rank must make the same choice: agree
@@ -211,12 +231,25 @@ impl Attempt {
             }
             let stop = self.stop.clone();
             let lost = std::sync::Arc::clone(&self.lock_lost);
-            let should_stop = move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst);
+            let hang = std::sync::Arc::clone(&self.hang);
+            let should_stop = move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst) || hang.ended();
+            let mut busy = Some(self.beats.begin(Worker::Training, Activity::Step, self.trainer.step() + 1));
+            // Tests make a step hang here (`train::step=sleep(…)`).
+            fail::fail_point!("train::step");
             let result = self.devices.step(&mut self.trainer, &self.cfg, &should_stop);
+            // A completed step's records are part of it: a run-directory
+            // filesystem that hangs its metrics line hangs the step.
+            if !matches!(result, Ok(StepResult::Completed(_))) {
+                drop(busy.take());
+            }
             self.devices.record_events(&mut self.events)?;
             match result {
                 Ok(StepResult::Interrupted) => continue,
-                Ok(StepResult::Completed(m)) => self.after_step(&m, &progress)?,
+                Ok(StepResult::Completed(m)) => {
+                    self.record_step(&m, &progress)?;
+                    drop(busy.take());
+                    self.after_step(&m)?;
+                }
                 Ok(StepResult::NonFiniteStop(ev)) => {
                     progress.finish();
                     return self.nonfinite_stop(ev);
@@ -233,7 +266,8 @@ impl Attempt {
         self.end(Ending::Finished)
     }
 
-    fn after_step(&mut self, m: &StepMetrics, progress: &Progress) -> Result<(), RunError> {
+    /// The records of a completed step: its metrics line, the losses, the progress.
+    fn record_step(&mut self, m: &StepMetrics, progress: &Progress) -> Result<(), RunError> {
         let max_steps = self.cfg.run.max_steps;
         tracing::debug!(
             step = m.step,
@@ -251,9 +285,20 @@ impl Attempt {
             self.best_loss = Some(self.best_loss.map_or(m.loss, |b| b.min(m.loss)));
         }
         progress.update(m.step, m.loss);
+        self.beats.progressed(WatchedProgress { step: m.step, last_loss: self.last_loss, best_loss: self.best_loss });
+        Ok(())
+    }
+
+    /// What follows a completed step: an evaluation, a periodic checkpoint.
+    fn after_step(&mut self, m: &StepMetrics) -> Result<(), RunError> {
+        let max_steps = self.cfg.run.max_steps;
         let eval_every = self.cfg.train.eval_every;
         if eval_every > 0 && m.step.is_multiple_of(eval_every) && !self.stop.is_set() {
+            let busy = self.beats.begin(Worker::Training, Activity::Eval, m.step);
+            // Tests make an evaluation hang here (`run::eval=sleep(…)`).
+            fail::fail_point!("run::eval");
             let val_loss = self.trainer.evaluate()?;
+            drop(busy);
             self.metrics.append(&MetricsLine::Val(ValLine {
                 step: m.step,
                 val_loss: Some(val_loss),
@@ -285,6 +330,19 @@ fn step_line(m: &StepMetrics) -> StepLine {
         epoch: m.epoch,
         elapsed_s: Some(m.elapsed_s),
         time: now_rfc3339(),
+    }
+}
+
+/// The events of the run so far, as far as they can be read back (for the
+/// crash-requeue count; unreadable lines and an unreadable file count as none).
+fn recorded_events(path: &std::path::Path) -> Vec<crate::telemetry::Event> {
+    match crate::telemetry::read_jsonl(path) {
+        Ok(Some(lines)) => crate::telemetry::events_from(lines.records).into_iter().map(|e| e.event).collect(),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot read the events back; counting no earlier requeues");
+            Vec::new()
+        }
     }
 }
 

@@ -48,6 +48,8 @@ pub struct JobView {
 pub trait SlurmControl {
     fn show_job(&self, job_id: &str, timeout: Duration) -> Result<JobView, SlurmError>;
     fn requeue(&self, job_id: &str, timeout: Duration) -> Result<RequeueAnswer, SlurmError>;
+    /// Holds a (requeued) job back: it may not start before `delay` from now.
+    fn hold_for(&self, job_id: &str, delay: Duration, timeout: Duration) -> Result<(), SlurmError>;
 }
 
 /// The real `scontrol` on PATH.
@@ -72,6 +74,16 @@ impl SlurmControl for Scontrol {
             Err(e) => Err(e),
         }
     }
+
+    fn hold_for(&self, job_id: &str, delay: Duration, timeout: Duration) -> Result<(), SlurmError> {
+        run_scontrol(&["update", &format!("JobId={job_id}"), &start_time_after(delay)], timeout).map(|_| ())
+    }
+}
+
+/// The `StartTime=` argument of `scontrol update` for a start no earlier
+/// than `delay` from now (SLURM's `now+N` counts seconds).
+pub fn start_time_after(delay: Duration) -> String {
+    format!("StartTime=now+{}", delay.as_secs())
 }
 
 /// Parses one-line `scontrol show job -o` output (`Key=Value` tokens).
@@ -164,6 +176,11 @@ mod tests {
         assert_eq!(parse_show_job(line).unwrap().preempt_time.as_deref(), Some("2026-11-22T02:42:07"));
         let idle = "JobId=9 JobState=RUNNING PreemptTime=None BatchFlag=1";
         assert_eq!(parse_show_job(idle).unwrap().preempt_time, None);
+    }
+
+    #[test]
+    fn a_hold_is_a_start_time_in_seconds_from_now() {
+        assert_eq!(start_time_after(Duration::from_secs(120)), "StartTime=now+120");
     }
 
     #[test]

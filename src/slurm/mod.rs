@@ -10,4 +10,4 @@ mod requeue_job;
 pub use control::{JobView, RequeueAnswer, Scontrol, SlurmControl, SlurmError, parse_show_job};
 pub use env::{SlurmEnv, hostname};
 pub use requeue::{Decision, RequeueInput, StopKind, decide};
-pub use requeue_job::{NO_TIME, RequeueRequest, requeue_after_stop};
+pub use requeue_job::{CrashRequeue, NO_TIME, RequeueRequest, requeue_after_crash, requeue_after_stop};

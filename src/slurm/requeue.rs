@@ -18,6 +18,10 @@ pub enum StopKind {
     Interrupt,
     /// `--stop-at-step`: the user asked for exactly this stop.
     StopAtStep,
+    /// The watchdog found a step, evaluation, save or publish stuck.
+    Hang,
+    /// A transient crash (I/O or device error) within `[run] max_crash_requeues`.
+    TransientCrash,
 }
 
 /// Everything the decision depends on.
@@ -222,6 +226,15 @@ mod tests {
     }
 
     #[test]
+    fn a_hang_or_a_transient_crash_requeues_like_a_cluster_signal() {
+        for stop in [StopKind::Hang, StopKind::TransientCrash] {
+            assert!(requeues(&RequeueInput { stop, ..base() }), "{stop:?}");
+            assert!(!requeues(&RequeueInput { stop, job: Some(job("RUNNING", true, false)), ..base() }), "{stop:?}");
+            assert!(!requeues(&RequeueInput { stop, restart_count: 5, ..base() }), "{stop:?}");
+        }
+    }
+
+    #[test]
     fn max_restarts_stops_requeueing() {
         assert!(requeues(&RequeueInput { restart_count: 4, ..base() }));
         let d = decide(&RequeueInput { restart_count: 5, ..base() });
@@ -253,7 +266,13 @@ mod tests {
         // Exhaustive over the discrete inputs: a requeue happens only when no
         // blocker applies. Being preempted (PreemptTime set) is no blocker.
         let policies = [RequeuePolicy::Auto, RequeuePolicy::Always, RequeuePolicy::Never];
-        let stops = [StopKind::ClusterSignal, StopKind::Interrupt, StopKind::StopAtStep];
+        let stops = [
+            StopKind::ClusterSignal,
+            StopKind::Interrupt,
+            StopKind::StopAtStep,
+            StopKind::Hang,
+            StopKind::TransientCrash,
+        ];
         let states = ["RUNNING", "SUSPENDED", "CANCELLED", "PENDING", "COMPLETING", "PREEMPTED", "FAILED"];
         for policy in policies {
             for stop in stops {

@@ -78,6 +78,54 @@ pub fn requeue_after_stop(
     record
 }
 
+/// What the requeue after a transient crash did: the requeue record, and
+/// the hold (backoff) set on the requeued job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CrashRequeue {
+    pub record: RequeueRecord,
+    /// Seconds the job is held back before it may start again (set only once
+    /// SLURM accepted the requeue).
+    pub hold_seconds: Option<u64>,
+    /// Why the hold could not be set: the job then starts after SLURM's own
+    /// requeue delay, without the backoff.
+    pub hold_error: Option<String>,
+}
+
+/// The requeue after a transient crash: the same decision and `scontrol
+/// requeue` as after a stop ([`requeue_after_stop`] with
+/// [`StopKind::TransientCrash`]), then, once SLURM accepted it, a hold of
+/// `hold` (`scontrol update JobId=… StartTime=now+N`) so that a crash
+/// that repeats does not restart at once, again and again. A failed hold is
+/// recorded, never undoes the requeue.
+pub fn requeue_after_crash(
+    control: &dyn SlurmControl,
+    req: &RequeueRequest,
+    hold: Duration,
+    timeout: &dyn Fn() -> Option<Duration>,
+) -> CrashRequeue {
+    let req = RequeueRequest { stop: StopKind::TransientCrash, ..req.clone() };
+    let record = requeue_after_stop(control, &req, timeout);
+    let mut out = CrashRequeue { record, hold_seconds: None, hold_error: None };
+    let (Decision::Requeue { job_id, .. }, Some(_)) = (&out.record.decision, out.record.answer) else { return out };
+    if hold.is_zero() {
+        return out;
+    }
+    match timeout()
+        .ok_or(NO_TIME.to_string())
+        .and_then(|t| control.hold_for(job_id, hold, t).map_err(|e| e.to_string()))
+    {
+        Ok(()) => {
+            tracing::info!(job = %job_id, seconds = hold.as_secs(), "the requeued job is held back before it starts again");
+            out.hold_seconds = Some(hold.as_secs());
+        }
+        Err(e) => {
+            tracing::warn!(job = %job_id, error = %e, "could not hold the requeued job back; it starts after SLURM's own delay");
+            out.hold_error = Some(e);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::{Cell, RefCell};
@@ -90,6 +138,7 @@ mod tests {
     struct FakeControl {
         job: Result<JobView, SlurmError>,
         requeue: Result<RequeueAnswer, SlurmError>,
+        hold: Result<(), SlurmError>,
         calls: RefCell<Vec<String>>,
     }
 
@@ -106,6 +155,7 @@ mod tests {
                     preempt_time: None,
                 }),
                 requeue: Ok(RequeueAnswer::Requeued),
+                hold: Ok(()),
                 calls: RefCell::new(Vec::new()),
             }
         }
@@ -124,6 +174,11 @@ mod tests {
         fn requeue(&self, job_id: &str, timeout: Duration) -> Result<RequeueAnswer, SlurmError> {
             self.calls.borrow_mut().push(format!("requeue {job_id} {}s", timeout.as_secs()));
             self.requeue.clone()
+        }
+
+        fn hold_for(&self, job_id: &str, delay: Duration, timeout: Duration) -> Result<(), SlurmError> {
+            self.calls.borrow_mut().push(format!("hold {job_id} {}s {}s", delay.as_secs(), timeout.as_secs()));
+            self.hold.clone()
         }
     }
 
@@ -223,5 +278,58 @@ mod tests {
         let record = requeue_after_stop(&slurm, &request(), &ten_seconds);
         assert_eq!(record, RequeueRecord::skip("the job was cancelled by a user: never requeued"));
         assert_eq!(slurm.calls(), vec!["show 42 10s"]);
+    }
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_transient_crash_requeues_then_holds_the_job_back() {
+        let slurm = FakeControl::new("RUNNING");
+        let out = requeue_after_crash(&slurm, &request(), 2 * MINUTE, &ten_seconds);
+        assert_eq!(out.record.decision.name(), "requeue");
+        assert!(out.record.decision.reason().contains("training not finished"), "{out:?}");
+        assert_eq!((out.hold_seconds, out.hold_error), (Some(120), None));
+        assert_eq!(slurm.calls(), vec!["show 42 10s", "requeue 42 10s", "hold 42 120s 10s"]);
+    }
+
+    #[test]
+    fn a_failed_hold_is_recorded_and_keeps_the_requeue() {
+        let refused = SlurmError::Failed { args: "update".into(), code: Some(1), stderr: "Job is not pending".into() };
+        let slurm = FakeControl { hold: Err(refused), ..FakeControl::new("RUNNING") };
+        let out = requeue_after_crash(&slurm, &request(), MINUTE, &ten_seconds);
+        assert_eq!(out.record.answer, Some(RequeueAnswer::Requeued));
+        assert_eq!(out.hold_seconds, None);
+        assert!(out.hold_error.as_deref().unwrap().contains("not pending"), "{out:?}");
+    }
+
+    #[test]
+    fn no_hold_without_an_accepted_requeue() {
+        // Skipped (cancelled job), refused requeue, or no hold asked for.
+        let cancelled = FakeControl::new("CANCELLED");
+        let out = requeue_after_crash(&cancelled, &request(), MINUTE, &ten_seconds);
+        assert_eq!((out.record.decision.name(), out.hold_seconds), ("skip", None));
+        assert_eq!(cancelled.calls(), vec!["show 42 10s"]);
+        let failed = SlurmError::Failed { args: "requeue 42".into(), code: Some(1), stderr: "denied".into() };
+        let refused = FakeControl { requeue: Err(failed), ..FakeControl::new("RUNNING") };
+        let out = requeue_after_crash(&refused, &request(), MINUTE, &ten_seconds);
+        assert_eq!((out.hold_seconds, out.hold_error), (None, None));
+        assert_eq!(refused.calls(), vec!["show 42 10s", "requeue 42 10s"]);
+        let zero = FakeControl::new("RUNNING");
+        requeue_after_crash(&zero, &request(), Duration::ZERO, &ten_seconds);
+        assert_eq!(zero.calls(), vec!["show 42 10s", "requeue 42 10s"]);
+    }
+
+    #[test]
+    fn crash_requeues_follow_the_requeue_rules() {
+        for req in [
+            RequeueRequest { job_id: None, ..request() },
+            RequeueRequest { policy: RequeuePolicy::Never, ..request() },
+            RequeueRequest { restart_count: 5, ..request() },
+        ] {
+            let slurm = FakeControl::new("RUNNING");
+            let out = requeue_after_crash(&slurm, &req, MINUTE, &ten_seconds);
+            assert_eq!(out.record.decision.name(), "skip", "{req:?}");
+            assert!(!slurm.calls().iter().any(|c| c.starts_with("requeue") || c.starts_with("hold")), "{req:?}");
+        }
     }
 }

@@ -64,6 +64,8 @@ pub enum Event {
     Finish(Finish),
     /// The attempt failed (exit 1).
     Error(ErrorEvent),
+    /// The watchdog found an activity stuck past its limit.
+    Hang(HangEvent),
     /// An event this version does not know (or whose fields do not fit):
     /// the whole object, `event` included. Never written by this version.
     #[serde(untagged)]
@@ -71,7 +73,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 19] = [
+pub const EVENT_NAMES: [&str; 20] = [
     "start",
     "checkpoint_rejected",
     "checkpoint_quarantined",
@@ -91,6 +93,7 @@ pub const EVENT_NAMES: [&str; 19] = [
     "stop",
     "finish",
     "error",
+    "hang",
 ];
 
 impl Event {
@@ -116,6 +119,7 @@ impl Event {
             Event::Stop(_) => "stop",
             Event::Finish(_) => "finish",
             Event::Error(_) => "error",
+            Event::Hang(_) => "hang",
             Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
         }
     }
@@ -136,6 +140,7 @@ impl Event {
             Event::Stop(e) => e.step,
             Event::Finish(e) => Some(e.step),
             Event::Error(e) => e.step,
+            Event::Hang(e) => Some(e.step),
             Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
             Event::Start(_)
             | Event::FreshStart(_)
@@ -408,13 +413,60 @@ pub struct Finish {
 }
 
 /// `error`: `step` is absent when the failure came before training (e.g.
-/// `[gpu] require = true` with no usable GPU).
+/// `[gpu] require = true` with no usable GPU). A failure during training
+/// also carries its classification (`class`, `why`) and, for a transient
+/// one, what was done about it (`requeue`, `hold_seconds`, `hold_error`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ErrorEvent {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u64>,
     pub error: String,
+    /// `transient` (an I/O or device error: worth running again) or
+    /// `deterministic` (it would fail the same way again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<CrashClass>,
+    /// Why the error got its class.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The requeue decision after a transient crash (`null`: deterministic).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requeue: Option<RequeueRecord>,
+    /// Seconds the requeued job was held before it may start again (the backoff).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_seconds: Option<u64>,
+    /// Why the hold could not be set (the job then starts after SLURM's own delay).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_error: Option<String>,
+}
+
+/// How a crash is classified (see `orchestrate::crash`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CrashClass {
+    /// An I/O or device error: a new attempt (maybe on another node) may pass.
+    Transient,
+    /// A config, shape or numerical error: a new attempt would fail the same way.
+    Deterministic,
+}
+
+/// `hang`: an activity ran past its `[watchdog]` limit. Written first, before
+/// the checkpoint attempt, the requeue and the exit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HangEvent {
+    /// `step`, `eval`, `save` or `publish`.
+    pub activity: String,
+    /// The stuck thread: `training` or `persister`.
+    pub thread: String,
+    /// The step trained, evaluated after, saved or published.
+    pub step: u64,
+    /// When the activity began (RFC 3339, UTC).
+    pub since: String,
+    /// Seconds it had run when the watchdog acted.
+    pub stuck_seconds: f64,
+    /// Its limit, in seconds.
+    pub limit_seconds: f64,
 }
 
 /// What publishing did, as `publish`, `stop.publish` and `finish.publish` record it.
@@ -723,7 +775,23 @@ mod tests {
                 ..Default::default()
             }),
             Event::Finish(Finish { step: 5, publish: PublishOutcome::Failed { error: "e".into() } }),
-            Event::Error(ErrorEvent { step: None, error: "boom".into() }),
+            Event::Error(ErrorEvent {
+                step: Some(4),
+                error: "boom".into(),
+                class: Some(CrashClass::Transient),
+                why: Some("an I/O error".into()),
+                requeue: None,
+                hold_seconds: Some(60),
+                hold_error: None,
+            }),
+            Event::Hang(HangEvent {
+                activity: "save".into(),
+                thread: "persister".into(),
+                step: 5,
+                since: "2026-11-23T12:00:00.000Z".into(),
+                stuck_seconds: 2.5,
+                limit_seconds: 2.0,
+            }),
         ];
         assert_eq!(events.len(), EVENT_NAMES.len());
         for (event, name) in events.iter().zip(EVENT_NAMES) {
@@ -757,7 +825,8 @@ mod tests {
             | Event::Requeue(_)
             | Event::Stop(_)
             | Event::Finish(_)
-            | Event::Error(_) => EVENT_NAMES.contains(&event.name()),
+            | Event::Error(_)
+            | Event::Hang(_) => EVENT_NAMES.contains(&event.name()),
             Event::Other(_) => false,
         }
     }

@@ -28,6 +28,7 @@ mod report_browser;
 mod resume;
 mod sigkill;
 mod signals;
+mod watchdog;
 
 use std::fs;
 use std::path::{Path, PathBuf};

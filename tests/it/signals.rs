@@ -8,9 +8,8 @@
 use crate::support;
 
 use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::Signal;
@@ -22,6 +21,7 @@ use support::cli::{
 };
 use support::git::{closed_port, git, remote_and_clone};
 use support::leftovers;
+use support::scontrol::{FakeScontrol, RUNNING_JOB, echo};
 
 /// Longest wait for a child to get going (debug build, shared machine).
 const STARTUP: Duration = Duration::from_secs(60);
@@ -110,58 +110,6 @@ fn sigusr1_checkpoints_the_current_step_and_a_rerun_resumes_there() {
 #[test]
 fn sigusr2_checkpoints_the_current_step_and_a_rerun_resumes_there() {
     stop_signal_checkpoints_current_step_and_rerun_resumes_there(Signal::SIGUSR2);
-}
-
-// ---------------------------------------------------------------------------
-// A stand-in scontrol.
-
-/// A stand-in `scontrol` in its own directory: runs the shell snippet
-/// `on_show` for `show job -o ID` and `on_requeue` for `requeue ID`, and
-/// records every invocation, one line each.
-struct FakeScontrol {
-    bin: PathBuf,
-    log: PathBuf,
-}
-
-/// What `scontrol show job -o 77` prints for a requeueable running batch job.
-const RUNNING_JOB: &str =
-    "JobId=77 JobName=tiny JobState=RUNNING Reason=None Requeue=1 Restarts=0 BatchFlag=1 NodeList=n1";
-
-impl FakeScontrol {
-    fn new(root: &Path, on_show: &str, on_requeue: &str) -> FakeScontrol {
-        let bin = root.join("fake-bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        let log = root.join("scontrol-calls");
-        let script = format!(
-            "#!/bin/sh\necho \"$*\" >> '{log}'\ncase \"$1\" in\n  show) {on_show} ;;\n  requeue) {on_requeue} ;;\nesac\n",
-            log = log.display(),
-        );
-        let path = bin.join("scontrol");
-        std::fs::write(&path, script).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        FakeScontrol { bin, log }
-    }
-
-    fn running_job(root: &Path) -> FakeScontrol {
-        FakeScontrol::new(root, &echo(RUNNING_JOB), "exit 0")
-    }
-
-    /// PATH with the stand-in first.
-    fn path(&self) -> OsString {
-        let mut path = OsString::from(&self.bin);
-        path.push(":");
-        path.push(std::env::var_os("PATH").unwrap_or_default());
-        path
-    }
-
-    fn calls(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log).map(|t| t.lines().map(String::from).collect()).unwrap_or_default()
-    }
-}
-
-/// A shell snippet printing `line`.
-fn echo(line: &str) -> String {
-    format!("echo '{line}'")
 }
 
 /// A long run under a (pretend) SLURM job, stopped with SIGTERM once training

@@ -29,12 +29,14 @@ use crate::telemetry::{
 use crate::train::{NonFiniteEvent, TrainError};
 
 use super::super::budget;
+use super::super::crash::{self, CrashAction};
 use super::super::deadline::Deadline;
 use super::super::devices;
 use super::super::error::RunError;
-use super::super::rundir::SUMMARY_FILE;
+use super::super::rundir::{EVENTS_FILE, SUMMARY_FILE};
 use super::super::stop::{StopFlag, StopReason};
-use super::Attempt;
+use super::super::watchdog::{Activity, Worker};
+use super::{Attempt, recorded_events};
 
 /// How an attempt that did not fail ends.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -320,10 +322,49 @@ impl Attempt {
     }
 
     /// Records a failure (best effort: the error itself is what the caller
-    /// must see): an `error` event, a failed summary.
+    /// must see) after classifying it (`crash.rs`): a transient one requeues
+    /// the job (the usual requeue rules, at most `[run] max_crash_requeues`
+    /// in a row without a new checkpoint, each held back longer), a
+    /// deterministic one never does. Then the `error` event, with the class
+    /// and what was done, and a failed summary. The exit code stays 1.
     pub(super) fn fail(&mut self, error: &RunError) {
-        let _ =
-            self.events.record(&Event::Error(ErrorEvent { step: Some(self.trainer.step()), error: error.to_string() }));
+        let steps = self.trainer.step() - self.start_step;
+        let (class, why) = crash::classify(error, steps);
+        let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(&self.dir.path(EVENTS_FILE)));
+        let stop_path =
+            matches!(error, RunError::StopWithoutCheckpoint { .. } | RunError::StoppedBeforeFirstCheckpoint { .. });
+        let action = crash::decide(class, in_a_row, self.cfg.run.max_crash_requeues, stop_path);
+        tracing::error!(class = ?class, %why, "the run failed; classified before exiting 1");
+        let (requeue, hold_seconds, hold_error) = match action {
+            CrashAction::Requeue { hold } => {
+                let req = RequeueRequest {
+                    policy: self.cfg.signals.requeue,
+                    stop: StopKind::TransientCrash,
+                    finished: false,
+                    job_id: self.slurm.control_id(),
+                    restart_count: self.slurm.restart_count,
+                    max_restarts: self.cfg.signals.max_restarts,
+                };
+                let out = slurm::requeue_after_crash(&Scontrol, &req, hold, &|| {
+                    budget::scontrol_timeout(None, Instant::now())
+                });
+                self.record_or_log(&Event::Requeue(out.record.clone()));
+                (out.record, out.hold_seconds, out.hold_error)
+            }
+            CrashAction::NoRequeue { reason } => {
+                tracing::error!(%reason, "not requeueing after this failure");
+                (RequeueRecord::skip(reason), None, None)
+            }
+        };
+        self.record_or_log(&Event::Error(ErrorEvent {
+            step: Some(self.trainer.step()),
+            error: error.to_string(),
+            class: Some(class),
+            why: Some(why),
+            requeue: Some(requeue),
+            hold_seconds,
+            hold_error,
+        }));
         let _ = self.write_summary(SummaryState::Failed);
         let _ = self.events.sync();
     }
@@ -366,7 +407,12 @@ impl Attempt {
             reason: reason.to_string(),
             deadline: deadline.map(|d| d.at),
         };
-        let outcome = match publish::publish(&req) {
+        let busy = self.beats.begin(Worker::Training, Activity::Publish, self.trainer.step());
+        // Tests make publishing hang here (`run::publish=sleep(…)`).
+        fail::fail_point!("run::publish");
+        let published = publish::publish(&req);
+        drop(busy);
+        let outcome = match published {
             Ok(report) => PublishOutcome::Done {
                 commit: report.commit,
                 pushed: report.pushed,

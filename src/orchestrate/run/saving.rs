@@ -12,6 +12,7 @@ use crate::train::NonFiniteEvent;
 use super::super::error::RunError;
 use super::super::persist::{Persisted, PersisterDied};
 use super::super::rundir::METRICS_FILE;
+use super::super::watchdog::{Activity, Worker};
 use super::Attempt;
 use super::ending::finite;
 use super::start::{losses_so_far, set_aside_rejected, truncate_metrics};
@@ -61,7 +62,9 @@ impl Attempt {
             }
         } else {
             let payload_bytes = snapshot.payload_bytes();
+            let busy = self.beats.begin(Worker::Training, Activity::Save, snapshot.step);
             let result = self.store.save(&snapshot);
+            drop(busy);
             let step = snapshot.step;
             self.handle_persisted(Persisted {
                 step,
@@ -138,7 +141,7 @@ impl Attempt {
                 // Durable and loadable; only the directory sync or rotation failed.
                 tracing::warn!(step = p.step, error = %e, "checkpoint committed with a warning");
                 self.consecutive_failures = 0;
-                self.last_durable_step = Some(p.step);
+                self.mark_durable(p.step);
                 self.events.record(&Event::CheckpointSaved(CheckpointSaved {
                     step: p.step,
                     kind: "periodic".into(),
@@ -164,8 +167,15 @@ impl Attempt {
         }
     }
 
+    /// `step` is committed: the newest checkpoint to fall back on, here and
+    /// for the watchdog.
+    fn mark_durable(&mut self, step: u64) {
+        self.last_durable_step = Some(step);
+        self.beats.committed(step);
+    }
+
     fn record_saved(&mut self, r: &SaveReport, kind: &str, payload: u64, stall: f64) -> Result<(), RunError> {
-        self.last_durable_step = Some(r.step);
+        self.mark_durable(r.step);
         if !r.already_existed {
             self.checkpoints_written += 1;
         }
@@ -212,12 +222,21 @@ impl Attempt {
         if let Err(e) = in_flight {
             tracing::error!(error = %e, "the background save in flight failed; writing the {kind} checkpoint anyway");
         }
+        self.save_now(kind)
+    }
+
+    /// Writes a checkpoint of the current step synchronously, whatever the
+    /// persister is doing (the watchdog uses it beside a stuck background
+    /// save), and records it.
+    pub(super) fn save_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
         let t0 = Instant::now();
         let snapshot = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
         let payload = snapshot.payload_bytes();
         let step = snapshot.step;
+        let busy = self.beats.begin(Worker::Training, Activity::Save, step);
         let result = self.store.save(&snapshot);
+        drop(busy);
         let recorded = match &result {
             Ok(report) => {
                 self.last_checkpoint = Instant::now();
@@ -226,7 +245,7 @@ impl Attempt {
             Err(e) if e.committed() => {
                 tracing::warn!(step, error = %e, "checkpoint committed with a warning");
                 self.last_checkpoint = Instant::now();
-                self.last_durable_step = Some(step);
+                self.mark_durable(step);
                 self.events
                     .record(&Event::CheckpointSaved(CheckpointSaved {
                         step,

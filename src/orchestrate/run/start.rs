@@ -3,7 +3,7 @@
 //! checkpoints again), resuming from the newest one that does (or starting
 //! fresh), and trimming `metrics.jsonl` back to the step resumed from.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -19,11 +19,14 @@ use crate::train::Trainer;
 
 use super::super::devices::Devices;
 use super::super::error::RunError;
+use super::super::lock::RunLock;
 use super::super::persist::Persister;
 use super::super::ranks::Leader;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::super::stop::StopFlag;
+use super::super::watchdog::{Beats, Progress, Watchdog};
 use super::ending::early_stop;
+use super::hang::{HangDesk, HangHandler, events_path};
 use super::{Attempt, Started, context};
 
 impl Attempt {
@@ -35,7 +38,7 @@ impl Attempt {
         stop: StopFlag,
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
-        lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        lock: &RunLock,
         world: Option<(Leader, Vec<String>)>,
     ) -> Result<Started, RunError> {
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
@@ -89,13 +92,44 @@ impl Attempt {
         // every step exactly once.
         truncate_metrics(&dir.path(METRICS_FILE), start_step)?;
         let metrics = JsonlWriter::open(dir.path(METRICS_FILE))?;
-        let persister = Persister::spawn(store.clone())
+        let beats = Beats::default();
+        let persister = Persister::spawn(store.clone(), beats.clone())
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
+        let hang = std::sync::Arc::new(HangDesk::default());
+        let watchdog = if cfg.watchdog.enabled {
+            let handler = HangHandler {
+                cfg: cfg.clone(),
+                slurm: slurm.clone(),
+                events: events_path(&dir.root),
+                store: store.clone(),
+                beats: beats.clone(),
+                desk: std::sync::Arc::clone(&hang),
+                lock: lock.release_handle(),
+                summary: dir.path(SUMMARY_FILE),
+                start_step,
+                resumes,
+                started: Instant::now(),
+            };
+            let dog = Watchdog::spawn(
+                cfg.watchdog.clone(),
+                cfg.train.eval_batches,
+                beats.clone(),
+                Box::new(move |h| handler.handle(h)),
+            )
+            .map_err(|source| RunError::RunDir { path: PathBuf::from("<watchdog thread>"), source })?;
+            Some(dog)
+        } else {
+            None
+        };
         // The losses so far come from the checkpoint, not summary.json: a
         // SIGKILLed attempt writes no summary, and after a fallback to an older
         // checkpoint the summary covers steps that are trained again.
         let (last_loss, best_loss) =
             outcome.loaded.as_ref().map(|l| losses_so_far(&l.snapshot.state)).unwrap_or_default();
+        if let Some(step) = last_durable_step {
+            beats.resumed_from(step);
+        }
+        beats.progressed(Progress { step: start_step, last_loss, best_loss });
         let monitor = devices.start_monitor(&cfg, &dir, trainer.param_count());
         Ok(Started::Ready(Box::new(Attempt {
             last_loss,
@@ -120,9 +154,12 @@ impl Attempt {
             save_due_since: None,
             last_durable_step,
             resumes,
-            lock_lost,
+            lock_lost: lock.lost_flag(),
             spare: None,
             leader,
+            beats,
+            _watchdog: watchdog,
+            hang,
         })))
     }
 }

@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: deterministic snapshots, a look at
 //! what lies on disk (leftovers, file bytes, manifests), file damage, the real
 //! `rekindle` binary as a child process ([`cli`]), finished runs and what they
-//! leave behind ([`runs`]), git repositories on disk ([`git`]), and what some
+//! leave behind ([`runs`]), git repositories on disk ([`git`]), a stand-in `scontrol` ([`scontrol`]), and what some
 //! tests need from the machine ([`requires`]).
 //!
 //! Both test binaries (`tests/it/`, `tests/failpoints/`) include this module,
@@ -13,6 +13,7 @@ pub mod deterministic;
 pub mod git;
 pub mod requires;
 pub mod runs;
+pub mod scontrol;
 
 use std::collections::BTreeMap;
 use std::fs;
