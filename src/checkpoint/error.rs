@@ -72,6 +72,11 @@ pub enum CheckpointError {
     NotACheckpoint { path: PathBuf },
     #[error("cannot remove {path}: {source}")]
     Remove { path: PathBuf, source: io::Error },
+    #[error(
+        "refused to commit the checkpoint of step {step}: {reason}; this process no longer owns the run directory, \
+         so nothing was committed (the staged files were removed) and it must stop writing"
+    )]
+    NotOwner { step: u64, reason: String },
     #[error("failpoint {0} injected an error")]
     Injected(String),
     #[error(
@@ -86,6 +91,16 @@ impl CheckpointError {
     /// from syncing the parent directory or from rotation).
     pub fn committed(&self) -> bool {
         matches!(self, CheckpointError::AfterCommit { .. })
+    }
+
+    /// True when the save was refused because this process no longer owns
+    /// the run directory (also when only rotation was refused after the commit).
+    pub fn not_owner(&self) -> bool {
+        match self {
+            CheckpointError::NotOwner { .. } => true,
+            CheckpointError::AfterCommit { source, .. } => source.not_owner(),
+            _ => false,
+        }
     }
 }
 

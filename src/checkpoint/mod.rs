@@ -25,6 +25,6 @@ pub use layout::{
     MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name,
 };
 pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
-pub use store::{CheckpointStore, LoadOutcome, SaveReport};
+pub use store::{CheckpointStore, CommitGuard, LoadOutcome, SaveReport};
 pub use tensor::{DType, HostTensor, TensorSet, payload_bytes};
 pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};

@@ -40,7 +40,7 @@ use crate::train::{StepMetrics, StepResult, TrainError, Trainer};
 
 use super::devices::Devices;
 use super::error::RunError;
-use super::lock::RunLock;
+use super::lock::{LockOwnership, LockRequest, RunLock};
 use super::persist::Persister;
 use super::progress::Progress;
 use super::rundir::{self, RunDir};
@@ -73,10 +73,10 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
     std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
-    let lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
+    let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
-    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, lock.lost_flag())? {
+    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, lock.ownership())? {
         Started::Ready(attempt) => attempt.train(),
         Started::StoppedEarly(outcome) => Ok(outcome),
     }
@@ -112,8 +112,9 @@ struct Attempt {
     last_loss: Option<f64>,
     best_loss: Option<f64>,
     resumes: u64,
-    /// Set by the lock's heartbeat when another process took the run directory.
-    lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the run-directory lock is still ours: lost once the heartbeat
+    /// or a commit's check finds another process took the run directory.
+    lock: LockOwnership,
     /// Host buffers of the last persisted snapshot, reused by the next one.
     spare: Option<(TensorSet, TensorSet)>,
 }
@@ -141,9 +142,9 @@ impl Attempt {
         let max_steps = self.cfg.run.max_steps;
         let progress = Progress::new(self.trainer.step(), max_steps);
         loop {
-            if self.lock_lost.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Err(lost) = self.still_owner() {
                 progress.finish();
-                return Err(RunError::LockLost { dir: self.dir.root.clone() });
+                return Err(lost);
             }
             self.collect_background()?;
             if let Some(reason) = self.stop_reason() {
@@ -154,8 +155,8 @@ impl Attempt {
                 break;
             }
             let stop = self.stop.clone();
-            let lost = std::sync::Arc::clone(&self.lock_lost);
-            let should_stop = move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst);
+            let lock = self.lock.clone();
+            let should_stop = move || stop.is_set() || lock.is_lost();
             let result = self.devices.step(&mut self.trainer, &self.cfg, &should_stop);
             self.devices.record_events(&mut self.events)?;
             match result {
@@ -175,6 +176,15 @@ impl Attempt {
         }
         progress.finish();
         self.end(Ending::Finished)
+    }
+
+    /// `LockLost` once the run-directory lock is known lost: from then on
+    /// this attempt writes nothing more into the run directory.
+    fn still_owner(&self) -> Result<(), RunError> {
+        if self.lock.is_lost() {
+            return Err(RunError::LockLost { dir: self.dir.root.clone() });
+        }
+        Ok(())
     }
 
     fn after_step(&mut self, m: &StepMetrics, progress: &Progress) -> Result<(), RunError> {

@@ -18,6 +18,7 @@ mod cli;
 mod corruption;
 mod drills;
 mod gpu_run;
+mod lock;
 mod logging;
 mod publish;
 mod python_interop;

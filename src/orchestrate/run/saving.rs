@@ -118,6 +118,7 @@ impl Attempt {
                 self.consecutive_failures = 0;
                 self.record_saved(&report, "periodic", p.payload_bytes, p.snapshot_seconds)
             }
+            Err(e) if e.not_owner() => Err(self.refused_for_lock(p.step, &e)),
             Err(e) if e.committed() => {
                 // Durable and loadable; only the directory sync or rotation failed.
                 tracing::warn!(step = p.step, error = %e, "checkpoint committed with a warning");
@@ -188,6 +189,7 @@ impl Attempt {
     /// event that cannot be written are logged, and the save is still tried.
     /// `last_durable_step` is set as soon as the checkpoint is committed.
     pub(super) fn checkpoint_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
+        self.still_owner()?;
         let in_flight = match self.persister.wait() {
             Ok(Some(p)) => self.handle_persisted(p),
             Ok(None) => Ok(()),
@@ -196,12 +198,18 @@ impl Attempt {
         if let Err(e) = in_flight {
             tracing::error!(error = %e, "the background save in flight failed; writing the {kind} checkpoint anyway");
         }
+        self.still_owner()?;
         let t0 = Instant::now();
         let snapshot = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
         let payload = snapshot.payload_bytes();
         let step = snapshot.step;
         let result = self.store.save(&snapshot);
+        if let Err(e) = &result
+            && e.not_owner()
+        {
+            return Err(self.refused_for_lock(step, e));
+        }
         let recorded = match &result {
             Ok(report) => {
                 self.last_checkpoint = Instant::now();
@@ -247,6 +255,14 @@ impl Attempt {
             }),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A save refused because the run-directory lock is no longer ours: logged,
+    /// never recorded (the directory belongs to another process now), and the
+    /// attempt ends with `LockLost`.
+    fn refused_for_lock(&self, step: u64, e: &crate::checkpoint::CheckpointError) -> RunError {
+        tracing::error!(step, error = %e, "checkpoint not committed: the run-directory lock is lost");
+        RunError::LockLost { dir: self.dir.root.clone() }
     }
 
     /// Reloads the newest checkpoint and moves the data cursor past the

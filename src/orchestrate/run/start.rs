@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use crate::checkpoint::{CheckpointInfo, CheckpointStore, Loaded};
+use crate::checkpoint::{CheckpointInfo, CheckpointStore, CommitGuard, Loaded};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{
@@ -17,6 +17,7 @@ use crate::train::Trainer;
 
 use super::super::devices::Devices;
 use super::super::error::RunError;
+use super::super::lock::LockOwnership;
 use super::super::persist::Persister;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::super::stop::StopFlag;
@@ -32,9 +33,14 @@ impl Attempt {
         stop: StopFlag,
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
-        lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        lock: LockOwnership,
     ) -> Result<Started, RunError> {
-        let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
+        // Every commit first confirms the run directory is still ours.
+        let guard = {
+            let lock = lock.clone();
+            CommitGuard::new(move || lock.confirm())
+        };
+        let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
         // The placement plan needs the model's size, so the trainer comes first.
         let mut trainer = Trainer::new(&cfg)?;
@@ -103,7 +109,7 @@ impl Attempt {
             last_checkpoint: Instant::now(),
             last_durable_step,
             resumes,
-            lock_lost,
+            lock,
             spare: None,
         })))
     }
