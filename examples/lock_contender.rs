@@ -39,14 +39,19 @@ fn parse_args() -> Result<Args, String> {
     };
     let (mut start_at, mut hold) = (None, Duration::from_millis(500));
     let seconds = |flag: &str, v: String| -> Result<f64, String> {
-        v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).ok_or_else(|| format!("{flag}: `{v}` is not seconds"))
+        v.parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .ok_or_else(|| format!("{flag}: `{v}` is not seconds"))
     };
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
         match arg.as_str() {
             "--host" => request.host = value("--host")?,
             "--job" => request.job_id = Some(value("--job")?),
-            "--restart" => request.restart_count = value("--restart")?.parse().map_err(|e| format!("--restart: {e}"))?,
+            "--restart" => {
+                request.restart_count = value("--restart")?.parse().map_err(|e| format!("--restart: {e}"))?
+            }
             "--stale-after" => {
                 request.stale_after = Duration::from_secs_f64(seconds("--stale-after", value("--stale-after")?)?)
             }

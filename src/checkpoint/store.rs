@@ -201,12 +201,13 @@ impl CheckpointStore {
         ));
         match self.write_and_commit(snapshot, &files, &tmp, &final_dir) {
             Ok(bytes) => {
-                let rotated_out = self.may_write(step).and_then(|()| self.rotate()).map_err(|e| CheckpointError::AfterCommit {
-                    step,
-                    dir: final_dir.clone(),
-                    stage: "rotating out old checkpoints",
-                    source: Box::new(e),
-                })?;
+                let rotated_out =
+                    self.may_write(step).and_then(|()| self.rotate()).map_err(|e| CheckpointError::AfterCommit {
+                        step,
+                        dir: final_dir.clone(),
+                        stage: "rotating out old checkpoints",
+                        source: Box::new(e),
+                    })?;
                 Ok(SaveReport {
                     step,
                     dir: final_dir,
@@ -310,8 +311,13 @@ impl CheckpointStore {
             write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?;
         fsync_dir(tmp).map_err(werr(tmp))?;
         failpoint("checkpoint::before_rename")?;
-        // The last moment to find out that another process owns the directory now.
-        self.may_write(step)?;
+        // The last moment to find out that another process owns the directory
+        // now. Logged here: a save in flight when the run stops for the lost
+        // lock ends after anyone would read its result.
+        if let Err(e) = self.may_write(step) {
+            tracing::error!(step, "{e}");
+            return Err(e);
+        }
 
         if final_dir.exists() {
             // An invalid checkpoint of the same step (a valid one was kept

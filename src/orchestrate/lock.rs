@@ -787,8 +787,15 @@ fn heartbeat_loop(holding: &Holding, info: LockInfo, stop: &AtomicBool) {
         let next = LockInfo { heartbeat: unix_now(), ..info.clone() };
         let from = (current.lineage.as_str(), current.generation);
         let bytes = bytes.unwrap_or_default();
-        match transition(&holding.path, &bytes, from, Change::Write(next), &holding.token, &mut watch, holding.stale_after)
-        {
+        match transition(
+            &holding.path,
+            &bytes,
+            from,
+            Change::Write(next),
+            &holding.token,
+            &mut watch,
+            holding.stale_after,
+        ) {
             Ok(Step::Done) => last_beat = Instant::now(),
             // Busy: another process is judging the lock; Changed: the next
             // check sees who holds it now. Either way, try at the next check.
@@ -816,8 +823,15 @@ impl Drop for RunLock {
             let Ok(Some(bytes)) = read_if_exists(path) else { return };
             let Some(current) = LockInfo::parse(&bytes).filter(|c| c.token == self.holding.token) else { return };
             let from = (current.lineage.as_str(), current.generation);
-            match transition(path, &bytes, from, Change::Remove, &self.holding.token, &mut watch, self.holding.stale_after)
-            {
+            match transition(
+                path,
+                &bytes,
+                from,
+                Change::Remove,
+                &self.holding.token,
+                &mut watch,
+                self.holding.stale_after,
+            ) {
                 Ok(Step::Done | Step::Changed) => return,
                 Ok(Step::Busy) => std::thread::sleep(BUSY_RETRY),
                 Err(e) => {

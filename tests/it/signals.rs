@@ -507,7 +507,7 @@ fn run_after_a_sigkill_takes_over_the_stale_lock_and_resumes() {
     let until = newest + 10;
     let second = long_run(&dir).arg("--stop-at-step").arg(&until.to_string()).run(EXIT);
     second.assert_code(75);
-    assert!(second.stderr.contains("taking over the run-directory lock"), "{}", second.tail());
+    assert!(second.stderr.contains("took over the run-directory lock"), "{}", second.tail());
     assert!(second.stderr.contains(&format!("its process {dead_pid} on this host is gone")), "{}", second.tail());
     assert_eq!(last_event(&dir, "resume")["step"], newest);
     assert_eq!(checkpoint_steps(&dir).last(), Some(&until));
@@ -872,6 +872,29 @@ fn run_whose_lock_was_taken_over_stops_within_two_seconds_writing_nothing_more()
     assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
     let after: Vec<Value> = events(&dir).into_iter().filter(|e| rfc3339(&e["time"]) > taken_wall).collect();
     assert!(after.iter().all(|e| e["event"] != "checkpoint_saved" && e["event"] != "stop"), "{after:?}");
+}
+
+#[test]
+fn a_stop_signal_after_the_lock_was_lost_writes_nothing_and_does_not_requeue() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = under_fake_slurm(&dir, &fake).spawn();
+    run.wait_for_event("checkpoint_saved", STARTUP);
+    let summary_before = std::fs::read(dir.join("summary.json")).ok();
+    let checkpoints_before = checkpoint_steps(&dir);
+    // Taken over, then preempted before (or just after) the heartbeat notices:
+    // either way the stop checkpoint's commit check finds the lock lost.
+    write_foreign_lock(&dir, "99");
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    assert_eq!(exited.code(), Some(1), "{}", exited.tail());
+    assert!(exited.stderr.contains("another process took over the lock"), "{}", exited.tail());
+    assert_eq!(fake.calls(), Vec::<String>::new(), "a run that lost its directory must not requeue the job");
+    assert!(events_named(&dir, "stop").is_empty() && events_named(&dir, "requeue").is_empty());
+    assert_eq!(std::fs::read(dir.join("summary.json")).ok(), summary_before, "summary.json was written");
+    assert_eq!(checkpoint_steps(&dir), checkpoints_before, "a checkpoint was committed after the lock was lost");
+    assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
 }
 
 #[test]

@@ -257,11 +257,13 @@ impl Attempt {
         }
     }
 
-    /// A save refused because the run-directory lock is no longer ours: logged,
-    /// never recorded (the directory belongs to another process now), and the
-    /// attempt ends with `LockLost`.
+    /// A save refused because the run-directory lock is no longer ours (the
+    /// store logged it): never recorded, since the directory belongs to
+    /// another process now, and the attempt ends with `LockLost`.
     fn refused_for_lock(&self, step: u64, e: &crate::checkpoint::CheckpointError) -> RunError {
-        tracing::error!(step, error = %e, "checkpoint not committed: the run-directory lock is lost");
+        if e.committed() {
+            tracing::error!(step, error = %e, "checkpoint committed, but rotation was refused: the lock is lost");
+        }
         RunError::LockLost { dir: self.dir.root.clone() }
     }
 
