@@ -451,7 +451,7 @@ impl MarkerWatch {
 /// What a transition does to the lock file.
 enum Change {
     /// Replace it with this content (its lineage and generation are set).
-    Write(LockInfo),
+    Write(Box<LockInfo>),
     /// Remove it.
     Remove,
 }
@@ -527,6 +527,18 @@ fn transition(
     Ok(Step::Done)
 }
 
+/// A lock this process took over: from whom, why, after how long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Takeover {
+    pub reason: String,
+    /// The holder as its lock file said (`None`: the file was unreadable).
+    pub previous: Option<LockInfo>,
+    /// Age of its heartbeat by this host's clock when taken over.
+    pub heartbeat_age_s: Option<f64>,
+    /// How long `acquire` waited for it.
+    pub waited_s: f64,
+}
+
 /// The shared state of a held lock: who we are, and whether we lost it.
 #[derive(Debug)]
 struct Holding {
@@ -534,6 +546,7 @@ struct Holding {
     token: String,
     stale_after: Duration,
     lost: AtomicBool,
+    takeover: Option<Takeover>,
 }
 
 impl Holding {
@@ -591,6 +604,11 @@ impl LockOwnership {
     pub fn path(&self) -> &Path {
         &self.0.path
     }
+
+    /// The holder this process took the lock over from, if it did.
+    pub fn takeover(&self) -> Option<&Takeover> {
+        self.0.takeover.as_ref()
+    }
 }
 
 /// A held lock; dropping it stops the heartbeat and removes the file (if still ours).
@@ -639,6 +657,7 @@ impl RunLock {
         let mut watch = LockWatch::default();
         let mut markers = MarkerWatch::default();
         let mut said_waiting = false;
+        let mut took_over = None;
         loop {
             let Some(bytes) = read_if_exists(&path).map_err(io)? else {
                 info.heartbeat = unix_now();
@@ -713,11 +732,17 @@ impl RunLock {
                 Verdict::TakeOver(why) => {
                     let from = held.as_ref().map_or(("unreadable", 0), |h| (h.lineage.as_str(), h.generation));
                     info.heartbeat = unix_now();
-                    let change = Change::Write(info.clone());
+                    let change = Change::Write(Box::new(info.clone()));
                     match transition(&path, &bytes, from, change, &token, &mut markers, limit).map_err(io)? {
                         Step::Done => {
                             tracing::warn!(lock = %path.display(), holder_pid = ?held.as_ref().map(|h| h.pid), holder_host = ?held.as_ref().map(|h| &h.host), "took over the run-directory lock: {why}");
                             (info.lineage, info.generation) = (from.0.to_string(), from.1 + 1);
+                            took_over = Some(Takeover {
+                                reason: why,
+                                heartbeat_age_s: held.as_ref().map(|h| h.age(unix_now())),
+                                previous: held,
+                                waited_s: t0.elapsed().as_secs_f64(),
+                            });
                             break;
                         }
                         Step::Changed => {}
@@ -731,8 +756,13 @@ impl RunLock {
                 }
             }
         }
-        let holding =
-            Arc::new(Holding { path: path.clone(), token, stale_after: req.stale_after, lost: AtomicBool::new(false) });
+        let holding = Arc::new(Holding {
+            path: path.clone(),
+            token,
+            stale_after: req.stale_after,
+            lost: AtomicBool::new(false),
+            takeover: took_over,
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let heartbeat = {
             let (stop, holding, info) = (Arc::clone(&stop), Arc::clone(&holding), info.clone());
@@ -791,7 +821,7 @@ fn heartbeat_loop(holding: &Holding, info: LockInfo, stop: &AtomicBool) {
             &holding.path,
             &bytes,
             from,
-            Change::Write(next),
+            Change::Write(Box::new(next)),
             &holding.token,
             &mut watch,
             holding.stale_after,
@@ -1050,7 +1080,7 @@ mod tests {
         fs::write(marker_path(tmp.path(), "l", 5, 0), b"old").unwrap();
         let stale_after = Duration::from_millis(300); // markers break after 100 ms
         let mut watch = MarkerWatch::default();
-        let new = || Change::Write(LockInfo { token: "new".into(), ..LockInfo::default() });
+        let new = || Change::Write(Box::new(LockInfo { token: "new".into(), ..LockInfo::default() }));
         assert_eq!(transition(&path, &bytes, ("l", 7), new(), "me", &mut watch, stale_after).unwrap(), Step::Busy);
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(transition(&path, &bytes, ("l", 7), new(), "me", &mut watch, stale_after).unwrap(), Step::Done);
@@ -1070,7 +1100,7 @@ mod tests {
         // holds marker 1: the highest marker is fresh, so this process waits.
         fs::write(marker_path(tmp.path(), "l", 2, 1), b"breaker").unwrap();
         let mut watch = MarkerWatch::default();
-        let change = Change::Write(LockInfo { token: "late".into(), ..LockInfo::default() });
+        let change = Change::Write(Box::new(LockInfo { token: "late".into(), ..LockInfo::default() }));
         assert_eq!(transition(&path, &bytes, ("l", 2), change, "me", &mut watch, STALE).unwrap(), Step::Busy);
         assert_eq!(fs::read(&path).unwrap(), bytes);
     }

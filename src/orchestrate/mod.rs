@@ -27,8 +27,8 @@ pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
 pub use lock::{
-    Claimant, DEFAULT_STALE_AFTER, LOCK_FILE, LockError, LockInfo, LockOwnership, LockRequest, RunLock, Verdict,
-    check_every, heartbeat_every, marker_break_after, takeover,
+    Claimant, DEFAULT_STALE_AFTER, LOCK_FILE, LockError, LockInfo, LockOwnership, LockRequest, RunLock, Takeover,
+    Verdict, check_every, heartbeat_every, marker_break_after, takeover,
 };
 pub use persist::{Persisted, Persister, PersisterDied};
 pub use run::{RunOptions, run};

@@ -509,6 +509,9 @@ fn run_after_a_sigkill_takes_over_the_stale_lock_and_resumes() {
     second.assert_code(75);
     assert!(second.stderr.contains("took over the run-directory lock"), "{}", second.tail());
     assert!(second.stderr.contains(&format!("its process {dead_pid} on this host is gone")), "{}", second.tail());
+    let takeover = last_event(&dir, "lock_takeover");
+    assert_eq!(takeover["reason"], format!("its process {dead_pid} on this host is gone"));
+    assert_eq!(takeover["previous_pid"], dead_pid);
     assert_eq!(last_event(&dir, "resume")["step"], newest);
     assert_eq!(checkpoint_steps(&dir).last(), Some(&until));
     assert!(!dir.join("rekindle.lock").exists());
@@ -590,6 +593,14 @@ fn lock_of_an_earlier_attempt_on_another_node_is_taken_over_once_its_heartbeat_i
     eprintln!("requeued attempt took the earlier attempt's lock over after {took:?} (stale_after 3s)");
     let resume = last_event(&dir, "resume");
     assert_eq!((&resume["step"], &resume["restart_count"]), (&json!(10), &json!(1)));
+    let takeover = last_event(&dir, "lock_takeover");
+    assert_eq!(
+        (&takeover["previous_host"], &takeover["previous_job_id"], &takeover["previous_restart_count"]),
+        (&json!("other-node"), &json!("77"), &json!(0))
+    );
+    assert!(takeover["reason"].as_str().unwrap().contains("heartbeat on other-node"), "{takeover}");
+    assert!(takeover["waited_seconds"].as_f64().unwrap() >= 2.5, "{takeover}");
+    assert!(takeover["heartbeat_age_seconds"].as_f64().unwrap() >= 2.9, "{takeover}");
     assert!(!dir.join("rekindle.lock").exists());
 }
 

@@ -11,13 +11,13 @@ use crate::checkpoint::{CheckpointInfo, CheckpointStore, CommitGuard, Loaded};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{
-    CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, Resume, Start, Summary, metrics_step,
+    CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, LockTakeover, Resume, Start, Summary, metrics_step,
 };
 use crate::train::Trainer;
 
 use super::super::devices::Devices;
 use super::super::error::RunError;
-use super::super::lock::LockOwnership;
+use super::super::lock::{LockOwnership, Takeover};
 use super::super::persist::Persister;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::super::stop::StopFlag;
@@ -46,6 +46,9 @@ impl Attempt {
         let mut trainer = Trainer::new(&cfg)?;
         let mut devices = Devices::select(&cfg, &mut trainer)?;
         events.record(&start_event(&cfg, &dir, &slurm, &devices))?;
+        if let Some(takeover) = lock.takeover() {
+            events.record(&takeover_event(takeover))?;
+        }
         devices.announce(&mut events)?;
         let outcome = store.load_latest()?;
         record_rejected(&mut events, &outcome.rejected)?;
@@ -123,6 +126,20 @@ fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) 
         allocation: serde_json::to_value(slurm).unwrap_or_default(),
         max_steps: cfg.run.max_steps,
         placement: devices.describe(),
+    })
+}
+
+/// The `lock_takeover` event of a lock taken over from a holder judged gone.
+fn takeover_event(t: &Takeover) -> Event {
+    let previous = t.previous.as_ref();
+    Event::LockTakeover(LockTakeover {
+        reason: t.reason.clone(),
+        previous_host: previous.map(|p| p.host.clone()),
+        previous_pid: previous.map(|p| p.pid),
+        previous_job_id: previous.and_then(|p| p.job_id.clone()),
+        previous_restart_count: previous.and_then(|p| p.restart_count),
+        heartbeat_age_seconds: t.heartbeat_age_s.filter(|a| a.is_finite()),
+        waited_seconds: t.waited_s,
     })
 }
 
