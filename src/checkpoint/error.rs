@@ -73,8 +73,9 @@ pub enum CheckpointError {
     #[error("cannot remove {path}: {source}")]
     Remove { path: PathBuf, source: io::Error },
     #[error(
-        "refused to commit the checkpoint of step {step}: {reason}; this process no longer owns the run directory, \
-         so nothing was committed (the staged files were removed) and it must stop writing"
+        "refused to commit the checkpoint of step {step}: {reason}; a checkpoint is committed only while this \
+         process provably owns the run directory (its lock), so nothing was committed and the staged files were \
+         removed"
     )]
     NotOwner { step: u64, reason: String },
     #[error("failpoint {0} injected an error")]

@@ -556,7 +556,12 @@ impl Holding {
         if self.lost.load(Ordering::SeqCst) {
             return Err(format!("the run-directory lock {} was lost earlier", self.path.display()));
         }
-        let current = match read_if_exists(&self.path) {
+        // One retry: a network filesystem may fail one read and not the next.
+        let read = read_if_exists(&self.path).or_else(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            read_if_exists(&self.path)
+        });
+        let current = match read {
             Ok(Some(bytes)) => LockInfo::parse(&bytes),
             Ok(None) => None,
             // Cannot read it: cannot prove ownership, but nothing says we lost it.
@@ -792,6 +797,14 @@ fn heartbeat_loop(holding: &Holding, info: LockInfo, stop: &AtomicBool) {
     let tick = Duration::from_millis(50).min(check);
     let (mut last_check, mut last_beat) = (Instant::now(), Instant::now());
     let mut watch = MarkerWatch::default();
+    // Failures are retried every check but logged once a heartbeat period.
+    let mut last_warned: Option<Instant> = None;
+    let mut warn = |what: &str, e: &std::io::Error| {
+        if last_warned.is_none_or(|t| t.elapsed() >= beat) {
+            tracing::warn!(lock = %holding.path.display(), error = %e, "{what}; trying again");
+            last_warned = Some(Instant::now());
+        }
+    };
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(tick);
         if last_check.elapsed() < check {
@@ -801,7 +814,7 @@ fn heartbeat_loop(holding: &Holding, info: LockInfo, stop: &AtomicBool) {
         let bytes = match read_if_exists(&holding.path) {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!(lock = %holding.path.display(), error = %e, "cannot read the run-directory lock; trying again");
+                warn("cannot read the run-directory lock", &e);
                 continue;
             }
         };
@@ -830,9 +843,7 @@ fn heartbeat_loop(holding: &Holding, info: LockInfo, stop: &AtomicBool) {
             // Busy: another process is judging the lock; Changed: the next
             // check sees who holds it now. Either way, try at the next check.
             Ok(Step::Busy | Step::Changed) => {}
-            Err(e) => {
-                tracing::warn!(lock = %holding.path.display(), error = %e, "cannot refresh the lock heartbeat; trying again")
-            }
+            Err(e) => warn("cannot refresh the lock heartbeat", &e),
         }
     }
 }

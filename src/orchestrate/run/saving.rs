@@ -118,7 +118,7 @@ impl Attempt {
                 self.consecutive_failures = 0;
                 self.record_saved(&report, "periodic", p.payload_bytes, p.snapshot_seconds)
             }
-            Err(e) if e.not_owner() => Err(self.refused_for_lock(p.step, &e)),
+            Err(e) if e.not_owner() && self.lock.is_lost() => Err(self.refused_for_lock(p.step, &e)),
             Err(e) if e.committed() => {
                 // Durable and loadable; only the directory sync or rotation failed.
                 tracing::warn!(step = p.step, error = %e, "checkpoint committed with a warning");
@@ -207,6 +207,7 @@ impl Attempt {
         let result = self.store.save(&snapshot);
         if let Err(e) = &result
             && e.not_owner()
+            && self.lock.is_lost()
         {
             return Err(self.refused_for_lock(step, e));
         }
@@ -259,7 +260,8 @@ impl Attempt {
 
     /// A save refused because the run-directory lock is no longer ours (the
     /// store logged it): never recorded, since the directory belongs to
-    /// another process now, and the attempt ends with `LockLost`.
+    /// another process now, and the attempt ends with `LockLost`. (A save
+    /// refused because the lock could not be read is an ordinary failed save.)
     fn refused_for_lock(&self, step: u64, e: &crate::checkpoint::CheckpointError) -> RunError {
         if e.committed() {
             tracing::error!(step, error = %e, "checkpoint committed, but rotation was refused: the lock is lost");
