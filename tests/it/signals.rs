@@ -634,6 +634,7 @@ fn lock_of_an_earlier_attempt_on_another_node_whose_heartbeat_moves_is_refused()
     assert!(refused.stderr.contains("heartbeat moved while this attempt waited"), "{}", refused.tail());
     assert!(refused.stderr.contains("that attempt is still running"), "{}", refused.tail());
     assert!(took < Duration::from_secs(3), "refusing took {took:?}: it should not wait out the timeout");
+    eprintln!("a requeued attempt refused a live earlier attempt (heartbeat every 0.5 s) after {took:?}");
     assert_eq!(lock_file(&dir)["token"], "other-node-1-x", "the live attempt's lock was replaced");
     assert!(!dir.join("events.jsonl").exists(), "the refused attempt wrote into the run directory");
 }
