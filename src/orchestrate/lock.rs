@@ -1117,6 +1117,56 @@ mod tests {
     }
 
     #[test]
+    fn acquire_passes_a_marker_left_by_a_crashed_contender_after_a_third_of_the_timeout() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(LOCK_FILE);
+        // A dead holder on this host, and a contender that crashed while
+        // taking its lock over, leaving its marker.
+        let dead = LockInfo {
+            token: "dead".into(),
+            host: "hostA".into(),
+            pid: 0,
+            lineage: "l".into(),
+            generation: 4,
+            ..LockInfo::default()
+        };
+        fs::write(&path, dead.to_bytes()).unwrap();
+        fs::write(marker_path(tmp.path(), "l", 4, 0), b"crashed").unwrap();
+        let req = LockRequest { stale_after: Duration::from_millis(600), ..request("hostA") };
+        let t0 = Instant::now();
+        let lock = RunLock::acquire(tmp.path(), req).unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(200), "the marker was broken before it was seen stale");
+        assert_eq!(lock.ownership().takeover().unwrap().reason, "its process 0 on this host is gone");
+        let now = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!((now.token.as_str(), now.lineage.as_str(), now.generation), (lock.info().token.as_str(), "l", 5));
+        assert!(markers(tmp.path(), "l").unwrap().iter().all(|(g, _, _)| *g > 4), "markers of generation 4 were left");
+    }
+
+    #[test]
+    fn a_marker_left_by_a_crashed_contender_does_not_stop_the_heartbeat() {
+        let tmp = tempfile::tempdir().unwrap();
+        let req = LockRequest { stale_after: Duration::from_secs(3), ..request("hostA") };
+        let lock = RunLock::acquire(tmp.path(), req).unwrap();
+        let path = tmp.path().join(LOCK_FILE);
+        let before = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+        // Planted right after the lock was taken (the first heartbeat is due
+        // after half a second): the holder must break it itself.
+        fs::write(marker_path(tmp.path(), &before.lineage, before.generation, 0), b"crashed").unwrap();
+        let t0 = Instant::now();
+        loop {
+            let now = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+            if now.generation > before.generation {
+                break;
+            }
+            // Breaking waits a third of the timeout (1 s) after the holder
+            // first sees the marker: it heartbeats before it could look stale (3 s).
+            assert!(t0.elapsed() < Duration::from_millis(2800), "the heartbeat stayed blocked: {now:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!lock.ownership().is_lost());
+    }
+
+    #[test]
     fn ownership_is_confirmed_by_reading_the_lock_and_a_lost_lock_stays_lost() {
         let tmp = tempfile::tempdir().unwrap();
         let lock = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
