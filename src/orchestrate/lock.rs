@@ -69,7 +69,10 @@
 //! new name, and one wins), and markers are only removed once their
 //! generation is past (or by their maker when it aborts). Markers of a
 //! previous lineage (before a release) never match the names of the current
-//! one.
+//! one. On NFS the exclusive creation and the lock file's content are
+//! server-side facts, but directory listings (used to find the highest
+//! marker) may be cached for a moment; a second winner would need such a
+//! stale listing exactly while a crashed marker is being broken.
 //!
 //! The holder's heartbeat thread reads the lock every [`check_every`] (at most
 //! 1 s): a token not ours means the lock was taken over, and the run stops
