@@ -210,8 +210,15 @@ impl LockInfo {
         now - self.heartbeat
     }
 
-    fn parse(bytes: &[u8]) -> Option<LockInfo> {
+    /// Parses a lock file; `None` when it is not a lock (damaged, foreign,
+    /// anything else), never a panic.
+    pub fn parse(bytes: &[u8]) -> Option<LockInfo> {
         serde_json::from_slice(bytes).ok()
+    }
+
+    /// Reads and parses the lock file at `path`; `None` when missing or not a lock.
+    pub fn read(path: &Path) -> Option<LockInfo> {
+        LockInfo::parse(&fs::read(path).ok()?)
     }
 
     fn to_bytes(&self) -> Vec<u8> {
@@ -348,7 +355,7 @@ fn proc_start(pid: u32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
-fn pid_exists(pid: u32) -> bool {
+fn pid_alive(pid: u32) -> bool {
     // Pid 0 (and what does not fit a pid_t) would signal a process group.
     let Ok(raw) = i32::try_from(pid) else { return false };
     if raw <= 0 {
@@ -368,7 +375,7 @@ fn holder_alive(held: &LockInfo) -> bool {
     {
         return false;
     }
-    if !pid_exists(held.pid) {
+    if !pid_alive(held.pid) {
         return false;
     }
     match (held.proc_start, proc_start(held.pid)) {

@@ -67,7 +67,7 @@ pub fn status(dir: &Path) -> RunStatus {
         })
         .collect();
     let last_of = |name: &str| events.iter().rev().find(|e| e.name == name).cloned();
-    let lock: Option<LockInfo> = std::fs::read(dir.join(LOCK_FILE)).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let lock: Option<LockInfo> = LockInfo::read(&dir.join(LOCK_FILE));
     // Fresh by the holder's own timeout (else the run's config, else the default).
     let configured = cfg.as_ref().map_or(DEFAULT_STALE_AFTER, |c| c.lock.stale_after);
     let live_lock = lock
