@@ -95,6 +95,12 @@ pub enum CheckpointError {
     NotACheckpoint { path: PathBuf },
     #[error("cannot remove {path}: {source}")]
     Remove { path: PathBuf, source: io::Error },
+    #[error(
+        "refused to commit the checkpoint of step {step}: {reason}; a checkpoint is committed only while this \
+         process provably owns the run directory (its lock), so nothing was committed and the staged files were \
+         removed"
+    )]
+    NotOwner { step: u64, reason: String },
     #[error("failpoint {0} injected an error")]
     Injected(String),
     #[error(
@@ -109,6 +115,16 @@ impl CheckpointError {
     /// from syncing the parent directory or from rotation).
     pub fn committed(&self) -> bool {
         matches!(self, CheckpointError::AfterCommit { .. })
+    }
+
+    /// True when the save was refused because this process no longer owns
+    /// the run directory (also when only rotation was refused after the commit).
+    pub fn not_owner(&self) -> bool {
+        match self {
+            CheckpointError::NotOwner { .. } => true,
+            CheckpointError::AfterCommit { source, .. } => source.not_owner(),
+            _ => false,
+        }
     }
 }
 

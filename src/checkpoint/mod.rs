@@ -28,6 +28,6 @@ pub use layout::{
 };
 pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
-pub use store::{CheckpointStore, LoadOutcome, SaveReport};
+pub use store::{CheckpointStore, CommitGuard, LoadOutcome, SaveReport};
 pub use tensor::{DType, HostTensor, TensorSet, payload_bytes};
 pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};

@@ -9,8 +9,11 @@
 //!    checkpoints directory, hashing the bytes as they are written;
 //! 3. fsync each file; write `MANIFEST.json` last and fsync it; fsync the
 //!    temporary directory;
-//! 4. rename it to `step-<10 digits>` and fsync the checkpoints directory;
-//! 5. rotate: old checkpoints are first renamed to `.trash-…` (atomic), then
+//! 4. ask the [`CommitGuard`], if any, whether this process may still write
+//!    (the run-directory lock is still its own); if not, abort: nothing is
+//!    renamed and the temporary directory is removed;
+//! 5. rename it to `step-<10 digits>` and fsync the checkpoints directory;
+//! 6. rotate (after asking the guard again): old checkpoints are first renamed to `.trash-…` (atomic), then
 //!    removed, so a crash mid-delete never leaves a half checkpoint behind.
 //!
 //! Saving a step whose `step-…` directory exists but does not verify replaces
@@ -82,6 +85,29 @@ pub struct LoadOutcome {
     pub rejected: Vec<CheckpointInfo>,
 }
 
+/// Asked right before each commit (and before rotation deletes anything):
+/// `Ok` when this process may still write into the checkpoints directory,
+/// else why not. The store knows nothing of who decides: the run passes a
+/// check of its run-directory lock.
+#[derive(Clone)]
+pub struct CommitGuard(Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl CommitGuard {
+    pub fn new(check: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> CommitGuard {
+        CommitGuard(Arc::new(check))
+    }
+
+    fn check(&self, step: u64) -> Result<(), CheckpointError> {
+        (self.0)().map_err(|reason| CheckpointError::NotOwner { step, reason })
+    }
+}
+
+impl std::fmt::Debug for CommitGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitGuard")
+    }
+}
+
 /// A checkpoints directory and its rotation policy.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
@@ -91,6 +117,7 @@ pub struct CheckpointStore {
     /// quarantined: rotation counts them invalid until a save of that step
     /// replaces them. Shared by the clones (the persister's among them).
     known_bad: Arc<Mutex<BTreeSet<u64>>>,
+    guard: Option<CommitGuard>,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -102,7 +129,7 @@ impl CheckpointStore {
     pub fn open(dir: impl Into<PathBuf>, keep: usize) -> Result<CheckpointStore, CheckpointError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|source| CheckpointError::CreateDir { path: dir.clone(), source })?;
-        let store = CheckpointStore { dir, keep: keep.max(1), known_bad: Arc::default() };
+        let store = CheckpointStore { dir, keep: keep.max(1), known_bad: Arc::default(), guard: None };
         for leftover in store.leftovers()? {
             tracing::warn!(path = %leftover.display(), "removing leftover of an interrupted checkpoint save or delete");
             fs::remove_dir_all(&leftover)
@@ -113,7 +140,16 @@ impl CheckpointStore {
 
     /// A read-only view of a checkpoints directory: nothing is created or removed.
     pub fn open_read_only(dir: impl Into<PathBuf>) -> CheckpointStore {
-        CheckpointStore { dir: dir.into(), keep: usize::MAX, known_bad: Arc::default() }
+        CheckpointStore { dir: dir.into(), keep: usize::MAX, known_bad: Arc::default(), guard: None }
+    }
+
+    /// The same store, asking `guard` right before each commit and rotation.
+    pub fn with_commit_guard(self, guard: CommitGuard) -> CheckpointStore {
+        CheckpointStore { guard: Some(guard), ..self }
+    }
+
+    fn may_write(&self, step: u64) -> Result<(), CheckpointError> {
+        self.guard.as_ref().map_or(Ok(()), |g| g.check(step))
     }
 
     /// The checkpoints directory.
@@ -195,11 +231,13 @@ impl CheckpointStore {
         match self.write_and_commit(snapshot, &files, &tmp, &final_dir) {
             Ok(bytes) => {
                 self.known_bad().remove(&step);
-                let rotated_out = self.rotate(step).map_err(|e| CheckpointError::AfterCommit {
-                    step,
-                    dir: final_dir.clone(),
-                    stage: "rotating out old checkpoints",
-                    source: Box::new(e),
+                let rotated_out = self.may_write(step).and_then(|()| self.rotate(step)).map_err(|e| {
+                    CheckpointError::AfterCommit {
+                        step,
+                        dir: final_dir.clone(),
+                        stage: "rotating out old checkpoints",
+                        source: Box::new(e),
+                    }
                 })?;
                 Ok(SaveReport {
                     step,
@@ -304,6 +342,13 @@ impl CheckpointStore {
             write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?;
         fsync_dir(tmp).map_err(werr(tmp))?;
         failpoint("checkpoint::before_rename")?;
+        // The last moment to find out that another process owns the directory
+        // now. Logged here: a save in flight when the run stops for the lost
+        // lock ends after anyone would read its result.
+        if let Err(e) = self.may_write(step) {
+            tracing::error!(step, "{e}");
+            return Err(e);
+        }
 
         let after = |stage: &'static str| {
             move |e| CheckpointError::AfterCommit { step, dir: final_dir.to_path_buf(), stage, source: Box::new(e) }
@@ -716,6 +761,41 @@ mod tests {
         assert_eq!(report.rotated_out, vec![store.step_dir(40)]);
         let steps: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
         assert_eq!(steps, vec![50, 10]);
+    }
+
+    #[test]
+    fn a_guard_that_refuses_stops_the_commit_before_the_rename() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+        store.save(&snapshot(1)).unwrap();
+        let refusing = store.clone().with_commit_guard(CommitGuard::new(|| Err("the lock is another's".into())));
+        let err = refusing.save(&snapshot(2)).unwrap_err();
+        assert!(matches!(&err, CheckpointError::NotOwner { step: 2, reason } if reason == "the lock is another's"));
+        assert!(err.not_owner() && !err.committed());
+        assert!(err.to_string().contains("refused to commit the checkpoint of step 2"), "{err}");
+        let steps: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
+        assert_eq!(steps, vec![1]);
+        assert!(store.leftovers().unwrap().is_empty(), "the staged directory was left");
+    }
+
+    #[test]
+    fn a_guard_asked_again_before_rotation_keeps_old_checkpoints_when_the_lock_is_lost_after_the_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 1).unwrap();
+        store.save(&snapshot(1)).unwrap();
+        // Allows the commit, refuses what follows it.
+        let asked = std::sync::Arc::new(AtomicU64::new(0));
+        let guard = {
+            let asked = std::sync::Arc::clone(&asked);
+            CommitGuard::new(move || match asked.fetch_add(1, Ordering::SeqCst) {
+                0 => Ok(()),
+                _ => Err("lost just after the commit".into()),
+            })
+        };
+        let err = store.clone().with_commit_guard(guard).save(&snapshot(2)).unwrap_err();
+        assert!(err.committed() && err.not_owner(), "{err}");
+        let steps: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
+        assert_eq!(steps, vec![2, 1], "rotation deleted a checkpoint after the lock was lost");
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub fn section_keys(section: &str) -> Option<&'static [&'static str]> {
         "publish" => fields_of::<PublishSection>(),
         "gpu" => fields_of::<GpuSection>(),
         "watchdog" => fields_of::<WatchdogSection>(),
+        "lock" => fields_of::<LockSection>(),
         _ => return None,
     })
 }
@@ -100,7 +101,7 @@ mod tests {
 
     #[test]
     fn every_section_has_a_key_list() {
-        assert_eq!(sections().len(), 11);
+        assert_eq!(sections().len(), 12);
         for section in sections() {
             let keys = section_keys(section).unwrap_or_else(|| panic!("no keys for [{section}]"));
             assert!(!keys.is_empty(), "[{section}] has no keys");

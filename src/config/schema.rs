@@ -23,6 +23,7 @@ pub struct Config {
     pub publish: PublishSection,
     pub gpu: GpuSection,
     pub watchdog: WatchdogSection,
+    pub lock: LockSection,
 }
 
 /// `[run]`: identity and length of the run.
@@ -526,6 +527,23 @@ impl Default for WatchdogSection {
             publish: Limit::Auto,
             floor: Duration::from_secs(600),
         }
+    }
+}
+
+/// `[lock]`: the run-directory lock (`orchestrate/lock.rs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LockSection {
+    /// A lock whose heartbeat is this old (or has not moved for this long)
+    /// belongs to a dead holder on another node; the holder rewrites its
+    /// heartbeat every sixth of it (at most every 10 s).
+    #[serde(with = "humantime_serde_compat")]
+    pub stale_after: Duration,
+}
+
+impl Default for LockSection {
+    fn default() -> Self {
+        LockSection { stale_after: Duration::from_secs(60) }
     }
 }
 

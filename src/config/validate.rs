@@ -79,6 +79,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     publish(&mut f, &config.publish);
     gpu(&mut f, &config.gpu);
     watchdog(&mut f, &config.watchdog);
+    lock(&mut f, &config.lock);
     f.0
 }
 
@@ -259,6 +260,24 @@ fn gpu(f: &mut Findings, g: &GpuSection) {
     });
 }
 
+/// The shortest `[lock] stale_after`: the holder rewrites its heartbeat every
+/// sixth of it, so 2 s leaves a third of a second between heartbeats; any
+/// filesystem stall longer than the timeout would make a live run look dead
+/// to another node, which would take its run directory over.
+const MIN_LOCK_STALE_AFTER: Duration = Duration::from_secs(2);
+
+fn lock(f: &mut Findings, l: &LockSection) {
+    let stale = l.stale_after;
+    f.require(stale >= MIN_LOCK_STALE_AFTER, "lock.stale_after", || {
+        format!(
+            "must be at least {} (got {}): the holder rewrites its heartbeat every sixth of it (at most every 10 s), \
+             and a shorter timeout would let a filesystem stall make a live run look dead to another node",
+            humantime::format_duration(MIN_LOCK_STALE_AFTER),
+            humantime::format_duration(stale)
+        )
+    });
+}
+
 fn publish(f: &mut Findings, p: &PublishSection) {
     if !p.enabled {
         return;
@@ -421,6 +440,17 @@ mod tests {
         let mut c = Config::default();
         c.gpu.monitor_interval = Duration::ZERO;
         assert_eq!(keys(&c), ["gpu.monitor_interval"]);
+    }
+
+    #[test]
+    fn a_lock_stale_timeout_under_two_seconds_is_rejected_saying_why() {
+        let mut c = Config::default();
+        c.lock.stale_after = Duration::from_millis(1500);
+        let found = findings(&c);
+        assert_eq!(found.iter().map(|f| f.key).collect::<Vec<_>>(), ["lock.stale_after"]);
+        assert!(found[0].message.contains("heartbeat every sixth of it"), "{}", found[0].message);
+        c.lock.stale_after = Duration::from_secs(2);
+        assert_eq!(keys(&c), Vec::<&str>::new());
     }
 
     #[test]

@@ -61,7 +61,12 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
             (Deterministic, "a checkpoint that verifies does not fit this model (shape or state mismatch)")
         }
         RunError::Lock(LockError::Io { .. }) => (Transient, "an I/O error on the lock file"),
-        RunError::Lock(LockError::Held { .. }) => (Deterministic, "another live run holds the run directory"),
+        RunError::Lock(LockError::Held { .. } | LockError::HolderAlive { .. }) => {
+            (Deterministic, "another live run holds the run directory")
+        }
+        RunError::Lock(LockError::GaveUp { .. }) => {
+            (Transient, "the run-directory lock stayed busy (a shared filesystem that stalls)")
+        }
         RunError::LockLost { .. } => (Deterministic, "another process took the run directory over"),
         RunError::NonFinite { .. } => (Deterministic, "a non-finite loss or gradient"),
         RunError::NothingToRollBackTo { .. } => (Deterministic, "a non-finite step with no checkpoint to roll back to"),
@@ -94,6 +99,7 @@ fn checkpoint_class(e: &CheckpointError) -> (CrashClass, String) {
         | CheckpointError::Injected(_) => (Transient, "an I/O error writing a checkpoint"),
         CheckpointError::NoSpace { .. } => (Transient, "no space for a checkpoint (space may be freed)"),
         CheckpointError::BadTensor { .. } => (Deterministic, "a tensor that cannot be saved"),
+        CheckpointError::NotOwner { .. } => (Deterministic, "another process took the run directory over"),
         CheckpointError::Invalid { .. } | CheckpointError::NotACheckpoint { .. } => {
             (Deterministic, "a checkpoint that does not verify")
         }

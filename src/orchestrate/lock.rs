@@ -1,35 +1,134 @@
 //! The run-directory lock: two live runs must never write the same run
-//! directory, and a lock left behind by a dead node must not block a requeued
-//! job forever.
+//! directory, and a lock left behind by a dead process or node must not block
+//! a requeued job forever.
 //!
 //! `flock` is not enough on NFS-like shared filesystems, so the lock is a file,
-//! `<run dir>/rekindle.lock`, created with O_EXCL and holding JSON (owner token,
-//! job id, host, pid, heartbeat). The holder refreshes the heartbeat every
-//! [`HEARTBEAT_EVERY`]. A lock may be taken over when it is stale:
-//! - same host and its pid is gone;
-//! - same SLURM job id (SLURM never runs two attempts of a job at once, so the
-//!   holder is a dead earlier attempt, possibly on another node);
-//! - its heartbeat is older than the stale timeout.
+//! `<run dir>/rekindle.lock`, holding JSON ([`LockInfo`]): an owner token, the
+//! SLURM job id, restart count and step, the host (SLURM node name, else the
+//! host name), the pid with its start time and the kernel's boot id, the
+//! heartbeat, the holder's stale timeout, and a lineage and generation that
+//! name the file's versions (below).
 //!
-//! The take-over decision is a pure function ([`takeover`]).
+//! # Who may take a lock over ([`takeover`], a pure function)
+//!
+//! Only a holder that is provably gone:
+//! - **same host**: its process is gone: no process has its pid, or the one
+//!   that has it started at another time or in another boot (a reused pid).
+//!   A live process is never taken over, whatever its job id: two tasks of one
+//!   job, or a second run inside the same allocation, are refused.
+//! - **other host**: its heartbeat is stale: older than the stale timeout by
+//!   this node's clock, *or* not changed for the stale timeout while this
+//!   process watched it (by its own monotonic clock, so a holder whose clock
+//!   runs ahead of ours is still judged). The timeout is the longer of this
+//!   run's `[lock] stale_after` and the one the holder recorded.
+//! - **an earlier attempt of this job on another node** (same job id, lower
+//!   restart count) whose heartbeat is fresh: SLURM requeued the job because it
+//!   lost that node, which may still be running it (a network partition).
+//!   [`RunLock::acquire`] waits, at most the stale timeout and polling about
+//!   every second, for the heartbeat to go stale; if it moves instead, the
+//!   holder is alive and the attempt is refused ([`LockError::HolderAlive`]).
+//! - anything else live is refused at once ([`LockError::Held`]).
+//!
+//! An unreadable lock file (never written torn by this module: see below) is
+//! taken over once it has not changed for the stale timeout.
+//!
+//! # Changing the file: one transition per generation marker
+//!
+//! The file is created whole or not at all: a complete temporary file is
+//! hard-linked to the name (`link` fails if the name exists, atomically, on
+//! NFS too). Every later change (a takeover, a heartbeat, the release) is a
+//! *transition* from the exact bytes just read, of lineage `L` and generation
+//! `g`, made under a marker file `rekindle.lock.takeover.<L>.<g>.<n>`:
+//!
+//! 1. read the lock (bytes `C`, lineage `L`, generation `g`) and decide;
+//! 2. list the markers of `(L, g)`. None: `n = 0`. Otherwise take the highest,
+//!    `m`: if this process has seen it unchanged for [`marker_break_after`]
+//!    (a third of the stale timeout; its maker crashed inside a transition,
+//!    which otherwise takes milliseconds), `n = m + 1`; else the lock is busy:
+//!    retry shortly (a heartbeat skips to the next check);
+//! 3. create marker `(L, g, n)` exclusively (hard link of a complete file);
+//!    if it exists, another process won this round: busy;
+//! 4. under the marker, re-read the lock: if it is not byte-identical to `C`,
+//!    the lock moved on: abort. If a marker `(L, g, n')` with `n' > n`
+//!    exists, this process was judged crashed: abort. Otherwise write the new
+//!    content (generation `g + 1`) through a temporary file and `rename`, or
+//!    remove the file (release);
+//! 5. remove the markers of `(L, ≤ g)`: their generation is past.
+//!
+//! Why exactly one contender wins: exclusive creation admits one process per
+//! marker name; a marker of `(L, g)` is needed to change a lock of generation
+//! `g`; and a marker holder writes only if the lock still holds `C`, while
+//! every write changes the bytes (a new generation, and a new token or
+//! heartbeat). Two holders of markers of the same `(L, g)` exist only if one
+//! was judged crashed after sitting on its marker for [`marker_break_after`];
+//! it re-checks for a higher marker right before writing, so it must also
+//! freeze in that last instant: the one case no timeout-based lock can rule
+//! out. A marker left by a crashed process costs a wait of
+//! [`marker_break_after`], never a second winner: breaking it means creating
+//! the *next* name exclusively, not deleting it (two breakers race on the same
+//! new name, and one wins), and markers are only removed once their
+//! generation is past (or by their maker when it aborts). Markers of a
+//! previous lineage (before a release) never match the names of the current
+//! one. On NFS the exclusive creation and the lock file's content are
+//! server-side facts, but directory listings (used to find the highest
+//! marker) may be cached for a moment; a second winner would need such a
+//! stale listing exactly while a crashed marker is being broken.
+//!
+//! The holder's heartbeat thread reads the lock every [`check_every`] (at most
+//! 1 s): a token not ours means the lock was taken over, and the run stops
+//! writing at once (the lost flag, polled by training, and
+//! [`LockOwnership::confirm`], called by the checkpoint store right before each
+//! commit). It rewrites the heartbeat every [`heartbeat_every`] (a sixth of
+//! the stale timeout, at most 10 s) as a transition. Decisions are pure
+//! functions ([`takeover`], [`unreadable`]); the I/O around them is thin.
 
 use std::fs;
 use std::io::{ErrorKind, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+use crate::slurm::SlurmEnv;
 
 use super::atomic::write_atomically;
 
 pub const LOCK_FILE: &str = "rekindle.lock";
-/// How often the holder refreshes its heartbeat.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
-/// A heartbeat older than this marks the lock stale.
-pub const STALE_AFTER: Duration = Duration::from_secs(60);
+/// Markers are named `<this><lineage>.<generation>.<n>`.
+const MARKER_PREFIX: &str = "rekindle.lock.takeover.";
+/// The stale timeout when the config does not set `[lock] stale_after`.
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(60);
+/// A stale timeout recorded in a lock file above this is ignored as bogus.
+const MAX_RECORDED_STALE_AFTER: f64 = 86_400.0;
+/// How often a contender retries a busy marker.
+const BUSY_RETRY: Duration = Duration::from_millis(50);
+/// How long the release at exit tries before leaving the lock to go stale.
+const RELEASE_TRIES_FOR: Duration = Duration::from_secs(2);
+
+/// How often the holder rewrites its heartbeat: a sixth of the stale timeout,
+/// at most 10 s, so five heartbeats in a row can be late before it looks dead.
+pub fn heartbeat_every(stale_after: Duration) -> Duration {
+    (stale_after / 6).min(Duration::from_secs(10))
+}
+
+/// How often the holder reads the lock to see whether it is still its own
+/// (and how often a waiting contender polls): at most every second.
+pub fn check_every(stale_after: Duration) -> Duration {
+    heartbeat_every(stale_after).min(Duration::from_secs(1))
+}
+
+/// How long a marker must sit unchanged before its maker counts as crashed:
+/// a third of the stale timeout. Shorter than the stale timeout minus a
+/// heartbeat, so a holder blocked by a crashed contender's marker breaks it
+/// and heartbeats again before it could look stale itself.
+pub fn marker_break_after(stale_after: Duration) -> Duration {
+    stale_after / 3
+}
 
 /// Errors taking the lock.
 #[derive(Debug, thiserror::Error)]
@@ -40,25 +139,79 @@ pub enum LockError {
          or remove {lock} if you are sure it is dead"
     )]
     Held { dir: PathBuf, lock: PathBuf, pid: u32, host: String, job: String, age_s: f64 },
-    #[error("cannot write lock file {path}: {source}")]
+    #[error(
+        "run directory {dir} is held by an earlier attempt of this job (job {job}) on {host} (pid {pid}), and its \
+         heartbeat moved while this attempt waited {waited_s:.0}s for it to go stale: that attempt is still running \
+         (SLURM requeued the job while it could not reach that node). Two attempts must not write one run directory, \
+         so this one exits: end the other one on {host}, or remove {lock} if you are sure it is dead, then run again"
+    )]
+    HolderAlive { dir: PathBuf, lock: PathBuf, pid: u32, host: String, job: String, waited_s: f64 },
+    #[error(
+        "gave up taking the lock of run directory {dir} after {waited_s:.0}s: {why}; \
+         check which processes use it (see {lock}), then run again"
+    )]
+    GaveUp { dir: PathBuf, lock: PathBuf, waited_s: f64, why: String },
+    #[error("cannot read or write lock file {path}: {source}; check that the run directory is writable")]
     Io { path: PathBuf, source: std::io::Error },
 }
 
-/// The content of the lock file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The content of the lock file. Fields after `started` were added later:
+/// lock files without them still read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LockInfo {
     pub token: String,
     pub job_id: Option<String>,
     pub host: String,
     pub pid: u32,
-    /// Unix seconds (float) of the last heartbeat.
+    /// Unix seconds (float) of the last heartbeat, by the holder's clock.
     pub heartbeat: f64,
     pub started: f64,
+    /// `SLURM_RESTART_COUNT` of the holder: which attempt of the job it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_count: Option<u32>,
+    /// The SLURM job step the holder runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
+    /// The kernel's boot id on the holder's host (a reboot ends every process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// The holder process's start time (clock ticks since boot), which tells
+    /// it apart from a later process that reuses its pid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proc_start: Option<u64>,
+    /// The holder's stale timeout in seconds; a contender waits at least this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_after_s: Option<f64>,
+    /// Names the file's life from its creation to its release; kept across
+    /// takeovers and heartbeats (marker names start with it).
+    #[serde(default)]
+    pub lineage: String,
+    /// Counts the changes of the file within its lineage.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl LockInfo {
-    /// Parses a lock file; `None` when it is not a lock (a torn write of a
-    /// crashed holder, or anything else), never a panic.
+    /// The stale timeout that applies to this lock: the longer of `mine` and
+    /// the holder's own (when it recorded a sensible one).
+    pub fn stale_limit(&self, mine: Duration) -> Duration {
+        self.recorded_stale_after().map_or(mine, |theirs| mine.max(theirs))
+    }
+
+    /// The stale timeout the holder recorded, when it is a sensible one.
+    pub fn recorded_stale_after(&self) -> Option<Duration> {
+        self.stale_after_s
+            .filter(|s| s.is_finite() && *s > 0.0 && *s <= MAX_RECORDED_STALE_AFTER)
+            .map(Duration::from_secs_f64)
+    }
+
+    /// Seconds since the heartbeat by the clock of `now`.
+    pub fn age(&self, now: f64) -> f64 {
+        now - self.heartbeat
+    }
+
+    /// Parses a lock file; `None` when it is not a lock (damaged, foreign,
+    /// anything else), never a panic.
     pub fn parse(bytes: &[u8]) -> Option<LockInfo> {
         serde_json::from_slice(bytes).ok()
     }
@@ -67,6 +220,10 @@ impl LockInfo {
     pub fn read(path: &Path) -> Option<LockInfo> {
         LockInfo::parse(&fs::read(path).ok()?)
     }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("lock serialises")
+    }
 }
 
 /// Who is asking for the lock, and when.
@@ -74,39 +231,109 @@ impl LockInfo {
 pub struct Claimant {
     pub job_id: Option<String>,
     pub host: String,
+    pub restart_count: u32,
+    /// Unix seconds by this host's clock.
     pub now: f64,
 }
 
-/// Why a lock may be taken over (`None`: it is live, keep out).
+/// What to do about a lock someone else holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// The holder is provably gone: take the lock over (why).
+    TakeOver(String),
+    /// An earlier attempt of this job on another node, heartbeat still fresh:
+    /// watch it go stale (why).
+    Wait(String),
+    /// The holder is alive: keep out.
+    Live,
+}
+
+/// Whether the lock `held` may be taken over by `me`. `holder_alive` says
+/// whether the holder's process exists on this host (asked only for a lock of
+/// this host); `unchanged_for` is how long this process has watched the lock
+/// file's bytes stay the same, by its monotonic clock.
 pub fn takeover(
     held: &LockInfo,
     me: &Claimant,
-    pid_alive: impl Fn(u32) -> bool,
+    holder_alive: impl Fn(&LockInfo) -> bool,
     stale_after: Duration,
-) -> Option<String> {
-    if held.host == me.host && !pid_alive(held.pid) {
-        return Some(format!("its process {} on this host is gone", held.pid));
+    unchanged_for: Duration,
+) -> Verdict {
+    if held.host == me.host {
+        return if holder_alive(held) {
+            Verdict::Live
+        } else {
+            Verdict::TakeOver(format!("its process {} on this host is gone", held.pid))
+        };
     }
-    if let (Some(theirs), Some(mine)) = (&held.job_id, &me.job_id)
-        && theirs == mine
-    {
-        return Some(format!("it belongs to an earlier attempt of this job ({mine}) on {}", held.host));
+    let limit = held.stale_limit(stale_after);
+    let age = held.age(me.now);
+    if age > limit.as_secs_f64() {
+        return Verdict::TakeOver(format!(
+            "its heartbeat on {} is {age:.0}s old by this node's clock (stale after {:.0}s)",
+            held.host,
+            limit.as_secs_f64()
+        ));
     }
-    let age = me.now - held.heartbeat;
-    if age > stale_after.as_secs_f64() {
-        return Some(format!("its heartbeat is {age:.0}s old (stale after {}s)", stale_after.as_secs()));
+    if unchanged_for >= limit {
+        return Verdict::TakeOver(format!(
+            "its heartbeat on {} has not moved for {:.0}s (stale after {:.0}s; its clock may differ from ours)",
+            held.host,
+            unchanged_for.as_secs_f64(),
+            limit.as_secs_f64()
+        ));
     }
-    None
+    let same_job = held.job_id.is_some() && held.job_id == me.job_id;
+    // An old lock file has no restart count: it may be an earlier attempt.
+    let earlier = held.restart_count.is_none_or(|theirs| theirs < me.restart_count);
+    if same_job && earlier {
+        return Verdict::Wait(format!(
+            "it belongs to an earlier attempt of this job ({}) on {}, whose heartbeat is {age:.0}s old: SLURM \
+             requeued the job without that node, which may still be running it; waiting up to {:.0}s for its \
+             heartbeat to go stale",
+            held.job_id.as_deref().unwrap_or_default(),
+            held.host,
+            limit.as_secs_f64()
+        ));
+    }
+    Verdict::Live
 }
 
-/// A held lock; dropping it stops the heartbeat and removes the file (if still ours).
-#[derive(Debug)]
-pub struct RunLock {
-    path: PathBuf,
-    info: LockInfo,
-    stop: Arc<AtomicBool>,
-    lost: Arc<AtomicBool>,
-    heartbeat: Option<JoinHandle<()>>,
+/// What to do about a lock file that does not parse (never written torn by
+/// this module: a damaged file, or a foreign one): take it over once it has
+/// not changed for the stale timeout, else watch it.
+pub fn unreadable(unchanged_for: Duration, stale_after: Duration) -> Verdict {
+    if unchanged_for >= stale_after {
+        Verdict::TakeOver(format!("it is unreadable and has not changed for {:.0}s", unchanged_for.as_secs_f64()))
+    } else {
+        Verdict::Wait(format!(
+            "it is unreadable; waiting up to {:.0}s to see whether a live holder rewrites it",
+            stale_after.as_secs_f64()
+        ))
+    }
+}
+
+/// What a run asks the lock for.
+#[derive(Debug, Clone)]
+pub struct LockRequest {
+    pub job_id: Option<String>,
+    pub host: String,
+    pub restart_count: u32,
+    pub step_id: Option<String>,
+    pub stale_after: Duration,
+}
+
+impl LockRequest {
+    /// The request of this process inside the allocation `slurm` describes.
+    pub fn for_allocation(slurm: &SlurmEnv, stale_after: Duration) -> LockRequest {
+        LockRequest {
+            job_id: slurm.control_id(),
+            host: slurm.node_name(),
+            restart_count: slurm.restart_count,
+            step_id: slurm.step_id.clone(),
+            stale_after,
+        }
+    }
 }
 
 /// Seconds since the Unix epoch (the lock's heartbeat clock).
@@ -114,139 +341,546 @@ pub(super) fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
+/// The kernel's boot id (Linux), if it can be read.
+fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// The start time of process `pid` in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`; the command name before it may hold spaces and
+/// parentheses, so fields are counted after the last `)`).
+fn proc_start(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
 fn pid_alive(pid: u32) -> bool {
-    // The pid comes from the lock file: 0 and anything past i32::MAX are no
-    // process (kill(2) would read them as "my process group" or "every
-    // process" and answer that they exist).
-    let Ok(pid) = i32::try_from(pid) else { return false };
-    if pid <= 0 {
+    // Pid 0 (and what does not fit a pid_t) would signal a process group.
+    let Ok(raw) = i32::try_from(pid) else { return false };
+    if raw <= 0 {
         return false;
     }
     // Signal 0 checks existence; EPERM means it exists but is not ours.
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None) {
         Ok(()) => true,
         Err(e) => e == nix::errno::Errno::EPERM,
     }
 }
 
-impl RunLock {
-    /// Takes the lock of `dir` or explains who holds it.
-    pub fn acquire(dir: &Path, job_id: Option<String>, host: String) -> Result<RunLock, LockError> {
-        let path = dir.join(LOCK_FILE);
-        let now = unix_now();
-        let info = LockInfo {
-            token: format!("{host}-{}-{now}", std::process::id()),
-            job_id: job_id.clone(),
-            host: host.clone(),
-            pid: std::process::id(),
-            heartbeat: now,
-            started: now,
-        };
-        let bytes = serde_json::to_vec_pretty(&info).expect("lock serialises");
-        let io = |source| LockError::Io { path: path.clone(), source };
-        match fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(mut f) => {
-                f.write_all(&bytes).map_err(io)?;
-                f.sync_all().map_err(io)?;
+/// Whether the process that wrote `held` still runs on this host.
+fn holder_alive(held: &LockInfo) -> bool {
+    if let (Some(theirs), Some(ours)) = (&held.boot_id, boot_id())
+        && *theirs != ours
+    {
+        return false;
+    }
+    if !pid_alive(held.pid) {
+        return false;
+    }
+    match (held.proc_start, proc_start(held.pid)) {
+        (Some(recorded), Some(now)) => recorded == now,
+        _ => true,
+    }
+}
+
+/// A short, filename-safe hash of `text`.
+fn short_hash(text: &str) -> String {
+    hex::encode(&sha2::Sha256::digest(text.as_bytes())[..6])
+}
+
+/// Creates `path` with `bytes`, whole, only if it does not exist: a complete
+/// temporary file is hard-linked to the name. Returns false when it exists.
+fn create_exclusive(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new().prefix(".rekindle-lock-").tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    match fs::hard_link(tmp.path(), path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
+        // NFS may report a failure for a link that was made (a lost reply):
+        // the temporary file's link count tells.
+        Err(e) => {
+            if fs::metadata(tmp.path()).map(|m| m.nlink()).unwrap_or(1) != 2 {
+                return Err(e);
             }
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                let held: Option<LockInfo> = LockInfo::read(&path);
-                match held {
-                    // An unreadable lock is a torn write of a crashed holder.
-                    None => tracing::warn!(lock = %path.display(), "taking over an unreadable lock file"),
-                    Some(held) => {
-                        let me = Claimant { job_id, host, now };
-                        match takeover(&held, &me, pid_alive, STALE_AFTER) {
-                            Some(why) => {
-                                tracing::warn!(lock = %path.display(), holder_pid = held.pid, holder_host = %held.host, "taking over the run-directory lock: {why}")
+        }
+    }
+    fs::File::open(dir)?.sync_all()?;
+    Ok(true)
+}
+
+fn read_if_exists(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The marker names of one lineage, as `(generation, n, path)`.
+fn markers(dir: &Path, lineage: &str) -> std::io::Result<Vec<(u64, u64, PathBuf)>> {
+    let prefix = format!("{MARKER_PREFIX}{lineage}.");
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        let Some((g, n)) = rest.split_once('.') else { continue };
+        if let (Ok(g), Ok(n)) = (g.parse(), n.parse()) {
+            out.push((g, n, entry.path()));
+        }
+    }
+    Ok(out)
+}
+
+fn marker_path(dir: &Path, lineage: &str, generation: u64, n: u64) -> PathBuf {
+    dir.join(format!("{MARKER_PREFIX}{lineage}.{generation}.{n}"))
+}
+
+/// Which marker this process has watched, with its bytes and since when.
+#[derive(Debug, Default)]
+struct MarkerWatch {
+    seen: Option<(PathBuf, Vec<u8>, Instant)>,
+}
+
+impl MarkerWatch {
+    /// True once `path` has held `bytes` for `limit` as this process watched it.
+    fn stale(&mut self, path: &Path, bytes: &[u8], limit: Duration) -> bool {
+        match &self.seen {
+            Some((p, b, since)) if p == path && b == bytes => since.elapsed() >= limit,
+            _ => {
+                self.seen = Some((path.to_path_buf(), bytes.to_vec(), Instant::now()));
+                limit.is_zero()
+            }
+        }
+    }
+}
+
+/// What a transition does to the lock file.
+enum Change {
+    /// Replace it with this content (its lineage and generation are set).
+    Write(Box<LockInfo>),
+    /// Remove it.
+    Remove,
+}
+
+/// How a transition ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Done,
+    /// Another process is changing the lock (or this one was judged crashed): retry.
+    Busy,
+    /// The lock no longer holds the bytes the decision was made on.
+    Changed,
+}
+
+/// One transition of the lock file at `path` from `expected` (as read, with
+/// lineage and generation `from`) to `change`, under a generation marker;
+/// see the module header.
+fn transition(
+    path: &Path,
+    expected: &[u8],
+    from: (&str, u64),
+    change: Change,
+    marker_owner: &str,
+    watch: &mut MarkerWatch,
+    stale_after: Duration,
+) -> std::io::Result<Step> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let (lineage, generation) = from;
+    let current: Vec<(u64, PathBuf)> =
+        markers(dir, lineage)?.into_iter().filter(|(g, _, _)| *g == generation).map(|(_, n, p)| (n, p)).collect();
+    let n = match current.iter().max_by_key(|(n, _)| *n) {
+        None => 0,
+        Some((m, marker)) => {
+            let Some(bytes) = read_if_exists(marker)? else { return Ok(Step::Busy) };
+            if !watch.stale(marker, &bytes, marker_break_after(stale_after)) {
+                return Ok(Step::Busy);
+            }
+            tracing::warn!(marker = %marker.display(), "breaking a lock marker left by a process that stopped mid-change");
+            m + 1
+        }
+    };
+    let mine = marker_path(dir, lineage, generation, n);
+    let note = serde_json::json!({"owner": marker_owner, "pid": std::process::id(), "at": unix_now()});
+    if !create_exclusive(&mine, note.to_string().as_bytes())? {
+        return Ok(Step::Busy);
+    }
+    let give_up = |step: Step| -> std::io::Result<Step> {
+        let _ = fs::remove_file(&mine);
+        Ok(step)
+    };
+    if read_if_exists(path)?.as_deref() != Some(expected) {
+        return give_up(Step::Changed);
+    }
+    if markers(dir, lineage)?.iter().any(|(g, m, _)| *g == generation && *m > n) {
+        return give_up(Step::Busy);
+    }
+    match change {
+        Change::Write(mut info) => {
+            info.lineage = lineage.to_string();
+            info.generation = generation + 1;
+            write_atomically(path, &info.to_bytes())?;
+        }
+        Change::Remove => {
+            fs::remove_file(path)?;
+            fs::File::open(dir)?.sync_all()?;
+        }
+    }
+    for (g, _, marker) in markers(dir, lineage)? {
+        if g <= generation {
+            let _ = fs::remove_file(marker);
+        }
+    }
+    Ok(Step::Done)
+}
+
+/// A lock this process took over: from whom, why, after how long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Takeover {
+    pub reason: String,
+    /// The holder as its lock file said (`None`: the file was unreadable).
+    pub previous: Option<LockInfo>,
+    /// Age of its heartbeat by this host's clock when taken over.
+    pub heartbeat_age_s: Option<f64>,
+    /// How long `acquire` waited for it.
+    pub waited_s: f64,
+}
+
+/// The shared state of a held lock: who we are, and whether we lost it.
+#[derive(Debug)]
+struct Holding {
+    path: PathBuf,
+    token: String,
+    stale_after: Duration,
+    lost: AtomicBool,
+    takeover: Option<Takeover>,
+}
+
+impl Holding {
+    /// Reads the lock: Ok while it holds our token; otherwise marks the lock
+    /// lost and says who holds it now.
+    fn confirm(&self) -> Result<(), String> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(format!("the run-directory lock {} was lost earlier", self.path.display()));
+        }
+        // One retry: a network filesystem may fail one read and not the next.
+        let read = read_if_exists(&self.path).or_else(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            read_if_exists(&self.path)
+        });
+        let current = match read {
+            Ok(Some(bytes)) => LockInfo::parse(&bytes),
+            Ok(None) => None,
+            // Cannot read it: cannot prove ownership, but nothing says we lost it.
+            Err(e) => return Err(format!("cannot read the run-directory lock {}: {e}", self.path.display())),
+        };
+        match current {
+            Some(c) if c.token == self.token => Ok(()),
+            other => {
+                self.lost.store(true, Ordering::SeqCst);
+                Err(match other {
+                    Some(c) => format!(
+                        "the run-directory lock {} now belongs to pid {} on {} (job {})",
+                        self.path.display(),
+                        c.pid,
+                        c.host,
+                        c.job_id.as_deref().unwrap_or("none")
+                    ),
+                    None => format!("the run-directory lock {} is gone or unreadable", self.path.display()),
+                })
+            }
+        }
+    }
+}
+
+/// A clonable view of a held lock for the code that writes into the run
+/// directory: whether it is still ours.
+#[derive(Debug, Clone)]
+pub struct LockOwnership(Arc<Holding>);
+
+impl LockOwnership {
+    /// True once the lock is known to be lost (set by the heartbeat's checks
+    /// and by [`confirm`](Self::confirm)); the run must then stop writing.
+    pub fn is_lost(&self) -> bool {
+        self.0.lost.load(Ordering::SeqCst)
+    }
+
+    /// Reads the lock file (a cheap read) and confirms it is still ours; when
+    /// it is not, marks the lock lost and says who holds it now. Called right
+    /// before each checkpoint commit.
+    pub fn confirm(&self) -> Result<(), String> {
+        self.0.confirm()
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.0.path
+    }
+
+    /// The holder this process took the lock over from, if it did.
+    pub fn takeover(&self) -> Option<&Takeover> {
+        self.0.takeover.as_ref()
+    }
+}
+
+/// A held lock; dropping it stops the heartbeat and removes the file (if still ours).
+#[derive(Debug)]
+pub struct RunLock {
+    holding: Arc<Holding>,
+    info: LockInfo,
+    stop: Arc<AtomicBool>,
+    heartbeat: Option<JoinHandle<()>>,
+}
+
+/// How long this process has seen the lock file hold the same bytes.
+#[derive(Debug, Default)]
+struct LockWatch {
+    seen: Option<(Vec<u8>, Instant)>,
+    /// The token of the holder being waited for (a `Wait` verdict).
+    waiting_for: Option<String>,
+}
+
+impl RunLock {
+    /// Takes the lock of `dir` or explains who holds it. May wait (at most
+    /// about the stale timeout) for an earlier attempt of this job on another
+    /// node to go stale; see the module header.
+    pub fn acquire(dir: &Path, req: LockRequest) -> Result<RunLock, LockError> {
+        let path = dir.join(LOCK_FILE);
+        let io = |source| LockError::Io { path: path.clone(), source };
+        let started_at = unix_now();
+        let pid = std::process::id();
+        let token = format!("{}-{pid}-{:.9}", req.host, started_at);
+        let mut info = LockInfo {
+            token: token.clone(),
+            job_id: req.job_id.clone(),
+            host: req.host.clone(),
+            pid,
+            heartbeat: started_at,
+            started: started_at,
+            restart_count: Some(req.restart_count),
+            step_id: req.step_id.clone(),
+            boot_id: boot_id(),
+            proc_start: proc_start(pid),
+            stale_after_s: Some(req.stale_after.as_secs_f64()),
+            lineage: short_hash(&token),
+            generation: 0,
+        };
+        let t0 = Instant::now();
+        let mut watch = LockWatch::default();
+        let mut markers = MarkerWatch::default();
+        let mut said_waiting = false;
+        let mut took_over = None;
+        loop {
+            let Some(bytes) = read_if_exists(&path).map_err(io)? else {
+                info.heartbeat = unix_now();
+                if create_exclusive(&path, &info.to_bytes()).map_err(io)? {
+                    break;
+                }
+                continue;
+            };
+            let held = LockInfo::parse(&bytes);
+            let unchanged_for = match &watch.seen {
+                Some((seen, since)) if *seen == bytes => since.elapsed(),
+                _ => {
+                    if let (Some(waited_for), Some(h)) = (&watch.waiting_for, &held)
+                        && *waited_for == h.token
+                    {
+                        return Err(LockError::HolderAlive {
+                            dir: dir.to_path_buf(),
+                            lock: path.clone(),
+                            pid: h.pid,
+                            host: h.host.clone(),
+                            job: h.job_id.clone().unwrap_or_else(|| "none".into()),
+                            waited_s: t0.elapsed().as_secs_f64(),
+                        });
+                    }
+                    watch = LockWatch { seen: Some((bytes.clone(), Instant::now())), waiting_for: None };
+                    Duration::ZERO
+                }
+            };
+            let limit = held.as_ref().map_or(req.stale_after, |h| h.stale_limit(req.stale_after));
+            let me = Claimant {
+                job_id: req.job_id.clone(),
+                host: req.host.clone(),
+                restart_count: req.restart_count,
+                now: unix_now(),
+            };
+            let verdict = match &held {
+                Some(h) => takeover(h, &me, holder_alive, req.stale_after, unchanged_for),
+                None => unreadable(unchanged_for, req.stale_after),
+            };
+            // Waiting is bounded by the timeout itself; this only stops a
+            // lock that keeps changing hands from holding us forever.
+            let gave_up = |why: &str| LockError::GaveUp {
+                dir: dir.to_path_buf(),
+                lock: path.clone(),
+                waited_s: t0.elapsed().as_secs_f64(),
+                why: why.to_string(),
+            };
+            let bound = limit + marker_break_after(limit) + Duration::from_secs(5);
+            match verdict {
+                Verdict::Live => {
+                    let h = held.expect("a live verdict needs a readable lock");
+                    return Err(LockError::Held {
+                        dir: dir.to_path_buf(),
+                        lock: path.clone(),
+                        pid: h.pid,
+                        job: h.job_id.clone().unwrap_or_else(|| "none".into()),
+                        age_s: h.age(me.now),
+                        host: h.host,
+                    });
+                }
+                Verdict::Wait(why) => {
+                    if !said_waiting {
+                        tracing::warn!(lock = %path.display(), "the run-directory lock is held: {why}");
+                        said_waiting = true;
+                    }
+                    watch.waiting_for = held.map(|h| h.token);
+                    if t0.elapsed() > bound {
+                        return Err(gave_up("the lock kept changing while this run waited for it to go stale"));
+                    }
+                    std::thread::sleep(check_every(limit));
+                }
+                Verdict::TakeOver(why) => {
+                    let from = held.as_ref().map_or(("unreadable", 0), |h| (h.lineage.as_str(), h.generation));
+                    info.heartbeat = unix_now();
+                    let change = Change::Write(Box::new(info.clone()));
+                    match transition(&path, &bytes, from, change, &token, &mut markers, limit).map_err(io)? {
+                        Step::Done => {
+                            tracing::warn!(lock = %path.display(), holder_pid = ?held.as_ref().map(|h| h.pid), holder_host = ?held.as_ref().map(|h| &h.host), "took over the run-directory lock: {why}");
+                            (info.lineage, info.generation) = (from.0.to_string(), from.1 + 1);
+                            took_over = Some(Takeover {
+                                reason: why,
+                                heartbeat_age_s: held.as_ref().map(|h| h.age(unix_now())),
+                                previous: held,
+                                waited_s: t0.elapsed().as_secs_f64(),
+                            });
+                            break;
+                        }
+                        Step::Changed => {}
+                        Step::Busy => {
+                            if t0.elapsed() > bound {
+                                return Err(gave_up("another process kept the lock busy"));
                             }
-                            None => {
-                                return Err(LockError::Held {
-                                    dir: dir.to_path_buf(),
-                                    lock: path.clone(),
-                                    pid: held.pid,
-                                    host: held.host,
-                                    job: held.job_id.unwrap_or_else(|| "none".into()),
-                                    age_s: now - held.heartbeat,
-                                });
-                            }
+                            std::thread::sleep(BUSY_RETRY);
                         }
                     }
                 }
-                write_atomically(&path, &bytes).map_err(io)?;
             }
-            Err(e) => return Err(io(e)),
         }
+        let holding = Arc::new(Holding {
+            path: path.clone(),
+            token,
+            stale_after: req.stale_after,
+            lost: AtomicBool::new(false),
+            takeover: took_over,
+        });
         let stop = Arc::new(AtomicBool::new(false));
-        let lost = Arc::new(AtomicBool::new(false));
         let heartbeat = {
-            let (stop, lost, path, info) = (Arc::clone(&stop), Arc::clone(&lost), path.clone(), info.clone());
+            let (stop, holding, info) = (Arc::clone(&stop), Arc::clone(&holding), info.clone());
             std::thread::Builder::new()
                 .name("rekindle-lock-heartbeat".into())
-                .spawn(move || heartbeat_loop(&path, info, &stop, &lost))
+                .spawn(move || heartbeat_loop(&holding, info, &stop))
                 .map_err(io)?
         };
-        Ok(RunLock { path, info, stop, lost, heartbeat: Some(heartbeat) })
+        Ok(RunLock { holding, info, stop, heartbeat: Some(heartbeat) })
     }
 
+    /// The lock as this process wrote it when it took it.
     pub fn info(&self) -> &LockInfo {
         &self.info
     }
 
-    /// A flag the heartbeat sets when another process has taken the lock
-    /// over; the run must then stop writing at once.
-    pub fn lost_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.lost)
+    /// A view for the code that writes into the run directory.
+    pub fn ownership(&self) -> LockOwnership {
+        LockOwnership(Arc::clone(&self.holding))
     }
+}
 
+/// Checks the token every [`check_every`] and rewrites the heartbeat every
+/// [`heartbeat_every`] until stopped or the lock is lost.
+fn heartbeat_loop(holding: &Holding, info: LockInfo, stop: &AtomicBool) {
+    let (check, beat) = (check_every(holding.stale_after), heartbeat_every(holding.stale_after));
+    let tick = Duration::from_millis(50).min(check);
+    let (mut last_check, mut last_beat) = (Instant::now(), Instant::now());
+    let mut watch = MarkerWatch::default();
+    // Failures are retried every check but logged once a heartbeat period.
+    let mut last_warned: Option<Instant> = None;
+    let mut warn = |what: &str, e: &std::io::Error| {
+        if last_warned.is_none_or(|t| t.elapsed() >= beat) {
+            tracing::warn!(lock = %holding.path.display(), error = %e, "{what}; trying again");
+            last_warned = Some(Instant::now());
+        }
+    };
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(tick);
+        if last_check.elapsed() < check {
+            continue;
+        }
+        last_check = Instant::now();
+        let bytes = match read_if_exists(&holding.path) {
+            Ok(b) => b,
+            Err(e) => {
+                warn("cannot read the run-directory lock", &e);
+                continue;
+            }
+        };
+        let current = bytes.as_deref().and_then(LockInfo::parse);
+        let Some(current) = current.filter(|c| c.token == holding.token) else {
+            holding.lost.store(true, Ordering::SeqCst);
+            tracing::error!(lock = %holding.path.display(), "the run-directory lock was taken over by another process (or removed); stopping without writing more");
+            return;
+        };
+        if last_beat.elapsed() < beat {
+            continue;
+        }
+        let next = LockInfo { heartbeat: unix_now(), ..info.clone() };
+        let from = (current.lineage.as_str(), current.generation);
+        let bytes = bytes.unwrap_or_default();
+        match transition(
+            &holding.path,
+            &bytes,
+            from,
+            Change::Write(Box::new(next)),
+            &holding.token,
+            &mut watch,
+            holding.stale_after,
+        ) {
+            Ok(Step::Done) => last_beat = Instant::now(),
+            // Busy: another process is judging the lock; Changed: the next
+            // check sees who holds it now. Either way, try at the next check.
+            Ok(Step::Busy | Step::Changed) => {}
+            Err(e) => warn("cannot refresh the lock heartbeat", &e),
+        }
+    }
+}
+
+impl RunLock {
     /// A handle that releases this lock from another thread, for an exit
     /// that cannot unwind to this lock's drop (the watchdog's `process::exit`
     /// while the training thread is stuck).
     pub fn release_handle(&self) -> LockRelease {
-        LockRelease { path: self.path.clone(), token: self.info.token.clone(), stop: Arc::clone(&self.stop) }
+        LockRelease { holding: Arc::clone(&self.holding), stop: Arc::clone(&self.stop) }
     }
 }
 
 /// Releases a [`RunLock`] without its owner: see [`RunLock::release_handle`].
 #[derive(Debug, Clone)]
 pub struct LockRelease {
-    path: PathBuf,
-    token: String,
+    holding: Arc<Holding>,
     stop: Arc<AtomicBool>,
 }
 
 impl LockRelease {
-    /// Stops the heartbeat (it checks every 200 ms; not joined, the process
-    /// is about to exit) and removes the lock file if it is still ours.
+    /// Stops the heartbeat (not joined: the process is about to exit) and
+    /// removes the lock file if it is still ours, under the marker as every
+    /// change to the lock file.
     pub fn release(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let current: Option<LockInfo> = fs::read(&self.path).ok().and_then(|b| serde_json::from_slice(&b).ok());
-        if current.is_some_and(|c| c.token == self.token) {
-            let _ = fs::remove_file(&self.path);
-        }
-    }
-}
-
-fn heartbeat_loop(path: &Path, mut info: LockInfo, stop: &AtomicBool, lost: &AtomicBool) {
-    let tick = Duration::from_millis(200);
-    let mut waited = Duration::ZERO;
-    while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(tick);
-        waited += tick;
-        if waited < HEARTBEAT_EVERY {
-            continue;
-        }
-        waited = Duration::ZERO;
-        let current: Option<LockInfo> = LockInfo::read(path);
-        if current.as_ref().map(|c| &c.token) != Some(&info.token) {
-            tracing::error!(lock = %path.display(), "the run-directory lock was taken over by another process; stopping without writing more");
-            lost.store(true, Ordering::SeqCst);
-            return;
-        }
-        info.heartbeat = unix_now();
-        if let Err(e) = write_atomically(path, &serde_json::to_vec_pretty(&info).expect("lock serialises")) {
-            tracing::warn!(lock = %path.display(), error = %e, "cannot refresh the lock heartbeat");
-        }
+        release(&self.holding);
     }
 }
 
@@ -256,11 +890,33 @@ impl Drop for RunLock {
         if let Some(h) = self.heartbeat.take() {
             let _ = h.join();
         }
-        let current: Option<LockInfo> = LockInfo::read(&self.path);
-        if current.is_some_and(|c| c.token == self.info.token) {
-            let _ = fs::remove_file(&self.path);
+        release(&self.holding);
+    }
+}
+
+/// Removes the lock file if it is still `holding`'s (nothing when the lock
+/// was lost), retrying a busy marker for a while.
+fn release(holding: &Holding) {
+    if holding.lost.load(Ordering::SeqCst) {
+        return;
+    }
+    let path = &holding.path;
+    let t0 = Instant::now();
+    let mut watch = MarkerWatch::default();
+    while t0.elapsed() < RELEASE_TRIES_FOR {
+        let Ok(Some(bytes)) = read_if_exists(path) else { return };
+        let Some(current) = LockInfo::parse(&bytes).filter(|c| c.token == holding.token) else { return };
+        let from = (current.lineage.as_str(), current.generation);
+        match transition(path, &bytes, from, Change::Remove, &holding.token, &mut watch, holding.stale_after) {
+            Ok(Step::Done | Step::Changed) => return,
+            Ok(Step::Busy) => std::thread::sleep(BUSY_RETRY),
+            Err(e) => {
+                tracing::warn!(lock = %path.display(), error = %e, "cannot release the run-directory lock; it will go stale");
+                return;
+            }
         }
     }
+    tracing::warn!(lock = %path.display(), "the run-directory lock stayed busy; leaving it to go stale");
 }
 
 #[cfg(test)]
@@ -268,58 +924,326 @@ mod tests {
     use super::*;
 
     fn held(host: &str, pid: u32, job: Option<&str>, heartbeat: f64) -> LockInfo {
-        LockInfo { token: "t".into(), job_id: job.map(Into::into), host: host.into(), pid, heartbeat, started: 0.0 }
+        LockInfo {
+            token: "t".into(),
+            job_id: job.map(Into::into),
+            host: host.into(),
+            pid,
+            heartbeat,
+            restart_count: Some(0),
+            ..LockInfo::default()
+        }
     }
 
     fn me(host: &str, job: Option<&str>, now: f64) -> Claimant {
-        Claimant { job_id: job.map(Into::into), host: host.into(), now }
+        Claimant { job_id: job.map(Into::into), host: host.into(), restart_count: 0, now }
+    }
+
+    fn requeued(host: &str, job: &str, now: f64) -> Claimant {
+        Claimant { restart_count: 1, ..me(host, Some(job), now) }
     }
 
     const STALE: Duration = Duration::from_secs(60);
+    const NEVER: Duration = Duration::ZERO;
+    fn alive(_: &LockInfo) -> bool {
+        true
+    }
+    fn dead(_: &LockInfo) -> bool {
+        false
+    }
+
+    fn takes_over(v: &Verdict) -> bool {
+        matches!(v, Verdict::TakeOver(_))
+    }
 
     #[test]
     fn live_lock_on_other_host_with_fresh_heartbeat_is_respected() {
-        assert_eq!(takeover(&held("n1", 10, Some("5"), 100.0), &me("n2", Some("6"), 110.0), |_| true, STALE), None);
+        let v = takeover(&held("n1", 10, Some("5"), 100.0), &me("n2", Some("6"), 110.0), alive, STALE, NEVER);
+        assert_eq!(v, Verdict::Live);
     }
 
     #[test]
-    fn dead_pid_on_same_host_is_taken_over() {
-        assert!(takeover(&held("n1", 10, None, 100.0), &me("n1", None, 101.0), |_| false, STALE).is_some());
-        assert!(takeover(&held("n1", 10, None, 100.0), &me("n1", None, 101.0), |_| true, STALE).is_none());
+    fn same_host_is_judged_by_the_process_alone() {
+        let lock = held("n1", 10, None, 100.0);
+        let v = takeover(&lock, &me("n1", None, 101.0), dead, STALE, NEVER);
+        assert_eq!(v, Verdict::TakeOver("its process 10 on this host is gone".into()));
+        assert_eq!(takeover(&lock, &me("n1", None, 101.0), alive, STALE, NEVER), Verdict::Live);
+        // A live process with a heartbeat long stale (a hung process) is still live.
+        assert_eq!(takeover(&lock, &me("n1", None, 10_000.0), alive, STALE, STALE * 2), Verdict::Live);
     }
 
     #[test]
-    fn earlier_attempt_of_same_job_is_taken_over_from_another_node() {
-        let why = takeover(&held("n1", 10, Some("42"), 100.0), &me("n2", Some("42"), 101.0), |_| true, STALE);
-        assert!(why.unwrap().contains("earlier attempt"));
+    fn a_live_holder_with_the_same_job_id_on_this_host_is_refused() {
+        // Two tasks of one job, or a second run inside the same allocation.
+        let lock = held("n1", 10, Some("42"), 100.0);
+        assert_eq!(takeover(&lock, &me("n1", Some("42"), 101.0), alive, STALE, NEVER), Verdict::Live);
+        assert_eq!(takeover(&lock, &requeued("n1", "42", 101.0), alive, STALE, NEVER), Verdict::Live);
     }
 
     #[test]
-    fn stale_heartbeat_is_taken_over() {
-        assert!(takeover(&held("n1", 10, None, 100.0), &me("n2", None, 161.0), |_| true, STALE).is_some());
-        assert!(takeover(&held("n1", 10, None, 100.0), &me("n2", None, 159.0), |_| true, STALE).is_none());
+    fn an_earlier_attempt_of_this_job_on_another_node_is_waited_for_not_taken_over() {
+        let lock = held("n1", 10, Some("42"), 100.0);
+        let v = takeover(&lock, &requeued("n2", "42", 101.0), alive, STALE, NEVER);
+        assert!(matches!(&v, Verdict::Wait(why) if why.contains("earlier attempt of this job (42) on n1")), "{v:?}");
+        // Stale by our clock, or unchanged for the timeout as we watched: taken over.
+        assert!(takes_over(&takeover(&lock, &requeued("n2", "42", 161.0), alive, STALE, NEVER)));
+        assert!(takes_over(&takeover(&lock, &requeued("n2", "42", 101.0), alive, STALE, STALE)));
+        // An old lock file without a restart count may be an earlier attempt.
+        let old = LockInfo { restart_count: None, ..lock.clone() };
+        assert!(matches!(takeover(&old, &me("n2", Some("42"), 101.0), alive, STALE, NEVER), Verdict::Wait(_)));
+    }
+
+    #[test]
+    fn the_same_or_a_later_attempt_of_this_job_on_another_node_is_live() {
+        // Same restart count: another task of the same attempt, not an earlier one.
+        let lock = held("n1", 10, Some("42"), 100.0);
+        assert_eq!(takeover(&lock, &me("n2", Some("42"), 101.0), alive, STALE, NEVER), Verdict::Live);
+        let later = LockInfo { restart_count: Some(3), ..lock };
+        assert_eq!(takeover(&later, &requeued("n2", "42", 101.0), alive, STALE, NEVER), Verdict::Live);
+    }
+
+    #[test]
+    fn stale_heartbeat_on_another_host_is_taken_over() {
+        let lock = held("n1", 10, None, 100.0);
+        assert!(takes_over(&takeover(&lock, &me("n2", None, 161.0), alive, STALE, NEVER)));
+        assert_eq!(takeover(&lock, &me("n2", None, 159.0), alive, STALE, NEVER), Verdict::Live);
+    }
+
+    #[test]
+    fn a_holder_clock_running_ahead_is_judged_by_what_we_watched() {
+        // Its heartbeat is an hour in our future: by our clock it never ages.
+        let lock = held("n1", 10, None, 3700.0);
+        assert_eq!(takeover(&lock, &me("n2", None, 100.0), alive, STALE, STALE / 2), Verdict::Live);
+        let v = takeover(&lock, &me("n2", None, 100.0), alive, STALE, STALE);
+        assert!(matches!(&v, Verdict::TakeOver(why) if why.contains("has not moved for 60s")), "{v:?}");
+    }
+
+    #[test]
+    fn a_holder_clock_running_behind_by_less_than_the_timeout_is_not_stale() {
+        // Written 50 s "ago" by our clock because its clock is 50 s behind:
+        // still inside the timeout, and it moved as we watched.
+        let lock = held("n1", 10, None, 50.0);
+        assert_eq!(takeover(&lock, &me("n2", None, 100.0), alive, STALE, NEVER), Verdict::Live);
+    }
+
+    #[test]
+    fn the_longer_of_both_timeouts_applies() {
+        let lock = LockInfo { stale_after_s: Some(120.0), ..held("n1", 10, None, 100.0) };
+        assert_eq!(takeover(&lock, &me("n2", None, 200.0), alive, STALE, NEVER), Verdict::Live);
+        assert!(takes_over(&takeover(&lock, &me("n2", None, 221.0), alive, STALE, NEVER)));
+        // A bogus recorded timeout is ignored.
+        for bogus in [f64::NAN, -1.0, f64::INFINITY, 1e300] {
+            let lock = LockInfo { stale_after_s: Some(bogus), ..held("n1", 10, None, 100.0) };
+            assert_eq!(lock.stale_limit(STALE), STALE);
+        }
+    }
+
+    #[test]
+    fn an_unreadable_lock_is_taken_over_once_it_stayed_the_same_for_the_timeout() {
+        assert!(matches!(unreadable(STALE / 2, STALE), Verdict::Wait(_)));
+        assert!(takes_over(&unreadable(STALE, STALE)));
+    }
+
+    #[test]
+    fn timings_follow_the_stale_timeout() {
+        assert_eq!(heartbeat_every(STALE), Duration::from_secs(10));
+        assert_eq!(check_every(STALE), Duration::from_secs(1));
+        assert_eq!(marker_break_after(STALE), Duration::from_secs(20));
+        let short = Duration::from_secs(3);
+        assert_eq!(heartbeat_every(short), Duration::from_millis(500));
+        assert_eq!(check_every(short), Duration::from_millis(500));
+        // The ten-minute timeout still heartbeats every 10 s.
+        assert_eq!(heartbeat_every(Duration::from_secs(600)), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn old_lock_files_without_the_new_fields_still_read() {
+        let old = br#"{"token":"a","job_id":"7","host":"n1","pid":3,"heartbeat":5.0,"started":1.0}"#;
+        let info = LockInfo::parse(old).unwrap();
+        assert_eq!((info.restart_count, info.generation, info.lineage.as_str()), (None, 0, ""));
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_reused_pid_or_another_boot_is_not() {
+        let me = LockInfo { pid: std::process::id(), ..LockInfo::default() };
+        assert!(holder_alive(&me));
+        let mine = LockInfo { proc_start: proc_start(me.pid), boot_id: boot_id(), ..me.clone() };
+        assert!(holder_alive(&mine));
+        if let Some(start) = mine.proc_start {
+            assert!(!holder_alive(&LockInfo { proc_start: Some(start + 1), ..mine.clone() }), "a reused pid");
+        }
+        if mine.boot_id.is_some() {
+            assert!(!holder_alive(&LockInfo { boot_id: Some("another-boot".into()), ..mine.clone() }));
+        }
+        assert!(!holder_alive(&LockInfo { pid: 0, ..LockInfo::default() }), "pid 0 is no process");
+        assert!(!holder_alive(&LockInfo { pid: u32::MAX, ..LockInfo::default() }));
+    }
+
+    fn request(host: &str) -> LockRequest {
+        LockRequest { job_id: None, host: host.into(), restart_count: 0, step_id: None, stale_after: STALE }
     }
 
     #[test]
     fn second_acquire_in_same_process_is_refused_and_released_on_drop() {
         let tmp = tempfile::tempdir().unwrap();
-        let first = RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap();
+        let first = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
         // Same host, live pid (ours), no job id, fresh heartbeat: refused.
-        let err = RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap_err();
+        let err = RunLock::acquire(tmp.path(), request("hostA")).unwrap_err();
         assert!(err.to_string().contains("in use by pid"), "{err}");
         drop(first);
         assert!(!tmp.path().join(LOCK_FILE).exists());
-        RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap();
+        let names: Vec<_> = fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(names.is_empty(), "markers or temporary files left behind: {names:?}");
+        RunLock::acquire(tmp.path(), request("hostA")).unwrap();
+    }
+
+    #[test]
+    fn a_transition_from_bytes_that_moved_on_changes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(LOCK_FILE);
+        let now = LockInfo { token: "now".into(), lineage: "l".into(), generation: 4, ..LockInfo::default() };
+        fs::write(&path, now.to_bytes()).unwrap();
+        let before = LockInfo { generation: 3, ..now.clone() };
+        let mut watch = MarkerWatch::default();
+        let step = transition(&path, &before.to_bytes(), ("l", 3), Change::Remove, "me", &mut watch, STALE).unwrap();
+        assert_eq!(step, Step::Changed);
+        assert_eq!(fs::read(&path).unwrap(), now.to_bytes());
+        assert!(markers(tmp.path(), "l").unwrap().is_empty(), "the aborted marker was left");
+    }
+
+    #[test]
+    fn a_busy_marker_blocks_until_it_is_seen_unchanged_long_enough_then_the_next_name_is_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(LOCK_FILE);
+        let lock = LockInfo { token: "old".into(), lineage: "l".into(), generation: 7, ..LockInfo::default() };
+        let bytes = lock.to_bytes();
+        fs::write(&path, &bytes).unwrap();
+        // A contender crashed holding marker 0 of generation 7.
+        let crashed = marker_path(tmp.path(), "l", 7, 0);
+        fs::write(&crashed, b"crashed").unwrap();
+        // And an older generation's marker is garbage.
+        fs::write(marker_path(tmp.path(), "l", 5, 0), b"old").unwrap();
+        let stale_after = Duration::from_millis(300); // markers break after 100 ms
+        let mut watch = MarkerWatch::default();
+        let new = || Change::Write(Box::new(LockInfo { token: "new".into(), ..LockInfo::default() }));
+        assert_eq!(transition(&path, &bytes, ("l", 7), new(), "me", &mut watch, stale_after).unwrap(), Step::Busy);
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(transition(&path, &bytes, ("l", 7), new(), "me", &mut watch, stale_after).unwrap(), Step::Done);
+        let written = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!((written.token.as_str(), written.lineage.as_str(), written.generation), ("new", "l", 8));
+        assert!(markers(tmp.path(), "l").unwrap().is_empty(), "markers of past generations are removed");
+    }
+
+    #[test]
+    fn a_fresh_higher_marker_keeps_others_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(LOCK_FILE);
+        let lock = LockInfo { token: "old".into(), lineage: "l".into(), generation: 2, ..LockInfo::default() };
+        let bytes = lock.to_bytes();
+        fs::write(&path, &bytes).unwrap();
+        // Another process broke marker 0 (whose maker gave up since) and now
+        // holds marker 1: the highest marker is fresh, so this process waits.
+        fs::write(marker_path(tmp.path(), "l", 2, 1), b"breaker").unwrap();
+        let mut watch = MarkerWatch::default();
+        let change = Change::Write(Box::new(LockInfo { token: "late".into(), ..LockInfo::default() }));
+        assert_eq!(transition(&path, &bytes, ("l", 2), change, "me", &mut watch, STALE).unwrap(), Step::Busy);
+        assert_eq!(fs::read(&path).unwrap(), bytes);
+    }
+
+    #[test]
+    fn acquire_passes_a_marker_left_by_a_crashed_contender_after_a_third_of_the_timeout() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(LOCK_FILE);
+        // A dead holder on this host, and a contender that crashed while
+        // taking its lock over, leaving its marker.
+        let dead = LockInfo {
+            token: "dead".into(),
+            host: "hostA".into(),
+            pid: 0,
+            lineage: "l".into(),
+            generation: 4,
+            ..LockInfo::default()
+        };
+        fs::write(&path, dead.to_bytes()).unwrap();
+        fs::write(marker_path(tmp.path(), "l", 4, 0), b"crashed").unwrap();
+        let req = LockRequest { stale_after: Duration::from_millis(600), ..request("hostA") };
+        let t0 = Instant::now();
+        let lock = RunLock::acquire(tmp.path(), req).unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(200), "the marker was broken before it was seen stale");
+        assert_eq!(lock.ownership().takeover().unwrap().reason, "its process 0 on this host is gone");
+        let now = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!((now.token.as_str(), now.lineage.as_str(), now.generation), (lock.info().token.as_str(), "l", 5));
+        assert!(markers(tmp.path(), "l").unwrap().iter().all(|(g, _, _)| *g > 4), "markers of generation 4 were left");
+    }
+
+    #[test]
+    fn a_marker_left_by_a_crashed_contender_does_not_stop_the_heartbeat() {
+        let tmp = tempfile::tempdir().unwrap();
+        let req = LockRequest { stale_after: Duration::from_secs(3), ..request("hostA") };
+        let lock = RunLock::acquire(tmp.path(), req).unwrap();
+        let path = tmp.path().join(LOCK_FILE);
+        let before = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+        // Planted right after the lock was taken (the first heartbeat is due
+        // after half a second): the holder must break it itself.
+        fs::write(marker_path(tmp.path(), &before.lineage, before.generation, 0), b"crashed").unwrap();
+        let t0 = Instant::now();
+        loop {
+            let now = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+            if now.generation > before.generation {
+                break;
+            }
+            // Breaking waits a third of the timeout (1 s) after the holder
+            // first sees the marker: it heartbeats before it could look stale (3 s).
+            assert!(t0.elapsed() < Duration::from_millis(2800), "the heartbeat stayed blocked: {now:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!lock.ownership().is_lost());
+    }
+
+    #[test]
+    fn ownership_is_confirmed_by_reading_the_lock_and_a_lost_lock_stays_lost() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lock = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
+        let own = lock.ownership();
+        assert_eq!(own.confirm(), Ok(()));
+        assert!(!own.is_lost());
+        let other = LockInfo { token: "x".into(), host: "n9".into(), pid: 5, ..LockInfo::default() };
+        fs::write(tmp.path().join(LOCK_FILE), other.to_bytes()).unwrap();
+        let err = own.confirm().unwrap_err();
+        assert!(err.contains("now belongs to pid 5 on n9"), "{err}");
+        assert!(own.is_lost());
+        drop(lock);
+        assert_eq!(fs::read(tmp.path().join(LOCK_FILE)).unwrap(), other.to_bytes(), "a lost lock is not removed");
+    }
+
+    #[test]
+    fn the_heartbeat_moves_and_a_takeover_is_noticed_within_a_check() {
+        let tmp = tempfile::tempdir().unwrap();
+        let req = LockRequest { stale_after: Duration::from_secs(3), ..request("hostA") };
+        let lock = RunLock::acquire(tmp.path(), req).unwrap();
+        let path = tmp.path().join(LOCK_FILE);
+        let first = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        let later = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+        assert!(later.heartbeat > first.heartbeat && later.generation > first.generation, "{later:?}");
+        assert_eq!(later.token, first.token);
+        let other = LockInfo { token: "x".into(), ..LockInfo::default() };
+        fs::write(&path, other.to_bytes()).unwrap();
+        let t0 = Instant::now();
+        while !lock.ownership().is_lost() {
+            assert!(t0.elapsed() < Duration::from_secs(2), "the takeover was not noticed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]
     fn a_release_handle_frees_the_directory_without_the_owner() {
         let tmp = tempfile::tempdir().unwrap();
-        let held = RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap();
+        let held = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
         held.release_handle().release();
         assert!(!tmp.path().join(LOCK_FILE).exists());
         // Another run may take it at once; the owner's drop leaves that one alone.
-        let next = RunLock::acquire(tmp.path(), None, "hostA".into()).unwrap();
+        let next = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
         drop(held);
         assert!(tmp.path().join(LOCK_FILE).exists(), "the new holder's lock survives the old owner's drop");
         drop(next);
@@ -349,6 +1273,7 @@ mod tests {
                 pid: 4242,
                 heartbeat: 1_700_000_000.5,
                 started: 1_699_999_000.25,
+                ..LockInfo::default()
             };
             serde_json::to_vec_pretty(&info).unwrap()
         }
@@ -356,8 +1281,8 @@ mod tests {
         fn check(bytes: &[u8]) {
             if let Some(held) = LockInfo::parse(bytes) {
                 for (host, job, now) in [("n1", Some("77"), 1e9), ("n2", None, f64::MAX), ("n1", None, -1.0)] {
-                    let _ = takeover(&held, &me(host, job, now), |_| true, STALE);
-                    let _ = takeover(&held, &me(host, job, now), pid_alive, STALE);
+                    let _ = takeover(&held, &me(host, job, now), |_| true, STALE, Duration::ZERO);
+                    let _ = takeover(&held, &me(host, job, now), holder_alive, STALE, STALE);
                 }
             }
         }

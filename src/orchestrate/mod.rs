@@ -32,7 +32,10 @@ pub use crash::{CrashAction, classify as classify_crash, decide as decide_after_
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
-pub use lock::{LOCK_FILE, LockError, LockInfo, LockRelease, RunLock};
+pub use lock::{
+    Claimant, DEFAULT_STALE_AFTER, LOCK_FILE, LockError, LockInfo, LockOwnership, LockRelease, LockRequest, RunLock,
+    Takeover, Verdict, check_every, heartbeat_every, marker_break_after, takeover,
+};
 pub use persist::{Persisted, Persister, PersisterDied};
 pub use run::{RunOptions, run};
 pub use rundir::{

@@ -51,7 +51,7 @@ use crate::train::{StepMetrics, StepResult, TrainError, Trainer};
 
 use super::devices::Devices;
 use super::error::RunError;
-use super::lock::RunLock;
+use super::lock::{LockOwnership, LockRequest, RunLock};
 use super::persist::Persister;
 use super::progress::Progress;
 use super::ranks::{self, Leader};
@@ -110,7 +110,7 @@ fn lead(
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
     std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
-    let lock = RunLock::acquire(&root, slurm.control_id(), slurm.node_name())?;
+    let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
     match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, &lock, world)? {
@@ -152,8 +152,9 @@ struct Attempt {
     last_loss: Option<f64>,
     best_loss: Option<f64>,
     resumes: u64,
-    /// Set by the lock's heartbeat when another process took the run directory.
-    lock_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the run-directory lock is still ours: lost once the heartbeat
+    /// or a commit's check finds another process took the run directory.
+    lock: LockOwnership,
     /// Host buffers of the last persisted snapshot, reused by the next one.
     spare: Option<(TensorSet, TensorSet)>,
     /// The other ranks of a data-parallel run, which this attempt leads.
@@ -191,9 +192,9 @@ impl Attempt {
         let max_steps = self.cfg.run.max_steps;
         let progress = Progress::new(self.trainer.step(), max_steps);
         loop {
-            if self.lock_lost.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Err(lost) = self.still_owner() {
                 progress.finish();
-                return Err(RunError::LockLost { dir: self.dir.root.clone() });
+                return Err(lost);
             }
             if self.hang.ended() {
                 progress.finish();
@@ -206,13 +207,13 @@ impl Attempt {
             let agreed = match &self.leader {
                 None => true,
                 Some(leader) => {
-                    let lost = self.lock_lost.load(std::sync::atomic::Ordering::SeqCst);
+                    let lost = self.lock.is_lost();
                     let would = !lost && self.stop_reason().is_none() && self.trainer.step() < max_steps;
                     leader.tick(&self.stop, would)?
                 }
             };
             if !agreed || self.leader.is_none() {
-                if self.lock_lost.load(std::sync::atomic::Ordering::SeqCst) {
+                if self.lock.is_lost() {
                     progress.finish();
                     return Err(RunError::LockLost { dir: self.dir.root.clone() });
                 }
@@ -230,9 +231,9 @@ impl Attempt {
                 }
             }
             let stop = self.stop.clone();
-            let lost = std::sync::Arc::clone(&self.lock_lost);
+            let lock = self.lock.clone();
             let hang = std::sync::Arc::clone(&self.hang);
-            let should_stop = move || stop.is_set() || lost.load(std::sync::atomic::Ordering::SeqCst) || hang.ended();
+            let should_stop = move || stop.is_set() || lock.is_lost() || hang.ended();
             let mut busy = Some(self.beats.begin(Worker::Training, Activity::Step, self.trainer.step() + 1));
             // Tests make a step hang here (`train::step=sleep(…)`).
             fail::fail_point!("train::step");
@@ -264,6 +265,15 @@ impl Attempt {
         }
         progress.finish();
         self.end(Ending::Finished)
+    }
+
+    /// `LockLost` once the run-directory lock is known lost: from then on
+    /// this attempt writes nothing more into the run directory.
+    fn still_owner(&self) -> Result<(), RunError> {
+        if self.lock.is_lost() {
+            return Err(RunError::LockLost { dir: self.dir.root.clone() });
+        }
+        Ok(())
     }
 
     /// The records of a completed step: its metrics line, the losses, the progress.

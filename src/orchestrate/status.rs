@@ -10,7 +10,7 @@ use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config;
 use crate::telemetry::{self, Attempt, Event, MetricsLine, PublishOutcome, RecordedEvent, StepLine, Summary};
 
-use super::lock::{LOCK_FILE, LockInfo, STALE_AFTER, unix_now};
+use super::lock::{DEFAULT_STALE_AFTER, LOCK_FILE, LockInfo, unix_now};
 use super::rundir::{CONFIG_FILE, EVENTS_FILE, METRICS_FILE, SUMMARY_FILE, checkpoints_dir};
 
 /// What a run directory says about its run.
@@ -71,7 +71,12 @@ pub fn status(dir: &Path) -> RunStatus {
         .collect();
     let last_of = |name: &str| events.iter().rev().find(|e| e.name == name).cloned();
     let lock: Option<LockInfo> = LockInfo::read(&dir.join(LOCK_FILE));
-    let live_lock = lock.as_ref().filter(|l| unix_now() - l.heartbeat < STALE_AFTER.as_secs_f64()).cloned();
+    // Fresh by the holder's own timeout (else the run's config, else the default).
+    let configured = cfg.as_ref().map_or(DEFAULT_STALE_AFTER, |c| c.lock.stale_after);
+    let live_lock = lock
+        .as_ref()
+        .filter(|l| l.age(unix_now()) < l.recorded_stale_after().unwrap_or(configured).as_secs_f64())
+        .cloned();
 
     let step = metrics.last().map(|m| m.step).or_else(|| summary.as_ref().map(|s| s.steps));
     let max_steps = cfg.as_ref().map(|c| c.run.max_steps);
@@ -262,6 +267,7 @@ mod tests {
             pid: 1,
             heartbeat: unix_now(),
             started: unix_now(),
+            ..LockInfo::default()
         };
         std::fs::write(tmp.path().join(LOCK_FILE), serde_json::to_vec(&lock).unwrap()).unwrap();
         let st = status(tmp.path());
@@ -311,6 +317,7 @@ mod tests {
                 pid: 1,
                 heartbeat: unix_now(),
                 started: unix_now() - 60.0,
+                ..LockInfo::default()
             };
             serde_json::to_vec(&info).unwrap()
         }

@@ -27,6 +27,8 @@ use serde_json::Value;
 pub enum Event {
     /// An attempt began (written once the placement is known).
     Start(Start),
+    /// This attempt took the run-directory lock over from a holder judged gone.
+    LockTakeover(LockTakeover),
     /// A checkpoint directory did not verify at start-up and is skipped.
     CheckpointRejected(CheckpointRejected),
     /// A rejected checkpoint was moved to `quarantine/` (or could not be).
@@ -73,8 +75,9 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 20] = [
+pub const EVENT_NAMES: [&str; 21] = [
     "start",
+    "lock_takeover",
     "checkpoint_rejected",
     "checkpoint_quarantined",
     "resume",
@@ -101,6 +104,7 @@ impl Event {
     pub fn name(&self) -> &str {
         match self {
             Event::Start(_) => "start",
+            Event::LockTakeover(_) => "lock_takeover",
             Event::CheckpointRejected(_) => "checkpoint_rejected",
             Event::CheckpointQuarantined(_) => "checkpoint_quarantined",
             Event::Resume(_) => "resume",
@@ -143,6 +147,7 @@ impl Event {
             Event::Hang(e) => Some(e.step),
             Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
             Event::Start(_)
+            | Event::LockTakeover(_)
             | Event::FreshStart(_)
             | Event::GpuFallback(_)
             | Event::Monitor(_)
@@ -170,6 +175,25 @@ pub struct Start {
     /// The node of each rank, in rank order (absent for one process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank_nodes: Option<Vec<String>>,
+}
+
+/// `lock_takeover`: the run-directory lock this attempt took over, and why
+/// its holder counted as gone.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LockTakeover {
+    /// Why the holder counted as gone.
+    pub reason: String,
+    /// The holder's host (node name), pid, job id and restart count, when
+    /// its lock file was readable.
+    pub previous_host: Option<String>,
+    pub previous_pid: Option<u32>,
+    pub previous_job_id: Option<String>,
+    pub previous_restart_count: Option<u32>,
+    /// Age of the holder's heartbeat by this node's clock at the takeover.
+    pub heartbeat_age_seconds: Option<f64>,
+    /// Seconds this attempt waited before it could take the lock over.
+    pub waited_seconds: f64,
 }
 
 /// `checkpoint_rejected`: a checkpoint that does not verify.
@@ -711,6 +735,12 @@ mod tests {
         };
         let events = vec![
             Event::Start(Start { pid: 1, max_steps: 5, allocation: json!({"job_id": null}), ..Start::default() }),
+            Event::LockTakeover(LockTakeover {
+                reason: "its heartbeat on n1 is 61s old".into(),
+                previous_host: Some("n1".into()),
+                waited_seconds: 1.5,
+                ..Default::default()
+            }),
             Event::CheckpointRejected(CheckpointRejected { step: 3, failures: json!([]), ..Default::default() }),
             Event::CheckpointQuarantined(CheckpointQuarantined {
                 step: 3,
@@ -808,6 +838,7 @@ mod tests {
     fn is_listed(event: &Event) -> bool {
         match event {
             Event::Start(_)
+            | Event::LockTakeover(_)
             | Event::CheckpointRejected(_)
             | Event::CheckpointQuarantined(_)
             | Event::Resume(_)

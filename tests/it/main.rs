@@ -20,6 +20,7 @@ mod distributed;
 mod drills;
 mod gpu_run;
 mod kill_chain;
+mod lock;
 mod logging;
 mod publish;
 mod python_interop;

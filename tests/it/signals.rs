@@ -562,44 +562,155 @@ fn run_after_a_sigkill_takes_over_the_stale_lock_and_resumes() {
     let until = newest + 10;
     let second = long_run(&dir).arg("--stop-at-step").arg(&until.to_string()).run(EXIT);
     second.assert_code(75);
-    assert!(second.stderr.contains("taking over the run-directory lock"), "{}", second.tail());
+    assert!(second.stderr.contains("took over the run-directory lock"), "{}", second.tail());
     assert!(second.stderr.contains(&format!("its process {dead_pid} on this host is gone")), "{}", second.tail());
+    let takeover = last_event(&dir, "lock_takeover");
+    assert_eq!(takeover["reason"], format!("its process {dead_pid} on this host is gone"));
+    assert_eq!(takeover["previous_pid"], dead_pid);
     assert_eq!(last_event(&dir, "resume")["step"], newest);
     assert_eq!(checkpoint_steps(&dir).last(), Some(&until));
     assert!(!dir.join("rekindle.lock").exists());
 }
 
 /// A lock as another node's rekindle (pid 1 exists here, so only the host
-/// tells it apart) left it, with a fresh heartbeat.
-fn write_foreign_lock(dir: &Path, job_id: &str) {
+/// tells it apart) writes it: job `job_id`, attempt 0, the heartbeat `age`
+/// seconds old, generation `generation`.
+fn foreign_lock(job_id: &str, age: f64, generation: u64) -> Value {
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64();
-    let lock = json!({"token": "other-node-1-x", "job_id": job_id, "host": "other-node", "pid": 1,
-                      "heartbeat": now, "started": now - 60.0});
-    std::fs::write(dir.join("rekindle.lock"), serde_json::to_vec(&lock).unwrap()).unwrap();
+    json!({"token": "other-node-1-x", "job_id": job_id, "host": "other-node", "pid": 1,
+           "heartbeat": now - age, "started": now - 60.0, "restart_count": 0,
+           "lineage": "f00d", "generation": generation})
+}
+
+/// Replaces the lock file at once (temporary file and rename), as its holder would.
+fn write_lock(dir: &Path, lock: &Value) {
+    let tmp = dir.join(".test-lock.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(lock).unwrap()).unwrap();
+    std::fs::rename(&tmp, dir.join("rekindle.lock")).unwrap();
+}
+
+fn write_foreign_lock(dir: &Path, job_id: &str) {
+    write_lock(dir, &foreign_lock(job_id, 0.0, 0));
 }
 
 #[test]
-fn lock_of_an_earlier_attempt_of_the_same_job_on_another_host_is_taken_over() {
+fn lock_of_another_job_with_a_fresh_heartbeat_on_another_host_is_refused_at_once() {
     let tmp = tempdir();
     let fake = FakeScontrol::running_job(tmp.path());
     let dir = tmp.path().join("run");
     let short = |dir: &Path| RunCmd::new(dir).env("PATH", fake.path()).env("SLURM_JOB_ID", "77");
     short(&dir).arg("--stop-at-step").arg("10").run(EXIT).assert_code(75);
-
-    // Another job's live lock is respected...
     write_foreign_lock(&dir, "76");
-    let refused = short(&dir).arg("--stop-at-step").arg("20").run(EXIT);
+    let t0 = Instant::now();
+    let refused = short(&dir).env("SLURM_RESTART_COUNT", "1").arg("--stop-at-step").arg("20").run(EXIT);
     refused.assert_code(1);
     assert!(refused.stderr.contains("in use by pid 1 on other-node (job 76)"), "{}", refused.tail());
+    assert!(t0.elapsed() < Duration::from_secs(20), "refusing took {:?}", t0.elapsed());
+    assert_eq!(lock_file(&dir)["job_id"], "76");
+}
 
-    // ...but this job's own earlier attempt (requeued onto another node) is over.
+/// A requeued attempt (restart 1) of job 77 under `[lock] stale_after = "3s"`.
+fn requeued_attempt(dir: &Path, fake: &FakeScontrol) -> RunCmd {
+    RunCmd::new(dir)
+        .env("PATH", fake.path())
+        .env("SLURM_JOB_ID", "77")
+        .env("SLURM_RESTART_COUNT", "1")
+        .set("lock.stale_after=\"3s\"")
+        .arg("--stop-at-step")
+        .arg("20")
+}
+
+#[test]
+fn lock_of_an_earlier_attempt_on_another_node_is_taken_over_once_its_heartbeat_is_stale() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    RunCmd::new(&dir)
+        .env("PATH", fake.path())
+        .env("SLURM_JOB_ID", "77")
+        .arg("--stop-at-step")
+        .arg("10")
+        .run(EXIT)
+        .assert_code(75);
+
+    // SLURM lost node other-node and requeued job 77 here; the earlier
+    // attempt's last heartbeat was just written. It may still be running (a
+    // network partition), so the new attempt waits for it to go stale.
     write_foreign_lock(&dir, "77");
-    let resumed = short(&dir).env("SLURM_RESTART_COUNT", "1").arg("--stop-at-step").arg("20").run(EXIT);
+    let t0 = Instant::now();
+    let resumed = requeued_attempt(&dir, &fake).run(EXIT);
+    let took = t0.elapsed();
     resumed.assert_code(75);
     assert!(resumed.stderr.contains("earlier attempt of this job (77) on other-node"), "{}", resumed.tail());
+    assert!(resumed.stderr.contains("waiting up to 3s"), "{}", resumed.tail());
+    assert!(resumed.stderr.contains("took over the run-directory lock"), "{}", resumed.tail());
+    assert!(took >= Duration::from_millis(2900), "taken over after {took:?}, before the heartbeat was 3 s old");
+    eprintln!("requeued attempt took the earlier attempt's lock over after {took:?} (stale_after 3s)");
     let resume = last_event(&dir, "resume");
     assert_eq!((&resume["step"], &resume["restart_count"]), (&json!(10), &json!(1)));
+    let takeover = last_event(&dir, "lock_takeover");
+    assert_eq!(
+        (&takeover["previous_host"], &takeover["previous_job_id"], &takeover["previous_restart_count"]),
+        (&json!("other-node"), &json!("77"), &json!(0))
+    );
+    assert!(takeover["reason"].as_str().unwrap().contains("heartbeat on other-node"), "{takeover}");
+    assert!(takeover["waited_seconds"].as_f64().unwrap() >= 2.5, "{takeover}");
+    assert!(takeover["heartbeat_age_seconds"].as_f64().unwrap() >= 2.9, "{takeover}");
     assert!(!dir.join("rekindle.lock").exists());
+}
+
+#[test]
+fn lock_of_an_earlier_attempt_on_another_node_whose_heartbeat_moves_is_refused() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_foreign_lock(&dir, "77");
+    // The earlier attempt is alive on the other side of a partition: it
+    // keeps rewriting its heartbeat every half second.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beating = {
+        let (stop, dir) = (stop.clone(), dir.clone());
+        std::thread::spawn(move || {
+            let mut generation = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(500));
+                generation += 1;
+                write_lock(&dir, &foreign_lock("77", 0.0, generation));
+            }
+        })
+    };
+    let t0 = Instant::now();
+    let refused = requeued_attempt(&dir, &fake).run(EXIT);
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    beating.join().unwrap();
+    refused.assert_code(1);
+    assert!(refused.stderr.contains("heartbeat moved while this attempt waited"), "{}", refused.tail());
+    assert!(refused.stderr.contains("that attempt is still running"), "{}", refused.tail());
+    assert!(took < Duration::from_secs(3), "refusing took {took:?}: it should not wait out the timeout");
+    eprintln!("a requeued attempt refused a live earlier attempt (heartbeat every 0.5 s) after {took:?}");
+    assert_eq!(lock_file(&dir)["token"], "other-node-1-x", "the live attempt's lock was replaced");
+    assert!(!dir.join("events.jsonl").exists(), "the refused attempt wrote into the run directory");
+}
+
+#[test]
+fn a_live_holder_with_the_same_job_id_on_this_host_is_refused() {
+    // Two tasks of one job, or a re-run inside the same allocation: same job
+    // id, even a higher restart count, but the holder's process is alive.
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    let mut first = long_run(&dir).env("SLURM_JOB_ID", "77").spawn();
+    first.wait_for_step(1, STARTUP);
+    let pid = first.pid().as_raw();
+    let host = rekindle::slurm::hostname();
+    for restart in ["0", "1"] {
+        let second = long_run(&dir).env("SLURM_JOB_ID", "77").env("SLURM_RESTART_COUNT", restart).run(EXIT);
+        second.assert_code(1);
+        assert!(second.stderr.contains(&format!("in use by pid {pid} on {host} (job 77)")), "{}", second.tail());
+        assert_eq!(lock_file(&dir)["pid"], pid, "the live run's lock was replaced");
+    }
+    first.wait_for_step(last_metric_step(&dir).unwrap() + 1, STARTUP);
 }
 
 // ---------------------------------------------------------------------------
@@ -809,15 +920,68 @@ fn failing_run_records_an_error_event_and_summary() {
 }
 
 #[test]
-fn run_whose_lock_was_taken_over_stops() {
+fn run_whose_lock_was_taken_over_stops_within_two_seconds_writing_nothing_more() {
     let tmp = tempdir();
     let dir = tmp.path().join("run");
     let mut run = long_run(&dir).spawn();
     run.wait_for_step(1, STARTUP);
     // Another node decided this lock was stale (e.g. its heartbeat stalled on NFS).
+    let taken_wall = SystemTime::now();
+    write_foreign_lock(&dir, "99");
+    let taken = Instant::now();
+    let exited = run.wait(Duration::from_secs(15));
+    let took = exited.at - taken;
+    assert_eq!(exited.code(), Some(1), "{}", exited.tail());
+    assert!(exited.stderr.contains("another process took over the lock"), "{}", exited.tail());
+    // Checked every second; the rest is the step in flight and the exit.
+    assert!(took < Duration::from_secs(3), "the lost lock was noticed only after {took:?}");
+    eprintln!("a lock taken over was noticed and the run exited {took:?} later");
+    assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
+    let after: Vec<Value> = events(&dir).into_iter().filter(|e| rfc3339(&e["time"]) > taken_wall).collect();
+    assert!(after.iter().all(|e| e["event"] != "checkpoint_saved" && e["event"] != "stop"), "{after:?}");
+}
+
+#[test]
+fn a_stop_signal_after_the_lock_was_lost_writes_nothing_and_does_not_requeue() {
+    let tmp = tempdir();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let dir = tmp.path().join("run");
+    let mut run = under_fake_slurm(&dir, &fake).spawn();
+    run.wait_for_event("checkpoint_saved", STARTUP);
+    let summary_before = std::fs::read(dir.join("summary.json")).ok();
+    let checkpoints_before = checkpoint_steps(&dir);
+    // Taken over, then preempted before (or just after) the heartbeat notices:
+    // either way the stop checkpoint's commit check finds the lock lost.
+    write_foreign_lock(&dir, "99");
+    run.signal(Signal::SIGTERM);
+    let exited = run.wait(EXIT);
+    assert_eq!(exited.code(), Some(1), "{}", exited.tail());
+    assert!(exited.stderr.contains("another process took over the lock"), "{}", exited.tail());
+    assert_eq!(fake.calls(), Vec::<String>::new(), "a run that lost its directory must not requeue the job");
+    assert!(events_named(&dir, "stop").is_empty() && events_named(&dir, "requeue").is_empty());
+    assert_eq!(std::fs::read(dir.join("summary.json")).ok(), summary_before, "summary.json was written");
+    assert_eq!(checkpoint_steps(&dir), checkpoints_before, "a checkpoint was committed after the lock was lost");
+    assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
+}
+
+#[test]
+fn a_checkpoint_staged_when_the_lock_is_lost_is_not_committed() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("run");
+    // Every save pauses 1.5 s between staging its files and the rename that
+    // commits them: the lock is taken over inside that pause.
+    let mut run = long_run(&dir)
+        .set("checkpoint.every_steps=20")
+        .env("FAILPOINTS", "checkpoint::before_rename=sleep(1500)")
+        .spawn();
+    run.wait_for_step(21, STARTUP);
     write_foreign_lock(&dir, "99");
     let exited = run.wait(Duration::from_secs(15));
     assert_eq!(exited.code(), Some(1), "{}", exited.tail());
+    assert!(exited.stderr.contains("refused to commit the checkpoint of step 20"), "{}", exited.tail());
+    assert_eq!(checkpoint_steps(&dir), Vec::<u64>::new(), "a checkpoint was committed after the lock was lost");
+    assert_eq!(leftovers(&dir.join("checkpoints")), Vec::<String>::new(), "the staged files were left");
+    assert!(events_named(&dir, "checkpoint_saved").is_empty());
     assert_eq!(lock_file(&dir)["host"], "other-node", "the new holder's lock was removed");
 }
 

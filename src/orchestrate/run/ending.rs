@@ -114,6 +114,7 @@ impl Attempt {
     /// stop path. Nothing fallible runs before the checkpoint: the `signal`
     /// event is a record, written best effort.
     pub(super) fn stop(&mut self, reason: StopReason) -> Result<Outcome, RunError> {
+        self.still_owner()?;
         let step = self.trainer.step();
         let arrival = self.stop.first_arrival().unwrap_or_else(Instant::now);
         let signals = &self.cfg.signals;
@@ -206,6 +207,12 @@ impl Attempt {
         let mut failures = Vec::new();
         // 1. The checkpoint (its failure is recorded as `checkpoint_failed`).
         let saved = self.checkpoint_now(ending.checkpoint_kind());
+        // The run directory is another process's now: no requeue (that
+        // process runs the job's work), no summary, publish or records.
+        if let Err(RunError::LockLost { .. }) = saved {
+            return saved.map(|_| ending.outcome());
+        }
+        self.still_owner()?;
         let to_durable = saved.is_ok().then(|| arrival.elapsed().as_secs_f64());
         if self.stop.count() >= 2 {
             tracing::warn!(signals = self.stop.count(), "more stop signals arrived during the checkpoint");

@@ -137,6 +137,7 @@ impl Attempt {
                 self.consecutive_failures = 0;
                 self.record_saved(&report, "periodic", p.payload_bytes, p.snapshot_seconds)
             }
+            Err(e) if e.not_owner() && self.lock.is_lost() => Err(self.refused_for_lock(p.step, &e)),
             Err(e) if e.committed() => {
                 // Durable and loadable; only the directory sync or rotation failed.
                 tracing::warn!(step = p.step, error = %e, "checkpoint committed with a warning");
@@ -214,6 +215,7 @@ impl Attempt {
     /// event that cannot be written are logged, and the save is still tried.
     /// `last_durable_step` is set as soon as the checkpoint is committed.
     pub(super) fn checkpoint_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
+        self.still_owner()?;
         let in_flight = match self.persister.wait() {
             Ok(Some(p)) => self.handle_persisted(p),
             Ok(None) => Ok(()),
@@ -229,6 +231,7 @@ impl Attempt {
     /// persister is doing (the watchdog uses it beside a stuck background
     /// save), and records it.
     pub(super) fn save_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
+        self.still_owner()?;
         let t0 = Instant::now();
         let snapshot = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
@@ -237,6 +240,12 @@ impl Attempt {
         let busy = self.beats.begin(Worker::Training, Activity::Save, step);
         let result = self.store.save(&snapshot);
         drop(busy);
+        if let Err(e) = &result
+            && e.not_owner()
+            && self.lock.is_lost()
+        {
+            return Err(self.refused_for_lock(step, e));
+        }
         let recorded = match &result {
             Ok(report) => {
                 self.last_checkpoint = Instant::now();
@@ -282,6 +291,17 @@ impl Attempt {
             }),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A save refused because the run-directory lock is no longer ours (the
+    /// store logged it): never recorded, since the directory belongs to
+    /// another process now, and the attempt ends with `LockLost`. (A save
+    /// refused because the lock could not be read is an ordinary failed save.)
+    fn refused_for_lock(&self, step: u64, e: &crate::checkpoint::CheckpointError) -> RunError {
+        if e.committed() {
+            tracing::error!(step, error = %e, "checkpoint committed, but rotation was refused: the lock is lost");
+        }
+        RunError::LockLost { dir: self.dir.root.clone() }
     }
 
     /// Reloads the newest checkpoint that verifies (newer ones that do not are

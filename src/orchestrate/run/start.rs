@@ -8,18 +8,18 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use crate::checkpoint::{CheckpointInfo, CheckpointStore, Loaded};
+use crate::checkpoint::{CheckpointInfo, CheckpointStore, CommitGuard, Loaded};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{
-    CheckpointQuarantined, CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, Resume, Start, Summary,
-    metrics_step,
+    CheckpointQuarantined, CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, LockTakeover, Resume, Start,
+    Summary, metrics_step,
 };
 use crate::train::Trainer;
 
 use super::super::devices::Devices;
 use super::super::error::RunError;
-use super::super::lock::RunLock;
+use super::super::lock::{RunLock, Takeover};
 use super::super::persist::Persister;
 use super::super::ranks::Leader;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
@@ -41,7 +41,13 @@ impl Attempt {
         lock: &RunLock,
         world: Option<(Leader, Vec<String>)>,
     ) -> Result<Started, RunError> {
-        let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?;
+        let ownership = lock.ownership();
+        // Every commit first confirms the run directory is still ours.
+        let guard = {
+            let lock = ownership.clone();
+            CommitGuard::new(move || lock.confirm())
+        };
+        let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
         // The placement plan needs the model's size, so the trainer comes first.
         let mut trainer = Trainer::new(&cfg)?;
@@ -56,6 +62,9 @@ impl Attempt {
             s.rank_nodes = rank_nodes;
         }
         events.record(&start)?;
+        if let Some(takeover) = ownership.takeover() {
+            events.record(&takeover_event(takeover))?;
+        }
         devices.announce(&mut events)?;
         let outcome = store.load_latest()?;
         set_aside_rejected(&store, &mut events, &outcome.rejected)?;
@@ -154,7 +163,7 @@ impl Attempt {
             save_due_since: None,
             last_durable_step,
             resumes,
-            lock_lost: lock.lost_flag(),
+            lock: ownership,
             spare: None,
             leader,
             beats,
@@ -197,6 +206,20 @@ pub(super) fn set_aside_rejected(
         }))?;
     }
     Ok(())
+}
+
+/// The `lock_takeover` event of a lock taken over from a holder judged gone.
+fn takeover_event(t: &Takeover) -> Event {
+    let previous = t.previous.as_ref();
+    Event::LockTakeover(LockTakeover {
+        reason: t.reason.clone(),
+        previous_host: previous.map(|p| p.host.clone()),
+        previous_pid: previous.map(|p| p.pid),
+        previous_job_id: previous.and_then(|p| p.job_id.clone()),
+        previous_restart_count: previous.and_then(|p| p.restart_count),
+        heartbeat_age_seconds: t.heartbeat_age_s.filter(|a| a.is_finite()),
+        waited_seconds: t.waited_s,
+    })
 }
 
 /// A `checkpoint_rejected` event (and a warning) per checkpoint that does not verify.
