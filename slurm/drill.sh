@@ -30,9 +30,12 @@
 #               Needs the local cluster (slurm/local-cluster.sh).
 #   cancel      plain scancel: rekindle saves, does not requeue; the job ends
 #               CANCELLED.
-#   tasks       `sbatch -N2 -n2 slurm/orchestrator.slurm ...`, which this
-#               rekindle cannot run: refused at once with a message naming the
-#               option (job FAILED, ExitCode 2:0), no run directory written.
+#   dp          `sbatch -N2 -n2 slurm/orchestrator.slurm ...`: one data-parallel
+#               run over two ranks on two nodes (srun --mpi=pmix; needs a
+#               rekindle built with --features mpi), then plain
+#               `scancel -s TERM JOB`: both ranks stop at one step, one
+#               checkpoint, the job is requeued, resumes over two ranks and
+#               finishes byte-identical to two ranks never stopped (mpirun).
 #
 # Each drill prints one PASS/FAIL line and a one-line JSON summary (attempts,
 # node of each attempt, steps lost, seconds from signal to durable checkpoint,
@@ -69,7 +72,7 @@ set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
-ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel tasks)
+ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel dp)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -148,7 +151,24 @@ if needs_reference; then
     without_slurm "$BIN" run --config "$CONFIG" --run-dir "$REF" "${TRAIN[@]}" >"$REF.log" 2>&1 &
     ref_pid=$!
 fi
+# The data-parallel drill compares with two ranks never stopped (mpirun).
+REF_DP=$WORK/reference-dp
+ref_dp_pid=
+if [[ " ${drills[*]} " == *" dp "* ]]; then
+    without_slurm env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        mpirun -n 2 --bind-to none --oversubscribe "$BIN" run --config "$CONFIG" --run-dir "$REF_DP" "${TRAIN[@]}" \
+        >"$REF_DP.log" 2>&1 &
+    ref_dp_pid=$!
+fi
 reference_ready() {
+    if [[ $name == dp ]]; then
+        if [[ -n $ref_dp_pid ]]; then
+            wait "$ref_dp_pid" || { log "the 2-rank reference failed: $(tail -n 5 "$REF_DP.log")"; ref_dp_pid=; return 1; }
+            ref_dp_pid=
+        fi
+        [[ -f $REF_DP/checkpoints/step-$(printf '%010d' "$STEPS")/model.safetensors ]]
+        return
+    fi
     if [[ -n $ref_pid ]]; then
         wait "$ref_pid" || { log "the reference run failed: $(tail -n 5 "$REF.log")"; ref_pid=; return 1; }
         ref_pid=
@@ -195,6 +215,10 @@ job_final() {
 attempts_started() { (($(count_events "$1" start) >= $2)); }
 
 NOTES=()
+# Extra `rekindle run` arguments of the next submission.
+RUN_EXTRA=()
+# nodeloss: the lock's stale timeout (seconds).
+NODELOSS_STALE=45
 note() {
     NOTES+=("$*")
     log "$name: $*"
@@ -214,7 +238,8 @@ submit() {
         ${LOW:+-p "$LOW"} "${EXTRA_OPTS[@]}" "$@" "$script_dir/orchestrator.slurm" "$CONFIG" \
         --run-dir "$run" "${TRAIN[@]}" \
         --set "signals.grace=\"${GRACE}s\"" --set 'signals.safety_margin="5s"' \
-        --set publish.enabled=true --set "publish.repo=\"$wd/clone\"" --set 'publish.retry_initial="1s"')
+        --set publish.enabled=true --set "publish.repo=\"$wd/clone\"" --set 'publish.retry_initial="1s"' \
+        "${RUN_EXTRA[@]}")
     job=${job%%;*}
     [[ $job =~ ^[0-9]+$ ]] || { note "sbatch failed: $job"; return 1; }
     log "$name: submitted job $job"
@@ -234,7 +259,8 @@ judge() {
     for n in "${NOTES[@]}"; do notes+=(--note "$n"); done
     python3 "$script_dir/drill_check.py" --drill "$name" --run "$run" --job "$job" \
         --state "$state" --restarts "${restarts:--1}" --exit-code "$exit_code" \
-        --repo "$wd/results.git" ${REF:+--reference "$REF"} --max-steps "$STEPS" --every "$EVERY" \
+        --repo "$wd/results.git" --reference "$([[ $name == dp ]] && echo "$REF_DP" || echo "$REF")" \
+        --max-steps "$STEPS" --every "$EVERY" \
         --grace "$GRACE" --seconds "$(elapsed "$t_start")" --verify-rc "$verify_rc" \
         --job-output "$wd/slurm-$job.out" \
         --out "$wd/summary.json" "${notes[@]}" "$@"
@@ -356,7 +382,12 @@ drill_nodeloss() {
         echo '{"drill":"nodeloss","result":"SKIP"}'
         return 3
     fi
+    # The next attempt runs on the other node, so it may take the killed
+    # attempt's lock only once its heartbeat is stale (docs/slurm.md): a
+    # timeout longer than SLURM takes to requeue makes it actually wait.
+    RUN_EXTRA=(--set "lock.stale_after=\"${NODELOSS_STALE}s\"")
     submit nodeloss || return 1
+    RUN_EXTRA=()
     under_way 0.$((RANDOM % 10)) || return 1 # land anywhere inside a checkpoint interval
     local node pids slurmd_pid
     node=$(job_field "$job" NodeList)
@@ -369,11 +400,11 @@ drill_nodeloss() {
     wait_until "the job to resume on another node" "$TIMEOUT" attempts_started "$run" 2 || return 1
     log "nodeloss: resumed; bringing $node back"
     if "$script_dir/local-cluster.sh" up >"$wd/node-back.log" 2>&1; then
-        EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":true,"node_state":"%s","killed_node":"%s"}' \
-            "$(sinfo -h -n "$node" -o %t | head -n1)" "$node")
+        EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":true,"node_state":"%s","killed_node":"%s","stale_after":%s}' \
+            "$(sinfo -h -n "$node" -o %t | head -n1)" "$node" "$NODELOSS_STALE")
     else
-        EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":false,"node_state":"%s","killed_node":"%s"}' \
-            "$(sinfo -h -n "$node" -o %t | head -n1)" "$node")
+        EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":false,"node_state":"%s","killed_node":"%s","stale_after":%s}' \
+            "$(sinfo -h -n "$node" -o %t | head -n1)" "$node" "$NODELOSS_STALE")
     fi
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
@@ -389,26 +420,14 @@ drill_cancel() {
     sleep 5
 }
 
-# A submission that cannot work fails at once and says why. Judged here
-# (there is no run to judge); prints the same two lines as the others.
-drill_tasks() {
-    local state exit_code out ok=PASS why=()
-    t_start=$(now)
-    submit tasks -N2 -n2 || return 1
-    wait_until "the job to end" 120 job_final "$job" || why+=("did not end")
-    state=$(job_field "$job" JobState)
-    exit_code=$(job_field "$job" ExitCode)
-    out=$(cat "$wd/slurm-$job.out" 2>/dev/null)
-    [[ $state == FAILED && $exit_code == 2:0 ]] || why+=("JobState=$state ExitCode=$exit_code, want FAILED 2:0")
-    grep -q "this job has 2 tasks" <<<"$out" || why+=("the output does not say the job has 2 tasks")
-    grep -q "submit with one task on one node" <<<"$out" || why+=("the output does not say what to do")
-    [[ ! -e $run ]] || why+=("a run directory was written")
-    ((${#why[@]} == 0)) || ok=FAIL
-    echo "$ok tasks: sbatch -N2 -n2 refused: JobState=$state ExitCode=$exit_code, $(elapsed "$t_start") s${why[*]:+ -- failed: ${why[*]}}"
-    printf '{"drill":"tasks","result":"%s","job_id":"%s","attempts":0,"final_state":"%s","exit_code":"%s"}\n' \
-        "$ok" "$job" "$state" "$exit_code"
-    [[ $ok == PASS ]] && return 3
-    return 4
+# One run over two ranks on the two nodes, stopped by a plain scancel -s TERM.
+drill_dp() {
+    submit dp -N2 -n2 || return 1
+    under_way || return 1
+    action=$(now)
+    log "dp: scancel -s TERM $job (two ranks on $(job_field "$job" NodeList))"
+    scancel -s TERM "$job"
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
 
 # Interrupted (Ctrl-C, a CI timeout): leave no drill job behind.
@@ -440,5 +459,6 @@ for d in "${drills[@]}"; do
     judge ${action:+--action-time "$action"} --extra "$EXTRA_JSON" || failed=1
 done
 [[ -n $ref_pid ]] && wait "$ref_pid" 2>/dev/null
+[[ -n $ref_dp_pid ]] && wait "$ref_dp_pid" 2>/dev/null
 log "work folder: $WORK"
 exit $failed

@@ -17,8 +17,8 @@ import sys
 # Drills that end the first attempt with a graceful stop (a checkpoint of the
 # current step); those after which rekindle requeues the job itself; those
 # whose signal reaches only the batch shell, which forwards it to the step.
-GRACEFUL = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "preempt", "cancel")
-REQUEUED_BY_REKINDLE = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit")
+GRACEFUL = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "preempt", "cancel", "dp")
+REQUEUED_BY_REKINDLE = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "dp")
 FORWARDED = ("term-batch", "warn-batch", "timelimit")
 
 
@@ -216,7 +216,23 @@ def main():
                   last >= snap,
                   f"{lost} lost = {due - resumed_from} before the lost save fell due + {snap - due} while the "
                   f"previous save was still being written + {last - snap} while the save of step {snap} was")
+        # The next attempt ran on the other node: it took the lock over only
+        # once the killed attempt's heartbeat was stale (docs/slurm.md).
+        att1 = attempts[1]["events"] if len(attempts) > 1 else []
+        take = first(att1, "lock_takeover") or {}
+        stale = extra.get("stale_after")
+        check("the lock was taken over from the killed node once its heartbeat was stale",
+              take.get("previous_host") == extra.get("killed_node") and stale is not None
+              and (take.get("heartbeat_age_seconds") or 0) >= stale,
+              f"lock_takeover {json.dumps(take)}, stale after {stale} s")
         check("node back in service", extra.get("node_back") is True, extra.get("node_state", ""))
+    if a.drill == "dp":
+        for i, att in enumerate(attempts):
+            start = att["start"]
+            ranks = start.get("rank_nodes") or []
+            check(f"attempt {i} trained over two ranks on two nodes",
+                  start.get("world_size") == 2 and len(set(ranks)) == 2, f"world_size {start.get('world_size')}, "
+                  f"rank_nodes {ranks}")
     if a.drill == "cancel":
         check("job CANCELLED", a.state == "CANCELLED", f"JobState={a.state}")
         check("not requeued", len(attempts) == 1 and a.restarts == 0,

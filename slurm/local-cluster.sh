@@ -11,7 +11,8 @@
 #   slurm/local-cluster.sh env      the shell line pointing SLURM clients here:
 #                                   eval "$(slurm/local-cluster.sh env)"; sinfo
 #
-# Debian/Ubuntu packages slurmctld slurmd slurm-client munge (SLURM 22.05),
+# Debian/Ubuntu packages slurmctld slurmd slurm-client munge (SLURM 22.05) and
+# openmpi-bin libopenmpi-dev (OpenMPI 4.1 with PMIx, for data-parallel steps),
 # run as root without systemd. Everything lives in one private folder
 # (REKINDLE_SLURM_DIR, default /tmp/rekindle-slurm-<hash of this checkout>):
 # slurm.conf, a private munge key and socket, state, spool, logs, pid files.
@@ -25,6 +26,8 @@
 #     running a `low` job preempts it: SIGTERM at once, SIGKILL after GraceTime,
 #     then SLURM requeues the low job.
 #   AuthInfo cred_expire=10: a requeued job may run again after ~20 s, not 120 s.
+#   TmpFS=<folder>/tmp/<node>: a two-node MPI step (`srun -N2 -n2 --mpi=pmix`)
+#     runs on this one machine (PMIx makes a directory per node in TmpFS).
 #   SlurmdTimeout=10, MessageTimeout=5: a node whose slurmd dies is marked down
 #     (and its --requeue jobs requeued) within ~20 s; ReturnToService=2 lets it
 #     come back as soon as its slurmd registers again.
@@ -64,6 +67,9 @@ install_packages() {
     command -v slurmctld >/dev/null || missing+=(slurmctld)
     command -v slurmd >/dev/null || missing+=(slurmd)
     command -v sbatch >/dev/null || missing+=(slurm-client)
+    # Data-parallel steps (`srun --mpi=pmix`): slurmd loads its PMIx plugin
+    # when it starts, so OpenMPI and PMIx must be there before it does.
+    command -v mpirun >/dev/null || missing+=(openmpi-bin libopenmpi-dev)
     ((${#missing[@]} == 0)) && return 0
     [[ $(id -u) == 0 ]] || die "missing ${missing[*]}: run as root (or apt-get install -y ${missing[*]})"
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
@@ -79,7 +85,7 @@ install_packages() {
 write_conf() {
     local host
     host=$(hostname -s)
-    mkdir -p "$DIR"/{state,log,run,munge} "$DIR"/spool/{n1,n2}
+    mkdir -p "$DIR"/{state,log,run,munge} "$DIR"/spool/{n1,n2} "$DIR"/tmp/{n1,n2}
     cat >"$CONF.tmp" <<EOF
 # Written by slurm/local-cluster.sh; rewritten on every \`up\`.
 ClusterName=rekindle-local
@@ -92,6 +98,9 @@ CredType=cred/munge
 AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
+# One TmpFS per node: PMIx creates its step directory there on every node, and
+# two nodes of one machine sharing /tmp collide ("File exists").
+TmpFS=$DIR/tmp/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log

@@ -152,18 +152,19 @@ fn orchestrator_script_outside_slurm_runs_rekindle_itself() {
 }
 
 #[test]
-fn orchestrator_script_refuses_a_job_of_two_tasks_before_starting_anything() {
+fn orchestrator_script_refuses_a_task_count_that_is_not_one_before_starting_anything() {
+    // Several tasks are one data-parallel run (the `dp` drill); a task count
+    // that is not a number is refused with what to do.
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     let config = tiny_config();
     let out = orchestrator_script(
         &[config.to_str().unwrap(), "--run-dir", run_dir.to_str().unwrap()],
-        &[("SLURM_JOB_ID", "7"), ("SLURM_NTASKS", "2"), ("SLURM_NNODES", "2")],
+        &[("SLURM_JOB_ID", "7"), ("SLURM_NTASKS", "2(x2)")],
     );
     let (code, _, stderr) = outcome(&out);
     assert_eq!(code, EXIT_USAGE, "{stderr}");
-    assert!(stderr.contains("this job has 2 tasks"), "{stderr}");
-    assert!(stderr.contains("submit with one task on one node"), "{stderr}");
+    assert!(stderr.contains("is not a task count"), "{stderr}");
     assert!(!run_dir.exists(), "nothing may be written: {stderr}");
 }
 

@@ -11,8 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 9] =
-    ["term", "term-batch", "usr1", "warn", "warn-batch", "preempt", "nodeloss", "cancel", "tasks"];
+const DRILLS: [&str; 9] = ["term", "term-batch", "usr1", "warn", "warn-batch", "preempt", "nodeloss", "cancel", "dp"];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
