@@ -159,6 +159,8 @@ struct Attempt {
     spare: Option<(TensorSet, TensorSet)>,
     /// The other ranks of a data-parallel run, which this attempt leads.
     leader: Option<Leader>,
+    /// The node of each rank of that run, in rank order.
+    rank_nodes: Option<Vec<String>>,
     /// What this thread and the persister are doing, for the watchdog.
     beats: Beats,
     /// The watchdog thread (`None` with `[watchdog] enabled = false`).

@@ -41,6 +41,12 @@ pub struct Summary {
     pub last_checkpoint_step: Option<u64>,
     /// RFC 3339, UTC.
     pub updated_at: String,
+    /// Ranks of a data-parallel attempt (absent for one process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<usize>,
+    /// The node of each rank, in rank order (absent for one process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank_nodes: Option<Vec<String>>,
 }
 
 impl Summary {

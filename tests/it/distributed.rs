@@ -8,7 +8,9 @@
 //! SIGTERM that reaches only one rank) and resumed at two ranks, it ends byte
 //! for byte as two ranks never stopped; resumed at one rank, it sees every
 //! sample exactly once and ends close to it (not bit-exact: the float
-//! summation order changes).
+//! summation order changes). A rank SIGKILLed mid-run (either one) leaves
+//! every committed checkpoint valid, the launcher ends the other, and the
+//! run resumes from the newest checkpoint exactly.
 
 use crate::support;
 
@@ -18,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use support::cli::verify;
 use support::requires;
 use support::runs::{
-    EXIT_DONE, EXIT_STOPPED, Training, assert_same_checkpoint, assert_same_metrics, events_named, last_logged_step,
-    losses, rekindle, step_dir,
+    EXIT_DONE, EXIT_STOPPED, Training, assert_same_checkpoint, assert_same_metrics, checkpoint_steps, events_named,
+    last_logged_step, losses, rekindle, step_dir, summary,
 };
 
 /// `mpirun -n ranks rekindle ARGS…` as root on a 2-vCPU machine: no core
@@ -135,6 +138,64 @@ fn two_ranks_stopped_and_resumed_end_byte_identical_to_two_ranks_never_stopped()
     assert_eq!(start["world_size"], 2, "{start}");
     assert_eq!(start["rank_nodes"].as_array().map(Vec::len), Some(2), "{start}");
     assert_eq!(events_named(&reference, "start").len(), 1, "only rank 0 writes records");
+    assert_eq!(summary(&reference)["world_size"], 2);
+}
+
+#[test]
+fn a_rank_sigkilled_mid_run_leaves_every_committed_checkpoint_valid_and_the_run_resumable() {
+    let Some(()) = requires::mpi() else { return };
+    let training = training(100_000);
+    let tmp = tempfile::tempdir().unwrap();
+    for victim in [0, 1] {
+        let run_dir = tmp.path().join(format!("killed-rank-{victim}"));
+        let mut child = mpirun_command(2, training.command(&run_dir, &[]), &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mpirun");
+        let t0 = Instant::now();
+        let pid = loop {
+            let saved = events_named(&run_dir, "checkpoint_saved").len() >= 2;
+            if let (true, Some(pid)) = (saved, rank_pid(&run_dir, victim)) {
+                break pid;
+            }
+            assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the kill");
+            assert!(t0.elapsed() < Duration::from_secs(60), "no two checkpoints in 60 s");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+        // The launcher ends the other rank: nobody waits forever in a collective.
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "rank {victim} killed, yet mpirun says {status}");
+        // mpirun may return before the other rank is gone: it ends once MPI
+        // notices the broken connection (seconds), as srun -K would end it.
+        let t1 = Instant::now();
+        let lock_holder = || -> Option<i32> {
+            let lock: Value = serde_json::from_slice(&std::fs::read(run_dir.join("rekindle.lock")).ok()?).ok()?;
+            let pid = nix::unistd::Pid::from_raw(lock["pid"].as_i64()? as i32);
+            nix::sys::signal::kill(pid, None).is_ok().then_some(pid.as_raw())
+        };
+        while rank_pid(&run_dir, 1 - victim).is_some() || lock_holder().is_some() {
+            assert!(t1.elapsed() < Duration::from_secs(60), "rank {} outlived rank {victim} by 60 s", 1 - victim);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "rank {victim} SIGKILLed: the other rank was gone {:.1} s after mpirun returned",
+            t1.elapsed().as_secs_f64()
+        );
+        let (code, out) = verify(&run_dir);
+        assert_eq!(code, Some(0), "rank {victim} killed: every committed checkpoint must verify:\n{out}");
+        let newest = *checkpoint_steps(&run_dir).last().expect("committed checkpoints");
+        // Resumed at two ranks from the newest committed one, a few steps on,
+        // it equals two ranks never stopped.
+        let target = newest + 7;
+        run_ranks(&training, 2, &run_dir, &["--stop-at-step", &target.to_string()], EXIT_STOPPED);
+        let resume = events_named(&run_dir, "resume").pop().expect("a resume event");
+        assert_eq!(resume["step"], newest, "resumed from the newest committed checkpoint: {resume}");
+        let reference = tmp.path().join(format!("reference-{victim}"));
+        run_ranks(&training, 2, &reference, &["--stop-at-step", &target.to_string()], EXIT_STOPPED);
+        assert_same_checkpoint(&run_dir, &reference, target);
+    }
 }
 
 /// The pid of rank `rank` of the run writing `run_dir` (OpenMPI tells each

@@ -451,6 +451,8 @@ impl Attempt {
             checkpoints_written_this_attempt: self.checkpoints_written,
             last_checkpoint_step: self.last_durable_step,
             updated_at: now_rfc3339(),
+            world_size: self.rank_nodes.as_ref().map(Vec::len),
+            rank_nodes: self.rank_nodes.clone(),
         };
         let path = self.dir.path(SUMMARY_FILE);
         super::super::write_atomically(&path, &summary.to_bytes()).map_err(|source| RunError::RunDir { path, source })

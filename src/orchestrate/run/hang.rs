@@ -260,6 +260,7 @@ impl HangHandler {
             checkpoints_written_this_attempt: self.beats.commits(),
             last_checkpoint_step: kept,
             updated_at: now_rfc3339(),
+            ..Summary::default()
         }
     }
 }

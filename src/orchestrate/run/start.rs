@@ -59,7 +59,7 @@ impl Attempt {
         let mut start = start_event(&cfg, &dir, &slurm, &devices);
         if let Event::Start(s) = &mut start {
             s.world_size = rank_nodes.as_ref().map(Vec::len);
-            s.rank_nodes = rank_nodes;
+            s.rank_nodes = rank_nodes.clone();
         }
         events.record(&start)?;
         if let Some(takeover) = ownership.takeover() {
@@ -166,6 +166,7 @@ impl Attempt {
             lock: ownership,
             spare: None,
             leader,
+            rank_nodes,
             beats,
             _watchdog: watchdog,
             hang,
