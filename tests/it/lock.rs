@@ -17,17 +17,8 @@ const CONTENDERS: usize = 4;
 /// it is held, even on a loaded machine.
 const HOLD_S: f64 = 1.0;
 
-/// The contender example, built next to the test binaries by `cargo test`.
 fn contender_exe() -> PathBuf {
-    let me = std::env::current_exe().expect("current_exe");
-    let profile_dir = me.parent().and_then(Path::parent).expect("test binary lives in <target>/<profile>/deps");
-    let exe = profile_dir.join("examples").join(format!("lock_contender{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        exe.is_file(),
-        "{} is missing: run `cargo build --examples` (or a plain `cargo test`, which builds examples) first",
-        exe.display()
-    );
-    exe
+    crate::support::example_exe("lock_contender")
 }
 
 fn unix_now() -> f64 {

@@ -29,18 +29,8 @@ const KEEP: usize = 2;
 /// Longest wait before a kill; a debug-build save of PAYLOAD takes ~50–100 ms.
 const MAX_DELAY_MS: u64 = 250;
 
-/// The writer example, built by `cargo test` (or `cargo build --examples`)
-/// next to the test binaries: target/debug/deps/sigkill-… → target/debug/examples/.
 fn writer_exe() -> PathBuf {
-    let me = std::env::current_exe().expect("current_exe");
-    let profile_dir = me.parent().and_then(Path::parent).expect("test binary lives in <target>/<profile>/deps");
-    let exe = profile_dir.join("examples").join(format!("ckpt_writer{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        exe.is_file(),
-        "{} is missing: run `cargo build --examples` (or a plain `cargo test`, which builds examples) first",
-        exe.display()
-    );
-    exe
+    support::example_exe("ckpt_writer")
 }
 
 /// A running writer and the threads collecting its output.

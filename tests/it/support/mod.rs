@@ -145,3 +145,18 @@ pub fn truncate_half(path: &Path) {
     let len = fs::metadata(path).expect("stat file to truncate").len();
     fs::OpenOptions::new().write(true).open(path).and_then(|f| f.set_len(len / 2)).expect("truncate");
 }
+
+/// An example binary (`examples/<name>.rs`), built next to the test
+/// binaries by `cargo test` (or `cargo build --examples`):
+/// target/debug/deps/it-… → target/debug/examples/<name>.
+pub fn example_exe(name: &str) -> PathBuf {
+    let me = std::env::current_exe().expect("current_exe");
+    let profile_dir = me.parent().and_then(Path::parent).expect("test binary lives in <target>/<profile>/deps");
+    let exe = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        exe.is_file(),
+        "{} is missing: run `cargo build --examples` (or a plain `cargo test`, which builds examples) first",
+        exe.display()
+    );
+    exe
+}
