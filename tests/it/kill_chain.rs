@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use rekindle::checkpoint::{CheckpointStore, VerifyLevel};
 
 use support::deterministic::SplitMix;
-use support::runs::{Training, assert_same_checkpoint, assert_same_metrics, events_named, step_dir};
+use support::runs::{Training, assert_same_checkpoint, assert_same_metrics, checkpoint_steps, events_named, step_dir};
 
 const DEFAULT_KILLS: usize = 100;
 /// Longest wait before a kill. A debug build starts in ~50 ms and then
@@ -93,6 +93,18 @@ fn a_hundred_sigkills_of_one_run_end_byte_identical_to_an_uninterrupted_run() {
     for kill in 0..kills {
         let resumes_before = events_named(&run_dir, "resume").len();
         let mut child = training.spawn(&run_dir);
+        // Every other kill waits for this attempt to commit a checkpoint
+        // first, so the chain moves on however loaded the machine is; the
+        // random delay after it lands the kill anywhere (start-up, training,
+        // a save in flight, a commit).
+        if kill % 2 == 1 {
+            let t0 = Instant::now();
+            while checkpoint_steps(&run_dir).last().copied().unwrap_or(0) <= newest {
+                assert!(child.try_wait().expect("poll rekindle").is_none(), "kill {kill}: rekindle ended early");
+                assert!(t0.elapsed() < Duration::from_secs(120), "kill {kill}: no new checkpoint in 120 s");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
         std::thread::sleep(Duration::from_millis(rng.below(MAX_DELAY_MS + 1)));
         if let Some(status) = child.try_wait().expect("poll rekindle") {
             let stderr = fs::read_to_string(run_dir.with_extension("stderr")).unwrap_or_default();

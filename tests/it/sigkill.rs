@@ -94,6 +94,15 @@ fn parse_output(stdout: &str) -> (Option<u64>, Vec<u64>) {
     (resumed, committed)
 }
 
+/// Steps of the committed `step-…` directories in `dir`, ascending.
+fn committed_steps(dir: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str()?.strip_prefix("step-")?.parse().ok()).collect())
+        .unwrap_or_default();
+    steps.sort_unstable();
+    steps
+}
+
 /// Checks the store as a restarting job would see it, without touching it;
 /// returns the newest step (0 when there is none yet).
 fn check_after_kill(dir: &Path, trial: usize) -> u64 {
@@ -144,6 +153,15 @@ fn sigkill_at_random_moments_never_leaves_a_partial_checkpoint() {
     let mut killed_mid_save = 0;
     for trial in 0..trials {
         let writer = Writer::spawn(&exe, &dir, &[]);
+        // Every other trial waits for a new commit first, so the trials make
+        // progress however loaded the machine is.
+        if trial % 2 == 1 {
+            let t0 = Instant::now();
+            while committed_steps(&dir).last().copied().unwrap_or(0) <= newest {
+                assert!(t0.elapsed() < Duration::from_secs(120), "trial {trial}: no new commit in 120 s");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
         std::thread::sleep(Duration::from_millis(rng.below(MAX_DELAY_MS + 1)));
         let (resumed, committed) = parse_output(&writer.kill());
 
