@@ -2,7 +2,7 @@
 //! `checkpoint_interval` event names its inputs, periodic checkpoints follow
 //! the chosen interval, and without `[checkpoint] mtbf` the interruption rate
 //! comes from the run's earlier attempts (a SIGKILLed one counts, a
-//! `--stop-at-step` does not).
+//! `--stop-at-step` does not), and the SLURM job's end time bounds it.
 
 use crate::support;
 
@@ -116,4 +116,25 @@ fn auto_interval_without_mtbf_estimates_it_from_earlier_interrupted_attempts() {
     // A quarter of the mtbf (at most 5 min), never under the 1 s floor.
     let expected = (history / 4.0).clamp(1.0, 300.0);
     assert!((third["interval_seconds"].as_f64().unwrap() - expected).abs() < 1e-6, "{third}");
+}
+
+#[test]
+fn auto_interval_leaves_room_for_a_save_before_the_job_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let training = Training::tiny_mlp(200).set("checkpoint.interval=\"auto\"").set("checkpoint.mtbf=\"1h\"");
+    // The job ends in 40 s: a quarter of the hour (15 min) does not fit.
+    let end = Utc::now().timestamp() + 40;
+    let out = training
+        .command(&run, &["--stop-at-step", "30"])
+        .env("SLURM_JOB_END_TIME", end.to_string())
+        .output()
+        .expect("start rekindle");
+    assert_eq!(out.status.code(), Some(EXIT_STOPPED), "{}", String::from_utf8_lossy(&out.stderr));
+    let chosen = events_named(&run, "checkpoint_interval");
+    let first = &chosen[0];
+    assert_eq!((first["reason"].as_str(), first["bound"].as_str()), (Some("unmeasured"), Some("remaining_time")));
+    let remaining = first["remaining_seconds"].as_f64().unwrap();
+    assert!(remaining > 20.0 && remaining <= 40.0, "{first}");
+    assert_eq!(first["interval_seconds"].as_f64(), Some(remaining), "no save measured: all the time left");
 }
