@@ -66,7 +66,7 @@ fn auto_interval_with_a_configured_mtbf_is_recorded_and_followed() {
     let young_daly = measured["young_daly_seconds"].as_f64().unwrap();
     assert!((young_daly - (2.0 * cost * 20.0).sqrt()).abs() < 1e-9, "{measured}");
     let interval = measured["interval_seconds"].as_f64().unwrap();
-    assert!(interval >= 1.0 && interval < 5.0, "{measured}");
+    assert!((1.0..5.0).contains(&interval), "{measured}");
     assert!(measured["bound"].is_string(), "√(2 × {cost} × 20) is below every lower bound: {measured}");
 
     // The first save came after the unmeasured 5 s, the later ones at the
@@ -77,7 +77,7 @@ fn auto_interval_with_a_configured_mtbf_is_recorded_and_followed() {
     assert!(first_after >= 4.9, "the first periodic checkpoint came {first_after} s after the start");
     for pair in saves[1..].windows(2) {
         let gap = (pair[1] - pair[0]).as_seconds_f64();
-        assert!(gap >= 0.5 && gap < 4.0, "periodic checkpoints {gap} s apart at an interval of {interval} s");
+        assert!((0.5..4.0).contains(&gap), "periodic checkpoints {gap} s apart at an interval of {interval} s");
     }
 }
 
@@ -132,6 +132,7 @@ fn auto_interval_leaves_room_for_a_save_before_the_job_ends() {
         .expect("start rekindle");
     assert_eq!(out.status.code(), Some(EXIT_STOPPED), "{}", String::from_utf8_lossy(&out.stderr));
     let chosen = events_named(&run, "checkpoint_interval");
+    assert_eq!(chosen.len(), 1, "the stop checkpoint measures nothing: {chosen:?}");
     let first = &chosen[0];
     assert_eq!((first["reason"].as_str(), first["bound"].as_str()), (Some("unmeasured"), Some("remaining_time")));
     let remaining = first["remaining_seconds"].as_f64().unwrap();

@@ -261,7 +261,10 @@ impl Attempt {
         if !r.already_existed {
             self.checkpoints_written += 1;
         }
-        let remeasured = self.auto_interval.as_mut().map(|auto| {
+        // Periodic saves measure the cost (a stop or final save ends the
+        // attempt; one that already existed wrote nothing).
+        let measure = kind == "periodic" && !r.already_existed;
+        let remeasured = self.auto_interval.as_mut().filter(|_| measure).map(|auto| {
             auto.meter.measured(stall, r.seconds);
             recompute_after(auto.meter.saves())
         });
