@@ -4,6 +4,7 @@
 //! code (see [`crate::exit`]).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
@@ -109,6 +110,38 @@ pub enum BenchCommand {
     /// `srun -n 2 --mpi=pmix rekindle bench collective` (needs the `mpi`
     /// feature for more than one rank). Rank 0 prints.
     Collective(BenchCollectiveArgs),
+    /// Expected work lost with `[checkpoint] interval = "auto"` (Young/Daly,
+    /// bounded) versus a fixed interval, over a range of mean times between
+    /// interruptions: a seeded Monte-Carlo simulation, no training.
+    Interval(BenchIntervalArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchIntervalArgs {
+    /// Training stall per checkpoint (e.g. 5s, 700us).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub stall: Duration,
+    /// Time for a snapshot to be written and committed in the background.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub persist: Duration,
+    /// Training the simulated job needs.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7days")]
+    pub work: Duration,
+    /// The fixed interval compared against.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    pub fixed: Duration,
+    /// Mean times between interruptions, comma-separated.
+    #[arg(long, value_parser = humantime::parse_duration, value_delimiter = ',', default_value = "15m,30m,1h,2h,6h,12h,1day,3days")]
+    pub mtbf: Vec<Duration>,
+    /// Simulated jobs per cell.
+    #[arg(long, default_value_t = 200)]
+    pub runs: u32,
+    /// Seed of the simulation.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -350,6 +383,7 @@ pub fn execute(cli: Cli) -> Result<Outcome, CliError> {
         Command::Bench(BenchCommand::Checkpoint(args)) => bench_checkpoint(&args),
         Command::Bench(BenchCommand::Train(args)) => bench_train(&args),
         Command::Bench(BenchCommand::Collective(args)) => bench_collective(&args),
+        Command::Bench(BenchCommand::Interval(args)) => bench_interval(&args),
     }
 }
 
@@ -425,6 +459,20 @@ fn bench_collective(args: &BenchCollectiveArgs) -> Result<Outcome, CliError> {
     if let Some(result) = crate::bench::run_collective_bench(args.bytes, args.iterations)? {
         emit(&result, args.json);
     }
+    Ok(Outcome::Done)
+}
+
+fn bench_interval(args: &BenchIntervalArgs) -> Result<Outcome, CliError> {
+    let opts = crate::bench::IntervalBenchOptions {
+        stall: args.stall,
+        persist: args.persist,
+        work: args.work,
+        fixed: args.fixed,
+        mtbfs: args.mtbf.clone(),
+        runs: args.runs,
+        seed: args.seed,
+    };
+    emit(&crate::bench::run_interval_bench(&opts), args.json);
     Ok(Outcome::Done)
 }
 

@@ -4,10 +4,12 @@
 
 mod checkpoint;
 mod collective;
+mod interval;
 mod train;
 
 pub use checkpoint::{
     BenchError, CheckpointBench, CheckpointBenchOptions, Stats, run_checkpoint_bench, synthetic_state,
 };
 pub use collective::{CollectiveBench, CollectiveBenchError, run_collective_bench};
+pub use interval::{IntervalBench, IntervalBenchOptions, IntervalRow, run_interval_bench};
 pub use train::{TrainBench, run_train_bench};

@@ -107,7 +107,7 @@ mod tests {
         let old = Config::default();
         let mut new = old.clone();
         new.checkpoint.keep = 10;
-        new.checkpoint.interval = Duration::from_secs(1);
+        new.checkpoint.interval = crate::config::CheckpointInterval::Fixed(Duration::from_secs(1));
         new.signals.grace = Duration::from_secs(600);
         new.publish.enabled = true;
         new.gpu.headroom = 0.5;

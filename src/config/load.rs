@@ -455,7 +455,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{DataKind, Limit, ModelKind, all_keys};
+    use crate::config::{CheckpointInterval, DataKind, Limit, ModelKind, all_keys};
 
     fn load_text(text: &str, sets: &[&str]) -> Result<Config, Vec<Problem>> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -525,7 +525,7 @@ lr = 1
         assert_eq!(found[0].key, "checkpoint.keeep");
         assert_eq!(
             found[0].message,
-            "unknown key; did you mean `keep`? allowed: interval, every_steps, keep, async, dir, \
+            "unknown key; did you mean `keep`? allowed: interval, mtbf, every_steps, keep, async, dir, \
              max_consecutive_failures"
         );
     }
@@ -601,11 +601,29 @@ lr = 1
 
     #[test]
     fn duration_given_as_a_number_asks_for_a_string() {
-        let found = problems("[checkpoint]\ninterval = 300\n", &[]);
+        let found = problems("[signals]\ngrace = 300\n", &[]);
         assert_eq!(
             found[0].message,
             "expected a duration string such as \"90s\", \"5m\" or \"1h 30m\", found integer `300`"
         );
+        let found = problems("[checkpoint]\ninterval = 300\n", &[]);
+        assert_eq!(found[0].message, "expected \"auto\" or a duration such as \"5m\", found integer `300`");
+    }
+
+    #[test]
+    fn checkpoint_interval_is_auto_or_a_duration_and_mtbf_goes_with_auto() {
+        let text = "[checkpoint]\ninterval = \"auto\"\nmtbf = \"6h\"\n";
+        let config = from_str(text, "c.toml", &[]).unwrap().config;
+        assert_eq!(config.checkpoint.interval, CheckpointInterval::Auto);
+        assert_eq!(config.checkpoint.mtbf, Some(Duration::from_secs(6 * 3600)));
+        assert_eq!(load_text(&to_toml(&config), &[]), Ok(config));
+        let found = problems("[checkpoint]\ninterval = \"sometimes\"\n", &[]);
+        assert_eq!(places(&found), [("checkpoint.interval".to_string(), Some(2), Some(1))]);
+        assert!(found[0].message.contains("`sometimes` is neither \"auto\" nor a duration"), "{}", found[0].message);
+        assert!(found[0].message.contains("write e.g. \"auto\", \"90s\" or \"5m\""), "{}", found[0].message);
+        let found = problems("[checkpoint]\ninterval = \"5m\"\nmtbf = \"6h\"\n", &[]);
+        assert_eq!(found[0].key, "checkpoint.mtbf");
+        assert_eq!(found[0].message, "is only used with checkpoint.interval = \"auto\"; set that, or remove mtbf");
     }
 
     #[test]
@@ -651,7 +669,7 @@ lr = 1
         )
         .unwrap();
         assert_eq!(config.run.max_steps, 50);
-        assert_eq!(config.checkpoint.interval, Duration::from_secs(30));
+        assert_eq!(config.checkpoint.interval, CheckpointInterval::Fixed(Duration::from_secs(30)));
         assert_eq!(config.model.hidden, [8, 8]);
     }
 
@@ -663,7 +681,7 @@ lr = 1
         )
         .unwrap();
         assert_eq!(config.model.kind, ModelKind::Gpt);
-        assert_eq!(config.checkpoint.interval, Duration::from_secs(90));
+        assert_eq!(config.checkpoint.interval, CheckpointInterval::Fixed(Duration::from_secs(90)));
         assert_eq!(config.run.name, "2024");
         assert_eq!(config.data.kind, DataKind::Jsonl);
     }
@@ -797,7 +815,7 @@ lr = 1
         config.data.path = Some("data/x.jsonl".into());
         config.optimizer.decay_steps = Some(500);
         config.optimizer.eps = 1.5e-9;
-        config.checkpoint.interval = Duration::from_millis(90_500);
+        config.checkpoint.interval = CheckpointInterval::Fixed(Duration::from_millis(90_500));
         config.publish.include = vec!["*.json".into()];
         assert_eq!(load_text(&to_toml(&config), &[]), Ok(config));
     }
@@ -920,7 +938,7 @@ lr = 1
                 config.optimizer.lr = lr;
                 config.optimizer.min_lr = lr / 10.0;
                 config.model.hidden = hidden;
-                config.checkpoint.interval = Duration::from_millis(interval_ms);
+                config.checkpoint.interval = CheckpointInterval::Fixed(Duration::from_millis(interval_ms));
                 config.publish.include = include;
                 prop_assert_eq!(load_text(&to_toml(&config), &[]), Ok(config));
             }

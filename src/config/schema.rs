@@ -310,9 +310,14 @@ impl Default for PrecisionSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointSection {
-    /// Wall-clock time between periodic checkpoints ("5m", "90s", "1h 30m").
-    #[serde(with = "humantime_serde_compat")]
-    pub interval: Duration,
+    /// Wall-clock time between periodic checkpoints ("5m", "90s", "1h 30m"),
+    /// or `"auto"`: chosen from the measured checkpoint cost and the mean
+    /// time between interruptions (`orchestrate::interval`).
+    pub interval: CheckpointInterval,
+    /// Mean time between interruptions that lose work, for `interval =
+    /// "auto"` (unset: estimated from the run's own earlier attempts).
+    #[serde(with = "humantime_option", skip_serializing_if = "Option::is_none")]
+    pub mtbf: Option<Duration>,
     /// Also checkpoint every this many steps (0: off).
     pub every_steps: u64,
     /// Valid checkpoints to keep.
@@ -329,13 +334,59 @@ pub struct CheckpointSection {
 impl Default for CheckpointSection {
     fn default() -> Self {
         CheckpointSection {
-            interval: Duration::from_secs(300),
+            interval: CheckpointInterval::Fixed(Duration::from_secs(300)),
+            mtbf: None,
             every_steps: 0,
             keep: 3,
             async_save: true,
             dir: None,
             max_consecutive_failures: 3,
         }
+    }
+}
+
+/// `[checkpoint] interval`: a fixed duration, or `"auto"` (Young/Daly from
+/// the measured checkpoint cost and the mean time between interruptions,
+/// see `orchestrate::interval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointInterval {
+    Auto,
+    Fixed(Duration),
+}
+
+impl Serialize for CheckpointInterval {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CheckpointInterval::Auto => s.serialize_str("auto"),
+            CheckpointInterval::Fixed(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CheckpointInterval {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct IntervalVisitor;
+
+        impl serde::de::Visitor<'_> for IntervalVisitor {
+            type Value = CheckpointInterval;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"auto\" or a duration such as \"5m\"")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<CheckpointInterval, E> {
+                if text == "auto" {
+                    return Ok(CheckpointInterval::Auto);
+                }
+                humantime::parse_duration(text).map(CheckpointInterval::Fixed).map_err(|e| {
+                    E::custom(format!(
+                        "`{text}` is neither \"auto\" nor a duration ({e}); write e.g. \"auto\", \"90s\" or \"5m\""
+                    ))
+                })
+            }
+        }
+
+        d.deserialize_str(IntervalVisitor)
     }
 }
 
@@ -544,6 +595,24 @@ pub struct LockSection {
 impl Default for LockSection {
     fn default() -> Self {
         LockSection { stale_after: Duration::from_secs(60) }
+    }
+}
+
+/// An optional human-readable duration (absent: `None`).
+mod humantime_option {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::humantime_serde_compat::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        super::humantime_serde_compat::deserialize(d).map(Some)
     }
 }
 

@@ -220,7 +220,18 @@ fn precision(f: &mut Findings, p: &PrecisionSection) {
 }
 
 fn checkpoint(f: &mut Findings, c: &CheckpointSection) {
-    f.require(c.interval > Duration::ZERO, "checkpoint.interval", || "must be longer than 0, e.g. \"5m\"".to_string());
+    f.require(c.interval != CheckpointInterval::Fixed(Duration::ZERO), "checkpoint.interval", || {
+        "must be \"auto\" or longer than 0, e.g. \"5m\"".to_string()
+    });
+    f.require(c.mtbf != Some(Duration::ZERO), "checkpoint.mtbf", || {
+        "must be longer than 0, e.g. \"6h\", or left out to estimate it from the run's earlier attempts".to_string()
+    });
+    f.require_with(
+        c.mtbf.is_none() || c.interval == CheckpointInterval::Auto,
+        "checkpoint.mtbf",
+        &["checkpoint.interval"],
+        || "is only used with checkpoint.interval = \"auto\"; set that, or remove mtbf".to_string(),
+    );
     f.at_least("checkpoint.keep", c.keep, 1);
     f.at_least("checkpoint.max_consecutive_failures", c.max_consecutive_failures, 1);
 }
@@ -420,8 +431,22 @@ mod tests {
     #[test]
     fn zero_checkpoint_interval_is_rejected() {
         let mut c = Config::default();
-        c.checkpoint.interval = Duration::ZERO;
+        c.checkpoint.interval = CheckpointInterval::Fixed(Duration::ZERO);
         assert_eq!(keys(&c), ["checkpoint.interval"]);
+    }
+
+    #[test]
+    fn mtbf_must_be_positive_and_needs_the_auto_interval() {
+        let mut c = Config::default();
+        c.checkpoint.interval = CheckpointInterval::Auto;
+        c.checkpoint.mtbf = Some(Duration::ZERO);
+        assert_eq!(keys(&c), ["checkpoint.mtbf"]);
+        c.checkpoint.mtbf = Some(Duration::from_secs(3600));
+        assert!(keys(&c).is_empty());
+        c.checkpoint.interval = CheckpointInterval::Fixed(Duration::from_secs(300));
+        assert_eq!(keys(&c), ["checkpoint.mtbf"]);
+        c.checkpoint.mtbf = None;
+        assert!(keys(&c).is_empty());
     }
 
     #[test]

@@ -99,6 +99,12 @@ pub fn seconds_left(deadline: Option<Deadline>, now: Instant) -> Option<f64> {
     deadline.map(|d| d.remaining(now).as_secs_f64())
 }
 
+/// Time left before the SLURM job's end time (`SLURM_JOB_END_TIME`, Unix
+/// seconds) at `now_unix`: `None` without one, zero once it has passed.
+pub fn job_time_left(end_time: Option<i64>, now_unix: i64) -> Option<Duration> {
+    end_time.map(|end| Duration::from_secs(u64::try_from(end.saturating_sub(now_unix)).unwrap_or(0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +184,13 @@ mod tests {
         assert_eq!(scontrol_timeout(deadline_in(t0, 3), t0), Some(S(3)));
         assert_eq!(scontrol_timeout(deadline_in(t0, 3), t0 + Duration::from_millis(2_900)), None);
         assert_eq!(scontrol_timeout(None, t0), Some(SCONTROL_TIMEOUT));
+    }
+
+    #[test]
+    fn the_job_time_left_counts_down_to_its_end_time() {
+        assert_eq!(job_time_left(Some(1_790_003_600), 1_790_000_000), Some(S(3600)));
+        assert_eq!(job_time_left(Some(1_790_000_000), 1_790_000_500), Some(S(0)));
+        assert_eq!(job_time_left(None, 1_790_000_000), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod crash;
 mod deadline;
 mod devices;
 mod error;
+mod interval;
 mod lock;
 mod persist;
 mod progress;
@@ -25,13 +26,17 @@ mod watchdog;
 
 pub use atomic::write_atomically;
 pub use budget::{
-    PUBLISH_AFTER_REQUEUE, PUBLISH_RESERVE, SCONTROL_TIMEOUT, exit_now, publish_deadline, requeue_deadline,
-    scontrol_timeout, stop_deadline,
+    PUBLISH_AFTER_REQUEUE, PUBLISH_RESERVE, SCONTROL_TIMEOUT, exit_now, job_time_left, publish_deadline,
+    requeue_deadline, scontrol_timeout, stop_deadline,
 };
 pub use crash::{CrashAction, classify as classify_crash, decide as decide_after_crash};
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
+pub use interval::{
+    Bound, CostMeter, Costs, DEFAULT_INTERVAL, IntervalChoice, IntervalInputs, MAX_STALL_FRACTION, Mtbf, MtbfSource,
+    Reason, SimJob, choose_interval, history_mtbf, simulate_lost_seconds,
+};
 pub use lock::{
     Claimant, DEFAULT_STALE_AFTER, LOCK_FILE, LockError, LockInfo, LockOwnership, LockRelease, LockRequest, RunLock,
     Takeover, Verdict, check_every, heartbeat_every, marker_break_after, takeover,

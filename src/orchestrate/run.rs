@@ -145,6 +145,9 @@ struct Attempt {
     checkpoints_written: u64,
     consecutive_failures: u32,
     last_checkpoint: Instant,
+    /// `[checkpoint] interval = "auto"`: its inputs and choice (`None` for a
+    /// fixed interval).
+    auto_interval: Option<saving::AutoInterval>,
     /// The step at which a periodic save fell due while the previous one was
     /// still being written: it is taken at the first step the writer is free.
     save_due_since: Option<u64>,

@@ -68,6 +68,9 @@ pub enum Event {
     Error(ErrorEvent),
     /// The watchdog found an activity stuck past its limit.
     Hang(HangEvent),
+    /// `[checkpoint] interval = "auto"` chose a (noticeably different)
+    /// periodic checkpoint interval, with its inputs.
+    CheckpointInterval(CheckpointIntervalChosen),
     /// An event this version does not know (or whose fields do not fit):
     /// the whole object, `event` included. Never written by this version.
     #[serde(untagged)]
@@ -75,7 +78,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 21] = [
+pub const EVENT_NAMES: [&str; 22] = [
     "start",
     "lock_takeover",
     "checkpoint_rejected",
@@ -97,6 +100,7 @@ pub const EVENT_NAMES: [&str; 21] = [
     "finish",
     "error",
     "hang",
+    "checkpoint_interval",
 ];
 
 impl Event {
@@ -124,6 +128,7 @@ impl Event {
             Event::Finish(_) => "finish",
             Event::Error(_) => "error",
             Event::Hang(_) => "hang",
+            Event::CheckpointInterval(_) => "checkpoint_interval",
             Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
         }
     }
@@ -145,6 +150,7 @@ impl Event {
             Event::Finish(e) => Some(e.step),
             Event::Error(e) => e.step,
             Event::Hang(e) => Some(e.step),
+            Event::CheckpointInterval(e) => Some(e.step),
             Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
             Event::Start(_)
             | Event::LockTakeover(_)
@@ -493,6 +499,48 @@ pub struct HangEvent {
     pub limit_seconds: f64,
 }
 
+/// `checkpoint_interval`: the periodic checkpoint interval `"auto"` chose,
+/// why, and from what (see `orchestrate::interval`). Recorded at the start
+/// and whenever a new measurement changes the choice noticeably.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckpointIntervalChosen {
+    /// The step after which it was chosen (the step resumed from at the start).
+    pub step: u64,
+    /// The interval now in force, in seconds.
+    pub interval_seconds: f64,
+    /// `young_daly`, `unmeasured` (no save measured yet: a conservative
+    /// default) or `no_mtbf` (no interruption rate known: the default).
+    pub reason: String,
+    /// √(2 × cost × mtbf) before the bounds, when both were known.
+    pub young_daly_seconds: Option<f64>,
+    /// The bound that set the interval, if one did: `stall_fraction`,
+    /// `persist_time`, `floor` or `remaining_time`.
+    pub bound: Option<String>,
+    /// The checkpoint cost used: the training stall per save (for background
+    /// saves; inline saves add the write), the median of the recent saves.
+    pub cost_seconds: Option<f64>,
+    /// How the cost was measured: `snapshot_stall` or `snapshot_and_write`.
+    pub cost_measured_as: Option<String>,
+    /// Saves measured so far (this attempt).
+    pub saves_measured: u32,
+    /// Median time to write a snapshot to storage.
+    pub persist_seconds: Option<f64>,
+    /// The mean time between interruptions used, in seconds.
+    pub mtbf_seconds: Option<f64>,
+    /// `config` (`[checkpoint] mtbf`), `history` (this run's earlier
+    /// attempts) or `none`.
+    pub mtbf_source: String,
+    /// With `history`: the earlier attempts that lost work …
+    pub interruptions: Option<u64>,
+    /// … over this many seconds of earlier attempts.
+    pub history_seconds: Option<f64>,
+    /// Seconds left before the SLURM job's end time, when known.
+    pub remaining_seconds: Option<f64>,
+    /// The interval in force before this choice (absent for the first).
+    pub previous_seconds: Option<f64>,
+}
+
 /// What publishing did, as `publish`, `stop.publish` and `finish.publish` record it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -822,6 +870,18 @@ mod tests {
                 stuck_seconds: 2.5,
                 limit_seconds: 2.0,
             }),
+            Event::CheckpointInterval(CheckpointIntervalChosen {
+                step: 40,
+                interval_seconds: 120.0,
+                reason: "young_daly".into(),
+                young_daly_seconds: Some(120.0),
+                cost_seconds: Some(2.0),
+                cost_measured_as: Some("snapshot_stall".into()),
+                saves_measured: 3,
+                mtbf_seconds: Some(3600.0),
+                mtbf_source: "config".into(),
+                ..Default::default()
+            }),
         ];
         assert_eq!(events.len(), EVENT_NAMES.len());
         for (event, name) in events.iter().zip(EVENT_NAMES) {
@@ -857,7 +917,8 @@ mod tests {
             | Event::Stop(_)
             | Event::Finish(_)
             | Event::Error(_)
-            | Event::Hang(_) => EVENT_NAMES.contains(&event.name()),
+            | Event::Hang(_)
+            | Event::CheckpointInterval(_) => EVENT_NAMES.contains(&event.name()),
             Event::Other(_) => false,
         }
     }

@@ -19,6 +19,7 @@ mod corruption;
 mod distributed;
 mod drills;
 mod gpu_run;
+mod interval;
 mod kill_chain;
 mod lock;
 mod logging;

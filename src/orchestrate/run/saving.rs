@@ -2,14 +2,21 @@
 //! thread, persisted in the background), the synchronous one at a stop or
 //! the end, what each records, and the rollback after a non-finite step.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::{SaveReport, Snapshot};
+use crate::config::{CheckpointInterval, CheckpointSection};
 use crate::slurm::{self, SlurmEnv};
 use crate::telemetry::{self, CheckpointFailed, CheckpointSaved, CheckpointStarted, Event, JsonlWriter, Nonfinite};
 use crate::train::NonFiniteEvent;
 
+use super::super::budget::job_time_left;
 use super::super::error::RunError;
+use super::super::interval::{
+    CostMeter, IntervalInputs, Mtbf, MtbfSource, choose_interval, history_mtbf, interval_event, noticeably_different,
+    recompute_after,
+};
 use super::super::persist::{Persisted, PersisterDied};
 use super::super::rundir::METRICS_FILE;
 use super::super::watchdog::{Activity, Worker};
@@ -17,15 +24,89 @@ use super::Attempt;
 use super::ending::finite;
 use super::start::{losses_so_far, set_aside_rejected, truncate_metrics};
 
+/// The state of `[checkpoint] interval = "auto"` in an attempt: the
+/// interruption rate (fixed for the attempt), the measured saves, the
+/// interval in force and the one last recorded.
+#[derive(Debug, Clone)]
+pub(super) struct AutoInterval {
+    mtbf: Option<Mtbf>,
+    meter: CostMeter,
+    current: Duration,
+    recorded: Option<Duration>,
+}
+
+impl AutoInterval {
+    /// For `interval = "auto"`: the MTBF from `[checkpoint] mtbf`, else from
+    /// the earlier attempts in `events` (read before this attempt records
+    /// its `start`, which would otherwise count as an attempt with no end).
+    pub(super) fn for_config(c: &CheckpointSection, events: &Path) -> Option<AutoInterval> {
+        if c.interval != CheckpointInterval::Auto {
+            return None;
+        }
+        let mtbf = match c.mtbf {
+            Some(d) => Some(Mtbf { seconds: d.as_secs_f64(), source: MtbfSource::Config }),
+            None => history_mtbf(&earlier_attempts(events)),
+        };
+        Some(AutoInterval {
+            mtbf,
+            meter: CostMeter::default(),
+            current: super::super::DEFAULT_INTERVAL,
+            recorded: None,
+        })
+    }
+}
+
+/// The attempts recorded in `events` so far (none when it cannot be read:
+/// the interval then falls back to the default, with a warning).
+fn earlier_attempts(events: &Path) -> Vec<telemetry::Attempt> {
+    match telemetry::read_jsonl(events) {
+        Ok(Some(lines)) => telemetry::attempts(&telemetry::events_from(lines.records)),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(error = %e, path = %events.display(), "cannot read the earlier attempts; no interruption history for interval = \"auto\"");
+            Vec::new()
+        }
+    }
+}
+
 impl Attempt {
     /// True when a periodic checkpoint is due after `step`.
     pub(super) fn periodic_checkpoint_due(&self, step: u64) -> bool {
-        periodic_due(
+        let interval = match (self.cfg.checkpoint.interval, &self.auto_interval) {
+            (CheckpointInterval::Fixed(d), _) => d,
+            (CheckpointInterval::Auto, Some(auto)) => auto.current,
+            (CheckpointInterval::Auto, None) => super::super::DEFAULT_INTERVAL,
+        };
+        periodic_due(step, self.cfg.checkpoint.every_steps, self.last_checkpoint.elapsed(), interval)
+    }
+
+    /// Chooses the `"auto"` interval again from what is known now, and
+    /// records a `checkpoint_interval` event when it moved noticeably.
+    pub(super) fn choose_interval(&mut self, step: u64) -> Result<(), RunError> {
+        let background = self.cfg.checkpoint.async_save;
+        let remaining = job_time_left(self.slurm.end_time, chrono::Utc::now().timestamp());
+        let Some(auto) = &mut self.auto_interval else { return Ok(()) };
+        let inputs = IntervalInputs { costs: auto.meter.costs(background), mtbf: auto.mtbf, remaining };
+        let choice = choose_interval(&inputs);
+        let previous = auto.current;
+        auto.current = choice.interval;
+        if !noticeably_different(auto.recorded, choice.interval) {
+            return Ok(());
+        }
+        let event = interval_event(step, &inputs, &choice, auto.recorded.map(|_| previous));
+        auto.recorded = Some(choice.interval);
+        tracing::info!(
             step,
-            self.cfg.checkpoint.every_steps,
-            self.last_checkpoint.elapsed(),
-            self.cfg.checkpoint.interval,
-        )
+            interval_s = format!("{:.1}", event.interval_seconds),
+            reason = %event.reason,
+            bound = ?event.bound,
+            cost_s = ?event.cost_seconds,
+            mtbf_s = ?event.mtbf_seconds,
+            mtbf_source = %event.mtbf_source,
+            "checkpoint interval chosen"
+        );
+        self.events.record(&Event::CheckpointInterval(event))?;
+        Ok(())
     }
 
     /// Snapshots into host memory (the stall) and persists in the background
@@ -180,6 +261,13 @@ impl Attempt {
         if !r.already_existed {
             self.checkpoints_written += 1;
         }
+        // Periodic saves measure the cost (a stop or final save ends the
+        // attempt; one that already existed wrote nothing).
+        let measure = kind == "periodic" && !r.already_existed;
+        let remeasured = self.auto_interval.as_mut().filter(|_| measure).map(|auto| {
+            auto.meter.measured(stall, r.seconds);
+            recompute_after(auto.meter.saves())
+        });
         tracing::info!(
             step = r.step,
             kind,
@@ -189,6 +277,9 @@ impl Attempt {
             "checkpoint saved"
         );
         self.events.record(&Event::CheckpointSaved(saved_event(r, kind, payload, stall)))?;
+        if remeasured == Some(true) {
+            self.choose_interval(self.trainer.step())?;
+        }
         Ok(())
     }
 

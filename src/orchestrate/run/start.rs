@@ -27,6 +27,7 @@ use super::super::stop::StopFlag;
 use super::super::watchdog::{Beats, Progress, Watchdog};
 use super::ending::early_stop;
 use super::hang::{HangDesk, HangHandler, events_path};
+use super::saving::AutoInterval;
 use super::{Attempt, Started, context};
 
 impl Attempt {
@@ -48,6 +49,8 @@ impl Attempt {
             CommitGuard::new(move || lock.confirm())
         };
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
+        // The interruption history is read before this attempt's `start`.
+        let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
         // The placement plan needs the model's size, so the trainer comes first.
         let mut trainer = Trainer::new(&cfg)?;
@@ -140,7 +143,7 @@ impl Attempt {
         }
         beats.progressed(Progress { step: start_step, last_loss, best_loss });
         let monitor = devices.start_monitor(&cfg, &dir, trainer.param_count());
-        Ok(Started::Ready(Box::new(Attempt {
+        let mut attempt = Box::new(Attempt {
             last_loss,
             best_loss,
             cfg,
@@ -160,6 +163,7 @@ impl Attempt {
             checkpoints_written: 0,
             consecutive_failures: 0,
             last_checkpoint: Instant::now(),
+            auto_interval,
             save_due_since: None,
             last_durable_step,
             resumes,
@@ -170,7 +174,9 @@ impl Attempt {
             beats,
             _watchdog: watchdog,
             hang,
-        })))
+        });
+        attempt.choose_interval(start_step)?;
+        Ok(Started::Ready(attempt))
     }
 }
 
