@@ -22,6 +22,7 @@ mod gpu_run;
 mod kill_chain;
 mod lock;
 mod logging;
+mod own_model;
 mod publish;
 mod python_interop;
 mod report;
