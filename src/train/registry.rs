@@ -206,6 +206,9 @@ mod tests {
             .unwrap()
             .config;
         assert_eq!(cfg.model.kind, ModelKind::Registered("fixed".into()));
+        // The built-in models' keys are accepted and not checked for it.
+        let text = "[model]\nkind = \"fixed\"\nheads = 0\nhidden = []\n[model.settings]\nwidth = 3\n";
+        assert!(from_str_with(text, "t.toml", &[], &registry()).is_ok());
         let workload = registry().workload(&cfg).unwrap();
         assert_eq!(workload.name(), "fixed");
         assert_eq!(registry().names(), ["mlp", "gpt", "fixed", "needs"]);

@@ -70,6 +70,12 @@ fn own_model_stopped_by_sigterm_after_a_periodic_save_resumes_and_ends_byte_iden
     let status: Value = serde_json::from_slice(&status.stdout).expect("status --json is JSON");
     assert_eq!(status["state"], "finished", "{status}");
     expect_exit(own_model().arg("verify").arg(&dir), EXIT_DONE);
+    expect_exit(own_model().arg("checkpoints").arg(&dir), EXIT_DONE);
+    expect_exit(own_model().arg("report").arg(&dir), EXIT_DONE);
+    // A run directory is readable by the plain binary too.
+    let plain = expect_exit(rekindle().args(["status", "--json"]).arg(&dir), EXIT_DONE);
+    let plain: Value = serde_json::from_slice(&plain.stdout).expect("status --json is JSON");
+    assert_eq!(plain["state"], "finished", "{plain}");
 }
 
 /// `examples/own_model.rs`'s `main`, `configs/own_model.toml` and the test
@@ -130,6 +136,17 @@ fn own_model_settings_errors_name_file_line_key_and_suggestion() {
         "{stderr}"
     );
 
+    // Settings of the right type that the constructor refuses: the run
+    // ends before training, with the constructor's message.
+    fs::write(&config, "[run]\nmax_steps = 5\n\n[model]\nkind = \"conv\"\n\n[model.settings]\nkernel = 4\n").unwrap();
+    let out = expect_exit(own_model().arg("run").arg("--config").arg(&config).arg("--run-dir").arg(&run_dir), 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid config `model.settings`: building the `conv` workload failed: kernel must be odd"),
+        "{stderr}"
+    );
+    fs::remove_dir_all(&run_dir).unwrap();
+
     // The plain `rekindle` binary does not build it, and says who does.
     let own_config = support::runs::own_model_config();
     let out =
@@ -137,4 +154,22 @@ fn own_model_settings_errors_name_file_line_key_and_suggestion() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("model.kind: `conv` is not allowed; allowed: mlp, gpt; a model of your own"), "{stderr}");
     assert!(!run_dir.exists());
+}
+
+#[test]
+fn orchestrator_script_runs_a_program_of_your_own_from_rekindle_bin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let config = support::runs::own_model_config();
+    let exe = support::runs::own_model_exe();
+    let out = crate::cli::orchestrator_script(
+        &[config.to_str().unwrap(), "--run-dir", run_dir.to_str().unwrap(), "--stop-at-step", "3"],
+        &[("REKINDLE_BIN", exe.to_str().unwrap())],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(EXIT_STOPPED), "{stderr}");
+    assert!(run_dir.join("checkpoints/step-0000000003/MANIFEST.json").is_file(), "{stderr}");
+    let state = fs::read(run_dir.join("checkpoints/step-0000000003/state.json")).unwrap();
+    let state: Value = serde_json::from_slice(&state).expect("state.json is JSON");
+    assert_eq!(state["train"]["workload"], "conv", "the checkpoint is of the registered model");
 }
