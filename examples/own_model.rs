@@ -85,7 +85,7 @@ impl ConvWaves {
         let s = &settings;
         let problem = if s.channels == 0 {
             Some("channels must be at least 1")
-        } else if s.kernel == 0 || s.kernel % 2 == 0 {
+        } else if s.kernel.is_multiple_of(2) {
             Some("kernel must be odd (the waves keep their length)")
         } else if s.length < s.kernel {
             Some("length must be at least kernel")
