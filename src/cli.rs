@@ -273,7 +273,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
     /// Override a config key, typed as in TOML: `--set run.max_steps=500`,
-    /// `--set checkpoint.interval=30s`, `--set model.hidden=[64,64]` (repeatable).
+    /// `--set checkpoint.interval=30s`, `--set model.hidden=[64,64]`, a registered
+    /// model's own setting `--set model.settings.channels=16` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
     /// Resume even if training settings differ from the run directory's config.toml.

@@ -36,6 +36,8 @@ pub struct LoadedConfig {
 /// `checkpoint.interval="30s"`, `model.hidden=[32, 32]`); a value that is not
 /// valid TOML, or that only fits the key as a string, is taken as a bare
 /// string (`model.kind=gpt`, `checkpoint.interval=30s`, `run.name=2024`).
+/// `model.settings.KEY=value` sets one key of `[model.settings]`, typed as in
+/// TOML only (quote a string that reads as a number: `model.settings.tag="2024"`).
 ///
 /// `[model] kind` must be `mlp` or `gpt`; [`load_with`] accepts the kinds a
 /// program registered as well.
@@ -83,6 +85,32 @@ pub fn from_str_with(
     let mut places = Places::default();
     let mut entries = split_document(&doc, text, &mut places, &mut problems);
     for set in sets {
+        if let Some(setting) = set.setting {
+            // One key of `[model.settings]`, typed as in TOML (the registered
+            // type decides what fits; there is no string fallback).
+            places.keys.insert(format!("model.settings.{setting}"), Place::Set);
+            places.sections.entry("model".to_string()).or_insert(Place::Set);
+            let existing = entries.iter_mut().find(|e| e.section == "model" && e.key.as_deref() == Some("settings"));
+            match existing.and_then(|e| e.item.as_table_like_mut()) {
+                Some(table) => {
+                    table.insert(&setting, set.value);
+                }
+                None => {
+                    entries.retain(|e| !(e.section == "model" && e.key.as_deref() == Some("settings")));
+                    let mut table = Table::new();
+                    table.insert(&setting, set.value);
+                    places.keys.entry("model.settings".to_string()).or_insert(Place::Set);
+                    entries.push(Entry {
+                        section: "model".to_string(),
+                        key: Some("settings".to_string()),
+                        item: Item::Table(table),
+                        fallback: None,
+                        place: Place::Set,
+                    });
+                }
+            }
+            continue;
+        }
         entries.retain(|e| !(e.section == set.section && e.key.as_deref() == Some(&set.key)));
         let section_known = section_keys(&set.section).is_some();
         places.keys.insert(format!("{}.{}", set.section, set.key), Place::Set);
@@ -307,6 +335,8 @@ impl Entry {
 struct Override {
     section: String,
     key: String,
+    /// For `model.settings.KEY`: `KEY`, set inside the `[model.settings]` table.
+    setting: Option<String>,
     value: Item,
     as_string: Option<Item>,
 }
@@ -321,11 +351,14 @@ impl Override {
         };
         let (path, value) = raw.split_once('=').ok_or_else(|| malformed("no `=`"))?;
         let parts: Vec<&str> = path.trim().split('.').map(str::trim).collect();
-        let [section, key] = parts[..] else {
-            return Err(malformed("the key must be `section.key`"));
+        let must = "the key must be `section.key` (or `model.settings.key`)";
+        let (section, key, setting) = match parts[..] {
+            [section, key] => (section, key, None),
+            ["model", "settings", setting] if !setting.is_empty() => ("model", "settings", Some(setting.to_string())),
+            _ => return Err(malformed(must)),
         };
         if section.is_empty() || key.is_empty() {
-            return Err(malformed("the key must be `section.key`"));
+            return Err(malformed(must));
         }
         let text = value.trim();
         let (value, as_string) = match text.parse::<Value>() {
@@ -333,7 +366,13 @@ impl Override {
             Ok(value) => (value, Some(Item::Value(Value::from(text)))),
             Err(_) => (Value::from(text), None),
         };
-        Ok(Override { section: section.to_string(), key: key.to_string(), value: Item::Value(value), as_string })
+        Ok(Override {
+            section: section.to_string(),
+            key: key.to_string(),
+            setting,
+            value: Item::Value(value),
+            as_string,
+        })
     }
 }
 

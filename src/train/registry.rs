@@ -223,6 +223,24 @@ mod tests {
     }
 
     #[test]
+    fn settings_are_overridden_key_by_key_from_the_command_line() {
+        let sets = ["model.settings.width=5".to_string(), "model.settings.label=\"x\"".to_string()];
+        let text = "[model]\nkind = \"fixed\"\n[model.settings]\nwidth = 3\nlabel = \"a\"\n";
+        let cfg = from_str_with(text, "t.toml", &sets, &registry()).unwrap().config;
+        assert_eq!(cfg.model.settings["width"].as_integer(), Some(5));
+        assert_eq!(cfg.model.settings["label"].as_str(), Some("x"));
+        // Without a table in the file, and with an unknown key: placed on the override.
+        let sets = ["model.settings.widht=5".to_string()];
+        let err = from_str_with("[model]\nkind = \"fixed\"\n", "t.toml", &sets, &registry()).unwrap_err();
+        let problem = &err.problems()[0];
+        assert!(problem.from_set && problem.key == "model.settings.widht", "{err}");
+        assert!(problem.message.starts_with("unknown key; did you mean `width`?"), "{err}");
+        let bad = ["model.width.x=1".to_string()];
+        let err = from_str_with("", "t.toml", &bad, &registry()).unwrap_err();
+        assert!(err.problems()[0].message.contains("`model.settings.key`"), "{err}");
+    }
+
+    #[test]
     fn missing_required_settings_are_reported_for_the_table() {
         let found = problems("[model]\nkind = \"needs\"\n[model.settings]\n");
         assert_eq!(found, ["3:1 model.settings: the key `depth` is missing and has no default; add it"]);

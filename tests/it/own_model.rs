@@ -26,12 +26,17 @@ const WAIT_LIMIT: Duration = Duration::from_secs(120);
 
 #[test]
 fn own_model_stopped_by_sigterm_after_a_periodic_save_resumes_and_ends_byte_identical() {
-    let training = Training::own_model(120).set("checkpoint.every_steps=20").set("train.eval_every=40");
+    let training = Training::own_model(120)
+        .set("checkpoint.every_steps=20")
+        .set("train.eval_every=40")
+        .set("model.settings.channels=6");
     let tmp = tempfile::tempdir().unwrap();
     let reference = tmp.path().join("reference");
     training.run_to_end(&reference);
     let n = training.max_steps();
     assert_eq!(checkpoint_steps(&reference).last(), Some(&n));
+    let run_config = fs::read_to_string(reference.join("config.toml")).unwrap();
+    assert!(run_config.contains("channels = 6"), "--set model.settings.channels is in the run's config:\n{run_config}");
 
     // The same run, sent SIGTERM once its first periodic checkpoint is in.
     let dir = tmp.path().join("stopped");
