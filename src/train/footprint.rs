@@ -73,4 +73,13 @@ mod tests {
         assert_eq!(footprint(&cfg, &Registry::builtin()).unwrap().param_bytes, 58 * 4);
         assert_eq!(checkpoint_bytes(58), 58 * 12);
     }
+
+    #[test]
+    fn a_registered_model_is_assumed_to_keep_activations_the_size_of_its_parameters() {
+        let mut cfg = Config::default();
+        cfg.model.kind = ModelKind::Registered("mine".into());
+        assert_eq!(footprint_for(&cfg, 1000).activation_bytes_per_sample, 4000);
+        cfg.precision.dtype = Precision::Bf16;
+        assert_eq!(footprint_for(&cfg, 1000).activation_bytes_per_sample, 2000);
+    }
 }

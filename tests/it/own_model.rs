@@ -77,10 +77,21 @@ fn own_model_stopped_by_sigterm_after_a_periodic_save_resumes_and_ends_byte_iden
     expect_exit(own_model().arg("verify").arg(&dir), EXIT_DONE);
     expect_exit(own_model().arg("checkpoints").arg(&dir), EXIT_DONE);
     expect_exit(own_model().arg("report").arg(&dir), EXIT_DONE);
+    let config = support::runs::own_model_config();
+    let gpus = expect_exit(own_model().arg("gpus").arg("--config").arg(&config), EXIT_DONE);
+    assert!(String::from_utf8_lossy(&gpus.stdout).contains("plan: cpu"), "{gpus:?}");
+    let bench_dir = tmp.path().join("bench");
+    fs::create_dir(&bench_dir).unwrap();
+    let mut bench = own_model();
+    bench.args(["bench", "train", "--steps", "4", "--every", "2", "--json", "--config"]).arg(&config);
+    let bench = expect_exit(bench.arg("--dir").arg(&bench_dir), EXIT_DONE);
+    serde_json::from_slice::<Value>(&bench.stdout).expect("bench train --json is JSON");
     // A run directory is readable by the plain binary too.
     let plain = expect_exit(rekindle().args(["status", "--json"]).arg(&dir), EXIT_DONE);
     let plain: Value = serde_json::from_slice(&plain.stdout).expect("status --json is JSON");
     assert_eq!(plain["state"], "finished", "{plain}");
+    expect_exit(rekindle().arg("verify").arg(&dir), EXIT_DONE);
+    expect_exit(rekindle().arg("report").arg(&dir), EXIT_DONE);
 }
 
 /// `examples/own_model.rs`'s `main`, `configs/own_model.toml` and the test
