@@ -92,6 +92,7 @@ fn own_model_stopped_by_sigterm_after_a_periodic_save_resumes_and_ends_byte_iden
     assert_eq!(plain["state"], "finished", "{plain}");
     expect_exit(rekindle().arg("verify").arg(&dir), EXIT_DONE);
     expect_exit(rekindle().arg("report").arg(&dir), EXIT_DONE);
+    expect_exit(rekindle().arg("checkpoints").arg(&dir), EXIT_DONE);
 }
 
 /// `examples/own_model.rs`'s `main`, `configs/own_model.toml` and the test
