@@ -1,9 +1,12 @@
 //! The command line: clap definitions (raw flags) and one function per
 //! subcommand that turns validated arguments into library calls and
-//! user-facing output. `main.rs` only parses and maps the result to an exit
-//! code (see [`crate::exit`]).
+//! user-facing output. [`main_with`] is a whole program's `main`: the
+//! `rekindle` binary's over the built-in models, and a user's own binary's
+//! over its own [`Registry`] (`docs/workloads.md`). It parses and maps the
+//! result to an exit code (see [`crate::exit`]).
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -16,7 +19,8 @@ use crate::checkpoint::{
 use crate::config;
 use crate::exit::{EXIT_CODES_HELP, Outcome};
 use crate::orchestrate::{self, RunError, RunOptions};
-use crate::telemetry::{LogFormat, LogOptions};
+use crate::telemetry::{LogFormat, LogOptions, init_logging};
+use crate::train::Registry;
 use crate::units::human_bytes;
 
 /// rekindle: training runs that survive preemption, time limits and node loss.
@@ -302,7 +306,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
     /// Override a config key, typed as in TOML: `--set run.max_steps=500`,
-    /// `--set checkpoint.interval=30s`, `--set model.hidden=[64,64]` (repeatable).
+    /// `--set checkpoint.interval=30s`, `--set model.hidden=[64,64]`, a registered
+    /// model's own setting `--set model.settings.channels=16` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
     /// Resume even if training settings differ from the run directory's config.toml.
@@ -369,19 +374,52 @@ impl CliError {
     }
 }
 
-/// Runs the parsed command.
-pub fn execute(cli: Cli) -> Result<Outcome, CliError> {
+/// The whole `rekindle` command line (run, verify, checkpoints, status,
+/// report, gpus, doctor, bench, data) for the model kinds of `registry`:
+/// parses the process's arguments, runs the command, prints an error, and
+/// returns the exit code of the contract in [`crate::exit`].
+///
+/// The `rekindle` binary is `main_with(Registry::builtin())`; a program with
+/// models of its own registers them:
+///
+/// ```no_run
+/// # use std::process::ExitCode;
+/// # use rekindle::train::{Registry, MlpWorkload};
+/// fn main() -> ExitCode {
+///     rekindle::cli::main_with(Registry::builtin().with("my-mlp", |cfg, _: ()| MlpWorkload::from_config(cfg)))
+/// }
+/// ```
+pub fn main_with(registry: Registry) -> ExitCode {
+    let cli = Cli::parse();
+    // Failpoints are compiled in only for test builds; this reads FAILPOINTS.
+    let _failpoints = fail::FailScenario::setup();
+    init_logging(cli.log_options());
+    match execute(cli, &registry) {
+        Ok(outcome) => outcome.into(),
+        Err(e) => {
+            let outcome = e.outcome();
+            // Every error message already names its cause (the `{source}` is
+            // part of each message), so print the top-level Display only:
+            // walking the source chain as well would repeat the causes.
+            eprintln!("error: {e}");
+            outcome.into()
+        }
+    }
+}
+
+/// Runs the parsed command, building models from `registry`.
+pub fn execute(cli: Cli, registry: &Registry) -> Result<Outcome, CliError> {
     match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(args, registry),
         Command::Verify(args) => verify(&args.path, args.json),
         Command::Checkpoints(args) => checkpoints(&args.run_dir, args.json),
         Command::Status(args) => status(&args.run_dir, args.json),
         Command::Report(args) => report(&args),
         Command::Data(DataCommand::Validate(args)) => data_validate(&args),
-        Command::Gpus(args) => gpus(&args),
-        Command::Doctor(args) => doctor(&args),
+        Command::Gpus(args) => gpus(&args, registry),
+        Command::Doctor(args) => doctor(&args, registry),
         Command::Bench(BenchCommand::Checkpoint(args)) => bench_checkpoint(&args),
-        Command::Bench(BenchCommand::Train(args)) => bench_train(&args),
+        Command::Bench(BenchCommand::Train(args)) => bench_train(&args, registry),
         Command::Bench(BenchCommand::Collective(args)) => bench_collective(&args),
         Command::Bench(BenchCommand::Interval(args)) => bench_interval(&args),
     }
@@ -422,16 +460,16 @@ fn data_validate(args: &ValidateArgs) -> Result<Outcome, CliError> {
 }
 
 /// The config to plan for: the given file, or the defaults.
-fn config_or_default(path: Option<&Path>) -> Result<config::Config, CliError> {
+fn config_or_default(path: Option<&Path>, registry: &Registry) -> Result<config::Config, CliError> {
     Ok(match path {
-        Some(p) => config::load(p, &[])?.config,
+        Some(p) => config::load_with(p, &[], registry)?.config,
         None => config::Config::default(),
     })
 }
 
-fn gpus(args: &GpusArgs) -> Result<Outcome, CliError> {
-    let cfg = config_or_default(args.config.as_deref())?;
-    let report = crate::gpu::gpus_report(args.inventory.as_deref(), &cfg, crate::train::footprint(&cfg)?)?;
+fn gpus(args: &GpusArgs, registry: &Registry) -> Result<Outcome, CliError> {
+    let cfg = config_or_default(args.config.as_deref(), registry)?;
+    let report = crate::gpu::gpus_report(args.inventory.as_deref(), &cfg, crate::train::footprint(&cfg, registry)?)?;
     emit(&report, args.json);
     Ok(Outcome::Done)
 }
@@ -448,9 +486,9 @@ fn bench_checkpoint(args: &BenchCheckpointArgs) -> Result<Outcome, CliError> {
     Ok(Outcome::Done)
 }
 
-fn bench_train(args: &BenchTrainArgs) -> Result<Outcome, CliError> {
-    let cfg = config::load(&args.config, &args.overrides)?.config;
-    let result = crate::bench::run_train_bench(&cfg, args.steps, args.every, args.dir.clone())?;
+fn bench_train(args: &BenchTrainArgs, registry: &Registry) -> Result<Outcome, CliError> {
+    let cfg = config::load_with(&args.config, &args.overrides, registry)?.config;
+    let result = crate::bench::run_train_bench(&cfg, registry, args.steps, args.every, args.dir.clone())?;
     emit(&result, args.json);
     Ok(Outcome::Done)
 }
@@ -476,9 +514,9 @@ fn bench_interval(args: &BenchIntervalArgs) -> Result<Outcome, CliError> {
     Ok(Outcome::Done)
 }
 
-fn doctor(args: &DoctorArgs) -> Result<Outcome, CliError> {
-    let cfg = args.config.as_deref().map(|p| config::load(p, &[])).transpose()?.map(|l| l.config);
-    let fp = crate::train::footprint(cfg.as_ref().unwrap_or(&config::Config::default())).ok();
+fn doctor(args: &DoctorArgs, registry: &Registry) -> Result<Outcome, CliError> {
+    let cfg = args.config.as_deref().map(|p| config::load_with(p, &[], registry)).transpose()?.map(|l| l.config);
+    let fp = crate::train::footprint(cfg.as_ref().unwrap_or(&config::Config::default()), registry).ok();
     let opts = crate::doctor::DoctorOptions {
         inventory: args.inventory.clone(),
         footprint: fp,
@@ -489,8 +527,9 @@ fn doctor(args: &DoctorArgs) -> Result<Outcome, CliError> {
     Ok(if list.any_required_failed() { Outcome::Failure } else { Outcome::Done })
 }
 
-fn run(args: RunArgs) -> Result<Outcome, CliError> {
+fn run(args: RunArgs, registry: &Registry) -> Result<Outcome, CliError> {
     let opts = RunOptions {
+        registry: registry.clone(),
         config_path: args.config,
         overrides: args.overrides,
         run_dir: args.run_dir,
@@ -513,7 +552,7 @@ fn resolve_target(path: &Path) -> Result<Target, CliError> {
     }
     let run_config = path.join(orchestrate::CONFIG_FILE);
     if run_config.is_file()
-        && let Ok(loaded) = config::load(&run_config, &[])
+        && let Ok(loaded) = config::load_with(&run_config, &[], &config::AnyKind)
     {
         return Ok(Target::Store(orchestrate::checkpoints_dir(path, &loaded.config)));
     }

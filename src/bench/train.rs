@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::checkpoint::{CheckpointStore, Snapshot};
 use crate::config::Config;
 use crate::orchestrate::{Beats, Persister};
-use crate::train::{StepResult, Trainer};
+use crate::train::{Registry, StepResult, Trainer};
 
 use super::checkpoint::BenchError;
 
@@ -46,7 +46,13 @@ fn snapshot(trainer: &Trainer, reuse: Option<Snapshot>) -> Result<Snapshot, Benc
 }
 
 /// Trains `steps` steps twice: without checkpoints, then with one every `every` steps.
-pub fn run_train_bench(cfg: &Config, steps: u64, every: u64, dir: PathBuf) -> Result<TrainBench, BenchError> {
+pub fn run_train_bench(
+    cfg: &Config,
+    registry: &Registry,
+    steps: u64,
+    every: u64,
+    dir: PathBuf,
+) -> Result<TrainBench, BenchError> {
     let io = |source| BenchError::Io { path: dir.clone(), source };
     let died =
         |d: crate::orchestrate::PersisterDied| BenchError::Io { path: dir.clone(), source: std::io::Error::other(d) };
@@ -54,12 +60,12 @@ pub fn run_train_bench(cfg: &Config, steps: u64, every: u64, dir: PathBuf) -> Re
     let work = tempfile::Builder::new().prefix("rekindle-bench-train-").tempdir_in(&dir).map_err(io)?;
 
     // Warm up (allocator, caches, CPU clocks) before either measurement.
-    let mut warm = Trainer::new(cfg).map_err(trainer_err)?;
+    let mut warm = Trainer::from_registry(cfg, registry).map_err(trainer_err)?;
     for _ in 0..(steps / 10).max(1) {
         step(&mut warm)?;
     }
     drop(warm);
-    let mut trainer = Trainer::new(cfg).map_err(trainer_err)?;
+    let mut trainer = Trainer::from_registry(cfg, registry).map_err(trainer_err)?;
     let t0 = Instant::now();
     for _ in 0..steps {
         step(&mut trainer)?;
@@ -68,7 +74,7 @@ pub fn run_train_bench(cfg: &Config, steps: u64, every: u64, dir: PathBuf) -> Re
 
     let store = CheckpointStore::open(work.path().join("checkpoints"), 3)?;
     let mut persister = Persister::spawn(store.clone(), Beats::default()).map_err(io)?;
-    let mut trainer = Trainer::new(cfg).map_err(trainer_err)?;
+    let mut trainer = Trainer::from_registry(cfg, registry).map_err(trainer_err)?;
     let (mut stalls, mut count) = (0.0, 0u64);
     let mut spare = None;
     let t0 = Instant::now();

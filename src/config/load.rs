@@ -16,7 +16,8 @@ use toml_edit::{DocumentMut, Item, Table, Value};
 
 use super::error::{ConfigError, Problem};
 use super::keys::{section_keys, sections};
-use super::schema::Config;
+use super::kinds::{BuiltinKinds, ModelKinds};
+use super::schema::{Config, ModelKind};
 use super::validate::findings;
 
 /// A validated config and the file it came from.
@@ -35,16 +36,37 @@ pub struct LoadedConfig {
 /// `checkpoint.interval="30s"`, `model.hidden=[32, 32]`); a value that is not
 /// valid TOML, or that only fits the key as a string, is taken as a bare
 /// string (`model.kind=gpt`, `checkpoint.interval=30s`, `run.name=2024`).
+/// `model.settings.KEY=value` sets one key of `[model.settings]`, typed as in
+/// TOML only (quote a string that reads as a number: `model.settings.tag="2024"`).
+///
+/// `[model] kind` must be `mlp` or `gpt`; [`load_with`] accepts the kinds a
+/// program registered as well.
 pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+    load_with(path, overrides, &BuiltinKinds)
+}
+
+/// [`load`] for a program that builds the model kinds `kinds` names, each
+/// `[model.settings]` key checked against the settings type of its kind.
+pub fn load_with(path: &Path, overrides: &[String], kinds: &dyn ModelKinds) -> Result<LoadedConfig, ConfigError> {
     let text =
         std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-    let mut loaded = from_str(&text, &path.display().to_string(), overrides)?;
+    let mut loaded = from_str_with(&text, &path.display().to_string(), overrides, kinds)?;
     loaded.source = path.to_path_buf();
     Ok(loaded)
 }
 
 /// [`load`] on TOML text; `source_name` names it in messages.
 pub fn from_str(text: &str, source_name: &str, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+    from_str_with(text, source_name, overrides, &BuiltinKinds)
+}
+
+/// [`load_with`] on TOML text; `source_name` names it in messages.
+pub fn from_str_with(
+    text: &str,
+    source_name: &str,
+    overrides: &[String],
+    kinds: &dyn ModelKinds,
+) -> Result<LoadedConfig, ConfigError> {
     let mut problems = Vec::new();
     let sets: Vec<Override> =
         overrides.iter().filter_map(|raw| Override::parse(raw).map_err(|p| problems.push(p)).ok()).collect();
@@ -63,6 +85,32 @@ pub fn from_str(text: &str, source_name: &str, overrides: &[String]) -> Result<L
     let mut places = Places::default();
     let mut entries = split_document(&doc, text, &mut places, &mut problems);
     for set in sets {
+        if let Some(setting) = set.setting {
+            // One key of `[model.settings]`, typed as in TOML (the registered
+            // type decides what fits; there is no string fallback).
+            places.keys.insert(format!("model.settings.{setting}"), Place::Set);
+            places.sections.entry("model".to_string()).or_insert(Place::Set);
+            let existing = entries.iter_mut().find(|e| e.section == "model" && e.key.as_deref() == Some("settings"));
+            match existing.and_then(|e| e.item.as_table_like_mut()) {
+                Some(table) => {
+                    table.insert(&setting, set.value);
+                }
+                None => {
+                    entries.retain(|e| !(e.section == "model" && e.key.as_deref() == Some("settings")));
+                    let mut table = Table::new();
+                    table.insert(&setting, set.value);
+                    places.keys.entry("model.settings".to_string()).or_insert(Place::Set);
+                    entries.push(Entry {
+                        section: "model".to_string(),
+                        key: Some("settings".to_string()),
+                        item: Item::Table(table),
+                        fallback: None,
+                        place: Place::Set,
+                    });
+                }
+            }
+            continue;
+        }
         entries.retain(|e| !(e.section == set.section && e.key.as_deref() == Some(&set.key)));
         let section_known = section_keys(&set.section).is_some();
         places.keys.insert(format!("{}.{}", set.section, set.key), Place::Set);
@@ -108,6 +156,8 @@ pub fn from_str(text: &str, source_name: &str, overrides: &[String]) -> Result<L
             return Err(invalid(source_name, sorted(problems)));
         }
     };
+
+    model_kind(&config, kinds, &places, &failed, &mut problems);
 
     for finding in findings(&config) {
         let section = finding.key.split('.').next().unwrap_or_default();
@@ -156,6 +206,70 @@ fn sorted(mut problems: Vec<Problem>) -> Vec<Problem> {
         (true, _) => (2, 0, 0),
     });
     problems
+}
+
+/// `[model] kind` against the kinds this program builds, and
+/// `[model.settings]` against the settings type of that kind: each key on
+/// its own (so every unknown key and wrong type is reported, at its line),
+/// then the table as a whole (missing keys of a type without defaults).
+fn model_kind(
+    config: &Config,
+    kinds: &dyn ModelKinds,
+    places: &Places,
+    failed: &HashSet<String>,
+    problems: &mut Vec<Problem>,
+) {
+    if kinds.accepts_any() || failed.contains("model") || failed.contains("model.kind") {
+        return;
+    }
+    let place_of = |key: &str| places.keys.get(key).or_else(|| places.sections.get("model")).copied();
+    let kind = &config.model.kind;
+    let names = kinds.names();
+    if !names.iter().any(|name| name == kind.name()) {
+        let allowed: Vec<&str> = names.iter().map(String::as_str).collect();
+        let given = kind.name();
+        let mut message = not_allowed(format!("`{given}` is not allowed;"), given, &allowed);
+        if nearest(given, &allowed).is_none() {
+            message.push_str(
+                "; a model of your own is built by a program that registers it (docs/workloads.md), not \
+                 by the plain `rekindle` binary",
+            );
+        }
+        problems.push(place_of("model.kind").unwrap_or(Place::Nowhere).locate(Problem::new("model.kind", message)));
+        return;
+    }
+    let settings = &config.model.settings;
+    let ModelKind::Registered(name) = kind else {
+        if !settings.is_empty() && !failed.contains("model.settings") {
+            let message = format!(
+                "is for the settings of a registered model kind; `{}` takes its settings from [model] keys \
+                 (see configs/example.toml): remove [model.settings]",
+                kind.name()
+            );
+            problems.push(
+                place_of("model.settings").unwrap_or(Place::Nowhere).locate(Problem::new("model.settings", message)),
+            );
+        }
+        return;
+    };
+    let mut key_failed = false;
+    for (key, value) in settings {
+        let one = toml::Table::from_iter([(key.clone(), value.clone())]);
+        match kinds.check_settings(name, &one) {
+            // A key alone misses the others; the whole table is checked next.
+            Err(message) if !message.trim_start().starts_with("missing field") => {
+                key_failed = true;
+                let path = format!("model.settings.{key}");
+                let place = place_of(&path).or_else(|| place_of("model.settings")).unwrap_or(Place::Nowhere);
+                problems.push(place.locate(Problem::new(path, humanize(&message))));
+            }
+            _ => {}
+        }
+    }
+    if !key_failed && let Err(message) = kinds.check_settings(name, settings) {
+        let place = place_of("model.settings").unwrap_or(Place::Nowhere);
+        problems.push(place.locate(Problem::new("model.settings", humanize(&message))));
+    }
 }
 
 /// Where a value came from.
@@ -221,6 +335,8 @@ impl Entry {
 struct Override {
     section: String,
     key: String,
+    /// For `model.settings.KEY`: `KEY`, set inside the `[model.settings]` table.
+    setting: Option<String>,
     value: Item,
     as_string: Option<Item>,
 }
@@ -235,11 +351,14 @@ impl Override {
         };
         let (path, value) = raw.split_once('=').ok_or_else(|| malformed("no `=`"))?;
         let parts: Vec<&str> = path.trim().split('.').map(str::trim).collect();
-        let [section, key] = parts[..] else {
-            return Err(malformed("the key must be `section.key`"));
+        let must = "the key must be `section.key` (or `model.settings.key`)";
+        let (section, key, setting) = match parts[..] {
+            [section, key] => (section, key, None),
+            ["model", "settings", setting] if !setting.is_empty() => ("model", "settings", Some(setting.to_string())),
+            _ => return Err(malformed(must)),
         };
         if section.is_empty() || key.is_empty() {
-            return Err(malformed("the key must be `section.key`"));
+            return Err(malformed(must));
         }
         let text = value.trim();
         let (value, as_string) = match text.parse::<Value>() {
@@ -247,7 +366,13 @@ impl Override {
             Ok(value) => (value, Some(Item::Value(Value::from(text)))),
             Err(_) => (Value::from(text), None),
         };
-        Ok(Override { section: section.to_string(), key: key.to_string(), value: Item::Value(value), as_string })
+        Ok(Override {
+            section: section.to_string(),
+            key: key.to_string(),
+            setting,
+            value: Item::Value(value),
+            as_string,
+        })
     }
 }
 
@@ -307,7 +432,17 @@ fn split_document(
                 problems.push(place.locate(Problem::new(path, unknown("key", key, allowed))));
                 continue;
             }
-            places.keys.insert(path, place);
+            if let (true, Some(settings)) = (path == "model.settings", value.as_table_like()) {
+                // A `[model.settings]` header is placed at its `[`.
+                if let Some(header) = value.as_table().filter(|t| !t.is_dotted()) {
+                    places.keys.insert(path.clone(), Place::of_span(text, header.span()));
+                }
+                for (inner, inner_value) in settings.iter() {
+                    let span = settings.key(inner).and_then(|k| k.span()).or(inner_value.span());
+                    places.keys.insert(format!("{path}.{inner}"), Place::of_span(text, span));
+                }
+            }
+            places.keys.entry(path).or_insert(place);
             entries.push(Entry {
                 section: section.to_string(),
                 key: Some(key.to_string()),
@@ -411,6 +546,12 @@ fn humanize(message: &str) -> String {
         let names = backticked(rest);
         if let [given, allowed @ ..] = &names[..] {
             return unknown("key", given, allowed);
+        }
+    }
+    if let Some(rest) = message.strip_prefix("missing field ") {
+        let names = backticked(rest);
+        if let [missing, ..] = &names[..] {
+            return format!("the key `{missing}` is missing and has no default; add it");
         }
     }
     for prefix in ["invalid type: ", "invalid value: "] {

@@ -5,11 +5,13 @@
 //! - `validate.rs`: semantic checks (ranges, relations between keys).
 //! - `error.rs`: [`ConfigError`] and [`Problem`].
 //! - `keys.rs`: the key names the schema accepts.
+//! - `kinds.rs`: which model kinds a config may name ([`ModelKinds`]).
 //! - `diff.rs`: training-relevant differences and hash, for resume.
 
 mod diff;
 mod error;
 mod keys;
+mod kinds;
 mod load;
 mod schema;
 mod validate;
@@ -17,6 +19,7 @@ mod validate;
 pub use diff::training_diff;
 pub use error::{ConfigError, Problem};
 pub use keys::{all_keys, section_keys, sections};
-pub use load::{LoadedConfig, from_str, load, to_toml};
+pub use kinds::{AnyKind, BuiltinKinds, ModelKinds};
+pub use load::{LoadedConfig, from_str, from_str_with, load, load_with, to_toml};
 pub use schema::*;
 pub use validate::validate;

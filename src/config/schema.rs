@@ -50,16 +50,61 @@ impl Default for RunSection {
     }
 }
 
-/// Which built-in model to train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// Which model to train: a built-in one, or one a program registered with
+/// its [`Registry`](crate::train::Registry) (`docs/workloads.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelKind {
+    /// The built-in classifier (`[model] input_dim`, `hidden`, `classes`).
     Mlp,
+    /// The built-in byte-level transformer (`[model] layers`, `width`, `heads`, `context`).
     Gpt,
+    /// A registered workload of that name; its own settings are `[model.settings]`.
+    Registered(String),
+}
+
+impl ModelKind {
+    /// The names of the built-in kinds.
+    pub const BUILTIN: [&'static str; 2] = ["mlp", "gpt"];
+
+    /// The name as written in `[model] kind`.
+    pub fn name(&self) -> &str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Gpt => "gpt",
+            ModelKind::Registered(name) => name,
+        }
+    }
+
+    /// The kind a name stands for: `mlp` and `gpt` are built in, any other
+    /// name is a registered workload's.
+    pub fn from_name(name: &str) -> ModelKind {
+        match name {
+            "mlp" => ModelKind::Mlp,
+            "gpt" => ModelKind::Gpt,
+            other => ModelKind::Registered(other.to_string()),
+        }
+    }
+}
+
+impl Serialize for ModelKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        if name.is_empty() {
+            return Err(serde::de::Error::custom("expected the name of a model kind, found \"\""));
+        }
+        Ok(ModelKind::from_name(&name))
+    }
 }
 
 /// `[model]`: architecture. `mlp` uses `input_dim`, `hidden`, `classes`;
-/// `gpt` uses `layers`, `width`, `heads`, `context` (vocabulary: 256 bytes).
+/// `gpt` uses `layers`, `width`, `heads`, `context` (vocabulary: 256 bytes);
+/// a registered kind reads its own settings from `settings`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
@@ -73,6 +118,10 @@ pub struct ModelSection {
     pub context: usize,
     /// Dropout probability (0 disables).
     pub dropout: f64,
+    /// `[model.settings]`: a registered kind's own settings, deserialized
+    /// into the type it registered (checked key by key when the config
+    /// loads); empty for `mlp` and `gpt`.
+    pub settings: toml::Table,
 }
 
 impl Default for ModelSection {
@@ -87,6 +136,7 @@ impl Default for ModelSection {
             heads: 4,
             context: 64,
             dropout: 0.0,
+            settings: toml::Table::new(),
         }
     }
 }

@@ -99,6 +99,9 @@ fn run(f: &mut Findings, run: &RunSection) {
 
 fn model(f: &mut Findings, model: &ModelSection) {
     match model.kind {
+        // Its settings are checked by the loader against its own type, and
+        // by its builder when the workload is built.
+        ModelKind::Registered(_) => {}
         ModelKind::Mlp => {
             f.at_least("model.input_dim", model.input_dim, 1);
             f.require(!model.hidden.is_empty(), "model.hidden", || {

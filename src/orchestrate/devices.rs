@@ -27,7 +27,9 @@ use crate::gpu::{
     Plan, SysinfoHost, SystemProbe, Vendor,
 };
 use crate::telemetry::{ErrorEvent, Event, EventLog, GpuFallback, MonitorOutcome, OomRetry};
-use crate::train::{Layout, StepResult, TrainError, Trainer, candle_message, checkpoint_bytes, footprint_for};
+use crate::train::{
+    Layout, Registry, StepResult, TrainError, Trainer, candle_message, checkpoint_bytes, footprint_for,
+};
 
 use super::error::RunError;
 use super::rundir::RunDir;
@@ -77,6 +79,8 @@ pub struct Devices {
     first_gpu_step: bool,
     /// Events to record, in order (`gpu_fallback`, `oom_retry`, `error`).
     pending: Vec<Event>,
+    /// What the trainer is rebuilt from, on another device.
+    registry: Registry,
 }
 
 /// The placement, as the `start` event records it.
@@ -102,7 +106,7 @@ impl Devices {
     /// the CPU, and sets the trainer's layout. A failure to use a GPU is not
     /// an error here: [`announce`](Self::announce) reports it (or refuses,
     /// with `[gpu] require = true`) once the start event is written.
-    pub fn select(cfg: &Config, trainer: &mut Trainer) -> Result<Devices, RunError> {
+    pub fn select(cfg: &Config, registry: &Registry, trainer: &mut Trainer) -> Result<Devices, RunError> {
         let source = Source::from_env();
         let footprint = footprint_for(cfg, trainer.param_count());
         let host_free = gpu::host_available_bytes();
@@ -124,7 +128,7 @@ impl Devices {
                 match init_backend(plan.device_kind, runtime_ordinal(&report, plan.device_kind, first)) {
                     Ok(device) => {
                         if !device.is_cpu() {
-                            *trainer = Trainer::on_device(cfg, device)?;
+                            *trainer = Trainer::from_registry_on(cfg, registry, device)?;
                         }
                         (plan.clone(), report.assignment.clone(), None)
                     }
@@ -154,6 +158,7 @@ impl Devices {
             unusable,
             require: cfg.gpu.require,
             pending: Vec::new(),
+            registry: registry.clone(),
         })
     }
 
@@ -233,7 +238,7 @@ impl Devices {
             (Err(e), Some(before)) if !matches!(e, TrainError::OutOfMemoryRetriesExhausted { .. }) => {
                 let reason = format!("the first step failed on the {} backend: {e}", self.plan.device_kind);
                 self.fall_back_or_refuse(reason)?;
-                let mut cpu = Trainer::new(cfg)?;
+                let mut cpu = Trainer::from_registry(cfg, &self.registry)?;
                 cpu.restore(&before.model, &before.optimizer, &before.state)?;
                 cpu.set_layout(self.layout)?;
                 *trainer = cpu;

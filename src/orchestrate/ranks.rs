@@ -28,7 +28,7 @@ use crate::checkpoint::{CheckpointStore, load_dir};
 use crate::config::Config;
 use crate::distributed::{Collective, SharedWorld};
 use crate::exit::Outcome;
-use crate::train::{StepResult, Trainer};
+use crate::train::{Registry, StepResult, Trainer};
 
 use super::error::RunError;
 use super::stop::{StopFlag, StopReason};
@@ -142,6 +142,7 @@ impl Leader {
 /// exits with the leader's code.
 pub fn follow(
     cfg: &Config,
+    registry: &Registry,
     checkpoints: CheckpointStore,
     world: SharedWorld,
     node: String,
@@ -157,7 +158,7 @@ pub fn follow(
         match lead {
             Lead::End { code } => return Ok(Outcome::from_code(code)),
             Lead::Begin { resume_step } => {
-                let mut t = Trainer::new(cfg)?;
+                let mut t = Trainer::from_registry(cfg, registry)?;
                 if let Some(step) = resume_step {
                     let dir = checkpoints.step_dir(step);
                     let loaded = load_dir(&dir).map_err(|failures| RunError::Ranks {

@@ -47,7 +47,7 @@ use crate::exit::Outcome;
 use crate::gpu::Monitor;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{EventContext, EventLog, JsonlWriter, MetricsLine, StepLine, ValLine, now_rfc3339};
-use crate::train::{StepMetrics, StepResult, TrainError, Trainer};
+use crate::train::{Registry, StepMetrics, StepResult, TrainError, Trainer};
 
 use super::devices::Devices;
 use super::error::RunError;
@@ -64,6 +64,8 @@ use hang::HangDesk;
 /// What `rekindle run` was asked to do.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
+    /// The model kinds the program builds (`[model] kind`).
+    pub registry: Registry,
     pub config_path: PathBuf,
     pub overrides: Vec<String>,
     pub run_dir: Option<PathBuf>,
@@ -77,7 +79,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     // Handlers first: a signal that arrives while the config loads or the
     // model builds is recorded, and honoured as soon as it can be.
     let stop = StopFlag::install().map_err(|source| RunError::RunDir { path: PathBuf::from("<signals>"), source })?;
-    let loaded = config::load(&opts.config_path, &opts.overrides)?;
+    let loaded = config::load_with(&opts.config_path, &opts.overrides, &opts.registry)?;
     let cfg = loaded.config;
     let slurm = SlurmEnv::from_process();
     let info = WorldInfo::detect().map_err(RunError::Distributed)?;
@@ -89,7 +91,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let world = SharedWorld::new(distributed::connect(&info).map_err(RunError::Distributed)?);
     if !info.is_leader() {
         let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg));
-        return ranks::follow(&cfg, store, world, slurm.node_name(), &stop);
+        return ranks::follow(&cfg, &opts.registry, store, world, slurm.node_name(), &stop);
     }
     tracing::info!(ranks = info.size, launcher = %info.launcher, "leading a data-parallel run");
     let (leader, nodes) = Leader::hello(world, slurm.node_name(), &stop)?;
@@ -113,7 +115,7 @@ fn lead(
     let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
-    match Attempt::start(cfg, dir, stop, opts.stop_at_step, slurm, &lock, world)? {
+    match Attempt::start(cfg, &opts.registry, dir, stop, opts.stop_at_step, slurm, &lock, world)? {
         Started::Ready(attempt) => attempt.train(),
         Started::StoppedEarly(outcome) => Ok(outcome),
     }

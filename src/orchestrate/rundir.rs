@@ -62,7 +62,7 @@ pub fn prepare(root: &Path, cfg: &Config, allow_config_change: bool) -> Result<R
     fs::create_dir_all(root).map_err(|source| RunError::RunDir { path: root.to_path_buf(), source })?;
     let config_path = root.join(CONFIG_FILE);
     if config_path.exists() {
-        let previous = config::load(&config_path, &[])
+        let previous = config::load_with(&config_path, &[], &config::AnyKind)
             .map_err(|e| RunError::PreviousConfig { path: config_path.clone(), reason: e.to_string() })?;
         let diff = config::training_diff(&previous.config, cfg);
         if !diff.is_empty() {

@@ -60,7 +60,7 @@ fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
 /// Reads the status of the run in `dir`.
 pub fn status(dir: &Path) -> RunStatus {
     let summary = Summary::read(&dir.join(SUMMARY_FILE));
-    let cfg = config::load(&dir.join(CONFIG_FILE), &[]).ok().map(|l| l.config);
+    let cfg = config::load_with(&dir.join(CONFIG_FILE), &[], &config::AnyKind).ok().map(|l| l.config);
     let events = telemetry::events_from(read_jsonl(&dir.join(EVENTS_FILE)));
     let metrics: Vec<StepLine> = read_jsonl(&dir.join(METRICS_FILE))
         .iter()

@@ -120,7 +120,7 @@ impl RunData {
         let events = events_from(events_file.map(|j| j.records).unwrap_or_default());
         let (train, val) = metrics_from(&metrics_file.map(|j| j.records).unwrap_or_default());
         let (checkpoints, markers) = checkpoints_and_markers(&events);
-        let name = crate::config::load(&dir.join(CONFIG_FILE), &[])
+        let name = crate::config::load_with(&dir.join(CONFIG_FILE), &[], &crate::config::AnyKind)
             .map(|l| l.config.run.name)
             .ok()
             .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))

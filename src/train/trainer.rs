@@ -29,6 +29,7 @@ use super::error::{TrainError, candle_message, is_out_of_memory};
 use super::layout::Layout;
 use super::optim::{AdamW, AdamWConfig};
 use super::params::{ParamStore, Params, check_host, from_host, param_count, to_host_reusing};
+use super::registry::Registry;
 use super::rng::{RngState, Stream, StreamRng};
 use super::scaler::{LossScaler, ScalerState, compute_dtype};
 use super::schedule::LrSchedule;
@@ -225,6 +226,17 @@ impl Trainer {
     /// batches live there; snapshots are host copies as always).
     pub fn on_device(cfg: &Config, device: Device) -> Result<Self, TrainError> {
         Self::with_workload_on(cfg, builtin_workload(cfg)?, device)
+    }
+
+    /// A trainer for the workload `[model] kind` names, built-in or
+    /// registered in `registry`.
+    pub fn from_registry(cfg: &Config, registry: &Registry) -> Result<Self, TrainError> {
+        Self::with_workload(cfg, registry.workload(cfg)?)
+    }
+
+    /// [`from_registry`](Self::from_registry) on `device`.
+    pub fn from_registry_on(cfg: &Config, registry: &Registry, device: Device) -> Result<Self, TrainError> {
+        Self::with_workload_on(cfg, registry.workload(cfg)?, device)
     }
 
     /// A trainer for any [`Workload`]; `[model]` and `[data]` are left to

@@ -126,7 +126,7 @@ fn a_task_of_a_two_task_step_without_its_world_is_refused_with_exit_78_and_nothi
 
 /// `slurm/orchestrator.slurm` run by bash, the way SLURM runs it, with only
 /// the environment given (no SLURM variables of the test's own environment).
-fn orchestrator_script(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+pub(crate) fn orchestrator_script(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/orchestrator.slurm");
     let mut cmd = std::process::Command::new("bash");
     cmd.arg(script).args(args).env("REKINDLE_BIN", env!("CARGO_BIN_EXE_rekindle"));

@@ -23,6 +23,7 @@ mod interval;
 mod kill_chain;
 mod lock;
 mod logging;
+mod own_model;
 mod publish;
 mod python_interop;
 mod report;

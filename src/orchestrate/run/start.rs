@@ -15,7 +15,7 @@ use crate::telemetry::{
     CheckpointQuarantined, CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, LockTakeover, Resume, Start,
     Summary, metrics_step,
 };
-use crate::train::Trainer;
+use crate::train::{Registry, Trainer};
 
 use super::super::devices::Devices;
 use super::super::error::RunError;
@@ -33,8 +33,10 @@ use super::{Attempt, Started, context};
 impl Attempt {
     /// Opens the records, places the run, resumes (or starts fresh) and
     /// starts the monitor; a stop signal that arrived meanwhile ends it here.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         cfg: Config,
+        registry: &Registry,
         dir: RunDir,
         stop: StopFlag,
         stop_at_step: Option<u64>,
@@ -53,8 +55,8 @@ impl Attempt {
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
         // The placement plan needs the model's size, so the trainer comes first.
-        let mut trainer = Trainer::new(&cfg)?;
-        let mut devices = Devices::select(&cfg, &mut trainer)?;
+        let mut trainer = Trainer::from_registry(&cfg, registry)?;
+        let mut devices = Devices::select(&cfg, registry, &mut trainer)?;
         let (leader, rank_nodes) = world.map_or((None, None), |(l, nodes)| (Some(l), Some(nodes)));
         if let Some(leader) = &leader {
             trainer.join_world(Box::new(leader.world().clone()), cfg.model.dropout)?;

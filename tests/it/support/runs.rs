@@ -39,7 +39,34 @@ pub fn tiny_config() -> PathBuf {
 /// it: no SLURM job (so no `scontrol`), no `RUST_LOG`, no failpoints, no GPU
 /// inventory.
 pub fn rekindle() -> Command {
-    let mut cmd = Command::cargo_bin("rekindle").expect("the rekindle binary is built by cargo test");
+    unsteered(Command::cargo_bin("rekindle").expect("the rekindle binary is built by cargo test"))
+}
+
+/// `examples/own_model.rs`: the whole `rekindle` command line of a program
+/// that registers a model of its own (`kind = "conv"`).
+pub fn own_model_exe() -> PathBuf {
+    let me = std::env::current_exe().expect("current_exe");
+    let profile_dir = me.parent().and_then(Path::parent).expect("test binary lives in <target>/<profile>/deps");
+    let exe = profile_dir.join("examples").join(format!("own_model{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        exe.is_file(),
+        "{} is missing: run `cargo build --examples` (or a plain `cargo test`, which builds examples) first",
+        exe.display()
+    );
+    exe
+}
+
+/// `configs/own_model.toml` of this checkout (`kind = "conv"`).
+pub fn own_model_config() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("configs").join("own_model.toml")
+}
+
+/// [`own_model_exe`] in the environment [`rekindle`] runs in.
+pub fn own_model() -> Command {
+    unsteered(Command::new(own_model_exe()))
+}
+
+fn unsteered(mut cmd: Command) -> Command {
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("SLURM_") {
             cmd.env_remove(key);
@@ -60,6 +87,8 @@ pub fn outcome(out: &Output) -> (i32, String, String) {
 /// A training setup: a config file, `--set` overrides, and its `max_steps`.
 #[derive(Debug, Clone)]
 pub struct Training {
+    /// The program (`None`: the `rekindle` binary under test).
+    exe: Option<PathBuf>,
     config: PathBuf,
     sets: Vec<String>,
     max_steps: u64,
@@ -68,7 +97,18 @@ pub struct Training {
 impl Training {
     /// `configs/tiny.toml` (the `mlp` workload) trained for `max_steps`.
     pub fn tiny_mlp(max_steps: u64) -> Training {
-        Training { config: tiny_config(), sets: vec![format!("run.max_steps={max_steps}")], max_steps }
+        Training { exe: None, config: tiny_config(), sets: vec![format!("run.max_steps={max_steps}")], max_steps }
+    }
+
+    /// `configs/own_model.toml` (the `conv` model of `examples/own_model.rs`,
+    /// run by that program) trained for `max_steps`, logging every step.
+    pub fn own_model(max_steps: u64) -> Training {
+        Training {
+            exe: Some(own_model_exe()),
+            config: own_model_config(),
+            sets: vec![format!("run.max_steps={max_steps}"), "train.log_every=1".to_string()],
+            max_steps,
+        }
     }
 
     /// The `gpt` workload on synthetic bytes, small enough for a debug build
@@ -96,7 +136,10 @@ impl Training {
 
     /// `rekindle -q run --config … --run-dir DIR --set …` plus `extra`.
     pub fn command(&self, run_dir: &Path, extra: &[&str]) -> Command {
-        let mut cmd = rekindle();
+        let mut cmd = match &self.exe {
+            Some(exe) => unsteered(Command::new(exe)),
+            None => rekindle(),
+        };
         cmd.args(["-q", "run", "--config"]).arg(&self.config).arg("--run-dir").arg(run_dir);
         for s in &self.sets {
             cmd.args(["--set", s]);
