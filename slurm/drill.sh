@@ -30,6 +30,11 @@
 #               Needs the local cluster (slurm/local-cluster.sh).
 #   cancel      plain scancel: rekindle saves, does not requeue; the job ends
 #               CANCELLED.
+#   own         a program of your own (examples/own_model.rs: a conv model
+#               registered next to the built-ins) submitted the same way with
+#               REKINDLE_BIN pointing at it and configs/own_model.toml, then
+#               plain `scancel -s TERM JOB`: as term, and byte-identical to
+#               that program's uninterrupted run.
 #   dp          `sbatch -N2 -n2 slurm/orchestrator.slurm ...`: one data-parallel
 #               run over two ranks on two nodes (srun --mpi=pmix; needs a
 #               rekindle built with --features mpi), then plain
@@ -66,13 +71,16 @@
 #   DRILL_CONFIG          the config trained (default configs/tiny.toml, an mlp)
 #   DRILL_HIDDEN          its model.hidden (default [64,64])
 #   DRILL_TIMEOUT         seconds one drill may take before it FAILs (default 300)
+#   DRILL_OWN_BIN         the program of the `own` drill (default
+#                         target/debug/examples/own_model of this checkout;
+#                         `cargo build --examples` builds it)
 #   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss (default: ask
 #                         slurm/local-cluster.sh when SLURM_CONF is its config)
 set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
-ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel dp)
+ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel dp own)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -160,7 +168,28 @@ if [[ " ${drills[*]} " == *" dp "* ]]; then
         >"$REF_DP.log" 2>&1 &
     ref_dp_pid=$!
 fi
+# The `own` drill: a program of its own, its config, its own reference run.
+OWN_BIN=${DRILL_OWN_BIN:-$repo_root/target/debug/examples/own_model}
+OWN_CONFIG=$repo_root/configs/own_model.toml
+OWN_STEPS=${DRILL_OWN_STEPS:-600}
+OWN_TRAIN=(--set "run.max_steps=$OWN_STEPS" --set "checkpoint.every_steps=$EVERY" --set train.log_every=1)
+REF_OWN=$WORK/reference-own
+ref_own_pid=
+if [[ " ${drills[*]} " == *" own "* ]]; then
+    [[ -x $OWN_BIN ]] || die "the own drill needs $OWN_BIN: run cargo build --examples, or set DRILL_OWN_BIN"
+    OWN_BIN=$(cd "$(dirname "$OWN_BIN")" && pwd)/$(basename "$OWN_BIN")
+    without_slurm "$OWN_BIN" run --config "$OWN_CONFIG" --run-dir "$REF_OWN" "${OWN_TRAIN[@]}" >"$REF_OWN.log" 2>&1 &
+    ref_own_pid=$!
+fi
 reference_ready() {
+    if [[ $name == own ]]; then
+        if [[ -n $ref_own_pid ]]; then
+            wait "$ref_own_pid" || { log "the own-model reference failed: $(tail -n 5 "$REF_OWN.log")"; ref_own_pid=; return 1; }
+            ref_own_pid=
+        fi
+        [[ -f $REF_OWN/checkpoints/step-$(printf '%010d' "$OWN_STEPS")/model.safetensors ]]
+        return
+    fi
     if [[ $name == dp ]]; then
         if [[ -n $ref_dp_pid ]]; then
             wait "$ref_dp_pid" || { log "the 2-rank reference failed: $(tail -n 5 "$REF_DP.log")"; ref_dp_pid=; return 1; }
@@ -245,6 +274,15 @@ submit() {
     log "$name: submitted job $job"
 }
 
+# The uninterrupted run a drill's result must equal.
+reference_of() {
+    case $1 in
+    dp) echo "$REF_DP" ;;
+    own) echo "$REF_OWN" ;;
+    *) echo "$REF" ;;
+    esac
+}
+
 # Judges the drill. Usage: judge [drill_check.py options...]
 judge() {
     local state restarts exit_code verify_rc notes=()
@@ -259,8 +297,8 @@ judge() {
     for n in "${NOTES[@]}"; do notes+=(--note "$n"); done
     python3 "$script_dir/drill_check.py" --drill "$name" --run "$run" --job "$job" \
         --state "$state" --restarts "${restarts:--1}" --exit-code "$exit_code" \
-        --repo "$wd/results.git" --reference "$([[ $name == dp ]] && echo "$REF_DP" || echo "$REF")" \
-        --max-steps "$STEPS" --every "$EVERY" \
+        --repo "$wd/results.git" --reference "$(reference_of "$name")" \
+        --max-steps "$([[ $name == own ]] && echo "$OWN_STEPS" || echo "$STEPS")" --every "$EVERY" \
         --grace "$GRACE" --seconds "$(elapsed "$t_start")" --verify-rc "$verify_rc" \
         --job-output "$wd/slurm-$job.out" \
         --out "$wd/summary.json" "${notes[@]}" "$@"
@@ -420,6 +458,14 @@ drill_cancel() {
     sleep 5
 }
 
+# A program of your own (a registered model), stopped by a plain scancel -s TERM.
+drill_own() {
+    local CONFIG=$OWN_CONFIG
+    local -a TRAIN=("${OWN_TRAIN[@]}")
+    local -x REKINDLE_BIN=$OWN_BIN
+    scancel_drill -s TERM
+}
+
 # One run over two ranks on the two nodes, stopped by a plain scancel -s TERM.
 drill_dp() {
     submit dp -N2 -n2 || return 1
@@ -460,5 +506,6 @@ for d in "${drills[@]}"; do
 done
 [[ -n $ref_pid ]] && wait "$ref_pid" 2>/dev/null
 [[ -n $ref_dp_pid ]] && wait "$ref_dp_pid" 2>/dev/null
+[[ -n $ref_own_pid ]] && wait "$ref_own_pid" 2>/dev/null
 log "work folder: $WORK"
 exit $failed

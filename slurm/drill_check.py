@@ -17,8 +17,8 @@ import sys
 # Drills that end the first attempt with a graceful stop (a checkpoint of the
 # current step); those after which rekindle requeues the job itself; those
 # whose signal reaches only the batch shell, which forwards it to the step.
-GRACEFUL = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "preempt", "cancel", "dp")
-REQUEUED_BY_REKINDLE = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "dp")
+GRACEFUL = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "preempt", "cancel", "dp", "own")
+REQUEUED_BY_REKINDLE = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "dp", "own")
 FORWARDED = ("term-batch", "warn-batch", "timelimit")
 
 

@@ -11,7 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 9] = ["term", "term-batch", "usr1", "warn", "warn-batch", "preempt", "nodeloss", "cancel", "dp"];
+const DRILLS: [&str; 10] =
+    ["term", "term-batch", "usr1", "warn", "warn-batch", "preempt", "nodeloss", "cancel", "dp", "own"];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -71,6 +72,7 @@ fn every_drill_passes_on_a_local_two_node_slurm_cluster() {
         .args(DRILLS)
         .env("SLURM_CONF", &conf)
         .env("REKINDLE_BIN", env!("CARGO_BIN_EXE_rekindle"))
+        .env("DRILL_OWN_BIN", crate::support::example_exe("own_model"))
         .env("DRILL_DIR", work.path())
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
