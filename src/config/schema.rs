@@ -395,40 +395,49 @@ impl Default for CheckpointSection {
     }
 }
 
-/// `[checkpoint] interval`: a fixed duration, or `"auto"` (Young/Daly from
-/// the measured checkpoint cost and the mean time between interruptions,
-/// see `orchestrate::interval`).
+/// A duration that may be left to rekindle: `"auto"` or a fixed duration
+/// such as `"5m"`. `[checkpoint] interval` (see [`CheckpointInterval`]) and
+/// the `[watchdog]` limits (see [`Limit`]) are read this way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CheckpointInterval {
+pub enum AutoDuration {
     Auto,
     Fixed(Duration),
 }
 
-impl Serialize for CheckpointInterval {
+/// `[checkpoint] interval`: a fixed duration, or `"auto"` (Young/Daly from
+/// the measured checkpoint cost and the mean time between interruptions,
+/// see `orchestrate::interval`).
+pub type CheckpointInterval = AutoDuration;
+
+/// A `[watchdog]` limit: `"auto"` (derived from the measured median step
+/// time, see `orchestrate::watchdog::auto_limit`) or a fixed duration.
+pub type Limit = AutoDuration;
+
+impl Serialize for AutoDuration {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            CheckpointInterval::Auto => s.serialize_str("auto"),
-            CheckpointInterval::Fixed(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            AutoDuration::Auto => s.serialize_str("auto"),
+            AutoDuration::Fixed(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
         }
     }
 }
 
-impl<'de> Deserialize<'de> for CheckpointInterval {
+impl<'de> Deserialize<'de> for AutoDuration {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct IntervalVisitor;
+        struct AutoDurationVisitor;
 
-        impl serde::de::Visitor<'_> for IntervalVisitor {
-            type Value = CheckpointInterval;
+        impl serde::de::Visitor<'_> for AutoDurationVisitor {
+            type Value = AutoDuration;
 
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("\"auto\" or a duration such as \"5m\"")
             }
 
-            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<CheckpointInterval, E> {
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<AutoDuration, E> {
                 if text == "auto" {
-                    return Ok(CheckpointInterval::Auto);
+                    return Ok(AutoDuration::Auto);
                 }
-                humantime::parse_duration(text).map(CheckpointInterval::Fixed).map_err(|e| {
+                humantime::parse_duration(text).map(AutoDuration::Fixed).map_err(|e| {
                     E::custom(format!(
                         "`{text}` is neither \"auto\" nor a duration ({e}); write e.g. \"auto\", \"90s\" or \"5m\""
                     ))
@@ -436,7 +445,7 @@ impl<'de> Deserialize<'de> for CheckpointInterval {
             }
         }
 
-        d.deserialize_str(IntervalVisitor)
+        d.deserialize_str(AutoDurationVisitor)
     }
 }
 
@@ -553,50 +562,6 @@ impl Default for GpuSection {
             require: false,
             monitor_interval: Duration::from_secs(10),
         }
-    }
-}
-
-/// A `[watchdog]` limit: `"auto"` (derived from the measured median step
-/// time, see `orchestrate::watchdog::auto_limit`) or a fixed duration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
-    Auto,
-    Fixed(Duration),
-}
-
-impl Serialize for Limit {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Limit::Auto => s.serialize_str("auto"),
-            Limit::Fixed(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Limit {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct LimitVisitor;
-
-        impl serde::de::Visitor<'_> for LimitVisitor {
-            type Value = Limit;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("\"auto\" or a duration such as \"30m\"")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Limit, E> {
-                if text == "auto" {
-                    return Ok(Limit::Auto);
-                }
-                humantime::parse_duration(text).map(Limit::Fixed).map_err(|e| {
-                    E::custom(format!(
-                        "`{text}` is neither \"auto\" nor a duration ({e}); write e.g. \"auto\" or \"30m\""
-                    ))
-                })
-            }
-        }
-
-        d.deserialize_str(LimitVisitor)
     }
 }
 
