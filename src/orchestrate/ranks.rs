@@ -7,6 +7,7 @@
 //!
 //! ```text
 //! hello          every rank: its node           (the start event lists them)
+//!                leader: the launch's session   (heartbeats carry it)
 //! Begin          leader: the step to resume from (or none)
 //! Tick × steps   leader: whether it would train; every rank: its signal.
 //!                A signal on any rank stops every rank at this boundary.
@@ -16,9 +17,10 @@
 //! Every decision is a pure function of what all ranks sent
 //! ([`trains`]), so every rank makes the same one. The leader sends `End`
 //! on every way out (also an error before `Begin`), so followers never wait
-//! for a round that will not come; a rank that dies is the launcher's
-//! business (`srun --kill-on-bad-exit`, `mpirun`) and the job comes back
-//! from the last committed checkpoint.
+//! for a round that will not come. A rank that dies is first the launcher's
+//! business (`srun --kill-on-bad-exit`, `mpirun`); one that stops without
+//! dying, or dies unnoticed, is found by the heartbeats (`rank_watch.rs`),
+//! and either way the job comes back from the last committed checkpoint.
 
 use std::time::{Duration, Instant};
 
@@ -31,12 +33,16 @@ use crate::exit::Outcome;
 use crate::train::{Registry, StepResult, Trainer};
 
 use super::error::RunError;
+use super::rank_watch::Pulse;
 use super::stop::{StopFlag, StopReason};
 
 /// What the leader says in a round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "lead", rename_all = "snake_case")]
 pub enum Lead {
+    /// The first round: the launch's identity, which every rank writes in
+    /// its heartbeat (`rank_watch.rs`).
+    Hello { session: String },
     /// Training begins: restore this step's checkpoint (none: step 0).
     Begin { resume_step: Option<u64> },
     /// A step boundary: whether the leader would train one more step.
@@ -98,13 +104,22 @@ fn round(world: &SharedWorld, mine: &Report) -> Result<Vec<Report>, RunError> {
 pub struct Leader {
     world: SharedWorld,
     node: String,
+    /// The leader's heartbeat: the step it stands at, told at every tick.
+    pulse: Pulse,
 }
 
 impl Leader {
-    /// The hello round; returns the leader and every rank's node.
-    pub fn hello(world: SharedWorld, node: String, stop: &StopFlag) -> Result<(Leader, Vec<String>), RunError> {
-        let reports = round(&world, &Report::of(&node, stop, None))?;
-        Ok((Leader { world, node }, reports.into_iter().map(|r| r.node).collect()))
+    /// The hello round, announcing the launch's `session`; returns the
+    /// leader and every rank's node.
+    pub fn hello(
+        world: SharedWorld,
+        node: String,
+        stop: &StopFlag,
+        session: String,
+        pulse: Pulse,
+    ) -> Result<(Leader, Vec<String>), RunError> {
+        let reports = round(&world, &Report::of(&node, stop, Some(Lead::Hello { session })))?;
+        Ok((Leader { world, node, pulse }, reports.into_iter().map(|r| r.node).collect()))
     }
 
     pub fn world(&self) -> &SharedWorld {
@@ -115,10 +130,12 @@ impl Leader {
         round(&self.world, &Report::of(&self.node, stop, Some(Lead::Begin { resume_step }))).map(drop)
     }
 
-    /// A step boundary: returns whether every rank trains the next step.
-    /// A signal that reached only other ranks is recorded in `stop` (with
-    /// its arrival time there, so the deadline is the earliest arrival).
-    pub fn tick(&self, stop: &StopFlag, train: bool) -> Result<bool, RunError> {
+    /// A step boundary after `step` completed steps: returns whether every
+    /// rank trains the next step. A signal that reached only other ranks is
+    /// recorded in `stop` (with its arrival time there, so the deadline is
+    /// the earliest arrival).
+    pub fn tick(&self, stop: &StopFlag, train: bool, step: u64) -> Result<bool, RunError> {
+        self.pulse.at_step(step);
         let reports = round(&self.world, &Report::of(&self.node, stop, Some(Lead::Tick { train })))?;
         if let Some((sig, age)) = earliest_signal(&reports) {
             stop.merge_remote(
@@ -138,8 +155,25 @@ impl Leader {
     }
 }
 
-/// A follower: trains in lockstep with the leader, writes nothing, and
-/// exits with the leader's code.
+/// The leader's instruction in a round.
+fn lead_of(reports: &[Report]) -> Result<Lead, RunError> {
+    reports
+        .first()
+        .and_then(|r| r.lead.clone())
+        .ok_or_else(|| RunError::Ranks { what: "rank 0 sent no instruction: are all ranks the same rekindle?".into() })
+}
+
+/// A follower's hello round: returns the launch's session, from the leader.
+pub fn follower_hello(world: &SharedWorld, node: &str, stop: &StopFlag) -> Result<String, RunError> {
+    match lead_of(&round(world, &Report::of(node, stop, None))?)? {
+        Lead::Hello { session } => Ok(session),
+        other => Err(RunError::Ranks { what: format!("rank 0 began with {other:?} instead of hello") }),
+    }
+}
+
+/// A follower after its hello: trains in lockstep with the leader, writes
+/// nothing but its heartbeat (through `pulse`), and exits with the leader's
+/// code.
 pub fn follow(
     cfg: &Config,
     registry: &Registry,
@@ -147,15 +181,13 @@ pub fn follow(
     world: SharedWorld,
     node: String,
     stop: &StopFlag,
+    pulse: &Pulse,
 ) -> Result<Outcome, RunError> {
-    round(&world, &Report::of(&node, stop, None))?;
     let mut trainer: Option<Trainer> = None;
     loop {
         let reports = round(&world, &Report::of(&node, stop, None))?;
-        let lead = reports.first().and_then(|r| r.lead.clone()).ok_or_else(|| RunError::Ranks {
-            what: "rank 0 sent no instruction: are all ranks the same rekindle?".into(),
-        })?;
-        match lead {
+        match lead_of(&reports)? {
+            Lead::Hello { .. } => return Err(RunError::Ranks { what: "rank 0 said hello twice".into() }),
             Lead::End { code } => return Ok(Outcome::from_code(code)),
             Lead::Begin { resume_step } => {
                 let mut t = Trainer::from_registry(cfg, registry)?;
@@ -172,6 +204,7 @@ pub fn follow(
                     let snap = &loaded.snapshot;
                     t.restore(&snap.model, &snap.optimizer, &snap.state["train"])
                         .map_err(|source| RunError::Restore { dir: dir.clone(), source })?;
+                    pulse.at_step(step);
                 }
                 t.join_world(Box::new(world.clone()), cfg.model.dropout)?;
                 trainer = Some(t);
@@ -184,7 +217,9 @@ pub fn follow(
                     .as_mut()
                     .ok_or_else(|| RunError::Ranks { what: "rank 0 asked for a step before training began".into() })?;
                 match t.train_step(&|| false)? {
-                    StepResult::Completed(_) | StepResult::NonFiniteStop(_) | StepResult::Interrupted => {}
+                    StepResult::Completed(_) | StepResult::NonFiniteStop(_) | StepResult::Interrupted => {
+                        pulse.at_step(t.step());
+                    }
                     StepResult::NonFiniteRollback(_) => {
                         return Err(RunError::Ranks { what: "a rollback in a data-parallel run".into() });
                     }
@@ -222,7 +257,12 @@ mod tests {
 
     #[test]
     fn reports_round_trip_through_json() {
-        for lead in [Lead::Begin { resume_step: Some(4) }, Lead::Tick { train: false }, Lead::End { code: 75 }] {
+        for lead in [
+            Lead::Hello { session: "n1-7-1".into() },
+            Lead::Begin { resume_step: Some(4) },
+            Lead::Tick { train: false },
+            Lead::End { code: 75 },
+        ] {
             let r = report(Some(15), 1.0, Some(lead));
             let back: Report = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
             assert_eq!(back, r);

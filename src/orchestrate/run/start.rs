@@ -21,6 +21,7 @@ use super::super::devices::Devices;
 use super::super::error::RunError;
 use super::super::lock::{RunLock, Takeover};
 use super::super::persist::Persister;
+use super::super::rank_watch::RankWatch;
 use super::super::ranks::Leader;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::super::stop::StopFlag;
@@ -42,7 +43,7 @@ impl Attempt {
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
         lock: &RunLock,
-        world: Option<(Leader, Vec<String>)>,
+        world: Option<(Leader, Vec<String>, &RankWatch)>,
     ) -> Result<Started, RunError> {
         let ownership = lock.ownership();
         // Every commit first confirms the run directory is still ours.
@@ -57,7 +58,8 @@ impl Attempt {
         // The placement plan needs the model's size, so the trainer comes first.
         let mut trainer = Trainer::from_registry(&cfg, registry)?;
         let mut devices = Devices::select(&cfg, registry, &mut trainer)?;
-        let (leader, rank_nodes) = world.map_or((None, None), |(l, nodes)| (Some(l), Some(nodes)));
+        let (leader, rank_nodes, watch) =
+            world.map_or((None, None, None), |(l, nodes, watch)| (Some(l), Some(nodes), Some(watch)));
         if let Some(leader) = &leader {
             trainer.join_world(Box::new(leader.world().clone()), cfg.model.dropout)?;
         }
@@ -110,25 +112,40 @@ impl Attempt {
         let persister = Persister::spawn(store.clone(), beats.clone())
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
         let hang = std::sync::Arc::new(HangDesk::default());
+        // The watchdog and the watch over the other ranks end the attempt the
+        // same way, through one handler: whichever finds trouble first takes it.
+        let handler = HangHandler {
+            cfg: cfg.clone(),
+            slurm: slurm.clone(),
+            events: events_path(&dir.root),
+            store: store.clone(),
+            beats: beats.clone(),
+            desk: std::sync::Arc::clone(&hang),
+            lock: lock.release_handle(),
+            summary: dir.path(SUMMARY_FILE),
+            start_step,
+            resumes,
+            started: Instant::now(),
+        };
+        let handler = std::sync::Arc::new(std::sync::Mutex::new(Some(handler)));
+        let take = |slot: &std::sync::Mutex<Option<HangHandler>>| slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let (Some(watch), Some(nodes)) = (watch, &rank_nodes) {
+            let (slot, size) = (std::sync::Arc::clone(&handler), nodes.len());
+            watch.set_handler(Box::new(move |lost| match take(&slot) {
+                Some(h) => h.handle_lost(lost, size),
+                None => park_forever(),
+            }));
+        }
         let watchdog = if cfg.watchdog.enabled {
-            let handler = HangHandler {
-                cfg: cfg.clone(),
-                slurm: slurm.clone(),
-                events: events_path(&dir.root),
-                store: store.clone(),
-                beats: beats.clone(),
-                desk: std::sync::Arc::clone(&hang),
-                lock: lock.release_handle(),
-                summary: dir.path(SUMMARY_FILE),
-                start_step,
-                resumes,
-                started: Instant::now(),
-            };
+            let slot = std::sync::Arc::clone(&handler);
             let dog = Watchdog::spawn(
                 cfg.watchdog.clone(),
                 cfg.train.eval_batches,
                 beats.clone(),
-                Box::new(move |h| handler.handle(h)),
+                Box::new(move |h| match take(&slot) {
+                    Some(handler) => handler.handle(h),
+                    None => park_forever(),
+                }),
             )
             .map_err(|source| RunError::RunDir { path: PathBuf::from("<watchdog thread>"), source })?;
             Some(dog)
@@ -179,6 +196,13 @@ impl Attempt {
         });
         attempt.choose_interval(start_step)?;
         Ok(Started::Ready(attempt))
+    }
+}
+
+/// The other handler is ending the process: this thread waits for that.
+fn park_forever() -> ! {
+    loop {
+        std::thread::park();
     }
 }
 
