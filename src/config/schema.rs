@@ -623,11 +623,14 @@ pub struct DistributedSection {
     /// node gone): the others record `rank_lost` and abort the world.
     #[serde(with = "humantime_serde_compat")]
     pub timeout: Duration,
+    /// ZeRO-1: each rank keeps and updates the optimizer moments of only
+    /// its 1/N slice of the parameters; the updated slices are all-gathered.
+    pub shard_optimizer: bool,
 }
 
 impl Default for DistributedSection {
     fn default() -> Self {
-        DistributedSection { timeout: Duration::from_secs(180) }
+        DistributedSection { timeout: Duration::from_secs(180), shard_optimizer: false }
     }
 }
 

@@ -11,6 +11,8 @@
 //! Begin          leader: the step to resume from (or none)
 //! Tick × steps   leader: whether it would train; every rank: its signal.
 //!                A signal on any rank stops every rank at this boundary.
+//! Snapshot       leader: it snapshots a sharded optimizer (ZeRO-1): every
+//!                rank joins the gather of the moments
 //! End            leader: the exit code; followers exit with it
 //! ```
 //!
@@ -49,6 +51,9 @@ pub enum Lead {
     Tick { train: bool },
     /// The run is over: exit with this code.
     End { code: u8 },
+    /// The leader takes a snapshot of a sharded optimizer
+    /// (`[distributed] shard_optimizer`): every rank joins its gather.
+    Snapshot,
 }
 
 /// What every rank says in every round.
@@ -146,6 +151,12 @@ impl Leader {
         Ok(trains(&reports))
     }
 
+    /// Before the leader snapshots a sharded optimizer: every follower joins
+    /// the gather of the moments that the snapshot makes.
+    pub fn snapshot(&self, stop: &StopFlag) -> Result<(), RunError> {
+        round(&self.world, &Report::of(&self.node, stop, Some(Lead::Snapshot))).map(drop)
+    }
+
     /// The last round: every follower exits with `outcome`'s code.
     pub fn end(&self, stop: &StopFlag, outcome: Outcome) {
         let lead = Lead::End { code: outcome.code() };
@@ -189,6 +200,14 @@ pub fn follow(
         match lead_of(&reports)? {
             Lead::Hello { .. } => return Err(RunError::Ranks { what: "rank 0 said hello twice".into() }),
             Lead::End { code } => return Ok(Outcome::from_code(code)),
+            Lead::Snapshot => {
+                // The leader snapshots a sharded optimizer: its gather needs
+                // every rank's slice; what this rank gathers is not kept.
+                let t = trainer.as_ref().ok_or_else(|| RunError::Ranks {
+                    what: "rank 0 asked for a snapshot before training began".into(),
+                })?;
+                t.snapshot()?;
+            }
             Lead::Begin { resume_step } => {
                 let mut t = Trainer::from_registry(cfg, registry)?;
                 if let Some(step) = resume_step {
@@ -207,6 +226,9 @@ pub fn follow(
                     pulse.at_step(step);
                 }
                 t.join_world(Box::new(world.clone()), cfg.model.dropout)?;
+                if cfg.distributed.shard_optimizer {
+                    t.shard_optimizer()?;
+                }
                 trainer = Some(t);
             }
             Lead::Tick { .. } => {

@@ -187,6 +187,10 @@ pub struct Start {
     /// The node of each rank, in rank order (absent for one process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank_nodes: Option<Vec<String>>,
+    /// Data-parallel runs only: whether each rank keeps only its slice of
+    /// the optimizer state (`[distributed] shard_optimizer`, ZeRO-1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub optimizer_sharded: Option<bool>,
 }
 
 /// `lock_takeover`: the run-directory lock this attempt took over, and why

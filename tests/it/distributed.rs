@@ -363,3 +363,40 @@ fn a_rank_stopped_without_dying_is_named_lost_within_the_timeout_and_the_world_e
         assert_same_metrics(&run_dir, &reference, target);
     }
 }
+
+#[test]
+fn a_sharded_optimizer_run_equals_the_unsharded_one_and_resumes_across_world_sizes() {
+    let Some(()) = requires::mpi() else { return };
+    let plain = training(30);
+    let sharded = training(30).set("distributed.shard_optimizer=true");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str| tmp.path().join(name);
+
+    // Two ranks, sharded, stopped and resumed: byte for byte two ranks unsharded.
+    run_ranks(&plain, 2, &dir("reference"), &[], EXIT_DONE);
+    run_ranks(&sharded, 2, &dir("sharded"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    run_ranks(&sharded, 2, &dir("sharded"), &[], EXIT_DONE);
+    let kept = checkpoint_steps(&dir("sharded"));
+    assert!(kept.contains(&30), "{kept:?}");
+    for step in kept.into_iter().filter(|s| step_dir(&dir("reference"), *s).is_dir()) {
+        assert_same_checkpoint(&dir("sharded"), &dir("reference"), step);
+    }
+    assert_same_metrics(&dir("sharded"), &dir("reference"), 30);
+    let start = |d: &str| events_named(&dir(d), "start")[0]["optimizer_sharded"].clone();
+    assert_eq!((start("sharded"), start("reference")), (Value::Bool(true), Value::Bool(false)));
+
+    // 2 sharded ranks → 1 process: the same as 2 unsharded ranks → 1.
+    run_ranks(&sharded, 2, &dir("2-to-1-sharded"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    sharded.run_to_end(&dir("2-to-1-sharded"));
+    run_ranks(&plain, 2, &dir("2-to-1-plain"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    plain.run_to_end(&dir("2-to-1-plain"));
+    assert_same_checkpoint(&dir("2-to-1-sharded"), &dir("2-to-1-plain"), 30);
+
+    // 1 process → 2 sharded ranks: the same as 1 → 2 unsharded.
+    plain.stop_at(&dir("1-to-2-sharded"), 15);
+    run_ranks(&sharded, 2, &dir("1-to-2-sharded"), &[], EXIT_DONE);
+    plain.stop_at(&dir("1-to-2-plain"), 15);
+    run_ranks(&plain, 2, &dir("1-to-2-plain"), &[], EXIT_DONE);
+    assert_same_checkpoint(&dir("1-to-2-sharded"), &dir("1-to-2-plain"), 30);
+    assert_same_metrics(&dir("1-to-2-sharded"), &dir("1-to-2-plain"), 30);
+}

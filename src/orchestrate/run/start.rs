@@ -62,11 +62,15 @@ impl Attempt {
             world.map_or((None, None, None), |(l, nodes, watch)| (Some(l), Some(nodes), Some(watch)));
         if let Some(leader) = &leader {
             trainer.join_world(Box::new(leader.world().clone()), cfg.model.dropout)?;
+            if cfg.distributed.shard_optimizer {
+                trainer.shard_optimizer()?;
+            }
         }
         let mut start = start_event(&cfg, &dir, &slurm, &devices);
         if let Event::Start(s) = &mut start {
             s.world_size = rank_nodes.as_ref().map(Vec::len);
             s.rank_nodes = rank_nodes.clone();
+            s.optimizer_sharded = rank_nodes.as_ref().map(|_| trainer.optimizer_shard().is_some());
         }
         events.record(&start)?;
         if let Some(takeover) = ownership.takeover() {
@@ -216,6 +220,7 @@ fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) 
         placement: devices.describe(),
         world_size: None,
         rank_nodes: None,
+        optimizer_sharded: None,
     })
 }
 
