@@ -1,9 +1,10 @@
 //! A run of several ranks (docs/distributed.md): rank 0, the *leader*, runs
 //! the whole lifecycle of a one-process run (lock, records, checkpoints,
 //! requeue, publish); the other ranks, *followers*, train in lockstep and
-//! write nothing. They agree through rounds of one all-gather each: every
-//! rank sends a [`Report`] (its node, the stop signal it received), and the
-//! leader adds what happens next ([`Lead`]):
+//! write nothing but their heartbeat (`rank_watch.rs`). They agree through
+//! rounds of one all-gather each: every rank sends a [`Report`] (its node,
+//! the stop signal it received), and the leader adds what happens next
+//! ([`Lead`]):
 //!
 //! ```text
 //! hello          every rank: its node           (the start event lists them)
