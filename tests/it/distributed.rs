@@ -400,3 +400,55 @@ fn a_sharded_optimizer_run_equals_the_unsharded_one_and_resumes_across_world_siz
     assert_same_checkpoint(&dir("1-to-2-sharded"), &dir("1-to-2-plain"), 30);
     assert_same_metrics(&dir("1-to-2-sharded"), &dir("1-to-2-plain"), 30);
 }
+
+#[test]
+fn of_three_ranks_one_stopped_is_recorded_once_by_rank_0_while_rank_1_waits_for_its_abort() {
+    let Some(()) = requires::mpi() else { return };
+    const TIMEOUT_S: u64 = 2;
+    let training = training(100_000).set("train.batch_size=12").set(&format!("distributed.timeout=\"{TIMEOUT_S}s\""));
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let mut child = mpirun_command(3, training.command(&run_dir, &[]), &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start mpirun");
+    let t0 = Instant::now();
+    let pid = loop {
+        let saved = !events_named(&run_dir, "checkpoint_saved").is_empty();
+        if let (true, Some(pid)) = (saved, rank_pid(&run_dir, 2)) {
+            break pid;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the stop");
+        assert!(t0.elapsed() < Duration::from_secs(90), "no checkpoint in 90 s");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let victim = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(victim, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped_at = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if stopped_at.elapsed() > Duration::from_secs(TIMEOUT_S + 20) {
+            let _ = nix::sys::signal::kill(victim, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.kill();
+            panic!("rank 2 of 3 stopped: mpirun still running after {} s", TIMEOUT_S + 20);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Rank 1 noticed too, but only waits: had it aborted first, rank 0's
+    // records could have been cut short.
+    assert_eq!(status.code(), Some(EXIT_STOPPED), "{status}");
+    let lost = events_named(&run_dir, "rank_lost");
+    assert_eq!(lost.len(), 1, "one writer, one event: {lost:?}");
+    assert_eq!((&lost[0]["rank"], &lost[0]["noticed_by"], &lost[0]["world_size"]), (&2.into(), &0.into(), &3.into()));
+    assert_eq!(events_named(&run_dir, "stop").pop().expect("a stop event")["reason"], "rank_lost: rank 2");
+    let (code, out) = verify(&run_dir);
+    assert_eq!(code, Some(0), "every committed checkpoint verifies:\n{out}");
+    let t1 = Instant::now();
+    while rank_pid(&run_dir, 2).is_some() || lock_holder(&run_dir).is_some() {
+        assert!(t1.elapsed() < Duration::from_secs(30), "the stopped rank outlived mpirun by 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
