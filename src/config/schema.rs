@@ -24,6 +24,7 @@ pub struct Config {
     pub gpu: GpuSection,
     pub watchdog: WatchdogSection,
     pub lock: LockSection,
+    pub distributed: DistributedSection,
 }
 
 /// `[run]`: identity and length of the run.
@@ -610,6 +611,26 @@ pub struct LockSection {
 impl Default for LockSection {
     fn default() -> Self {
         LockSection { stale_after: Duration::from_secs(60) }
+    }
+}
+
+/// `[distributed]`: a run of several ranks (docs/distributed.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistributedSection {
+    /// A rank whose heartbeat file (`<run dir>/ranks/`) has not changed for
+    /// this long, as watched by another rank, is lost (stopped, dead, or its
+    /// node gone): the others record `rank_lost` and abort the world.
+    #[serde(with = "humantime_serde_compat")]
+    pub timeout: Duration,
+    /// ZeRO-1: each rank keeps and updates the optimizer moments of only
+    /// its 1/N slice of the parameters; the updated slices are all-gathered.
+    pub shard_optimizer: bool,
+}
+
+impl Default for DistributedSection {
+    fn default() -> Self {
+        DistributedSection { timeout: Duration::from_secs(180), shard_optimizer: false }
     }
 }
 

@@ -80,6 +80,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     gpu(&mut f, &config.gpu);
     watchdog(&mut f, &config.watchdog);
     lock(&mut f, &config.lock);
+    distributed(&mut f, &config.distributed);
     f.0
 }
 
@@ -288,6 +289,22 @@ fn lock(f: &mut Findings, l: &LockSection) {
              and a shorter timeout would let a filesystem stall make a live run look dead to another node",
             humantime::format_duration(MIN_LOCK_STALE_AFTER),
             humantime::format_duration(stale)
+        )
+    });
+}
+
+/// The shortest `[distributed] timeout`: every rank rewrites its heartbeat
+/// every tenth of it (at least every 100 ms), and a shorter timeout would
+/// make a filesystem hiccup look like a lost rank and abort a healthy world.
+const MIN_DISTRIBUTED_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn distributed(f: &mut Findings, d: &DistributedSection) {
+    f.require(d.timeout >= MIN_DISTRIBUTED_TIMEOUT, "distributed.timeout", || {
+        format!(
+            "must be at least {} (got {}): every rank rewrites its heartbeat every tenth of it, and a shorter \
+             timeout would make a filesystem stall look like a lost rank and abort a healthy run",
+            humantime::format_duration(MIN_DISTRIBUTED_TIMEOUT),
+            humantime::format_duration(d.timeout)
         )
     });
 }

@@ -38,6 +38,18 @@ pub fn connect(info: &WorldInfo) -> Result<Box<dyn Collective>, DistributedError
     }
 }
 
+/// Ends this process with exit code `code` and, in an MPI world, every other
+/// rank with it: `MPI_Abort` on the world communicator, so the launcher
+/// (`mpirun`, `srun`) ends ranks that are stopped or stuck in a collective
+/// and reports `code`. Without MPI (one rank) it is a plain exit. Safe to
+/// call from any thread: a rank that gets here has given up on the world,
+/// and if the abort itself hangs the process exits on its own after 10 s.
+pub fn abort_world(code: u8) -> ! {
+    #[cfg(feature = "mpi")]
+    mpi_world::abort_if_initialized(code);
+    std::process::exit(i32::from(code))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -168,6 +168,24 @@ impl Collective for MpiWorld {
     }
 }
 
+/// `MPI_Abort(MPI_COMM_WORLD, code)` when MPI is initialised and not yet
+/// finalised; returns otherwise. Called from a thread other than the one
+/// in the collective (`MPI_THREAD_FUNNELED` does not cover that, but the
+/// world is being torn down: OpenMPI's abort asks its runtime to kill every
+/// rank and exits). A guard thread exits the process if the abort does not
+/// end it within 10 s.
+pub(super) fn abort_if_initialized(code: u8) {
+    if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
+        return;
+    }
+    let _ = std::thread::Builder::new().name("rekindle-abort-guard".into()).spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        std::process::exit(i32::from(code));
+    });
+    tracing::error!(code, "aborting the MPI world (MPI_Abort): the launcher ends every rank");
+    SimpleCommunicator::world().abort(std::os::raw::c_int::from(code))
+}
+
 impl MpiWorld {
     fn all_gather_u64(&self, local: u64) -> Vec<u64> {
         let mut all = vec![0u64; self.size];

@@ -179,14 +179,19 @@ pub fn hold_after(in_a_row: u32) -> Duration {
 
 /// Crash requeues SLURM accepted since the last checkpoint saved, from the
 /// events of the run so far. A hang's requeue counts as one (its `stop`
-/// event, reason `hang: …`): a job that hangs at the same place after every
-/// restart is a crash loop too.
+/// event, reason `hang: …`), and so does a lost rank's (`rank_lost: …`): a
+/// job that hangs at the same place after every restart is a crash loop too.
 pub fn crash_requeues_in_a_row(events: &[Event]) -> u32 {
     let accepted = |r: &Option<RequeueRecord>| r.as_ref().is_some_and(|r| r.answer.is_some());
     events.iter().fold(0, |n, e| match e {
         Event::CheckpointSaved(_) => 0,
         Event::Error(err) if accepted(&err.requeue) => n + 1,
-        Event::Stop(stop) if stop.reason.starts_with("hang:") && accepted(&stop.requeue) => n + 1,
+        Event::Stop(stop)
+            if (stop.reason.starts_with("hang:") || stop.reason.starts_with("rank_lost:"))
+                && accepted(&stop.requeue) =>
+        {
+            n + 1
+        }
         _ => n,
     })
 }
@@ -393,5 +398,10 @@ mod tests {
         };
         assert_eq!(crash_requeues_in_a_row(&[crash(true), hang("hang: step")]), 2, "a hang's requeue counts");
         assert_eq!(crash_requeues_in_a_row(&[hang("SIGTERM")]), 0, "a preemption's does not");
+        assert_eq!(
+            crash_requeues_in_a_row(&[hang("rank_lost: rank 1"), hang("hang: step")]),
+            2,
+            "a lost rank's counts"
+        );
     }
 }

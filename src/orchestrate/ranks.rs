@@ -1,24 +1,29 @@
 //! A run of several ranks (docs/distributed.md): rank 0, the *leader*, runs
 //! the whole lifecycle of a one-process run (lock, records, checkpoints,
 //! requeue, publish); the other ranks, *followers*, train in lockstep and
-//! write nothing. They agree through rounds of one all-gather each: every
-//! rank sends a [`Report`] (its node, the stop signal it received), and the
-//! leader adds what happens next ([`Lead`]):
+//! write nothing but their heartbeat (`rank_watch.rs`). They agree through
+//! rounds of one all-gather each: every rank sends a [`Report`] (its node,
+//! the stop signal it received), and the leader adds what happens next
+//! ([`Lead`]):
 //!
 //! ```text
 //! hello          every rank: its node           (the start event lists them)
+//!                leader: the launch's session   (heartbeats carry it)
 //! Begin          leader: the step to resume from (or none)
 //! Tick × steps   leader: whether it would train; every rank: its signal.
 //!                A signal on any rank stops every rank at this boundary.
+//! Snapshot       leader: it snapshots a sharded optimizer (ZeRO-1): every
+//!                rank joins the gather of the moments
 //! End            leader: the exit code; followers exit with it
 //! ```
 //!
 //! Every decision is a pure function of what all ranks sent
 //! ([`trains`]), so every rank makes the same one. The leader sends `End`
 //! on every way out (also an error before `Begin`), so followers never wait
-//! for a round that will not come; a rank that dies is the launcher's
-//! business (`srun --kill-on-bad-exit`, `mpirun`) and the job comes back
-//! from the last committed checkpoint.
+//! for a round that will not come. A rank that dies is first the launcher's
+//! business (`srun --kill-on-bad-exit`, `mpirun`); one that stops without
+//! dying, or dies unnoticed, is found by the heartbeats (`rank_watch.rs`),
+//! and either way the job comes back from the last committed checkpoint.
 
 use std::time::{Duration, Instant};
 
@@ -31,18 +36,25 @@ use crate::exit::Outcome;
 use crate::train::{Registry, StepResult, Trainer};
 
 use super::error::RunError;
+use super::rank_watch::Pulse;
 use super::stop::{StopFlag, StopReason};
 
 /// What the leader says in a round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "lead", rename_all = "snake_case")]
 pub enum Lead {
+    /// The first round: the launch's identity, which every rank writes in
+    /// its heartbeat (`rank_watch.rs`).
+    Hello { session: String },
     /// Training begins: restore this step's checkpoint (none: step 0).
     Begin { resume_step: Option<u64> },
     /// A step boundary: whether the leader would train one more step.
     Tick { train: bool },
     /// The run is over: exit with this code.
     End { code: u8 },
+    /// The leader takes a snapshot of a sharded optimizer
+    /// (`[distributed] shard_optimizer`): every rank joins its gather.
+    Snapshot,
 }
 
 /// What every rank says in every round.
@@ -98,13 +110,22 @@ fn round(world: &SharedWorld, mine: &Report) -> Result<Vec<Report>, RunError> {
 pub struct Leader {
     world: SharedWorld,
     node: String,
+    /// The leader's heartbeat: the step it stands at, told at every tick.
+    pulse: Pulse,
 }
 
 impl Leader {
-    /// The hello round; returns the leader and every rank's node.
-    pub fn hello(world: SharedWorld, node: String, stop: &StopFlag) -> Result<(Leader, Vec<String>), RunError> {
-        let reports = round(&world, &Report::of(&node, stop, None))?;
-        Ok((Leader { world, node }, reports.into_iter().map(|r| r.node).collect()))
+    /// The hello round, announcing the launch's `session`; returns the
+    /// leader and every rank's node.
+    pub fn hello(
+        world: SharedWorld,
+        node: String,
+        stop: &StopFlag,
+        session: String,
+        pulse: Pulse,
+    ) -> Result<(Leader, Vec<String>), RunError> {
+        let reports = round(&world, &Report::of(&node, stop, Some(Lead::Hello { session })))?;
+        Ok((Leader { world, node, pulse }, reports.into_iter().map(|r| r.node).collect()))
     }
 
     pub fn world(&self) -> &SharedWorld {
@@ -115,10 +136,12 @@ impl Leader {
         round(&self.world, &Report::of(&self.node, stop, Some(Lead::Begin { resume_step }))).map(drop)
     }
 
-    /// A step boundary: returns whether every rank trains the next step.
-    /// A signal that reached only other ranks is recorded in `stop` (with
-    /// its arrival time there, so the deadline is the earliest arrival).
-    pub fn tick(&self, stop: &StopFlag, train: bool) -> Result<bool, RunError> {
+    /// A step boundary after `step` completed steps: returns whether every
+    /// rank trains the next step. A signal that reached only other ranks is
+    /// recorded in `stop` (with its arrival time there, so the deadline is
+    /// the earliest arrival).
+    pub fn tick(&self, stop: &StopFlag, train: bool, step: u64) -> Result<bool, RunError> {
+        self.pulse.at_step(step);
         let reports = round(&self.world, &Report::of(&self.node, stop, Some(Lead::Tick { train })))?;
         if let Some((sig, age)) = earliest_signal(&reports) {
             stop.merge_remote(
@@ -127,6 +150,12 @@ impl Leader {
             );
         }
         Ok(trains(&reports))
+    }
+
+    /// Before the leader snapshots a sharded optimizer: every follower joins
+    /// the gather of the moments that the snapshot makes.
+    pub fn snapshot(&self, stop: &StopFlag) -> Result<(), RunError> {
+        round(&self.world, &Report::of(&self.node, stop, Some(Lead::Snapshot))).map(drop)
     }
 
     /// The last round: every follower exits with `outcome`'s code.
@@ -138,8 +167,25 @@ impl Leader {
     }
 }
 
-/// A follower: trains in lockstep with the leader, writes nothing, and
-/// exits with the leader's code.
+/// The leader's instruction in a round.
+fn lead_of(reports: &[Report]) -> Result<Lead, RunError> {
+    reports
+        .first()
+        .and_then(|r| r.lead.clone())
+        .ok_or_else(|| RunError::Ranks { what: "rank 0 sent no instruction: are all ranks the same rekindle?".into() })
+}
+
+/// A follower's hello round: returns the launch's session, from the leader.
+pub fn follower_hello(world: &SharedWorld, node: &str, stop: &StopFlag) -> Result<String, RunError> {
+    match lead_of(&round(world, &Report::of(node, stop, None))?)? {
+        Lead::Hello { session } => Ok(session),
+        other => Err(RunError::Ranks { what: format!("rank 0 began with {other:?} instead of hello") }),
+    }
+}
+
+/// A follower after its hello: trains in lockstep with the leader, writes
+/// nothing but its heartbeat (through `pulse`), and exits with the leader's
+/// code.
 pub fn follow(
     cfg: &Config,
     registry: &Registry,
@@ -147,16 +193,22 @@ pub fn follow(
     world: SharedWorld,
     node: String,
     stop: &StopFlag,
+    pulse: &Pulse,
 ) -> Result<Outcome, RunError> {
-    round(&world, &Report::of(&node, stop, None))?;
     let mut trainer: Option<Trainer> = None;
     loop {
         let reports = round(&world, &Report::of(&node, stop, None))?;
-        let lead = reports.first().and_then(|r| r.lead.clone()).ok_or_else(|| RunError::Ranks {
-            what: "rank 0 sent no instruction: are all ranks the same rekindle?".into(),
-        })?;
-        match lead {
+        match lead_of(&reports)? {
+            Lead::Hello { .. } => return Err(RunError::Ranks { what: "rank 0 said hello twice".into() }),
             Lead::End { code } => return Ok(Outcome::from_code(code)),
+            Lead::Snapshot => {
+                // The leader snapshots a sharded optimizer: its gather needs
+                // every rank's slice; what this rank gathers is not kept.
+                let t = trainer.as_ref().ok_or_else(|| RunError::Ranks {
+                    what: "rank 0 asked for a snapshot before training began".into(),
+                })?;
+                t.snapshot()?;
+            }
             Lead::Begin { resume_step } => {
                 let mut t = Trainer::from_registry(cfg, registry)?;
                 if let Some(step) = resume_step {
@@ -172,8 +224,12 @@ pub fn follow(
                     let snap = &loaded.snapshot;
                     t.restore(&snap.model, &snap.optimizer, &snap.state["train"])
                         .map_err(|source| RunError::Restore { dir: dir.clone(), source })?;
+                    pulse.at_step(step);
                 }
                 t.join_world(Box::new(world.clone()), cfg.model.dropout)?;
+                if cfg.distributed.shard_optimizer {
+                    t.shard_optimizer()?;
+                }
                 trainer = Some(t);
             }
             Lead::Tick { .. } => {
@@ -184,7 +240,9 @@ pub fn follow(
                     .as_mut()
                     .ok_or_else(|| RunError::Ranks { what: "rank 0 asked for a step before training began".into() })?;
                 match t.train_step(&|| false)? {
-                    StepResult::Completed(_) | StepResult::NonFiniteStop(_) | StepResult::Interrupted => {}
+                    StepResult::Completed(_) | StepResult::NonFiniteStop(_) | StepResult::Interrupted => {
+                        pulse.at_step(t.step());
+                    }
                     StepResult::NonFiniteRollback(_) => {
                         return Err(RunError::Ranks { what: "a rollback in a data-parallel run".into() });
                     }
@@ -222,7 +280,12 @@ mod tests {
 
     #[test]
     fn reports_round_trip_through_json() {
-        for lead in [Lead::Begin { resume_step: Some(4) }, Lead::Tick { train: false }, Lead::End { code: 75 }] {
+        for lead in [
+            Lead::Hello { session: "n1-7-1".into() },
+            Lead::Begin { resume_step: Some(4) },
+            Lead::Tick { train: false },
+            Lead::End { code: 75 },
+        ] {
             let r = report(Some(15), 1.0, Some(lead));
             let back: Report = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
             assert_eq!(back, r);

@@ -52,8 +52,10 @@ use crate::train::{Registry, StepMetrics, StepResult, TrainError, Trainer};
 use super::devices::Devices;
 use super::error::RunError;
 use super::lock::{LockOwnership, LockRequest, RunLock};
+use super::lost::WorldEnd;
 use super::persist::Persister;
 use super::progress::Progress;
+use super::rank_watch::{RANKS_DIR, RankWatch, WatchSetup, new_session};
 use super::ranks::{self, Leader};
 use super::rundir::{self, RunDir};
 use super::stop::{StopFlag, StopReason};
@@ -87,16 +89,48 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     if info.size <= 1 {
         return lead(opts, cfg, stop, slurm, root, None);
     }
-    // A data-parallel run (docs/distributed.md): rank 0 leads, the others follow.
+    // A data-parallel run (docs/distributed.md): rank 0 leads, the others
+    // follow; every rank beats and watches the others' beats (rank_watch.rs).
     let world = SharedWorld::new(distributed::connect(&info).map_err(RunError::Distributed)?);
+    let node = slurm.node_name();
+    let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg));
+    let watch = |session: String| {
+        let setup = WatchSetup {
+            dir: root.join(RANKS_DIR),
+            rank: info.rank,
+            size: info.size,
+            node: node.clone(),
+            session,
+            timeout: cfg.distributed.timeout,
+        };
+        let end = WorldEnd {
+            cfg: cfg.clone(),
+            slurm: slurm.clone(),
+            events: root.join(rundir::EVENTS_FILE),
+            store: store.clone(),
+            rank: info.rank,
+            size: info.size,
+        };
+        RankWatch::start(setup, Box::new(move |lost| end.handle(lost)))
+            .map_err(|source| RunError::RunDir { path: root.join(RANKS_DIR), source })
+    };
     if !info.is_leader() {
-        let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg));
-        return ranks::follow(&cfg, &opts.registry, store, world, slurm.node_name(), &stop);
+        let session = ranks::follower_hello(&world, &node, &stop)?;
+        let watch = watch(session)?;
+        let result = ranks::follow(&cfg, &opts.registry, store, world, node, &stop, &watch.pulse());
+        // Only a follower that heard the end may say it ended normally.
+        if result.is_ok() {
+            watch.finish();
+        }
+        return result;
     }
     tracing::info!(ranks = info.size, launcher = %info.launcher, "leading a data-parallel run");
-    let (leader, nodes) = Leader::hello(world, slurm.node_name(), &stop)?;
-    let result = lead(opts, cfg, stop.clone(), slurm, root, Some((leader.clone(), nodes)));
+    let session = new_session(&node);
+    let watch = watch(session.clone())?;
+    let (leader, nodes) = Leader::hello(world, node, &stop, session, watch.pulse())?;
+    let result = lead(opts, cfg, stop.clone(), slurm, root, Some((leader.clone(), nodes, &watch)));
     leader.end(&stop, result.as_ref().map_or_else(RunError::outcome, |o| *o));
+    watch.finish();
     result
 }
 
@@ -107,7 +141,7 @@ fn lead(
     stop: StopFlag,
     slurm: SlurmEnv,
     root: PathBuf,
-    world: Option<(Leader, Vec<String>)>,
+    world: Option<(Leader, Vec<String>, &RankWatch)>,
 ) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
@@ -216,7 +250,7 @@ impl Attempt {
                 Some(leader) => {
                     let lost = self.lock.is_lost();
                     let would = !lost && self.stop_reason().is_none() && self.trainer.step() < max_steps;
-                    leader.tick(&self.stop, would)?
+                    leader.tick(&self.stop, would, self.trainer.step())?
                 }
             };
             if !agreed || self.leader.is_none() {

@@ -71,6 +71,9 @@ pub enum Event {
     /// `[checkpoint] interval = "auto"` chose a (noticeably different)
     /// periodic checkpoint interval, with its inputs.
     CheckpointInterval(CheckpointIntervalChosen),
+    /// Another rank of a data-parallel run stopped beating past
+    /// `[distributed] timeout` (stopped, dead, its node gone).
+    RankLost(RankLost),
     /// An event this version does not know (or whose fields do not fit):
     /// the whole object, `event` included. Never written by this version.
     #[serde(untagged)]
@@ -78,7 +81,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 22] = [
+pub const EVENT_NAMES: [&str; 23] = [
     "start",
     "lock_takeover",
     "checkpoint_rejected",
@@ -101,6 +104,7 @@ pub const EVENT_NAMES: [&str; 22] = [
     "error",
     "hang",
     "checkpoint_interval",
+    "rank_lost",
 ];
 
 impl Event {
@@ -129,6 +133,7 @@ impl Event {
             Event::Error(_) => "error",
             Event::Hang(_) => "hang",
             Event::CheckpointInterval(_) => "checkpoint_interval",
+            Event::RankLost(_) => "rank_lost",
             Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
         }
     }
@@ -151,6 +156,7 @@ impl Event {
             Event::Error(e) => e.step,
             Event::Hang(e) => Some(e.step),
             Event::CheckpointInterval(e) => Some(e.step),
+            Event::RankLost(e) => e.step,
             Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
             Event::Start(_)
             | Event::LockTakeover(_)
@@ -181,6 +187,10 @@ pub struct Start {
     /// The node of each rank, in rank order (absent for one process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank_nodes: Option<Vec<String>>,
+    /// Data-parallel runs only: whether each rank keeps only its slice of
+    /// the optimizer state (`[distributed] shard_optimizer`, ZeRO-1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub optimizer_sharded: Option<bool>,
 }
 
 /// `lock_takeover`: the run-directory lock this attempt took over, and why
@@ -497,6 +507,30 @@ pub struct HangEvent {
     pub stuck_seconds: f64,
     /// Its limit, in seconds.
     pub limit_seconds: f64,
+}
+
+/// `rank_lost`: a rank of a data-parallel run whose heartbeat did not
+/// change for `[distributed] timeout`, as another rank watched it. One event
+/// per lost rank, written by the lowest-numbered rank still beating.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RankLost {
+    /// The lost rank.
+    pub rank: usize,
+    /// Its node, as it wrote it in its heartbeat.
+    pub rank_node: String,
+    /// Its process id on that node.
+    pub pid: u32,
+    /// The last step it had completed when it last beat (`None`: none yet).
+    pub step: Option<u64>,
+    /// How long its heartbeat had not changed when this was noticed.
+    pub silent_seconds: f64,
+    /// `[distributed] timeout`, in seconds.
+    pub timeout_seconds: f64,
+    /// The rank that noticed and writes this event.
+    pub noticed_by: usize,
+    /// How many ranks the world has.
+    pub world_size: usize,
 }
 
 /// `checkpoint_interval`: the periodic checkpoint interval `"auto"` chose,
@@ -882,6 +916,16 @@ mod tests {
                 mtbf_source: "config".into(),
                 ..Default::default()
             }),
+            Event::RankLost(RankLost {
+                rank: 1,
+                rank_node: "n2".into(),
+                pid: 4242,
+                step: Some(17),
+                silent_seconds: 3.2,
+                timeout_seconds: 3.0,
+                noticed_by: 0,
+                world_size: 2,
+            }),
         ];
         assert_eq!(events.len(), EVENT_NAMES.len());
         for (event, name) in events.iter().zip(EVENT_NAMES) {
@@ -918,7 +962,8 @@ mod tests {
             | Event::Finish(_)
             | Event::Error(_)
             | Event::Hang(_)
-            | Event::CheckpointInterval(_) => EVENT_NAMES.contains(&event.name()),
+            | Event::CheckpointInterval(_)
+            | Event::RankLost(_) => EVENT_NAMES.contains(&event.name()),
             Event::Other(_) => false,
         }
     }

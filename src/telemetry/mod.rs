@@ -10,6 +10,7 @@ mod events;
 mod gpu_sample;
 mod logging;
 mod metrics;
+mod rank_beat;
 mod records;
 #[cfg(test)]
 mod release_fixture;
@@ -19,12 +20,14 @@ pub use attempts::{Attempt, AttemptEnd, attempts};
 pub use event::{
     CheckpointFailed, CheckpointIntervalChosen, CheckpointQuarantined, CheckpointRejected, CheckpointSaved,
     CheckpointStarted, CrashClass, EVENT_NAMES, ErrorEvent, Event, EventContext, Finish, FreshStart, GpuFallback,
-    HangEvent, LockTakeover, MonitorOutcome, Nonfinite, OomRetry, PersisterDied, PublishOutcome, RecordedEvent,
-    RefusedFile, RequeueAnswer, RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop, events_from,
+    HangEvent, LockTakeover, MonitorOutcome, Nonfinite, OomRetry, PersisterDied, PublishOutcome, RankLost,
+    RecordedEvent, RefusedFile, RequeueAnswer, RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop,
+    events_from,
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
 pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
 pub use logging::{LogFormat, LogOptions, init_logging};
 pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics_from, metrics_step};
+pub use rank_beat::{RankBeat, rank_beat_file};
 pub use records::{Jsonl, parse_jsonl, read_jsonl, time_field};
 pub use summary::{Summary, SummaryState};

@@ -44,7 +44,7 @@ pub use layers::{Embedding, LayerNorm, Linear};
 pub use layout::Layout;
 pub use mlp::{Mlp, MlpWorkload};
 pub use oom::{MAX_OOM_RETRIES, OomRetry};
-pub use optim::{AdamW, AdamWConfig, moment_names};
+pub use optim::{AdamW, AdamWConfig, Piece, ShardRange, moment_names, pieces};
 pub use params::{ParamStore, Params};
 pub use registry::Registry;
 pub use rng::{RngState, Stream, StreamRng};

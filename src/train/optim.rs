@@ -7,6 +7,17 @@
 //! fixed) plus the step count used for bias correction, and converts them to
 //! and from the checkpoint's host tensors. Weight decay applies to every
 //! parameter, as in candle's `AdamW`.
+//!
+//! ZeRO-1 ([`AdamW::shard_to`]): in a data-parallel run each rank may keep
+//! the moments of only its slice of the parameters, flattened and laid end
+//! to end in name order (the slice `distributed::chunk_bounds` gives the
+//! rank). Every rank holds the whole summed gradient, updates its slice
+//! with the same element-wise arithmetic as the whole tensor, and the
+//! updated slices are all-gathered into every rank's parameters
+//! ([`AdamW::step_sharded`]), so the parameters are bit for bit those of
+//! the unsharded optimizer. The checkpointed state is the whole one
+//! ([`AdamW::state_gathered`]), so a checkpoint does not depend on sharding
+//! or world size.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +25,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::error::{TrainError, candle_message};
 use super::params::{Params, check_host, from_host, to_host_reusing};
-use crate::checkpoint::TensorSet;
+use crate::checkpoint::{HostTensor, TensorSet};
 use crate::config::OptimizerSection;
 
 /// AdamW hyper-parameters other than the learning rate (which the schedule
@@ -44,9 +55,51 @@ struct Moments {
 /// AdamW over named parameters; state keyed by parameter name.
 pub struct AdamW {
     hyper: AdamWConfig,
+    /// Whole moments per parameter; sharded: 1-D moments of each
+    /// parameter's piece inside this rank's slice.
     moments: BTreeMap<String, Moments>,
     step: u64,
+    shard: Option<Sharded>,
 }
+
+/// This rank's slice `[start, end)` of the parameters flattened end to end
+/// in name order (ZeRO-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardRange {
+    pub start: usize,
+    pub end: usize,
+}
+
+/// The piece `[lo, lo + len)` of one parameter's flattened elements that
+/// lies inside a [`ShardRange`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub lo: usize,
+    pub len: usize,
+}
+
+struct Sharded {
+    range: ShardRange,
+    pieces: BTreeMap<String, Piece>,
+}
+
+/// The pieces of the parameters (name → element count, in name order) that
+/// lie inside `range`; parameters outside it have none.
+pub fn pieces<'a>(sizes: impl IntoIterator<Item = (&'a String, usize)>, range: ShardRange) -> BTreeMap<String, Piece> {
+    let mut at = 0;
+    let mut out = BTreeMap::new();
+    for (name, n) in sizes {
+        let (lo, hi) = (range.start.max(at), range.end.min(at + n));
+        if lo < hi {
+            out.insert(name.clone(), Piece { lo: lo - at, len: hi - lo });
+        }
+        at += n;
+    }
+    out
+}
+
+/// An all-gather of `f32`s in rank order (every rank's slice, end to end).
+pub type GatherF32<'a> = &'a dyn Fn(Vec<f32>) -> Result<Vec<f32>, String>;
 
 /// Checkpoint names of a parameter's two moment tensors.
 pub fn moment_names(param: &str) -> (String, String) {
@@ -64,7 +117,156 @@ impl AdamW {
             };
             moments.insert(name.clone(), Moments { m: zeros()?, v: zeros()? });
         }
-        Ok(AdamW { hyper, moments, step: 0 })
+        Ok(AdamW { hyper, moments, step: 0, shard: None })
+    }
+
+    /// The slice this optimizer keeps the moments of (`None`: all of them).
+    pub fn shard_range(&self) -> Option<ShardRange> {
+        self.shard.as_ref().map(|s| s.range)
+    }
+
+    /// Keeps only the moments of `range` of the flattened `params` (ZeRO-1):
+    /// the rest are dropped. An optimizer already sharded is first
+    /// refused: re-slicing goes through the whole state (a checkpoint).
+    pub fn shard_to(&mut self, params: &Params, range: ShardRange) -> Result<(), TrainError> {
+        if self.shard.is_some() {
+            return Err(TrainError::state("optimizer", "is already sharded; restore a whole state to re-slice it"));
+        }
+        let total: usize = params.values().map(|v| v.elem_count()).sum();
+        if range.start > range.end || range.end > total {
+            return Err(TrainError::state(
+                "optimizer",
+                format!("shard {}..{} does not fit {total} parameters", range.start, range.end),
+            ));
+        }
+        let pieces = pieces(params.iter().map(|(n, v)| (n, v.elem_count())), range);
+        let mut moments = BTreeMap::new();
+        for (name, piece) in &pieces {
+            let state = &self.moments[name];
+            let cut = |t: &Tensor| {
+                t.flatten_all()
+                    .and_then(|f| f.narrow(0, piece.lo, piece.len))
+                    .and_then(|f| f.contiguous())
+                    .map_err(|e| TrainError::Tensor { name: name.clone(), message: candle_message(&e) })
+            };
+            moments.insert(name.clone(), Moments { m: cut(&state.m)?, v: cut(&state.v)? });
+        }
+        self.moments = moments;
+        self.shard = Some(Sharded { range, pieces });
+        Ok(())
+    }
+
+    /// [`step`](Self::step) of a sharded optimizer: updates this rank's
+    /// slice with the same element-wise arithmetic, then `gather` (an
+    /// all-gather over the ranks) returns every rank's updated slice, end to
+    /// end, and every parameter is set from it. Bit for bit the unsharded
+    /// update, whatever the world size.
+    pub fn step_sharded(
+        &mut self,
+        params: &Params,
+        grads: &BTreeMap<String, Tensor>,
+        lr: f64,
+        gather: GatherF32<'_>,
+    ) -> candle_core::Result<()> {
+        let Some(shard) = &self.shard else { candle_core::bail!("step_sharded on an optimizer that is not sharded") };
+        let AdamWConfig { beta1, beta2, eps, weight_decay } = self.hyper;
+        let t = (self.step + 1) as f64;
+        let correction1 = 1.0 - beta1.powf(t);
+        let correction2 = 1.0 - beta2.powf(t);
+        let mut mine = Vec::with_capacity(shard.range.end - shard.range.start);
+        let mut updated = Vec::new();
+        for (name, piece) in &shard.pieces {
+            let var = &params[name];
+            let flat = var.as_tensor().flatten_all()?.narrow(0, piece.lo, piece.len)?;
+            let Some(grad) = grads.get(name) else {
+                mine.extend(flat.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+                continue;
+            };
+            let Some(state) = self.moments.get(name) else {
+                candle_core::bail!("optimizer has no state for parameter `{name}`")
+            };
+            let grad = grad.to_dtype(DType::F32)?.flatten_all()?.narrow(0, piece.lo, piece.len)?;
+            let m = (state.m.affine(beta1, 0.0)? + grad.affine(1.0 - beta1, 0.0)?)?;
+            let v = (state.v.affine(beta2, 0.0)? + grad.sqr()?.affine(1.0 - beta2, 0.0)?)?;
+            let m_hat = m.affine(1.0 / correction1, 0.0)?;
+            let v_hat = v.affine(1.0 / correction2, 0.0)?;
+            let direction = (m_hat / v_hat.sqrt()?.affine(1.0, eps)?)?;
+            let theta = flat.affine(1.0 - lr * weight_decay, 0.0)?;
+            let theta = (theta - direction.affine(lr, 0.0)?)?;
+            mine.extend(theta.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+            updated.push((name.clone(), m, v));
+        }
+        let whole = gather(mine).map_err(candle_core::Error::Msg)?;
+        let total: usize = params.values().map(|v| v.elem_count()).sum();
+        if whole.len() != total {
+            candle_core::bail!("the ranks' slices hold {} values, the parameters {total}", whole.len());
+        }
+        // Apply only once everything is computed and gathered.
+        let mut values = Vec::with_capacity(params.len());
+        let mut at = 0;
+        for (name, var) in params {
+            let n = var.elem_count();
+            let value = Tensor::from_slice(&whole[at..at + n], var.shape(), var.device())?.to_dtype(var.dtype())?;
+            values.push((name, value));
+            at += n;
+        }
+        for (name, value) in values {
+            params[name].set(&value)?;
+        }
+        for (name, m, v) in updated {
+            self.moments.insert(name, Moments { m, v });
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// The whole state of a sharded optimizer, as [`state`](Self::state)
+    /// gives it unsharded: `gather` all-gathers every rank's slice of the
+    /// moments. Every rank must call it at the same time.
+    pub fn state_gathered(&self, params: &Params, gather: GatherF32<'_>) -> Result<(TensorSet, u64), TrainError> {
+        let Some(shard) = &self.shard else { return self.state() };
+        let fail = |name: &str| {
+            let name = name.to_string();
+            move |e: candle_core::Error| TrainError::Tensor { name: name.clone(), message: candle_message(&e) }
+        };
+        let mut set = TensorSet::new();
+        for first in [true, false] {
+            let mut mine = Vec::with_capacity(shard.range.end - shard.range.start);
+            for name in shard.pieces.keys() {
+                let state = &self.moments[name];
+                let t = if first { &state.m } else { &state.v };
+                mine.extend(t.to_vec1::<f32>().map_err(fail(name))?);
+            }
+            let whole = gather(mine).map_err(|message| TrainError::Tensor { name: "optimizer".into(), message })?;
+            let mut at = 0;
+            for (name, var) in params {
+                let n = var.elem_count();
+                let Some(values) = whole.get(at..at + n) else {
+                    return Err(TrainError::state("optimizer", "the ranks' slices do not cover the parameters"));
+                };
+                let (m_name, v_name) = moment_names(name);
+                set.insert(if first { m_name } else { v_name }, HostTensor::from_f32(var.dims().to_vec(), values));
+                at += n;
+            }
+        }
+        Ok((set, self.step))
+    }
+
+    /// [`load_state`](Self::load_state) of a whole state into this
+    /// optimizer, sharded or not: a sharded one keeps its slice of it.
+    pub fn load_whole_state(
+        &mut self,
+        params: &Params,
+        set: &TensorSet,
+        step: u64,
+        device: &Device,
+    ) -> Result<(), TrainError> {
+        let Some(range) = self.shard_range() else { return self.load_state(set, step, device) };
+        let mut whole = AdamW::new(params, self.hyper)?;
+        whole.load_state(set, step, device)?;
+        whole.shard_to(params, range)?;
+        *self = whole;
+        Ok(())
     }
 
     /// Updates applied so far (the `t` of the bias correction).
@@ -238,6 +440,42 @@ mod tests {
             assert_eq!(to_host(name, var).unwrap(), to_host(name, &b[name]).unwrap());
         }
         assert_eq!(opt_a.state().unwrap(), opt_b.state().unwrap());
+    }
+
+    #[test]
+    fn a_slice_of_the_flattened_parameters_is_cut_into_pieces_in_name_order() {
+        let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let sizes = || names.iter().zip([4, 3, 5]);
+        let cut = |start, end| pieces(sizes(), ShardRange { start, end });
+        assert_eq!(
+            cut(2, 9),
+            BTreeMap::from([
+                ("a".into(), Piece { lo: 2, len: 2 }),
+                ("b".into(), Piece { lo: 0, len: 3 }),
+                ("c".into(), Piece { lo: 0, len: 2 })
+            ])
+        );
+        assert_eq!(cut(4, 7), BTreeMap::from([("b".into(), Piece { lo: 0, len: 3 })]));
+        assert_eq!(cut(10, 12), BTreeMap::from([("c".into(), Piece { lo: 3, len: 2 })]));
+        assert!(cut(5, 5).is_empty(), "an empty slice (more ranks than values) has no pieces");
+    }
+
+    #[test]
+    fn a_sharded_optimizer_keeps_its_slice_and_is_sharded_once() {
+        let (p, _) = model(1);
+        let hyper = AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+        let mut opt = AdamW::new(&p, hyper).unwrap();
+        let total: usize = p.values().map(|v| v.elem_count()).sum();
+        let range = ShardRange { start: 3, end: total - 2 };
+        opt.shard_to(&p, range).unwrap();
+        assert_eq!(opt.shard_range(), Some(range));
+        let kept: usize = opt.moments.values().map(|m| m.m.elem_count()).sum();
+        assert_eq!(kept, range.end - range.start);
+        let err = opt.shard_to(&p, range).unwrap_err();
+        assert!(err.to_string().contains("already sharded"), "{err}");
+        let mut opt = AdamW::new(&p, hyper).unwrap();
+        let err = opt.shard_to(&p, ShardRange { start: 0, end: total + 1 }).unwrap_err();
+        assert!(err.to_string().contains("does not fit"), "{err}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use super::builtin::builtin_workload;
 use super::data::{DataCursor, Sampler};
 use super::error::{TrainError, candle_message, is_out_of_memory};
 use super::layout::Layout;
-use super::optim::{AdamW, AdamWConfig};
+use super::optim::{AdamW, AdamWConfig, ShardRange};
 use super::params::{ParamStore, Params, check_host, from_host, param_count, to_host_reusing};
 use super::registry::Registry;
 use super::rng::{RngState, Stream, StreamRng};
@@ -403,6 +403,24 @@ impl Trainer {
         Ok(())
     }
 
+    /// ZeRO-1 (`[distributed] shard_optimizer`): after
+    /// [`join_world`](Self::join_world), keep the optimizer moments of only
+    /// this rank's slice of the parameters (`distributed::chunk_bounds` of
+    /// their total, flattened in name order). Training stays bit for bit the
+    /// same; [`snapshot`](Self::snapshot) then gathers the whole state, so
+    /// every rank must take it at the same time. Nothing to do alone.
+    pub fn shard_optimizer(&mut self) -> Result<(), TrainError> {
+        let Some(world) = &self.world else { return Ok(()) };
+        let total: usize = self.params.values().map(|v| v.elem_count()).sum();
+        let (start, len) = crate::distributed::collective::chunk_bounds(total, world.size())[world.rank()];
+        self.optimizer.shard_to(&self.params, ShardRange { start, end: start + len })
+    }
+
+    /// This rank's slice of the optimizer state, when sharded.
+    pub fn optimizer_shard(&self) -> Option<ShardRange> {
+        self.optimizer.shard_range()
+    }
+
     /// This rank and the world's size (`(0, 1)` for a process alone).
     pub fn rank_and_size(&self) -> (usize, usize) {
         self.world.as_ref().map_or((0, 1), |w| (w.rank(), w.size()))
@@ -599,7 +617,14 @@ impl Trainer {
             self.counters.clipped += 1;
         }
         let lr = self.schedule.lr_at(self.step);
-        self.optimizer.step(&self.params, &grads, lr).map_err(fail("the optimizer update"))?;
+        match (&self.world, self.optimizer.shard_range()) {
+            (Some(world), Some(_)) => {
+                let gather = |mine: Vec<f32>| all_gather_f32(&**world, mine);
+                self.optimizer.step_sharded(&self.params, &grads, lr, &gather)
+            }
+            _ => self.optimizer.step(&self.params, &grads, lr),
+        }
+        .map_err(fail("the optimizer update"))?;
         self.scaler.update(true);
         self.commit(cursor, dropout, samples, tokens);
         Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, clipped, samples, tokens, false)))
@@ -742,7 +767,15 @@ impl Trainer {
         for (name, var) in &self.params {
             model.insert(name.clone(), to_host_reusing(name, var.as_tensor(), old_model.remove(name))?);
         }
-        let (optimizer, optimizer_step) = self.optimizer.state_reusing(old_optimizer)?;
+        let (optimizer, optimizer_step) = match (&self.world, self.optimizer.shard_range()) {
+            // Sharded: every rank must snapshot at the same time (the
+            // leader asks the followers, `orchestrate::ranks`).
+            (Some(world), Some(_)) => {
+                let gather = |mine: Vec<f32>| all_gather_f32(&**world, mine);
+                self.optimizer.state_gathered(&self.params, &gather)?
+            }
+            _ => self.optimizer.state_reusing(old_optimizer)?,
+        };
         let state = TrainState {
             format: STATE_FORMAT,
             workload: self.workload.name().to_string(),
@@ -831,7 +864,7 @@ impl Trainer {
         }
 
         // Checks done; the optimizer validates and applies atomically, then the rest.
-        self.optimizer.load_state(optimizer, st.optimizer_step, &self.device)?;
+        self.optimizer.load_whole_state(&self.params, optimizer, st.optimizer_step, &self.device)?;
         for (name, value) in values {
             self.params[&name]
                 .set(&value)
@@ -925,6 +958,20 @@ fn average_replicas(mut replicas: Vec<BTreeMap<String, Tensor>>) -> candle_core:
         *g = g.affine(1.0 / n as f64, 0.0)?;
     }
     Ok(total)
+}
+
+/// Every rank's `mine`, end to end in rank order (ZeRO-1's all-gather).
+fn all_gather_f32(world: &dyn Collective, mine: Vec<f32>) -> Result<Vec<f32>, String> {
+    let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let all = world.all_gather_bytes(&bytes).map_err(|e| e.to_string())?;
+    let mut whole = Vec::with_capacity(all.iter().map(Vec::len).sum::<usize>() / 4);
+    for (rank, part) in all.iter().enumerate() {
+        if part.len() % 4 != 0 {
+            return Err(format!("rank {rank} sent {} bytes, not whole f32 values", part.len()));
+        }
+        whole.extend(part.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    }
+    Ok(whole)
 }
 
 /// Every rank's micro-batch losses, in rank order (so in step order), and

@@ -95,3 +95,76 @@ fn what_ranks_cannot_do_together_is_refused_with_the_key() {
     t.join_world(Box::new(ThreadRank::world(1).remove(0)), 0.0).unwrap();
     assert_eq!(t.rank_and_size(), (0, 1));
 }
+
+/// `ranks` threads with a sharded optimizer (ZeRO-1), from `start` or from
+/// scratch: every rank's losses and snapshot (taken by all at once, as the
+/// gather of the moments needs).
+fn sharded_ranks(
+    cfg: &Config,
+    ranks: usize,
+    steps: u64,
+    start: Option<&TrainSnapshot>,
+) -> Vec<(Vec<f64>, TrainSnapshot)> {
+    let handles: Vec<_> = ThreadRank::world(ranks)
+        .into_iter()
+        .map(|rank| {
+            let (cfg, start) = (cfg.clone(), start.cloned());
+            thread::spawn(move || {
+                let mut t = Trainer::new(&cfg).unwrap();
+                t.join_world(Box::new(rank), cfg.model.dropout).unwrap();
+                t.shard_optimizer().unwrap();
+                // Restored after sharding, as the leader does: each rank keeps its slice.
+                if let Some(s) = &start {
+                    t.restore(&s.model, &s.optimizer, &s.state).unwrap();
+                }
+                let range = t.optimizer_shard().expect("sharded");
+                let losses = (0..steps).map(|_| completed(t.train_step(&never).unwrap()).loss).collect();
+                assert_eq!(t.optimizer_shard(), Some(range));
+                (losses, t.snapshot().unwrap())
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn a_sharded_optimizer_trains_bit_for_bit_as_the_unsharded_one_at_the_same_world_size() {
+    for cfg in [no_dropout(tiny_mlp()), no_dropout(tiny_gpt())] {
+        for n in [2, 3] {
+            let mut cfg = cfg.clone();
+            cfg.train.batch_size = 12;
+            let reference = ranks(&cfg, n, 5, None);
+            for (rank, (losses, snap)) in sharded_ranks(&cfg, n, 5, None).iter().enumerate() {
+                let bits = |l: &[f64]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(losses), bits(&reference[rank].0), "{:?} rank {rank} of {n}", cfg.model.kind);
+                assert_same(snap, &reference[rank].1);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_sharded_state_resumes_at_another_world_size_sharded_or_not() {
+    let cfg = no_dropout(tiny_mlp());
+    // 2 sharded ranks → 1 process, and 1 process → 2 sharded ranks, each
+    // equal to the same world size unsharded from the same snapshot.
+    let (_, half_two) = sharded_ranks(&cfg, 2, 3, None).remove(0);
+    let (_, unsharded_two) = ranks(&cfg, 2, 3, None).remove(0);
+    assert_same(&half_two, &unsharded_two);
+    let mut one = Trainer::new(&cfg).unwrap();
+    one.restore(&half_two.model, &half_two.optimizer, &half_two.state).unwrap();
+    let mut alone = Trainer::new(&cfg).unwrap();
+    alone.restore(&unsharded_two.model, &unsharded_two.optimizer, &unsharded_two.state).unwrap();
+    for _ in 0..3 {
+        completed(one.train_step(&never).unwrap());
+        completed(alone.train_step(&never).unwrap());
+    }
+    assert_same(&one.snapshot().unwrap(), &alone.snapshot().unwrap());
+
+    let (_, half_one) = one_process(&cfg, 2, 3);
+    let sharded = sharded_ranks(&cfg, 2, 4, Some(&half_one));
+    let unsharded = ranks(&cfg, 2, 4, Some(&half_one));
+    for ((_, a), (_, b)) in sharded.iter().zip(&unsharded) {
+        assert_same(a, b);
+    }
+}

@@ -170,12 +170,7 @@ fn a_rank_sigkilled_mid_run_leaves_every_committed_checkpoint_valid_and_the_run_
         // mpirun may return before the other rank is gone: it ends once MPI
         // notices the broken connection (seconds), as srun -K would end it.
         let t1 = Instant::now();
-        let lock_holder = || -> Option<i32> {
-            let lock: Value = serde_json::from_slice(&std::fs::read(run_dir.join("rekindle.lock")).ok()?).ok()?;
-            let pid = nix::unistd::Pid::from_raw(lock["pid"].as_i64()? as i32);
-            nix::sys::signal::kill(pid, None).is_ok().then_some(pid.as_raw())
-        };
-        while rank_pid(&run_dir, 1 - victim).is_some() || lock_holder().is_some() {
+        while rank_pid(&run_dir, 1 - victim).is_some() || lock_holder(&run_dir).is_some() {
             assert!(t1.elapsed() < Duration::from_secs(60), "rank {} outlived rank {victim} by 60 s", 1 - victim);
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -196,6 +191,14 @@ fn a_rank_sigkilled_mid_run_leaves_every_committed_checkpoint_valid_and_the_run_
         run_ranks(&training, 2, &reference, &["--stop-at-step", &target.to_string()], EXIT_STOPPED);
         assert_same_checkpoint(&run_dir, &reference, target);
     }
+}
+
+/// The pid in `run_dir`'s lock file while that process exists (a zombie
+/// included: the lock counts it alive until it is reaped).
+fn lock_holder(run_dir: &Path) -> Option<i32> {
+    let lock: Value = serde_json::from_slice(&std::fs::read(run_dir.join("rekindle.lock")).ok()?).ok()?;
+    let pid = nix::unistd::Pid::from_raw(lock["pid"].as_i64()? as i32);
+    nix::sys::signal::kill(pid, None).is_ok().then_some(pid.as_raw())
 }
 
 /// The pid of rank `rank` of the run writing `run_dir` (OpenMPI tells each
@@ -277,4 +280,175 @@ fn two_ranks_resumed_at_one_see_every_sample_once_and_land_close() {
         assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "step {}: loss {x} at 2 → 1 ranks, {y} at 2", step + 1);
     }
     assert_eq!(la[..15], lb[..15], "the steps before the stop are the same records");
+}
+
+#[test]
+fn a_rank_stopped_without_dying_is_named_lost_within_the_timeout_and_the_world_ends_resumable() {
+    let Some(()) = requires::mpi() else { return };
+    const TIMEOUT_S: u64 = 2;
+    let training = training(100_000).set(&format!("distributed.timeout=\"{TIMEOUT_S}s\""));
+    let tmp = tempfile::tempdir().unwrap();
+    for victim in [1usize, 0] {
+        let run_dir = tmp.path().join(format!("stopped-rank-{victim}"));
+        let mut child = mpirun_command(2, training.command(&run_dir, &[]), &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mpirun");
+        let t0 = Instant::now();
+        let pid = loop {
+            let saved = events_named(&run_dir, "checkpoint_saved").len() >= 2;
+            if let (true, Some(pid)) = (saved, rank_pid(&run_dir, victim)) {
+                break pid;
+            }
+            assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the stop");
+            assert!(t0.elapsed() < Duration::from_secs(60), "no two checkpoints in 60 s");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let victim_pid = nix::unistd::Pid::from_raw(pid);
+        // Stopped, not dead: MPI sees nothing wrong, the other rank waits in
+        // the next collective; only the heartbeats tell.
+        nix::sys::signal::kill(victim_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        let stopped_at = Instant::now();
+        let deadline = Duration::from_secs(TIMEOUT_S + 20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if stopped_at.elapsed() > deadline {
+                let _ = nix::sys::signal::kill(victim_pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = child.kill();
+                panic!("rank {victim} stopped: mpirun still running after {deadline:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = stopped_at.elapsed();
+        let stderr = std::io::read_to_string(child.stderr.take().unwrap()).unwrap_or_default();
+        eprintln!("rank {victim} SIGSTOPped: mpirun ended {:.1} s later with {status}", took.as_secs_f64());
+        // The launcher ends the stopped rank too (SIGKILL reaches a stopped process).
+        let t1 = Instant::now();
+        while rank_pid(&run_dir, victim).is_some() || lock_holder(&run_dir).is_some() {
+            if t1.elapsed() > Duration::from_secs(30) {
+                let _ = nix::sys::signal::kill(victim_pid, nix::sys::signal::Signal::SIGKILL);
+                panic!("the stopped rank {victim} outlived mpirun by 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(status.code(), Some(EXIT_STOPPED), "rank {victim} stopped: {status}\nstderr:\n{stderr}");
+        let lost = events_named(&run_dir, "rank_lost");
+        assert_eq!(lost.len(), 1, "one rank_lost event: {lost:?}");
+        let event = &lost[0];
+        assert_eq!(event["rank"], victim, "{event}");
+        assert_eq!(event["noticed_by"], 1 - victim, "the lowest rank still beating records it: {event}");
+        assert_eq!(event["world_size"], 2, "{event}");
+        assert_eq!(event["pid"], pid, "{event}");
+        assert!(event["step"].as_u64().is_some(), "{event}");
+        assert!(!event["rank_node"].as_str().unwrap_or_default().is_empty(), "{event}");
+        let silent = event["silent_seconds"].as_f64().unwrap();
+        assert!(silent > TIMEOUT_S as f64 && silent < TIMEOUT_S as f64 + 5.0, "{event}");
+        let stop = events_named(&run_dir, "stop").pop().expect("a stop event");
+        assert_eq!(stop["reason"], format!("rank_lost: rank {victim}"), "{stop}");
+        let (code, out) = verify(&run_dir);
+        assert_eq!(code, Some(0), "rank {victim} stopped: every committed checkpoint must verify:\n{out}");
+        let newest = *checkpoint_steps(&run_dir).last().expect("committed checkpoints");
+        assert_eq!(stop["step"], newest, "{stop}");
+        // The rerun resumes from the newest and equals two ranks never stopped.
+        let target = newest + 7;
+        run_ranks(&training, 2, &run_dir, &["--stop-at-step", &target.to_string()], EXIT_STOPPED);
+        let resume = events_named(&run_dir, "resume").pop().expect("a resume event");
+        assert_eq!(resume["step"], newest, "resumed from the newest committed checkpoint: {resume}");
+        let reference = tmp.path().join(format!("reference-{victim}"));
+        run_ranks(&training, 2, &reference, &["--stop-at-step", &target.to_string()], EXIT_STOPPED);
+        assert_same_checkpoint(&run_dir, &reference, target);
+        assert_same_metrics(&run_dir, &reference, target);
+    }
+}
+
+#[test]
+fn a_sharded_optimizer_run_equals_the_unsharded_one_and_resumes_across_world_sizes() {
+    let Some(()) = requires::mpi() else { return };
+    let plain = training(30);
+    let sharded = training(30).set("distributed.shard_optimizer=true");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str| tmp.path().join(name);
+
+    // Two ranks, sharded, stopped and resumed: byte for byte two ranks unsharded.
+    run_ranks(&plain, 2, &dir("reference"), &[], EXIT_DONE);
+    run_ranks(&sharded, 2, &dir("sharded"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    run_ranks(&sharded, 2, &dir("sharded"), &[], EXIT_DONE);
+    let kept = checkpoint_steps(&dir("sharded"));
+    assert!(kept.contains(&30), "{kept:?}");
+    for step in kept.into_iter().filter(|s| step_dir(&dir("reference"), *s).is_dir()) {
+        assert_same_checkpoint(&dir("sharded"), &dir("reference"), step);
+    }
+    assert_same_metrics(&dir("sharded"), &dir("reference"), 30);
+    let start = |d: &str| events_named(&dir(d), "start")[0]["optimizer_sharded"].clone();
+    assert_eq!((start("sharded"), start("reference")), (Value::Bool(true), Value::Bool(false)));
+
+    // 2 sharded ranks → 1 process: the same as 2 unsharded ranks → 1.
+    run_ranks(&sharded, 2, &dir("2-to-1-sharded"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    sharded.run_to_end(&dir("2-to-1-sharded"));
+    run_ranks(&plain, 2, &dir("2-to-1-plain"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    plain.run_to_end(&dir("2-to-1-plain"));
+    assert_same_checkpoint(&dir("2-to-1-sharded"), &dir("2-to-1-plain"), 30);
+
+    // 1 process → 2 sharded ranks: the same as 1 → 2 unsharded.
+    plain.stop_at(&dir("1-to-2-sharded"), 15);
+    run_ranks(&sharded, 2, &dir("1-to-2-sharded"), &[], EXIT_DONE);
+    plain.stop_at(&dir("1-to-2-plain"), 15);
+    run_ranks(&plain, 2, &dir("1-to-2-plain"), &[], EXIT_DONE);
+    assert_same_checkpoint(&dir("1-to-2-sharded"), &dir("1-to-2-plain"), 30);
+    assert_same_metrics(&dir("1-to-2-sharded"), &dir("1-to-2-plain"), 30);
+}
+
+#[test]
+fn of_three_ranks_one_stopped_is_recorded_once_by_rank_0_while_rank_1_waits_for_its_abort() {
+    let Some(()) = requires::mpi() else { return };
+    const TIMEOUT_S: u64 = 2;
+    let training = training(100_000).set("train.batch_size=12").set(&format!("distributed.timeout=\"{TIMEOUT_S}s\""));
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let mut child = mpirun_command(3, training.command(&run_dir, &[]), &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start mpirun");
+    let t0 = Instant::now();
+    let pid = loop {
+        let saved = !events_named(&run_dir, "checkpoint_saved").is_empty();
+        if let (true, Some(pid)) = (saved, rank_pid(&run_dir, 2)) {
+            break pid;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the stop");
+        assert!(t0.elapsed() < Duration::from_secs(90), "no checkpoint in 90 s");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let victim = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(victim, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped_at = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if stopped_at.elapsed() > Duration::from_secs(TIMEOUT_S + 20) {
+            let _ = nix::sys::signal::kill(victim, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.kill();
+            panic!("rank 2 of 3 stopped: mpirun still running after {} s", TIMEOUT_S + 20);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Rank 1 noticed too, but only waits: had it aborted first, rank 0's
+    // records could have been cut short.
+    assert_eq!(status.code(), Some(EXIT_STOPPED), "{status}");
+    let lost = events_named(&run_dir, "rank_lost");
+    assert_eq!(lost.len(), 1, "one writer, one event: {lost:?}");
+    assert_eq!((&lost[0]["rank"], &lost[0]["noticed_by"], &lost[0]["world_size"]), (&2.into(), &0.into(), &3.into()));
+    assert_eq!(events_named(&run_dir, "stop").pop().expect("a stop event")["reason"], "rank_lost: rank 2");
+    let (code, out) = verify(&run_dir);
+    assert_eq!(code, Some(0), "every committed checkpoint verifies:\n{out}");
+    let t1 = Instant::now();
+    while rank_pid(&run_dir, 2).is_some() || lock_holder(&run_dir).is_some() {
+        assert!(t1.elapsed() < Duration::from_secs(30), "the stopped rank outlived mpirun by 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

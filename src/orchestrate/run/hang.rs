@@ -30,20 +30,22 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::checkpoint::{CheckpointStore, VerifyLevel, verify_checkpoint_dir};
 use crate::config::Config;
+use crate::distributed::abort_world;
 use crate::exit::Outcome;
-use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
+use crate::slurm::SlurmEnv;
 use crate::telemetry::{
     CrashClass, ErrorEvent, Event, EventLog, HangEvent, RequeueRecord, Stop, Summary, SummaryState, now_rfc3339,
 };
 
 use super::super::atomic::write_atomically;
-use super::super::budget::{self, SCONTROL_TIMEOUT};
-use super::super::crash::{self, CrashAction};
+use super::super::budget::SCONTROL_TIMEOUT;
 use super::super::deadline::Deadline;
 use super::super::lock::LockRelease;
+use super::super::lost::{lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang};
+use super::super::rank_watch::Lost;
 use super::super::rundir::EVENTS_FILE;
 use super::super::watchdog::{Beats, Hang, Worker};
-use super::{Attempt, context, recorded_events};
+use super::{Attempt, context};
 
 /// How the watchdog tells the training thread that it is ending the
 /// attempt, and asks it (when it is free) for a checkpoint.
@@ -128,10 +130,30 @@ pub(super) struct HangHandler {
     pub(super) started: Instant,
 }
 
+/// Why the attempt cannot go on.
+pub(super) enum Cause {
+    /// An activity ran past its `[watchdog]` limit.
+    Hang(Hang),
+    /// Other ranks of the world stopped beating (`rank_watch.rs`); the
+    /// training thread waits for them in a collective.
+    RanksLost { lost: Vec<Lost>, size: usize, timeout: Duration },
+}
+
 impl HangHandler {
     /// Records, checkpoints where it can, requeues, releases the lock and
-    /// exits the process; never returns.
+    /// exits the process (aborting the MPI world, if any); never returns.
     pub(super) fn handle(self, hang: Hang) -> ! {
+        self.end(Cause::Hang(hang))
+    }
+
+    /// The same for ranks lost from this leader's world: no checkpoint (the
+    /// training thread is in a collective that cannot finish).
+    pub(super) fn handle_lost(self, lost: Vec<Lost>, size: usize) -> ! {
+        let timeout = self.cfg.distributed.timeout;
+        self.end(Cause::RanksLost { lost, size, timeout })
+    }
+
+    fn end(self, cause: Cause) -> ! {
         let budget = self.cfg.signals.grace.saturating_sub(self.cfg.signals.safety_margin);
         let deadline = Deadline { at: Instant::now() + budget };
         // What to exit with if even the records hang: from memory only.
@@ -139,7 +161,7 @@ impl HangHandler {
             if self.beats.newest_committed().is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
         let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new().name("rekindle-hang".into()).spawn(move || {
-            let _ = tx.send(self.end_attempt(hang, deadline));
+            let _ = tx.send(self.end_attempt(cause, deadline));
         });
         let outcome = match spawned {
             Ok(_) => rx.recv_timeout(budget + 2 * SCONTROL_TIMEOUT + Duration::from_secs(5)).unwrap_or_else(|_| {
@@ -151,21 +173,12 @@ impl HangHandler {
                 fallback
             }
         };
-        std::process::exit(i32::from(outcome.code()))
+        // With other ranks, they are stuck in a collective with this one:
+        // MPI_Abort makes the launcher end them all.
+        abort_world(outcome.code())
     }
 
-    fn end_attempt(self, hang: Hang, deadline: Deadline) -> Outcome {
-        let what = hang.busy.activity.name();
-        let thread = hang.busy.worker.name();
-        tracing::error!(
-            activity = what,
-            thread,
-            step = hang.busy.step,
-            stuck_s = format!("{:.1}", hang.stuck_for.as_secs_f64()),
-            limit_s = format!("{:.1}", hang.limit.as_secs_f64()),
-            "HANG: {what} at step {} has run past its [watchdog] limit; ending this attempt",
-            hang.busy.step
-        );
+    fn end_attempt(self, cause: Cause, deadline: Deadline) -> Outcome {
         let mut events = match EventLog::open(&self.events, context(&self.slurm)) {
             Ok(log) => Some(log),
             Err(e) => {
@@ -173,22 +186,47 @@ impl HangHandler {
                 None
             }
         };
-        record(&mut events, &Event::Hang(hang_event(&hang)));
+        match &cause {
+            Cause::Hang(hang) => {
+                let what = hang.busy.activity.name();
+                tracing::error!(
+                    activity = what,
+                    thread = hang.busy.worker.name(),
+                    step = hang.busy.step,
+                    stuck_s = format!("{:.1}", hang.stuck_for.as_secs_f64()),
+                    limit_s = format!("{:.1}", hang.limit.as_secs_f64()),
+                    "HANG: {what} at step {} has run past its [watchdog] limit; ending this attempt",
+                    hang.busy.step
+                );
+                record(&mut events, &Event::Hang(hang_event(hang)));
+            }
+            Cause::RanksLost { lost, size, timeout } => {
+                tracing::error!("LOST RANKS: {}", lost_message(lost, *timeout));
+                for event in rank_lost_events(lost, 0, *size, *timeout) {
+                    record(&mut events, &event);
+                }
+            }
+        }
         sync(&mut events);
         // The checkpoint: only a free training thread can take a snapshot.
-        if hang.busy.worker == Worker::Training {
-            self.desk.end();
-            tracing::error!(
-                newest = ?self.beats.newest_committed(),
-                "watchdog: the training thread itself is stuck: no new checkpoint; the next attempt resumes from the newest durable one"
-            );
-        } else {
-            let (tx, rx) = mpsc::channel();
-            self.desk.request(tx);
-            match rx.recv_timeout(deadline.remaining(Instant::now())) {
-                Ok(Ok(step)) => tracing::warn!(step, "watchdog: checkpoint of the last completed step written"),
-                Ok(Err(e)) => tracing::error!(error = %e, "watchdog: the checkpoint of the last completed step failed"),
-                Err(_) => tracing::error!("watchdog: the training thread did not write a checkpoint in time"),
+        match &cause {
+            Cause::Hang(hang) if hang.busy.worker == Worker::Persister => {
+                let (tx, rx) = mpsc::channel();
+                self.desk.request(tx);
+                match rx.recv_timeout(deadline.remaining(Instant::now())) {
+                    Ok(Ok(step)) => tracing::warn!(step, "watchdog: checkpoint of the last completed step written"),
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "watchdog: the checkpoint of the last completed step failed")
+                    }
+                    Err(_) => tracing::error!("watchdog: the training thread did not write a checkpoint in time"),
+                }
+            }
+            _ => {
+                self.desk.end();
+                tracing::error!(
+                    newest = ?self.beats.newest_committed(),
+                    "the training thread itself is stuck: no new checkpoint; the next attempt resumes from the newest durable one"
+                );
             }
         }
         let kept = self.beats.newest_committed().filter(|step| {
@@ -200,38 +238,29 @@ impl HangHandler {
         });
         // A publish that hangs after the final checkpoint: training is done,
         // nothing to requeue; exit 75 all the same (a rerun publishes).
-        let finished = kept.is_some_and(|step| step >= self.cfg.run.max_steps);
-        let req = RequeueRequest {
-            policy: self.cfg.signals.requeue,
-            stop: StopKind::Hang,
-            finished,
-            job_id: self.slurm.control_id(),
-            restart_count: self.slurm.restart_count,
-            max_restarts: self.cfg.signals.max_restarts,
-        };
         // Hangs count toward `[run] max_crash_requeues` like transient
         // crashes: a job that hangs at the same place every time must stop.
-        let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(&self.events));
-        let requeue = match crash::decide(CrashClass::Transient, in_a_row, self.cfg.run.max_crash_requeues, false) {
-            CrashAction::NoRequeue { reason } if !finished => {
-                tracing::error!(%reason, "watchdog: not requeueing");
-                RequeueRecord::skip(reason)
-            }
-            _ => slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(None, Instant::now())),
-        };
+        let requeue = requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, kept);
         record(&mut events, &Event::Requeue(requeue.clone()));
         let outcome = match kept {
             Some(step) => {
-                record(&mut events, &Event::Stop(hang_stop(&hang, step, requeue)));
-                tracing::warn!(
-                    step,
-                    "watchdog: exiting 75; the next attempt resumes from the checkpoint of step {step}"
-                );
+                let stop = match &cause {
+                    Cause::Hang(hang) => hang_stop(hang, step, requeue),
+                    Cause::RanksLost { lost, .. } => {
+                        Stop { step: Some(step), reason: lost_reason(lost), requeue: Some(requeue), ..Stop::default() }
+                    }
+                };
+                record(&mut events, &Event::Stop(stop));
+                tracing::warn!(step, "exiting 75; the next attempt resumes from the checkpoint of step {step}");
                 Outcome::StoppedWithCheckpoint
             }
             None => {
-                record(&mut events, &Event::Error(hang_error(&hang, requeue)));
-                tracing::error!("watchdog: exiting 1: no checkpoint verifies; the next attempt starts from step 0");
+                let error = match &cause {
+                    Cause::Hang(hang) => hang_error(hang, requeue),
+                    Cause::RanksLost { lost, timeout, .. } => lost_error(lost, *timeout, requeue),
+                };
+                record(&mut events, &Event::Error(error));
+                tracing::error!("exiting 1: no checkpoint verifies; the next attempt starts from step 0");
                 Outcome::Failure
             }
         };

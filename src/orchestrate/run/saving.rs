@@ -284,6 +284,12 @@ impl Attempt {
     }
 
     fn snapshot(&mut self) -> Result<Snapshot, RunError> {
+        // A sharded optimizer's snapshot gathers every rank's moments.
+        if let Some(leader) = &self.leader
+            && self.trainer.optimizer_shard().is_some()
+        {
+            leader.snapshot(&self.stop)?;
+        }
         let snap = self.trainer.snapshot_reusing(self.spare.take())?;
         Ok(Snapshot {
             step: snap.step,

@@ -21,6 +21,7 @@ use super::super::devices::Devices;
 use super::super::error::RunError;
 use super::super::lock::{RunLock, Takeover};
 use super::super::persist::Persister;
+use super::super::rank_watch::RankWatch;
 use super::super::ranks::Leader;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::super::stop::StopFlag;
@@ -42,7 +43,7 @@ impl Attempt {
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
         lock: &RunLock,
-        world: Option<(Leader, Vec<String>)>,
+        world: Option<(Leader, Vec<String>, &RankWatch)>,
     ) -> Result<Started, RunError> {
         let ownership = lock.ownership();
         // Every commit first confirms the run directory is still ours.
@@ -57,14 +58,19 @@ impl Attempt {
         // The placement plan needs the model's size, so the trainer comes first.
         let mut trainer = Trainer::from_registry(&cfg, registry)?;
         let mut devices = Devices::select(&cfg, registry, &mut trainer)?;
-        let (leader, rank_nodes) = world.map_or((None, None), |(l, nodes)| (Some(l), Some(nodes)));
+        let (leader, rank_nodes, watch) =
+            world.map_or((None, None, None), |(l, nodes, watch)| (Some(l), Some(nodes), Some(watch)));
         if let Some(leader) = &leader {
             trainer.join_world(Box::new(leader.world().clone()), cfg.model.dropout)?;
+            if cfg.distributed.shard_optimizer {
+                trainer.shard_optimizer()?;
+            }
         }
         let mut start = start_event(&cfg, &dir, &slurm, &devices);
         if let Event::Start(s) = &mut start {
             s.world_size = rank_nodes.as_ref().map(Vec::len);
             s.rank_nodes = rank_nodes.clone();
+            s.optimizer_sharded = rank_nodes.as_ref().map(|_| trainer.optimizer_shard().is_some());
         }
         events.record(&start)?;
         if let Some(takeover) = ownership.takeover() {
@@ -110,25 +116,40 @@ impl Attempt {
         let persister = Persister::spawn(store.clone(), beats.clone())
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
         let hang = std::sync::Arc::new(HangDesk::default());
+        // The watchdog and the watch over the other ranks end the attempt the
+        // same way, through one handler: whichever finds trouble first takes it.
+        let handler = HangHandler {
+            cfg: cfg.clone(),
+            slurm: slurm.clone(),
+            events: events_path(&dir.root),
+            store: store.clone(),
+            beats: beats.clone(),
+            desk: std::sync::Arc::clone(&hang),
+            lock: lock.release_handle(),
+            summary: dir.path(SUMMARY_FILE),
+            start_step,
+            resumes,
+            started: Instant::now(),
+        };
+        let handler = std::sync::Arc::new(std::sync::Mutex::new(Some(handler)));
+        let take = |slot: &std::sync::Mutex<Option<HangHandler>>| slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let (Some(watch), Some(nodes)) = (watch, &rank_nodes) {
+            let (slot, size) = (std::sync::Arc::clone(&handler), nodes.len());
+            watch.set_handler(Box::new(move |lost| match take(&slot) {
+                Some(h) => h.handle_lost(lost, size),
+                None => park_forever(),
+            }));
+        }
         let watchdog = if cfg.watchdog.enabled {
-            let handler = HangHandler {
-                cfg: cfg.clone(),
-                slurm: slurm.clone(),
-                events: events_path(&dir.root),
-                store: store.clone(),
-                beats: beats.clone(),
-                desk: std::sync::Arc::clone(&hang),
-                lock: lock.release_handle(),
-                summary: dir.path(SUMMARY_FILE),
-                start_step,
-                resumes,
-                started: Instant::now(),
-            };
+            let slot = std::sync::Arc::clone(&handler);
             let dog = Watchdog::spawn(
                 cfg.watchdog.clone(),
                 cfg.train.eval_batches,
                 beats.clone(),
-                Box::new(move |h| handler.handle(h)),
+                Box::new(move |h| match take(&slot) {
+                    Some(handler) => handler.handle(h),
+                    None => park_forever(),
+                }),
             )
             .map_err(|source| RunError::RunDir { path: PathBuf::from("<watchdog thread>"), source })?;
             Some(dog)
@@ -182,6 +203,13 @@ impl Attempt {
     }
 }
 
+/// The other handler is ending the process: this thread waits for that.
+fn park_forever() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
 fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) -> Event {
     Event::Start(Start {
         pid: std::process::id(),
@@ -192,6 +220,7 @@ fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) 
         placement: devices.describe(),
         world_size: None,
         rank_nodes: None,
+        optimizer_sharded: None,
     })
 }
 
