@@ -1,7 +1,10 @@
 //! The MPI engine (the `mpi` feature): rsmpi over the system's OpenMPI.
 //!
-//! MPI is initialised once per process with `MPI_THREAD_SERIALIZED`: any
-//! thread may make MPI calls, one at a time. [`MpiWorld`] is `Send` (the
+//! MPI is initialised once per process asking for `MPI_THREAD_MULTIPLE`
+//! (Debian's OpenMPI 4.1 provides it) and requiring at least
+//! `MPI_THREAD_SERIALIZED`: the trainer's thread makes the collective calls,
+//! one at a time, and a watch thread may call `MPI_Abort` while it is blocked
+//! in one (which only `MULTIPLE` formally allows). [`MpiWorld`] is `Send` (the
 //! trainer owning it may move to its own thread) and not `Sync`, so the
 //! type system keeps the calls serialised. The world it reports must be the one the
 //! launcher's variables described ([`WorldInfo`]), or the ranks were started
@@ -29,7 +32,7 @@ pub struct MpiWorld {
 }
 
 // SAFETY: MPI handles are plain C handles into the library; the library is
-// initialised with MPI_THREAD_SERIALIZED (checked in `initialize`), which
+// initialised with at least MPI_THREAD_SERIALIZED (checked in `initialize`), which
 // allows calls from any thread as long as no two are concurrent. `MpiWorld`
 // is not `Sync` and every call takes `&self`, so only the one thread owning
 // it at a time can call.
@@ -38,8 +41,16 @@ unsafe impl Send for MpiWorld {}
 impl MpiWorld {
     /// Initialises MPI and checks it sees the world the launcher described.
     pub fn initialize(info: &WorldInfo) -> Result<MpiWorld, DistributedError> {
-        let (universe, _level) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+        let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| DistributedError::Init { why: "MPI was already initialised in this process".into() })?;
+        if level < mpi::Threading::Serialized {
+            return Err(DistributedError::Init {
+                why: format!(
+                    "the MPI library provides thread level {level:?}, and rekindle needs at least Serialized \
+                     (calls from the trainer's own thread): use an MPI built with thread support (OpenMPI does by default)"
+                ),
+            });
+        }
         let world = universe.world();
         let (mpi_rank, mpi_size) = (world.rank() as usize, world.size() as usize);
         if (mpi_rank, mpi_size) != (info.rank, info.size) {
@@ -170,10 +181,10 @@ impl Collective for MpiWorld {
 
 /// `MPI_Abort(MPI_COMM_WORLD, code)` when MPI is initialised and not yet
 /// finalised; returns otherwise. Called from a thread other than the one
-/// in the collective (`MPI_THREAD_FUNNELED` does not cover that, but the
-/// world is being torn down: OpenMPI's abort asks its runtime to kill every
-/// rank and exits). A guard thread exits the process if the abort does not
-/// end it within 10 s.
+/// blocked in the collective, which `MPI_THREAD_MULTIPLE` allows (with only
+/// `SERIALIZED` provided it is outside the standard, yet OpenMPI's abort
+/// asks its runtime to kill every rank and exits). A guard thread exits the
+/// process if the abort does not end it within 10 s.
 pub(super) fn abort_if_initialized(code: u8) {
     if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
         return;
