@@ -473,26 +473,25 @@ impl Trainer {
         match devices.first() {
             Some(first) if first.same_device(&self.device) => {}
             _ => {
-                return Err(TrainError::config(
-                    "gpu",
-                    format!(
-                        "replica 0 must run on the trainer's device {:?}, the plan gave {:?}",
+                return Err(TrainError::Build {
+                    workload: self.workload.name().to_string(),
+                    message: format!(
+                        "replica 0 must run on the trainer's device {:?}, but the devices given start with {:?}",
                         self.device,
                         devices.first()
                     ),
-                ));
+                });
             }
         }
         if devices.len() > 1 && self.factory.is_none() {
-            return Err(TrainError::config(
-                "gpu",
-                format!(
-                    "workload `{}` was given to the trainer as one instance (Trainer::with_workload), so it cannot \
-                     be replicated onto {} devices: build the trainer with Trainer::from_registry_on",
-                    self.workload.name(),
+            return Err(TrainError::Build {
+                workload: self.workload.name().to_string(),
+                message: format!(
+                    "it was given to the trainer as one instance (Trainer::with_workload), so it cannot be \
+                     replicated onto {} devices: build the trainer with Trainer::from_registry_on",
                     devices.len()
                 ),
-            ));
+            });
         }
         self.replica_devices = devices;
         self.replicas.clear();
