@@ -4,7 +4,20 @@
 CARGO ?= cargo
 PYTHON ?= python3
 
-.PHONY: all deps build demo test lint unit clean drill fuzz
+.PHONY: all deps build demo test lint unit clean drill fuzz gpu-check cuda-env
+
+# The CUDA toolkit the `cuda` feature (candle's CUDA backend) builds with:
+# CUDA_ROOT when given (a system toolkit, e.g. CUDA_ROOT=/usr/local/cuda),
+# else the one `deps` installs from NVIDIA's PyPI wheels into .cuda/
+# (.ci/cuda-toolkit.sh; CUDA 13.0, about 1.2 GB). Building needs no GPU:
+# candle's kernels are compiled for CUDA_COMPUTE_CAP (lint: 80, i.e. A100
+# and newer; gpu-check: the GPU's own, asked from nvidia-smi when unset).
+# docs/gpus.md says which to use on a cluster.
+DEFAULT_CUDA_ROOT := $(CURDIR)/.cuda/nvidia/cu13
+CUDA_ROOT ?= $(DEFAULT_CUDA_ROOT)
+CUDA_COMPUTE_CAP ?=
+CUDA_ENV = CUDA_ROOT="$(CUDA_ROOT)" CUDA_HOME="$(CUDA_ROOT)" CUDA_PATH="$(CUDA_ROOT)" NVCC="$(CUDA_ROOT)/bin/nvcc" \
+	PATH="$(CUDA_ROOT)/bin:$$PATH" $(if $(CUDA_COMPUTE_CAP),CUDA_COMPUTE_CAP=$(CUDA_COMPUTE_CAP))
 
 all: build
 
@@ -21,6 +34,8 @@ deps:
 		echo "*** WARNING: cannot install chromium: tests/it/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"
 	@dpkg -s libopenmpi-dev openmpi-bin >/dev/null 2>&1 || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y libopenmpi-dev openmpi-bin; }
 	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurmctld slurmd slurm-client munge; }
+	@[ "$(CUDA_ROOT)" != "$(DEFAULT_CUDA_ROOT)" ] || PYTHON=$(PYTHON) .ci/cuda-toolkit.sh
+	@[ -x "$(CUDA_ROOT)/bin/nvcc" ] || { echo "no nvcc under CUDA_ROOT=$(CUDA_ROOT)"; exit 1; }
 
 ## build: the release binary at target/release/rekindle
 build:
@@ -41,13 +56,36 @@ demo: deps build
 # system's OpenMPI, which `deps` installs), so that its tests run in CI.
 FEATURES ?= --features mpi
 
-## lint: formatting and clippy, as CI enforces them; the `rocm` and `mpi` features must keep building and linking
+## lint: formatting and clippy, as CI enforces them; the `rocm`, `mpi` and
+## `cuda` features must keep building and linking (`cuda` with no GPU: the
+## toolkit from `deps`; its tests run with `make gpu-check` on a GPU machine)
+# `cuda` is built, not clippied: `cargo clippy` and `cargo build` compile the
+# build scripts apart, so clippy would compile candle's CUDA kernels (about
+# 10 CPU-minutes) a second time, for nothing: no rekindle code is conditional
+# on the feature (it asks candle at run time), so clippy above checks it all.
 lint: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --all-targets --features rocm -- -D warnings
 	$(CARGO) clippy --all-targets --features mpi -- -D warnings
 	$(CARGO) build --features rocm
+	$(CUDA_ENV) CUDA_COMPUTE_CAP=$(or $(CUDA_COMPUTE_CAP),80) $(CARGO) build --features cuda
+
+## cuda-env: the variables that point cargo at that toolkit, for
+## `eval "$$(make -s cuda-env)"` before `cargo build --features cuda`
+cuda-env:
+	@echo 'export CUDA_ROOT="$(CUDA_ROOT)" CUDA_HOME="$(CUDA_ROOT)" CUDA_PATH="$(CUDA_ROOT)" NVCC="$(CUDA_ROOT)/bin/nvcc"'
+	@echo 'export PATH="$(CUDA_ROOT)/bin:$$PATH" LD_LIBRARY_PATH="$(CUDA_ROOT)/lib:$${LD_LIBRARY_PATH:-}"'
+	@$(if $(CUDA_COMPUTE_CAP),echo 'export CUDA_COMPUTE_CAP=$(CUDA_COMPUTE_CAP)',true)
+
+## gpu-check: the tests that need an NVIDIA GPU (tests/it/gpu_check.rs:
+## detection against nvidia-smi, a step on every planned GPU, stop/resume
+## bit-exact on one GPU, the out-of-memory back-off on device memory), built
+## with --features cuda for this machine's GPUs. Not part of `make test`.
+gpu-check: deps
+	@command -v nvidia-smi >/dev/null || { echo "gpu-check needs an NVIDIA GPU and its driver (nvidia-smi)"; exit 1; }
+	$(CUDA_ENV) LD_LIBRARY_PATH="$(CUDA_ROOT)/lib:$(CUDA_ROOT)/lib64:$$LD_LIBRARY_PATH" \
+		$(CARGO) test --test it --features cuda gpu_check:: -- --ignored --test-threads=1
 
 ## test: everything CI runs (lint, unit and integration tests)
 # The SLURM drills (tests/it/drills.rs) last minutes and judge timings: they

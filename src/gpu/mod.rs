@@ -35,7 +35,7 @@ pub use host::{HostProbe, HostStats, SysinfoHost, free_disk_bytes};
 pub use inventory::{InventoryProbe, parse_inventory, read_inventory};
 pub use monitor::{Monitor, MonitorSettings, MonitorSummary, MonitorWarning, STATS_FILE, WarningTracker};
 pub use nvidia::NvidiaProbe;
-pub use overview::{GpusReport, gpus_report, report_from};
+pub use overview::{GpusReport, NO_AMD_BACKEND, gpus_report, report_from};
 pub(crate) use overview::{choose_devices, host_available_bytes};
 pub use placement::{DeviceKind, Footprint, Placement, PlacementRequest, Plan, PlanDevice, place};
 #[cfg(test)]

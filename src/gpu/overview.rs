@@ -92,19 +92,21 @@ pub fn report_from(
     };
     match kind {
         DeviceKind::Cpu => {}
+        DeviceKind::Cuda if candle_core::utils::cuda_is_available() => {}
         DeviceKind::Cuda => notes.push(
             "this build has no CUDA backend (candle's `cuda` feature is not compiled in): a run with this binary \
              trains on the CPU (or stops, with [gpu] require = true)"
                 .into(),
         ),
-        DeviceKind::Rocm => notes.push(
-            "candle has no ROCm backend: AMD GPUs are detected and planned for, but a run trains on the CPU \
-             (or stops, with [gpu] require = true)"
-                .into(),
-        ),
+        DeviceKind::Rocm => notes.push(format!("{NO_AMD_BACKEND} (or stops, with [gpu] require = true)")),
     }
     Ok(GpusReport { source: probe.name(), devices, plan, plan_error, assignment, notes })
 }
+
+/// Why a plan for AMD GPUs trains on the CPU: what `rekindle gpus`,
+/// `rekindle doctor` and a run's `gpu_fallback` event say.
+pub const NO_AMD_BACKEND: &str = "no AMD compute backend in this build, training on CPU (candle has no ROCm backend: \
+                                  AMD GPUs are detected and planned for, but cannot train)";
 
 /// The devices the plan may use under `[gpu] backend`, and their kind.
 pub(crate) fn choose_devices<'a>(
@@ -258,7 +260,20 @@ mod tests {
         let plan = r.plan.unwrap();
         assert_eq!((plan.device_kind, plan.replicas, plan.devices_per_replica), (DeviceKind::Cuda, 2, 1));
         assert_eq!(r.assignment, [[0], [1]]);
-        assert!(r.notes.iter().any(|n| n.contains("no CUDA backend")), "{:?}", r.notes);
+        // Only a build without the `cuda` feature says it cannot train there.
+        let says_no_cuda = r.notes.iter().any(|n| n.contains("no CUDA backend"));
+        assert_eq!(says_no_cuda, !candle_core::utils::cuda_is_available(), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn amd_gpus_plan_but_say_there_is_no_amd_compute_backend() {
+        let r = report(vec![device(Vendor::Amd, 0, None, 64, 64)], None, &Config::default());
+        assert_eq!(r.plan.unwrap().device_kind, DeviceKind::Rocm);
+        assert!(
+            r.notes.iter().any(|n| n.starts_with("no AMD compute backend in this build, training on CPU")),
+            "{:?}",
+            r.notes
+        );
     }
 
     #[test]

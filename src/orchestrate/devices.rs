@@ -2,13 +2,16 @@
 //! down:
 //!
 //! - at start-up, the placement plan (probe → the devices allotted to the
-//!   job → `gpu::place`, as `rekindle gpus` shows it), the GPU backend it
-//!   needs, and the CPU fallback when that backend cannot be used (or a
-//!   refusal with `[gpu] require = true`);
+//!   job → `gpu::place`, as `rekindle gpus` shows it), one candle device per
+//!   replica from the plan's assignment (`Device::new_cuda(i)` in a build
+//!   with the `cuda` feature; the trainer runs replica `r` there), and the
+//!   CPU fallback when that backend cannot be used (or a refusal with
+//!   `[gpu] require = true`);
 //! - the layout `[train] micro_batch` asks for (as written, from the plan, or
 //!   a number of samples);
-//! - around each step, the out-of-memory back-off and the fallback when the
-//!   first step fails on the GPU backend;
+//! - around each step, the out-of-memory back-off, and the fallback to the
+//!   CPU when the first step fails on the GPU backend or a step still runs
+//!   out of GPU memory at the back-off's floor;
 //! - the background monitor writing `gpu_stats.jsonl`.
 //!
 //! `REKINDLE_GPU_INVENTORY=FILE` makes a run read a JSON inventory (the
@@ -28,7 +31,7 @@ use crate::gpu::{
 };
 use crate::telemetry::{ErrorEvent, Event, EventLog, GpuFallback, MonitorOutcome, OomRetry};
 use crate::train::{
-    Layout, Registry, StepResult, TrainError, Trainer, candle_message, checkpoint_bytes, footprint_for,
+    Layout, Registry, StepResult, TrainError, TrainSnapshot, Trainer, candle_message, checkpoint_bytes, footprint_for,
 };
 
 use super::error::RunError;
@@ -123,18 +126,15 @@ impl Devices {
         let wanted = report.plan.as_ref().filter(|p| p.device_kind != DeviceKind::Cpu);
         let too_big = report.plan_error.as_ref().filter(|_| gpu_kind != DeviceKind::Cpu);
         let (plan, groups, unusable) = match (wanted, too_big) {
-            (Some(plan), _) => {
-                let first = report.assignment.first().and_then(|g| g.first()).copied().unwrap_or(0);
-                match init_backend(plan.device_kind, runtime_ordinal(&report, plan.device_kind, first)) {
-                    Ok(device) => {
-                        if !device.is_cpu() {
-                            *trainer = Trainer::from_registry_on(cfg, registry, device)?;
-                        }
-                        (plan.clone(), report.assignment.clone(), None)
-                    }
-                    Err(reason) => (cpu_plan, Vec::new(), Some(reason)),
+            (Some(plan), _) => match replica_devices(&report, plan.device_kind) {
+                Ok(devices) => {
+                    let mut placed = Trainer::from_registry_on(cfg, registry, devices[0].clone())?;
+                    placed.place_replicas(devices)?;
+                    *trainer = placed;
+                    (plan.clone(), report.assignment.clone(), None)
                 }
-            }
+                Err(reason) => (cpu_plan, Vec::new(), Some(reason)),
+            },
             (None, Some(error)) => {
                 (cpu_plan, Vec::new(), Some(format!("the model does not fit the visible GPUs: {error}")))
             }
@@ -186,11 +186,11 @@ impl Devices {
         let mut decided = Ok(());
         if let Some(reason) = self.unusable.clone() {
             decided = self.fall_back_or_refuse(reason);
-        } else if self.plan.device_kind != DeviceKind::Cpu && self.plan.replicas * self.plan.devices_per_replica > 1 {
+        } else if self.plan.device_kind != DeviceKind::Cpu && self.plan.devices_per_replica > 1 {
             tracing::warn!(
                 devices = ?self.groups,
-                "this build runs every replica on the first device, one after another: \
-                 multi-device execution is not implemented"
+                "each replica runs on the first device of its group: splitting one replica over several devices \
+                 is not implemented, so the others stay idle"
             );
         }
         self.record_events(events)?;
@@ -209,8 +209,12 @@ impl Devices {
     /// event each time). When the first step on a GPU backend fails for
     /// another reason, the trainer is rebuilt on the CPU from its state
     /// before the step and the step runs there (or the run stops, with
-    /// `[gpu] require = true`). Call [`record_events`](Self::record_events)
-    /// after it, whatever it returns.
+    /// `[gpu] require = true`). When a step on a GPU backend still runs out
+    /// of memory at the back-off's floor, the trainer (as after the previous
+    /// step) is rebuilt on the CPU the same way and the step runs there
+    /// (with `[gpu] require = true`, the out-of-memory error stops the run).
+    /// Call [`record_events`](Self::record_events) after it, whatever it
+    /// returns.
     pub fn step(
         &mut self,
         trainer: &mut Trainer,
@@ -235,17 +239,36 @@ impl Devices {
                 self.first_gpu_step = false;
                 Ok(done)
             }
+            (Err(e @ TrainError::OutOfMemoryRetriesExhausted { .. }), _)
+                if self.plan.device_kind != DeviceKind::Cpu && !self.require =>
+            {
+                // A failed step leaves the trainer as after the previous one.
+                let before = trainer.snapshot()?;
+                let reason = format!(
+                    "out of memory on the {} backend even at the back-off's smallest micro-batch: {e}",
+                    self.plan.device_kind
+                );
+                self.fall_back_or_refuse(reason)?;
+                self.rebuild_on_cpu(trainer, cfg, &before)?;
+                self.step(trainer, cfg, should_stop)
+            }
             (Err(e), Some(before)) if !matches!(e, TrainError::OutOfMemoryRetriesExhausted { .. }) => {
                 let reason = format!("the first step failed on the {} backend: {e}", self.plan.device_kind);
                 self.fall_back_or_refuse(reason)?;
-                let mut cpu = Trainer::from_registry(cfg, &self.registry)?;
-                cpu.restore(&before.model, &before.optimizer, &before.state)?;
-                cpu.set_layout(self.layout)?;
-                *trainer = cpu;
+                self.rebuild_on_cpu(trainer, cfg, &before)?;
                 self.step(trainer, cfg, should_stop)
             }
             (Err(e), _) => Err(e.into()),
         }
+    }
+
+    /// Replaces `trainer` with one on the CPU holding `state`, in the CPU's layout.
+    fn rebuild_on_cpu(&self, trainer: &mut Trainer, cfg: &Config, state: &TrainSnapshot) -> Result<(), RunError> {
+        let mut cpu = Trainer::from_registry(cfg, &self.registry)?;
+        cpu.restore(&state.model, &state.optimizer, &state.state)?;
+        cpu.set_layout(self.layout)?;
+        *trainer = cpu;
+        Ok(())
     }
 
     /// Starts the monitor on the devices in use (none on the CPU), warning
@@ -371,6 +394,15 @@ fn runtime_ordinal(report: &GpusReport, kind: DeviceKind, index: u32) -> usize {
     report.devices.iter().filter(|d| d.vendor == vendor).position(|d| d.index == index).unwrap_or(0)
 }
 
+/// One candle device per replica of the plan: the first device of each
+/// group of the report's assignment, initialised on `kind`'s backend; or
+/// why they cannot be had (the first failure).
+fn replica_devices(report: &GpusReport, kind: DeviceKind) -> Result<Vec<Device>, String> {
+    let firsts: Vec<u32> = report.assignment.iter().filter_map(|g| g.first().copied()).collect();
+    let firsts = if firsts.is_empty() { vec![0] } else { firsts };
+    firsts.into_iter().map(|index| init_backend(kind, runtime_ordinal(report, kind, index))).collect()
+}
+
 /// The candle device for `kind`, or why there is none.
 fn init_backend(kind: DeviceKind, ordinal: usize) -> Result<Device, String> {
     // Test builds only: a stand-in backend that "initialises" as the CPU, so
@@ -385,9 +417,7 @@ fn init_backend(kind: DeviceKind, ordinal: usize) -> Result<Device, String> {
         }
         DeviceKind::Cuda => Device::new_cuda(ordinal)
             .map_err(|e| format!("the CUDA backend did not initialise on device {ordinal}: {}", candle_message(&e))),
-        DeviceKind::Rocm => {
-            Err("candle has no ROCm backend: AMD GPUs are detected and planned for, but cannot train".into())
-        }
+        DeviceKind::Rocm => Err(gpu::NO_AMD_BACKEND.into()),
     }
 }
 
@@ -449,7 +479,7 @@ mod tests {
             }
         }
         let rocm = init_backend(DeviceKind::Rocm, 0).unwrap_err();
-        assert!(rocm.contains("candle has no ROCm backend"), "{rocm}");
+        assert!(rocm.starts_with("no AMD compute backend in this build, training on CPU"), "{rocm}");
         assert!(init_backend(DeviceKind::Cpu, 0).unwrap().is_cpu());
     }
 }

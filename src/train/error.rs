@@ -119,13 +119,25 @@ impl TrainError {
     }
 }
 
-/// Whether a candle error is a device allocation failure. candle reports
-/// CUDA's as `CUDA_ERROR_OUT_OF_MEMORY` (the driver) or "out of memory"
-/// (cudarc's allocator); the CPU backend aborts on allocation failure
-/// instead, so on the CPU this only sees injected failures.
+/// Whether a candle error is a device allocation failure (see
+/// [`is_out_of_memory_message`]). candle's CUDA errors (`Error::Cuda`) wrap
+/// cudarc's, whose text is their `Debug` form, so the message is all there is
+/// to go by; the CPU backend aborts on allocation failure instead, so on the
+/// CPU this only sees injected failures.
 pub fn is_out_of_memory(err: &candle_core::Error) -> bool {
-    let message = candle_message(err).to_ascii_lowercase();
-    message.contains("out of memory") || message.contains("out_of_memory")
+    is_out_of_memory_message(&candle_message(err))
+}
+
+/// Whether an error message says a device allocation failed: the CUDA
+/// driver's `DriverError(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")`, the
+/// runtime's `cudaErrorMemoryAllocation`, cuBLAS's
+/// `CublasError(CUBLAS_STATUS_ALLOC_FAILED)` (a matmul's workspace), cuRAND's
+/// `CurandError(CURAND_STATUS_ALLOCATION_FAILED)`, or plain "out of memory".
+pub fn is_out_of_memory_message(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    ["out of memory", "out_of_memory", "cudaerrormemoryallocation", "status_alloc_failed", "status_allocation_failed"]
+        .iter()
+        .any(|needle| message.contains(needle))
 }
 
 /// A candle error as one readable message, without the backtrace candle
@@ -151,6 +163,29 @@ mod tests {
         assert!(is_out_of_memory(&candle_core::Error::Msg("alloc: Out of memory".into())));
         assert!(!is_out_of_memory(&candle_core::Error::Msg("shape mismatch in matmul".into())));
         assert!(!is_out_of_memory(&candle_core::Error::NotCompiledWithCudaSupport));
+    }
+
+    #[test]
+    fn cuda_cublas_and_curand_allocation_failures_are_out_of_memory() {
+        for text in [
+            // cudarc's DriverError, with and without the driver's string.
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")",
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"<Failure when calling cuGetErrorString()>\")",
+            "CublasError(CUBLAS_STATUS_ALLOC_FAILED)",
+            "CublasError(CUBLASLT_STATUS_ALLOC_FAILED)",
+            "CurandError(CURAND_STATUS_ALLOCATION_FAILED)",
+            "cudaErrorMemoryAllocation",
+        ] {
+            assert!(is_out_of_memory_message(text), "{text}");
+        }
+        for text in [
+            "DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access was encountered\")",
+            "CublasError(CUBLAS_STATUS_EXECUTION_FAILED)",
+            "DriverError(CUDA_ERROR_NO_DEVICE, \"no CUDA-capable device is detected\")",
+            "missing kernel 'affine'",
+        ] {
+            assert!(!is_out_of_memory_message(text), "{text}");
+        }
     }
 
     #[test]

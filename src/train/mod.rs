@@ -37,7 +37,7 @@ mod world_tests;
 
 pub use builtin::builtin_workload;
 pub use data::{Classification, DataCursor, Sampler, TokenSequences, is_validation};
-pub use error::{TrainError, candle_message, is_out_of_memory};
+pub use error::{TrainError, candle_message, is_out_of_memory, is_out_of_memory_message};
 pub use footprint::{CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, footprint, footprint_for};
 pub use gpt::{Gpt, GptShape, GptWorkload, VOCAB};
 pub use layers::{Embedding, LayerNorm, Linear};

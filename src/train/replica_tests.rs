@@ -249,3 +249,45 @@ fn errors_other_than_out_of_memory_are_not_retried() {
     assert_eq!(trainer.layout(), Layout::single(16, 1));
     assert_same(&trainer.snapshot().unwrap(), &before);
 }
+
+#[test]
+fn replicas_on_their_own_devices_train_bit_for_bit_as_replicas_sharing_one() {
+    // `Trainer::new` can make more instances of its workload: replica r ≥ 1
+    // runs on its own instance on `devices[r]` (here the CPU, as every CPU
+    // run's plan gives), with the master parameters copied in before each
+    // step and its gradient copied back. A trainer given one instance runs
+    // every replica on it. Same arithmetic, so the same bits, dropout on.
+    for cfg in [tiny_mlp(), tiny_gpt()] {
+        let layout = Layout { replicas: 2, micro_batch: cfg.train.batch_size / 2, grad_accum: cfg.train.grad_accum };
+        let mut placed = with_layout(&cfg, layout);
+        placed.place_replicas(vec![Device::Cpu, Device::Cpu]).unwrap();
+        assert_eq!(placed.replica_devices().len(), 2);
+        let mut shared = Trainer::with_workload(&cfg, builtin_workload(&cfg).unwrap()).unwrap();
+        shared.set_layout(layout).unwrap();
+        let losses = train_to(&mut placed, 4);
+        assert_eq!(losses, train_to(&mut shared, 4));
+        assert_same(&placed.snapshot().unwrap(), &shared.snapshot().unwrap());
+
+        // A restore reaches the replicas too: their parameters come from
+        // the master ones at every step.
+        let snap = placed.snapshot().unwrap();
+        train_to(&mut placed, 6);
+        placed.restore(&snap.model, &snap.optimizer, &snap.state).unwrap();
+        train_to(&mut placed, 6);
+        train_to(&mut shared, 6);
+        assert_same(&placed.snapshot().unwrap(), &shared.snapshot().unwrap());
+    }
+}
+
+#[test]
+fn replica_devices_must_start_with_the_trainers_and_need_a_workload_factory() {
+    let cfg = tiny_mlp();
+    let mut trainer = Trainer::new(&cfg).unwrap();
+    let err = trainer.place_replicas(Vec::new()).unwrap_err();
+    assert!(err.to_string().contains("replica 0 must run on the trainer's device"), "{err}");
+    let mut single = Trainer::with_workload(&cfg, builtin_workload(&cfg).unwrap()).unwrap();
+    single.place_replicas(vec![Device::Cpu]).unwrap();
+    let err = single.place_replicas(vec![Device::Cpu, Device::Cpu]).unwrap_err();
+    assert!(err.to_string().contains("cannot be replicated onto 2 devices"), "{err}");
+    assert!(err.to_string().contains("Trainer::from_registry_on"), "{err}");
+}

@@ -12,12 +12,21 @@
 //!
 //! A step's samples are cut up as its [`Layout`] says (replicas, micro-batch,
 //! accumulation): replicas compute their gradients one after another over
-//! disjoint shards on the trainer's device and are averaged in replica order,
+//! disjoint shards and are averaged in replica order on the trainer's device,
 //! so the result is deterministic. The layout is not part of the checkpoint:
 //! it changes float summation order only, never which samples a step sees.
+//!
+//! Each replica runs on its own device ([`Trainer::place_replicas`]; the
+//! placement plan picks them, `orchestrate/devices.rs`): replica 0 on the
+//! trainer's device with the master parameters (f32) and the optimizer,
+//! replica `r ≥ 1` on `devices[r]` with its own instance of the workload,
+//! whose parameters are copied from the master ones before every step and
+//! whose gradients are copied back. The code is the same whatever the
+//! device: every CPU test with replicas takes this path on `Device::Cpu`.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -171,10 +180,37 @@ struct TrainState {
     param_count: u64,
 }
 
+/// Makes another instance of the trainer's workload, for a replica on
+/// another device.
+type WorkloadFactory = Arc<dyn Fn() -> Result<Box<dyn Workload>, TrainError> + Send + Sync>;
+
+/// A replica `r ≥ 1`: its own instance of the workload on its device.
+struct Replica {
+    device: Device,
+    workload: Box<dyn Workload>,
+    params: Params,
+}
+
+/// What one micro-batch runs on: the master workload on the trainer's
+/// device, or a [`Replica`]'s.
+struct Target<'a> {
+    workload: &'a dyn Workload,
+    params: &'a Params,
+    device: &'a Device,
+}
+
 /// The training engine; see the module docs.
 pub struct Trainer {
     workload: Box<dyn Workload>,
     device: Device,
+    /// Where replica `r` runs: `replica_devices[r % len]`; the first is `device`.
+    replica_devices: Vec<Device>,
+    /// Replicas 1.. built so far (replica 0 is the trainer's own workload).
+    replicas: Vec<Replica>,
+    /// New workload instances for [`Replica`]s; `None` for a trainer built
+    /// from one workload instance ([`with_workload`](Self::with_workload)),
+    /// whose replicas all run on the trainer's device and workload.
+    factory: Option<WorkloadFactory>,
     dtype: DType,
     params: Params,
     optimizer: AdamW,
@@ -219,24 +255,34 @@ fn dtype_name(dtype: DType) -> String {
 impl Trainer {
     /// A trainer for the built-in workload `[model] kind` on `[data]`.
     pub fn new(cfg: &Config) -> Result<Self, TrainError> {
-        Self::with_workload(cfg, builtin_workload(cfg)?)
+        Self::on_device(cfg, Device::Cpu)
     }
 
     /// The built-in workload on `device` (parameters, optimizer state and
     /// batches live there; snapshots are host copies as always).
     pub fn on_device(cfg: &Config, device: Device) -> Result<Self, TrainError> {
-        Self::with_workload_on(cfg, builtin_workload(cfg)?, device)
+        let owned = cfg.clone();
+        Self::with_factory_on(cfg, Arc::new(move || builtin_workload(&owned)), device)
     }
 
     /// A trainer for the workload `[model] kind` names, built-in or
     /// registered in `registry`.
     pub fn from_registry(cfg: &Config, registry: &Registry) -> Result<Self, TrainError> {
-        Self::with_workload(cfg, registry.workload(cfg)?)
+        Self::from_registry_on(cfg, registry, Device::Cpu)
     }
 
     /// [`from_registry`](Self::from_registry) on `device`.
     pub fn from_registry_on(cfg: &Config, registry: &Registry, device: Device) -> Result<Self, TrainError> {
-        Self::with_workload_on(cfg, registry.workload(cfg)?, device)
+        let (owned, registry) = (cfg.clone(), registry.clone());
+        Self::with_factory_on(cfg, Arc::new(move || registry.workload(&owned)), device)
+    }
+
+    /// A trainer whose workload `factory` makes, once for the trainer and
+    /// once per replica on another device.
+    fn with_factory_on(cfg: &Config, factory: WorkloadFactory, device: Device) -> Result<Self, TrainError> {
+        let mut trainer = Self::with_workload_on(cfg, factory()?, device)?;
+        trainer.factory = Some(factory);
+        Ok(trainer)
     }
 
     /// A trainer for any [`Workload`]; `[model]` and `[data]` are left to
@@ -290,6 +336,9 @@ impl Trainer {
         );
         Ok(Trainer {
             workload,
+            replica_devices: vec![device.clone()],
+            replicas: Vec::new(),
+            factory: None,
             device,
             dtype,
             params,
@@ -431,6 +480,94 @@ impl Trainer {
         &self.device
     }
 
+    /// Runs replica `r` of the following steps on `devices[r % devices.len()]`
+    /// (as the placement plan assigns them). The first must be the
+    /// trainer's own device, where replica 0, the master parameters and the
+    /// optimizer live. Each other replica gets its own instance of the
+    /// workload there, built at its first step. Refused for a trainer built
+    /// from one workload instance ([`with_workload`](Self::with_workload)),
+    /// which cannot make another.
+    pub fn place_replicas(&mut self, devices: Vec<Device>) -> Result<(), TrainError> {
+        match devices.first() {
+            Some(first) if first.same_device(&self.device) => {}
+            _ => {
+                return Err(TrainError::Build {
+                    workload: self.workload.name().to_string(),
+                    message: format!(
+                        "replica 0 must run on the trainer's device {:?}, but the devices given start with {:?}",
+                        self.device,
+                        devices.first()
+                    ),
+                });
+            }
+        }
+        if devices.len() > 1 && self.factory.is_none() {
+            return Err(TrainError::Build {
+                workload: self.workload.name().to_string(),
+                message: format!(
+                    "it was given to the trainer as one instance (Trainer::with_workload), so it cannot be \
+                     replicated onto {} devices: build the trainer with Trainer::from_registry_on",
+                    devices.len()
+                ),
+            });
+        }
+        self.replica_devices = devices;
+        self.replicas.clear();
+        Ok(())
+    }
+
+    /// The devices replicas run on ([`place_replicas`](Self::place_replicas)).
+    pub fn replica_devices(&self) -> &[Device] {
+        &self.replica_devices
+    }
+
+    /// Makes sure replicas `1..count` exist (when this trainer can make
+    /// them) and copies the master parameters into each.
+    fn prepare_replicas(&mut self, count: usize, step: u64) -> Result<(), TrainError> {
+        let Some(factory) = self.factory.clone() else { return Ok(()) };
+        if self.world.is_some() {
+            // A rank computes only its own replica, on its own device.
+            return Ok(());
+        }
+        let wanted = count.saturating_sub(1);
+        self.replicas.truncate(wanted);
+        while self.replicas.len() < wanted {
+            let r = self.replicas.len() + 1;
+            let device = self.replica_devices[r % self.replica_devices.len()].clone();
+            let mut workload = factory()?;
+            let store = ParamStore::new(device.clone(), StreamRng::new(self.seed, Stream::Init));
+            workload.build(store.var_builder()).map_err(|e| TrainError::Build {
+                workload: workload.name().to_string(),
+                message: format!("replica {r} on {device:?}: {}", candle_message(&e)),
+            })?;
+            let (params, _) = store.into_parts();
+            let same = params.len() == self.params.len()
+                && params.iter().zip(&self.params).all(|((a, va), (b, vb))| a == b && va.dims() == vb.dims());
+            if !same {
+                return Err(TrainError::Build {
+                    workload: workload.name().to_string(),
+                    message: format!(
+                        "replica {r} declared other parameters than replica 0: a workload must declare the same \
+                         names and shapes every time it is built"
+                    ),
+                });
+            }
+            self.replicas.push(Replica { device, workload, params });
+        }
+        for (i, replica) in self.replicas.iter().enumerate() {
+            for (name, var) in &replica.params {
+                let fail = |e: candle_core::Error| TrainError::Step {
+                    step,
+                    during: "copying parameters to the replicas",
+                    message: format!("replica {} `{name}`: {}", i + 1, candle_message(&e)),
+                };
+                let value = self.params[name].as_tensor().to_device(&replica.device).map_err(fail)?;
+                var.set(&value).map_err(fail)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Number of scalar parameters.
     pub fn param_count(&self) -> usize {
         param_count(&self.params)
@@ -518,11 +655,16 @@ impl Trainer {
         // In a world of ranks this rank computes only its own replica, and
         // never stops inside a step: the others would wait for it in the sum.
         let mine = self.world.as_ref().map(|w| w.rank());
+        self.prepare_replicas(layout.replicas, step_no)?;
 
         for (replica, shard) in indices.chunks(layout.per_replica()).enumerate() {
             if mine.is_some_and(|m| m != replica) {
                 continue;
             }
+            let target = match replica.checked_sub(1).and_then(|i| self.replicas.get(i)) {
+                Some(r) => Target { workload: &*r.workload, params: &r.params, device: &r.device },
+                None => Target { workload: &*self.workload, params: &self.params, device: &self.device },
+            };
             let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
             for micro in shard.chunks(layout.micro_batch) {
                 if mine.is_none() && should_stop() {
@@ -530,11 +672,15 @@ impl Trainer {
                     return Ok(StepResult::Interrupted);
                 }
                 let weight = scale / layout.grad_accum as f64;
-                let out = self.micro_batch(step_no, micro, weight, &mut dropout, &mut grads)?;
+                let out = self.micro_batch(&target, step_no, micro, weight, &mut dropout, &mut grads)?;
                 if let Some(t) = out.tokens {
                     *tokens.get_or_insert(0) += t as u64;
                 }
                 micro_losses.push(out.loss);
+            }
+            // Averaged on the trainer's device (a no-op copy when the replica is there too).
+            for g in grads.values_mut() {
+                *g = g.to_device(&self.device).map_err(oom_or(step_no, layout, "copying gradients from a replica"))?;
             }
             replica_grads.push(grads);
         }
@@ -636,6 +782,7 @@ impl Trainer {
     /// errors come back as [`TrainError::OutOfMemory`].
     fn micro_batch(
         &self,
+        target: &Target<'_>,
         step: u64,
         indices: &[usize],
         weight: f64,
@@ -656,13 +803,13 @@ impl Trainer {
             during: "the forward pass",
             message: "injected failure (failpoint train::step_error)".into(),
         }));
-        let batch = self.workload.batch(Split::Train, indices, &self.device).map_err(oom_or(
+        let batch = target.workload.batch(Split::Train, indices, target.device).map_err(oom_or(
             step,
             layout,
             "building the batch",
         ))?;
         let mut ctx = ForwardCtx::training(self.dtype, dropout);
-        let loss = self.workload.loss(&batch, &mut ctx).map_err(oom_or(step, layout, "the forward pass"))?;
+        let loss = target.workload.loss(&batch, &mut ctx).map_err(oom_or(step, layout, "the forward pass"))?;
         let loss = scalar_f32(&loss).map_err(oom_or(step, layout, "the forward pass"))?;
         let value = f64::from(loss.to_scalar::<f32>().map_err(oom_or(step, layout, "reading the loss"))?);
         let out = MicroBatchOut { loss: value, tokens: batch.tokens };
@@ -671,7 +818,7 @@ impl Trainer {
         }
         let scaled = loss.affine(weight, 0.0).map_err(oom_or(step, layout, "scaling the loss"))?;
         let store = scaled.backward().map_err(oom_or(step, layout, "the backward pass"))?;
-        for (name, var) in &self.params {
+        for (name, var) in target.params {
             let Some(g) = store.get(var) else { continue };
             let g = g.to_dtype(DType::F32).map_err(oom_or(step, layout, "accumulating gradients"))?;
             match grads.entry(name.clone()) {

@@ -14,7 +14,8 @@
 //! - out of memory (failpoint `train::oom`): the step is retried with half
 //!   the micro-batch (an `oom_retry` event each time) and the run ends
 //!   exactly where a run with the smaller micro-batch from the start does;
-//!   after 5 retries it stops with a checkpoint and exit 1;
+//!   after 5 retries it stops with a checkpoint and exit 1; on a GPU
+//!   backend (the stand-in) it falls back to the CPU instead and trains on;
 //! - the monitor writes `gpu_stats.jsonl` every `[gpu] monitor_interval`.
 
 use crate::support;
@@ -302,6 +303,52 @@ fn out_of_memory_after_five_retries_stops_with_a_checkpoint_and_exit_1() {
     training.run_to_end(&dir);
     assert_eq!(the_last(&dir, "resume")["step"], 3);
     assert_eq!(summary(&dir)["steps"], 10);
+}
+
+#[test]
+fn out_of_memory_at_the_floor_on_a_gpu_falls_back_to_the_cpu_and_trains_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = inventory(tmp.path(), 1, 80_000);
+    let training = on_any_backend(6).set("train.batch_size=64");
+    let reference = tmp.path().join("reference");
+    training.run_to_end(&reference);
+
+    // The stand-in backend: steps 1–3 pass, the six attempts at step 4
+    // (micro-batch 64 down to 2) run out of memory, then memory is plenty.
+    let dir = tmp.path().join("run");
+    let failpoints = "gpu::backend_init=return;train::oom=3*off->6*return";
+    let (code, stderr) = run_with(&training, &dir, &[("REKINDLE_GPU_INVENTORY", &node)], Some(failpoints));
+    assert_eq!(code, EXIT_DONE, "{stderr}");
+    assert_eq!(the_event(&dir, "start")["placement"]["backend"], "cuda");
+    let retries = events_named(&dir, "oom_retry");
+    assert_eq!(retries.len(), 5, "{retries:?}");
+    assert!(retries.iter().all(|r| r["step"] == 4));
+    let fallback = the_event(&dir, "gpu_fallback");
+    let reason = fallback["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("out of memory on the cuda backend even at the back-off's smallest micro-batch"),
+        "{reason}"
+    );
+    assert!(reason.contains("step 4 ran out of memory 6 time(s)"), "{reason}");
+    assert_eq!(fallback["plan"]["device_kind"], "cpu");
+    assert!(stderr.contains("GPU FALLBACK: training on the CPU"), "{stderr}");
+    // Step 4 ran again on the CPU from the state after step 3: the run is
+    // bit for bit the CPU run.
+    assert_same_metrics(&dir, &reference, 6);
+    assert_same_checkpoint(&dir, &reference, 6);
+
+    // With [gpu] require = true the out-of-memory error stops the run, as on the CPU.
+    let refused = tmp.path().join("refused");
+    let (code, stderr) = run_with(
+        &training.clone().set("gpu.require=true"),
+        &refused,
+        &[("REKINDLE_GPU_INVENTORY", &node)],
+        Some(failpoints),
+    );
+    assert_eq!(code, EXIT_FAILURE, "{stderr}");
+    assert!(stderr.contains("step 4 ran out of memory 6 time(s)"), "{stderr}");
+    assert!(events_named(&refused, "gpu_fallback").is_empty());
+    assert_eq!(checkpoint_steps(&refused), [3]);
 }
 
 fn the_last(dir: &Path, name: &str) -> Value {

@@ -8,6 +8,7 @@
 //! | Chromium (`REKINDLE_CHROMIUM` or on PATH) | `it`: `report_browser::*` | fails, unless `REKINDLE_SKIP_CHROMIUM=1` |
 //! | SLURM, or root and apt-get to install it | `it`: `drills::*` | skipped |
 //! | a build with `--features mpi`, and OpenMPI's `mpirun` | `it`: `distributed::*` (those launching ranks) | skipped |
+//! | an NVIDIA GPU, its driver, and a build with `--features cuda` | `it`: `gpu_check::*` | `#[ignore]`d everywhere; `make gpu-check` runs them (docs/gpus.md) |
 //!
 //! A test missing what it needs either returns after a loud
 //! `SKIPPED: <test>: <why>` line on stderr or fails. In CI (`CI` set, and
