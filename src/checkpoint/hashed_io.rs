@@ -40,9 +40,12 @@ const IO_BUFFER: usize = 8 << 20;
 /// every logical block size in use (512 and 4096).
 const DIRECT_ALIGN: usize = 4096;
 
+/// Threads writing one file's blocks (its queue depth with direct I/O).
+const WRITERS_PER_FILE: usize = 2;
+
 /// Blocks one file's write keeps in flight (one being filled and hashed,
-/// the others queued for or inside a write).
-const BLOCKS_PER_FILE: usize = 3;
+/// one queued, one inside each writer's `write`).
+const BLOCKS_PER_FILE: usize = 2 + WRITERS_PER_FILE;
 
 /// Most blocks the pool keeps between saves (a checkpoint writes its files in
 /// parallel, each with [`BLOCKS_PER_FILE`]); more are freed when returned.
@@ -185,7 +188,18 @@ fn write_pipelined(file: &File, parts: &[&[u8]], direct: bool) -> io::Result<(St
     let (to_writer, filled_rx) = mpsc::sync_channel::<Filled>(BLOCKS_PER_FILE);
     let (free_tx, free_rx) = mpsc::channel::<Block>();
     std::thread::scope(|scope| {
-        let writer = scope.spawn(move || write_blocks(file, filled_rx, free_tx, direct));
+        // Writers share the queue of filled blocks: with two, one block is
+        // in the device's queue while the next write is being issued. The
+        // queue goes away with the last of them, so the filler's `send`
+        // fails instead of waiting forever when they all stopped on errors.
+        let filled = std::sync::Arc::new(Mutex::new(filled_rx));
+        let writers: Vec<_> = (0..WRITERS_PER_FILE)
+            .map(|_| {
+                let (filled, free_tx) = (std::sync::Arc::clone(&filled), free_tx.clone());
+                scope.spawn(move || write_blocks(file, &filled, free_tx, direct))
+            })
+            .collect();
+        drop((filled, free_tx));
         let mut hasher = Sha256::new();
         let mut allocated = 0;
         let mut offset = 0u64;
@@ -228,7 +242,12 @@ fn write_pipelined(file: &File, parts: &[&[u8]], direct: bool) -> io::Result<(St
             offset += len as u64;
         }
         drop(to_writer);
-        let mode = writer.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+        let mut mode = if direct { WriteMode::Direct } else { WriteMode::Buffered };
+        for writer in writers {
+            if writer.join().unwrap_or_else(|p| std::panic::resume_unwind(p))? == WriteMode::Buffered {
+                mode = WriteMode::Buffered;
+            }
+        }
         for block in free_rx.try_iter() {
             return_block(block);
         }
@@ -239,21 +258,24 @@ fn write_pipelined(file: &File, parts: &[&[u8]], direct: bool) -> io::Result<(St
     })
 }
 
-/// The writer side of [`write_pipelined`]. With `direct`, aligned lengths go
-/// out with `O_DIRECT` and a file's unaligned tail through the page cache
-/// (`O_DIRECT` is turned off for it). A first direct write refused with
-/// `EINVAL` (a filesystem that accepts the flag but not the I/O) switches
-/// the file to buffered writes, whose writeback is started after each block
-/// so that the final fsync does not have the whole file to flush.
+/// A writer of [`write_pipelined`] (one of [`WRITERS_PER_FILE`]). With
+/// `direct`, aligned lengths go out with `O_DIRECT` and a file's unaligned
+/// tail through the page cache (`O_DIRECT` is turned off for it: the flag
+/// belongs to the open file, so a block another writer issues after that is
+/// buffered too, which changes nothing on disk). A direct write refused with
+/// `EINVAL` (a filesystem that accepts the flag but not the I/O) switches the
+/// file to buffered writes, whose writeback is started after each block so
+/// that the final fsync does not have the whole file to flush.
 fn write_blocks(
     file: &File,
-    filled: mpsc::Receiver<Filled>,
+    filled: &Mutex<mpsc::Receiver<Filled>>,
     free: mpsc::Sender<Block>,
     direct: bool,
 ) -> io::Result<WriteMode> {
     let mut mode = if direct { WriteMode::Direct } else { WriteMode::Buffered };
-    let mut first = true;
-    for Filled { block, len, offset } in filled {
+    loop {
+        let next = filled.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+        let Ok(Filled { block, len, offset }) = next else { break };
         let bytes = &block.as_slice()[..len];
         if mode == WriteMode::Direct {
             let aligned = len - len % DIRECT_ALIGN;
@@ -264,7 +286,7 @@ fn write_blocks(
                         file.write_all_at(&bytes[aligned..], offset + aligned as u64)?;
                     }
                 }
-                Err(e) if first && e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
                     tracing::debug!(error = %e, "direct I/O refused by the filesystem; writing through the page cache");
                     set_direct(file, false)?;
                     mode = WriteMode::Buffered;
@@ -276,7 +298,6 @@ fn write_blocks(
             file.write_all_at(bytes, offset)?;
             start_writeback(file, offset, len);
         }
-        first = false;
         if free.send(block).is_err() {
             break;
         }
@@ -290,12 +311,7 @@ fn write_blocks(
 fn start_writeback(file: &File, offset: u64, len: usize) {
     // SAFETY: a plain syscall on a descriptor this function borrows.
     let _ = unsafe {
-        nix::libc::sync_file_range(
-            file.as_raw_fd(),
-            offset as i64,
-            len as i64,
-            nix::libc::SYNC_FILE_RANGE_WRITE,
-        )
+        nix::libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, nix::libc::SYNC_FILE_RANGE_WRITE)
     };
 }
 
@@ -397,8 +413,7 @@ pub(super) fn read_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
         }
     };
     let mut buffers: Vec<Vec<u8>> = layout.iter().map(|t| vec![0u8; (t.end - t.start) as usize]).collect();
-    let (hasher, read, complete) =
-        read_into_hashed(&mut file, hasher, buffers.iter_mut().map(|b| b.as_mut_slice()))?;
+    let (hasher, read, complete) = read_into_hashed(&mut file, hasher, buffers.iter_mut().map(|b| b.as_mut_slice()))?;
     total += read;
     // Bytes past the end the header announced (a file that grew since stat).
     let (hasher, total) = hash_rest(&mut file, hasher, total)?;
@@ -409,7 +424,8 @@ pub(super) fn read_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
             .into_iter()
             .zip(buffers)
             .map(|(t, data)| {
-                let tensor = HostTensor::new(t.dtype, t.shape, data).map_err(|e| format!("tensor `{}`: {e}", t.name))?;
+                let tensor =
+                    HostTensor::new(t.dtype, t.shape, data).map_err(|e| format!("tensor `{}`: {e}", t.name))?;
                 Ok((t.name, tensor))
             })
             .collect()
@@ -480,15 +496,15 @@ fn hash_rest(file: &mut File, mut hasher: Sha256, mut total: u64) -> io::Result<
             } else {
                 (b[0].as_mut_slice(), a[0].as_slice())
             };
-        let n = std::thread::scope(|scope| {
-            let h = &mut hasher;
-            let handle = pending.map(|m| scope.spawn(move || h.update(&hash_buf[..m])));
-            let n = read_full(file, fill_buf);
-            if let Some(handle) = handle {
-                handle.join().expect("hashing thread does not panic");
-            }
-            n
-        })?;
+            let n = std::thread::scope(|scope| {
+                let h = &mut hasher;
+                let handle = pending.map(|m| scope.spawn(move || h.update(&hash_buf[..m])));
+                let n = read_full(file, fill_buf);
+                if let Some(handle) = handle {
+                    handle.join().expect("hashing thread does not panic");
+                }
+                n
+            })?;
             if n == 0 {
                 return Ok(());
             }
@@ -563,7 +579,10 @@ mod tests {
 
     fn safetensors_file(path: &Path) -> (TensorSet, Vec<u8>) {
         let mut set = TensorSet::new();
-        set.insert("b".into(), HostTensor::new(DType::U8, vec![3, IO_BUFFER / 3 + 1], pattern(3 * (IO_BUFFER / 3 + 1), 1)).unwrap());
+        set.insert(
+            "b".into(),
+            HostTensor::new(DType::U8, vec![3, IO_BUFFER / 3 + 1], pattern(3 * (IO_BUFFER / 3 + 1), 1)).unwrap(),
+        );
         set.insert("a".into(), HostTensor::from_f32(vec![2, 2], &[1.0, 2.0, 3.0, 4.0]));
         set.insert("c".into(), HostTensor::new(DType::I64, vec![0], Vec::new()).unwrap());
         let mut bytes = Vec::new();

@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use super::tensor::{DType, TensorSet};
 #[cfg(test)]
 use super::tensor::HostTensor;
+use super::tensor::{DType, TensorSet};
 
 /// The header bytes (length prefix + padded JSON) for `tensors` with `metadata`.
 pub fn header(tensors: &TensorSet, metadata: &BTreeMap<String, String>) -> Vec<u8> {

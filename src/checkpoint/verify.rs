@@ -136,10 +136,9 @@ fn load_entry(dir: &Path, entry: &ManifestEntry) -> Result<Content, FileFailure>
     let path = check_file(dir, entry)?;
     let read = read_tensors_hashed(&path).map_err(|e| unreadable(entry, e))?;
     check_read(entry, read.bytes, read.sha256)?;
-    read.tensors.map(Content::Tensors).map_err(|reason| FileFailure {
-        file: entry.name.clone(),
-        problem: Problem::InvalidContent { reason },
-    })
+    read.tensors
+        .map(Content::Tensors)
+        .map_err(|reason| FileFailure { file: entry.name.clone(), problem: Problem::InvalidContent { reason } })
 }
 
 /// Verifies one checkpoint directory; an empty list means it is valid.

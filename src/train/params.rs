@@ -239,9 +239,8 @@ pub fn holds_host_values(t: &Tensor, host: &HostTensor) -> bool {
             Ok(values) => {
                 let values = &values[start..end];
                 // SAFETY: f32 has no padding; the slice covers exactly the values' bytes.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
-                };
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
                 bytes == host.data.as_slice()
             }
             Err(_) => false,

@@ -275,7 +275,8 @@ fn a_trainer_built_from_a_checkpoint_of_another_shape_still_refuses_it_on_restor
     let mut model = snap.model.clone();
     model.insert("head.weight".into(), crate::checkpoint::HostTensor::from_f32(vec![2, 2], &[0.0; 4]));
     model.remove("head.bias");
-    let mut target = Trainer::from_registry_resuming(&cfg, &Registry::builtin(), std::sync::Arc::new(model.clone())).unwrap();
+    let mut target =
+        Trainer::from_registry_resuming(&cfg, &Registry::builtin(), std::sync::Arc::new(model.clone())).unwrap();
     let err = target.restore(&model, &snap.optimizer, &snap.state).unwrap_err();
     assert!(err.to_string().contains("head.bias"), "{err}");
     target.restore(&snap.model, &snap.optimizer, &snap.state).unwrap();
