@@ -315,6 +315,20 @@ mod tests {
             if layout.is_ok() {
                 prop_assert!(parsed.is_ok(), "layout checks but parsing fails: {:?}", parsed);
             }
+            // The loader (one pass from the file into the tensors' buffers)
+            // agrees with the layout check, reads what the reference parser
+            // reads, and hashes the whole file whatever its content.
+            let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let path = dir.path().join("f.safetensors");
+            std::fs::write(&path, bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let loaded = crate::checkpoint::hashed_io::read_tensors_hashed(&path)
+                .map_err(|e| TestCaseError::fail(format!("reading the file failed: {e}")))?;
+            prop_assert_eq!(loaded.bytes, bytes.len() as u64);
+            prop_assert_eq!(loaded.sha256, hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes)));
+            prop_assert_eq!(loaded.tensors.is_ok(), layout.is_ok(), "loader and layout check disagree");
+            if let Ok(tensors) = loaded.tensors {
+                prop_assert!(Ok(tensors) == parsed, "the loader read other tensors than the reference parser");
+            }
             Ok(())
         }
 
