@@ -3,19 +3,20 @@
 //! load costs the longer of I/O and SHA-256 rather than their sum. Also the
 //! fsyncs and the free-space query of the commit protocol, and the
 //! failpoints inside its I/O (`checkpoint::before_fsync::<file>`,
-//! `checkpoint::after_fsync::<file>`; the store uses [`fail_io`] for its
-//! own I/O failpoints too).
+//! `checkpoint::after_fsync::<file>`, and `fs::direct_io_unsupported`, which
+//! makes every file take the buffered path below; the store uses
+//! [`fail_io`] for its own I/O failpoints too).
 //!
 //! Writes go through a pool of aligned blocks that lives as long as the
 //! process: the first save allocates and touches them, later saves reuse
 //! them (fresh memory is slow to touch, docs/performance.md). A block is
 //! filled from the tensors' memory and hashed while it is hot in the cache,
-//! then handed to a writer thread, so block *n* is copied and hashed while
-//! block *n − 1* is on its way to the disk. The writer uses `O_DIRECT` where
-//! the filesystem accepts it (no page-cache copy, no dirty pages left for
-//! the final fsync to flush, so the disk works while the CPU hashes); where
-//! it does not (the flag or the first aligned write is refused with
-//! `EINVAL`), the file is written through the page cache with the writeback
+//! then handed to one of two writer threads, so block *n* is copied and
+//! hashed while the blocks before it are on their way to the disk. The
+//! writers use `O_DIRECT` where the filesystem accepts it (no page-cache
+//! copy, no dirty pages left for the final fsync to flush, so the disk works
+//! while the CPU hashes); where it does not (the flag or an aligned write is
+//! refused with `EINVAL`), the file is written through the page cache with the writeback
 //! started block by block. Which one was used is detected per file, never
 //! assumed.
 
