@@ -1,52 +1,320 @@
 //! Hashed file I/O: every byte of a checkpoint is hashed on the same pass
-//! that writes or reads it, with the hashing on a second thread, so a save or
-//! a load costs the longer of I/O and SHA-256 rather than their sum. Also the
+//! that writes or reads it, with the I/O on a second thread, so a save or a
+//! load costs the longer of I/O and SHA-256 rather than their sum. Also the
 //! fsyncs and the free-space query of the commit protocol, and the
 //! failpoints inside its I/O (`checkpoint::before_fsync::<file>`,
-//! `checkpoint::after_fsync::<file>`; the store uses [`fail_io`] for its
-//! own I/O failpoints too).
+//! `checkpoint::after_fsync::<file>`, and `fs::direct_io_unsupported`, which
+//! makes every file take the buffered path below; the store uses
+//! [`fail_io`] for its own I/O failpoints too).
+//!
+//! Writes go through a pool of aligned blocks that lives as long as the
+//! process: the first save allocates and touches them, later saves reuse
+//! them (fresh memory is slow to touch, docs/performance.md). A block is
+//! filled from the tensors' memory and hashed while it is hot in the cache,
+//! then handed to one of two writer threads, so block *n* is copied and
+//! hashed while the blocks before it are on their way to the disk. The
+//! writers use `O_DIRECT` where the filesystem accepts it (no page-cache
+//! copy, no dirty pages left for the final fsync to flush, so the disk works
+//! while the CPU hashes); where it does not (the flag or an aligned write is
+//! refused with `EINVAL`), the file is written through the page cache with the writeback
+//! started block by block. Which one was used is detected per file, never
+//! assumed.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::sync::mpsc;
 
 use sha2::{Digest, Sha256};
 
-/// Bytes per write or read call.
+use super::safetensors_io;
+use super::tensor::{HostTensor, TensorSet};
+
+/// Bytes per write or read call, and the size of a pooled block.
 const IO_BUFFER: usize = 8 << 20;
 
-/// Creates `path`, writes `parts` into it straight from their memory while a
-/// second thread hashes the same bytes, and fsyncs it. Hashing costs about as
-/// much CPU as the write, so running them side by side makes a save take the
-/// longer of the two instead of their sum; nothing is copied and nothing is
-/// read back. Returns (bytes, hex sha256).
-pub(super) fn write_hashed(path: &Path, parts: &[&[u8]]) -> io::Result<(u64, String)> {
+/// Alignment of direct I/O: buffers, file offsets and lengths. 4096 covers
+/// every logical block size in use (512 and 4096).
+const DIRECT_ALIGN: usize = 4096;
+
+/// Threads writing one file's blocks (its queue depth with direct I/O).
+const WRITERS_PER_FILE: usize = 2;
+
+/// Blocks one file's write keeps in flight (one being filled and hashed,
+/// one queued, one inside each writer's `write`).
+const BLOCKS_PER_FILE: usize = 2 + WRITERS_PER_FILE;
+
+/// Most blocks the pool keeps between saves (a checkpoint writes its files in
+/// parallel, each with [`BLOCKS_PER_FILE`]); more are freed when returned.
+const POOL_MAX_BLOCKS: usize = 4 * BLOCKS_PER_FILE;
+
+/// Bytes copied and hashed at a time inside a block: small enough that the
+/// hash reads what the copy just wrote from the cache.
+const HASH_CHUNK: usize = 256 << 10;
+
+/// One [`IO_BUFFER`]-sized, [`DIRECT_ALIGN`]-aligned block of memory.
+struct Block {
+    ptr: NonNull<u8>,
+}
+
+// SAFETY: a `Block` owns its allocation exclusively (like a `Box<[u8]>`).
+unsafe impl Send for Block {}
+
+impl Block {
+    fn layout() -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(IO_BUFFER, DIRECT_ALIGN).expect("valid block layout")
+    }
+
+    fn new() -> Block {
+        let layout = Block::layout();
+        // SAFETY: the layout has a non-zero size. Zeroed so that the bytes
+        // are initialised (and the pages touched once, here).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Block { ptr }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to IO_BUFFER initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), IO_BUFFER) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), IO_BUFFER) }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Block::new` with the same layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Block::layout()) }
+    }
+}
+
+/// Blocks kept between saves.
+static POOL: Mutex<Vec<Block>> = Mutex::new(Vec::new());
+
+fn take_block() -> Block {
+    POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop().unwrap_or_else(Block::new)
+}
+
+fn return_block(block: Block) {
+    let mut pool = POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if pool.len() < POOL_MAX_BLOCKS {
+        pool.push(block);
+    }
+}
+
+/// How a file's bytes reached the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WriteMode {
+    /// `O_DIRECT` for the aligned blocks, the page cache for the tail.
+    Direct,
+    /// Through the page cache (small files, or a filesystem that refused
+    /// `O_DIRECT`).
+    Buffered,
+}
+
+/// What [`write_hashed`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Written {
+    pub bytes: u64,
+    /// Hex SHA-256 of the file.
+    pub sha256: String,
+    pub mode: WriteMode,
+}
+
+/// Creates `path`, writes the concatenation of `parts` into it, hashing the
+/// bytes on the way (nothing is read back), and fsyncs it once.
+///
+/// Files of at least one aligned block are written through the block pool
+/// with direct I/O where the filesystem allows it (module doc); smaller ones
+/// (`state.json`, the manifest) with one buffered write.
+pub(super) fn write_hashed(path: &Path, parts: &[&[u8]]) -> io::Result<Written> {
     let mut file = File::options().write(true).create_new(true).open(path)?;
     let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-    let digest = std::thread::scope(|scope| -> io::Result<String> {
-        let hasher = scope.spawn(|| {
-            let mut h = Sha256::new();
-            for part in parts {
-                for chunk in part.chunks(HASH_CHUNK) {
-                    h.update(chunk);
-                }
-            }
-            hex::encode(h.finalize())
-        });
-        let written =
-            parts.iter().try_for_each(|part| part.chunks(IO_BUFFER).try_for_each(|chunk| file.write_all(chunk)));
-        let digest = hasher.join().expect("hashing thread does not panic");
-        written.map(|()| digest)
-    })?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (sha256, mode) = if total < DIRECT_ALIGN as u64 {
+        let mut h = Sha256::new();
+        for part in parts {
+            h.update(part);
+            file.write_all(part)?;
+        }
+        (hex::encode(h.finalize()), WriteMode::Buffered)
+    } else {
+        let direct = fail_io("fs::direct_io_unsupported").and_then(|()| set_direct(&file, true)).is_ok();
+        write_pipelined(&file, parts, direct)?
+    };
     fail_io(&format!("checkpoint::before_fsync::{name}"))?;
     file.sync_all()?;
     fail_io(&format!("checkpoint::after_fsync::{name}"))?;
-    Ok((total, digest))
+    Ok(Written { bytes: total, sha256, mode })
 }
 
-/// Bytes hashed per `update` call (keeps the hasher's working set in cache).
-const HASH_CHUNK: usize = 1 << 20;
+/// Turns `O_DIRECT` on or off for an open file; an error (`EINVAL`) where
+/// the filesystem does not support it.
+fn set_direct(file: &File, on: bool) -> io::Result<()> {
+    use nix::libc::{F_GETFL, F_SETFL, O_DIRECT, fcntl};
+    let fd = file.as_raw_fd();
+    // SAFETY: plain fcntl calls on a descriptor this function borrows.
+    let flags = unsafe { fcntl(fd, F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = if on { flags | O_DIRECT } else { flags & !O_DIRECT };
+    // SAFETY: as above.
+    if unsafe { fcntl(fd, F_SETFL, flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A filled block on its way to the writer: its bytes `[..len]` belong at `offset`.
+struct Filled {
+    block: Block,
+    len: usize,
+    offset: u64,
+}
+
+/// The block pipeline of [`write_hashed`]: this thread copies each part into
+/// pooled blocks and hashes every chunk right after copying it; a writer
+/// thread writes the filled blocks in order and hands them back. Returns the
+/// hex SHA-256 and how the data was written.
+fn write_pipelined(file: &File, parts: &[&[u8]], direct: bool) -> io::Result<(String, WriteMode)> {
+    let (to_writer, filled_rx) = mpsc::sync_channel::<Filled>(BLOCKS_PER_FILE);
+    let (free_tx, free_rx) = mpsc::channel::<Block>();
+    std::thread::scope(|scope| {
+        // Writers share the queue of filled blocks: with two, one block is
+        // in the device's queue while the next write is being issued. The
+        // queue goes away with the last of them, so the filler's `send`
+        // fails instead of waiting forever when they all stopped on errors.
+        let filled = std::sync::Arc::new(Mutex::new(filled_rx));
+        let writers: Vec<_> = (0..WRITERS_PER_FILE)
+            .map(|_| {
+                let (filled, free_tx) = (std::sync::Arc::clone(&filled), free_tx.clone());
+                scope.spawn(move || write_blocks(file, &filled, free_tx, direct))
+            })
+            .collect();
+        drop((filled, free_tx));
+        let mut hasher = Sha256::new();
+        let mut allocated = 0;
+        let mut offset = 0u64;
+        let mut pieces = parts.iter().flat_map(|p| p.chunks(HASH_CHUNK)).peekable();
+        let mut sent_all = true;
+        while pieces.peek().is_some() {
+            let mut block = if allocated < BLOCKS_PER_FILE {
+                allocated += 1;
+                take_block()
+            } else {
+                match free_rx.recv() {
+                    Ok(block) => block,
+                    // The writer stopped (an error): its result says why.
+                    Err(_) => {
+                        sent_all = false;
+                        break;
+                    }
+                }
+            };
+            let mut len = 0;
+            let buf = block.as_mut_slice();
+            while let Some(piece) = pieces.peek_mut() {
+                let n = piece.len().min(IO_BUFFER - len);
+                if n == 0 {
+                    break;
+                }
+                let (now, later) = piece.split_at(n);
+                buf[len..len + n].copy_from_slice(now);
+                hasher.update(&buf[len..len + n]);
+                len += n;
+                *piece = later;
+                if piece.is_empty() {
+                    pieces.next();
+                }
+            }
+            if to_writer.send(Filled { block, len, offset }).is_err() {
+                sent_all = false;
+                break;
+            }
+            offset += len as u64;
+        }
+        drop(to_writer);
+        let mut mode = if direct { WriteMode::Direct } else { WriteMode::Buffered };
+        for writer in writers {
+            if writer.join().unwrap_or_else(|p| std::panic::resume_unwind(p))? == WriteMode::Buffered {
+                mode = WriteMode::Buffered;
+            }
+        }
+        for block in free_rx.try_iter() {
+            return_block(block);
+        }
+        if !sent_all {
+            return Err(io::Error::other("the writer thread stopped without reporting an error"));
+        }
+        Ok((hex::encode(hasher.finalize()), mode))
+    })
+}
+
+/// A writer of [`write_pipelined`] (one of [`WRITERS_PER_FILE`]). With
+/// `direct`, aligned lengths go out with `O_DIRECT` and a file's unaligned
+/// tail through the page cache (`O_DIRECT` is turned off for it: the flag
+/// belongs to the open file, so a block another writer issues after that is
+/// buffered too, which changes nothing on disk). A direct write refused with
+/// `EINVAL` (a filesystem that accepts the flag but not the I/O) switches the
+/// file to buffered writes, whose writeback is started after each block so
+/// that the final fsync does not have the whole file to flush.
+fn write_blocks(
+    file: &File,
+    filled: &Mutex<mpsc::Receiver<Filled>>,
+    free: mpsc::Sender<Block>,
+    direct: bool,
+) -> io::Result<WriteMode> {
+    let mut mode = if direct { WriteMode::Direct } else { WriteMode::Buffered };
+    loop {
+        let next = filled.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+        let Ok(Filled { block, len, offset }) = next else { break };
+        let bytes = &block.as_slice()[..len];
+        if mode == WriteMode::Direct {
+            let aligned = len - len % DIRECT_ALIGN;
+            match file.write_all_at(&bytes[..aligned], offset) {
+                Ok(()) => {
+                    if aligned < len {
+                        set_direct(file, false)?;
+                        file.write_all_at(&bytes[aligned..], offset + aligned as u64)?;
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                    tracing::debug!(error = %e, "direct I/O refused by the filesystem; writing through the page cache");
+                    set_direct(file, false)?;
+                    mode = WriteMode::Buffered;
+                    file.write_all_at(bytes, offset)?;
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            file.write_all_at(bytes, offset)?;
+            start_writeback(file, offset, len);
+        }
+        if free.send(block).is_err() {
+            break;
+        }
+    }
+    Ok(mode)
+}
+
+/// Asks the kernel to start writing back `len` bytes at `offset` now
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so the disk works while the
+/// next blocks are hashed. Only a hint: durability comes from the fsync.
+fn start_writeback(file: &File, offset: u64, len: usize) {
+    // SAFETY: a plain syscall on a descriptor this function borrows.
+    let _ = unsafe {
+        nix::libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, nix::libc::SYNC_FILE_RANGE_WRITE)
+    };
+}
 
 /// A failpoint inside I/O code: its injected error is an `EIO`.
 pub(super) fn fail_io(name: &str) -> io::Result<()> {
@@ -78,78 +346,178 @@ pub(super) fn available_space(dir: &Path) -> io::Result<u64> {
 /// two buffers alternate. Returns (bytes, hex sha256, kept bytes).
 pub(super) fn read_hashed(path: &Path, keep: bool) -> io::Result<(u64, String, Vec<u8>)> {
     let mut file = File::open(path)?;
-    let len = file.metadata()?.len() as usize;
     if keep {
+        let len = file.metadata()?.len() as usize;
         let mut buf = vec![0u8; len];
-        let (total, digest) = std::thread::scope(|scope| -> io::Result<(u64, String)> {
-            // The reader fills disjoint chunks in order and hands each filled
-            // chunk, now read-only, to the hasher.
-            let (tx, rx) = std::sync::mpsc::sync_channel::<&[u8]>(4);
-            let hasher = scope.spawn(move || {
-                let mut h = Sha256::new();
-                for chunk in rx {
-                    h.update(chunk);
-                }
-                hex::encode(h.finalize())
-            });
-            let mut total = 0u64;
-            let mut result = Ok(());
-            for chunk in buf.chunks_mut(IO_BUFFER) {
-                match read_full(&mut file, chunk) {
+        let (mut hasher, mut total, _) = read_into_hashed(&mut file, Sha256::new(), [buf.as_mut_slice()])?;
+        buf.truncate(total as usize);
+        // A file that grew since stat: hash and keep the rest too.
+        let mut rest = Vec::new();
+        file.read_to_end(&mut rest)?;
+        hasher.update(&rest);
+        total += rest.len() as u64;
+        buf.extend_from_slice(&rest);
+        return Ok((total, hex::encode(hasher.finalize()), buf));
+    }
+    let (hasher, total) = hash_rest(&mut file, Sha256::new(), 0)?;
+    Ok((total, hex::encode(hasher.finalize()), Vec::new()))
+}
+
+/// What [`read_tensors_hashed`] read.
+pub(super) struct ReadTensors {
+    /// Bytes in the file (all of them were hashed).
+    pub bytes: u64,
+    /// Hex SHA-256 of the file.
+    pub sha256: String,
+    /// The tensors, or why the bytes are not a safetensors file.
+    pub tensors: Result<TensorSet, String>,
+}
+
+/// Reads a safetensors file in one pass straight into the buffers its
+/// tensors will live in, hashing every byte on the way: the header is read
+/// and checked first ([`safetensors_io::parse_layout`]), then each tensor's
+/// buffer is allocated at its exact size and filled by `read` while a second
+/// thread hashes the chunks already filled. Nothing is copied after the read
+/// and nothing is parsed twice. A file whose header does not check is still
+/// hashed to its end (the caller reports a hash mismatch before invalid
+/// content, as verification does).
+pub(super) fn read_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
+    let mut file = File::open(path)?;
+    let file_len = file.metadata()?.len();
+    let mut hasher = Sha256::new();
+    let mut prefix = [0u8; 8];
+    let n = read_full(&mut file, &mut prefix)?;
+    hasher.update(&prefix[..n]);
+    let mut total = n as u64;
+    let layout = if n < prefix.len() {
+        Err(format!("shorter than a safetensors header ({file_len} bytes)"))
+    } else {
+        let len = safetensors_io::header_len(&prefix);
+        if len > file_len.saturating_sub(8) || len > safetensors_io::MAX_HEADER_BYTES {
+            Err(format!(
+                "header length {len} does not fit the file of {file_len} bytes (at most {})",
+                safetensors_io::MAX_HEADER_BYTES
+            ))
+        } else {
+            let mut header = vec![0u8; len as usize];
+            let n = read_full(&mut file, &mut header)?;
+            hasher.update(&header[..n]);
+            total += n as u64;
+            safetensors_io::parse_layout(&header, file_len)
+        }
+    };
+    let layout = match layout {
+        Ok(layout) => layout,
+        Err(reason) => {
+            let (hasher, total) = hash_rest(&mut file, hasher, total)?;
+            return Ok(ReadTensors { bytes: total, sha256: hex::encode(hasher.finalize()), tensors: Err(reason) });
+        }
+    };
+    let mut buffers: Vec<Vec<u8>> = layout.iter().map(|t| vec![0u8; (t.end - t.start) as usize]).collect();
+    let (hasher, read, complete) = read_into_hashed(&mut file, hasher, buffers.iter_mut().map(|b| b.as_mut_slice()))?;
+    total += read;
+    // Bytes past the end the header announced (a file that grew since stat).
+    let (hasher, total) = hash_rest(&mut file, hasher, total)?;
+    let tensors = if !complete || total != file_len {
+        Err(format!("the file changed while it was read ({file_len} bytes at the start, {total} read)"))
+    } else {
+        layout
+            .into_iter()
+            .zip(buffers)
+            .map(|(t, data)| {
+                let tensor =
+                    HostTensor::new(t.dtype, t.shape, data).map_err(|e| format!("tensor `{}`: {e}", t.name))?;
+                Ok((t.name, tensor))
+            })
+            .collect()
+    };
+    Ok(ReadTensors { bytes: total, sha256: hex::encode(hasher.finalize()), tensors })
+}
+
+/// Fills `buffers` in order from `file` while a second thread feeds each
+/// filled chunk to `hasher`. Returns the hasher, the bytes read, and whether
+/// every buffer was filled (false when the file ended first).
+fn read_into_hashed<'a>(
+    file: &mut File,
+    hasher: Sha256,
+    buffers: impl IntoIterator<Item = &'a mut [u8]>,
+) -> io::Result<(Sha256, u64, bool)> {
+    std::thread::scope(|scope| {
+        // The reader fills disjoint chunks in order and hands each filled
+        // chunk, now read-only, to the hasher.
+        let (tx, rx) = mpsc::sync_channel::<&[u8]>(4);
+        let hashing = scope.spawn(move || {
+            let mut hasher = hasher;
+            for chunk in rx {
+                hasher.update(chunk);
+            }
+            hasher
+        });
+        let mut total = 0u64;
+        let mut complete = true;
+        let mut result = Ok(());
+        'buffers: for buffer in buffers {
+            for chunk in buffer.chunks_mut(IO_BUFFER) {
+                match read_full(file, chunk) {
                     Ok(n) => {
                         total += n as u64;
                         let filled: &[u8] = chunk;
                         let _ = tx.send(&filled[..n]);
                         if n < filled.len() {
-                            break;
+                            complete = false;
+                            break 'buffers;
                         }
                     }
                     Err(e) => {
                         result = Err(e);
-                        break;
+                        break 'buffers;
                     }
                 }
             }
-            drop(tx);
-            let digest = hasher.join().expect("hashing thread does not panic");
-            result.map(|()| (total, digest))
-        })?;
-        buf.truncate(total as usize);
-        // A file that grew since stat: hash and keep the rest too.
-        let mut rest = Vec::new();
-        file.read_to_end(&mut rest)?;
-        if !rest.is_empty() {
-            buf.extend_from_slice(&rest);
-            let digest = hex::encode(Sha256::digest(&buf));
-            return Ok((buf.len() as u64, digest, buf));
         }
-        return Ok((total, digest, buf));
-    }
-    let mut hasher = Sha256::new();
-    let mut total = 0u64;
-    let mut bufs = [vec![0u8; IO_BUFFER], vec![0u8; IO_BUFFER]];
-    let mut current = 0;
-    let mut pending: Option<usize> = None;
-    loop {
-        let (a, b) = bufs.split_at_mut(1);
-        let (fill_buf, hash_buf) = if current == 0 { (&mut a[0], &b[0]) } else { (&mut b[0], &a[0]) };
-        let n = std::thread::scope(|scope| {
-            let h = &mut hasher;
-            let handle = pending.map(|m| scope.spawn(move || h.update(&hash_buf[..m])));
-            let n = read_full(&mut file, fill_buf);
-            if let Some(handle) = handle {
-                handle.join().expect("hashing thread does not panic");
+        drop(tx);
+        let hasher = hashing.join().expect("hashing thread does not panic");
+        result.map(|()| (hasher, total, complete))
+    })
+}
+
+/// Hashes `file` from where it stands to its end through two reused
+/// buffers, reading one while the other is hashed. Returns the hasher and
+/// `total` plus the bytes read.
+fn hash_rest(file: &mut File, mut hasher: Sha256, mut total: u64) -> io::Result<(Sha256, u64)> {
+    // Pooled blocks: verifying allocates nothing after the first save or check.
+    let mut bufs = [take_block(), take_block()];
+    let result = (|| {
+        let mut current = 0;
+        let mut pending: Option<usize> = None;
+        loop {
+            let (a, b) = bufs.split_at_mut(1);
+            let (fill_buf, hash_buf) = if current == 0 {
+                (a[0].as_mut_slice(), b[0].as_slice())
+            } else {
+                (b[0].as_mut_slice(), a[0].as_slice())
+            };
+            let n = std::thread::scope(|scope| {
+                let h = &mut hasher;
+                let handle = pending.map(|m| scope.spawn(move || h.update(&hash_buf[..m])));
+                let n = read_full(file, fill_buf);
+                if let Some(handle) = handle {
+                    handle.join().expect("hashing thread does not panic");
+                }
+                n
+            })?;
+            if n == 0 {
+                return Ok(());
             }
-            n
-        })?;
-        if n == 0 {
-            break;
+            total += n as u64;
+            pending = Some(n);
+            current = 1 - current;
         }
-        total += n as u64;
-        pending = Some(n);
-        current = 1 - current;
-    }
-    Ok((total, hex::encode(hasher.finalize()), Vec::new()))
+    })();
+    let [a, b] = bufs;
+    return_block(a);
+    return_block(b);
+    result.map(|()| (hasher, total))
 }
 
 /// Reads until `buf` is full or the file ends; returns the bytes read.
@@ -164,4 +532,94 @@ fn read_full(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::checkpoint::tensor::DType;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect()
+    }
+
+    #[test]
+    fn written_files_hold_exactly_the_parts_and_their_hash_at_every_size_and_alignment() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Empty, tiny, one aligned block, around the pool's block size, and
+        // parts that end mid-block and mid-page.
+        let cases: Vec<Vec<usize>> = vec![
+            vec![],
+            vec![1],
+            vec![4095],
+            vec![4096],
+            vec![IO_BUFFER],
+            vec![IO_BUFFER + 1],
+            vec![48, 3 * IO_BUFFER / 2 + 7, 0, 4096 * 3 + 5],
+            vec![IO_BUFFER - 1, 2, IO_BUFFER + 4093],
+        ];
+        for (i, sizes) in cases.iter().enumerate() {
+            let parts: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(j, &n)| pattern(n, (i * 7 + j) as u8)).collect();
+            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            let path = tmp.path().join(format!("f{i}"));
+            let written = write_hashed(&path, &refs).unwrap();
+            let expected = parts.concat();
+            let on_disk = std::fs::read(&path).unwrap();
+            assert!(on_disk == expected, "case {sizes:?}: the file differs from its parts");
+            assert_eq!(written.bytes, expected.len() as u64);
+            assert_eq!(written.sha256, hex::encode(Sha256::digest(&expected)), "case {sizes:?}");
+            if expected.len() < DIRECT_ALIGN {
+                assert_eq!(written.mode, WriteMode::Buffered);
+            }
+            assert_eq!(read_hashed(&path, false).unwrap().1, written.sha256);
+        }
+        assert!(write_hashed(&tmp.path().join("f0"), &[b"again"]).is_err(), "never overwrites a file");
+    }
+
+    fn safetensors_file(path: &Path) -> (TensorSet, Vec<u8>) {
+        let mut set = TensorSet::new();
+        set.insert(
+            "b".into(),
+            HostTensor::new(DType::U8, vec![3, IO_BUFFER / 3 + 1], pattern(3 * (IO_BUFFER / 3 + 1), 1)).unwrap(),
+        );
+        set.insert("a".into(), HostTensor::from_f32(vec![2, 2], &[1.0, 2.0, 3.0, 4.0]));
+        set.insert("c".into(), HostTensor::new(DType::I64, vec![0], Vec::new()).unwrap());
+        let mut bytes = Vec::new();
+        safetensors_io::write(&mut bytes, &set, &BTreeMap::new()).unwrap();
+        std::fs::write(path, &bytes).unwrap();
+        (set, bytes)
+    }
+
+    #[test]
+    fn tensors_are_read_in_one_pass_with_the_hash_of_the_whole_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.safetensors");
+        let (set, bytes) = safetensors_file(&path);
+        let read = read_tensors_hashed(&path).unwrap();
+        assert_eq!(read.bytes, bytes.len() as u64);
+        assert_eq!(read.sha256, hex::encode(Sha256::digest(&bytes)));
+        assert_eq!(read.tensors.unwrap(), set);
+        assert_eq!(safetensors_io::read(&bytes).unwrap(), set);
+    }
+
+    #[test]
+    fn a_damaged_header_is_reported_as_content_and_the_whole_file_is_still_hashed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.safetensors");
+        let (_, mut bytes) = safetensors_file(&path);
+        bytes[9] = b'[';
+        std::fs::write(&path, &bytes).unwrap();
+        let read = read_tensors_hashed(&path).unwrap();
+        assert_eq!((read.bytes, read.sha256), (bytes.len() as u64, hex::encode(Sha256::digest(&bytes))));
+        assert!(read.tensors.unwrap_err().contains("not a JSON object"));
+        // Cut short: the layout no longer matches the file's length.
+        std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+        let read = read_tensors_hashed(&path).unwrap();
+        assert_eq!(read.bytes, bytes.len() as u64 - 5);
+        assert!(read.tensors.is_err());
+        std::fs::write(&path, &bytes[..5]).unwrap();
+        assert!(read_tensors_hashed(&path).unwrap().tensors.unwrap_err().contains("shorter than a safetensors header"));
+    }
 }

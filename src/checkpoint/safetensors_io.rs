@@ -9,7 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use super::tensor::{DType, HostTensor, TensorSet};
+#[cfg(test)]
+use super::tensor::HostTensor;
+use super::tensor::{DType, TensorSet};
 
 /// The header bytes (length prefix + padded JSON) for `tensors` with `metadata`.
 pub fn header(tensors: &TensorSet, metadata: &BTreeMap<String, String>) -> Vec<u8> {
@@ -105,12 +107,30 @@ pub enum LayoutError {
 /// shape, ranges contiguous from 0 and ending exactly at the end of the file.
 /// This is what parsing checks, so a file that passes loads.
 pub fn check_layout(header: &[u8], file_len: u64) -> Result<(), String> {
+    parse_layout(header, file_len).map(|_| ())
+}
+
+/// One tensor of a safetensors header: where its bytes lie in the data
+/// section and what they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorLayout {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Byte range in the data section (after the header).
+    pub start: u64,
+    pub end: u64,
+}
+
+/// [`check_layout`], returning the tensors in the order of their bytes in
+/// the file (what a reader filling each tensor's own buffer needs).
+pub fn parse_layout(header: &[u8], file_len: u64) -> Result<Vec<TensorLayout>, String> {
     let data_len = file_len
         .checked_sub(8 + header.len() as u64)
         .ok_or_else(|| format!("header of {} bytes does not fit a file of {file_len} bytes", header.len()))?;
     let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header)
         .map_err(|e| format!("not a safetensors file: header is not a JSON object: {e}"))?;
-    let mut ranges = Vec::new();
+    let mut tensors = Vec::new();
     for (name, info) in &map {
         if name == "__metadata__" {
             continue;
@@ -135,23 +155,32 @@ pub fn check_layout(header: &[u8], file_len: u64) -> Result<(), String> {
                 offsets[1] - offsets[0]
             ));
         }
-        ranges.push((offsets[0], offsets[1], name));
+        let shape = shape
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| format!("tensor `{name}`: dimension {d} does not fit memory")))
+            .collect::<Result<Vec<usize>, String>>()?;
+        tensors.push(TensorLayout { name: name.clone(), dtype, shape, start: offsets[0], end: offsets[1] });
     }
-    ranges.sort();
+    tensors.sort_by(|a, b| (a.start, a.end, &a.name).cmp(&(b.start, b.end, &b.name)));
     let mut at = 0;
-    for (start, end, name) in ranges {
-        if start != at {
-            return Err(format!("tensor `{name}` starts at byte {start}, expected {at} (overlap or gap)"));
+    for t in &tensors {
+        if t.start != at {
+            return Err(format!("tensor `{}` starts at byte {}, expected {at} (overlap or gap)", t.name, t.start));
         }
-        at = end;
+        at = t.end;
     }
     if at != data_len {
         return Err(format!("tensor data ends at byte {at} but the file holds {data_len} data bytes"));
     }
-    Ok(())
+    Ok(tensors)
 }
 
-/// Parses a safetensors file's bytes into host tensors.
+/// Parses a safetensors file's bytes into host tensors with the reference
+/// parser (the `safetensors` crate). Loading reads files with
+/// `hashed_io::read_tensors_hashed` instead (straight into the tensors'
+/// buffers, layout checked by [`parse_layout`]); the property tests hold the
+/// two to the same verdict.
+#[cfg(test)]
 pub fn read(bytes: &[u8]) -> Result<TensorSet, String> {
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
     let mut set = TensorSet::new();
@@ -285,6 +314,20 @@ mod tests {
             }
             if layout.is_ok() {
                 prop_assert!(parsed.is_ok(), "layout checks but parsing fails: {:?}", parsed);
+            }
+            // The loader (one pass from the file into the tensors' buffers)
+            // agrees with the layout check, reads what the reference parser
+            // reads, and hashes the whole file whatever its content.
+            let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let path = dir.path().join("f.safetensors");
+            std::fs::write(&path, bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let loaded = crate::checkpoint::hashed_io::read_tensors_hashed(&path)
+                .map_err(|e| TestCaseError::fail(format!("reading the file failed: {e}")))?;
+            prop_assert_eq!(loaded.bytes, bytes.len() as u64);
+            prop_assert_eq!(loaded.sha256, hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes)));
+            prop_assert_eq!(loaded.tensors.is_ok(), layout.is_ok(), "loader and layout check disagree");
+            if let Ok(tensors) = loaded.tensors {
+                prop_assert!(Ok(tensors) == parsed, "the loader read other tensors than the reference parser");
             }
             Ok(())
         }

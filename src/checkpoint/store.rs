@@ -308,7 +308,7 @@ impl CheckpointStore {
                     let path = tmp.join(file.name);
                     scope.spawn(move || -> Result<ManifestEntry, CheckpointError> {
                         failpoint(&format!("checkpoint::before_write::{}", file.name))?;
-                        let (bytes, sha256) = match &file.content {
+                        let written = match &file.content {
                             Content::Tensors(set, meta) => {
                                 let header = safetensors_io::header(set, meta);
                                 let mut parts: Vec<&[u8]> = vec![&header];
@@ -318,7 +318,8 @@ impl CheckpointStore {
                             Content::Bytes(b) => write_hashed(&path, &[b]),
                         }
                         .map_err(werr(&path))?;
-                        Ok(ManifestEntry { name: file.name.to_string(), bytes, sha256 })
+                        tracing::debug!(file = file.name, bytes = written.bytes, mode = ?written.mode, "checkpoint file written");
+                        Ok(ManifestEntry { name: file.name.to_string(), bytes: written.bytes, sha256: written.sha256 })
                     })
                 })
                 .collect();
@@ -338,8 +339,7 @@ impl CheckpointStore {
         };
         failpoint("checkpoint::before_manifest")?;
         let manifest_path = tmp.join(MANIFEST_FILE);
-        let (manifest_bytes, _) =
-            write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?;
+        let manifest_bytes = write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?.bytes;
         fsync_dir(tmp).map_err(werr(tmp))?;
         failpoint("checkpoint::before_rename")?;
         // The last moment to find out that another process owns the directory

@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::error::{FileFailure, Problem};
-use super::hashed_io::read_hashed;
+use super::hashed_io::{read_hashed, read_tensors_hashed};
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name};
 use super::manifest::{MANIFEST_FILE, Manifest, ManifestEntry};
 use super::safetensors_io;
+use super::tensor::TensorSet;
 
 /// How thoroughly [`CheckpointStore::list`](super::CheckpointStore::list) checks each checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +75,18 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, FileFailure> {
 
 /// Checks one file named by the manifest. With `keep`, returns its bytes.
 fn check_entry(dir: &Path, entry: &ManifestEntry, level: VerifyLevel, keep: bool) -> Result<Vec<u8>, FileFailure> {
+    let path = check_file(dir, entry)?;
+    if level == VerifyLevel::Quick {
+        return Ok(Vec::new());
+    }
+    let (bytes, sha256, kept) = read_hashed(&path, keep).map_err(|e| unreadable(entry, e))?;
+    check_read(entry, bytes, sha256)?;
+    Ok(kept)
+}
+
+/// What can be checked of a file without reading it: there, a plain file,
+/// of the manifest's size. Returns its path.
+fn check_file(dir: &Path, entry: &ManifestEntry) -> Result<PathBuf, FileFailure> {
     let fail = |problem| FileFailure { file: entry.name.clone(), problem };
     let path = dir.join(&entry.name);
     let meta = match fs::symlink_metadata(&path) {
@@ -87,18 +100,45 @@ fn check_entry(dir: &Path, entry: &ManifestEntry, level: VerifyLevel, keep: bool
     if meta.len() != entry.bytes {
         return Err(fail(Problem::WrongSize { expected: entry.bytes, actual: meta.len() }));
     }
-    if level == VerifyLevel::Quick {
-        return Ok(Vec::new());
-    }
-    let (bytes, sha256, kept) =
-        read_hashed(&path, keep).map_err(|e| fail(Problem::Unreadable { reason: e.to_string() }))?;
+    Ok(path)
+}
+
+fn unreadable(entry: &ManifestEntry, e: io::Error) -> FileFailure {
+    FileFailure { file: entry.name.clone(), problem: Problem::Unreadable { reason: e.to_string() } }
+}
+
+/// The size and hash of the bytes read against the manifest's.
+fn check_read(entry: &ManifestEntry, bytes: u64, sha256: String) -> Result<(), FileFailure> {
+    let fail = |problem| FileFailure { file: entry.name.clone(), problem };
     if bytes != entry.bytes {
         return Err(fail(Problem::WrongSize { expected: entry.bytes, actual: bytes }));
     }
     if sha256 != entry.sha256.to_ascii_lowercase() {
         return Err(fail(Problem::Sha256Mismatch { expected: entry.sha256.clone(), actual: sha256 }));
     }
-    Ok(kept)
+    Ok(())
+}
+
+/// A file of a checkpoint, read and checked for loading.
+enum Content {
+    /// A safetensors file's tensors, read straight into their buffers.
+    Tensors(TensorSet),
+    /// Any other file's bytes.
+    Bytes(Vec<u8>),
+}
+
+/// Reads one file for loading, hash checked on the same pass; a safetensors
+/// file straight into its tensors' buffers.
+fn load_entry(dir: &Path, entry: &ManifestEntry) -> Result<Content, FileFailure> {
+    if !entry.name.ends_with(".safetensors") {
+        return check_entry(dir, entry, VerifyLevel::Full, true).map(Content::Bytes);
+    }
+    let path = check_file(dir, entry)?;
+    let read = read_tensors_hashed(&path).map_err(|e| unreadable(entry, e))?;
+    check_read(entry, read.bytes, read.sha256)?;
+    read.tensors
+        .map(Content::Tensors)
+        .map_err(|reason| FileFailure { file: entry.name.clone(), problem: Problem::InvalidContent { reason } })
 }
 
 /// Verifies one checkpoint directory; an empty list means it is valid.
@@ -198,13 +238,13 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
     let manifest = read_manifest(dir).map_err(|f| vec![f])?;
     let mut contents = BTreeMap::new();
     let mut failures = Vec::new();
-    // Files in parallel, each hashed while it is read into its final buffer.
-    let results: Vec<(String, Result<Vec<u8>, FileFailure>)> =
-        in_parallel(&manifest.files, |entry| (entry.name.clone(), check_entry(dir, entry, VerifyLevel::Full, true)));
+    // Files in parallel, each hashed while it is read into its final buffers.
+    let results: Vec<(String, Result<Content, FileFailure>)> =
+        in_parallel(&manifest.files, |entry| (entry.name.clone(), load_entry(dir, entry)));
     for (name, result) in results {
         match result {
-            Ok(bytes) => {
-                contents.insert(name, bytes);
+            Ok(content) => {
+                contents.insert(name, content);
             }
             Err(f) => failures.push(f),
         }
@@ -215,10 +255,16 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
     let invalid = |file: &str, reason: String| {
         vec![FileFailure { file: file.into(), problem: Problem::InvalidContent { reason } }]
     };
-    let model = safetensors_io::read(&contents[MODEL_FILE]).map_err(|r| invalid(MODEL_FILE, r))?;
-    let optimizer = safetensors_io::read(&contents[OPTIMIZER_FILE]).map_err(|r| invalid(OPTIMIZER_FILE, r))?;
-    let state: serde_json::Value =
-        serde_json::from_slice(&contents[STATE_FILE]).map_err(|e| invalid(STATE_FILE, e.to_string()))?;
+    let mut tensors = |file: &str| match contents.remove(file) {
+        Some(Content::Tensors(set)) => Ok(set),
+        _ => Err(invalid(file, "not read as a safetensors file".into())),
+    };
+    let model = tensors(MODEL_FILE)?;
+    let optimizer = tensors(OPTIMIZER_FILE)?;
+    let state: serde_json::Value = match contents.get(STATE_FILE) {
+        Some(Content::Bytes(bytes)) => serde_json::from_slice(bytes).map_err(|e| invalid(STATE_FILE, e.to_string()))?,
+        _ => return Err(invalid(STATE_FILE, "not read".into())),
+    };
     let step = manifest.step;
     Ok(Loaded { dir: dir.to_path_buf(), manifest, snapshot: Snapshot { step, model, optimizer, state } })
 }

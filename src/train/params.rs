@@ -19,7 +19,7 @@ use candle_nn::{Init, VarBuilder};
 
 use super::error::{TrainError, candle_message};
 use super::rng::StreamRng;
-use crate::checkpoint::{DType as HostDType, HostTensor};
+use crate::checkpoint::{DType as HostDType, HostTensor, TensorSet};
 
 /// Named parameters, in name order.
 pub type Params = BTreeMap<String, Var>;
@@ -34,12 +34,26 @@ pub struct ParamStore {
 struct StoreInner {
     vars: Params,
     rng: StreamRng,
+    /// Values to start from instead of drawing (a checkpoint's parameters).
+    initial: Option<Arc<TensorSet>>,
 }
 
 impl ParamStore {
     /// An empty store drawing initial values from `rng`.
     pub fn new(device: Device, rng: StreamRng) -> Self {
-        ParamStore { inner: Arc::new(Mutex::new(StoreInner { vars: Params::new(), rng })), device }
+        ParamStore { inner: Arc::new(Mutex::new(StoreInner { vars: Params::new(), rng, initial: None })), device }
+    }
+
+    /// An empty store whose parameters start from `initial` (a checkpoint's
+    /// model tensors, about to be restored): a parameter found there as f32
+    /// of the requested shape is built from those values and nothing is
+    /// drawn for it, so resuming a large model does not first draw its
+    /// initial weights only to overwrite them. Any other parameter is drawn
+    /// from `rng` as usual; restoring then reports it as missing or
+    /// mismatched, as it would have.
+    pub fn with_initial(device: Device, rng: StreamRng, initial: Arc<TensorSet>) -> Self {
+        let inner = StoreInner { vars: Params::new(), rng, initial: Some(initial) };
+        ParamStore { inner: Arc::new(Mutex::new(inner)), device }
     }
 
     /// A `VarBuilder` (f32) whose parameters live in this store.
@@ -49,7 +63,10 @@ impl ParamStore {
 
     /// The parameters created so far and the init generator's state after them.
     pub fn into_parts(self) -> (Params, StreamRng) {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        // The initial values are in the parameters now; a `VarBuilder` a
+        // workload kept must not keep them alive too.
+        inner.initial = None;
         (inner.vars.clone(), inner.rng.clone())
     }
 
@@ -92,8 +109,19 @@ impl SimpleBackend for ParamStore {
             }
             return Ok(var.as_tensor().clone());
         }
-        let values = Self::init_values(&mut inner.rng, &s, h);
-        let var = Var::from_tensor(&Tensor::from_vec(values, s, dev)?)?;
+        let given = inner
+            .initial
+            .as_ref()
+            .and_then(|set| set.get(name))
+            .filter(|t| t.shape == s.dims() && check_host("model", name, s.dims(), Some(t)).is_ok())
+            .and_then(HostTensor::to_f32);
+        let values = match given {
+            Some(values) => values,
+            None => Self::init_values(&mut inner.rng, &s, h),
+        };
+        // `Var::from_vec` keeps the vector as the variable's storage
+        // (`Var::from_tensor` would copy it once more).
+        let var = Var::from_vec(values, s, dev)?;
         let tensor = var.as_tensor().clone();
         inner.vars.insert(name.to_string(), var);
         Ok(tensor)
@@ -155,8 +183,18 @@ pub fn to_host_reusing(name: &str, t: &Tensor, reuse: Option<HostTensor>) -> Res
         .map_err(|reason| TrainError::Tensor { name: name.to_string(), message: reason })
 }
 
-/// Writes `values` as little-endian bytes into `out` (same length × 4).
+/// Writes `values` as little-endian bytes into `out` (same length × 4): on
+/// a little-endian machine a plain copy of their memory, split across cores
+/// (the snapshot's stall is this copy).
 fn copy_f32_le(values: &[f32], out: &mut [u8]) {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: f32 has no padding and any initialised memory is valid u8;
+        // the slice covers exactly the values' bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
+        crate::checkpoint::copy_parallel(out, bytes);
+    }
+    #[cfg(not(target_endian = "little"))]
     for (dst, v) in out.chunks_exact_mut(4).zip(values) {
         dst.copy_from_slice(&v.to_le_bytes());
     }
@@ -186,6 +224,29 @@ pub fn check_host(
         });
     }
     Ok(())
+}
+
+/// True when `t` is a contiguous f32 CPU tensor whose values are exactly
+/// `host`'s bytes (checked by [`check_host`]): restoring it would change
+/// nothing. Any other tensor (on a GPU, another layout) answers false.
+pub fn holds_host_values(t: &Tensor, host: &HostTensor) -> bool {
+    if t.dtype() != DType::F32 || !cfg!(target_endian = "little") {
+        return false;
+    }
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(cpu), Some((start, end))) => match cpu.as_slice::<f32>() {
+            Ok(values) => {
+                let values = &values[start..end];
+                // SAFETY: f32 has no padding; the slice covers exactly the values' bytes.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
+                bytes == host.data.as_slice()
+            }
+            Err(_) => false,
+        },
+        _ => false,
+    }
 }
 
 /// A device tensor from a host tensor already checked by [`check_host`].

@@ -241,6 +241,49 @@ fn snapshot_state_holds_every_piece_of_training_state() {
 }
 
 #[test]
+fn a_trainer_built_from_the_checkpoint_it_resumes_draws_nothing_and_resumes_bit_exact() {
+    for cfg in [tiny_mlp(), tiny_gpt()] {
+        let registry = Registry::builtin();
+        let mut straight = Trainer::new(&cfg).unwrap();
+        let straight_losses = train_to(&mut straight, 6);
+        let mut first = Trainer::new(&cfg).unwrap();
+        let mut losses = train_to(&mut first, 3);
+        let snap = first.snapshot().unwrap();
+        let model = std::sync::Arc::new(snap.model.clone());
+
+        let mut resumed = Trainer::from_registry_resuming(&cfg, &registry, std::sync::Arc::clone(&model)).unwrap();
+        // Built from the checkpoint: the parameters already hold its values
+        // (nothing was drawn for them) before the restore.
+        let built = resumed.snapshot().unwrap();
+        assert!(built.model == snap.model, "a parameter was drawn instead of taken from the checkpoint");
+        let untouched = serde_json::to_value(StreamRng::new(cfg.run.seed, Stream::Init).state()).unwrap();
+        assert_eq!(built.state["rng"]["init"], untouched, "the init stream was drawn from");
+        resumed.restore(&model, &snap.optimizer, &snap.state).unwrap();
+        assert_same(&resumed.snapshot().unwrap(), &snap);
+        losses.extend(train_to(&mut resumed, 6));
+        assert_eq!(losses, straight_losses, "per-step losses differ after a resume built from the checkpoint");
+        assert_same(&resumed.snapshot().unwrap(), &straight.snapshot().unwrap());
+    }
+}
+
+#[test]
+fn a_trainer_built_from_a_checkpoint_of_another_shape_still_refuses_it_on_restore() {
+    let cfg = tiny_mlp();
+    let mut source = Trainer::new(&cfg).unwrap();
+    train_to(&mut source, 2);
+    let snap = source.snapshot().unwrap();
+    let mut model = snap.model.clone();
+    model.insert("head.weight".into(), crate::checkpoint::HostTensor::from_f32(vec![2, 2], &[0.0; 4]));
+    model.remove("head.bias");
+    let mut target =
+        Trainer::from_registry_resuming(&cfg, &Registry::builtin(), std::sync::Arc::new(model.clone())).unwrap();
+    let err = target.restore(&model, &snap.optimizer, &snap.state).unwrap_err();
+    assert!(err.to_string().contains("head.bias"), "{err}");
+    target.restore(&snap.model, &snap.optimizer, &snap.state).unwrap();
+    assert_same(&target.snapshot().unwrap(), &snap);
+}
+
+#[test]
 fn restore_names_missing_and_mismatched_tensors_and_changes_nothing() {
     let cfg = tiny_mlp();
     let mut source = Trainer::new(&cfg).unwrap();

@@ -37,7 +37,7 @@ use super::data::{DataCursor, Sampler};
 use super::error::{TrainError, candle_message, is_out_of_memory};
 use super::layout::Layout;
 use super::optim::{AdamW, AdamWConfig, ShardRange};
-use super::params::{ParamStore, Params, check_host, from_host, param_count, to_host_reusing};
+use super::params::{ParamStore, Params, check_host, from_host, holds_host_values, param_count, to_host_reusing};
 use super::registry::Registry;
 use super::rng::{RngState, Stream, StreamRng};
 use super::scaler::{LossScaler, ScalerState, compute_dtype};
@@ -271,6 +271,24 @@ impl Trainer {
         Self::from_registry_on(cfg, registry, Device::Cpu)
     }
 
+    /// [`from_registry`](Self::from_registry) for a run about to
+    /// [`restore`](Self::restore) a checkpoint whose parameters are
+    /// `initial`: the parameters are built from those values instead of
+    /// being drawn first and overwritten (what made resuming a large model
+    /// cost more than reading its checkpoint). Restoring still checks every
+    /// tensor, and the result is the same as `from_registry` + `restore`.
+    pub fn from_registry_resuming(
+        cfg: &Config,
+        registry: &Registry,
+        initial: Arc<TensorSet>,
+    ) -> Result<Self, TrainError> {
+        let (owned, registry) = (cfg.clone(), registry.clone());
+        let factory: WorkloadFactory = Arc::new(move || registry.workload(&owned));
+        let mut trainer = Self::build(cfg, factory()?, Device::Cpu, Some(initial))?;
+        trainer.factory = Some(factory);
+        Ok(trainer)
+    }
+
     /// [`from_registry`](Self::from_registry) on `device`.
     pub fn from_registry_on(cfg: &Config, registry: &Registry, device: Device) -> Result<Self, TrainError> {
         let (owned, registry) = (cfg.clone(), registry.clone());
@@ -293,7 +311,16 @@ impl Trainer {
     }
 
     /// [`with_workload`](Self::with_workload) on `device`.
-    pub fn with_workload_on(cfg: &Config, mut workload: Box<dyn Workload>, device: Device) -> Result<Self, TrainError> {
+    pub fn with_workload_on(cfg: &Config, workload: Box<dyn Workload>, device: Device) -> Result<Self, TrainError> {
+        Self::build(cfg, workload, device, None)
+    }
+
+    fn build(
+        cfg: &Config,
+        mut workload: Box<dyn Workload>,
+        device: Device,
+        initial: Option<Arc<TensorSet>>,
+    ) -> Result<Self, TrainError> {
         let t = &cfg.train;
         if t.batch_size == 0 {
             return Err(TrainError::config("train.batch_size", "must be at least 1"));
@@ -307,7 +334,11 @@ impl Trainer {
         let dtype = compute_dtype(cfg.precision.dtype, &device)?;
         let seed = cfg.run.seed;
 
-        let store = ParamStore::new(device.clone(), StreamRng::new(seed, Stream::Init));
+        let rng = StreamRng::new(seed, Stream::Init);
+        let store = match initial {
+            Some(initial) => ParamStore::with_initial(device.clone(), rng, initial),
+            None => ParamStore::new(device.clone(), rng),
+        };
         workload
             .build(store.var_builder())
             .map_err(|e| TrainError::Build { workload: workload.name().to_string(), message: candle_message(&e) })?;
@@ -990,6 +1021,11 @@ impl Trainer {
         let mut values = Vec::with_capacity(self.params.len());
         for (name, var) in &self.params {
             check_host("model", name, var.dims(), model.get(name))?;
+            // A trainer built from this checkpoint's parameters
+            // (`from_registry_resuming`) already holds them: nothing to copy.
+            if holds_host_values(var.as_tensor(), &model[name]) {
+                continue;
+            }
             values.push((name.clone(), from_host(name, &model[name], &self.device)?));
         }
         if let Some(extra) = model.keys().find(|k| !self.params.contains_key(*k)) {

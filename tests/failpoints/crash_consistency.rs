@@ -523,3 +523,26 @@ fn injected_os_errors_keep_their_code_and_hint() {
     assert_eq!(store.list(VerifyLevel::Full).unwrap().len(), 3);
     scenario.teardown();
 }
+
+#[test]
+fn a_filesystem_refusing_direct_io_gets_the_same_checkpoint_through_the_page_cache() {
+    // `fs::direct_io_unsupported` stands in for a filesystem that refuses
+    // O_DIRECT (the store then writes through the page cache): the files
+    // must be byte for byte those of a direct save, across several pooled
+    // blocks and with an unaligned tail.
+    let scenario = fail::FailScenario::setup();
+    let snapshot = support::snapshot_for_step(NEW_STEP, (18 << 20) + 4 * 1000);
+    let (_direct_tmp, direct) = temp_store(KEEP);
+    direct.save(&snapshot).unwrap();
+    fail::cfg("fs::direct_io_unsupported", "return").unwrap();
+    let (_buffered_tmp, buffered) = temp_store(KEEP);
+    let saved = buffered.save(&snapshot);
+    fail::remove("fs::direct_io_unsupported");
+    saved.unwrap();
+    assert_same_checkpoint_on_disk(&buffered.step_dir(NEW_STEP), &direct.step_dir(NEW_STEP));
+    for store in [&direct, &buffered] {
+        assert!(store.list(VerifyLevel::Full).unwrap()[0].valid);
+        assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot);
+    }
+    scenario.teardown();
+}

@@ -4,6 +4,7 @@
 //! fresh), and trimming `metrics.jsonl` back to the step resumed from.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -55,8 +56,16 @@ impl Attempt {
         // The interruption history is read before this attempt's `start`.
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
+        // The newest valid checkpoint is read first, so that the trainer's
+        // parameters are built from it rather than drawn and then
+        // overwritten (the rejected ones are recorded below, after `start`).
+        let mut outcome = store.load_latest()?;
+        let initial = outcome.loaded.as_mut().map(|l| Arc::new(std::mem::take(&mut l.snapshot.model)));
         // The placement plan needs the model's size, so the trainer comes first.
-        let mut trainer = Trainer::from_registry(&cfg, registry)?;
+        let mut trainer = match &initial {
+            Some(initial) => Trainer::from_registry_resuming(&cfg, registry, Arc::clone(initial))?,
+            None => Trainer::from_registry(&cfg, registry)?,
+        };
         let mut devices = Devices::select(&cfg, registry, &mut trainer)?;
         let (leader, rank_nodes, watch) =
             world.map_or((None, None, None), |(l, nodes, watch)| (Some(l), Some(nodes), Some(watch)));
@@ -77,18 +86,17 @@ impl Attempt {
             events.record(&takeover_event(takeover))?;
         }
         devices.announce(&mut events)?;
-        let outcome = store.load_latest()?;
         set_aside_rejected(&store, &mut events, &outcome.rejected)?;
         let last_durable_step = outcome.loaded.as_ref().map(|l| l.snapshot.step);
         if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
         let resumes = previous_summary(&dir).map(|s| s.resumes).unwrap_or(0);
-        let (start_step, resumes) = match &outcome.loaded {
-            Some(loaded) => {
+        let (start_step, resumes) = match (&outcome.loaded, initial.as_deref()) {
+            (Some(loaded), Some(model)) => {
                 let snap = &loaded.snapshot;
                 trainer
-                    .restore(&snap.model, &snap.optimizer, &snap.state["train"])
+                    .restore(model, &snap.optimizer, &snap.state["train"])
                     .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
                 let last_logged = last_logged_step(&dir.path(METRICS_FILE));
                 let resume = resume_event(loaded, last_logged, &slurm, Utc::now());
@@ -96,7 +104,7 @@ impl Attempt {
                 events.record(&Event::Resume(resume))?;
                 (snap.step, resumes + 1)
             }
-            None => {
+            _ => {
                 fresh_start(&mut events, outcome.rejected.len())?;
                 (0, resumes)
             }
