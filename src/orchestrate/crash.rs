@@ -100,6 +100,8 @@ fn checkpoint_class(e: &CheckpointError) -> (CrashClass, String) {
         CheckpointError::NoSpace { .. } => (Transient, "no space for a checkpoint (space may be freed)"),
         CheckpointError::BadTensor { .. } => (Deterministic, "a tensor that cannot be saved"),
         CheckpointError::NotOwner { .. } => (Deterministic, "another process took the run directory over"),
+        CheckpointError::WrongKind { .. } => (Deterministic, "a checkpoint of the other lifecycle (run or exec)"),
+        CheckpointError::Seal { .. } => (Deterministic, "a staged directory that cannot be sealed"),
         CheckpointError::Invalid { .. } | CheckpointError::NotACheckpoint { .. } => {
             (Deterministic, "a checkpoint that does not verify")
         }

@@ -346,6 +346,7 @@ mod tests {
             dir: format!("ckpt/step-{step}").into(),
             manifest: Manifest {
                 format_version: 1,
+                kind: crate::checkpoint::CheckpointKind::Native,
                 step,
                 created_at: "2026-11-23T12:00:00.000Z".into(),
                 rekindle_version: "test".into(),
