@@ -81,6 +81,10 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
         RunError::StopWithoutCheckpoint { .. } => {
             (Transient, "the stop checkpoint failed (an I/O error); the stop path decided the requeue")
         }
+        RunError::ChildSpawn { .. } => (Deterministic, "the program could not be started"),
+        RunError::ChildFailed { class, why, .. } => return (*class, why.clone()),
+        RunError::ExecRuntime { .. } => (Transient, "the supervisor's event loop could not start (a resource limit)"),
+        RunError::Seal { .. } => (Deterministic, "`rekindle seal` was called wrongly"),
     };
     (class, why.to_string())
 }

@@ -71,6 +71,10 @@ pub enum Event {
     /// `[checkpoint] interval = "auto"` chose a (noticeably different)
     /// periodic checkpoint interval, with its inputs.
     CheckpointInterval(CheckpointIntervalChosen),
+    /// `rekindle exec` started the program, with the contract's environment.
+    ChildStart(ChildStart),
+    /// The program run by `rekindle exec` ended, and what that means.
+    ChildExit(ChildExit),
     /// An event this version does not know (or whose fields do not fit):
     /// the whole object, `event` included. Never written by this version.
     #[serde(untagged)]
@@ -78,7 +82,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 22] = [
+pub const EVENT_NAMES: [&str; 24] = [
     "start",
     "lock_takeover",
     "checkpoint_rejected",
@@ -101,6 +105,8 @@ pub const EVENT_NAMES: [&str; 22] = [
     "error",
     "hang",
     "checkpoint_interval",
+    "child_start",
+    "child_exit",
 ];
 
 impl Event {
@@ -129,6 +135,8 @@ impl Event {
             Event::Error(_) => "error",
             Event::Hang(_) => "hang",
             Event::CheckpointInterval(_) => "checkpoint_interval",
+            Event::ChildStart(_) => "child_start",
+            Event::ChildExit(_) => "child_exit",
             Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
         }
     }
@@ -151,6 +159,8 @@ impl Event {
             Event::Error(e) => e.step,
             Event::Hang(e) => Some(e.step),
             Event::CheckpointInterval(e) => Some(e.step),
+            Event::ChildStart(e) => e.resume_step,
+            Event::ChildExit(e) => e.last_sealed_step,
             Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
             Event::Start(_)
             | Event::LockTakeover(_)
@@ -432,6 +442,55 @@ pub struct Stop {
     /// when none did.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<String>,
+}
+
+/// `child_start`: the program `rekindle exec` runs, and the contract's
+/// environment it was given (docs/exec.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChildStart {
+    /// The command line, each argument as given (lossy UTF-8).
+    pub command: Vec<String>,
+    pub pid: u32,
+    /// `REKINDLE_EXEC_PROTOCOL`.
+    pub protocol: u32,
+    /// `REKINDLE_RESUME_FROM` (`null`: a fresh start).
+    pub resume_from: Option<PathBuf>,
+    /// The step of that checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_step: Option<u64>,
+    /// `REKINDLE_CHECKPOINT_DIR`.
+    pub checkpoint_dir: PathBuf,
+    /// `REKINDLE_STOP_FILE`.
+    pub stop_file: PathBuf,
+    /// `REKINDLE_DEADLINE` at the start (the job's end time), Unix seconds.
+    pub deadline: Option<i64>,
+}
+
+/// `child_exit`: how the program ended and what rekindle made of it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChildExit {
+    pub pid: u32,
+    /// Its exit code (`null` when a signal ended it).
+    pub exit_code: Option<i32>,
+    /// The signal that ended it (`SIGKILL`, …), if one did.
+    pub signal: Option<String>,
+    pub seconds: f64,
+    /// A stop was requested (and forwarded) before it ended.
+    pub stop_requested: bool,
+    /// It was still running at the stop deadline (or a third signal) and was killed.
+    pub killed_at_deadline: bool,
+    /// The run directory's lock was lost: it was killed.
+    pub lock_lost: bool,
+    /// The newest checkpoint that verifies after it ended.
+    pub last_sealed_step: Option<u64>,
+    /// Checkpoints it sealed in this attempt.
+    pub sealed_this_attempt: u64,
+    /// `finished`, `stopped`, `crashed` or `lock_lost`.
+    pub verdict: String,
+    /// Its last lines on stderr (at most 20, each at most 500 bytes).
+    pub stderr_tail: Vec<String>,
 }
 
 /// `finish`.
@@ -882,6 +941,27 @@ mod tests {
                 mtbf_source: "config".into(),
                 ..Default::default()
             }),
+            Event::ChildStart(ChildStart {
+                command: vec!["python3".into(), "train.py".into()],
+                pid: 42,
+                protocol: 1,
+                resume_from: Some("runs/x/checkpoints/step-0000000040".into()),
+                resume_step: Some(40),
+                checkpoint_dir: "runs/x/checkpoints/.staging".into(),
+                stop_file: "runs/x/stop-requested.json".into(),
+                deadline: Some(1_790_000_000),
+            }),
+            Event::ChildExit(ChildExit {
+                pid: 42,
+                signal: Some("SIGKILL".into()),
+                seconds: 12.5,
+                stop_requested: true,
+                killed_at_deadline: true,
+                last_sealed_step: Some(40),
+                verdict: "stopped".into(),
+                stderr_tail: vec!["Traceback (most recent call last):".into()],
+                ..Default::default()
+            }),
         ];
         assert_eq!(events.len(), EVENT_NAMES.len());
         for (event, name) in events.iter().zip(EVENT_NAMES) {
@@ -918,7 +998,9 @@ mod tests {
             | Event::Finish(_)
             | Event::Error(_)
             | Event::Hang(_)
-            | Event::CheckpointInterval(_) => EVENT_NAMES.contains(&event.name()),
+            | Event::CheckpointInterval(_)
+            | Event::ChildStart(_)
+            | Event::ChildExit(_) => EVENT_NAMES.contains(&event.name()),
             Event::Other(_) => false,
         }
     }

@@ -17,7 +17,7 @@ mod summary;
 
 pub use attempts::{Attempt, AttemptEnd, attempts};
 pub use event::{
-    CheckpointFailed, CheckpointIntervalChosen, CheckpointQuarantined, CheckpointRejected, CheckpointSaved,
+    CheckpointFailed, CheckpointIntervalChosen, ChildExit, ChildStart, CheckpointQuarantined, CheckpointRejected, CheckpointSaved,
     CheckpointStarted, CrashClass, EVENT_NAMES, ErrorEvent, Event, EventContext, Finish, FreshStart, GpuFallback,
     HangEvent, LockTakeover, MonitorOutcome, Nonfinite, OomRetry, PersisterDied, PublishOutcome, RecordedEvent,
     RefusedFile, RequeueAnswer, RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop, events_from,

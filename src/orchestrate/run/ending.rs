@@ -23,7 +23,7 @@ use crate::exit::Outcome;
 use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
 use crate::telemetry::{
-    ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
+    CrashClass, ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
     now_rfc3339,
 };
 use crate::train::{NonFiniteEvent, TrainError};
@@ -337,32 +337,11 @@ impl Attempt {
     pub(super) fn fail(&mut self, error: &RunError) {
         let steps = self.trainer.step() - self.start_step;
         let (class, why) = crash::classify(error, steps);
-        let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(&self.dir.path(EVENTS_FILE)));
         let stop_path =
             matches!(error, RunError::StopWithoutCheckpoint { .. } | RunError::StoppedBeforeFirstCheckpoint { .. });
-        let action = crash::decide(class, in_a_row, self.cfg.run.max_crash_requeues, stop_path);
         tracing::error!(class = ?class, %why, "the run failed; classified before exiting 1");
-        let (requeue, hold_seconds, hold_error) = match action {
-            CrashAction::Requeue { hold } => {
-                let req = RequeueRequest {
-                    policy: self.cfg.signals.requeue,
-                    stop: StopKind::TransientCrash,
-                    finished: false,
-                    job_id: self.slurm.control_id(),
-                    restart_count: self.slurm.restart_count,
-                    max_restarts: self.cfg.signals.max_restarts,
-                };
-                let out = slurm::requeue_after_crash(&Scontrol, &req, hold, &|| {
-                    budget::scontrol_timeout(None, Instant::now())
-                });
-                self.record_or_log(&Event::Requeue(out.record.clone()));
-                (out.record, out.hold_seconds, out.hold_error)
-            }
-            CrashAction::NoRequeue { reason } => {
-                tracing::error!(%reason, "not requeueing after this failure");
-                (RequeueRecord::skip(reason), None, None)
-            }
-        };
+        let (requeue, hold_seconds, hold_error) =
+            requeue_after_failure(&self.cfg, &self.slurm, class, stop_path, &mut self.events, &self.dir.path(EVENTS_FILE));
         self.record_or_log(&Event::Error(ErrorEvent {
             step: Some(self.trainer.step()),
             error: error.to_string(),
@@ -399,41 +378,19 @@ impl Attempt {
 
     /// Publishes results when `[publish] enabled`; failures are logged, never fatal.
     fn publish(&mut self, reason: &str, deadline: Option<Deadline>) -> PublishOutcome {
-        if !self.cfg.publish.enabled {
-            return PublishOutcome::Skipped { skipped: "publishing disabled".into() };
-        }
         let newest_manifest = self.last_durable_step.map(|s| self.store.step_dir(s).join(MANIFEST_FILE));
-        let req = PublishRequest {
-            cfg: &self.cfg.publish,
-            run_name: &self.cfg.run.name,
-            run_dir: &self.dir.root,
-            newest_manifest,
-            step: self.trainer.step(),
-            job_id: self.slurm.job_id.clone(),
-            node: self.slurm.node_name(),
-            reason: reason.to_string(),
-            deadline: deadline.map(|d| d.at),
-        };
         let busy = self.beats.begin(Worker::Training, Activity::Publish, self.trainer.step());
-        // Tests make publishing hang here (`run::publish=sleep(…)`).
-        fail::fail_point!("run::publish");
-        let published = publish::publish(&req);
+        let outcome = publish_results(
+            &self.cfg,
+            &self.dir.root,
+            newest_manifest,
+            self.trainer.step(),
+            &self.slurm,
+            reason,
+            deadline,
+            &mut self.events,
+        );
         drop(busy);
-        let outcome = match published {
-            Ok(report) => PublishOutcome::Done {
-                commit: report.commit,
-                pushed: report.pushed,
-                attempts: report.attempts,
-                files: report.files,
-                refused: report.refused,
-                last_error: report.last_error,
-            },
-            Err(e) => {
-                tracing::error!(error = %e, "publishing failed");
-                PublishOutcome::Failed { error: e.to_string() }
-            }
-        };
-        let _ = self.events.record(&Event::Publish(outcome.clone()));
         outcome
     }
 
@@ -469,15 +426,19 @@ impl Attempt {
 /// `max_steps` (the run is finished: a `finish` event, no requeue); and with
 /// no checkpoint at all, [`RunError::StoppedBeforeFirstCheckpoint`] (exit 1,
 /// after the same requeue decision), since 75 promises a durable checkpoint.
-pub(super) fn early_stop(
+///
+/// `max_steps`: the step at which the run is finished (`[run] max_steps`;
+/// `u64::MAX` under `rekindle exec`, where only the program knows).
+pub(in crate::orchestrate) fn early_stop(
     stop: &StopFlag,
     events: &mut EventLog,
     durable: Option<u64>,
+    max_steps: u64,
     cfg: &Config,
     alloc: &SlurmEnv,
 ) -> Result<Option<Outcome>, RunError> {
     let Some(reason) = stop.signal() else { return Ok(None) };
-    let ending = early_stop_outcome(durable, cfg.run.max_steps);
+    let ending = early_stop_outcome(durable, max_steps);
     match ending {
         EarlyStop::Finished => tracing::warn!(
             reason = %reason.name(),
@@ -555,7 +516,7 @@ fn early_stop_outcome(durable: Option<u64>, max_steps: u64) -> EarlyStop {
 }
 
 /// Records an event on a stop path: a failure is logged, never returned.
-fn record_or_log(events: &mut EventLog, event: &Event) {
+pub(in crate::orchestrate) fn record_or_log(events: &mut EventLog, event: &Event) {
     if let Err(e) = events.record(event) {
         tracing::error!(error = %e, event = event.name(), "could not record an event; going on");
     }
@@ -563,7 +524,7 @@ fn record_or_log(events: &mut EventLog, event: &Event) {
 
 /// The requeue step through the real `scontrol`, each call bounded by what
 /// `deadline` leaves; records the `requeue` event (best effort) and returns it.
-fn requeue_and_record(
+pub(in crate::orchestrate) fn requeue_and_record(
     cfg: &Config,
     alloc: &SlurmEnv,
     reason: StopReason,
@@ -587,8 +548,94 @@ fn requeue_and_record(
     record
 }
 
+/// Publishes the run directory when `[publish] enabled` and records the
+/// `publish` event (best effort); failures are logged, never fatal.
+/// `newest_manifest`: the manifest of the newest durable checkpoint, which
+/// the commit names.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::orchestrate) fn publish_results(
+    cfg: &Config,
+    run_dir: &std::path::Path,
+    newest_manifest: Option<std::path::PathBuf>,
+    step: u64,
+    alloc: &SlurmEnv,
+    reason: &str,
+    deadline: Option<Deadline>,
+    events: &mut EventLog,
+) -> PublishOutcome {
+    if !cfg.publish.enabled {
+        return PublishOutcome::Skipped { skipped: "publishing disabled".into() };
+    }
+    let req = PublishRequest {
+        cfg: &cfg.publish,
+        run_name: &cfg.run.name,
+        run_dir,
+        newest_manifest,
+        step,
+        job_id: alloc.job_id.clone(),
+        node: alloc.node_name(),
+        reason: reason.to_string(),
+        deadline: deadline.map(|d| d.at),
+    };
+    // Tests make publishing hang here (`run::publish=sleep(…)`).
+    fail::fail_point!("run::publish");
+    let outcome = match publish::publish(&req) {
+        Ok(report) => PublishOutcome::Done {
+            commit: report.commit,
+            pushed: report.pushed,
+            attempts: report.attempts,
+            files: report.files,
+            refused: report.refused,
+            last_error: report.last_error,
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "publishing failed");
+            PublishOutcome::Failed { error: e.to_string() }
+        }
+    };
+    let _ = events.record(&Event::Publish(outcome.clone()));
+    outcome
+}
+
+/// The requeue decision after a failure of `class` (`crash.rs`): a
+/// transient one requeues the job (the usual requeue rules, at most `[run]
+/// max_crash_requeues` in a row without a new checkpoint, counted from
+/// `events_path`, each held back longer), a deterministic one never does,
+/// nor one whose stop path already decided (`stop_path`). Records the
+/// `requeue` event when there was one; returns it with the hold.
+pub(in crate::orchestrate) fn requeue_after_failure(
+    cfg: &Config,
+    alloc: &SlurmEnv,
+    class: CrashClass,
+    stop_path: bool,
+    events: &mut EventLog,
+    events_path: &std::path::Path,
+) -> (RequeueRecord, Option<u64>, Option<String>) {
+    let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(events_path));
+    match crash::decide(class, in_a_row, cfg.run.max_crash_requeues, stop_path) {
+        CrashAction::Requeue { hold } => {
+            let req = RequeueRequest {
+                policy: cfg.signals.requeue,
+                stop: StopKind::TransientCrash,
+                finished: false,
+                job_id: alloc.control_id(),
+                restart_count: alloc.restart_count,
+                max_restarts: cfg.signals.max_restarts,
+            };
+            let out =
+                slurm::requeue_after_crash(&Scontrol, &req, hold, &|| budget::scontrol_timeout(None, Instant::now()));
+            record_or_log(events, &Event::Requeue(out.record.clone()));
+            (out.record, out.hold_seconds, out.hold_error)
+        }
+        CrashAction::NoRequeue { reason } => {
+            tracing::error!(%reason, "not requeueing after this failure");
+            (RequeueRecord::skip(reason), None, None)
+        }
+    }
+}
+
 /// Why training stopped, as the requeue decision sees it.
-fn stop_kind(reason: StopReason) -> StopKind {
+pub(in crate::orchestrate) fn stop_kind(reason: StopReason) -> StopKind {
     match reason {
         StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
         StopReason::Signal(_) => StopKind::ClusterSignal,
@@ -601,7 +648,7 @@ pub(super) fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
 
-fn instant_to_rfc3339(t: Instant) -> String {
+pub(in crate::orchestrate) fn instant_to_rfc3339(t: Instant) -> String {
     let ago = chrono::Duration::from_std(t.elapsed()).unwrap_or_default();
     (chrono::Utc::now() - ago).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
