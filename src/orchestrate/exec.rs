@@ -187,6 +187,14 @@ fn absolute(path: &std::path::Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// Checkpoints the program sealed.
+#[derive(Debug, Clone, Copy)]
+struct Sealed {
+    this_attempt: u64,
+    /// After the stop was requested (its stop checkpoint).
+    after_stop: u64,
+}
+
 /// One attempt of `rekindle exec`, from the program's start to the exit.
 struct ExecAttempt {
     cfg: Config,
@@ -212,12 +220,15 @@ impl ExecAttempt {
         }
     }
 
-    /// Checkpoints sealed since this attempt's start (`checkpoint_saved`
-    /// events after the last `start`).
-    fn sealed_this_attempt(&self) -> u64 {
+    /// Checkpoints sealed in this attempt, and since its stop signal
+    /// (`checkpoint_saved` events after the last `start`, and after its `signal`).
+    fn sealed(&self) -> Sealed {
         let events = recorded_events(&self.dir.path(EVENTS_FILE));
         let since = events.iter().rposition(|e| matches!(e, Event::Start(_))).map_or(0, |i| i + 1);
-        events[since..].iter().filter(|e| matches!(e, Event::CheckpointSaved(_))).count() as u64
+        let attempt = &events[since..];
+        let count = |events: &[Event]| events.iter().filter(|e| matches!(e, Event::CheckpointSaved(_))).count() as u64;
+        let after_stop = attempt.iter().position(|e| matches!(e, Event::Signal(_))).map_or(0, |i| count(&attempt[i..]));
+        Sealed { this_attempt: count(attempt), after_stop }
     }
 
     fn end(
@@ -228,7 +239,8 @@ impl ExecAttempt {
         command: &[OsString],
     ) -> Result<Outcome, RunError> {
         let end = ChildEnd::from_status(ran.status);
-        let sealed = self.sealed_this_attempt();
+        let seals = self.sealed();
+        let sealed = seals.this_attempt;
         let newest = self.newest_step();
         let verdict = verdict::verdict(end, ran.stop.is_some(), ran.lock_lost, sealed);
         let (exit_code, signal) = match end {
@@ -260,7 +272,7 @@ impl ExecAttempt {
             Verdict::Finished => self.finish(events, newest, sealed),
             Verdict::Stopped => {
                 let taken = ran.stop.expect("a stopped verdict has a stop");
-                self.stopped(events, taken, stop, newest, sealed, ran.killed_at_deadline)
+                self.stopped(events, taken, stop, newest, seals, ran.killed_at_deadline)
             }
             Verdict::Crashed { class, why } => {
                 let error = RunError::ChildFailed {
@@ -296,9 +308,10 @@ impl ExecAttempt {
         taken: StopTaken,
         stop: &StopFlag,
         newest: Option<u64>,
-        sealed: u64,
+        seals: Sealed,
         killed: bool,
     ) -> Result<Outcome, RunError> {
+        let sealed = seals.this_attempt;
         let StopTaken { reason, arrival, deadline } = taken;
         let signals_before_requeue = stop.count();
         let fast_exit = budget::exit_now(signals_before_requeue, deadline, Instant::now());
@@ -323,11 +336,11 @@ impl ExecAttempt {
         } else {
             self.publish(events, newest, &reason.name(), budget::publish_deadline(deadline, requeued_at))
         };
-        let no_new = (sealed == 0).then(|| {
+        let no_new = (seals.after_stop == 0).then(|| {
             if killed {
-                "the program was killed at the stop deadline before it sealed a checkpoint".to_string()
+                "the program was killed at the stop deadline before it sealed a checkpoint after the stop".to_string()
             } else {
-                "the program sealed no checkpoint in this attempt".to_string()
+                "the program sealed no checkpoint after the stop".to_string()
             }
         });
         let Some(step) = newest else {
@@ -348,7 +361,7 @@ impl ExecAttempt {
             &Event::Stop(Stop {
                 step: Some(step),
                 reason: reason.name(),
-                seconds_to_durable_checkpoint: (sealed > 0).then(|| arrival.elapsed().as_secs_f64()),
+                seconds_to_durable_checkpoint: (seals.after_stop > 0).then(|| arrival.elapsed().as_secs_f64()),
                 seconds_left: Some(budget::seconds_left(deadline, Instant::now())),
                 signals_received: Some(stop.count()),
                 publish: Some(publish),
