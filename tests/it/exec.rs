@@ -246,3 +246,25 @@ fn seal_outside_exec_takes_the_lock_and_refuses_what_is_not_staged() {
     assert_eq!(last_event(&run, "checkpoint_failed")["kind"], "sealed");
     assert_eq!(checkpoint_steps(&run), vec![7]);
 }
+
+#[test]
+fn the_orchestrator_script_runs_exec_outside_slurm_and_refuses_several_tasks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let run_arg = run.to_str().unwrap();
+    let out = crate::cli::orchestrator_script(&["--exec", "--run-dir", run_arg, "--", "sh", "-c", "exit 0"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("srun"), "no job step outside SLURM: {stderr}");
+    assert_eq!(last_event(&run, "child_exit")["verdict"], "finished");
+
+    let out = crate::cli::orchestrator_script(
+        &["--exec", "--run-dir", run_arg, "--", "true"],
+        &[("SLURM_JOB_ID", "7"), ("SLURM_NTASKS", "2")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("supervises one program per job"), "{stderr}");
+    let out = crate::cli::orchestrator_script(&["--exec", "--run-dir", run_arg, "true"], &[]);
+    assert_eq!(out.status.code(), Some(2), "no `--` before the command: usage");
+}
