@@ -167,7 +167,8 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     let supervised = match supervised {
         Ok(s) => s,
         Err(e) => {
-            attempt.fail(&mut events, &e, crate::telemetry::CrashClass::Deterministic, "the program could not be started");
+            let (class, why) = super::crash::classify(&e, 0);
+            attempt.fail(&mut events, &e, class, &why);
             return Err(e);
         }
     };

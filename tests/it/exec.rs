@@ -268,3 +268,22 @@ fn the_orchestrator_script_runs_exec_outside_slurm_and_refuses_several_tasks() {
     let out = crate::cli::orchestrator_script(&["--exec", "--run-dir", run_arg, "true"], &[]);
     assert_eq!(out.status.code(), Some(2), "no `--` before the command: usage");
 }
+
+#[test]
+fn the_pytorch_example_and_the_helper_compile() {
+    let Some(()) = requires::python() else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    for file in ["python/examples/train_torch.py", "python/examples/train_numpy.py", "python/rekindle_client.py"] {
+        // Compiled, not run: torch is too heavy to install for the tests.
+        let out = Command::new("python3")
+            .args(["-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"])
+            .arg(root.join(file))
+            .arg(tmp.path().join("out.pyc"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let torch = std::fs::read_to_string(root.join("python/examples/train_torch.py")).unwrap();
+    assert_eq!(torch.lines().filter(|l| l.ends_with("# rekindle")).count(), 5, "docs/exec.md promises five lines");
+}

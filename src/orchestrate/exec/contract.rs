@@ -145,6 +145,21 @@ mod tests {
     }
 
     #[test]
+    fn the_docs_and_the_python_helper_name_every_variable_and_the_protocol() {
+        let doc = include_str!("../../../docs/exec.md");
+        let helper = include_str!("../../../python/rekindle_client.py");
+        for var in ALL_VARS {
+            assert!(doc.contains(&format!("| `{var}` |")), "docs/exec.md's environment table lacks {var}");
+        }
+        for var in [ENV_PROTOCOL, ENV_RESUME_FROM, ENV_CHECKPOINT_DIR, ENV_STOP_FILE, ENV_DEADLINE, ENV_BIN, ENV_RUN_DIR] {
+            assert!(helper.contains(&format!("\"{var}\"")), "python/rekindle_client.py does not read {var}");
+        }
+        assert!(helper.contains(&format!("PROTOCOL = {PROTOCOL}")), "the helper speaks another protocol");
+        assert!(doc.contains(&format!("## The contract, version {PROTOCOL}")));
+        assert!(doc.contains(&format!("`{STOP_FILE}`")) || doc.contains(STOP_FILE));
+    }
+
+    #[test]
     fn the_stop_notice_is_one_json_line() {
         let n = StopNotice { signal: "SIGTERM".into(), deadline: 1_790_000_000.5 };
         assert_eq!(n.to_bytes(), b"{\"signal\":\"SIGTERM\",\"deadline\":1790000000.5}\n");
