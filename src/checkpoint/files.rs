@@ -143,10 +143,8 @@ impl CheckpointStore {
         fsync_dir(&self.staging_dir())
             .map_err(sync_err(&self.staging_dir()))
             .map_err(after("syncing the staging directory"))?;
-        let rotated_out = self
-            .may_write(step)
-            .and_then(|()| self.rotate(step))
-            .map_err(after("rotating out old checkpoints"))?;
+        let rotated_out =
+            self.may_write(step).and_then(|()| self.rotate(step)).map_err(after("rotating out old checkpoints"))?;
         Ok(SaveReport {
             step,
             dir: final_dir,
@@ -167,9 +165,8 @@ impl CheckpointStore {
         }
         let staging = self.staging_dir();
         let real = fs::canonicalize(staged).map_err(|e| refuse(format!("cannot resolve it: {e}")))?;
-        let staging_real = fs::canonicalize(&staging).map_err(|e| {
-            refuse(format!("the staging directory {} cannot be resolved: {e}", staging.display()))
-        })?;
+        let staging_real = fs::canonicalize(&staging)
+            .map_err(|e| refuse(format!("the staging directory {} cannot be resolved: {e}", staging.display())))?;
         if real.parent() != Some(staging_real.as_path()) {
             return Err(refuse(format!(
                 "it is not a directory directly under the staging directory {} (REKINDLE_CHECKPOINT_DIR): \

@@ -25,10 +25,10 @@ mod tensor;
 mod verify;
 
 pub use error::{CheckpointError, FileFailure, Problem};
+pub use files::{FilesOutcome, STAGING_DIR};
 pub use layout::{
     MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name,
 };
-pub use files::{FilesOutcome, STAGING_DIR};
 pub use manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
 pub use store::{CheckpointStore, CommitGuard, LoadOutcome, SaveReport};

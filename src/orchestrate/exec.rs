@@ -56,8 +56,8 @@ use contract::ChildEnv;
 use verdict::{ChildEnd, Verdict};
 
 pub use contract::{
-    ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR,
-    ENV_STOP_FILE, PROTOCOL, STOP_FILE,
+    ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STOP_FILE,
+    PROTOCOL, STOP_FILE,
 };
 pub use seal::{SealOptions, seal};
 
@@ -331,7 +331,13 @@ impl ExecAttempt {
         let state = if newest.is_some() { SummaryState::Stopped } else { SummaryState::Failed };
         self.write_summary(state, newest, sealed);
         let cut_short = fast_exit
-            || budget::skip_publish(signals_before_requeue, stop.count(), requeued_at.is_some(), deadline, Instant::now());
+            || budget::skip_publish(
+                signals_before_requeue,
+                stop.count(),
+                requeued_at.is_some(),
+                deadline,
+                Instant::now(),
+            );
         let publish = if cut_short {
             PublishOutcome::Skipped { skipped: "fast exit".into() }
         } else {

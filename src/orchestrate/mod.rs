@@ -36,8 +36,8 @@ pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
 pub use exec::{
-    ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR,
-    ENV_STOP_FILE, ExecOptions, PROTOCOL, STOP_FILE, SealOptions, exec, seal,
+    ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STOP_FILE,
+    ExecOptions, PROTOCOL, STOP_FILE, SealOptions, exec, seal,
 };
 pub use interval::{
     Bound, CostMeter, Costs, DEFAULT_INTERVAL, IntervalChoice, IntervalInputs, MAX_STALL_FRACTION, Mtbf, MtbfSource,

@@ -86,7 +86,7 @@ fn a_sigterm_mid_run_seals_a_checkpoint_exits_75_and_the_resume_ends_byte_identi
     assert_eq!(code, Some(0), "{text}");
     let (code, text) = rekindle(&["checkpoints"], &run);
     assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains(&format!("{}", STEPS)), "{text}");
+    assert!(text.contains(STEPS), "{text}");
     let (code, text) = rekindle(&["status"], &run);
     assert_eq!(code, Some(0), "{text}");
     let (code, text) = rekindle(&["report"], &run);
@@ -194,10 +194,8 @@ fn run_and_exec_refuse_each_others_checkpoints_and_say_which_command_continues()
     let exec_dir = tmp.path().join("exec");
     let staged = exec_dir.join("checkpoints/.staging/s");
     // A program that seals one checkpoint of step 1.
-    let script = format!(
-        "mkdir -p {s} && echo weights > {s}/w && \"$REKINDLE_BIN\" -q seal {s} --step 1",
-        s = staged.display()
-    );
+    let script =
+        format!("mkdir -p {s} && echo weights > {s}/w && \"$REKINDLE_BIN\" -q seal {s} --step 1", s = staged.display());
     RunCmd::exec(&exec_dir, &["sh", "-c", &script]).run(TIMEOUT).assert_code(0);
     assert_eq!(checkpoint_steps(&exec_dir), vec![1]);
     let refused = RunCmd::new(&exec_dir).arg("--allow-config-change").run(TIMEOUT);
@@ -230,7 +228,11 @@ fn seal_outside_exec_takes_the_lock_and_refuses_what_is_not_staged() {
             .env_remove("REKINDLE_EXEC_PID")
             .output()
             .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, stdout, stderr) = seal(&staging.join("a"), "7");
     assert_eq!(code, Some(0), "{stderr}");

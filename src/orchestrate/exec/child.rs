@@ -108,7 +108,8 @@ async fn supervise_async(
     let spawn_err = |source| RunError::ChildSpawn { command: shown.clone(), source };
     // Registered before the child exists: a signal from then on wakes the loop.
     let mut streams = Vec::new();
-    for kind in [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::user_defined1(), SignalKind::user_defined2()]
+    for kind in
+        [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::user_defined1(), SignalKind::user_defined2()]
     {
         streams.push(signal(kind).map_err(spawn_err)?);
     }

@@ -151,7 +151,9 @@ mod tests {
         for var in ALL_VARS {
             assert!(doc.contains(&format!("| `{var}` |")), "docs/exec.md's environment table lacks {var}");
         }
-        for var in [ENV_PROTOCOL, ENV_RESUME_FROM, ENV_CHECKPOINT_DIR, ENV_STOP_FILE, ENV_DEADLINE, ENV_BIN, ENV_RUN_DIR] {
+        for var in
+            [ENV_PROTOCOL, ENV_RESUME_FROM, ENV_CHECKPOINT_DIR, ENV_STOP_FILE, ENV_DEADLINE, ENV_BIN, ENV_RUN_DIR]
+        {
             assert!(helper.contains(&format!("\"{var}\"")), "python/rekindle_client.py does not read {var}");
         }
         assert!(helper.contains(&format!("PROTOCOL = {PROTOCOL}")), "the helper speaks another protocol");

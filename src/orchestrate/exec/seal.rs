@@ -120,9 +120,8 @@ fn saved(report: &crate::checkpoint::SaveReport, warning: Option<String>) -> Eve
 /// before the rename.
 fn supervisor_guard(root: &Path, pid: &str) -> Result<CommitGuard, RunError> {
     let lock_path = root.join(LOCK_FILE);
-    let pid: u32 = pid
-        .parse()
-        .map_err(|_| RunError::Seal { reason: format!("{ENV_EXEC_PID}={pid} is not a process id") })?;
+    let pid: u32 =
+        pid.parse().map_err(|_| RunError::Seal { reason: format!("{ENV_EXEC_PID}={pid} is not a process id") })?;
     let host = slurm::hostname();
     let info = LockInfo::read(&lock_path).filter(|i| i.pid == pid && i.host == host).ok_or_else(|| RunError::Seal {
         reason: format!(

@@ -23,8 +23,8 @@ use crate::exit::Outcome;
 use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
 use crate::telemetry::{
-    CrashClass, ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
-    now_rfc3339,
+    CrashClass, ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary,
+    SummaryState, now_rfc3339,
 };
 use crate::train::{NonFiniteEvent, TrainError};
 
@@ -340,8 +340,14 @@ impl Attempt {
         let stop_path =
             matches!(error, RunError::StopWithoutCheckpoint { .. } | RunError::StoppedBeforeFirstCheckpoint { .. });
         tracing::error!(class = ?class, %why, "the run failed; classified before exiting 1");
-        let (requeue, hold_seconds, hold_error) =
-            requeue_after_failure(&self.cfg, &self.slurm, class, stop_path, &mut self.events, &self.dir.path(EVENTS_FILE));
+        let (requeue, hold_seconds, hold_error) = requeue_after_failure(
+            &self.cfg,
+            &self.slurm,
+            class,
+            stop_path,
+            &mut self.events,
+            &self.dir.path(EVENTS_FILE),
+        );
         self.record_or_log(&Event::Error(ErrorEvent {
             step: Some(self.trainer.step()),
             error: error.to_string(),
