@@ -289,3 +289,22 @@ fn the_pytorch_example_and_the_helper_compile() {
     let torch = std::fs::read_to_string(root.join("python/examples/train_torch.py")).unwrap();
     assert_eq!(torch.lines().filter(|l| l.ends_with("# rekindle")).count(), 5, "docs/exec.md promises five lines");
 }
+
+#[test]
+fn seals_from_parallel_threads_of_a_program_run_one_at_a_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    // Eight seals at once, with rotation (keep = 2) in every one of them.
+    let script = r#"for i in 1 2 3 4 5 6 7 8; do
+        d="$REKINDLE_CHECKPOINT_DIR/s$i"; mkdir "$d"; head -c 100000 /dev/urandom > "$d/w"
+        "$REKINDLE_BIN" -q seal "$d" --step "$i" >/dev/null 2>&1 &
+    done; wait"#;
+    RunCmd::exec(&run, &["sh", "-c", script]).set("checkpoint.keep=2").run(TIMEOUT).assert_code(0);
+    let saved = events_named(&run, "checkpoint_saved");
+    assert!(!saved.is_empty());
+    assert!(saved.iter().all(|e| e["warning"].is_null()), "a seal met another's rename: {saved:?}");
+    let steps: Vec<u64> = saved.iter().map(|e| e["step"].as_u64().unwrap()).collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "sealed out of order: {steps:?}");
+    assert_eq!(checkpoint_steps(&run).len(), saved.len().min(2), "{steps:?}");
+    assert_eq!(verify(&run).0, Some(0));
+}

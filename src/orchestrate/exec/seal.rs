@@ -6,7 +6,8 @@
 //! the seal commits under that lock: `REKINDLE_EXEC_PID` names the holder,
 //! and the lock file must name it (pid and host) when the seal starts and
 //! again right before the rename. Outside `exec` the seal takes the lock
-//! itself, like any writer of a run directory.
+//! itself, like any writer of a run directory. Seals of one run run one at
+//! a time (an exclusive lock on `checkpoints/.seal.lock`).
 
 use std::path::{Path, PathBuf};
 
@@ -64,7 +65,9 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
             (CommitGuard::new(move || ownership.confirm()), Some(lock))
         }
     };
-    let store = CheckpointStore::open(checkpoints_dir(&root, &cfg), cfg.checkpoint.keep)?.with_commit_guard(guard);
+    let checkpoints = checkpoints_dir(&root, &cfg);
+    let _one_at_a_time = seal_lock(&checkpoints)?;
+    let store = CheckpointStore::open(&checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
     let mut events = EventLog::open(root.join(EVENTS_FILE), context(&SlurmEnv::from_process()))?;
     match store.seal(&opts.staged, opts.step) {
         Ok(report) => {
@@ -113,6 +116,24 @@ fn saved(report: &crate::checkpoint::SaveReport, warning: Option<String>) -> Eve
         warning,
         ..CheckpointSaved::default()
     })
+}
+
+/// The file whose exclusive lock seals hold while they run.
+const SEAL_LOCK: &str = ".seal.lock";
+
+/// Waits for any other seal of the run to end: a program that checkpoints
+/// from two threads gets its seals one after the other, so that the step
+/// check, the rename and rotation of one never interleave with another's
+/// (without it, concurrent seals committed steps out of order and rotated
+/// out checkpoints under each other's feet). Released when the returned file
+/// is dropped.
+fn seal_lock(checkpoints: &Path) -> Result<std::fs::File, RunError> {
+    let path = checkpoints.join(SEAL_LOCK);
+    let io = |source| RunError::RunDir { path: path.clone(), source };
+    std::fs::create_dir_all(checkpoints).map_err(io)?;
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io)?;
+    file.lock().map_err(io)?;
+    Ok(file)
 }
 
 /// A commit guard for a seal under `rekindle exec`: the lock file names the
