@@ -308,3 +308,23 @@ fn seals_from_parallel_threads_of_a_program_run_one_at_a_time() {
     assert_eq!(checkpoint_steps(&run).len(), saved.len().min(2), "{steps:?}");
     assert_eq!(verify(&run).0, Some(0));
 }
+
+#[test]
+fn a_seal_that_dies_before_its_rename_leaves_no_checkpoint_and_the_next_attempt_clears_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    // The seal process dies after writing the manifest, before the rename
+    // (a failpoint of the real binary); the program then exits 0.
+    let script = r#"d="$REKINDLE_CHECKPOINT_DIR/s"; mkdir "$d"; echo w > "$d/w"
+        FAILPOINTS=checkpoint::seal::before_rename=panic "$REKINDLE_BIN" -q seal "$d" --step 1 2>/dev/null
+        echo "seal exited $?" >&2"#;
+    let first = RunCmd::exec(&run, &["sh", "-c", script]).run(TIMEOUT);
+    first.assert_code(0);
+    assert!(first.stderr.contains("seal exited 101"), "{}", first.tail());
+    assert!(checkpoint_steps(&run).is_empty(), "nothing was sealed");
+    let staged = run.join("checkpoints/.staging/s");
+    assert!(staged.join("MANIFEST.json").is_file(), "it died after writing the manifest, in the staging directory");
+    RunCmd::exec(&run, &["sh", "-c", "test -z \"$REKINDLE_RESUME_FROM\""]).run(TIMEOUT).assert_code(0);
+    assert!(!staged.exists(), "the next attempt removed it");
+    assert!(events_named(&run, "resume").is_empty());
+}
