@@ -35,8 +35,8 @@ use crate::config::{self, Config};
 use crate::exit::Outcome;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{
-    ChildExit, ChildStart, ErrorEvent, Event, EventLog, Finish, PublishOutcome, RequeueRecord, Start, Stop, Summary,
-    SummaryState, now_rfc3339,
+    ChildExit, ChildStart, ErrorEvent, Event, EventLog, Finish, PublishOutcome, RecordedEvent, RequeueRecord, Start,
+    Stop, Summary, SummaryState, now_rfc3339,
 };
 
 use super::budget;
@@ -48,7 +48,7 @@ use super::run::start::{
     fresh_start, last_logged_step, previous_summary, resume_record, set_aside_rejected, takeover_event,
     truncate_metrics,
 };
-use super::run::{context, recorded_events};
+use super::run::{context, recorded};
 use super::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use super::stop::StopFlag;
 use child::{StopTaken, Supervised};
@@ -194,6 +194,8 @@ struct Sealed {
     this_attempt: u64,
     /// After the stop was requested (its stop checkpoint).
     after_stop: u64,
+    /// Seconds from the stop signal to the first of those.
+    seconds_to_durable: Option<f64>,
 }
 
 /// One attempt of `rekindle exec`, from the program's start to the exit.
@@ -222,14 +224,28 @@ impl ExecAttempt {
     }
 
     /// Checkpoints sealed in this attempt, and since its stop signal
-    /// (`checkpoint_saved` events after the last `start`, and after its `signal`).
+    /// (`checkpoint_saved` events after the last `start`, and after its
+    /// `signal`), and the seconds from the signal to the first of those.
     fn sealed(&self) -> Sealed {
-        let events = recorded_events(&self.dir.path(EVENTS_FILE));
-        let since = events.iter().rposition(|e| matches!(e, Event::Start(_))).map_or(0, |i| i + 1);
+        let events = recorded(&self.dir.path(EVENTS_FILE));
+        let since = events.iter().rposition(|e| matches!(e.event, Event::Start(_))).map_or(0, |i| i + 1);
         let attempt = &events[since..];
-        let count = |events: &[Event]| events.iter().filter(|e| matches!(e, Event::CheckpointSaved(_))).count() as u64;
-        let after_stop = attempt.iter().position(|e| matches!(e, Event::Signal(_))).map_or(0, |i| count(&attempt[i..]));
-        Sealed { this_attempt: count(attempt), after_stop }
+        let saved = |e: &&RecordedEvent| matches!(e.event, Event::CheckpointSaved(_));
+        let signal = attempt.iter().position(|e| matches!(e.event, Event::Signal(_)));
+        let after_stop = signal.map_or(&[][..], |i| &attempt[i..]);
+        let arrival = signal.and_then(|i| match &attempt[i].event {
+            Event::Signal(s) => s.arrival.as_deref().and_then(|a| chrono::DateTime::parse_from_rfc3339(a).ok()),
+            _ => None,
+        });
+        let first_after = after_stop.iter().find(saved).and_then(|e| e.time);
+        let to_durable = arrival
+            .zip(first_after)
+            .map(|(a, t)| (t - a.with_timezone(&chrono::Utc)).num_milliseconds().max(0) as f64 / 1000.0);
+        Sealed {
+            this_attempt: attempt.iter().filter(saved).count() as u64,
+            after_stop: after_stop.iter().filter(saved).count() as u64,
+            seconds_to_durable: to_durable,
+        }
     }
 
     fn end(
@@ -313,7 +329,7 @@ impl ExecAttempt {
         killed: bool,
     ) -> Result<Outcome, RunError> {
         let sealed = seals.this_attempt;
-        let StopTaken { reason, arrival, deadline } = taken;
+        let StopTaken { reason, deadline, .. } = taken;
         let signals_before_requeue = stop.count();
         let fast_exit = budget::exit_now(signals_before_requeue, deadline, Instant::now());
         let requeue = if fast_exit {
@@ -368,7 +384,7 @@ impl ExecAttempt {
             &Event::Stop(Stop {
                 step: Some(step),
                 reason: reason.name(),
-                seconds_to_durable_checkpoint: (seals.after_stop > 0).then(|| arrival.elapsed().as_secs_f64()),
+                seconds_to_durable_checkpoint: seals.seconds_to_durable,
                 seconds_left: Some(budget::seconds_left(deadline, Instant::now())),
                 signals_received: Some(stop.count()),
                 publish: Some(publish),

@@ -353,8 +353,13 @@ fn step_line(m: &StepMetrics) -> StepLine {
 /// The events of the run so far, as far as they can be read back (for the
 /// crash-requeue count; unreadable lines and an unreadable file count as none).
 pub(super) fn recorded_events(path: &std::path::Path) -> Vec<crate::telemetry::Event> {
+    recorded(path).into_iter().map(|e| e.event).collect()
+}
+
+/// [`recorded_events`] with their envelopes (time, node, …).
+pub(super) fn recorded(path: &std::path::Path) -> Vec<crate::telemetry::RecordedEvent> {
     match crate::telemetry::read_jsonl(path) {
-        Ok(Some(lines)) => crate::telemetry::events_from(lines.records).into_iter().map(|e| e.event).collect(),
+        Ok(Some(lines)) => crate::telemetry::events_from(lines.records),
         Ok(None) => Vec::new(),
         Err(e) => {
             tracing::warn!(error = %e, path = %path.display(), "cannot read the events back; counting no earlier requeues");

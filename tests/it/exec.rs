@@ -69,7 +69,10 @@ fn a_sigterm_mid_run_seals_a_checkpoint_exits_75_and_the_resume_ends_byte_identi
     let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
     assert!(stopped_at >= 12, "{stopped_at}");
     assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at), "the stop checkpoint is the newest");
-    assert!(last_event(&run, "stop")["checkpoint_error"].is_null(), "it sealed a checkpoint in this attempt");
+    let stop = last_event(&run, "stop");
+    assert!(stop["checkpoint_error"].is_null(), "it sealed a checkpoint after the stop: {stop}");
+    let to_durable = stop["seconds_to_durable_checkpoint"].as_f64().unwrap_or_else(|| panic!("{stop}"));
+    assert!(to_durable < 5.0, "from the signal to the seal: {stop}");
     assert!(!out.exists(), "not finished");
 
     let second = exec(&run, &out, &[]).run(TIMEOUT);

@@ -60,7 +60,6 @@ const STDERR_DRAIN: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy)]
 pub struct StopTaken {
     pub reason: StopReason,
-    pub arrival: Instant,
     pub deadline: Option<Deadline>,
 }
 
@@ -228,7 +227,7 @@ fn take_stop(stop: &StopFlag, cfg: &Config, env: &ChildEnv, events: &mut EventLo
             before_training: false,
         }),
     );
-    StopTaken { reason, arrival, deadline }
+    StopTaken { reason, deadline }
 }
 
 /// Sends `sig` to the whole group; a group already gone is fine.
