@@ -35,15 +35,15 @@ use crate::config::{self, Config};
 use crate::exit::Outcome;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{
-    ChildExit, ChildStart, ErrorEvent, Event, EventLog, Finish, PublishOutcome, RecordedEvent, RequeueRecord, Start,
-    Stop, Summary, SummaryState, now_rfc3339,
+    ChildExit, ChildStart, ErrorEvent, Event, EventLog, Finish, PublishOutcome, RecordedEvent, Start, Stop, Summary,
+    SummaryState, now_rfc3339,
 };
 
 use super::budget;
 use super::devices;
 use super::error::RunError;
 use super::lock::{LockRequest, RunLock};
-use super::run::ending::{publish_results, record_or_log, requeue_after_failure, requeue_and_record};
+use super::run::ending::{StopRequeue, publish_results, record_or_log, requeue_after_failure};
 use super::run::start::{
     fresh_start, last_logged_step, previous_summary, resume_record, set_aside_rejected, takeover_event,
     truncate_metrics,
@@ -330,35 +330,18 @@ impl ExecAttempt {
     ) -> Result<Outcome, RunError> {
         let sealed = seals.this_attempt;
         let StopTaken { reason, deadline, .. } = taken;
-        let signals_before_requeue = stop.count();
-        let fast_exit = budget::exit_now(signals_before_requeue, deadline, Instant::now());
-        let requeue = if fast_exit {
-            tracing::warn!("skipping requeue and publish: third signal or deadline passed");
-            RequeueRecord::skip("fast exit")
-        } else {
-            let requeue_deadline = budget::requeue_deadline(deadline, Instant::now());
-            requeue_and_record(&self.cfg, &self.slurm, reason, false, requeue_deadline, events)
-        };
-        let requeued_at = requeue.answer.is_some().then(Instant::now);
+        let requeued = StopRequeue::decide(&self.cfg, &self.slurm, reason, false, deadline, stop, events);
         let mut failures = Vec::new();
         if let Err(e) = devices::stop_monitor(self.monitor.take(), events) {
             failures.push(format!("monitor: {e}"));
         }
         let state = if newest.is_some() { SummaryState::Stopped } else { SummaryState::Failed };
         self.write_summary(state, newest, sealed);
-        let cut_short = fast_exit
-            || budget::skip_publish(
-                signals_before_requeue,
-                stop.count(),
-                requeued_at.is_some(),
-                deadline,
-                Instant::now(),
-            );
-        let publish = if cut_short {
-            PublishOutcome::Skipped { skipped: "fast exit".into() }
-        } else {
-            self.publish(events, newest, &reason.name(), budget::publish_deadline(deadline, requeued_at))
+        let publish = match requeued.publish_deadline(stop, deadline) {
+            None => PublishOutcome::Skipped { skipped: "fast exit".into() },
+            Some(until) => self.publish(events, newest, &reason.name(), until),
         };
+        let requeue = requeued.record;
         let no_new = (seals.after_stop == 0).then(|| {
             if killed {
                 "the program was killed at the stop deadline before it sealed a checkpoint after the stop".to_string()

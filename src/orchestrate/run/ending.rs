@@ -224,20 +224,10 @@ impl Attempt {
                 self.earlier_valid_checkpoint()
             }
         };
-        // 2. The requeue decision, unless it is time to exit at once. The
-        // signal count is taken before it: SLURM's SIGTERM for our own
-        // requeue may arrive before `scontrol requeue` has even returned.
-        let signals_before_requeue = self.stop.count();
-        let fast_exit = budget::exit_now(signals_before_requeue, deadline, Instant::now());
-        let requeue = if fast_exit {
-            tracing::warn!("skipping requeue and publish: third signal or deadline passed");
-            RequeueRecord::skip("fast exit")
-        } else {
-            let finished = self.trainer.step() >= self.cfg.run.max_steps;
-            let requeue_deadline = budget::requeue_deadline(deadline, Instant::now());
-            requeue_and_record(&self.cfg, &self.slurm, reason, finished, requeue_deadline, &mut self.events)
-        };
-        let requeued_at = requeue.answer.is_some().then(Instant::now);
+        // 2. The requeue decision, unless it is time to exit at once.
+        let finished = self.trainer.step() >= self.cfg.run.max_steps;
+        let requeued =
+            StopRequeue::decide(&self.cfg, &self.slurm, reason, finished, deadline, &self.stop, &mut self.events);
         // 3. The monitor and the summary that publishing carries.
         if let Err(e) = devices::stop_monitor(self.monitor.take(), &mut self.events) {
             failures.push(self.failed_step("monitor", &e));
@@ -246,22 +236,12 @@ impl Attempt {
         if let Err(e) = self.write_summary(state) {
             failures.push(self.failed_step("summary", &e));
         }
-        // 4. Publishing: skipped on a fast exit, or on a third signal or a
-        // passed deadline since, unless SLURM is already ending the job for
-        // our requeue (its signals are expected; its kill bounds the time).
-        let cut_short = fast_exit
-            || budget::skip_publish(
-                signals_before_requeue,
-                self.stop.count(),
-                requeued_at.is_some(),
-                deadline,
-                Instant::now(),
-            );
-        let publish = if cut_short {
-            PublishOutcome::Skipped { skipped: "fast exit".into() }
-        } else {
-            self.publish(&reason.name(), budget::publish_deadline(deadline, requeued_at))
+        // 4. Publishing, unless cut short.
+        let publish = match requeued.publish_deadline(&self.stop, deadline) {
+            None => PublishOutcome::Skipped { skipped: "fast exit".into() },
+            Some(until) => self.publish(&reason.name(), until),
         };
+        let requeue = requeued.record;
         // 5. The records.
         let Some(step) = kept else {
             let (step, error) = (self.trainer.step(), saved.err().map(|e| e.to_string()).unwrap_or_default());
@@ -419,6 +399,65 @@ impl Attempt {
         };
         let path = self.dir.path(SUMMARY_FILE);
         super::super::write_atomically(&path, &summary.to_bytes()).map_err(|source| RunError::RunDir { path, source })
+    }
+}
+
+/// Step 2 of a stop path ([`Attempt::stop_in_order`], and `rekindle
+/// exec`'s): the requeue decision, skipped when it is time to exit at once
+/// (a third signal, or the deadline passed), and what publishing (step 4)
+/// may then do.
+pub(in crate::orchestrate) struct StopRequeue {
+    pub record: RequeueRecord,
+    fast_exit: bool,
+    /// Stop signals before the requeue: SLURM's SIGTERM for our own requeue
+    /// may arrive before `scontrol requeue` has even returned.
+    signals_before: usize,
+    /// When SLURM accepted the requeue.
+    requeued_at: Option<Instant>,
+}
+
+impl StopRequeue {
+    /// Decides (and records) the requeue of a stop by `reason`.
+    pub(in crate::orchestrate) fn decide(
+        cfg: &Config,
+        alloc: &SlurmEnv,
+        reason: StopReason,
+        finished: bool,
+        deadline: Option<Deadline>,
+        stop: &StopFlag,
+        events: &mut EventLog,
+    ) -> StopRequeue {
+        let signals_before = stop.count();
+        let fast_exit = budget::exit_now(signals_before, deadline, Instant::now());
+        let record = if fast_exit {
+            tracing::warn!("skipping requeue and publish: third signal or deadline passed");
+            RequeueRecord::skip("fast exit")
+        } else {
+            let requeue_deadline = budget::requeue_deadline(deadline, Instant::now());
+            requeue_and_record(cfg, alloc, reason, finished, requeue_deadline, events)
+        };
+        let requeued_at = record.answer.is_some().then(Instant::now);
+        StopRequeue { record, fast_exit, signals_before, requeued_at }
+    }
+
+    /// `None` when publishing is cut short: a fast exit, or a third signal
+    /// or a passed deadline since, unless SLURM is already ending the job
+    /// for our requeue (its signals are expected; its kill bounds the time).
+    /// Otherwise the deadline publishing gets.
+    pub(in crate::orchestrate) fn publish_deadline(
+        &self,
+        stop: &StopFlag,
+        deadline: Option<Deadline>,
+    ) -> Option<Option<Deadline>> {
+        let cut_short = self.fast_exit
+            || budget::skip_publish(
+                self.signals_before,
+                stop.count(),
+                self.requeued_at.is_some(),
+                deadline,
+                Instant::now(),
+            );
+        (!cut_short).then(|| budget::publish_deadline(deadline, self.requeued_at))
     }
 }
 
