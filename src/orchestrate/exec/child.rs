@@ -91,91 +91,81 @@ pub fn supervise(
         .enable_all()
         .build()
         .map_err(|source| RunError::ExecRuntime { source })?;
-    runtime.block_on(supervise_async(command, env, cfg, stop, lock, events, on_spawn))
-}
-
-async fn supervise_async(
-    command: &[OsString],
-    env: &ChildEnv,
-    cfg: &Config,
-    stop: &StopFlag,
-    lock: &LockOwnership,
-    events: &mut EventLog,
-    on_spawn: impl FnOnce(u32, &mut EventLog),
-) -> Result<Supervised, RunError> {
-    let shown = display_command(command);
-    let spawn_err = |source| RunError::ChildSpawn { command: shown.clone(), source };
-    // Registered before the child exists: a signal from then on wakes the loop.
-    let mut streams = Vec::new();
-    for kind in
-        [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::user_defined1(), SignalKind::user_defined2()]
-    {
-        streams.push(signal(kind).map_err(spawn_err)?);
-    }
-    let [term, int, usr1, usr2] = &mut streams[..] else { unreachable!("four streams") };
-    let mut child = spawn(command, env).map_err(spawn_err)?;
-    let started = Instant::now();
-    let pid = child.id().unwrap_or_default();
-    let group = Pid::from_raw(pid as i32);
-    on_spawn(pid, events);
-    let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
-    let tee = child.stderr.take().map(|stderr| tokio::spawn(tee_stderr(stderr, Arc::clone(&tail))));
-    let mut tick = tokio::time::interval(TICK);
-    let (mut taken, mut forwarded, mut killed_at_deadline, mut lock_lost) = (None::<StopTaken>, 0, false, false);
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status.map_err(spawn_err)?,
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-            _ = usr1.recv() => {}
-            _ = usr2.recv() => {}
-            _ = tick.tick() => {}
-        }
-        if !lock_lost && lock.is_lost() {
-            lock_lost = true;
-            tracing::error!(pid, "the run directory's lock was lost: killing the program's process group");
-            kill_group(group, Signal::SIGKILL);
-        }
-        let count = stop.count();
-        if count > forwarded {
-            if taken.is_none() {
-                taken = Some(take_stop(stop, cfg, env, events));
-            }
-            tracing::warn!(pid, signals = count, "forwarding the stop to the program's process group (SIGTERM)");
-            for _ in forwarded..count {
-                kill_group(group, Signal::SIGTERM);
-            }
-            forwarded = count;
-        }
-        if let Some(t) = &taken
-            && !killed_at_deadline
-            && budget::exit_now(count, t.deadline, Instant::now())
+    runtime.block_on(async {
+        let shown = display_command(command);
+        let spawn_err = |source| RunError::ChildSpawn { command: shown.clone(), source };
+        // Registered before the child exists: a signal from then on wakes the loop.
+        let mut streams = Vec::new();
+        for kind in
+            [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::user_defined1(), SignalKind::user_defined2()]
         {
-            killed_at_deadline = true;
-            tracing::error!(
-                pid,
-                signals = count,
-                "the program is still running at the stop deadline (or a third signal came): killing its process \
-                 group; the last sealed checkpoint stands"
-            );
-            kill_group(group, Signal::SIGKILL);
+            streams.push(signal(kind).map_err(spawn_err)?);
         }
-    };
-    // Whatever of the group outlived its leader (workers it did not reap)
-    // must not train on: the group goes.
-    kill_group(group, Signal::SIGKILL);
-    if let Some(tee) = tee {
-        let _ = tokio::time::timeout(STDERR_DRAIN, tee).await;
-    }
-    let stderr_tail = tail.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
-    Ok(Supervised {
-        pid,
-        status,
-        stop: taken,
-        killed_at_deadline,
-        lock_lost,
-        stderr_tail,
-        seconds: started.elapsed().as_secs_f64(),
+        let [term, int, usr1, usr2] = &mut streams[..] else { unreachable!("four streams") };
+        let mut child = spawn(command, env).map_err(spawn_err)?;
+        let started = Instant::now();
+        let pid = child.id().unwrap_or_default();
+        let group = Pid::from_raw(pid as i32);
+        on_spawn(pid, events);
+        let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+        let tee = child.stderr.take().map(|stderr| tokio::spawn(tee_stderr(stderr, Arc::clone(&tail))));
+        let mut tick = tokio::time::interval(TICK);
+        let (mut taken, mut forwarded, mut killed_at_deadline, mut lock_lost) = (None::<StopTaken>, 0, false, false);
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break status.map_err(spawn_err)?,
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = usr1.recv() => {}
+                _ = usr2.recv() => {}
+                _ = tick.tick() => {}
+            }
+            if !lock_lost && lock.is_lost() {
+                lock_lost = true;
+                tracing::error!(pid, "the run directory's lock was lost: killing the program's process group");
+                kill_group(group, Signal::SIGKILL);
+            }
+            let count = stop.count();
+            if count > forwarded {
+                if taken.is_none() {
+                    taken = Some(take_stop(stop, cfg, env, events));
+                }
+                tracing::warn!(pid, signals = count, "forwarding the stop to the program's process group (SIGTERM)");
+                for _ in forwarded..count {
+                    kill_group(group, Signal::SIGTERM);
+                }
+                forwarded = count;
+            }
+            if let Some(t) = &taken
+                && !killed_at_deadline
+                && budget::exit_now(count, t.deadline, Instant::now())
+            {
+                killed_at_deadline = true;
+                tracing::error!(
+                    pid,
+                    signals = count,
+                    "the program is still running at the stop deadline (or a third signal came): killing its process \
+                 group; the last sealed checkpoint stands"
+                );
+                kill_group(group, Signal::SIGKILL);
+            }
+        };
+        // Whatever of the group outlived its leader (workers it did not reap)
+        // must not train on: the group goes.
+        kill_group(group, Signal::SIGKILL);
+        if let Some(tee) = tee {
+            let _ = tokio::time::timeout(STDERR_DRAIN, tee).await;
+        }
+        let stderr_tail = tail.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
+        Ok(Supervised {
+            pid,
+            status,
+            stop: taken,
+            killed_at_deadline,
+            lock_lost,
+            stderr_tail,
+            seconds: started.elapsed().as_secs_f64(),
+        })
     })
 }
 
