@@ -331,3 +331,16 @@ fn a_seal_that_dies_before_its_rename_leaves_no_checkpoint_and_the_next_attempt_
     assert!(!staged.exists(), "the next attempt removed it");
     assert!(events_named(&run, "resume").is_empty());
 }
+
+#[test]
+fn a_program_that_cannot_start_is_a_deterministic_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let failed = RunCmd::exec(&run, &["/nonexistent/train", "--lr", "1"]).run(TIMEOUT);
+    failed.assert_code(1);
+    assert!(failed.stderr.contains("cannot start the program `/nonexistent/train --lr 1`"), "{}", failed.tail());
+    let error = last_event(&run, "error");
+    assert_eq!(error["class"], "deterministic", "{error}");
+    assert_eq!(error["requeue"]["decision"], "skip", "{error}");
+    assert!(events_named(&run, "child_start").is_empty());
+}
