@@ -344,3 +344,28 @@ fn a_program_that_cannot_start_is_a_deterministic_error_naming_it() {
     assert_eq!(error["requeue"]["decision"], "skip", "{error}");
     assert!(events_named(&run, "child_start").is_empty());
 }
+
+#[test]
+fn a_damaged_newest_checkpoint_is_quarantined_and_the_program_resumes_from_the_one_before() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let out = tmp.path().join("w.npy");
+    exec(&run, &out, &[]).run(TIMEOUT).assert_code(0);
+    let expected = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    assert_eq!(checkpoint_steps(&run), vec![50, 55, 60]);
+    crate::support::flip_byte(&run.join("checkpoints/step-0000000060/w.npy"));
+
+    let again = exec(&run, &out, &[]).run(TIMEOUT);
+    again.assert_code(0);
+    let quarantined = last_event(&run, "checkpoint_quarantined");
+    assert_eq!(quarantined["step"], 60, "{quarantined}");
+    assert!(quarantined["reason"].as_str().unwrap().contains("w.npy: sha256 mismatch"), "{quarantined}");
+    assert_eq!(last_event(&run, "resume")["step"], 55);
+    assert!(last_event(&run, "child_start")["resume_from"].as_str().unwrap().ends_with("step-0000000055"));
+    assert_eq!(std::fs::read(&out).unwrap(), expected, "the steps after 55 were trained again, identically");
+    let (code, text) = rekindle(&["checkpoints"], &run);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("quarantine"), "{text}");
+}
