@@ -92,6 +92,7 @@ fn a_sigterm_mid_run_seals_a_checkpoint_exits_75_and_the_resume_ends_byte_identi
     assert!(text.contains(STEPS), "{text}");
     let (code, text) = rekindle(&["status"], &run);
     assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("ended because the program finished at step {STEPS}")), "{text}");
     let (code, text) = rekindle(&["report"], &run);
     assert_eq!(code, Some(0), "{text}");
     let html = std::fs::read_to_string(run.join("report.html")).unwrap();
