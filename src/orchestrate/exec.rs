@@ -278,7 +278,6 @@ impl ExecAttempt {
                 seconds: ran.seconds,
                 stop_requested: ran.stop.is_some(),
                 killed_at_deadline: ran.killed_at_deadline,
-                lock_lost: ran.lock_lost,
                 last_sealed_step: newest,
                 sealed_this_attempt: sealed,
                 verdict: verdict.name().into(),

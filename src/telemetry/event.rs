@@ -481,13 +481,11 @@ pub struct ChildExit {
     pub stop_requested: bool,
     /// It was still running at the stop deadline (or a third signal) and was killed.
     pub killed_at_deadline: bool,
-    /// The run directory's lock was lost: it was killed.
-    pub lock_lost: bool,
     /// The newest checkpoint that verifies after it ended.
     pub last_sealed_step: Option<u64>,
     /// Checkpoints it sealed in this attempt.
     pub sealed_this_attempt: u64,
-    /// `finished`, `stopped`, `crashed` or `lock_lost`.
+    /// `finished`, `stopped` or `crashed`.
     pub verdict: String,
     /// Its last lines on stderr (at most 20, each at most 500 bytes).
     pub stderr_tail: Vec<String>,
