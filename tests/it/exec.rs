@@ -370,3 +370,24 @@ fn a_damaged_newest_checkpoint_is_quarantined_and_the_program_resumes_from_the_o
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("quarantine"), "{text}");
 }
+
+#[test]
+fn a_lost_lock_kills_the_program_and_writes_nothing_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut running = RunCmd::exec(&run, &["sleep", "600"]).spawn();
+    let start = running.wait_for_event("child_start", TIMEOUT);
+    let child = Pid::from_raw(start["pid"].as_i64().unwrap() as i32);
+    // Another process takes the run directory over: the lock names it now.
+    let lock = run.join("rekindle.lock");
+    let mut info: Value = serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    info["token"] = "another-process".into();
+    info["pid"] = 1.into();
+    std::fs::write(&lock, serde_json::to_vec(&info).unwrap()).unwrap();
+    let before = crate::support::cli::events(&run).len();
+    let exited = running.wait(TIMEOUT);
+    exited.assert_code(1);
+    assert!(exited.stderr.contains("took over the lock"), "{}", exited.tail());
+    assert!(kill(child, None).is_err() || is_zombie(child), "the program {child} outlived the lost lock");
+    assert_eq!(crate::support::cli::events(&run).len(), before, "nothing more is recorded");
+}
