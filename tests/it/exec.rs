@@ -391,3 +391,28 @@ fn a_lost_lock_kills_the_program_and_writes_nothing_more() {
     assert!(kill(child, None).is_err() || is_zombie(child), "the program {child} outlived the lost lock");
     assert_eq!(crate::support::cli::events(&run).len(), before, "nothing more is recorded");
 }
+
+#[test]
+fn a_stop_forwarded_while_a_seal_is_in_flight_does_not_kill_the_seal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    // The seal waits 2 s before its rename; the program's process group (the
+    // seal included) gets SIGTERM meanwhile; the program waits for the seal.
+    let script = r#"trap 'echo "program got TERM" >&2' TERM
+        d="$REKINDLE_CHECKPOINT_DIR/s"; mkdir "$d"; echo w > "$d/w"
+        FAILPOINTS='checkpoint::seal::before_rename=sleep(2000)' "$REKINDLE_BIN" -q seal "$d" --step 1 >/dev/null &
+        seal=$!
+        touch "$REKINDLE_RUN_DIR/sealing"
+        while kill -0 $seal 2>/dev/null; do wait $seal; rc=$?; done
+        echo "seal exited $rc" >&2"#;
+    let mut running = RunCmd::exec(&run, &["sh", "-c", script]).spawn();
+    running.wait_until("the seal to start", TIMEOUT, |_| run.join("sealing").exists());
+    std::thread::sleep(Duration::from_millis(500));
+    running.signal(Signal::SIGTERM);
+    let exited = running.wait(TIMEOUT);
+    exited.assert_code(75);
+    assert!(exited.stderr.contains("program got TERM"), "{}", exited.tail());
+    assert!(exited.stderr.contains("seal exited 0"), "{}", exited.tail());
+    assert_eq!(checkpoint_steps(&run), vec![1]);
+    assert_eq!(last_event(&run, "stop")["step"], 1);
+}

@@ -2,7 +2,8 @@
 //! into the checkpoint of step N (checkpoint/files.rs) and records it
 //! (`checkpoint_saved`, kind `sealed`; `checkpoint_failed` when it fails).
 //!
-//! Under `rekindle exec` the supervisor holds the run directory's lock, so
+//! The stop signals do not interrupt a seal (it ignores them: see
+//! [`ignore_stop_signals`]). Under `rekindle exec` the supervisor holds the run directory's lock, so
 //! the seal commits under that lock: `REKINDLE_EXEC_PID` names the holder,
 //! and the lock file must name it (pid and host) when the seal starts and
 //! again right before the rename. Outside `exec` the seal takes the lock
@@ -35,6 +36,7 @@ pub struct SealOptions {
 
 /// Seals the staged directory; returns the checkpoint's directory.
 pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
+    ignore_stop_signals();
     let root = opts.run_dir.clone().or_else(|| std::env::var_os(ENV_RUN_DIR).map(PathBuf::from)).ok_or_else(|| {
         RunError::Seal {
             reason: format!(
@@ -116,6 +118,23 @@ fn saved(report: &crate::checkpoint::SaveReport, warning: Option<String>) -> Eve
         warning,
         ..CheckpointSaved::default()
     })
+}
+
+/// A seal runs in the program's process group, so the stop that `rekindle
+/// exec` forwards to the group (and SLURM's `scancel -s TERM`, which signals
+/// every process of the job step) reaches a seal in flight too: killed, it
+/// would lose the periodic checkpoint it was committing and fail the
+/// program's save just when the program is about to write its stop
+/// checkpoint. A seal is short and ends by itself; the deadline's SIGKILL
+/// still bounds it.
+fn ignore_stop_signals() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR1, Signal::SIGUSR2] {
+        // SAFETY: installs SIG_IGN, no handler code runs.
+        if let Err(e) = unsafe { signal(sig, SigHandler::SigIgn) } {
+            tracing::warn!(signal = %sig, error = %e, "cannot ignore a stop signal during the seal");
+        }
+    }
 }
 
 /// The file whose exclusive lock seals hold while they run.
