@@ -100,8 +100,7 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
         allocation: serde_json::to_value(&slurm).unwrap_or_default(),
         max_steps: cfg.run.max_steps,
         placement: serde_json::json!({"exec": child::display_command(&opts.command)}),
-        world_size: None,
-        rank_nodes: None,
+        ..Start::default()
     }))?;
     if let Some(takeover) = ownership.takeover() {
         events.record(&takeover_event(takeover))?;
