@@ -35,6 +35,14 @@
 #               REKINDLE_BIN pointing at it and configs/own_model.toml, then
 #               plain `scancel -s TERM JOB`: as term, and byte-identical to
 #               that program's uninterrupted run.
+#   exec        a numpy training program (python/examples/train_numpy.py, through
+#               python/rekindle_client.py) under `sbatch slurm/orchestrator.slurm
+#               --exec ... -- python3 ...`, then plain `scancel -s TERM JOB`: the
+#               program seals a checkpoint, the job is requeued, resumes from
+#               REKINDLE_RESUME_FROM and finishes; its final weights are
+#               byte-identical to the same program's uninterrupted run under
+#               `rekindle exec` without SLURM. Needs python3 with numpy on the
+#               nodes. Judged by this script (not drill_check.py).
 #   dp          `sbatch -N2 -n2 slurm/orchestrator.slurm ...`: one data-parallel
 #               run over two ranks on two nodes (srun --mpi=pmix; needs a
 #               rekindle built with --features mpi), then plain
@@ -74,13 +82,15 @@
 #   DRILL_OWN_BIN         the program of the `own` drill (default
 #                         target/debug/examples/own_model of this checkout;
 #                         `cargo build --examples` builds it)
+#   DRILL_EXEC_STEPS      steps of the exec drill's program (default 400, at
+#                         DRILL_EXEC_STEP_SECONDS each, default 0.03)
 #   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss (default: ask
 #                         slurm/local-cluster.sh when SLURM_CONF is its config)
 set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
-ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel dp own)
+ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel dp own exec)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -154,7 +164,7 @@ TRAIN=(--set "run.max_steps=$STEPS" --set "model.hidden=$HIDDEN" --set "checkpoi
 # The uninterrupted reference run, in the background while the first drills run.
 REF=$WORK/reference
 ref_pid=
-needs_reference() { local d; for d in "${drills[@]}"; do [[ $d != cancel ]] && return 0; done; return 1; }
+needs_reference() { local d; for d in "${drills[@]}"; do [[ $d != cancel && $d != exec ]] && return 0; done; return 1; }
 if needs_reference; then
     without_slurm "$BIN" run --config "$CONFIG" --run-dir "$REF" "${TRAIN[@]}" >"$REF.log" 2>&1 &
     ref_pid=$!
@@ -180,6 +190,20 @@ if [[ " ${drills[*]} " == *" own "* ]]; then
     OWN_BIN=$(cd "$(dirname "$OWN_BIN")" && pwd)/$(basename "$OWN_BIN")
     without_slurm "$OWN_BIN" run --config "$OWN_CONFIG" --run-dir "$REF_OWN" "${OWN_TRAIN[@]}" >"$REF_OWN.log" 2>&1 &
     ref_own_pid=$!
+fi
+# The `exec` drill: a numpy program under `rekindle exec`; its reference is
+# the same program's uninterrupted run under `rekindle exec`, without SLURM.
+EXEC_PROGRAM=$repo_root/python/examples/train_numpy.py
+EXEC_STEPS=${DRILL_EXEC_STEPS:-400}
+EXEC_ARGS=(--steps "$EXEC_STEPS" --every 20)
+REF_EXEC=$WORK/reference-exec
+ref_exec_pid=
+if [[ " ${drills[*]} " == *" exec "* ]]; then
+    python3 -c 'import numpy' 2>/dev/null || die "the exec drill needs python3 with numpy (pip install numpy)"
+    mkdir -p "$REF_EXEC"
+    without_slurm "$BIN" exec --run-dir "$REF_EXEC/run" -- python3 "$EXEC_PROGRAM" "${EXEC_ARGS[@]}" \
+        --out "$REF_EXEC/w.npy" >"$REF_EXEC.log" 2>&1 &
+    ref_exec_pid=$!
 fi
 reference_ready() {
     if [[ $name == own ]]; then
@@ -466,6 +490,60 @@ drill_own() {
     scancel_drill -s TERM
 }
 
+# A numpy program under `rekindle exec`, stopped by a plain scancel -s TERM;
+# judged here: the job ends COMPLETED after at least one requeue, the run
+# has a `stop`, a `resume` and a `finish`, every checkpoint verifies, and the
+# final weights equal the uninterrupted reference's byte for byte.
+drill_exec() {
+    wd=$WORK/exec
+    run=$wd/run
+    mkdir -p "$wd"
+    job=$(sbatch --parsable -J rekindle-drill-exec -o "$wd/slurm-%j.out" -D "$wd" ${LOW:+-p "$LOW"} \
+        "${EXTRA_OPTS[@]}" "$script_dir/orchestrator.slurm" --exec --run-dir "$run" \
+        --set "signals.grace=\"${GRACE}s\"" --set 'signals.safety_margin="5s"' \
+        -- python3 "$EXEC_PROGRAM" "${EXEC_ARGS[@]}" --step-seconds "${DRILL_EXEC_STEP_SECONDS:-0.03}" \
+        --out "$wd/w.npy")
+    job=${job%%;*}
+    [[ $job =~ ^[0-9]+$ ]] || { note "sbatch failed: $job"; return 1; }
+    log "exec: submitted job $job"
+    local ok=1 state restarts stops resumes finishes attempts same=false verify_rc
+    under_way || ok=0
+    if ((ok)); then
+        action=$(now)
+        log "exec: scancel -s TERM $job"
+        scancel -s TERM "$job"
+        wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || ok=0
+    fi
+    ((ok)) && { wait_until "the job to finish" "$TIMEOUT" job_final "$job" || ok=0; }
+    cleanup_jobs "$job"
+    if [[ -n $ref_exec_pid ]]; then
+        wait "$ref_exec_pid" || note "the exec reference failed: $(tail -n 5 "$REF_EXEC.log")"
+        ref_exec_pid=
+    fi
+    state=$(job_field "$job" JobState)
+    restarts=$(job_field "$job" Restarts)
+    stops=$(count_events "$run" stop)
+    resumes=$(count_events "$run" resume)
+    finishes=$(count_events "$run" finish)
+    attempts=$(count_events "$run" start)
+    cmp -s "$wd/w.npy" "$REF_EXEC/w.npy" && same=true
+    "$BIN" verify "$run" >"$wd/verify.log" 2>&1
+    verify_rc=$?
+    [[ $state == COMPLETED ]] || { ok=0; note "job state $state, expected COMPLETED"; }
+    ((${restarts:-0} >= 1)) || { ok=0; note "Restarts=${restarts:-?}: the job was never requeued"; }
+    ((stops >= 1 && resumes >= 1 && finishes == 1)) ||
+        { ok=0; note "events: $stops stop, $resumes resume, $finishes finish (expected >=1, >=1, 1)"; }
+    [[ $same == true ]] || { ok=0; note "final weights differ from the uninterrupted run's ($wd/w.npy vs $REF_EXEC/w.npy)"; }
+    ((verify_rc == 0)) || { ok=0; note "rekindle verify failed: $(tail -n 3 "$wd/verify.log")"; }
+    local result=PASS
+    ((ok)) || result=FAIL
+    echo "$result exec: job $job $state, restarts ${restarts:-?}, $stops stop / $resumes resume / $finishes finish, byte-identical $same (${NOTES[*]:-})"
+    printf '{"drill":"exec","result":"%s","job":"%s","state":"%s","restarts":%s,"attempts":%s,"stops":%s,"resumes":%s,"finishes":%s,"byte_identical":%s,"seconds":%s}\n' \
+        "$result" "$job" "$state" "${restarts:-null}" "$attempts" "$stops" "$resumes" "$finishes" "$same" "$(elapsed "$t_start")"
+    ((ok)) && return 3
+    return 4
+}
+
 # One run over two ranks on the two nodes, stopped by a plain scancel -s TERM.
 drill_dp() {
     submit dp -N2 -n2 || return 1
@@ -507,5 +585,6 @@ done
 [[ -n $ref_pid ]] && wait "$ref_pid" 2>/dev/null
 [[ -n $ref_dp_pid ]] && wait "$ref_dp_pid" 2>/dev/null
 [[ -n $ref_own_pid ]] && wait "$ref_own_pid" 2>/dev/null
+[[ -n $ref_exec_pid ]] && wait "$ref_exec_pid" 2>/dev/null
 log "work folder: $WORK"
 exit $failed

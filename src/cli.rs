@@ -61,6 +61,36 @@ pub enum Command {
     /// durable checkpoint (run the same command again to continue).
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
+    /// Run any training program (PyTorch, JAX, numpy, a shell script) with the
+    /// same preemption safety as `run`: `rekindle exec --run-dir runs/x -- python train.py`.
+    ///
+    /// rekindle locks the run directory, starts the program in its own process
+    /// group and tells it, in its environment: REKINDLE_RESUME_FROM (the newest
+    /// checkpoint that verifies; unset on a fresh start), REKINDLE_CHECKPOINT_DIR
+    /// (stage a checkpoint in a fresh directory there, then run
+    /// `$REKINDLE_BIN seal DIR --step N`), REKINDLE_STOP_FILE (appears on a stop,
+    /// with the deadline), REKINDLE_DEADLINE, REKINDLE_RUN_DIR, REKINDLE_EXEC_PROTOCOL=1.
+    ///
+    /// On SIGTERM/SIGINT/SIGUSR1/SIGUSR2 the stop file is written and the program's
+    /// whole process group gets SIGTERM at once; still running at the deadline
+    /// ([signals] grace minus safety_margin) it is killed and the last sealed
+    /// checkpoint stands. Exit 0 when the program exits 0 unasked; 75 after a stop
+    /// with a durable checkpoint (the job is requeued as for `run`); 1 when the
+    /// program crashed (classified and requeued when transient). The program dies
+    /// with rekindle. python/rekindle_client.py wraps the contract; docs/exec.md
+    /// describes it.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Exec(ExecArgs),
+    /// Seal a directory the program staged into a checkpoint: fsync and SHA-256
+    /// every file, write the manifest, commit by rename, rotate (keep
+    /// [checkpoint] keep, never the newest valid one).
+    ///
+    /// DIR must be a fresh directory directly under REKINDLE_CHECKPOINT_DIR
+    /// holding only plain files, and N newer than the newest checkpoint. Under
+    /// `rekindle exec` the run directory comes from REKINDLE_RUN_DIR. Prints the
+    /// checkpoint's directory; exit 1 (nothing sealed, DIR left as it was) with
+    /// the reason otherwise.
+    Seal(SealArgs),
     /// Verify checkpoints: every file's size and SHA-256 against its manifest.
     ///
     /// PATH is one checkpoint directory (`.../checkpoints/step-0000001234`), a
@@ -320,6 +350,39 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// A TOML config ([run], [checkpoint] keep, [signals], [publish], [lock],
+    /// [gpu] monitor_interval apply; see configs/example.toml). Without one,
+    /// every default.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Run directory (default: `[run] dir`, else `runs/<run name>`); needed without --config.
+    #[arg(long, value_name = "DIR", required_unless_present = "config")]
+    pub run_dir: Option<PathBuf>,
+    /// Override a config key, typed as in TOML: `--set signals.grace=30s` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Go on even if settings differ from the run directory's config.toml.
+    #[arg(long)]
+    pub allow_config_change: bool,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct SealArgs {
+    /// The staged directory (directly under REKINDLE_CHECKPOINT_DIR).
+    pub dir: PathBuf,
+    /// The program's step this checkpoint holds (newer than the newest checkpoint).
+    #[arg(long)]
+    pub step: u64,
+    /// The run directory (default: REKINDLE_RUN_DIR, set by `rekindle exec`).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// A checkpoint directory, a checkpoints directory or a run directory.
     pub path: PathBuf,
@@ -411,6 +474,8 @@ pub fn main_with(registry: Registry) -> ExitCode {
 pub fn execute(cli: Cli, registry: &Registry) -> Result<Outcome, CliError> {
     match cli.command {
         Command::Run(args) => run(args, registry),
+        Command::Exec(args) => exec(args),
+        Command::Seal(args) => seal(args),
         Command::Verify(args) => verify(&args.path, args.json),
         Command::Checkpoints(args) => checkpoints(&args.run_dir, args.json),
         Command::Status(args) => status(&args.run_dir, args.json),
@@ -537,6 +602,24 @@ fn run(args: RunArgs, registry: &Registry) -> Result<Outcome, CliError> {
         stop_at_step: args.stop_at_step,
     };
     Ok(orchestrate::run(&opts)?)
+}
+
+fn exec(args: ExecArgs) -> Result<Outcome, CliError> {
+    let opts = orchestrate::ExecOptions {
+        config_path: args.config,
+        overrides: args.overrides,
+        run_dir: args.run_dir,
+        allow_config_change: args.allow_config_change,
+        command: args.command,
+    };
+    Ok(orchestrate::exec(&opts)?)
+}
+
+fn seal(args: SealArgs) -> Result<Outcome, CliError> {
+    let opts = orchestrate::SealOptions { staged: args.dir, step: args.step, run_dir: args.run_dir };
+    let dir = orchestrate::seal(&opts)?;
+    println!("{}", dir.display());
+    Ok(Outcome::Done)
 }
 
 /// What a verify/checkpoints PATH points at.

@@ -101,6 +101,10 @@ pub enum CheckpointError {
          removed"
     )]
     NotOwner { step: u64, reason: String },
+    #[error("{}", wrong_kind(dir, *found))]
+    WrongKind { dir: PathBuf, found: super::manifest::CheckpointKind },
+    #[error("cannot seal {dir} as the checkpoint of step {step}: {reason}")]
+    Seal { dir: PathBuf, step: u64, reason: String },
     #[error("failpoint {0} injected an error")]
     Injected(String),
     #[error(
@@ -125,6 +129,23 @@ impl CheckpointError {
             CheckpointError::AfterCommit { source, .. } => source.not_owner(),
             _ => false,
         }
+    }
+}
+
+fn wrong_kind(dir: &std::path::Path, found: super::manifest::CheckpointKind) -> String {
+    use super::manifest::CheckpointKind;
+    let dir = dir.display();
+    match found {
+        CheckpointKind::Files => format!(
+            "checkpoint {dir} holds a program's own files, sealed under `rekindle exec`, not rekindle's training \
+             state: `rekindle run` cannot resume from it; continue this run directory with `rekindle exec`, or \
+             give `rekindle run` another one (--run-dir)"
+        ),
+        CheckpointKind::Native => format!(
+            "checkpoint {dir} holds rekindle's own training state, written by `rekindle run`: `rekindle exec` \
+             hands a program only checkpoints it sealed itself; continue this run directory with `rekindle run`, \
+             or give `rekindle exec` another one (--run-dir)"
+        ),
     }
 }
 

@@ -1,12 +1,17 @@
 //! `MANIFEST.json`: the commit record of a checkpoint. A directory is a
 //! checkpoint only if it holds a manifest that parses, has a known format
-//! version, and names only plain files inside the directory.
+//! version, and names only plain files inside the directory. Its `kind`
+//! says what the files are: rekindle's own training state (`native`, what
+//! `rekindle run` writes) or any files a program staged and `rekindle seal`
+//! committed (`files`, under `rekindle exec`); each lifecycle resumes only
+//! from its own kind.
 
 use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
 
 use super::error::{FileFailure, Problem};
+use super::layout::REQUIRED_FILES;
 
 /// The format version this build writes and reads.
 pub const FORMAT_VERSION: u64 = 1;
@@ -24,10 +29,42 @@ pub struct ManifestEntry {
     pub sha256: String,
 }
 
+/// What a checkpoint holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    /// rekindle's own training state (model, optimizer, `state.json`):
+    /// written and resumed by `rekindle run`. Not written to the manifest,
+    /// so manifests of this kind are those of every earlier version.
+    #[default]
+    Native,
+    /// Any files a program staged and `rekindle seal` committed: resumed by
+    /// `rekindle exec`, which hands the directory to the program.
+    Files,
+}
+
+impl CheckpointKind {
+    /// True for [`CheckpointKind::Native`] (the manifest then omits `kind`).
+    pub fn is_native(&self) -> bool {
+        *self == CheckpointKind::Native
+    }
+
+    /// The name the manifest and messages use.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointKind::Native => "native",
+            CheckpointKind::Files => "files",
+        }
+    }
+}
+
 /// The manifest of one checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format_version: u64,
+    /// Absent (native) in every checkpoint `rekindle run` writes.
+    #[serde(default, skip_serializing_if = "CheckpointKind::is_native")]
+    pub kind: CheckpointKind,
     pub step: u64,
     /// RFC 3339, UTC.
     pub created_at: String,
@@ -41,6 +78,16 @@ impl Manifest {
     /// past `u64::MAX` (such a manifest never verifies: no file has that size).
     pub fn total_bytes(&self) -> u64 {
         self.files.iter().fold(0u64, |sum, f| sum.saturating_add(f.bytes))
+    }
+
+    /// The files a checkpoint of this kind must list: the three of format 1
+    /// for a native one; none in particular for a files one (which must list
+    /// at least one file, see [`Manifest::parse`]).
+    pub fn required_files(&self) -> &'static [&'static str] {
+        match self.kind {
+            CheckpointKind::Native => &REQUIRED_FILES,
+            CheckpointKind::Files => &[],
+        }
     }
 
     /// Parses manifest bytes, checking the format version and every file name.
@@ -59,6 +106,9 @@ impl Manifest {
         }
         let manifest: Manifest =
             serde_json::from_value(value).map_err(|e| fail(Problem::ManifestInvalid { reason: e.to_string() }))?;
+        if manifest.kind == CheckpointKind::Files && manifest.files.is_empty() {
+            return Err(fail(Problem::ManifestInvalid { reason: "a files checkpoint that lists no file".into() }));
+        }
         let mut seen = std::collections::BTreeSet::new();
         for entry in &manifest.files {
             if !is_plain_name(&entry.name) || entry.name == MANIFEST_FILE {
@@ -123,6 +173,25 @@ mod tests {
         assert!(matches!(err.problem, Problem::PathOutside { .. }), "{err}");
         let err = Manifest::parse(&manifest_with("/abs")).unwrap_err();
         assert!(matches!(err.problem, Problem::PathOutside { .. }), "{err}");
+    }
+
+    #[test]
+    fn native_manifests_omit_the_kind_and_files_manifests_name_it() {
+        let native = Manifest::parse(&manifest_with("model.safetensors")).unwrap();
+        assert_eq!(native.kind, CheckpointKind::Native);
+        assert!(!String::from_utf8(native.to_bytes()).unwrap().contains("\"kind\""), "earlier versions' bytes");
+        let files = Manifest { kind: CheckpointKind::Files, ..native.clone() };
+        let text = String::from_utf8(files.to_bytes()).unwrap();
+        assert!(text.contains("\"kind\": \"files\""), "{text}");
+        let back = Manifest::parse(text.as_bytes()).unwrap();
+        assert_eq!((back.kind, back.required_files()), (CheckpointKind::Files, &[][..]));
+        assert_eq!(native.required_files(), &REQUIRED_FILES[..]);
+        let empty = Manifest { files: Vec::new(), ..files };
+        assert!(matches!(Manifest::parse(&empty.to_bytes()).unwrap_err().problem, Problem::ManifestInvalid { .. }));
+        let mut odd: serde_json::Value = serde_json::from_slice(&manifest_with("a")).unwrap();
+        odd["kind"] = "torch".into();
+        let err = Manifest::parse(&serde_json::to_vec(&odd).unwrap()).unwrap_err();
+        assert!(matches!(err.problem, Problem::ManifestInvalid { .. }), "{err}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //!
 //! - `layout.rs`: the files and directory names of a checkpoint, [`Snapshot`].
 //! - `store.rs`: [`CheckpointStore`]: the commit protocol, rotation, loading the newest.
+//! - `files.rs`: checkpoints of a program's own files (`rekindle seal`, `rekindle exec`).
 //! - `rotation.rs`: which checkpoints to delete, a pure function.
 //! - `quarantine.rs`: where checkpoints that fail verification at resume are moved.
 //! - `verify.rs`: what makes a checkpoint valid; reading one through those checks.
@@ -12,6 +13,7 @@
 //! - `error.rs`: [`CheckpointError`] and per-file failures.
 
 mod error;
+mod files;
 mod hashed_io;
 mod layout;
 mod manifest;
@@ -23,10 +25,11 @@ mod tensor;
 mod verify;
 
 pub use error::{CheckpointError, FileFailure, Problem};
+pub use files::{FilesOutcome, STAGING_DIR};
 pub use layout::{
     MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name,
 };
-pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+pub use manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
 pub use store::{CheckpointStore, CommitGuard, LoadOutcome, SaveReport};
 pub use tensor::{DType, HostTensor, TensorSet, copy_parallel, payload_bytes};

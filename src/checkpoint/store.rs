@@ -48,7 +48,7 @@ use serde::Serialize;
 use super::error::{CheckpointError, FileFailure};
 use super::hashed_io::{available_space, fail_io, fsync_dir, write_hashed};
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name};
-use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry};
+use super::manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry};
 use super::quarantine::{self, Quarantined};
 use super::rotation::{self, Action, Candidate};
 use super::safetensors_io;
@@ -148,7 +148,7 @@ impl CheckpointStore {
         CheckpointStore { guard: Some(guard), ..self }
     }
 
-    fn may_write(&self, step: u64) -> Result<(), CheckpointError> {
+    pub(super) fn may_write(&self, step: u64) -> Result<(), CheckpointError> {
         self.guard.as_ref().map_or(Ok(()), |g| g.check(step))
     }
 
@@ -332,6 +332,7 @@ impl CheckpointStore {
         }
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
+            kind: CheckpointKind::Native,
             step,
             created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             rekindle_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -402,7 +403,7 @@ impl CheckpointStore {
     /// renamed aside so it disappears atomically. Checkpoints newer than
     /// `committed` are verified fully before they count as valid (see the
     /// module doc); the others get the quick check.
-    fn rotate(&self, committed: u64) -> Result<Vec<PathBuf>, CheckpointError> {
+    pub(super) fn rotate(&self, committed: u64) -> Result<Vec<PathBuf>, CheckpointError> {
         let infos = self.list(VerifyLevel::Quick)?;
         let known_bad = self.known_bad().clone();
         let candidates: Vec<Candidate> = infos
@@ -493,6 +494,9 @@ impl CheckpointStore {
             return Ok(LoadOutcome { loaded: None, rejected });
         }
         for info in self.list(VerifyLevel::Quick)? {
+            if info.valid {
+                refuse_other_kind(&info.dir, CheckpointKind::Native)?;
+            }
             let attempt = if info.valid { load_dir(&info.dir) } else { Err(info.failures.clone()) };
             match attempt {
                 Ok(loaded) => return Ok(LoadOutcome { loaded: Some(loaded), rejected }),
@@ -503,6 +507,16 @@ impl CheckpointStore {
             }
         }
         Ok(LoadOutcome { loaded: None, rejected })
+    }
+}
+
+/// [`CheckpointError::WrongKind`] when the checkpoint in `dir` (which passed
+/// the quick check) is not of the kind `wanted`: a lifecycle never resumes
+/// from, quarantines or rotates as damaged another lifecycle's checkpoint.
+pub(super) fn refuse_other_kind(dir: &Path, wanted: CheckpointKind) -> Result<(), CheckpointError> {
+    match super::verify::read_manifest(dir) {
+        Ok(m) if m.kind != wanted => Err(CheckpointError::WrongKind { dir: dir.to_path_buf(), found: m.kind }),
+        _ => Ok(()),
     }
 }
 
@@ -796,6 +810,21 @@ mod tests {
         assert!(err.committed() && err.not_owner(), "{err}");
         let steps: Vec<u64> = store.list(VerifyLevel::Full).unwrap().iter().map(|i| i.step).collect();
         assert_eq!(steps, vec![2, 1], "rotation deleted a checkpoint after the lock was lost");
+    }
+
+    #[test]
+    fn a_run_refuses_to_resume_from_a_files_checkpoint_and_says_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+        store.save(&snapshot(1)).unwrap();
+        let manifest_path = store.step_dir(1).join(MANIFEST_FILE);
+        let mut manifest = Manifest::parse(&fs::read(&manifest_path).unwrap()).unwrap();
+        manifest.kind = CheckpointKind::Files;
+        fs::write(&manifest_path, manifest.to_bytes()).unwrap();
+        let err = store.load_latest().unwrap_err();
+        assert!(matches!(err, CheckpointError::WrongKind { found: CheckpointKind::Files, .. }), "{err}");
+        assert!(err.to_string().contains("rekindle exec"), "{err}");
+        assert!(store.step_dir(1).is_dir(), "neither quarantined nor removed");
     }
 
     #[test]

@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use super::error::{FileFailure, Problem};
 use super::hashed_io::{read_hashed, read_tensors_hashed};
-use super::layout::{MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name};
-use super::manifest::{MANIFEST_FILE, Manifest, ManifestEntry};
+use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name};
+use super::manifest::{CheckpointKind, MANIFEST_FILE, Manifest, ManifestEntry};
 use super::safetensors_io;
 use super::tensor::TensorSet;
 
@@ -58,8 +58,8 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, FileFailure> {
     }
     let bytes = fs::read(&path).map_err(|e| fail(Problem::ManifestUnreadable { reason: e.to_string() }))?;
     let manifest = Manifest::parse(&bytes)?;
-    for required in REQUIRED_FILES {
-        if !manifest.files.iter().any(|f| f.name == required) {
+    for required in manifest.required_files() {
+        if !manifest.files.iter().any(|f| f.name == *required) {
             return Err(fail(Problem::ManifestInvalid { reason: format!("does not list `{required}`") }));
         }
     }
@@ -158,7 +158,8 @@ pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure>
     if level == VerifyLevel::Quick {
         return manifest.files.iter().filter_map(|e| check_entry(dir, e, level, false).err()).collect();
     }
-    let results = in_parallel(&manifest.files, |entry| verify_entry_fully(dir, entry));
+    let kind = manifest.kind;
+    let results = in_parallel(&manifest.files, |entry| verify_entry_fully(dir, entry, kind));
     results.into_iter().filter_map(Result::err).collect()
 }
 
@@ -197,8 +198,12 @@ fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
 }
 
 /// Hash, size, and the content check loading would make (layout of a
-/// safetensors file, JSON of state.json).
-fn verify_entry_fully(dir: &Path, entry: &ManifestEntry) -> Result<(), FileFailure> {
+/// safetensors file, JSON of state.json). A files checkpoint's files are
+/// the program's own: only their hashes and sizes are rekindle's to check.
+fn verify_entry_fully(dir: &Path, entry: &ManifestEntry, kind: CheckpointKind) -> Result<(), FileFailure> {
+    if kind == CheckpointKind::Files {
+        return check_entry(dir, entry, VerifyLevel::Full, false).map(drop);
+    }
     let small = entry.name == STATE_FILE;
     let kept = check_entry(dir, entry, VerifyLevel::Full, small)?;
     let invalid =
@@ -236,6 +241,10 @@ pub(super) fn inspect(dir: &Path, step: u64, level: VerifyLevel) -> CheckpointIn
 /// Reads a checkpoint, verifying every hash on the same pass, and parses it.
 pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
     let manifest = read_manifest(dir).map_err(|f| vec![f])?;
+    if manifest.kind != CheckpointKind::Native {
+        let reason = format!("a {} checkpoint has no training state to load", manifest.kind.name());
+        return Err(vec![FileFailure { file: MANIFEST_FILE.into(), problem: Problem::InvalidContent { reason } }]);
+    }
     let mut contents = BTreeMap::new();
     let mut failures = Vec::new();
     // Files in parallel, each hashed while it is read into its final buffers.
@@ -277,7 +286,7 @@ mod tests {
     /// `extra` more, none of which exist.
     fn manifest_listing(extra: usize) -> tempfile::TempDir {
         let tmp = tempfile::tempdir().unwrap();
-        let files: Vec<ManifestEntry> = REQUIRED_FILES
+        let files: Vec<ManifestEntry> = super::super::layout::REQUIRED_FILES
             .iter()
             .map(|n| n.to_string())
             .chain((0..extra).map(|i| format!("f{i}")))
@@ -285,6 +294,7 @@ mod tests {
             .collect();
         let manifest = Manifest {
             format_version: super::super::manifest::FORMAT_VERSION,
+            kind: CheckpointKind::Native,
             step: 1,
             created_at: "2026-01-01T00:00:00Z".into(),
             rekindle_version: "0.1.0".into(),

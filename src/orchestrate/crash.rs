@@ -81,6 +81,10 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
         RunError::StopWithoutCheckpoint { .. } => {
             (Transient, "the stop checkpoint failed (an I/O error); the stop path decided the requeue")
         }
+        RunError::ChildSpawn { .. } => (Deterministic, "the program could not be started"),
+        RunError::ChildFailed { class, why, .. } => return (*class, why.clone()),
+        RunError::ExecRuntime { .. } => (Transient, "the supervisor's event loop could not start (a resource limit)"),
+        RunError::Seal { .. } => (Deterministic, "`rekindle seal` was called wrongly"),
     };
     (class, why.to_string())
 }
@@ -100,6 +104,8 @@ fn checkpoint_class(e: &CheckpointError) -> (CrashClass, String) {
         CheckpointError::NoSpace { .. } => (Transient, "no space for a checkpoint (space may be freed)"),
         CheckpointError::BadTensor { .. } => (Deterministic, "a tensor that cannot be saved"),
         CheckpointError::NotOwner { .. } => (Deterministic, "another process took the run directory over"),
+        CheckpointError::WrongKind { .. } => (Deterministic, "a checkpoint of the other lifecycle (run or exec)"),
+        CheckpointError::Seal { .. } => (Deterministic, "a staged directory that cannot be sealed"),
         CheckpointError::Invalid { .. } | CheckpointError::NotACheckpoint { .. } => {
             (Deterministic, "a checkpoint that does not verify")
         }

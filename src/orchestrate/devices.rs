@@ -292,14 +292,7 @@ impl Devices {
                 .map(|d| d.key())
                 .collect(),
         );
-        let host = Box::new(SysinfoHost::new(dir.checkpoints.clone()));
-        match Monitor::start(self.source.probe(), host, settings, |_| {}) {
-            Ok(monitor) => Some(monitor),
-            Err(e) => {
-                tracing::warn!(error = %e, "the GPU/host monitor did not start; training goes on without it");
-                None
-            }
-        }
+        start_monitor_with(self.source.probe(), settings, dir)
     }
 
     /// Switches to the CPU plan with a loud warning and a `gpu_fallback`
@@ -330,6 +323,25 @@ impl Devices {
             layout: serde_json::to_value(self.layout).unwrap_or_default(),
         }));
         Ok(())
+    }
+}
+
+/// Starts the monitor of a program run by `rekindle exec` on every device
+/// visible to the job (rekindle did not place the program, so it watches
+/// all of them) and the host; a monitor that cannot start is a warning.
+pub fn start_job_monitor(cfg: &Config, dir: &RunDir) -> Option<Monitor> {
+    let settings = MonitorSettings::new(dir.path(gpu::STATS_FILE), dir.checkpoints.clone(), cfg.gpu.monitor_interval);
+    start_monitor_with(Source::from_env().probe(), settings, dir)
+}
+
+fn start_monitor_with(probe: Box<dyn GpuProbe>, settings: MonitorSettings, dir: &RunDir) -> Option<Monitor> {
+    let host = Box::new(SysinfoHost::new(dir.checkpoints.clone()));
+    match Monitor::start(probe, host, settings, |_| {}) {
+        Ok(monitor) => Some(monitor),
+        Err(e) => {
+            tracing::warn!(error = %e, "the GPU/host monitor did not start; the run goes on without it");
+            None
+        }
     }
 }
 

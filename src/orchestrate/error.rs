@@ -90,6 +90,17 @@ pub enum RunError {
         "step {step} needs a rollback but no checkpoint verifies in {dir}; use on_nonfinite = \"skip\" or \"stop\""
     )]
     NothingToRollBackTo { step: u64, dir: PathBuf },
+    #[error("cannot start the program `{command}`: {source}; check that it exists, is executable and is on PATH")]
+    ChildSpawn { command: String, source: io::Error },
+    #[error(
+        "the program `{command}` {how} with no stop requested ({why}); its last stderr lines are in the \
+         `child_exit` event of events.jsonl: fix it and run the same command again"
+    )]
+    ChildFailed { command: String, how: String, class: crate::telemetry::CrashClass, why: String },
+    #[error("cannot start the supervisor's event loop: {source}; the system may be out of file descriptors")]
+    ExecRuntime { source: io::Error },
+    #[error("rekindle seal: {reason}")]
+    Seal { reason: String },
 }
 
 impl RunError {

@@ -522,6 +522,7 @@ mod tests {
             requeue: None,
             steps_lost: None,
             checkpoints_saved: 0,
+            program: None,
         }
     }
 

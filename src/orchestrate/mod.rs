@@ -5,7 +5,8 @@
 //! out-of-memory back-off, monitor); `deadline.rs` and `budget.rs` do the
 //! time arithmetic of a stop; `watchdog.rs` turns a stuck step, evaluation,
 //! save or publish into a requeue; `crash.rs` classifies a crash as
-//! transient (requeued) or deterministic (not).
+//! transient (requeued) or deterministic (not). `exec.rs` runs any program
+//! as a child under the same lifecycle (`rekindle exec`, `rekindle seal`).
 
 mod atomic;
 mod budget;
@@ -13,6 +14,7 @@ mod crash;
 mod deadline;
 mod devices;
 mod error;
+mod exec;
 mod interval;
 mod lock;
 mod lost;
@@ -35,6 +37,10 @@ pub use crash::{CrashAction, classify as classify_crash, decide as decide_after_
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
+pub use exec::{
+    ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STOP_FILE,
+    ExecOptions, PROTOCOL, STOP_FILE, SealOptions, exec, seal,
+};
 pub use interval::{
     Bound, CostMeter, Costs, DEFAULT_INTERVAL, IntervalChoice, IntervalInputs, MAX_STALL_FRACTION, Mtbf, MtbfSource,
     Reason, SimJob, choose_interval, history_mtbf, simulate_lost_seconds,

@@ -32,10 +32,10 @@
 //! to resume from, exit 0 when that checkpoint already is of `max_steps` (the
 //! run is finished), exit 1 when there is no checkpoint yet.
 
-mod ending;
+pub(super) mod ending;
 mod hang;
 mod saving;
-mod start;
+pub(super) mod start;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -386,9 +386,14 @@ fn step_line(m: &StepMetrics) -> StepLine {
 
 /// The events of the run so far, as far as they can be read back (for the
 /// crash-requeue count; unreadable lines and an unreadable file count as none).
-fn recorded_events(path: &std::path::Path) -> Vec<crate::telemetry::Event> {
+pub(super) fn recorded_events(path: &std::path::Path) -> Vec<crate::telemetry::Event> {
+    recorded(path).into_iter().map(|e| e.event).collect()
+}
+
+/// [`recorded_events`] with their envelopes (time, node, …).
+pub(super) fn recorded(path: &std::path::Path) -> Vec<crate::telemetry::RecordedEvent> {
     match crate::telemetry::read_jsonl(path) {
-        Ok(Some(lines)) => crate::telemetry::events_from(lines.records).into_iter().map(|e| e.event).collect(),
+        Ok(Some(lines)) => crate::telemetry::events_from(lines.records),
         Ok(None) => Vec::new(),
         Err(e) => {
             tracing::warn!(error = %e, path = %path.display(), "cannot read the events back; counting no earlier requeues");
@@ -398,6 +403,6 @@ fn recorded_events(path: &std::path::Path) -> Vec<crate::telemetry::Event> {
 }
 
 /// Fields added to every event.
-fn context(slurm: &SlurmEnv) -> EventContext {
+pub(super) fn context(slurm: &SlurmEnv) -> EventContext {
     EventContext { node: slurm.node_name(), job_id: slurm.job_id.clone(), attempt: slurm.restart_count }
 }

@@ -63,6 +63,9 @@ pub struct Attempt {
     /// (the next attempt's `resume.steps_lost`).
     pub steps_lost: Option<u64>,
     pub checkpoints_saved: usize,
+    /// Under `rekindle exec`: how the program ended (`child_exit`: `exited
+    /// with code 0`, `was killed by SIGKILL`); `None` for `rekindle run`.
+    pub program: Option<String>,
 }
 
 impl Attempt {
@@ -81,6 +84,7 @@ impl Attempt {
             requeue: None,
             steps_lost: None,
             checkpoints_saved: 0,
+            program: None,
         }
     }
 
@@ -88,6 +92,7 @@ impl Attempt {
     pub fn because(&self) -> String {
         let at = self.end_step.map(|s| format!(" at step {s}")).unwrap_or_default();
         let mut text = match &self.end {
+            AttemptEnd::Finished if self.program.is_some() => format!("the program finished{at}"),
             AttemptEnd::Finished => format!("it reached max_steps{at}"),
             AttemptEnd::Stopped { reason, before_training: true, .. } => {
                 format!("it was stopped ({reason}) before training began")
@@ -149,6 +154,13 @@ pub fn attempts(events: &[RecordedEvent]) -> Vec<Attempt> {
                 }
             }
             Event::CheckpointSaved(_) => cur.checkpoints_saved += 1,
+            Event::ChildExit(exit) => {
+                cur.program = Some(match (exit.exit_code, &exit.signal) {
+                    (Some(code), _) => format!("exited with code {code}"),
+                    (None, Some(signal)) => format!("was killed by {signal}"),
+                    (None, None) => "ended".to_string(),
+                });
+            }
             Event::Requeue(r) => {
                 let decision = r.decision.name();
                 cur.requeue = Some(match r.decision.reason() {
@@ -272,6 +284,23 @@ mod tests {
         ]);
         assert_eq!(failed[0].end.short(), "error");
         assert_eq!(failed[0].because(), "it failed at step 9: non-finite loss or gradient");
+    }
+
+    #[test]
+    fn a_program_under_exec_finishes_as_itself_and_its_end_is_kept() {
+        let a = attempts(&[
+            ev(json!({"event": "start"})),
+            ev(json!({"event": "child_exit", "exit_code": 0, "verdict": "finished", "last_sealed_step": 60})),
+            ev(json!({"event": "finish", "step": 60})),
+            ev(json!({"event": "start"})),
+            ev(json!({"event": "child_exit", "signal": "SIGKILL", "verdict": "stopped"})),
+            ev(json!({"event": "stop", "step": 40, "reason": "SIGTERM"})),
+        ]);
+        assert_eq!(a[0].because(), "the program finished at step 60");
+        assert_eq!(a[0].program.as_deref(), Some("exited with code 0"));
+        assert_eq!(a[1].program.as_deref(), Some("was killed by SIGKILL"));
+        assert_eq!(a[1].because(), "it received SIGTERM at step 40");
+        assert_eq!(attempts(&three_attempts())[2].program, None);
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub enum Event {
     /// `[checkpoint] interval = "auto"` chose a (noticeably different)
     /// periodic checkpoint interval, with its inputs.
     CheckpointInterval(CheckpointIntervalChosen),
+    /// `rekindle exec` started the program, with the contract's environment.
+    ChildStart(ChildStart),
+    /// The program run by `rekindle exec` ended, and what that means.
+    ChildExit(ChildExit),
     /// Another rank of a data-parallel run stopped beating past
     /// `[distributed] timeout` (stopped, dead, its node gone).
     RankLost(RankLost),
@@ -81,7 +85,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 23] = [
+pub const EVENT_NAMES: [&str; 25] = [
     "start",
     "lock_takeover",
     "checkpoint_rejected",
@@ -104,6 +108,8 @@ pub const EVENT_NAMES: [&str; 23] = [
     "error",
     "hang",
     "checkpoint_interval",
+    "child_start",
+    "child_exit",
     "rank_lost",
 ];
 
@@ -133,6 +139,8 @@ impl Event {
             Event::Error(_) => "error",
             Event::Hang(_) => "hang",
             Event::CheckpointInterval(_) => "checkpoint_interval",
+            Event::ChildStart(_) => "child_start",
+            Event::ChildExit(_) => "child_exit",
             Event::RankLost(_) => "rank_lost",
             Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
         }
@@ -156,6 +164,8 @@ impl Event {
             Event::Error(e) => e.step,
             Event::Hang(e) => Some(e.step),
             Event::CheckpointInterval(e) => Some(e.step),
+            Event::ChildStart(e) => e.resume_step,
+            Event::ChildExit(e) => e.last_sealed_step,
             Event::RankLost(e) => e.step,
             Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
             Event::Start(_)
@@ -442,6 +452,53 @@ pub struct Stop {
     /// when none did.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<String>,
+}
+
+/// `child_start`: the program `rekindle exec` runs, and the contract's
+/// environment it was given (docs/exec.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChildStart {
+    /// The command line, each argument as given (lossy UTF-8).
+    pub command: Vec<String>,
+    pub pid: u32,
+    /// `REKINDLE_EXEC_PROTOCOL`.
+    pub protocol: u32,
+    /// `REKINDLE_RESUME_FROM` (`null`: a fresh start).
+    pub resume_from: Option<PathBuf>,
+    /// The step of that checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_step: Option<u64>,
+    /// `REKINDLE_CHECKPOINT_DIR`.
+    pub checkpoint_dir: PathBuf,
+    /// `REKINDLE_STOP_FILE`.
+    pub stop_file: PathBuf,
+    /// `REKINDLE_DEADLINE` at the start (the job's end time), Unix seconds.
+    pub deadline: Option<i64>,
+}
+
+/// `child_exit`: how the program ended and what rekindle made of it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChildExit {
+    pub pid: u32,
+    /// Its exit code (`null` when a signal ended it).
+    pub exit_code: Option<i32>,
+    /// The signal that ended it (`SIGKILL`, …), if one did.
+    pub signal: Option<String>,
+    pub seconds: f64,
+    /// A stop was requested (and forwarded) before it ended.
+    pub stop_requested: bool,
+    /// It was still running at the stop deadline (or a third signal) and was killed.
+    pub killed_at_deadline: bool,
+    /// The newest checkpoint that verifies after it ended.
+    pub last_sealed_step: Option<u64>,
+    /// Checkpoints it sealed in this attempt.
+    pub sealed_this_attempt: u64,
+    /// `finished`, `stopped` or `crashed`.
+    pub verdict: String,
+    /// Its last lines on stderr (at most 20, each at most 500 bytes).
+    pub stderr_tail: Vec<String>,
 }
 
 /// `finish`.
@@ -916,6 +973,27 @@ mod tests {
                 mtbf_source: "config".into(),
                 ..Default::default()
             }),
+            Event::ChildStart(ChildStart {
+                command: vec!["python3".into(), "train.py".into()],
+                pid: 42,
+                protocol: 1,
+                resume_from: Some("runs/x/checkpoints/step-0000000040".into()),
+                resume_step: Some(40),
+                checkpoint_dir: "runs/x/checkpoints/.staging".into(),
+                stop_file: "runs/x/stop-requested.json".into(),
+                deadline: Some(1_790_000_000),
+            }),
+            Event::ChildExit(ChildExit {
+                pid: 42,
+                signal: Some("SIGKILL".into()),
+                seconds: 12.5,
+                stop_requested: true,
+                killed_at_deadline: true,
+                last_sealed_step: Some(40),
+                verdict: "stopped".into(),
+                stderr_tail: vec!["Traceback (most recent call last):".into()],
+                ..Default::default()
+            }),
             Event::RankLost(RankLost {
                 rank: 1,
                 rank_node: "n2".into(),
@@ -963,6 +1041,8 @@ mod tests {
             | Event::Error(_)
             | Event::Hang(_)
             | Event::CheckpointInterval(_)
+            | Event::ChildStart(_)
+            | Event::ChildExit(_)
             | Event::RankLost(_) => EVENT_NAMES.contains(&event.name()),
             Event::Other(_) => false,
         }

@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 10] =
-    ["term", "term-batch", "usr1", "warn", "warn-batch", "preempt", "nodeloss", "cancel", "dp", "own"];
+const DRILLS: [&str; 11] =
+    ["term", "term-batch", "usr1", "warn", "warn-batch", "preempt", "nodeloss", "cancel", "dp", "own", "exec"];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -18,6 +18,7 @@ mod cli;
 mod corruption;
 mod distributed;
 mod drills;
+mod exec;
 mod gpu_check;
 mod gpu_run;
 mod interval;

@@ -23,8 +23,8 @@ use crate::exit::Outcome;
 use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
 use crate::telemetry::{
-    ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
-    now_rfc3339,
+    CrashClass, ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary,
+    SummaryState, now_rfc3339,
 };
 use crate::train::{NonFiniteEvent, TrainError};
 
@@ -224,20 +224,10 @@ impl Attempt {
                 self.earlier_valid_checkpoint()
             }
         };
-        // 2. The requeue decision, unless it is time to exit at once. The
-        // signal count is taken before it: SLURM's SIGTERM for our own
-        // requeue may arrive before `scontrol requeue` has even returned.
-        let signals_before_requeue = self.stop.count();
-        let fast_exit = budget::exit_now(signals_before_requeue, deadline, Instant::now());
-        let requeue = if fast_exit {
-            tracing::warn!("skipping requeue and publish: third signal or deadline passed");
-            RequeueRecord::skip("fast exit")
-        } else {
-            let finished = self.trainer.step() >= self.cfg.run.max_steps;
-            let requeue_deadline = budget::requeue_deadline(deadline, Instant::now());
-            requeue_and_record(&self.cfg, &self.slurm, reason, finished, requeue_deadline, &mut self.events)
-        };
-        let requeued_at = requeue.answer.is_some().then(Instant::now);
+        // 2. The requeue decision, unless it is time to exit at once.
+        let finished = self.trainer.step() >= self.cfg.run.max_steps;
+        let requeued =
+            StopRequeue::decide(&self.cfg, &self.slurm, reason, finished, deadline, &self.stop, &mut self.events);
         // 3. The monitor and the summary that publishing carries.
         if let Err(e) = devices::stop_monitor(self.monitor.take(), &mut self.events) {
             failures.push(self.failed_step("monitor", &e));
@@ -246,22 +236,12 @@ impl Attempt {
         if let Err(e) = self.write_summary(state) {
             failures.push(self.failed_step("summary", &e));
         }
-        // 4. Publishing: skipped on a fast exit, or on a third signal or a
-        // passed deadline since, unless SLURM is already ending the job for
-        // our requeue (its signals are expected; its kill bounds the time).
-        let cut_short = fast_exit
-            || budget::skip_publish(
-                signals_before_requeue,
-                self.stop.count(),
-                requeued_at.is_some(),
-                deadline,
-                Instant::now(),
-            );
-        let publish = if cut_short {
-            PublishOutcome::Skipped { skipped: "fast exit".into() }
-        } else {
-            self.publish(&reason.name(), budget::publish_deadline(deadline, requeued_at))
+        // 4. Publishing, unless cut short.
+        let publish = match requeued.publish_deadline(&self.stop, deadline) {
+            None => PublishOutcome::Skipped { skipped: "fast exit".into() },
+            Some(until) => self.publish(&reason.name(), until),
         };
+        let requeue = requeued.record;
         // 5. The records.
         let Some(step) = kept else {
             let (step, error) = (self.trainer.step(), saved.err().map(|e| e.to_string()).unwrap_or_default());
@@ -337,32 +317,17 @@ impl Attempt {
     pub(super) fn fail(&mut self, error: &RunError) {
         let steps = self.trainer.step() - self.start_step;
         let (class, why) = crash::classify(error, steps);
-        let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(&self.dir.path(EVENTS_FILE)));
         let stop_path =
             matches!(error, RunError::StopWithoutCheckpoint { .. } | RunError::StoppedBeforeFirstCheckpoint { .. });
-        let action = crash::decide(class, in_a_row, self.cfg.run.max_crash_requeues, stop_path);
         tracing::error!(class = ?class, %why, "the run failed; classified before exiting 1");
-        let (requeue, hold_seconds, hold_error) = match action {
-            CrashAction::Requeue { hold } => {
-                let req = RequeueRequest {
-                    policy: self.cfg.signals.requeue,
-                    stop: StopKind::TransientCrash,
-                    finished: false,
-                    job_id: self.slurm.control_id(),
-                    restart_count: self.slurm.restart_count,
-                    max_restarts: self.cfg.signals.max_restarts,
-                };
-                let out = slurm::requeue_after_crash(&Scontrol, &req, hold, &|| {
-                    budget::scontrol_timeout(None, Instant::now())
-                });
-                self.record_or_log(&Event::Requeue(out.record.clone()));
-                (out.record, out.hold_seconds, out.hold_error)
-            }
-            CrashAction::NoRequeue { reason } => {
-                tracing::error!(%reason, "not requeueing after this failure");
-                (RequeueRecord::skip(reason), None, None)
-            }
-        };
+        let (requeue, hold_seconds, hold_error) = requeue_after_failure(
+            &self.cfg,
+            &self.slurm,
+            class,
+            stop_path,
+            &mut self.events,
+            &self.dir.path(EVENTS_FILE),
+        );
         self.record_or_log(&Event::Error(ErrorEvent {
             step: Some(self.trainer.step()),
             error: error.to_string(),
@@ -399,41 +364,19 @@ impl Attempt {
 
     /// Publishes results when `[publish] enabled`; failures are logged, never fatal.
     fn publish(&mut self, reason: &str, deadline: Option<Deadline>) -> PublishOutcome {
-        if !self.cfg.publish.enabled {
-            return PublishOutcome::Skipped { skipped: "publishing disabled".into() };
-        }
         let newest_manifest = self.last_durable_step.map(|s| self.store.step_dir(s).join(MANIFEST_FILE));
-        let req = PublishRequest {
-            cfg: &self.cfg.publish,
-            run_name: &self.cfg.run.name,
-            run_dir: &self.dir.root,
-            newest_manifest,
-            step: self.trainer.step(),
-            job_id: self.slurm.job_id.clone(),
-            node: self.slurm.node_name(),
-            reason: reason.to_string(),
-            deadline: deadline.map(|d| d.at),
-        };
         let busy = self.beats.begin(Worker::Training, Activity::Publish, self.trainer.step());
-        // Tests make publishing hang here (`run::publish=sleep(…)`).
-        fail::fail_point!("run::publish");
-        let published = publish::publish(&req);
+        let outcome = publish_results(
+            &self.cfg,
+            &self.dir.root,
+            newest_manifest,
+            self.trainer.step(),
+            &self.slurm,
+            reason,
+            deadline,
+            &mut self.events,
+        );
         drop(busy);
-        let outcome = match published {
-            Ok(report) => PublishOutcome::Done {
-                commit: report.commit,
-                pushed: report.pushed,
-                attempts: report.attempts,
-                files: report.files,
-                refused: report.refused,
-                last_error: report.last_error,
-            },
-            Err(e) => {
-                tracing::error!(error = %e, "publishing failed");
-                PublishOutcome::Failed { error: e.to_string() }
-            }
-        };
-        let _ = self.events.record(&Event::Publish(outcome.clone()));
         outcome
     }
 
@@ -459,6 +402,65 @@ impl Attempt {
     }
 }
 
+/// Step 2 of a stop path ([`Attempt::stop_in_order`], and `rekindle
+/// exec`'s): the requeue decision, skipped when it is time to exit at once
+/// (a third signal, or the deadline passed), and what publishing (step 4)
+/// may then do.
+pub(in crate::orchestrate) struct StopRequeue {
+    pub record: RequeueRecord,
+    fast_exit: bool,
+    /// Stop signals before the requeue: SLURM's SIGTERM for our own requeue
+    /// may arrive before `scontrol requeue` has even returned.
+    signals_before: usize,
+    /// When SLURM accepted the requeue.
+    requeued_at: Option<Instant>,
+}
+
+impl StopRequeue {
+    /// Decides (and records) the requeue of a stop by `reason`.
+    pub(in crate::orchestrate) fn decide(
+        cfg: &Config,
+        alloc: &SlurmEnv,
+        reason: StopReason,
+        finished: bool,
+        deadline: Option<Deadline>,
+        stop: &StopFlag,
+        events: &mut EventLog,
+    ) -> StopRequeue {
+        let signals_before = stop.count();
+        let fast_exit = budget::exit_now(signals_before, deadline, Instant::now());
+        let record = if fast_exit {
+            tracing::warn!("skipping requeue and publish: third signal or deadline passed");
+            RequeueRecord::skip("fast exit")
+        } else {
+            let requeue_deadline = budget::requeue_deadline(deadline, Instant::now());
+            requeue_and_record(cfg, alloc, reason, finished, requeue_deadline, events)
+        };
+        let requeued_at = record.answer.is_some().then(Instant::now);
+        StopRequeue { record, fast_exit, signals_before, requeued_at }
+    }
+
+    /// `None` when publishing is cut short: a fast exit, or a third signal
+    /// or a passed deadline since, unless SLURM is already ending the job
+    /// for our requeue (its signals are expected; its kill bounds the time).
+    /// Otherwise the deadline publishing gets.
+    pub(in crate::orchestrate) fn publish_deadline(
+        &self,
+        stop: &StopFlag,
+        deadline: Option<Deadline>,
+    ) -> Option<Option<Deadline>> {
+        let cut_short = self.fast_exit
+            || budget::skip_publish(
+                self.signals_before,
+                stop.count(),
+                self.requeued_at.is_some(),
+                deadline,
+                Instant::now(),
+            );
+        (!cut_short).then(|| budget::publish_deadline(deadline, self.requeued_at))
+    }
+}
+
 /// A stop signal before training began: nothing new to save, but the job is
 /// still requeued when it should be. A job preempted (or warned of its time
 /// limit) while it loads exits inside its GraceTime, and SLURM does not
@@ -469,15 +471,19 @@ impl Attempt {
 /// `max_steps` (the run is finished: a `finish` event, no requeue); and with
 /// no checkpoint at all, [`RunError::StoppedBeforeFirstCheckpoint`] (exit 1,
 /// after the same requeue decision), since 75 promises a durable checkpoint.
-pub(super) fn early_stop(
+///
+/// `max_steps`: the step at which the run is finished (`[run] max_steps`;
+/// `u64::MAX` under `rekindle exec`, where only the program knows).
+pub(in crate::orchestrate) fn early_stop(
     stop: &StopFlag,
     events: &mut EventLog,
     durable: Option<u64>,
+    max_steps: u64,
     cfg: &Config,
     alloc: &SlurmEnv,
 ) -> Result<Option<Outcome>, RunError> {
     let Some(reason) = stop.signal() else { return Ok(None) };
-    let ending = early_stop_outcome(durable, cfg.run.max_steps);
+    let ending = early_stop_outcome(durable, max_steps);
     match ending {
         EarlyStop::Finished => tracing::warn!(
             reason = %reason.name(),
@@ -555,7 +561,7 @@ fn early_stop_outcome(durable: Option<u64>, max_steps: u64) -> EarlyStop {
 }
 
 /// Records an event on a stop path: a failure is logged, never returned.
-fn record_or_log(events: &mut EventLog, event: &Event) {
+pub(in crate::orchestrate) fn record_or_log(events: &mut EventLog, event: &Event) {
     if let Err(e) = events.record(event) {
         tracing::error!(error = %e, event = event.name(), "could not record an event; going on");
     }
@@ -563,7 +569,7 @@ fn record_or_log(events: &mut EventLog, event: &Event) {
 
 /// The requeue step through the real `scontrol`, each call bounded by what
 /// `deadline` leaves; records the `requeue` event (best effort) and returns it.
-fn requeue_and_record(
+pub(in crate::orchestrate) fn requeue_and_record(
     cfg: &Config,
     alloc: &SlurmEnv,
     reason: StopReason,
@@ -587,8 +593,94 @@ fn requeue_and_record(
     record
 }
 
+/// Publishes the run directory when `[publish] enabled` and records the
+/// `publish` event (best effort); failures are logged, never fatal.
+/// `newest_manifest`: the manifest of the newest durable checkpoint, which
+/// the commit names.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::orchestrate) fn publish_results(
+    cfg: &Config,
+    run_dir: &std::path::Path,
+    newest_manifest: Option<std::path::PathBuf>,
+    step: u64,
+    alloc: &SlurmEnv,
+    reason: &str,
+    deadline: Option<Deadline>,
+    events: &mut EventLog,
+) -> PublishOutcome {
+    if !cfg.publish.enabled {
+        return PublishOutcome::Skipped { skipped: "publishing disabled".into() };
+    }
+    let req = PublishRequest {
+        cfg: &cfg.publish,
+        run_name: &cfg.run.name,
+        run_dir,
+        newest_manifest,
+        step,
+        job_id: alloc.job_id.clone(),
+        node: alloc.node_name(),
+        reason: reason.to_string(),
+        deadline: deadline.map(|d| d.at),
+    };
+    // Tests make publishing hang here (`run::publish=sleep(…)`).
+    fail::fail_point!("run::publish");
+    let outcome = match publish::publish(&req) {
+        Ok(report) => PublishOutcome::Done {
+            commit: report.commit,
+            pushed: report.pushed,
+            attempts: report.attempts,
+            files: report.files,
+            refused: report.refused,
+            last_error: report.last_error,
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "publishing failed");
+            PublishOutcome::Failed { error: e.to_string() }
+        }
+    };
+    let _ = events.record(&Event::Publish(outcome.clone()));
+    outcome
+}
+
+/// The requeue decision after a failure of `class` (`crash.rs`): a
+/// transient one requeues the job (the usual requeue rules, at most `[run]
+/// max_crash_requeues` in a row without a new checkpoint, counted from
+/// `events_path`, each held back longer), a deterministic one never does,
+/// nor one whose stop path already decided (`stop_path`). Records the
+/// `requeue` event when there was one; returns it with the hold.
+pub(in crate::orchestrate) fn requeue_after_failure(
+    cfg: &Config,
+    alloc: &SlurmEnv,
+    class: CrashClass,
+    stop_path: bool,
+    events: &mut EventLog,
+    events_path: &std::path::Path,
+) -> (RequeueRecord, Option<u64>, Option<String>) {
+    let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(events_path));
+    match crash::decide(class, in_a_row, cfg.run.max_crash_requeues, stop_path) {
+        CrashAction::Requeue { hold } => {
+            let req = RequeueRequest {
+                policy: cfg.signals.requeue,
+                stop: StopKind::TransientCrash,
+                finished: false,
+                job_id: alloc.control_id(),
+                restart_count: alloc.restart_count,
+                max_restarts: cfg.signals.max_restarts,
+            };
+            let out =
+                slurm::requeue_after_crash(&Scontrol, &req, hold, &|| budget::scontrol_timeout(None, Instant::now()));
+            record_or_log(events, &Event::Requeue(out.record.clone()));
+            (out.record, out.hold_seconds, out.hold_error)
+        }
+        CrashAction::NoRequeue { reason } => {
+            tracing::error!(%reason, "not requeueing after this failure");
+            (RequeueRecord::skip(reason), None, None)
+        }
+    }
+}
+
 /// Why training stopped, as the requeue decision sees it.
-fn stop_kind(reason: StopReason) -> StopKind {
+pub(in crate::orchestrate) fn stop_kind(reason: StopReason) -> StopKind {
     match reason {
         StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
         StopReason::Signal(_) => StopKind::ClusterSignal,
@@ -601,7 +693,7 @@ pub(super) fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
 
-fn instant_to_rfc3339(t: Instant) -> String {
+pub(in crate::orchestrate) fn instant_to_rfc3339(t: Instant) -> String {
     let ago = chrono::Duration::from_std(t.elapsed()).unwrap_or_default();
     (chrono::Utc::now() - ago).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

@@ -88,7 +88,7 @@ impl Attempt {
         devices.announce(&mut events)?;
         set_aside_rejected(&store, &mut events, &outcome.rejected)?;
         let last_durable_step = outcome.loaded.as_ref().map(|l| l.snapshot.step);
-        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
+        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, cfg.run.max_steps, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
         let resumes = previous_summary(&dir).map(|s| s.resumes).unwrap_or(0);
@@ -109,7 +109,7 @@ impl Attempt {
                 (0, resumes)
             }
         };
-        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, &cfg, &slurm)? {
+        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, cfg.run.max_steps, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
         if let Some(leader) = &leader {
@@ -235,7 +235,7 @@ fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) 
 /// A `checkpoint_rejected` event (and a warning) per checkpoint that does not
 /// verify, then each is moved to quarantine and a `checkpoint_quarantined`
 /// event says where (or why it could not be moved).
-pub(super) fn set_aside_rejected(
+pub(in crate::orchestrate) fn set_aside_rejected(
     store: &CheckpointStore,
     events: &mut EventLog,
     rejected: &[CheckpointInfo],
@@ -255,7 +255,7 @@ pub(super) fn set_aside_rejected(
 }
 
 /// The `lock_takeover` event of a lock taken over from a holder judged gone.
-fn takeover_event(t: &Takeover) -> Event {
+pub(in crate::orchestrate) fn takeover_event(t: &Takeover) -> Event {
     let previous = t.previous.as_ref();
     Event::LockTakeover(LockTakeover {
         reason: t.reason.clone(),
@@ -283,7 +283,7 @@ fn record_rejected(events: &mut EventLog, rejected: &[CheckpointInfo]) -> Result
 }
 
 /// No checkpoint to resume from: say so, loudly when some were rejected.
-fn fresh_start(events: &mut EventLog, rejected: usize) -> Result<(), RunError> {
+pub(in crate::orchestrate) fn fresh_start(events: &mut EventLog, rejected: usize) -> Result<(), RunError> {
     if rejected == 0 {
         tracing::info!("no checkpoint yet: starting from step 0");
         return Ok(());
@@ -300,22 +300,40 @@ fn fresh_start(events: &mut EventLog, rejected: usize) -> Result<(), RunError> {
 /// the highest step in metrics.jsonl (what the previous attempt reached).
 fn resume_event(loaded: &Loaded, last_logged: Option<u64>, slurm: &SlurmEnv, now: DateTime<Utc>) -> Resume {
     let snap = &loaded.snapshot;
-    let since_checkpoint = DateTime::parse_from_rfc3339(&loaded.manifest.created_at)
+    Resume {
+        previous_node: snap.state["host"]["node"].as_str().map(str::to_string),
+        previous_attempt: snap.state["host"]["slurm_restart_count"].as_u64(),
+        ..resume_record(snap.step, &loaded.dir, &loaded.manifest.created_at, last_logged, slurm, now)
+    }
+}
+
+/// The `resume` event of a checkpoint of `step` in `from`, committed at
+/// `created_at` (RFC 3339), as far as the checkpoint's manifest tells (no
+/// previous node or attempt: those are in a native checkpoint's state).
+pub(in crate::orchestrate) fn resume_record(
+    step: u64,
+    from: &Path,
+    created_at: &str,
+    last_logged: Option<u64>,
+    slurm: &SlurmEnv,
+    now: DateTime<Utc>,
+) -> Resume {
+    let since_checkpoint = DateTime::parse_from_rfc3339(created_at)
         .ok()
         .map(|t| (now - t.with_timezone(&Utc)).num_milliseconds() as f64 / 1000.0);
     Resume {
-        step: snap.step,
-        from: loaded.dir.clone(),
-        previous_node: snap.state["host"]["node"].as_str().map(str::to_string),
-        previous_attempt: snap.state["host"]["slurm_restart_count"].as_u64(),
+        step,
+        from: from.to_path_buf(),
+        previous_node: None,
+        previous_attempt: None,
         this_node: slurm.node_name(),
         restart_count: slurm.restart_count,
-        steps_lost: last_logged.map(|s| s.saturating_sub(snap.step)).unwrap_or(0),
+        steps_lost: last_logged.map(|s| s.saturating_sub(step)).unwrap_or(0),
         seconds_since_checkpoint: since_checkpoint,
     }
 }
 
-fn previous_summary(dir: &RunDir) -> Option<Summary> {
+pub(in crate::orchestrate) fn previous_summary(dir: &RunDir) -> Option<Summary> {
     Summary::read(&dir.path(SUMMARY_FILE))
 }
 
@@ -325,13 +343,13 @@ pub(super) fn losses_so_far(state: &serde_json::Value) -> (Option<f64>, Option<f
 }
 
 /// The highest step in metrics.jsonl (what the previous attempt reached).
-fn last_logged_step(path: &Path) -> Option<u64> {
+pub(in crate::orchestrate) fn last_logged_step(path: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines().filter_map(|l| metrics_step(&serde_json::from_str(l).ok()?)).max()
 }
 
 /// Keeps only metric lines of steps ≤ `step` (and drops a torn last line).
-pub(super) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
+pub(in crate::orchestrate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
     let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
     let kept: String = text
         .lines()
@@ -383,6 +401,7 @@ mod tests {
             dir: format!("ckpt/step-{step}").into(),
             manifest: Manifest {
                 format_version: 1,
+                kind: crate::checkpoint::CheckpointKind::Native,
                 step,
                 created_at: "2026-11-23T12:00:00.000Z".into(),
                 rekindle_version: "test".into(),

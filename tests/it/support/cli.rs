@@ -1,5 +1,5 @@
 //! Driving the real `rekindle` binary as a child process: build a `rekindle
-//! run` command line, start it, wait for what it writes to its run directory
+//! run` (or `rekindle exec -- CMD`) command line, start it, wait for what it writes to its run directory
 //! (events.jsonl, metrics.jsonl), send it signals, and collect its exit.
 //!
 //! Children start without any `SLURM_*` or `FAILPOINTS` variable of the
@@ -24,23 +24,36 @@ pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_rekindle")
 }
 
-/// A `rekindle run --config configs/tiny.toml --run-dir DIR` command line.
+/// A `rekindle run --config configs/tiny.toml --run-dir DIR` command line
+/// (or a `rekindle exec --run-dir DIR -- CMD` one).
 pub struct RunCmd {
     cmd: Command,
     run_dir: PathBuf,
+    /// Arguments that go last (`-- CMD …` of `exec`), after every option.
+    trailing: Vec<String>,
 }
 
 impl RunCmd {
     pub fn new(run_dir: &Path) -> RunCmd {
+        RunCmd::with_args(run_dir, &["run", "--config", TINY_CONFIG], Vec::new())
+    }
+
+    /// `rekindle exec --run-dir DIR [options] -- COMMAND…`.
+    pub fn exec(run_dir: &Path, command: &[&str]) -> RunCmd {
+        let trailing = std::iter::once("--").chain(command.iter().copied()).map(String::from).collect();
+        RunCmd::with_args(run_dir, &["exec"], trailing)
+    }
+
+    fn with_args(run_dir: &Path, args: &[&str], trailing: Vec<String>) -> RunCmd {
         let mut cmd = Command::new(exe());
-        cmd.args(["run", "--config", TINY_CONFIG, "--run-dir"]).arg(run_dir);
+        cmd.args(args).arg("--run-dir").arg(run_dir);
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("SLURM") || key == "FAILPOINTS" {
                 cmd.env_remove(key);
             }
         }
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-        RunCmd { cmd, run_dir: run_dir.to_path_buf() }
+        RunCmd { cmd, run_dir: run_dir.to_path_buf(), trailing }
     }
 
     /// `--set KEY=VALUE`.
@@ -60,6 +73,7 @@ impl RunCmd {
     }
 
     pub fn spawn(mut self) -> Running {
+        self.cmd.args(&self.trailing);
         let events_before = events(&self.run_dir).len();
         let started = Instant::now();
         let mut child = self.cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", exe()));

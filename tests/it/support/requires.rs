@@ -4,7 +4,7 @@
 //! | need | tests | outside CI, when missing |
 //! |---|---|---|
 //! | root (mount a tmpfs) | `failpoints`: `disk_full::saving_until_the_disk_is_full…`, `disk_full::disk_filling_up_during_the_write…` | skipped |
-//! | `python3` with `safetensors` and `numpy` | `it`: `python_interop::numpy_loads_…`, `python_interop::bf16_tensors_…` | fails, unless `REKINDLE_SKIP_PYTHON=1` |
+//! | `python3` with `safetensors` and `numpy` | `it`: `python_interop::numpy_loads_…`, `python_interop::bf16_tensors_…`, `exec::*` (numpy programs) | fails, unless `REKINDLE_SKIP_PYTHON=1` |
 //! | Chromium (`REKINDLE_CHROMIUM` or on PATH) | `it`: `report_browser::*` | fails, unless `REKINDLE_SKIP_CHROMIUM=1` |
 //! | SLURM, or root and apt-get to install it | `it`: `drills::*` | skipped |
 //! | a build with `--features mpi`, and OpenMPI's `mpirun` | `it`: `distributed::*` (those launching ranks) | skipped |

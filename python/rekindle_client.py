@@ -1,0 +1,196 @@
+"""The program's side of `rekindle exec` (contract version 1, docs/exec.md).
+
+Standard library only: copy this file next to your training script, or put
+`python/` on PYTHONPATH. Under `rekindle exec`:
+
+    import rekindle_client as rk
+
+    state = load(rk.resume_path()) if rk.resume_path() else fresh()
+    for step in range(state.step + 1, total + 1):
+        train_one_step(state)
+        if step % 100 == 0 or rk.should_stop():
+            rk.checkpoint(step, lambda d: save(state, d))   # d: a fresh directory
+        if rk.should_stop():
+            break                                           # rekindle exits 75 and requeues
+
+Importing this module under `rekindle exec` makes SIGTERM set the stop flag
+instead of ending the program (only when no handler of your own is installed
+for it), so a step or a save in progress completes. Outside `rekindle exec`
+every function works and does nothing rekindle-specific: resume_path() is
+None, should_stop() False, checkpoint() calls save_fn on a temporary
+directory and returns None, log_metrics() does nothing.
+"""
+
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+
+#: The contract version this helper speaks.
+PROTOCOL = 1
+
+_stop_signalled = False
+
+
+class RekindleError(RuntimeError):
+    """`rekindle seal` refused or failed: nothing was sealed."""
+
+
+def _env(name):
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def under_rekindle():
+    """True when the program runs under `rekindle exec`.
+
+    Raises RekindleError when rekindle speaks a protocol this helper does not.
+    """
+    version = _env("REKINDLE_EXEC_PROTOCOL")
+    if version is None:
+        return False
+    if version != str(PROTOCOL):
+        raise RekindleError(
+            "rekindle exec speaks protocol %s, this rekindle_client.py speaks %d: "
+            "use the rekindle_client.py of the same rekindle (python/ in its repository)" % (version, PROTOCOL)
+        )
+    return True
+
+
+def resume_path():
+    """The directory of the newest checkpoint that verifies, or None (a fresh start).
+
+    It holds exactly the files your save_fn wrote for that step.
+    """
+    return _env("REKINDLE_RESUME_FROM")
+
+
+def resume_step():
+    """The step of resume_path() (from its MANIFEST.json), or None."""
+    path = resume_path()
+    if path is None:
+        return None
+    with open(os.path.join(path, "MANIFEST.json"), "rb") as f:
+        return int(json.load(f)["step"])
+
+
+def _on_stop_signal(signum, frame):
+    global _stop_signalled
+    _stop_signalled = True
+
+
+def install_stop_handler(signals=(signal.SIGTERM,)):
+    """Makes these signals set the stop flag instead of ending the program.
+
+    Called on import under `rekindle exec` for SIGTERM (the signal rekindle
+    forwards), unless a handler of your own is installed for it.
+    """
+    for sig in signals:
+        signal.signal(sig, _on_stop_signal)
+
+
+def should_stop():
+    """True once rekindle asked the program to stop: checkpoint now and exit."""
+    if _stop_signalled:
+        return True
+    stop_file = _env("REKINDLE_STOP_FILE")
+    return stop_file is not None and os.path.exists(stop_file)
+
+
+def deadline():
+    """Unix time (float) by which the program must have sealed its last checkpoint, or None.
+
+    After a stop, the stop file's deadline (then the process group is
+    killed); before one, the job's end time when SLURM gives one.
+    """
+    stop_file = _env("REKINDLE_STOP_FILE")
+    if stop_file is not None:
+        try:
+            with open(stop_file, "rb") as f:
+                return float(json.load(f)["deadline"])
+        except (OSError, ValueError, KeyError):
+            pass
+    value = _env("REKINDLE_DEADLINE")
+    return float(value) if value is not None else None
+
+
+def checkpoint(step, save_fn):
+    """Saves a checkpoint of `step` through `save_fn(directory)` and seals it.
+
+    save_fn writes any files (torch.save, safetensors, np.save, ...) into the
+    fresh directory it is given; flat, no subdirectories, no symlinks. Then
+    `rekindle seal` fsyncs and hashes every file and commits the directory
+    atomically: it becomes the checkpoint resume_path() returns next time.
+    Returns the sealed checkpoint's directory. Raises RekindleError when the
+    seal is refused (e.g. a step not newer than the last one); save_fn's own
+    exceptions propagate, and in both cases nothing is sealed.
+    """
+    if not under_rekindle():
+        scratch = tempfile.mkdtemp(prefix="rekindle-unsealed-")
+        try:
+            save_fn(scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return None
+    staging = os.environ["REKINDLE_CHECKPOINT_DIR"]
+    staged = tempfile.mkdtemp(prefix="step-%d-" % step, dir=staging)
+    save_fn(staged)
+    binary = _env("REKINDLE_BIN") or "rekindle"
+    done = subprocess.run(
+        [binary, "-q", "seal", staged, "--step", str(int(step))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    if done.returncode != 0:
+        raise RekindleError(done.stderr.decode("utf-8", "replace").strip() or "rekindle seal failed")
+    return done.stdout.decode("utf-8", "replace").strip()
+
+
+def log_metrics(step, **values):
+    """Appends a metrics.jsonl line for `step`, which `rekindle report` plots.
+
+    Keys of the metrics schema (docs/run-directory.md): loss (a step line
+    needs it), lr, grad_norm, samples, tokens, samples_per_s, tokens_per_s,
+    epoch, elapsed_s; val_loss goes on a line of its own. Other keys are
+    kept in the line and not plotted. Lines past the checkpoint resumed from
+    are dropped by rekindle when the program resumes, so log every step you
+    train (again).
+    """
+    run_dir = _env("REKINDLE_RUN_DIR")
+    if run_dir is None:
+        return
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    lines = []
+    val_loss = values.pop("val_loss", None)
+    if values:
+        line = {"step": int(step), "time": now}
+        line.update({k: _number(v) for k, v in values.items()})
+        lines.append(line)
+    if val_loss is not None:
+        lines.append({"step": int(step), "val_loss": _number(val_loss), "time": now})
+    data = "".join(json.dumps(line, allow_nan=False, sort_keys=True) + "\n" for line in lines)
+    fd = os.open(os.path.join(run_dir, "metrics.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def _number(value):
+    """A JSON number, None for a non-finite one (the records write null)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    try:
+        value = float(value) if not isinstance(value, int) else value
+    except (TypeError, ValueError):
+        return value
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    return value
+
+
+if under_rekindle() and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+    install_stop_handler()

@@ -1,0 +1,371 @@
+//! Checkpoints of a program's own files (`kind = "files"`, `rekindle exec`):
+//! the program writes any files into a fresh directory under the staging
+//! directory ([`STAGING_DIR`], inside the checkpoints directory so that the
+//! commit is a rename on one filesystem), then [`CheckpointStore::seal`]
+//! commits it with the protocol of native checkpoints (`store.rs`):
+//!
+//! 1. refuse what is not a checkpoint to be: a directory outside the staging
+//!    directory (or a symlink to one), a step not newer than the newest
+//!    checkpoint, an empty directory, anything but plain files in it;
+//! 2. fsync every file and hash it (SHA-256);
+//! 3. write `MANIFEST.json` (kind `files`) last, fsync it and the directory;
+//! 4. ask the commit guard (the run-directory lock is still ours);
+//! 5. rename it to `step-<10 digits>`, fsync the checkpoints and staging
+//!    directories;
+//! 6. rotate with the same planner (keep N, never the newest valid one).
+//!
+//! A staged directory that was never sealed is never a checkpoint: it has no
+//! manifest and no `step-` name, and `rekindle exec` empties the staging
+//! directory when an attempt starts.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::error::CheckpointError;
+use super::hashed_io::{fsync_dir, read_hashed, write_hashed};
+use super::manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+use super::store::{CheckpointStore, SaveReport, refuse_other_kind};
+use super::verify::{CheckpointInfo, VerifyLevel, verify_checkpoint_dir};
+
+/// The staging directory's name inside the checkpoints directory. It starts
+/// with a dot: nothing that lists checkpoints (`step-*`) or quarantined ones
+/// ever looks at it.
+pub const STAGING_DIR: &str = ".staging";
+
+/// The newest files checkpoint that verifies, and the newer ones that do not.
+#[derive(Debug, Clone)]
+pub struct FilesOutcome {
+    /// The newest checkpoint whose every file verifies (size and SHA-256).
+    pub newest: Option<CheckpointInfo>,
+    /// Newer checkpoints that failed, newest first, with the reasons.
+    pub rejected: Vec<CheckpointInfo>,
+}
+
+impl CheckpointStore {
+    /// Where a program stages the directories it asks to seal.
+    pub fn staging_dir(&self) -> PathBuf {
+        self.dir().join(STAGING_DIR)
+    }
+
+    /// Creates the staging directory, empty: whatever an earlier attempt
+    /// staged and never sealed is removed (it is not a checkpoint, and a
+    /// program must not find it). Returns the paths removed.
+    pub fn reset_staging(&self) -> Result<Vec<PathBuf>, CheckpointError> {
+        let staging = self.staging_dir();
+        let mut removed = Vec::new();
+        if staging.is_dir() {
+            let list_err = |source| CheckpointError::ListDir { path: staging.clone(), source };
+            for entry in fs::read_dir(&staging).map_err(list_err)? {
+                let path = entry.map_err(list_err)?.path();
+                let gone = if path.is_dir() && !path.is_symlink() {
+                    fs::remove_dir_all(&path)
+                } else {
+                    fs::remove_file(&path)
+                };
+                gone.map_err(|source| CheckpointError::Remove { path: path.clone(), source })?;
+                removed.push(path);
+            }
+        }
+        fs::create_dir_all(&staging).map_err(|source| CheckpointError::CreateDir { path: staging.clone(), source })?;
+        Ok(removed)
+    }
+
+    /// Seals `staged`, a directory directly under [`staging_dir`](Self::staging_dir),
+    /// into the checkpoint of `step` (see the module header), then rotates.
+    /// On a refusal or an error before the rename nothing is committed and
+    /// `staged` is left as it was.
+    pub fn seal(&self, staged: &Path, step: u64) -> Result<SaveReport, CheckpointError> {
+        let started = Instant::now();
+        let refuse = |reason: String| CheckpointError::Seal { dir: staged.to_path_buf(), step, reason };
+        let staged_real = self.check_staged(staged, step)?;
+        let newest = self.list(VerifyLevel::Quick)?.into_iter().find(|i| i.valid);
+        if let Some(newest) = &newest {
+            refuse_other_kind(&newest.dir, CheckpointKind::Files)?;
+            if step <= newest.step {
+                return Err(refuse(format!(
+                    "step {step} is not newer than the newest checkpoint (step {}, {}); seal a later step",
+                    newest.step,
+                    newest.dir.display()
+                )));
+            }
+        }
+        let final_dir = self.step_dir(step);
+        if final_dir.exists() {
+            return Err(refuse(format!(
+                "{} exists and does not verify; move it away (or run `rekindle exec` again, which quarantines it)",
+                final_dir.display()
+            )));
+        }
+        let entries = staged_files(&staged_real).map_err(refuse)?;
+        let werr = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CheckpointError::Write { step, path, source }
+        };
+        let mut files = Vec::new();
+        for name in entries {
+            let path = staged_real.join(&name);
+            // The program wrote the file; its data reaches the disk here.
+            File::open(&path).and_then(|f| f.sync_all()).map_err(werr(&path))?;
+            let (bytes, sha256, _) = read_hashed(&path, false).map_err(werr(&path))?;
+            files.push(ManifestEntry { name, bytes, sha256 });
+        }
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            kind: CheckpointKind::Files,
+            step,
+            created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            rekindle_version: env!("CARGO_PKG_VERSION").to_string(),
+            files,
+        };
+        let manifest_path = staged_real.join(MANIFEST_FILE);
+        let manifest_bytes = write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?.bytes;
+        fsync_dir(&staged_real).map_err(werr(&staged_real))?;
+        fail::fail_point!("checkpoint::seal::before_rename", |_| Err(CheckpointError::Injected(
+            "checkpoint::seal::before_rename".into()
+        )));
+        if let Err(e) = self.may_write(step) {
+            // Not ours to commit: the directory stays staged, never sealed.
+            let _ = fs::remove_file(&manifest_path);
+            return Err(e);
+        }
+        fs::rename(&staged_real, &final_dir).map_err(werr(&final_dir))?;
+        let after = |stage: &'static str| {
+            let dir = final_dir.clone();
+            move |e| CheckpointError::AfterCommit { step, dir, stage, source: Box::new(e) }
+        };
+        let sync_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CheckpointError::SyncDir { path, source }
+        };
+        fsync_dir(self.dir()).map_err(sync_err(self.dir())).map_err(after("syncing the checkpoints directory"))?;
+        fsync_dir(&self.staging_dir())
+            .map_err(sync_err(&self.staging_dir()))
+            .map_err(after("syncing the staging directory"))?;
+        let rotated_out =
+            self.may_write(step).and_then(|()| self.rotate(step)).map_err(after("rotating out old checkpoints"))?;
+        Ok(SaveReport {
+            step,
+            dir: final_dir,
+            bytes: manifest.total_bytes() + manifest_bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            already_existed: false,
+            rotated_out,
+        })
+    }
+
+    /// `staged`, resolved, when it is a real directory directly under the
+    /// staging directory.
+    fn check_staged(&self, staged: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
+        let refuse = |reason: String| CheckpointError::Seal { dir: staged.to_path_buf(), step, reason };
+        let meta = fs::symlink_metadata(staged).map_err(|e| refuse(format!("cannot read it: {e}")))?;
+        if meta.file_type().is_symlink() || !meta.is_dir() {
+            return Err(refuse("not a directory (a symlink is refused too): stage the files in a directory".into()));
+        }
+        let staging = self.staging_dir();
+        let real = fs::canonicalize(staged).map_err(|e| refuse(format!("cannot resolve it: {e}")))?;
+        let staging_real = fs::canonicalize(&staging)
+            .map_err(|e| refuse(format!("the staging directory {} cannot be resolved: {e}", staging.display())))?;
+        if real.parent() != Some(staging_real.as_path()) {
+            return Err(refuse(format!(
+                "it is not a directory directly under the staging directory {} (REKINDLE_CHECKPOINT_DIR): \
+                 only a directory staged there can be renamed into the checkpoints atomically",
+                staging.display()
+            )));
+        }
+        Ok(real)
+    }
+
+    /// The newest files checkpoint that verifies fully, and the newer ones
+    /// that do not (for the caller to record and quarantine). A valid native
+    /// checkpoint on the way is [`CheckpointError::WrongKind`].
+    pub fn newest_files_checkpoint(&self) -> Result<FilesOutcome, CheckpointError> {
+        let mut rejected = Vec::new();
+        if !self.dir().exists() {
+            return Ok(FilesOutcome { newest: None, rejected });
+        }
+        for info in self.list(VerifyLevel::Quick)? {
+            if !info.valid {
+                rejected.push(info);
+                continue;
+            }
+            refuse_other_kind(&info.dir, CheckpointKind::Files)?;
+            let failures = verify_checkpoint_dir(&info.dir, VerifyLevel::Full);
+            if failures.is_empty() {
+                return Ok(FilesOutcome { newest: Some(info), rejected });
+            }
+            rejected.push(CheckpointInfo { valid: false, failures, ..info });
+        }
+        Ok(FilesOutcome { newest: None, rejected })
+    }
+}
+
+/// The names of the files of a staged directory, sorted, or why it cannot be
+/// sealed: empty, or holding anything but plain files with plain names.
+fn staged_files(dir: &Path) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    let entries = fs::read_dir(dir).map_err(|e| format!("cannot list it: {e}"))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot list it: {e}"))?;
+        let name = entry.file_name().into_string().map_err(|n| format!("{n:?} is not a UTF-8 file name"))?;
+        let kind = entry.file_type().map_err(|e| format!("cannot read `{name}`: {e}"))?;
+        if kind.is_symlink() {
+            return Err(format!("`{name}` is a symlink: a checkpoint holds its own data; copy the file in"));
+        }
+        if !kind.is_file() {
+            return Err(format!(
+                "`{name}` is not a plain file (a subdirectory?): a checkpoint is one flat directory of files"
+            ));
+        }
+        if name == MANIFEST_FILE || !is_plain_name(&name) {
+            return Err(format!("`{name}` is a name rekindle reserves for the checkpoint's manifest"));
+        }
+        names.push(name);
+    }
+    if names.is_empty() {
+        return Err("it is empty: write the checkpoint's files into it first".into());
+    }
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{Snapshot, TensorSet};
+
+    fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+        let dir = store.staging_dir().join(name);
+        fs::create_dir_all(&dir).unwrap();
+        for (file, bytes) in files {
+            fs::write(dir.join(file), bytes).unwrap();
+        }
+        dir
+    }
+
+    fn steps(store: &CheckpointStore) -> Vec<u64> {
+        store.list(VerifyLevel::Full).unwrap().iter().filter(|i| i.valid).map(|i| i.step).collect()
+    }
+
+    #[test]
+    fn a_sealed_directory_is_a_checkpoint_that_verifies_with_every_file_hashed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path().join("checkpoints"), 3).unwrap();
+        store.reset_staging().unwrap();
+        // Names that mean something to native checkpoints are the program's own here.
+        let staged = stage(&store, "a", &[("weights.npy", b"\x93NUMPY..."), ("state.json", b"not json")]);
+        let report = store.seal(&staged, 10).unwrap();
+        assert_eq!(report.dir, store.step_dir(10));
+        assert!(!staged.exists(), "renamed, not copied");
+        assert!(verify_checkpoint_dir(&report.dir, VerifyLevel::Full).is_empty());
+        let manifest = super::super::read_manifest(&report.dir).unwrap();
+        assert_eq!(manifest.kind, CheckpointKind::Files);
+        let names: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["state.json", "weights.npy"]);
+        let outcome = store.newest_files_checkpoint().unwrap();
+        assert_eq!(outcome.newest.unwrap().step, 10);
+        assert!(outcome.rejected.is_empty());
+    }
+
+    #[test]
+    fn sealing_rotates_like_native_checkpoints() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 2).unwrap();
+        store.reset_staging().unwrap();
+        for step in [1, 2, 3] {
+            let staged = stage(&store, &format!("s{step}"), &[("x", &[step as u8])]);
+            store.seal(&staged, step).unwrap();
+        }
+        assert_eq!(steps(&store), vec![3, 2]);
+    }
+
+    #[test]
+    fn what_cannot_be_a_checkpoint_is_refused_and_left_staged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path().join("c"), 3).unwrap();
+        store.reset_staging().unwrap();
+        let ok = stage(&store, "ok", &[("x", b"1")]);
+        store.seal(&ok, 5).unwrap();
+        let refused = |dir: &Path, step: u64, says: &str| {
+            let err = store.seal(dir, step).unwrap_err();
+            assert!(matches!(err, CheckpointError::Seal { .. }), "{err}");
+            assert!(err.to_string().contains(says), "{err} should say {says}");
+        };
+        let older = stage(&store, "older", &[("x", b"2")]);
+        refused(&older, 5, "not newer than the newest checkpoint (step 5");
+        refused(&older, 4, "not newer");
+        let empty = stage(&store, "empty", &[]);
+        refused(&empty, 6, "it is empty");
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("x"), b"1").unwrap();
+        refused(&outside, 6, "not a directory directly under the staging directory");
+        let link = store.staging_dir().join("link");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        refused(&link, 6, "a symlink is refused");
+        let with_link = stage(&store, "with_link", &[("a", b"1")]);
+        std::os::unix::fs::symlink(outside.join("x"), with_link.join("b")).unwrap();
+        refused(&with_link, 6, "`b` is a symlink");
+        let nested = stage(&store, "nested", &[("a", b"1")]);
+        fs::create_dir(nested.join("sub")).unwrap();
+        refused(&nested, 6, "`sub` is not a plain file");
+        let manifest = stage(&store, "manifest", &[(MANIFEST_FILE, b"{}")]);
+        refused(&manifest, 6, "reserves");
+        refused(&store.staging_dir().join("absent"), 6, "cannot read it");
+        assert!(older.join("x").exists() && !older.join(MANIFEST_FILE).exists(), "left as it was");
+        assert_eq!(steps(&store), vec![5]);
+    }
+
+    #[test]
+    fn a_guard_that_refuses_leaves_the_directory_staged_and_unsealed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 3)
+            .unwrap()
+            .with_commit_guard(crate::checkpoint::CommitGuard::new(|| Err("the lock is another's".into())));
+        store.reset_staging().unwrap();
+        let staged = stage(&store, "a", &[("x", b"1")]);
+        let err = store.seal(&staged, 1).unwrap_err();
+        assert!(err.not_owner(), "{err}");
+        assert!(staged.join("x").exists() && !staged.join(MANIFEST_FILE).exists());
+        assert!(steps(&store).is_empty());
+    }
+
+    #[test]
+    fn exec_refuses_native_checkpoints_and_rejects_damaged_newer_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+        store.reset_staging().unwrap();
+        for step in [1, 2] {
+            let staged = stage(&store, &format!("s{step}"), &[("w", b"weights")]);
+            store.seal(&staged, step).unwrap();
+        }
+        fs::write(store.step_dir(2).join("w"), b"weighTs").unwrap();
+        let outcome = store.newest_files_checkpoint().unwrap();
+        assert_eq!(outcome.newest.unwrap().step, 1);
+        assert_eq!(outcome.rejected.iter().map(|i| i.step).collect::<Vec<_>>(), vec![2]);
+
+        let native = CheckpointStore::open(tmp.path().join("native"), 3).unwrap();
+        native
+            .save(&Snapshot { step: 1, model: TensorSet::new(), optimizer: TensorSet::new(), state: "s".into() })
+            .unwrap();
+        let err = native.newest_files_checkpoint().unwrap_err();
+        assert!(matches!(err, CheckpointError::WrongKind { found: CheckpointKind::Native, .. }), "{err}");
+        assert!(err.to_string().contains("`rekindle exec` hands a program only checkpoints it sealed"), "{err}");
+        native.reset_staging().unwrap();
+        let staged = stage(&native, "s", &[("w", b"1")]);
+        assert!(matches!(native.seal(&staged, 2).unwrap_err(), CheckpointError::WrongKind { .. }));
+    }
+
+    #[test]
+    fn resetting_the_staging_directory_removes_what_was_never_sealed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+        assert!(store.reset_staging().unwrap().is_empty());
+        let half = stage(&store, "half", &[("w", b"half written")]);
+        fs::write(store.staging_dir().join("stray"), b"x").unwrap();
+        let removed = store.reset_staging().unwrap();
+        assert_eq!(removed.len(), 2);
+        assert!(!half.exists() && store.staging_dir().is_dir());
+        assert!(steps(&store).is_empty());
+    }
+}

@@ -1,0 +1,451 @@
+//! `rekindle exec -- CMD`: any training program (PyTorch, JAX, numpy, a
+//! shell script) as a child under the lifecycle of `rekindle run`, reusing
+//! its pieces (the lock, `rundir`, the start's quarantine and records, the
+//! ending's requeue, publish and crash decisions):
+//!
+//! ```text
+//! exec         load config ─ lock the run dir ─ prepare it ─ `start`
+//!              ─ newest files checkpoint that verifies (newer damaged ones
+//!              recorded and quarantined; a native one refused) ─ `resume` or
+//!              fresh start ─ trim metrics ─ empty the staging dir ─ monitor
+//! child.rs     spawn (own process group, parent-death signal, contract
+//!              environment: contract.rs) ─ `child_start` ─ wait on exit,
+//!              stop signals (stop file + SIGTERM to the group), the deadline
+//!              (SIGKILL), a lost lock (SIGKILL), stderr (teed, tail kept)
+//! verdict.rs   finished / stopped / crashed (classified) / lock lost
+//! exec         `child_exit` ─ finished: summary, publish, `finish`, exit 0
+//!              ─ stopped: requeue, summary, publish, `stop`; exit 75 with a
+//!              durable checkpoint, else 1 ─ crashed: requeue when transient
+//!              (bounded), `error`, exit 1
+//! seal.rs      `rekindle seal DIR --step N`: a staged directory becomes a
+//!              checkpoint (checkpoint/files.rs) under the supervisor's lock
+//! ```
+
+mod child;
+mod contract;
+mod seal;
+mod verdict;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::checkpoint::{CheckpointStore, CommitGuard, MANIFEST_FILE, VerifyLevel, read_manifest};
+use crate::config::{self, Config};
+use crate::exit::Outcome;
+use crate::slurm::SlurmEnv;
+use crate::telemetry::{
+    ChildExit, ChildStart, ErrorEvent, Event, EventLog, Finish, PublishOutcome, RecordedEvent, Start, Stop, Summary,
+    SummaryState, now_rfc3339,
+};
+
+use super::budget;
+use super::devices;
+use super::error::RunError;
+use super::lock::{LockRequest, RunLock};
+use super::run::ending::{StopRequeue, publish_results, record_or_log, requeue_after_failure};
+use super::run::start::{
+    fresh_start, last_logged_step, previous_summary, resume_record, set_aside_rejected, takeover_event,
+    truncate_metrics,
+};
+use super::run::{context, recorded};
+use super::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
+use super::stop::StopFlag;
+use child::{StopTaken, Supervised};
+use contract::ChildEnv;
+use verdict::{ChildEnd, Verdict};
+
+pub use contract::{
+    ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STOP_FILE,
+    PROTOCOL, STOP_FILE,
+};
+pub use seal::{SealOptions, seal};
+
+/// What `rekindle exec` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    /// The TOML config; without one, every default (then `run_dir` is needed).
+    pub config_path: Option<PathBuf>,
+    pub overrides: Vec<String>,
+    pub run_dir: Option<PathBuf>,
+    pub allow_config_change: bool,
+    /// The program and its arguments.
+    pub command: Vec<OsString>,
+}
+
+/// Runs the program under the lifecycle (module header); `Done` when it
+/// finished, `StoppedWithCheckpoint` after a stop with a durable checkpoint.
+pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
+    let stop = StopFlag::install().map_err(|source| RunError::RunDir { path: PathBuf::from("<signals>"), source })?;
+    let cfg = load_config(opts)?;
+    let slurm = SlurmEnv::from_process();
+    let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
+    let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
+    let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
+    tracing::info!(dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
+    let ownership = lock.ownership();
+    let guard = {
+        let lock = ownership.clone();
+        CommitGuard::new(move || lock.confirm())
+    };
+    // The supervisor commits nothing itself (`rekindle seal` does), but it
+    // quarantines and removes staged leftovers: only as the lock's owner.
+    let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
+    let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
+    events.record(&Event::Start(Start {
+        pid: std::process::id(),
+        rekindle_version: env!("CARGO_PKG_VERSION").into(),
+        run_dir: dir.root.clone(),
+        allocation: serde_json::to_value(&slurm).unwrap_or_default(),
+        max_steps: cfg.run.max_steps,
+        placement: serde_json::json!({"exec": child::display_command(&opts.command)}),
+        ..Start::default()
+    }))?;
+    if let Some(takeover) = ownership.takeover() {
+        events.record(&takeover_event(takeover))?;
+    }
+    let found = store.newest_files_checkpoint()?;
+    set_aside_rejected(&store, &mut events, &found.rejected)?;
+    let resumed = found.newest;
+    let start_step = resumed.as_ref().map(|c| c.step);
+    // Only the program knows when it is done: a stop before it started is
+    // never "finished" (max_steps = u64::MAX).
+    if let Some(early) = super::run::ending::early_stop(&stop, &mut events, start_step, u64::MAX, &cfg, &slurm)? {
+        return Ok(early);
+    }
+    let resumes = previous_summary(&dir).map(|s| s.resumes).unwrap_or(0);
+    let resumes = match &resumed {
+        Some(c) => {
+            let created_at = read_manifest(&c.dir).map(|m| m.created_at).unwrap_or_default();
+            let last_logged = last_logged_step(&dir.path(METRICS_FILE));
+            let resume = resume_record(c.step, &c.dir, &created_at, last_logged, &slurm, chrono::Utc::now());
+            tracing::info!(step = c.step, dir = %c.dir.display(), "the program resumes from this checkpoint");
+            events.record(&Event::Resume(resume))?;
+            resumes + 1
+        }
+        None => {
+            fresh_start(&mut events, found.rejected.len())?;
+            resumes
+        }
+    };
+    // The program logged steps past the checkpoint before it was stopped:
+    // it trains them again, so their lines go (every step exactly once).
+    truncate_metrics(&dir.path(METRICS_FILE), start_step.unwrap_or(0))?;
+    for leftover in store.reset_staging()? {
+        tracing::warn!(path = %leftover.display(), "removed a staged checkpoint that was never sealed");
+    }
+    let _ = std::fs::remove_file(contract::stop_file(&dir.root));
+    let monitor = devices::start_job_monitor(&cfg, &dir);
+    let env = ChildEnv {
+        run_dir: absolute(&dir.root),
+        resume_from: resumed.as_ref().map(|c| absolute(&c.dir)),
+        checkpoint_dir: absolute(&store.staging_dir()),
+        stop_file: absolute(&contract::stop_file(&dir.root)),
+        deadline: slurm.end_time,
+        bin: std::env::current_exe().map_err(|source| RunError::RunDir { path: "<current exe>".into(), source })?,
+        exec_pid: std::process::id(),
+    };
+    let attempt = ExecAttempt { cfg, dir, store, slurm, started: Instant::now(), start_step, resumes, monitor };
+    let supervised = child::supervise(&opts.command, &env, &attempt.cfg, &stop, &ownership, &mut events, |pid, ev| {
+        tracing::info!(pid, command = %child::display_command(&opts.command), "the program started");
+        record_or_log(
+            ev,
+            &Event::ChildStart(ChildStart {
+                command: opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+                pid,
+                protocol: PROTOCOL,
+                resume_from: env.resume_from.clone(),
+                resume_step: start_step,
+                checkpoint_dir: env.checkpoint_dir.clone(),
+                stop_file: env.stop_file.clone(),
+                deadline: env.deadline,
+            }),
+        );
+    });
+    let supervised = match supervised {
+        Ok(s) => s,
+        Err(e) => {
+            let (class, why) = super::crash::classify(&e, 0);
+            attempt.fail(&mut events, &e, class, &why);
+            return Err(e);
+        }
+    };
+    attempt.end(&mut events, supervised, &stop, &opts.command)
+}
+
+/// The config of `opts`, or every default with the overrides.
+fn load_config(opts: &ExecOptions) -> Result<Config, RunError> {
+    let loaded = match &opts.config_path {
+        Some(path) => config::load(path, &opts.overrides)?,
+        None => config::from_str("", "<defaults>", &opts.overrides)?,
+    };
+    Ok(loaded.config)
+}
+
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Checkpoints the program sealed.
+#[derive(Debug, Clone, Copy)]
+struct Sealed {
+    this_attempt: u64,
+    /// After the stop was requested (its stop checkpoint).
+    after_stop: u64,
+    /// Seconds from the stop signal to the first of those.
+    seconds_to_durable: Option<f64>,
+}
+
+/// One attempt of `rekindle exec`, from the program's start to the exit.
+struct ExecAttempt {
+    cfg: Config,
+    dir: RunDir,
+    store: CheckpointStore,
+    slurm: SlurmEnv,
+    started: Instant,
+    /// The step resumed from (`None`: a fresh start).
+    start_step: Option<u64>,
+    resumes: u64,
+    monitor: Option<crate::gpu::Monitor>,
+}
+
+impl ExecAttempt {
+    /// The newest checkpoint that passes the quick check now.
+    fn newest_step(&self) -> Option<u64> {
+        match self.store.list(VerifyLevel::Quick) {
+            Ok(infos) => infos.into_iter().find(|i| i.valid).map(|i| i.step),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list the checkpoints; counting none");
+                None
+            }
+        }
+    }
+
+    /// Checkpoints sealed in this attempt, and since its stop signal
+    /// (`checkpoint_saved` events after the last `start`, and after its
+    /// `signal`), and the seconds from the signal to the first of those.
+    fn sealed(&self) -> Sealed {
+        let events = recorded(&self.dir.path(EVENTS_FILE));
+        let since = events.iter().rposition(|e| matches!(e.event, Event::Start(_))).map_or(0, |i| i + 1);
+        let attempt = &events[since..];
+        let saved = |e: &&RecordedEvent| matches!(e.event, Event::CheckpointSaved(_));
+        let signal = attempt.iter().position(|e| matches!(e.event, Event::Signal(_)));
+        let after_stop = signal.map_or(&[][..], |i| &attempt[i..]);
+        let arrival = signal.and_then(|i| match &attempt[i].event {
+            Event::Signal(s) => s.arrival.as_deref().and_then(|a| chrono::DateTime::parse_from_rfc3339(a).ok()),
+            _ => None,
+        });
+        let first_after = after_stop.iter().find(saved).and_then(|e| e.time);
+        let to_durable = arrival
+            .zip(first_after)
+            .map(|(a, t)| (t - a.with_timezone(&chrono::Utc)).num_milliseconds().max(0) as f64 / 1000.0);
+        Sealed {
+            this_attempt: attempt.iter().filter(saved).count() as u64,
+            after_stop: after_stop.iter().filter(saved).count() as u64,
+            seconds_to_durable: to_durable,
+        }
+    }
+
+    fn end(
+        self,
+        events: &mut EventLog,
+        ran: Supervised,
+        stop: &StopFlag,
+        command: &[OsString],
+    ) -> Result<Outcome, RunError> {
+        let end = ChildEnd::from_status(ran.status);
+        let seals = self.sealed();
+        let sealed = seals.this_attempt;
+        let newest = self.newest_step();
+        let verdict = verdict::verdict(end, ran.stop.is_some(), ran.lock_lost, sealed);
+        let (exit_code, signal) = match end {
+            ChildEnd::Exited(code) => (Some(code), None),
+            ChildEnd::Signaled(sig) => (None, Some(verdict::signal_name(sig))),
+        };
+        tracing::info!(pid = ran.pid, how = %end.describe(), verdict = verdict.name(), sealed, "the program ended");
+        if verdict == Verdict::LockLost {
+            // Another process owns the run directory: nothing more is written.
+            return Err(RunError::LockLost { dir: self.dir.root.clone() });
+        }
+        record_or_log(
+            events,
+            &Event::ChildExit(ChildExit {
+                pid: ran.pid,
+                exit_code,
+                signal,
+                seconds: ran.seconds,
+                stop_requested: ran.stop.is_some(),
+                killed_at_deadline: ran.killed_at_deadline,
+                last_sealed_step: newest,
+                sealed_this_attempt: sealed,
+                verdict: verdict.name().into(),
+                stderr_tail: ran.stderr_tail.clone(),
+            }),
+        );
+        match verdict {
+            Verdict::Finished => self.finish(events, newest, sealed),
+            Verdict::Stopped => {
+                let taken = ran.stop.expect("a stopped verdict has a stop");
+                self.stopped(events, taken, stop, newest, seals, ran.killed_at_deadline)
+            }
+            Verdict::Crashed { class, why } => {
+                let error = RunError::ChildFailed {
+                    command: child::display_command(command),
+                    how: end.describe(),
+                    class,
+                    why: why.clone(),
+                };
+                self.write_summary(SummaryState::Failed, newest, sealed);
+                self.fail(events, &error, class, &why);
+                Err(error)
+            }
+            Verdict::LockLost => unreachable!("returned above"),
+        }
+    }
+
+    /// The program finished: summary, publish, `finish`, exit 0.
+    fn finish(mut self, events: &mut EventLog, newest: Option<u64>, sealed: u64) -> Result<Outcome, RunError> {
+        devices::stop_monitor(self.monitor.take(), events)?;
+        self.write_summary(SummaryState::Finished, newest, sealed);
+        let publish = self.publish(events, newest, "finished", None);
+        events.record(&Event::Finish(Finish { step: newest.unwrap_or(0), publish }))?;
+        tracing::info!(step = newest, "the program finished");
+        Ok(Outcome::Done)
+    }
+
+    /// The stop path of `run/ending.rs`, in its order, with the program's
+    /// last sealed checkpoint as the stop checkpoint: requeue decision,
+    /// monitor, summary, publish, `stop`; 75 with a durable checkpoint.
+    fn stopped(
+        mut self,
+        events: &mut EventLog,
+        taken: StopTaken,
+        stop: &StopFlag,
+        newest: Option<u64>,
+        seals: Sealed,
+        killed: bool,
+    ) -> Result<Outcome, RunError> {
+        let sealed = seals.this_attempt;
+        let StopTaken { reason, deadline, .. } = taken;
+        let requeued = StopRequeue::decide(&self.cfg, &self.slurm, reason, false, deadline, stop, events);
+        let mut failures = Vec::new();
+        if let Err(e) = devices::stop_monitor(self.monitor.take(), events) {
+            failures.push(format!("monitor: {e}"));
+        }
+        let state = if newest.is_some() { SummaryState::Stopped } else { SummaryState::Failed };
+        self.write_summary(state, newest, sealed);
+        let publish = match requeued.publish_deadline(stop, deadline) {
+            None => PublishOutcome::Skipped { skipped: "fast exit".into() },
+            Some(until) => self.publish(events, newest, &reason.name(), until),
+        };
+        let requeue = requeued.record;
+        let no_new = (seals.after_stop == 0).then(|| {
+            if killed {
+                "the program was killed at the stop deadline before it sealed a checkpoint after the stop".to_string()
+            } else {
+                "the program sealed no checkpoint after the stop".to_string()
+            }
+        });
+        let Some(step) = newest else {
+            let error = no_new.unwrap_or_else(|| "no checkpoint verifies".into());
+            record_or_log(
+                events,
+                &Event::Error(ErrorEvent {
+                    error: format!("stopped by {} with no checkpoint: {error}", reason.name()),
+                    requeue: Some(requeue),
+                    ..ErrorEvent::default()
+                }),
+            );
+            let _ = events.sync();
+            return Err(RunError::StopWithoutCheckpoint { reason: reason.name(), step: 0, error });
+        };
+        record_or_log(
+            events,
+            &Event::Stop(Stop {
+                step: Some(step),
+                reason: reason.name(),
+                seconds_to_durable_checkpoint: seals.seconds_to_durable,
+                seconds_left: Some(budget::seconds_left(deadline, Instant::now())),
+                signals_received: Some(stop.count()),
+                publish: Some(publish),
+                requeue: Some(requeue),
+                checkpoint_error: no_new.clone(),
+                failures,
+                ..Stop::default()
+            }),
+        );
+        if let Err(e) = events.sync() {
+            tracing::error!(error = %e, "could not sync events.jsonl");
+        }
+        match no_new {
+            None => tracing::info!(step, "stopped with a durable checkpoint; run the same command again to continue"),
+            Some(why) => tracing::warn!(
+                step,
+                dir = %self.store.step_dir(step).display(),
+                "{why}: keeping the earlier checkpoint of step {step}, which verifies; run the same command again to \
+                 continue from it"
+            ),
+        }
+        Ok(Outcome::StoppedWithCheckpoint)
+    }
+
+    /// A failure: the requeue decision for its class, the `error` event,
+    /// a failed summary (exit 1 follows).
+    fn fail(mut self, events: &mut EventLog, error: &RunError, class: crate::telemetry::CrashClass, why: &str) {
+        tracing::error!(class = ?class, %why, "the program failed; classified before exiting 1");
+        let _ = devices::stop_monitor(self.monitor.take(), events);
+        let (requeue, hold_seconds, hold_error) =
+            requeue_after_failure(&self.cfg, &self.slurm, class, false, events, &self.dir.path(EVENTS_FILE));
+        record_or_log(
+            events,
+            &Event::Error(ErrorEvent {
+                step: self.newest_step(),
+                error: error.to_string(),
+                class: Some(class),
+                why: Some(why.to_string()),
+                requeue: Some(requeue),
+                hold_seconds,
+                hold_error,
+            }),
+        );
+        let _ = events.sync();
+    }
+
+    fn publish(
+        &self,
+        events: &mut EventLog,
+        newest: Option<u64>,
+        reason: &str,
+        deadline: Option<super::deadline::Deadline>,
+    ) -> PublishOutcome {
+        let manifest = newest.map(|s| self.store.step_dir(s).join(MANIFEST_FILE));
+        publish_results(&self.cfg, &self.dir.root, manifest, newest.unwrap_or(0), &self.slurm, reason, deadline, events)
+    }
+
+    /// `summary.json`: steps are the program's sealed steps (rekindle sees no
+    /// others); the losses are the program's to log in metrics.jsonl.
+    fn write_summary(&self, state: SummaryState, newest: Option<u64>, sealed: u64) {
+        let steps = newest.unwrap_or(0);
+        let summary = Summary {
+            state,
+            run: self.cfg.run.name.clone(),
+            steps,
+            max_steps: self.cfg.run.max_steps,
+            final_loss: None,
+            best_loss: None,
+            wall_seconds_this_attempt: self.started.elapsed().as_secs_f64(),
+            steps_this_attempt: steps.saturating_sub(self.start_step.unwrap_or(0)),
+            resumes: self.resumes,
+            checkpoints_written_this_attempt: sealed,
+            last_checkpoint_step: newest,
+            updated_at: now_rfc3339(),
+            world_size: None,
+            rank_nodes: None,
+        };
+        let path = self.dir.path(SUMMARY_FILE);
+        if let Err(e) = super::write_atomically(&path, &summary.to_bytes()) {
+            tracing::error!(error = %e, path = %path.display(), "could not write summary.json");
+        }
+    }
+}

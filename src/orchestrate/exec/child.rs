@@ -1,0 +1,289 @@
+//! The program as a child process, and the supervisor that waits on
+//! everything at once (a single-threaded tokio runtime on the main thread):
+//!
+//! - the child's exit;
+//! - the stop signals (TERM, INT, USR1, USR2; the [`StopFlag`] records each,
+//!   the tokio streams only wake the loop): on the first, the stop file is
+//!   written with the deadline and a `signal` event recorded; every stop
+//!   signal received is forwarded as SIGTERM to the child's whole process
+//!   group at once (DataLoader workers and `torchrun`'s ranks see it too;
+//!   SIGTERM because it is what programs trap, while SIGUSR1's default
+//!   action would kill one that does not);
+//! - the stop deadline (`budget::exit_now`: the deadline passed, or a third
+//!   signal): the group gets SIGKILL, and the last sealed checkpoint stands;
+//! - the run-directory lock, lost to another process: the group gets SIGKILL;
+//! - the child's stderr, teed through to ours with its last lines kept.
+//!
+//! The child is its own process group's leader and gets PR_SET_PDEATHSIG =
+//! SIGKILL: a rekindle that is SIGKILLed takes it along. The death signal
+//! fires when the *thread* that forked exits; the runtime is current-thread
+//! on the main thread, which lives as long as the process.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncBufReadExt;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::config::Config;
+use crate::telemetry::{Event, EventLog};
+
+use super::super::budget;
+use super::super::deadline::Deadline;
+use super::super::error::RunError;
+use super::super::lock::LockOwnership;
+use super::super::run::ending::{instant_to_rfc3339, record_or_log};
+use super::super::stop::{StopFlag, StopReason};
+use super::contract::{ChildEnv, StopNotice};
+
+/// Lines of the child's stderr kept for the `child_exit` event.
+pub const TAIL_LINES: usize = 20;
+/// Bytes kept of each such line.
+pub const TAIL_LINE_BYTES: usize = 500;
+
+/// How long the loop sleeps between looks at the stop flag and the lock
+/// (signals wake it at once; this catches one that arrived before the
+/// streams were registered, and a lock lost).
+const TICK: Duration = Duration::from_millis(100);
+
+/// After the child exited: how long to wait for the rest of its stderr (a
+/// grandchild may hold the pipe open).
+const STDERR_DRAIN: Duration = Duration::from_secs(1);
+
+/// A stop as the supervisor took it.
+#[derive(Debug, Clone, Copy)]
+pub struct StopTaken {
+    pub reason: StopReason,
+    pub deadline: Option<Deadline>,
+}
+
+/// How the child's run went.
+#[derive(Debug)]
+pub struct Supervised {
+    pub pid: u32,
+    pub status: ExitStatus,
+    pub stop: Option<StopTaken>,
+    pub killed_at_deadline: bool,
+    pub lock_lost: bool,
+    pub stderr_tail: Vec<String>,
+    pub seconds: f64,
+}
+
+/// Runs `command` with the contract's environment until it exits, handling
+/// stops, the deadline and the lock as the module header says. `on_spawn`
+/// gets the child's pid (for the `child_start` event) once it runs.
+pub fn supervise(
+    command: &[OsString],
+    env: &ChildEnv,
+    cfg: &Config,
+    stop: &StopFlag,
+    lock: &LockOwnership,
+    events: &mut EventLog,
+    on_spawn: impl FnOnce(u32, &mut EventLog),
+) -> Result<Supervised, RunError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| RunError::ExecRuntime { source })?;
+    runtime.block_on(async {
+        let shown = display_command(command);
+        let spawn_err = |source| RunError::ChildSpawn { command: shown.clone(), source };
+        // Registered before the child exists: a signal from then on wakes the loop.
+        let mut streams = Vec::new();
+        for kind in
+            [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::user_defined1(), SignalKind::user_defined2()]
+        {
+            streams.push(signal(kind).map_err(spawn_err)?);
+        }
+        let [term, int, usr1, usr2] = &mut streams[..] else { unreachable!("four streams") };
+        let mut child = spawn(command, env).map_err(spawn_err)?;
+        let started = Instant::now();
+        let pid = child.id().unwrap_or_default();
+        let group = Pid::from_raw(pid as i32);
+        on_spawn(pid, events);
+        let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+        let tee = child.stderr.take().map(|stderr| tokio::spawn(tee_stderr(stderr, Arc::clone(&tail))));
+        let mut tick = tokio::time::interval(TICK);
+        let (mut taken, mut forwarded, mut killed_at_deadline, mut lock_lost) = (None::<StopTaken>, 0, false, false);
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break status.map_err(spawn_err)?,
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = usr1.recv() => {}
+                _ = usr2.recv() => {}
+                _ = tick.tick() => {}
+            }
+            if !lock_lost && lock.is_lost() {
+                lock_lost = true;
+                tracing::error!(pid, "the run directory's lock was lost: killing the program's process group");
+                kill_group(group, Signal::SIGKILL);
+            }
+            let count = stop.count();
+            if count > forwarded {
+                if taken.is_none() {
+                    taken = Some(take_stop(stop, cfg, env, events));
+                }
+                tracing::warn!(pid, signals = count, "forwarding the stop to the program's process group (SIGTERM)");
+                for _ in forwarded..count {
+                    kill_group(group, Signal::SIGTERM);
+                }
+                forwarded = count;
+            }
+            if let Some(t) = &taken
+                && !killed_at_deadline
+                && budget::exit_now(count, t.deadline, Instant::now())
+            {
+                killed_at_deadline = true;
+                tracing::error!(
+                    pid,
+                    signals = count,
+                    "the program is still running at the stop deadline (or a third signal came): killing its process \
+                 group; the last sealed checkpoint stands"
+                );
+                kill_group(group, Signal::SIGKILL);
+            }
+        };
+        // Whatever of the group outlived its leader (workers it did not reap)
+        // must not train on: the group goes.
+        kill_group(group, Signal::SIGKILL);
+        if let Some(tee) = tee {
+            let _ = tokio::time::timeout(STDERR_DRAIN, tee).await;
+        }
+        let stderr_tail = tail.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
+        Ok(Supervised {
+            pid,
+            status,
+            stop: taken,
+            killed_at_deadline,
+            lock_lost,
+            stderr_tail,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    })
+}
+
+/// The child: its own process group, the contract's environment, stderr
+/// piped (teed), and the parent-death signal.
+fn spawn(command: &[OsString], env: &ChildEnv) -> std::io::Result<tokio::process::Child> {
+    let (program, args) = command.split_first().ok_or_else(|| std::io::Error::other("no command given"))?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).envs(env.vars()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    for var in env.unset() {
+        cmd.env_remove(var);
+    }
+    let parent = nix::unistd::getpid();
+    // SAFETY: between fork and exec only async-signal-safe calls: prctl and getppid.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // The parent may have died before the death signal was armed.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other("rekindle exited before the program started"));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// The first stop: its deadline, the stop file (written before the first
+/// SIGTERM, so a program that checks the file on the signal finds it) and
+/// the `signal` event.
+fn take_stop(stop: &StopFlag, cfg: &Config, env: &ChildEnv, events: &mut EventLog) -> StopTaken {
+    let reason = stop.signal().unwrap_or(StopReason::Signal(nix::libc::SIGTERM));
+    let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
+    let deadline = budget::stop_deadline(reason, arrival, cfg.signals.grace, cfg.signals.safety_margin);
+    let left = budget::seconds_left(deadline, Instant::now());
+    let unix_now = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
+    let notice = StopNotice { signal: reason.name(), deadline: unix_now + left.unwrap_or(0.0) };
+    if let Err(e) = super::super::write_atomically(&env.stop_file, &notice.to_bytes()) {
+        tracing::error!(error = %e, path = %env.stop_file.display(), "could not write the stop file; the program still gets SIGTERM");
+    }
+    tracing::warn!(reason = %reason.name(), seconds_left = ?left, "stop requested: the program has until the deadline to seal a checkpoint and exit");
+    record_or_log(
+        events,
+        &Event::Signal(crate::telemetry::Signal {
+            signal: reason.name(),
+            step: None,
+            arrival: Some(instant_to_rfc3339(arrival)),
+            deadline_in_seconds: Some(left),
+            before_training: false,
+        }),
+    );
+    StopTaken { reason, deadline }
+}
+
+/// Sends `sig` to the whole group; a group already gone is fine.
+fn kill_group(group: Pid, sig: Signal) {
+    if group.as_raw() <= 0 {
+        return;
+    }
+    if let Err(e) = killpg(group, sig)
+        && e != nix::errno::Errno::ESRCH
+    {
+        tracing::error!(error = %e, group = group.as_raw(), signal = %sig, "could not signal the program's process group");
+    }
+}
+
+/// Copies the child's stderr to ours line by line, keeping the last
+/// [`TAIL_LINES`] (each cut to [`TAIL_LINE_BYTES`]).
+async fn tee_stderr(stderr: tokio::process::ChildStderr, tail: Arc<Mutex<VecDeque<String>>>) {
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let _ = std::io::stderr().write_all(&line);
+                keep_line(&mut tail.lock().unwrap_or_else(PoisonError::into_inner), &line);
+            }
+        }
+    }
+}
+
+/// Adds one stderr line to the bounded tail.
+fn keep_line(tail: &mut VecDeque<String>, line: &[u8]) {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end_matches(['\n', '\r']);
+    let mut end = text.len().min(TAIL_LINE_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    if tail.len() == TAIL_LINES {
+        tail.pop_front();
+    }
+    tail.push_back(text[..end].to_string());
+}
+
+/// The command line as one string, for messages.
+pub fn display_command(command: &[OsString]) -> String {
+    command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_keeps_the_last_lines_each_bounded() {
+        let mut tail = VecDeque::new();
+        for i in 0..30 {
+            keep_line(&mut tail, format!("line {i}\n").as_bytes());
+        }
+        assert_eq!(tail.len(), TAIL_LINES);
+        assert_eq!((tail[0].as_str(), tail[TAIL_LINES - 1].as_str()), ("line 10", "line 29"));
+        keep_line(&mut tail, "é".repeat(400).as_bytes());
+        let last = tail.back().unwrap();
+        assert!(last.len() <= TAIL_LINE_BYTES && last.chars().all(|c| c == 'é'));
+        keep_line(&mut tail, b"\xff\xfe bad utf-8\r\n");
+        assert_eq!(tail.back().unwrap(), "\u{fffd}\u{fffd} bad utf-8");
+    }
+}

@@ -1,0 +1,178 @@
+//! `rekindle seal DIR --step N`: commits a directory the program staged
+//! into the checkpoint of step N (checkpoint/files.rs) and records it
+//! (`checkpoint_saved`, kind `sealed`; `checkpoint_failed` when it fails).
+//!
+//! The stop signals do not interrupt a seal (it ignores them: see
+//! [`ignore_stop_signals`]). Under `rekindle exec` the supervisor holds the run directory's lock, so
+//! the seal commits under that lock: `REKINDLE_EXEC_PID` names the holder,
+//! and the lock file must name it (pid and host) when the seal starts and
+//! again right before the rename. Outside `exec` the seal takes the lock
+//! itself, like any writer of a run directory. Seals of one run run one at
+//! a time (an exclusive lock on `checkpoints/.seal.lock`).
+
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{CheckpointStore, CommitGuard};
+use crate::config::{self, AnyKind};
+use crate::slurm::{self, SlurmEnv};
+use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, EventLog};
+
+use super::super::error::RunError;
+use super::super::lock::{LOCK_FILE, LockInfo, LockRequest, RunLock};
+use super::super::run::context;
+use super::super::run::ending::record_or_log;
+use super::super::rundir::{CONFIG_FILE, EVENTS_FILE, checkpoints_dir};
+use super::contract::{ENV_EXEC_PID, ENV_RUN_DIR};
+
+/// What `rekindle seal` was asked to do.
+#[derive(Debug, Clone)]
+pub struct SealOptions {
+    /// The staged directory.
+    pub staged: PathBuf,
+    pub step: u64,
+    /// The run directory (default: `REKINDLE_RUN_DIR`).
+    pub run_dir: Option<PathBuf>,
+}
+
+/// Seals the staged directory; returns the checkpoint's directory.
+pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
+    ignore_stop_signals();
+    let root = opts.run_dir.clone().or_else(|| std::env::var_os(ENV_RUN_DIR).map(PathBuf::from)).ok_or_else(|| {
+        RunError::Seal {
+            reason: format!(
+                "no run directory: pass --run-dir DIR, or call it from a program run by `rekindle exec` \
+                 ({ENV_RUN_DIR} is set there)"
+            ),
+        }
+    })?;
+    let config_path = root.join(CONFIG_FILE);
+    if !config_path.is_file() {
+        return Err(RunError::Seal {
+            reason: format!(
+                "{} is not a run directory (no {CONFIG_FILE}): start the run with `rekindle exec` first",
+                root.display()
+            ),
+        });
+    }
+    let cfg = config::load_with(&config_path, &[], &AnyKind)
+        .map_err(|e| RunError::PreviousConfig { path: config_path.clone(), reason: e.to_string() })?
+        .config;
+    // Held until the seal returns when this process had to take it.
+    let (guard, _own_lock) = match std::env::var(ENV_EXEC_PID).ok() {
+        Some(pid) => (supervisor_guard(&root, &pid)?, None),
+        None => {
+            let slurm = SlurmEnv::from_process();
+            let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
+            let ownership = lock.ownership();
+            (CommitGuard::new(move || ownership.confirm()), Some(lock))
+        }
+    };
+    let checkpoints = checkpoints_dir(&root, &cfg);
+    let _one_at_a_time = seal_lock(&checkpoints)?;
+    let store = CheckpointStore::open(&checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
+    let mut events = EventLog::open(root.join(EVENTS_FILE), context(&SlurmEnv::from_process()))?;
+    match store.seal(&opts.staged, opts.step) {
+        Ok(report) => {
+            tracing::info!(step = report.step, dir = %report.dir.display(), bytes = report.bytes, seconds = report.seconds, "sealed");
+            record_or_log(&mut events, &saved(&report, None));
+            Ok(report.dir)
+        }
+        Err(e) if e.committed() => {
+            let dir = store.step_dir(opts.step);
+            tracing::warn!(error = %e, "sealed, but a step after the commit failed");
+            let report = crate::checkpoint::SaveReport {
+                step: opts.step,
+                dir: dir.clone(),
+                bytes: 0,
+                seconds: 0.0,
+                already_existed: false,
+                rotated_out: Vec::new(),
+            };
+            record_or_log(&mut events, &saved(&report, Some(e.to_string())));
+            Ok(dir)
+        }
+        Err(e) => {
+            record_or_log(
+                &mut events,
+                &Event::CheckpointFailed(CheckpointFailed {
+                    step: opts.step,
+                    kind: "sealed".into(),
+                    error: e.to_string(),
+                    consecutive_failures: None,
+                }),
+            );
+            Err(e.into())
+        }
+    }
+}
+
+fn saved(report: &crate::checkpoint::SaveReport, warning: Option<String>) -> Event {
+    Event::CheckpointSaved(CheckpointSaved {
+        step: report.step,
+        kind: "sealed".into(),
+        bytes: Some(report.bytes),
+        persist_seconds: Some(report.seconds),
+        gb_per_s: (report.seconds > 0.0).then(|| report.bytes as f64 / report.seconds / 1e9),
+        dir: Some(report.dir.clone()),
+        rotated_out: Some(report.rotated_out.clone()),
+        warning,
+        ..CheckpointSaved::default()
+    })
+}
+
+/// A seal runs in the program's process group, so the stop that `rekindle
+/// exec` forwards to the group (and SLURM's `scancel -s TERM`, which signals
+/// every process of the job step) reaches a seal in flight too: killed, it
+/// would lose the periodic checkpoint it was committing and fail the
+/// program's save just when the program is about to write its stop
+/// checkpoint. A seal is short and ends by itself; the deadline's SIGKILL
+/// still bounds it.
+fn ignore_stop_signals() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR1, Signal::SIGUSR2] {
+        // SAFETY: installs SIG_IGN, no handler code runs.
+        if let Err(e) = unsafe { signal(sig, SigHandler::SigIgn) } {
+            tracing::warn!(signal = %sig, error = %e, "cannot ignore a stop signal during the seal");
+        }
+    }
+}
+
+/// The file whose exclusive lock seals hold while they run.
+const SEAL_LOCK: &str = ".seal.lock";
+
+/// Waits for any other seal of the run to end: a program that checkpoints
+/// from two threads gets its seals one after the other, so that the step
+/// check, the rename and rotation of one never interleave with another's
+/// (without it, concurrent seals committed steps out of order and rotated
+/// out checkpoints under each other's feet). Released when the returned file
+/// is dropped.
+fn seal_lock(checkpoints: &Path) -> Result<std::fs::File, RunError> {
+    let path = checkpoints.join(SEAL_LOCK);
+    let io = |source| RunError::RunDir { path: path.clone(), source };
+    std::fs::create_dir_all(checkpoints).map_err(io)?;
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io)?;
+    file.lock().map_err(io)?;
+    Ok(file)
+}
+
+/// A commit guard for a seal under `rekindle exec`: the lock file names the
+/// supervisor (`pid` on this host) now, and still does (same token) right
+/// before the rename.
+fn supervisor_guard(root: &Path, pid: &str) -> Result<CommitGuard, RunError> {
+    let lock_path = root.join(LOCK_FILE);
+    let pid: u32 =
+        pid.parse().map_err(|_| RunError::Seal { reason: format!("{ENV_EXEC_PID}={pid} is not a process id") })?;
+    let host = slurm::hostname();
+    let info = LockInfo::read(&lock_path).filter(|i| i.pid == pid && i.host == host).ok_or_else(|| RunError::Seal {
+        reason: format!(
+            "the lock {} does not name the supervising `rekindle exec` (pid {pid} on {host}): it has exited, or \
+             another process took the run directory over; nothing was sealed",
+            lock_path.display()
+        ),
+    })?;
+    let token = info.token;
+    Ok(CommitGuard::new(move || match LockInfo::read(&lock_path) {
+        Some(now) if now.token == token => Ok(()),
+        _ => Err(format!("the lock {} no longer names the supervising rekindle exec (pid {pid})", lock_path.display())),
+    }))
+}

@@ -1,0 +1,418 @@
+//! `rekindle exec -- CMD` driving a real numpy training program
+//! (python/examples/train_numpy.py, checkpointing weights, Adam moments and
+//! RNG state through python/rekindle_client.py): a stop mid-run and the
+//! resume end byte-identical to an uninterrupted run; a program that ignores
+//! the stop is killed at the deadline and its last sealed checkpoint is
+//! used; a half-staged checkpoint is never sealed nor used; a crash is
+//! classified with the program's stderr; a SIGKILLed rekindle takes the
+//! program along; `run` and `exec` refuse each other's checkpoints.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use crate::support::cli::{RunCmd, TINY_CONFIG, checkpoint_steps, events_named, exe, last_event, verify};
+use crate::support::requires;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+const STEPS: &str = "60";
+
+fn program() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/python/examples/train_numpy.py").to_string()
+}
+
+/// `rekindle exec --run-dir DIR -- python3 train_numpy.py --steps 60 --out OUT EXTRA…`.
+fn exec(run_dir: &Path, out: &Path, extra: &[&str]) -> RunCmd {
+    let program = program();
+    let out = out.to_string_lossy().into_owned();
+    let mut command = vec!["python3", program.as_str(), "--steps", STEPS, "--every", "5", "--out", out.as_str()];
+    command.extend_from_slice(extra);
+    RunCmd::exec(run_dir, &command)
+}
+
+/// The final weights of an uninterrupted run.
+fn reference(tmp: &Path) -> Vec<u8> {
+    let out = tmp.join("reference.npy");
+    exec(&tmp.join("reference"), &out, &[]).run(TIMEOUT).assert_code(0);
+    std::fs::read(out).unwrap()
+}
+
+fn rekindle(args: &[&str], dir: &Path) -> (Option<i32>, String) {
+    let out = Command::new(exe()).args(args).arg(dir).output().unwrap();
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+fn staged_leftovers(run_dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(run_dir.join("checkpoints/.staging"))
+        .map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_sigterm_mid_run_seals_a_checkpoint_exits_75_and_the_resume_ends_byte_identical() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = reference(tmp.path());
+    let run = tmp.path().join("run");
+    let out = tmp.path().join("w.npy");
+    let mut first = exec(&run, &out, &["--step-seconds", "0.05"]).spawn();
+    first.wait_for_step(12, TIMEOUT);
+    first.signal(Signal::SIGTERM);
+    let exited = first.wait(TIMEOUT);
+    exited.assert_code(75);
+    let child_exit = last_event(&run, "child_exit");
+    assert_eq!((child_exit["verdict"].as_str(), child_exit["stop_requested"].as_bool()), (Some("stopped"), Some(true)));
+    let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
+    assert!(stopped_at >= 12, "{stopped_at}");
+    assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at), "the stop checkpoint is the newest");
+    let stop = last_event(&run, "stop");
+    assert!(stop["checkpoint_error"].is_null(), "it sealed a checkpoint after the stop: {stop}");
+    let to_durable = stop["seconds_to_durable_checkpoint"].as_f64().unwrap_or_else(|| panic!("{stop}"));
+    assert!(to_durable < 5.0, "from the signal to the seal: {stop}");
+    assert!(!out.exists(), "not finished");
+
+    let second = exec(&run, &out, &[]).run(TIMEOUT);
+    second.assert_code(0);
+    let resume = last_event(&run, "resume");
+    assert_eq!(resume["step"].as_u64(), Some(stopped_at));
+    let start = last_event(&run, "child_start");
+    assert!(start["resume_from"].as_str().unwrap().ends_with(&format!("step-{stopped_at:010}")), "{start}");
+    assert!(second.stderr.contains(&format!("starting at step {stopped_at}")), "{}", second.tail());
+    assert_eq!(std::fs::read(&out).unwrap(), expected, "final weights differ from an uninterrupted run's");
+
+    // The read-only commands work unchanged on such a run directory.
+    let (code, text) = verify(&run);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = rekindle(&["checkpoints"], &run);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(STEPS), "{text}");
+    let (code, text) = rekindle(&["status"], &run);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("ended because the program finished at step {STEPS}")), "{text}");
+    let (code, text) = rekindle(&["report"], &run);
+    assert_eq!(code, Some(0), "{text}");
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(html.contains("<svg"), "the report plots the program's metrics");
+}
+
+#[test]
+fn a_program_that_ignores_the_stop_is_killed_at_the_deadline_and_its_last_sealed_checkpoint_is_used() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = reference(tmp.path());
+    let run = tmp.path().join("run");
+    let out = tmp.path().join("w.npy");
+    let mut first = exec(&run, &out, &["--step-seconds", "0.05", "--ignore-stop"])
+        .set("signals.grace=3s")
+        .set("signals.safety_margin=1s")
+        .spawn();
+    first.wait_for_step(12, TIMEOUT);
+    first.signal(Signal::SIGTERM);
+    let exited = first.wait(TIMEOUT);
+    exited.assert_code(75);
+    let child_exit = last_event(&run, "child_exit");
+    assert_eq!(child_exit["killed_at_deadline"], true, "{child_exit}");
+    assert_eq!(child_exit["signal"], "SIGKILL", "{child_exit}");
+    let stop = last_event(&run, "stop");
+    let kept = stop["step"].as_u64().unwrap();
+    assert_eq!(kept % 5, 0, "a periodic checkpoint: the program never answered the stop");
+    assert_eq!(checkpoint_steps(&run).last(), Some(&kept), "the last sealed checkpoint stands");
+    assert_eq!(stop["requeue"]["reason"], "fast exit", "past the deadline: as `run`, no requeue, no publish");
+    assert_eq!(verify(&run).0, Some(0), "the last sealed checkpoint is intact");
+
+    exec(&run, &out, &[]).run(TIMEOUT).assert_code(0);
+    assert_eq!(last_event(&run, "resume")["step"].as_u64(), Some(kept));
+    assert_eq!(std::fs::read(&out).unwrap(), expected);
+}
+
+#[test]
+fn a_checkpoint_half_staged_when_the_program_dies_is_never_sealed_nor_used() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = reference(tmp.path());
+    let run = tmp.path().join("run");
+    let out = tmp.path().join("w.npy");
+    let died = exec(&run, &out, &["--die-mid-save", "12"]).run(TIMEOUT);
+    died.assert_code(1);
+    assert_eq!(checkpoint_steps(&run), vec![5, 10], "step 12 was never sealed");
+    assert_eq!(staged_leftovers(&run).len(), 1, "the half-written directory stays staged");
+    let error = last_event(&run, "error");
+    assert_eq!(error["class"], "transient", "it died after sealing in this attempt: {error}");
+    assert!(died.stderr.contains("exited with code 9"), "{}", died.tail());
+
+    exec(&run, &out, &[]).run(TIMEOUT).assert_code(0);
+    assert_eq!(last_event(&run, "resume")["step"].as_u64(), Some(10), "resumed from the last sealed one");
+    assert!(staged_leftovers(&run).is_empty(), "the next attempt removed it");
+    assert_eq!(std::fs::read(&out).unwrap(), expected);
+}
+
+#[test]
+fn a_crashing_program_is_classified_and_its_stderr_tail_recorded() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let crashed = exec(&run, &tmp.path().join("w.npy"), &["--crash-at", "3"]).run(TIMEOUT);
+    crashed.assert_code(1);
+    let child_exit = last_event(&run, "child_exit");
+    assert_eq!((child_exit["exit_code"].as_i64(), child_exit["verdict"].as_str()), (Some(3), Some("crashed")));
+    let tail: Vec<&str> = child_exit["stderr_tail"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    assert_eq!(tail.last(), Some(&"RuntimeError: simulated crash at step 3"), "{child_exit}");
+    let error = last_event(&run, "error");
+    assert_eq!(error["class"], "deterministic", "it crashed before sealing anything: {error}");
+    assert!(error["why"].as_str().unwrap().contains("exited with code 3 before sealing"), "{error}");
+    let summary: Value = serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["state"], "failed", "{summary}");
+}
+
+#[test]
+fn a_sigkilled_rekindle_takes_its_program_along() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut running = RunCmd::exec(&run, &["sleep", "600"]).spawn();
+    let start = running.wait_for_event("child_start", TIMEOUT);
+    let child = Pid::from_raw(start["pid"].as_i64().unwrap() as i32);
+    assert!(kill(child, None).is_ok(), "the program runs");
+    running.signal(Signal::SIGKILL);
+    running.wait(TIMEOUT);
+    let t0 = std::time::Instant::now();
+    while kill(child, None).is_ok() && !is_zombie(child) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the program {child} outlived a SIGKILLed rekindle");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A process that has died but is not reaped yet (its new parent reaps it).
+fn is_zombie(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn run_and_exec_refuse_each_others_checkpoints_and_say_which_command_continues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exec_dir = tmp.path().join("exec");
+    let staged = exec_dir.join("checkpoints/.staging/s");
+    // A program that seals one checkpoint of step 1.
+    let script =
+        format!("mkdir -p {s} && echo weights > {s}/w && \"$REKINDLE_BIN\" -q seal {s} --step 1", s = staged.display());
+    RunCmd::exec(&exec_dir, &["sh", "-c", &script]).run(TIMEOUT).assert_code(0);
+    assert_eq!(checkpoint_steps(&exec_dir), vec![1]);
+    let refused = RunCmd::new(&exec_dir).arg("--allow-config-change").run(TIMEOUT);
+    refused.assert_code(1);
+    assert!(refused.stderr.contains("continue this run directory with `rekindle exec`"), "{}", refused.tail());
+    assert_eq!(checkpoint_steps(&exec_dir), vec![1], "neither quarantined nor removed");
+
+    let run_dir = tmp.path().join("run");
+    RunCmd::new(&run_dir).set("run.max_steps=12").run(TIMEOUT).assert_code(0);
+    let refused =
+        RunCmd::exec(&run_dir, &["true"]).arg("--config").arg(TINY_CONFIG).set("run.max_steps=12").run(TIMEOUT);
+    refused.assert_code(1);
+    assert!(refused.stderr.contains("continue this run directory with `rekindle run`"), "{}", refused.tail());
+}
+
+#[test]
+fn seal_outside_exec_takes_the_lock_and_refuses_what_is_not_staged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::exec(&run, &["true"]).run(TIMEOUT).assert_code(0);
+    let staging = run.join("checkpoints/.staging");
+    std::fs::create_dir_all(staging.join("a")).unwrap();
+    std::fs::write(staging.join("a/x.bin"), b"state").unwrap();
+    let seal = |dir: &Path, step: &str| {
+        let out = Command::new(exe())
+            .args(["seal", "--run-dir"])
+            .arg(&run)
+            .arg(dir)
+            .args(["--step", step])
+            .env_remove("REKINDLE_EXEC_PID")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = seal(&staging.join("a"), "7");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.trim().ends_with("step-0000000007"), "{stdout}");
+    let saved: Vec<Value> = events_named(&run, "checkpoint_saved");
+    assert_eq!((saved.len(), saved[0]["kind"].as_str()), (1, Some("sealed")));
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("x"), b"1").unwrap();
+    let (code, _, stderr) = seal(&outside, "8");
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("not a directory directly under the staging directory"), "{stderr}");
+    assert_eq!(last_event(&run, "checkpoint_failed")["kind"], "sealed");
+    assert_eq!(checkpoint_steps(&run), vec![7]);
+}
+
+#[test]
+fn the_orchestrator_script_runs_exec_outside_slurm_and_refuses_several_tasks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let run_arg = run.to_str().unwrap();
+    let out = crate::cli::orchestrator_script(&["--exec", "--run-dir", run_arg, "--", "sh", "-c", "exit 0"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("srun"), "no job step outside SLURM: {stderr}");
+    assert_eq!(last_event(&run, "child_exit")["verdict"], "finished");
+
+    let out = crate::cli::orchestrator_script(
+        &["--exec", "--run-dir", run_arg, "--", "true"],
+        &[("SLURM_JOB_ID", "7"), ("SLURM_NTASKS", "2")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("supervises one program per job"), "{stderr}");
+    let out = crate::cli::orchestrator_script(&["--exec", "--run-dir", run_arg, "true"], &[]);
+    assert_eq!(out.status.code(), Some(2), "no `--` before the command: usage");
+}
+
+#[test]
+fn the_pytorch_example_and_the_helper_compile() {
+    let Some(()) = requires::python() else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    for file in ["python/examples/train_torch.py", "python/examples/train_numpy.py", "python/rekindle_client.py"] {
+        // Compiled, not run: torch is too heavy to install for the tests.
+        let out = Command::new("python3")
+            .args(["-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"])
+            .arg(root.join(file))
+            .arg(tmp.path().join("out.pyc"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let torch = std::fs::read_to_string(root.join("python/examples/train_torch.py")).unwrap();
+    assert_eq!(torch.lines().filter(|l| l.ends_with("# rekindle")).count(), 5, "docs/exec.md promises five lines");
+}
+
+#[test]
+fn seals_from_parallel_threads_of_a_program_run_one_at_a_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    // Eight seals at once, with rotation (keep = 2) in every one of them.
+    let script = r#"for i in 1 2 3 4 5 6 7 8; do
+        d="$REKINDLE_CHECKPOINT_DIR/s$i"; mkdir "$d"; head -c 100000 /dev/urandom > "$d/w"
+        "$REKINDLE_BIN" -q seal "$d" --step "$i" >/dev/null 2>&1 &
+    done; wait"#;
+    RunCmd::exec(&run, &["sh", "-c", script]).set("checkpoint.keep=2").run(TIMEOUT).assert_code(0);
+    let saved = events_named(&run, "checkpoint_saved");
+    assert!(!saved.is_empty());
+    assert!(saved.iter().all(|e| e["warning"].is_null()), "a seal met another's rename: {saved:?}");
+    let steps: Vec<u64> = saved.iter().map(|e| e["step"].as_u64().unwrap()).collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "sealed out of order: {steps:?}");
+    assert_eq!(checkpoint_steps(&run).len(), saved.len().min(2), "{steps:?}");
+    assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn a_seal_that_dies_before_its_rename_leaves_no_checkpoint_and_the_next_attempt_clears_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    // The seal process dies after writing the manifest, before the rename
+    // (a failpoint of the real binary); the program then exits 0.
+    let script = r#"d="$REKINDLE_CHECKPOINT_DIR/s"; mkdir "$d"; echo w > "$d/w"
+        FAILPOINTS=checkpoint::seal::before_rename=panic "$REKINDLE_BIN" -q seal "$d" --step 1 2>/dev/null
+        echo "seal exited $?" >&2"#;
+    let first = RunCmd::exec(&run, &["sh", "-c", script]).run(TIMEOUT);
+    first.assert_code(0);
+    assert!(first.stderr.contains("seal exited 101"), "{}", first.tail());
+    assert!(checkpoint_steps(&run).is_empty(), "nothing was sealed");
+    let staged = run.join("checkpoints/.staging/s");
+    assert!(staged.join("MANIFEST.json").is_file(), "it died after writing the manifest, in the staging directory");
+    RunCmd::exec(&run, &["sh", "-c", "test -z \"$REKINDLE_RESUME_FROM\""]).run(TIMEOUT).assert_code(0);
+    assert!(!staged.exists(), "the next attempt removed it");
+    assert!(events_named(&run, "resume").is_empty());
+}
+
+#[test]
+fn a_program_that_cannot_start_is_a_deterministic_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let failed = RunCmd::exec(&run, &["/nonexistent/train", "--lr", "1"]).run(TIMEOUT);
+    failed.assert_code(1);
+    assert!(failed.stderr.contains("cannot start the program `/nonexistent/train --lr 1`"), "{}", failed.tail());
+    let error = last_event(&run, "error");
+    assert_eq!(error["class"], "deterministic", "{error}");
+    assert_eq!(error["requeue"]["decision"], "skip", "{error}");
+    assert!(events_named(&run, "child_start").is_empty());
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_is_quarantined_and_the_program_resumes_from_the_one_before() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let out = tmp.path().join("w.npy");
+    exec(&run, &out, &[]).run(TIMEOUT).assert_code(0);
+    let expected = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    assert_eq!(checkpoint_steps(&run), vec![50, 55, 60]);
+    crate::support::flip_byte(&run.join("checkpoints/step-0000000060/w.npy"));
+
+    let again = exec(&run, &out, &[]).run(TIMEOUT);
+    again.assert_code(0);
+    let quarantined = last_event(&run, "checkpoint_quarantined");
+    assert_eq!(quarantined["step"], 60, "{quarantined}");
+    assert!(quarantined["reason"].as_str().unwrap().contains("w.npy: sha256 mismatch"), "{quarantined}");
+    assert_eq!(last_event(&run, "resume")["step"], 55);
+    assert!(last_event(&run, "child_start")["resume_from"].as_str().unwrap().ends_with("step-0000000055"));
+    assert_eq!(std::fs::read(&out).unwrap(), expected, "the steps after 55 were trained again, identically");
+    let (code, text) = rekindle(&["checkpoints"], &run);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("quarantine"), "{text}");
+}
+
+#[test]
+fn a_lost_lock_kills_the_program_and_writes_nothing_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut running = RunCmd::exec(&run, &["sleep", "600"]).spawn();
+    let start = running.wait_for_event("child_start", TIMEOUT);
+    let child = Pid::from_raw(start["pid"].as_i64().unwrap() as i32);
+    // Another process takes the run directory over: the lock names it now.
+    let lock = run.join("rekindle.lock");
+    let mut info: Value = serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    info["token"] = "another-process".into();
+    info["pid"] = 1.into();
+    std::fs::write(&lock, serde_json::to_vec(&info).unwrap()).unwrap();
+    let before = crate::support::cli::events(&run).len();
+    let exited = running.wait(TIMEOUT);
+    exited.assert_code(1);
+    assert!(exited.stderr.contains("took over the lock"), "{}", exited.tail());
+    assert!(kill(child, None).is_err() || is_zombie(child), "the program {child} outlived the lost lock");
+    assert_eq!(crate::support::cli::events(&run).len(), before, "nothing more is recorded");
+}
+
+#[test]
+fn a_stop_forwarded_while_a_seal_is_in_flight_does_not_kill_the_seal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    // The seal waits 2 s before its rename; the program's process group (the
+    // seal included) gets SIGTERM meanwhile; the program waits for the seal.
+    let script = r#"trap 'echo "program got TERM" >&2' TERM
+        d="$REKINDLE_CHECKPOINT_DIR/s"; mkdir "$d"; echo w > "$d/w"
+        FAILPOINTS='checkpoint::seal::before_rename=sleep(2000)' "$REKINDLE_BIN" -q seal "$d" --step 1 >/dev/null &
+        seal=$!
+        touch "$REKINDLE_RUN_DIR/sealing"
+        while kill -0 $seal 2>/dev/null; do wait $seal; rc=$?; done
+        echo "seal exited $rc" >&2"#;
+    let mut running = RunCmd::exec(&run, &["sh", "-c", script]).spawn();
+    running.wait_until("the seal to start", TIMEOUT, |_| run.join("sealing").exists());
+    std::thread::sleep(Duration::from_millis(500));
+    running.signal(Signal::SIGTERM);
+    let exited = running.wait(TIMEOUT);
+    exited.assert_code(75);
+    assert!(exited.stderr.contains("program got TERM"), "{}", exited.tail());
+    assert!(exited.stderr.contains("seal exited 0"), "{}", exited.tail());
+    assert_eq!(checkpoint_steps(&run), vec![1]);
+    assert_eq!(last_event(&run, "stop")["step"], 1);
+}
