@@ -416,3 +416,18 @@ fn a_stop_forwarded_while_a_seal_is_in_flight_does_not_kill_the_seal() {
     assert_eq!(checkpoint_steps(&run), vec![1]);
     assert_eq!(last_event(&run, "stop")["step"], 1);
 }
+
+/// Under SLURM the lock names the node as SLURM does (SLURMD_NODENAME),
+/// which need not be the host name (the local cluster's n1 and n2 run on
+/// one host): the program's seals must still find their supervisor. The
+/// `exec` drill failed exactly so before the seal asked the same name.
+#[test]
+fn seals_find_their_supervisor_on_a_slurm_node_whose_name_is_not_the_host_name() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let out = tmp.path().join("w.npy");
+    exec(&run, &out, &[]).env("SLURMD_NODENAME", "not-this-host").run(TIMEOUT).assert_code(0);
+    assert!(!checkpoint_steps(&run).is_empty(), "the program sealed no checkpoint");
+    assert_eq!(std::fs::read(&out).unwrap(), reference(tmp.path()));
+}

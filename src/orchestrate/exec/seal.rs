@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{CheckpointStore, CommitGuard};
 use crate::config::{self, AnyKind};
-use crate::slurm::{self, SlurmEnv};
+use crate::slurm::SlurmEnv;
 use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, EventLog};
 
 use super::super::error::RunError;
@@ -156,13 +156,14 @@ fn seal_lock(checkpoints: &Path) -> Result<std::fs::File, RunError> {
 }
 
 /// A commit guard for a seal under `rekindle exec`: the lock file names the
-/// supervisor (`pid` on this host) now, and still does (same token) right
+/// supervisor (`pid` on this node, named as the lock names it: the SLURM
+/// node name, else the host name) now, and still does (same token) right
 /// before the rename.
 fn supervisor_guard(root: &Path, pid: &str) -> Result<CommitGuard, RunError> {
     let lock_path = root.join(LOCK_FILE);
     let pid: u32 =
         pid.parse().map_err(|_| RunError::Seal { reason: format!("{ENV_EXEC_PID}={pid} is not a process id") })?;
-    let host = slurm::hostname();
+    let host = SlurmEnv::from_process().node_name();
     let info = LockInfo::read(&lock_path).filter(|i| i.pid == pid && i.host == host).ok_or_else(|| RunError::Seal {
         reason: format!(
             "the lock {} does not name the supervising `rekindle exec` (pid {pid} on {host}): it has exited, or \
