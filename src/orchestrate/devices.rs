@@ -19,11 +19,13 @@
 //! dry run can pose as a GPU node (docs/placement.md). Nothing else reads it.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use candle_core::Device;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::checkpoint::TensorSet;
 use crate::config::{Config, MicroBatch, TrainSection};
 use crate::gpu::{
     self, DeviceKind, Footprint, GpuProbe, GpusReport, InventoryProbe, Monitor, MonitorSettings, PlacementRequest,
@@ -109,7 +111,21 @@ impl Devices {
     /// the CPU, and sets the trainer's layout. A failure to use a GPU is not
     /// an error here: [`announce`](Self::announce) reports it (or refuses,
     /// with `[gpu] require = true`) once the start event is written.
-    pub fn select(cfg: &Config, registry: &Registry, trainer: &mut Trainer) -> Result<Devices, RunError> {
+    ///
+    /// `initial` is the checkpoint the run resumes from: a trainer rebuilt
+    /// on a GPU takes its parameters from it rather than drawing them.
+    /// `ranks` is the data-parallel world's size: a world of several ranks
+    /// trains on the CPU (one rank per process, its collectives over MPI);
+    /// ranks on GPUs need NCCL, which this version does not build, and a
+    /// GPU-only step of rank 0 (its first-step snapshot, a rebuild on the
+    /// CPU) would leave the other ranks waiting in a collective.
+    pub fn select(
+        cfg: &Config,
+        registry: &Registry,
+        trainer: &mut Trainer,
+        initial: Option<&Arc<TensorSet>>,
+        ranks: usize,
+    ) -> Result<Devices, RunError> {
         let source = Source::from_env();
         let footprint = footprint_for(cfg, trainer.param_count());
         let host_free = gpu::host_available_bytes();
@@ -126,9 +142,18 @@ impl Devices {
         let wanted = report.plan.as_ref().filter(|p| p.device_kind != DeviceKind::Cpu);
         let too_big = report.plan_error.as_ref().filter(|_| gpu_kind != DeviceKind::Cpu);
         let (plan, groups, unusable) = match (wanted, too_big) {
+            (Some(_), _) | (None, Some(_)) if ranks > 1 => (
+                cpu_plan,
+                Vec::new(),
+                Some(format!(
+                    "a data-parallel run of {ranks} ranks trains on the CPU: ranks on GPUs need NCCL, which this \
+                     version of rekindle does not build (docs/distributed.md)"
+                )),
+            ),
             (Some(plan), _) => match replica_devices(&report, plan.device_kind) {
                 Ok(devices) => {
-                    let mut placed = Trainer::from_registry_on(cfg, registry, devices[0].clone())?;
+                    let mut placed =
+                        Trainer::from_registry_on_resuming(cfg, registry, devices[0].clone(), initial.cloned())?;
                     placed.place_replicas(devices)?;
                     *trainer = placed;
                     (plan.clone(), report.assignment.clone(), None)

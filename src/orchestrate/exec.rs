@@ -28,7 +28,7 @@ mod verdict;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::checkpoint::{CheckpointStore, CommitGuard, MANIFEST_FILE, VerifyLevel, read_manifest};
 use crate::config::{self, Config};
@@ -40,6 +40,7 @@ use crate::telemetry::{
 };
 
 use super::budget;
+use super::deadline::Deadline;
 use super::devices;
 use super::error::RunError;
 use super::lock::{LockRequest, RunLock};
@@ -328,7 +329,8 @@ impl ExecAttempt {
     ) -> Result<Outcome, RunError> {
         let sealed = seals.this_attempt;
         let StopTaken { reason, deadline, .. } = taken;
-        let requeued = StopRequeue::decide(&self.cfg, &self.slurm, reason, false, deadline, stop, events);
+        let requeue_by = requeue_deadline_after(deadline, killed, self.cfg.signals.safety_margin);
+        let requeued = StopRequeue::decide(&self.cfg, &self.slurm, reason, false, requeue_by, stop, events);
         let mut failures = Vec::new();
         if let Err(e) = devices::stop_monitor(self.monitor.take(), events) {
             failures.push(format!("monitor: {e}"));
@@ -417,7 +419,7 @@ impl ExecAttempt {
         events: &mut EventLog,
         newest: Option<u64>,
         reason: &str,
-        deadline: Option<super::deadline::Deadline>,
+        deadline: Option<Deadline>,
     ) -> PublishOutcome {
         let manifest = newest.map(|s| self.store.step_dir(s).join(MANIFEST_FILE));
         publish_results(&self.cfg, &self.dir.root, manifest, newest.unwrap_or(0), &self.slurm, reason, deadline, events)
@@ -447,5 +449,43 @@ impl ExecAttempt {
         if let Err(e) = super::write_atomically(&path, &summary.to_bytes()) {
             tracing::error!(error = %e, path = %path.display(), "could not write summary.json");
         }
+    }
+}
+
+/// The deadline the requeue decision of a stop runs under. A program killed
+/// at the stop deadline used all of its share of the grace, yet the requeue
+/// is what brings the job back, and `scontrol requeue` takes milliseconds:
+/// it still gets half of `[signals] safety_margin` (the other half stays for
+/// the exit before SLURM's SIGKILL). Unlike `run`, whose own save is bounded,
+/// a program too slow to save is the normal way an `exec` stop overruns, and
+/// skipping the requeue would leave the job FAILED with its run unfinished.
+fn requeue_deadline_after(
+    deadline: Option<Deadline>,
+    killed_at_deadline: bool,
+    safety_margin: Duration,
+) -> Option<Deadline> {
+    match deadline {
+        Some(d) if killed_at_deadline => Some(Deadline { at: d.at + safety_margin / 2 }),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_killed_at_the_deadline_leaves_the_requeue_half_the_safety_margin() {
+        let now = Instant::now();
+        let deadline = Some(Deadline { at: now });
+        let margin = Duration::from_secs(10);
+        let later = requeue_deadline_after(deadline, true, margin).unwrap();
+        assert_eq!(later.at, now + Duration::from_secs(5));
+        // Killed at the deadline, the requeue is no fast exit any more.
+        assert!(!budget::exit_now(1, Some(later), now + Duration::from_millis(50)));
+        assert!(budget::exit_now(1, deadline, now + Duration::from_millis(50)));
+        // A program that answered in time keeps the stop's own deadline.
+        assert_eq!(requeue_deadline_after(deadline, false, margin).unwrap().at, now);
+        assert!(requeue_deadline_after(None, true, margin).is_none());
     }
 }

@@ -262,7 +262,7 @@ impl Trainer {
     /// batches live there; snapshots are host copies as always).
     pub fn on_device(cfg: &Config, device: Device) -> Result<Self, TrainError> {
         let owned = cfg.clone();
-        Self::with_factory_on(cfg, Arc::new(move || builtin_workload(&owned)), device)
+        Self::with_factory_on(cfg, Arc::new(move || builtin_workload(&owned)), device, None)
     }
 
     /// A trainer for the workload `[model] kind` names, built-in or
@@ -282,23 +282,36 @@ impl Trainer {
         registry: &Registry,
         initial: Arc<TensorSet>,
     ) -> Result<Self, TrainError> {
-        let (owned, registry) = (cfg.clone(), registry.clone());
-        let factory: WorkloadFactory = Arc::new(move || registry.workload(&owned));
-        let mut trainer = Self::build(cfg, factory()?, Device::Cpu, Some(initial))?;
-        trainer.factory = Some(factory);
-        Ok(trainer)
+        Self::from_registry_on_resuming(cfg, registry, Device::Cpu, Some(initial))
     }
 
     /// [`from_registry`](Self::from_registry) on `device`.
     pub fn from_registry_on(cfg: &Config, registry: &Registry, device: Device) -> Result<Self, TrainError> {
+        Self::from_registry_on_resuming(cfg, registry, device, None)
+    }
+
+    /// [`from_registry_on`](Self::from_registry_on), with the parameters
+    /// built from `initial` when given (see
+    /// [`from_registry_resuming`](Self::from_registry_resuming)).
+    pub fn from_registry_on_resuming(
+        cfg: &Config,
+        registry: &Registry,
+        device: Device,
+        initial: Option<Arc<TensorSet>>,
+    ) -> Result<Self, TrainError> {
         let (owned, registry) = (cfg.clone(), registry.clone());
-        Self::with_factory_on(cfg, Arc::new(move || registry.workload(&owned)), device)
+        Self::with_factory_on(cfg, Arc::new(move || registry.workload(&owned)), device, initial)
     }
 
     /// A trainer whose workload `factory` makes, once for the trainer and
     /// once per replica on another device.
-    fn with_factory_on(cfg: &Config, factory: WorkloadFactory, device: Device) -> Result<Self, TrainError> {
-        let mut trainer = Self::with_workload_on(cfg, factory()?, device)?;
+    fn with_factory_on(
+        cfg: &Config,
+        factory: WorkloadFactory,
+        device: Device,
+        initial: Option<Arc<TensorSet>>,
+    ) -> Result<Self, TrainError> {
+        let mut trainer = Self::build(cfg, factory()?, device, initial)?;
         trainer.factory = Some(factory);
         Ok(trainer)
     }

@@ -148,21 +148,8 @@ fn a_rank_sigkilled_mid_run_leaves_every_committed_checkpoint_valid_and_the_run_
     let tmp = tempfile::tempdir().unwrap();
     for victim in [0, 1] {
         let run_dir = tmp.path().join(format!("killed-rank-{victim}"));
-        let mut child = mpirun_command(2, training.command(&run_dir, &[]), &[])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start mpirun");
-        let t0 = Instant::now();
-        let pid = loop {
-            let saved = events_named(&run_dir, "checkpoint_saved").len() >= 2;
-            if let (true, Some(pid)) = (saved, rank_pid(&run_dir, victim)) {
-                break pid;
-            }
-            assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the kill");
-            assert!(t0.elapsed() < Duration::from_secs(60), "no two checkpoints in 60 s");
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let (mut child, pid) =
+            start_until_saved(&training, 2, &run_dir, 2, victim, Stdio::null(), Duration::from_secs(60));
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
         // The launcher ends the other rank: nobody waits forever in a collective.
         let status = child.wait().unwrap();
@@ -199,6 +186,36 @@ fn lock_holder(run_dir: &Path) -> Option<i32> {
     let lock: Value = serde_json::from_slice(&std::fs::read(run_dir.join("rekindle.lock")).ok()?).ok()?;
     let pid = nix::unistd::Pid::from_raw(lock["pid"].as_i64()? as i32);
     nix::sys::signal::kill(pid, None).is_ok().then_some(pid.as_raw())
+}
+
+/// Starts `training` over `ranks` ranks in `run_dir` (stdout discarded,
+/// stderr as given) and waits, at most `within`, until `checkpoints`
+/// checkpoints are saved and rank `victim`'s process is found: the launcher
+/// and that rank's pid, for a test to stop or kill it mid-run.
+fn start_until_saved(
+    training: &Training,
+    ranks: usize,
+    run_dir: &Path,
+    checkpoints: usize,
+    victim: usize,
+    stderr: Stdio,
+    within: Duration,
+) -> (Child, i32) {
+    let mut child = mpirun_command(ranks, training.command(run_dir, &[]), &[])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start mpirun");
+    let t0 = Instant::now();
+    loop {
+        let saved = events_named(run_dir, "checkpoint_saved").len() >= checkpoints;
+        if let (true, Some(pid)) = (saved, rank_pid(run_dir, victim)) {
+            return (child, pid);
+        }
+        assert!(child.try_wait().unwrap().is_none(), "mpirun ended before {checkpoints} checkpoint(s) were saved");
+        assert!(t0.elapsed() < within, "fewer than {checkpoints} checkpoint(s) in {within:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The pid of rank `rank` of the run writing `run_dir` (OpenMPI tells each
@@ -290,21 +307,8 @@ fn a_rank_stopped_without_dying_is_named_lost_within_the_timeout_and_the_world_e
     let tmp = tempfile::tempdir().unwrap();
     for victim in [1usize, 0] {
         let run_dir = tmp.path().join(format!("stopped-rank-{victim}"));
-        let mut child = mpirun_command(2, training.command(&run_dir, &[]), &[])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start mpirun");
-        let t0 = Instant::now();
-        let pid = loop {
-            let saved = events_named(&run_dir, "checkpoint_saved").len() >= 2;
-            if let (true, Some(pid)) = (saved, rank_pid(&run_dir, victim)) {
-                break pid;
-            }
-            assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the stop");
-            assert!(t0.elapsed() < Duration::from_secs(60), "no two checkpoints in 60 s");
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let (mut child, pid) =
+            start_until_saved(&training, 2, &run_dir, 2, victim, Stdio::piped(), Duration::from_secs(60));
         let victim_pid = nix::unistd::Pid::from_raw(pid);
         // Stopped, not dead: MPI sees nothing wrong, the other rank waits in
         // the next collective; only the heartbeats tell.
@@ -408,21 +412,7 @@ fn of_three_ranks_one_stopped_is_recorded_once_by_rank_0_while_rank_1_waits_for_
     let training = training(100_000).set("train.batch_size=12").set(&format!("distributed.timeout=\"{TIMEOUT_S}s\""));
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
-    let mut child = mpirun_command(3, training.command(&run_dir, &[]), &[])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start mpirun");
-    let t0 = Instant::now();
-    let pid = loop {
-        let saved = !events_named(&run_dir, "checkpoint_saved").is_empty();
-        if let (true, Some(pid)) = (saved, rank_pid(&run_dir, 2)) {
-            break pid;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the stop");
-        assert!(t0.elapsed() < Duration::from_secs(90), "no checkpoint in 90 s");
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let (mut child, pid) = start_until_saved(&training, 3, &run_dir, 1, 2, Stdio::null(), Duration::from_secs(90));
     let victim = nix::unistd::Pid::from_raw(pid);
     nix::sys::signal::kill(victim, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let stopped_at = Instant::now();
@@ -451,4 +441,31 @@ fn of_three_ranks_one_stopped_is_recorded_once_by_rank_0_while_rank_1_waits_for_
         assert!(t1.elapsed() < Duration::from_secs(30), "the stopped rank outlived mpirun by 30 s");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A world of ranks on a node with GPUs trains on the CPU and says why: ranks
+/// on GPUs need NCCL, which this version does not build, and rank 0 alone on
+/// a GPU would make collectives (its first step's snapshot, a rebuild on the
+/// CPU) the other ranks never join. The run ends as two ranks without GPUs.
+#[test]
+fn ranks_on_a_node_with_gpus_train_on_the_cpu_and_say_so() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let node = tmp.path().join("node.json");
+    let device = r#"{"vendor": "nvidia", "name": "H100", "memory_total_mib": 81559, "memory_free_mib": 80000}"#;
+    std::fs::write(&node, format!(r#"{{"devices": [{device}, {device}]}}"#)).unwrap();
+    let training = training(20).set("gpu.backend=\"auto\"");
+    let with_gpus = tmp.path().join("with-gpus");
+    let mut cmd = mpirun_command(2, training.command(&with_gpus, &[]), &[]);
+    let out = cmd.env("REKINDLE_GPU_INVENTORY", &node).output().expect("run mpirun");
+    assert_eq!(out.status.code(), Some(EXIT_DONE), "{}", String::from_utf8_lossy(&out.stderr));
+    let fallback = events_named(&with_gpus, "gpu_fallback");
+    assert_eq!(fallback.len(), 1, "{fallback:?}");
+    let reason = fallback[0]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("a data-parallel run of 2 ranks trains on the CPU"), "{reason}");
+    assert!(reason.contains("NCCL"), "{reason}");
+
+    let plain = tmp.path().join("plain");
+    run_ranks(&training, 2, &plain, &[], EXIT_DONE);
+    assert_same_checkpoint(&with_gpus, &plain, 20);
 }

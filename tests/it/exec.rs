@@ -121,7 +121,10 @@ fn a_program_that_ignores_the_stop_is_killed_at_the_deadline_and_its_last_sealed
     let kept = stop["step"].as_u64().unwrap();
     assert_eq!(kept % 5, 0, "a periodic checkpoint: the program never answered the stop");
     assert_eq!(checkpoint_steps(&run).last(), Some(&kept), "the last sealed checkpoint stands");
-    assert_eq!(stop["requeue"]["reason"], "fast exit", "past the deadline: as `run`, no requeue, no publish");
+    // Killed at the deadline, the requeue is still decided (half the safety
+    // margin is left for it): outside SLURM that decision is "no requeue".
+    assert_ne!(stop["requeue"]["reason"], "fast exit", "the job must come back: {stop}");
+    assert!(stop["requeue"]["decision"].is_string(), "{stop}");
     assert_eq!(verify(&run).0, Some(0), "the last sealed checkpoint is intact");
 
     exec(&run, &out, &[]).run(TIMEOUT).assert_code(0);

@@ -21,14 +21,13 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::io::Write;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::config::Config;
@@ -233,16 +232,23 @@ fn kill_group(group: Pid, sig: Signal) {
 }
 
 /// Copies the child's stderr to ours line by line, keeping the last
-/// [`TAIL_LINES`] (each cut to [`TAIL_LINE_BYTES`]).
+/// [`TAIL_LINES`] (each cut to [`TAIL_LINE_BYTES`]). Ours is written through
+/// tokio (on its blocking pool), never from the runtime's one thread: a
+/// stderr that blocks (a stalled shared file system under slurm-%j.out)
+/// must not stall signal forwarding or the deadline kill.
 async fn tee_stderr(stderr: tokio::process::ChildStderr, tail: Arc<Mutex<VecDeque<String>>>) {
+    let mut ours = tokio::io::stderr();
     let mut reader = tokio::io::BufReader::new(stderr);
     let mut line = Vec::new();
     loop {
         line.clear();
         match reader.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                let _ = ours.flush().await;
+                return;
+            }
             Ok(_) => {
-                let _ = std::io::stderr().write_all(&line);
+                let _ = ours.write_all(&line).await;
                 keep_line(&mut tail.lock().unwrap_or_else(PoisonError::into_inner), &line);
             }
         }

@@ -66,7 +66,8 @@ impl Attempt {
             Some(initial) => Trainer::from_registry_resuming(&cfg, registry, Arc::clone(initial))?,
             None => Trainer::from_registry(&cfg, registry)?,
         };
-        let mut devices = Devices::select(&cfg, registry, &mut trainer)?;
+        let ranks = world.as_ref().map_or(1, |(_, nodes, _)| nodes.len());
+        let mut devices = Devices::select(&cfg, registry, &mut trainer, initial.as_ref(), ranks)?;
         let (leader, rank_nodes, watch) =
             world.map_or((None, None, None), |(l, nodes, watch)| (Some(l), Some(nodes), Some(watch)));
         if let Some(leader) = &leader {
