@@ -37,8 +37,9 @@ rows = [json.loads(a) for a in sys.argv[1:]]
 med = lambda k: statistics.median(r[k] for r in rows if r.get(k) is not None)
 rk = med("rekindle_save")
 print(f"median seconds: rekindle save+sha256 {rk:.3f}, dd conv=fsync {med('dd_fsync'):.3f}, "
-      f"safetensors+fsync {med('safetensors_save_fsync'):.3f}, torch.save+fsync {med('torch_save_fsync'):.3f}, "
-      f"torch.save+fsync+sha256 {med('torch_save_fsync_sha256'):.3f}")
+      f"safetensors+fsync {med('safetensors_save_fsync'):.3f}, safetensors+fsync+sha256 {med('safetensors_save_fsync_sha256'):.3f}, "
+      f"torch.save+fsync {med('torch_save_fsync'):.3f}, torch.save+fsync+sha256 {med('torch_save_fsync_sha256'):.3f}")
 print(f"ratios (>1 means rekindle is faster): vs dd {med('dd_fsync')/rk:.2f}, "
-      f"vs safetensors {med('safetensors_save_fsync')/rk:.2f}, vs torch.save+sha256 {med('torch_save_fsync_sha256')/rk:.2f}")
+      f"vs safetensors+sha256 {med('safetensors_save_fsync_sha256')/rk:.2f} (without hashing {med('safetensors_save_fsync')/rk:.2f}), "
+      f"vs torch.save+sha256 {med('torch_save_fsync_sha256')/rk:.2f} (without hashing {med('torch_save_fsync')/rk:.2f})")
 PY
