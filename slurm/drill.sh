@@ -49,6 +49,18 @@
 #               `scancel -s TERM JOB`: both ranks stop at one step, one
 #               checkpoint, the job is requeued, resumes over two ranks and
 #               finishes byte-identical to two ranks never stopped (mpirun).
+#   dp-preempt  two ranks on one node (`sbatch -N1 -n2 --overcommit`: the local
+#               nodes have one CPU each) preempted as in preempt: both ranks
+#               checkpoint the same step within GraceTime, SLURM requeues the
+#               job, it resumes over two ranks on the other node, byte-identical
+#               to two ranks never stopped.
+#   dp-nodeloss two ranks on two nodes; the node of rank 1 loses its slurmd and
+#               its processes (SIGKILL). Rank 0 finds rank 1 silent within
+#               `[distributed] timeout` (10 s here), records `rank_lost` and
+#               requeues; the lost node is brought back once the job is
+#               requeued (the job needs both nodes), and the run resumes from
+#               the last periodic checkpoint over two ranks, byte-identical to
+#               two ranks never stopped. Needs the local cluster.
 #
 # Each drill prints one PASS/FAIL line and a one-line JSON summary (attempts,
 # node of each attempt, steps lost, seconds from signal to durable checkpoint,
@@ -90,7 +102,7 @@ set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
-ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel dp own exec)
+ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel dp dp-preempt dp-nodeloss own exec)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -172,7 +184,7 @@ fi
 # The data-parallel drill compares with two ranks never stopped (mpirun).
 REF_DP=$WORK/reference-dp
 ref_dp_pid=
-if [[ " ${drills[*]} " == *" dp "* ]]; then
+if [[ " ${drills[*]} " == *" dp"* ]]; then
     without_slurm env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
         mpirun -n 2 --bind-to none --oversubscribe "$BIN" run --config "$CONFIG" --run-dir "$REF_DP" "${TRAIN[@]}" \
         >"$REF_DP.log" 2>&1 &
@@ -214,7 +226,7 @@ reference_ready() {
         [[ -f $REF_OWN/checkpoints/step-$(printf '%010d' "$OWN_STEPS")/model.safetensors ]]
         return
     fi
-    if [[ $name == dp ]]; then
+    if [[ $name == dp || $name == dp-* ]]; then
         if [[ -n $ref_dp_pid ]]; then
             wait "$ref_dp_pid" || { log "the 2-rank reference failed: $(tail -n 5 "$REF_DP.log")"; ref_dp_pid=; return 1; }
             ref_dp_pid=
@@ -301,7 +313,7 @@ submit() {
 # The uninterrupted run a drill's result must equal.
 reference_of() {
     case $1 in
-    dp) echo "$REF_DP" ;;
+    dp | dp-*) echo "$REF_DP" ;;
     own) echo "$REF_OWN" ;;
     *) echo "$REF" ;;
     esac
@@ -362,8 +374,10 @@ drill_term() { scancel_drill -s TERM; }
 drill_term-batch() { scancel_drill -s TERM --batch; }
 drill_usr1() { scancel_drill -s USR1; }
 
-drill_preempt() {
-    submit preempt || return 1
+# A job in the high partition pinned to the training job's node preempts it.
+# Usage: preempt_drill [sbatch options of the training job...]
+preempt_drill() {
+    submit "$name" "$@" || return 1
     under_way || return 1
     local node
     node=$(job_field "$job" NodeList)
@@ -371,10 +385,12 @@ drill_preempt() {
     high=$(sbatch --parsable -J rekindle-drill-high -p "$HIGH" -w "$node" -o /dev/null "${EXTRA_OPTS[@]}" \
         "${HIGH_OPTS[@]}" --wrap 'sleep 600')
     high=${high%%;*}
-    log "preempt: high-priority job $high on $node"
+    log "$name: high-priority job $high on $node"
     wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
+drill_preempt() { preempt_drill; }
+drill_dp-preempt() { preempt_drill -N1 -n2 --overcommit; }
 
 # SLURM checks time limits (and sends --signal warnings) on a 30 s tick of the
 # controller. A probe job learns when the tick falls (its warning is due at
@@ -417,14 +433,14 @@ warning_drill() {
 drill_warn() { warning_drill TERM; }
 drill_warn-batch() { warning_drill B:TERM; }
 
-# The stepd processes of $job on this machine that belong to our cluster, and
-# all their descendants.
+# The stepd processes of $job on this machine that belong to our cluster (on
+# node $1 only, when given), and all their descendants.
 job_pids() {
-    local pid args roots=()
+    local pid args roots=() node_log="$CLUSTER_DIR/log/slurmd-${1:-}"
     while read -r pid args; do
         [[ $args == "slurmstepd: [$job."* ]] || continue
         # Only ours: the stepd keeps its node's log file (in the cluster folder) open.
-        ls -l "/proc/$pid/fd" 2>/dev/null | grep -q "$CLUSTER_DIR" && roots+=("$pid")
+        ls -l "/proc/$pid/fd" 2>/dev/null | grep -qF "$node_log" && roots+=("$pid")
     done < <(ps -eo pid=,args=)
     ((${#roots[@]})) || return 0
     ps -eo pid=,ppid= | awk -v roots="${roots[*]}" '
@@ -551,6 +567,60 @@ drill_dp() {
     action=$(now)
     log "dp: scancel -s TERM $job (two ranks on $(job_field "$job" NodeList))"
     scancel -s TERM "$job"
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
+}
+
+# The node rank $2 ran on in the first attempt of the run in $1 (its start event).
+rank_node() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+with open(sys.argv[1] + "/events.jsonl", encoding="utf-8") as f:
+    for line in f:
+        ev = json.loads(line)
+        if ev.get("event") == "start":
+            print((ev.get("rank_nodes") or [""] * 8)[int(sys.argv[2])])
+            break
+PY
+}
+
+job_requeued() { (($(job_field "$job" Restarts) >= 1)); }
+
+# Two ranks on two nodes; the node of rank 1 is lost.
+drill_dp-nodeloss() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        echo "SKIP dp-nodeloss: needs the local cluster (it kills a slurmd); see docs/drills.md"
+        echo '{"drill":"dp-nodeloss","result":"SKIP"}'
+        return 3
+    fi
+    RUN_EXTRA=(--set 'distributed.timeout="10s"')
+    submit dp-nodeloss -N2 -n2 || return 1
+    RUN_EXTRA=()
+    under_way 0.$((RANDOM % 10)) || return 1
+    local node pids slurmd_pid
+    node=$(rank_node "$run" 1)
+    slurmd_pid=$(cat "$CLUSTER_DIR/run/slurmd-$node.pid" 2>/dev/null)
+    pids=$(job_pids "$node" | tr '\n' ' ')
+    [[ -n $node && -n $slurmd_pid && -n $pids ]] ||
+        { note "cannot find rank 1's node ($node), its slurmd or its processes"; return 1; }
+    action=$(now)
+    log "dp-nodeloss: SIGKILL to slurmd $node (pid $slurmd_pid) and rank 1's processes there ($pids)"
+    kill -KILL "$slurmd_pid" $pids
+    # The job needs both nodes: it can come back only once the lost one is.
+    wait_until "the job to be requeued" "$TIMEOUT" job_requeued || return 1
+    log "dp-nodeloss: requeued; bringing $node back"
+    # A lost node comes back rebooted, with nothing of the killed steps left in
+    # its spool or its /tmp: the PMIx socket and directories of a SIGKILLed
+    # stepd would make the next step of the same job (the same step id after a
+    # requeue) fail to create them again.
+    rm -rf "$CLUSTER_DIR/spool/$node/stepd.slurm.pmix.$job."* "$CLUSTER_DIR/spool/$node/pmix.$job."* \
+        "$CLUSTER_DIR/tmp/$node/spmix_appdir_"*"_$job."*
+    local back=false
+    "$script_dir/local-cluster.sh" up >"$wd/node-back.log" 2>&1 && back=true
+    # The attempt that lost a rank ends like a hung one: records, requeue and
+    # MPI_Abort, no publish (the next attempt publishes): counted as killed.
+    EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":%s,"node_state":"%s","killed_node":"%s","lost_rank":1}' \
+        "$back" "$(sinfo -h -n "$node" -o %t | head -n1)" "$node")
+    wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
 

@@ -17,7 +17,8 @@ import sys
 # Drills that end the first attempt with a graceful stop (a checkpoint of the
 # current step); those after which rekindle requeues the job itself; those
 # whose signal reaches only the batch shell, which forwards it to the step.
-GRACEFUL = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "preempt", "cancel", "dp", "own")
+GRACEFUL = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "preempt", "cancel", "dp", "dp-preempt",
+            "own")
 REQUEUED_BY_REKINDLE = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "dp", "own")
 FORWARDED = ("term-batch", "warn-batch", "timelimit")
 
@@ -183,11 +184,21 @@ def main():
         req = graceful[0]["requeue"]
         check("rekindle requeued the job itself", req.get("decision") == "requeue"
               and req.get("answer") in ("requeued", "already_pending"), json.dumps(req))
-    if a.drill in ("preempt", "nodeloss"):
+    if a.drill in ("preempt", "nodeloss", "dp-preempt"):
         check("resumed on the other node", len(nodes) >= 2 and nodes[1] != nodes[0], f"nodes {nodes}")
+    att0 = attempts[0]["events"] if attempts else []
     if a.drill == "nodeloss":
-        att0 = attempts[0]["events"] if attempts else []
         check("first attempt was killed (no stop event)", first(att0, "stop") is None, "")
+    if a.drill == "dp-nodeloss":
+        lost = first(att0, "rank_lost") or {}
+        check("rank 0 found rank 1 lost on the killed node within the timeout",
+              lost.get("rank") == 1 and lost.get("rank_node") == extra.get("killed_node")
+              and lost.get("noticed_by") == 0 and lost.get("silent_seconds", 0) >= lost.get("timeout_seconds", 1)
+              and lost.get("silent_seconds", 1e9) < 3 * lost.get("timeout_seconds", 0),
+              f"rank_lost {json.dumps(lost)}, killed node {extra.get('killed_node')}")
+        check("no checkpoint of the current step after the loss (the world cannot agree on one)",
+              not any(e.get("event") == "checkpoint_saved" and e.get("kind") == "stop" for e in att0), "")
+    if a.drill in ("nodeloss", "dp-nodeloss"):
         res = resumes[0] if resumes else {}
         lost, resumed_from = res.get("steps_lost"), res.get("from_step")
         # The bound (docs/drills.md): at most one interval, plus the steps
@@ -216,6 +227,7 @@ def main():
                   last >= snap,
                   f"{lost} lost = {due - resumed_from} before the lost save fell due + {snap - due} while the "
                   f"previous save was still being written + {last - snap} while the save of step {snap} was")
+    if a.drill == "nodeloss":
         # The next attempt ran on the other node: it took the lock over only
         # once the killed attempt's heartbeat was stale (docs/slurm.md).
         att1 = attempts[1]["events"] if len(attempts) > 1 else []
@@ -225,14 +237,16 @@ def main():
               take.get("previous_host") == extra.get("killed_node") and stale is not None
               and (take.get("heartbeat_age_seconds") or 0) >= stale,
               f"lock_takeover {json.dumps(take)}, stale after {stale} s")
+    if a.drill in ("nodeloss", "dp-nodeloss"):
         check("node back in service", extra.get("node_back") is True, extra.get("node_state", ""))
-    if a.drill == "dp":
+    if a.drill in ("dp", "dp-preempt", "dp-nodeloss"):
+        nodes_per_attempt = 1 if a.drill == "dp-preempt" else 2
         for i, att in enumerate(attempts):
             start = att["start"]
             ranks = start.get("rank_nodes") or []
-            check(f"attempt {i} trained over two ranks on two nodes",
-                  start.get("world_size") == 2 and len(set(ranks)) == 2, f"world_size {start.get('world_size')}, "
-                  f"rank_nodes {ranks}")
+            check(f"attempt {i} trained over two ranks on {nodes_per_attempt} node(s)",
+                  start.get("world_size") == 2 and len(set(ranks)) == nodes_per_attempt,
+                  f"world_size {start.get('world_size')}, rank_nodes {ranks}")
     if a.drill == "cancel":
         check("job CANCELLED", a.state == "CANCELLED", f"JobState={a.state}")
         check("not requeued", len(attempts) == 1 and a.restarts == 0,

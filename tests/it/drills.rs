@@ -11,8 +11,21 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 11] =
-    ["term", "term-batch", "usr1", "warn", "warn-batch", "preempt", "nodeloss", "cancel", "dp", "own", "exec"];
+const DRILLS: [&str; 13] = [
+    "term",
+    "term-batch",
+    "usr1",
+    "warn",
+    "warn-batch",
+    "preempt",
+    "nodeloss",
+    "cancel",
+    "dp",
+    "dp-preempt",
+    "dp-nodeloss",
+    "own",
+    "exec",
+];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
