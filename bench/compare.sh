@@ -2,7 +2,7 @@
 # Durable checkpoint saves, rekindle beside the Python tools users know, on the
 # same bytes and filesystem, interleaved A/B so machine noise hits both alike.
 #
-#   bench/compare.sh [SIZE_BYTES=1073741824] [ROUNDS=3] [DIR=bench/.scratch]
+#   [REKINDLE_BIN=path] bench/compare.sh [SIZE_BYTES=1073741824] [ROUNDS=3] [DIR=bench/.scratch]
 #
 # Creates bench/.venv with torch, safetensors and numpy from pip (torch is
 # large: not part of CI). Prints each round and the median ratios.
@@ -16,8 +16,13 @@ if [ ! -x bench/.venv/bin/python ]; then
     python3 -m venv bench/.venv
     bench/.venv/bin/pip install --quiet torch safetensors numpy
 fi
-cargo build --release --quiet
-BIN=target/release/rekindle
+# REKINDLE_BIN: a rekindle already built (e.g. with --features mpi); else
+# the release build of this checkout.
+BIN=${REKINDLE_BIN:-}
+if [ -z "$BIN" ]; then
+    cargo build --release --quiet
+    BIN=target/release/rekindle
+fi
 results=()
 for round in $(seq "$ROUNDS"); do
     r=$("$BIN" -q bench checkpoint --bytes "$BYTES" --dir "$DIR" --repeat 1 --json)

@@ -8,7 +8,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::checkpoint::{CheckpointError, CheckpointStore, DType, HostTensor, Snapshot, TensorSet, VerifyLevel};
+use candle_core::{Device, Var};
+
+use crate::checkpoint::{
+    CheckpointError, CheckpointStore, DType, HostTensor, Snapshot, TensorSet, VerifyLevel, reusable,
+};
+use crate::train::{AdamW, AdamWConfig, Params, TrainError, from_host, snapshot_tensors};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -126,6 +131,45 @@ pub fn synthetic_state(bytes: u64) -> (TensorSet, TensorSet) {
     (model, optimizer)
 }
 
+/// The synthetic state as a trainer holds it: parameters in candle `Var`s
+/// and the moments in rekindle's AdamW, so that the stall is measured
+/// through the code a periodic checkpoint runs (`train::snapshot_tensors`).
+struct LiveState {
+    params: Params,
+    optimizer: AdamW,
+}
+
+impl LiveState {
+    fn new(bytes: u64) -> Result<LiveState, BenchError> {
+        let failed = |e: TrainError| BenchError::Invalid { step: 0, reason: format!("{e:#}") };
+        let (model, moments) = synthetic_state(bytes);
+        let mut params = Params::new();
+        for (name, host) in &model {
+            let var = from_host(name, host, &Device::Cpu).and_then(|t| {
+                Var::from_tensor(&t).map_err(|e| TrainError::Tensor { name: name.clone(), message: e.to_string() })
+            });
+            params.insert(name.clone(), var.map_err(failed)?);
+        }
+        let hyper = AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+        let mut optimizer = AdamW::new(&params, hyper).map_err(failed)?;
+        optimizer.load_state(&moments, 1, &Device::Cpu).map_err(failed)?;
+        // One update, as every step of a run ends with: the optimizer then
+        // holds the parameter values it computed, as between two steps.
+        let grads = params.iter().map(|(name, var)| (name.clone(), var.as_tensor().clone())).collect();
+        optimizer.step(&params, &grads, 1e-6).map_err(|e| failed(TrainError::state("bench", e.to_string())))?;
+        Ok(LiveState { params, optimizer })
+    }
+
+    /// The snapshot of `step` a periodic checkpoint takes, into the
+    /// buffers of `reuse` where something must be copied.
+    fn snapshot(&self, step: u64, reuse: Option<Snapshot>) -> Result<Snapshot, BenchError> {
+        let reuse = reuse.map(|r| (reusable(r.model), reusable(r.optimizer)));
+        let (model, optimizer, _) = snapshot_tensors(&self.params, &self.optimizer, None, reuse)
+            .map_err(|e| BenchError::Invalid { step, reason: format!("{e:#}") })?;
+        Ok(Snapshot { step, model, optimizer, state: serde_json::json!({"bench": true}) })
+    }
+}
+
 fn dd_fsync(dir: &Path, bytes: u64) -> Option<f64> {
     let path = dir.join("dd.bin");
     let count = bytes.div_ceil(8 << 20);
@@ -186,12 +230,11 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
     };
     std::fs::create_dir_all(&opts.dir).map_err(io(&opts.dir))?;
     let work = tempfile::Builder::new().prefix("rekindle-bench-").tempdir_in(&opts.dir).map_err(io(&opts.dir))?;
-    let (model, optimizer) = synthetic_state(opts.bytes);
-    let mut live = Snapshot { step: 0, model, optimizer, state: serde_json::json!({"bench": true}) };
-    let bytes = live.payload_bytes();
-    // The stall: copying live state into reused host buffers (what a periodic
-    // checkpoint's snapshot costs the training loop).
-    let mut staging = live.clone();
+    let live = LiveState::new(opts.bytes)?;
+    // One snapshot before the timed ones, as a run's first checkpoint
+    // (buffers it had to allocate are reused by the later ones).
+    let mut staging = live.snapshot(0, None)?;
+    let bytes = staging.payload_bytes();
     let (mut save, mut load, mut verify, mut stall, mut dd) = (vec![], vec![], vec![], vec![], vec![]);
     let mut raw = vec![];
     let mut drop_failure: Option<String> = None;
@@ -203,21 +246,16 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         }
     };
     for i in 0..opts.repeat.max(1) {
+        let step = i as u64 + 1;
+        // The stall: what a periodic checkpoint costs the training thread,
+        // through the trainer's own code (tensors nothing writes into any
+        // more shared, the rest copied into reused buffers).
         let t0 = Instant::now();
-        for (dst, src) in staging
-            .model
-            .values_mut()
-            .chain(staging.optimizer.values_mut())
-            .zip(live.model.values().chain(live.optimizer.values()))
-        {
-            crate::checkpoint::copy_parallel(&mut dst.data, &src.data);
-        }
+        staging = live.snapshot(step, Some(staging))?;
         stall.push(t0.elapsed().as_secs_f64());
 
         let dir = work.path().join(format!("run{i}"));
         let store = CheckpointStore::open(&dir, 1)?;
-        live.step = i as u64 + 1;
-        staging.step = live.step;
         let t0 = Instant::now();
         let report = store.save(&staging)?;
         save.push(t0.elapsed().as_secs_f64());
@@ -232,7 +270,7 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         cold(&mut drop_failure);
         let t0 = Instant::now();
         let loaded = crate::checkpoint::load_dir(&report.dir)
-            .map_err(|f| BenchError::Invalid { step: live.step, reason: format!("{f:?}") })?;
+            .map_err(|f| BenchError::Invalid { step, reason: format!("{f:?}") })?;
         load.push(t0.elapsed().as_secs_f64());
         drop(loaded);
 
@@ -241,7 +279,7 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         let failures = crate::checkpoint::verify_checkpoint_dir(&report.dir, VerifyLevel::Full);
         verify.push(t0.elapsed().as_secs_f64());
         if !failures.is_empty() {
-            return Err(BenchError::Invalid { step: live.step, reason: format!("{failures:?}") });
+            return Err(BenchError::Invalid { step, reason: format!("{failures:?}") });
         }
         std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
         if let Some(s) = dd_fsync(work.path(), bytes) {

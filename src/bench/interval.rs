@@ -58,8 +58,13 @@ pub fn run_interval_bench(opts: &IntervalBenchOptions) -> IntervalBench {
         persist_seconds: opts.persist.as_secs_f64(),
         work_seconds: opts.work.as_secs_f64(),
     };
-    let costs =
-        Costs { stall_seconds: job.stall_seconds, persist_seconds: job.persist_seconds, background: true, saves: 3 };
+    let costs = Costs {
+        stall_seconds: job.stall_seconds,
+        persist_seconds: job.persist_seconds,
+        slowdown_seconds: 0.0,
+        background: true,
+        saves: 3,
+    };
     let rows = opts
         .mtbfs
         .iter()

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::checkpoint::{CheckpointStore, Snapshot};
+use crate::checkpoint::{CheckpointStore, Snapshot, reusable};
 use crate::config::Config;
 use crate::orchestrate::{Beats, Persister};
 use crate::train::{Registry, StepResult, Trainer};
@@ -41,7 +41,8 @@ fn trainer_err(e: crate::train::TrainError) -> BenchError {
 }
 
 fn snapshot(trainer: &Trainer, reuse: Option<Snapshot>) -> Result<Snapshot, BenchError> {
-    let s = trainer.snapshot_reusing(reuse.map(|r| (r.model, r.optimizer))).map_err(trainer_err)?;
+    let reuse = reuse.map(|r| (reusable(r.model), reusable(r.optimizer)));
+    let s = trainer.snapshot_reusing(reuse).map_err(trainer_err)?;
     Ok(Snapshot { step: s.step, model: s.model, optimizer: s.optimizer, state: s.state })
 }
 

@@ -312,7 +312,7 @@ impl CheckpointStore {
                             Content::Tensors(set, meta) => {
                                 let header = safetensors_io::header(set, meta);
                                 let mut parts: Vec<&[u8]> = vec![&header];
-                                parts.extend(set.values().map(|t| t.data.as_slice()));
+                                parts.extend(set.values().map(|t| &t.data[..]));
                                 write_hashed(&path, &parts)
                             }
                             Content::Bytes(b) => write_hashed(&path, &[b]),

@@ -68,7 +68,108 @@ impl DType {
 pub struct HostTensor {
     pub dtype: DType,
     pub shape: Vec<usize>,
-    pub data: Vec<u8>,
+    pub data: TensorBytes,
+}
+
+/// A tensor's bytes: a buffer of its own, or the memory of a tensor that
+/// nothing writes into any more, shared without a copy.
+///
+/// Sharing is what makes a periodic checkpoint cost training (almost)
+/// nothing: every AdamW step replaces the moments with new tensors and
+/// keeps the parameter values it computed until the next step begins, so a
+/// snapshot between two steps can hand the persister those tensors'
+/// memory instead of copying it (`train::snapshot_tensors`), and the writer
+/// hashes and writes straight from it.
+#[derive(Clone)]
+pub enum TensorBytes {
+    Owned(Vec<u8>),
+    Shared(SharedBytes),
+}
+
+impl TensorBytes {
+    /// The buffer, when it is one of its own (to be reused for a copy).
+    pub fn into_owned(self) -> Option<Vec<u8>> {
+        match self {
+            TensorBytes::Owned(v) => Some(v),
+            TensorBytes::Shared(_) => None,
+        }
+    }
+
+    /// True for a buffer of its own.
+    pub fn is_owned(&self) -> bool {
+        matches!(self, TensorBytes::Owned(_))
+    }
+}
+
+impl std::ops::Deref for TensorBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            TensorBytes::Owned(v) => v,
+            TensorBytes::Shared(s) => s.bytes(),
+        }
+    }
+}
+
+impl AsRef<[u8]> for TensorBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl From<Vec<u8>> for TensorBytes {
+    fn from(v: Vec<u8>) -> Self {
+        TensorBytes::Owned(v)
+    }
+}
+
+impl PartialEq for TensorBytes {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl std::fmt::Debug for TensorBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.is_owned() { "Owned" } else { "Shared" };
+        write!(f, "{kind}({} bytes)", self.len())
+    }
+}
+
+/// Bytes in memory that another value owns and that nobody writes into
+/// while they are shared: the owner is kept alive as long as any clone.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: std::sync::Arc<dyn Send + Sync>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the bytes are immutable for as long as any clone lives (the
+// contract of `SharedBytes::new`), and the owner that keeps them allocated
+// is itself `Send + Sync`.
+unsafe impl Send for SharedBytes {}
+// SAFETY: as above: shared reads of immutable memory.
+unsafe impl Sync for SharedBytes {}
+
+impl SharedBytes {
+    /// Shares the `len` bytes at `ptr`, kept allocated by `owner`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be initialised memory that stays allocated,
+    /// unmoved and *unwritten* as long as `owner` lives (any clone of the
+    /// result keeps it alive): e.g. the storage of a candle tensor that no
+    /// one writes into any more, owned by a clone of that tensor.
+    pub unsafe fn new(owner: std::sync::Arc<dyn Send + Sync>, ptr: *const u8, len: usize) -> Self {
+        SharedBytes { owner, ptr, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // The owner field keeps the memory alive; it is read only here.
+        let _ = &self.owner;
+        // SAFETY: the contract of `new`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
 }
 
 impl HostTensor {
@@ -85,7 +186,16 @@ impl HostTensor {
                 data.len()
             ));
         }
-        Ok(HostTensor { dtype, shape, data })
+        Ok(HostTensor { dtype, shape, data: TensorBytes::Owned(data) })
+    }
+
+    /// A tensor over shared bytes (no copy), checked like [`new`](Self::new).
+    pub fn shared(dtype: DType, shape: Vec<usize>, data: SharedBytes) -> Result<Self, String> {
+        let needed = shape.iter().try_fold(dtype.size(), |acc, d| acc.checked_mul(*d));
+        if needed != Some(data.len) {
+            return Err(format!("shared bytes of a tensor of shape {shape:?}: {} bytes do not fit it", data.len));
+        }
+        Ok(HostTensor { dtype, shape, data: TensorBytes::Shared(data) })
     }
 
     /// An f32 tensor from values (little-endian encoding).
@@ -135,6 +245,13 @@ pub fn copy_parallel(dst: &mut [u8], src: &[u8]) {
 /// Named tensors, ordered by name so files are byte-identical for identical
 /// state (hash-map iteration order never leaks into a checkpoint).
 pub type TensorSet = BTreeMap<String, HostTensor>;
+
+/// The buffers of `set` that are its own, by name, for a later copy to
+/// reuse; shared tensors are let go (holding them would keep the memory of
+/// the state they were shared from alive).
+pub fn reusable(set: TensorSet) -> TensorSet {
+    set.into_iter().filter(|(_, t)| t.data.is_owned()).collect()
+}
 
 /// Total payload bytes of a set (without headers).
 pub fn payload_bytes(set: &TensorSet) -> u64 {

@@ -12,8 +12,11 @@
 //! falling due before the previous one is written would wait for it).
 //!
 //! `C` is what training pays per checkpoint: for background saves the
-//! snapshot stall alone (the write overlaps training), for inline saves
-//! (`async = false`) the stall plus the write. `M` comes from `[checkpoint]
+//! snapshot stall plus the slowdown of the steps trained while the write
+//! ran ([`Slowdown`]: the persister hashes and writes on cores training
+//! would use; the stall alone is microseconds since snapshots share the
+//! tensors no step writes into), for inline saves (`async = false`) the
+//! stall plus the write. `M` comes from `[checkpoint]
 //! mtbf`, else from the run's earlier attempts ([`history_mtbf`]). The
 //! interval is bounded below (saves never stall training more than
 //! [`MAX_STALL_FRACTION`] of the time; never before the previous write is
@@ -65,20 +68,28 @@ pub struct Costs {
     pub stall_seconds: f64,
     /// Writing a snapshot to storage took this long.
     pub persist_seconds: f64,
+    /// Training time lost to a background write beyond its stall: the
+    /// steps trained while it ran took this much longer than usual.
+    pub slowdown_seconds: f64,
     /// Saves are written in the background (`[checkpoint] async`).
     pub background: bool,
     pub saves: u32,
 }
 
 impl Costs {
-    /// The training time a checkpoint costs: the stall, plus the write when
-    /// training waits for it.
+    /// The training time a checkpoint costs: the stall, plus the slowdown
+    /// of training during a background write, or the write when training
+    /// waits for it.
     pub fn checkpoint_cost(&self) -> f64 {
-        if self.background { self.stall_seconds } else { self.stall_seconds + self.persist_seconds }
+        if self.background {
+            self.stall_seconds + self.slowdown_seconds
+        } else {
+            self.stall_seconds + self.persist_seconds
+        }
     }
 
     fn measured_as(&self) -> &'static str {
-        if self.background { "snapshot_stall" } else { "snapshot_and_write" }
+        if self.background { "snapshot_stall_and_slowdown" } else { "snapshot_and_write" }
     }
 }
 
@@ -224,13 +235,18 @@ pub fn history_mtbf(attempts: &[Attempt]) -> Option<Mtbf> {
 pub struct CostMeter {
     stalls: Vec<f64>,
     persists: Vec<f64>,
+    slowdowns: Vec<f64>,
     saves: u32,
 }
 
 impl CostMeter {
     /// Adds one save's measurements.
-    pub fn measured(&mut self, stall_seconds: f64, persist_seconds: f64) {
-        for (list, v) in [(&mut self.stalls, stall_seconds), (&mut self.persists, persist_seconds)] {
+    pub fn measured(&mut self, stall_seconds: f64, persist_seconds: f64, slowdown_seconds: f64) {
+        for (list, v) in [
+            (&mut self.stalls, stall_seconds),
+            (&mut self.persists, persist_seconds),
+            (&mut self.slowdowns, slowdown_seconds),
+        ] {
             if list.len() == RECENT_SAVES {
                 list.remove(0);
             }
@@ -248,9 +264,47 @@ impl CostMeter {
         Some(Costs {
             stall_seconds: median(&self.stalls)?,
             persist_seconds: median(&self.persists)?,
+            slowdown_seconds: median(&self.slowdowns)?,
             background,
             saves: self.saves,
         })
+    }
+}
+
+/// Step times kept for the typical step with no save in flight.
+const RECENT_STEPS: usize = 64;
+
+/// How much a background save slows training down: the steps that ended
+/// while it was in flight, against the median step with none in flight.
+#[derive(Debug, Clone, Default)]
+pub struct Slowdown {
+    idle: std::collections::VecDeque<f64>,
+    during_seconds: f64,
+    during_steps: u32,
+}
+
+impl Slowdown {
+    /// One step of `seconds`, which ended while a save was in flight or not.
+    pub fn step(&mut self, seconds: f64, saving: bool) {
+        if saving {
+            self.during_seconds += seconds.max(0.0);
+            self.during_steps += 1;
+        } else {
+            if self.idle.len() == RECENT_STEPS {
+                self.idle.pop_front();
+            }
+            self.idle.push_back(seconds.max(0.0));
+        }
+    }
+
+    /// A save ended: the training time it cost beyond its stall (never
+    /// negative; 0 before any step without a save was seen), and a fresh
+    /// count for the next one.
+    pub fn save_ended(&mut self) -> f64 {
+        let typical = median(self.idle.make_contiguous()).unwrap_or(f64::INFINITY);
+        let extra = (self.during_seconds - f64::from(self.during_steps) * typical).max(0.0);
+        (self.during_seconds, self.during_steps) = (0.0, 0);
+        extra
     }
 }
 
@@ -286,6 +340,7 @@ pub fn interval_event(
         cost_measured_as: inputs.costs.map(|c| c.measured_as().into()),
         saves_measured: inputs.costs.map_or(0, |c| c.saves),
         persist_seconds: inputs.costs.map(|c| c.persist_seconds),
+        slowdown_seconds: inputs.costs.map(|c| c.slowdown_seconds),
         mtbf_seconds: inputs.mtbf.map(|m| m.seconds),
         mtbf_source: match inputs.mtbf.map(|m| m.source) {
             Some(MtbfSource::Config) => "config",
@@ -379,7 +434,7 @@ mod tests {
     const S: fn(u64) -> Duration = Duration::from_secs;
 
     fn background(stall: f64, persist: f64) -> Costs {
-        Costs { stall_seconds: stall, persist_seconds: persist, background: true, saves: 3 }
+        Costs { stall_seconds: stall, persist_seconds: persist, slowdown_seconds: 0.0, background: true, saves: 3 }
     }
 
     fn config(secs: f64) -> Option<Mtbf> {
@@ -494,16 +549,36 @@ mod tests {
     fn the_cost_is_the_median_of_the_recent_saves() {
         let mut m = CostMeter::default();
         assert_eq!(m.costs(true), None);
-        m.measured(0.5, 3.0);
-        m.measured(9.0, 1.0);
-        m.measured(0.7, 2.0);
+        m.measured(0.5, 3.0, 0.2);
+        m.measured(9.0, 1.0, 0.1);
+        m.measured(0.7, 2.0, 0.4);
         let c = m.costs(true).unwrap();
-        assert_eq!((c.stall_seconds, c.persist_seconds, c.saves), (0.7, 2.0, 3));
+        assert_eq!((c.stall_seconds, c.persist_seconds, c.slowdown_seconds, c.saves), (0.7, 2.0, 0.2, 3));
+        assert!((c.checkpoint_cost() - 0.9).abs() < 1e-12, "background: stall + slowdown");
+        assert!((m.costs(false).unwrap().checkpoint_cost() - 2.7).abs() < 1e-12, "inline: stall + write");
         for _ in 0..RECENT_SAVES {
-            m.measured(1.0, 1.0);
+            m.measured(1.0, 1.0, 0.0);
         }
         assert_eq!(m.costs(false).unwrap().stall_seconds, 1.0, "only the recent saves count");
         assert_eq!(m.saves(), 13);
+    }
+
+    #[test]
+    fn a_background_save_costs_what_the_steps_during_it_took_beyond_the_usual_step() {
+        let mut s = Slowdown::default();
+        for _ in 0..5 {
+            s.step(1.0, false);
+        }
+        s.step(5.0, false); // an outlier (an evaluation) does not move the median
+        s.step(1.5, true);
+        s.step(1.25, true);
+        assert!((s.save_ended() - 0.75).abs() < 1e-12);
+        assert_eq!(s.save_ended(), 0.0, "counted once");
+        s.step(0.5, true); // faster than usual: no negative cost
+        assert_eq!(s.save_ended(), 0.0);
+        let mut fresh = Slowdown::default();
+        fresh.step(3.0, true);
+        assert_eq!(fresh.save_ended(), 0.0, "no usual step known yet: nothing to compare with");
     }
 
     fn attempt(start: u32, end: u32, how: AttemptEnd) -> Attempt {
@@ -558,7 +633,8 @@ mod tests {
         assert_eq!((e.step, e.reason.as_str(), e.mtbf_source.as_str()), (40, "young_daly", "history"));
         assert_eq!((e.interruptions, e.history_seconds, e.cost_seconds), (Some(3), Some(3000.0), Some(5.0)));
         assert_eq!((e.remaining_seconds, e.previous_seconds), (Some(7200.0), Some(300.0)));
-        assert_eq!(e.cost_measured_as.as_deref(), Some("snapshot_stall"));
+        assert_eq!(e.cost_measured_as.as_deref(), Some("snapshot_stall_and_slowdown"));
+        assert_eq!(e.slowdown_seconds, Some(0.0));
         assert_eq!(e.interval_seconds, 100.0, "√(2·5·1000) = 100");
     }
 

@@ -43,7 +43,7 @@ pub use exec::{
 };
 pub use interval::{
     Bound, CostMeter, Costs, DEFAULT_INTERVAL, IntervalChoice, IntervalInputs, MAX_STALL_FRACTION, Mtbf, MtbfSource,
-    Reason, SimJob, choose_interval, history_mtbf, simulate_lost_seconds,
+    Reason, SimJob, Slowdown, choose_interval, history_mtbf, simulate_lost_seconds,
 };
 pub use lock::{
     Claimant, DEFAULT_STALE_AFTER, LOCK_FILE, LockError, LockInfo, LockOwnership, LockRelease, LockRequest, RunLock,

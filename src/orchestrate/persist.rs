@@ -1,8 +1,10 @@
 //! Background persistence of periodic checkpoints: the training thread takes a
-//! snapshot into host memory (the only pause it sees) and hands it to one
-//! persister thread, which runs the store's commit protocol while training
-//! continues. One save at a time: a checkpoint falling due while one is in
-//! flight is skipped (and logged), never queued behind it.
+//! snapshot (the only pause it sees: tensors nothing writes into any more
+//! are shared with it, the rest copied into host memory, see
+//! `train::snapshot_tensors`) and hands it to one persister thread, which
+//! runs the store's commit protocol while training continues. One save at a
+//! time: a checkpoint falling due while one is in flight waits for it
+//! (`run/saving.rs`), never queued behind it.
 //!
 //! The thread can die (a panic in the save path, or its channels closing).
 //! That is never silent: [`Persister::poll`], [`Persister::wait`] and

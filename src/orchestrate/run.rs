@@ -342,6 +342,9 @@ impl Attempt {
 
     /// What follows a completed step: an evaluation, a periodic checkpoint.
     fn after_step(&mut self, m: &StepMetrics) -> Result<(), RunError> {
+        if let Some(auto) = &mut self.auto_interval {
+            auto.slowdown.step(m.elapsed_s, self.persister.busy());
+        }
         let max_steps = self.cfg.run.max_steps;
         let eval_every = self.cfg.train.eval_every;
         if eval_every > 0 && m.step.is_multiple_of(eval_every) && !self.stop.is_set() {

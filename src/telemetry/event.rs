@@ -608,15 +608,21 @@ pub struct CheckpointIntervalChosen {
     /// The bound that set the interval, if one did: `stall_fraction`,
     /// `persist_time`, `floor` or `remaining_time`.
     pub bound: Option<String>,
-    /// The checkpoint cost used: the training stall per save (for background
-    /// saves; inline saves add the write), the median of the recent saves.
+    /// The checkpoint cost used: the training stall per save plus, for
+    /// background saves, the slowdown of training while the write ran
+    /// (inline saves add the write instead), medians of the recent saves.
     pub cost_seconds: Option<f64>,
-    /// How the cost was measured: `snapshot_stall` or `snapshot_and_write`.
+    /// How the cost was measured: `snapshot_stall_and_slowdown` (background
+    /// saves) or `snapshot_and_write`.
     pub cost_measured_as: Option<String>,
     /// Saves measured so far (this attempt).
     pub saves_measured: u32,
     /// Median time to write a snapshot to storage.
     pub persist_seconds: Option<f64>,
+    /// Median training time a background write cost beyond its stall
+    /// (steps trained while it ran, against the usual step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowdown_seconds: Option<f64>,
     /// The mean time between interruptions used, in seconds.
     pub mtbf_seconds: Option<f64>,
     /// `config` (`[checkpoint] mtbf`), `history` (this run's earlier
@@ -967,7 +973,7 @@ mod tests {
                 reason: "young_daly".into(),
                 young_daly_seconds: Some(120.0),
                 cost_seconds: Some(2.0),
-                cost_measured_as: Some("snapshot_stall".into()),
+                cost_measured_as: Some("snapshot_stall_and_slowdown".into()),
                 saves_measured: 3,
                 mtbf_seconds: Some(3600.0),
                 mtbf_source: "config".into(),

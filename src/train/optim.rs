@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use candle_core::{DType, Device, Tensor};
 
 use super::error::{TrainError, candle_message};
-use super::params::{Params, check_host, from_host, to_host_reusing};
+use super::params::{Params, check_host, from_host, to_host_reusing, to_host_shared};
 use crate::checkpoint::{HostTensor, TensorSet};
 use crate::config::OptimizerSection;
 
@@ -60,6 +60,13 @@ pub struct AdamW {
     moments: BTreeMap<String, Moments>,
     step: u64,
     shard: Option<Sharded>,
+    /// Each parameter's value as the last update computed it (CPU only),
+    /// the tensor its `Var` was set from: nothing writes into it, so a
+    /// snapshot can take it instead of copying the `Var`, which the next
+    /// step overwrites. Dropped when the next step begins
+    /// ([`release_values`](Self::release_values)) and whenever the
+    /// parameters change otherwise (state loaded).
+    values: BTreeMap<String, Tensor>,
 }
 
 /// This rank's slice `[start, end)` of the parameters flattened end to end
@@ -106,6 +113,41 @@ pub fn moment_names(param: &str) -> (String, String) {
     (format!("exp_avg.{param}"), format!("exp_avg_sq.{param}"))
 }
 
+/// What a checkpoint's snapshot does on the training thread: the host
+/// tensors of the parameters and the optimizer's moments, and its step
+/// count. Tensors that nothing writes into any more are shared, not copied
+/// (`checkpoint::TensorBytes`): the parameter values the last update
+/// computed (the optimizer keeps them until the next step begins) and the
+/// moments (each step replaces them), in CPU memory. Anything else is
+/// copied now into `reuse`'s buffers: a parameter with no update kept (step
+/// 0, right after a resume, after a skipped step) from its `Var`, which the
+/// next step sets in place; tensors on a GPU. `gather` is the all-gather of
+/// a sharded optimizer's world, whose moments are gathered now.
+pub fn snapshot_tensors(
+    params: &Params,
+    optimizer: &AdamW,
+    gather: Option<GatherF32<'_>>,
+    reuse: Option<(TensorSet, TensorSet)>,
+) -> Result<(TensorSet, TensorSet, u64), TrainError> {
+    let (mut reuse_model, mut reuse_optimizer) = reuse.unwrap_or_default();
+    let mut model = TensorSet::new();
+    for (name, var) in params {
+        // SAFETY: a kept value is the tensor the last update set the `Var`
+        // from; nothing writes into it (the next step computes new ones).
+        let shared = match optimizer.values.get(name) {
+            Some(value) => unsafe { to_host_shared(name, value)? },
+            None => None,
+        };
+        let host = match shared {
+            Some(host) => host,
+            None => to_host_reusing(name, var.as_tensor(), reuse_model.remove(name))?,
+        };
+        model.insert(name.clone(), host);
+    }
+    let (moments, optimizer_step) = optimizer.state_shared(params, gather, &mut reuse_optimizer)?;
+    Ok((model, moments, optimizer_step))
+}
+
 impl AdamW {
     /// An optimizer for `params` with zero moments and step 0.
     pub fn new(params: &Params, hyper: AdamWConfig) -> Result<Self, TrainError> {
@@ -117,7 +159,7 @@ impl AdamW {
             };
             moments.insert(name.clone(), Moments { m: zeros()?, v: zeros()? });
         }
-        Ok(AdamW { hyper, moments, step: 0, shard: None })
+        Ok(AdamW { hyper, moments, step: 0, shard: None, values: BTreeMap::new() })
     }
 
     /// The slice this optimizer keeps the moments of (`None`: all of them).
@@ -210,8 +252,12 @@ impl AdamW {
             values.push((name, value));
             at += n;
         }
+        self.values.clear();
         for (name, value) in values {
             params[name].set(&value)?;
+            if value.device().is_cpu() {
+                self.values.insert(name.clone(), value);
+            }
         }
         for (name, m, v) in updated {
             self.moments.insert(name, Moments { m, v });
@@ -269,6 +315,14 @@ impl AdamW {
         Ok(())
     }
 
+    /// Drops the parameter values the last update kept for snapshots: a
+    /// step about to begin would otherwise hold them beside its own
+    /// activations and updates. (A snapshot that took them keeps its own
+    /// handles until its copies are made.)
+    pub fn release_values(&mut self) {
+        self.values.clear();
+    }
+
     /// Updates applied so far (the `t` of the bias correction).
     pub fn step_count(&self) -> u64 {
         self.step
@@ -301,8 +355,12 @@ impl AdamW {
         }
         // Apply only once every update has been computed, so an error above
         // leaves parameters and moments as they were.
+        self.values.clear();
         for (name, theta, m, v) in updated {
             params[&name].set(&theta)?;
+            if theta.device().is_cpu() {
+                self.values.insert(name.clone(), theta);
+            }
             self.moments.insert(name, Moments { m, v });
         }
         self.step += 1;
@@ -329,6 +387,35 @@ impl AdamW {
         Ok((set, self.step))
     }
 
+    /// The moments as a snapshot takes them, with the step count: shared
+    /// with their tensors in CPU memory (every step *replaces* them with
+    /// new tensors and never writes into the old ones), copied into
+    /// `reuse`'s buffers elsewhere (a GPU). A sharded optimizer gathers its
+    /// moments (a collective every rank joins).
+    pub fn state_shared(
+        &self,
+        params: &Params,
+        gather: Option<GatherF32<'_>>,
+        reuse: &mut TensorSet,
+    ) -> Result<(TensorSet, u64), TrainError> {
+        if let (Some(_), Some(gather)) = (&self.shard, gather) {
+            return self.state_gathered(params, gather);
+        }
+        let mut set = TensorSet::new();
+        for (name, state) in &self.moments {
+            let (m_name, v_name) = moment_names(name);
+            for (name, t) in [(m_name, &state.m), (v_name, &state.v)] {
+                // SAFETY: moments are never written into (see above).
+                let host = match unsafe { to_host_shared(&name, t)? } {
+                    Some(host) => host,
+                    None => to_host_reusing(&name, t, reuse.remove(&name))?,
+                };
+                set.insert(name, host);
+            }
+        }
+        Ok((set, self.step))
+    }
+
     /// Replaces the moments and step count with a checkpointed state. The
     /// set must hold exactly both moments of every parameter, f32, with the
     /// parameter's shape; nothing changes if it does not.
@@ -351,6 +438,8 @@ impl AdamW {
         }
         self.moments = loaded;
         self.step = step;
+        // The parameters are about to be set from the same checkpoint.
+        self.values.clear();
         Ok(())
     }
 }

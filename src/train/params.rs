@@ -19,7 +19,7 @@ use candle_nn::{Init, VarBuilder};
 
 use super::error::{TrainError, candle_message};
 use super::rng::StreamRng;
-use crate::checkpoint::{DType as HostDType, HostTensor, TensorSet};
+use crate::checkpoint::{DType as HostDType, HostTensor, SharedBytes, TensorSet};
 
 /// Named parameters, in name order.
 pub type Params = BTreeMap<String, Var>;
@@ -159,10 +159,8 @@ pub fn to_host_reusing(name: &str, t: &Tensor, reuse: Option<HostTensor>) -> Res
     let err = |e: candle_core::Error| TrainError::Tensor { name: name.to_string(), message: candle_message(&e) };
     let shape = t.dims().to_vec();
     let bytes = t.elem_count() * 4;
-    let mut data = match reuse {
-        Some(h) if h.data.len() == bytes => h.data,
-        _ => vec![0u8; bytes],
-    };
+    let mut data =
+        reuse.and_then(|h| h.data.into_owned()).filter(|d| d.len() == bytes).unwrap_or_else(|| vec![0u8; bytes]);
     let copied = {
         let (storage, layout) = t.storage_and_layout();
         match (&*storage, layout.contiguous_offsets()) {
@@ -181,6 +179,37 @@ pub fn to_host_reusing(name: &str, t: &Tensor, reuse: Option<HostTensor>) -> Res
     }
     HostTensor::new(HostDType::F32, shape, data)
         .map_err(|reason| TrainError::Tensor { name: name.to_string(), message: reason })
+}
+
+/// The host tensor of an f32 tensor in CPU memory *without a copy*: its
+/// bytes are shared with the tensor's storage, which a clone of the tensor
+/// keeps alive. `None` when the tensor is elsewhere (a GPU), of another
+/// dtype, not contiguous, or the machine is big-endian: copy it instead.
+///
+/// # Safety
+/// Nothing may write into `t`'s storage while the result (or a clone of
+/// it) lives: pass only tensors no one holds for writing, such as the
+/// moments an AdamW step has replaced or the parameter values it kept
+/// (never a `Var`, which the next step sets in place).
+pub unsafe fn to_host_shared(name: &str, t: &Tensor) -> Result<Option<HostTensor>, TrainError> {
+    if cfg!(target_endian = "big") || t.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let err = |reason: String| TrainError::Tensor { name: name.to_string(), message: reason };
+    let (ptr, len) = {
+        let (storage, layout) = t.storage_and_layout();
+        let (candle_core::Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) else {
+            return Ok(None);
+        };
+        let values = &cpu.as_slice::<f32>().map_err(|e| err(candle_message(&e)))?[start..end];
+        (values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    };
+    let owner: Arc<dyn Send + Sync> = Arc::new(t.clone());
+    // SAFETY: `owner` (a clone of `t`) keeps the storage allocated; a CPU
+    // storage's buffer never moves; the caller guarantees nobody writes
+    // into it while the bytes are shared.
+    let bytes = unsafe { SharedBytes::new(owner, ptr, len) };
+    HostTensor::shared(HostDType::F32, t.dims().to_vec(), bytes).map(Some).map_err(err)
 }
 
 /// Writes `values` as little-endian bytes into `out` (same length × 4): on
@@ -241,7 +270,7 @@ pub fn holds_host_values(t: &Tensor, host: &HostTensor) -> bool {
                 // SAFETY: f32 has no padding; the slice covers exactly the values' bytes.
                 let bytes =
                     unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
-                bytes == host.data.as_slice()
+                bytes == &host.data[..]
             }
             Err(_) => false,
         },

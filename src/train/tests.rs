@@ -9,6 +9,7 @@ use candle_core::{Device, Tensor};
 use candle_nn::{Linear, Module, VarBuilder};
 
 use super::*;
+use crate::checkpoint::TensorSet;
 use crate::config::{Config, DataKind, ModelKind, OnNonFinite, Precision};
 
 pub(super) fn tiny_mlp() -> Config {
@@ -558,4 +559,46 @@ fn mutated_state_json_restores_or_is_refused_never_a_panic() {
             Ok(())
         })
         .unwrap();
+}
+
+/// A snapshot between two steps shares the tensors nothing writes into any
+/// more (the parameter values the last update computed, the moments) rather
+/// than copying them: training that goes on must not change what it holds,
+/// a restore must not leave stale values to share, and buffers it copied
+/// into are reused.
+#[test]
+fn a_snapshot_shares_what_no_step_writes_into_and_stays_that_of_its_step() {
+    for cfg in [tiny_mlp(), tiny_gpt()] {
+        let owned =
+            |s: &TrainSnapshot| s.model.values().chain(s.optimizer.values()).filter(|t| t.data.is_owned()).count();
+        let mut trainer = Trainer::new(&cfg).unwrap();
+        // Nothing updated yet: the parameters are copied, the moments shared.
+        let first = trainer.snapshot().unwrap();
+        assert_eq!(owned(&first), first.model.len(), "step 0 copies the parameters only");
+
+        train_to(&mut trainer, 3);
+        let shared = trainer.snapshot().unwrap();
+        assert_eq!(owned(&shared), 0, "between two steps nothing is copied");
+        let copied = TrainSnapshot {
+            step: shared.step,
+            model: shared.model.iter().map(|(n, t)| (n.clone(), owned_copy(t))).collect(),
+            optimizer: shared.optimizer.iter().map(|(n, t)| (n.clone(), owned_copy(t))).collect(),
+            state: shared.state.clone(),
+        };
+        train_to(&mut trainer, 5);
+        assert_same(&shared, &copied);
+
+        // Restored to step 3 from step 5, the values the last update kept
+        // are stale: the parameters are copied from the restored `Var`s.
+        trainer.restore(&copied.model, &copied.optimizer, &copied.state).unwrap();
+        let buffer = first.model.values().next().unwrap().data.as_ptr();
+        let restored = trainer.snapshot_reusing(Some((first.model, TensorSet::new()))).unwrap();
+        assert_same(&restored, &copied);
+        assert_eq!(restored.model.values().next().unwrap().data.as_ptr(), buffer, "copied into the reused buffer");
+    }
+}
+
+/// A host tensor with a buffer of its own holding the same bytes.
+fn owned_copy(t: &crate::checkpoint::HostTensor) -> crate::checkpoint::HostTensor {
+    crate::checkpoint::HostTensor::new(t.dtype, t.shape.clone(), t.data.to_vec()).unwrap()
 }

@@ -36,8 +36,8 @@ use super::builtin::builtin_workload;
 use super::data::{DataCursor, Sampler};
 use super::error::{TrainError, candle_message, is_out_of_memory};
 use super::layout::Layout;
-use super::optim::{AdamW, AdamWConfig, ShardRange};
-use super::params::{ParamStore, Params, check_host, from_host, holds_host_values, param_count, to_host_reusing};
+use super::optim::{AdamW, AdamWConfig, GatherF32, ShardRange, snapshot_tensors};
+use super::params::{ParamStore, Params, check_host, from_host, holds_host_values, param_count};
 use super::registry::Registry;
 use super::rng::{RngState, Stream, StreamRng};
 use super::scaler::{LossScaler, ScalerState, compute_dtype};
@@ -680,6 +680,7 @@ impl Trainer {
     /// previous step (see [`train_step_with_backoff`](Self::train_step_with_backoff)).
     pub fn train_step(&mut self, should_stop: &dyn Fn() -> bool) -> Result<StepResult, TrainError> {
         let started = Instant::now();
+        self.optimizer.release_values();
         let step_no = self.step + 1;
         let layout = self.layout;
         let fail = |during: &'static str| {
@@ -949,24 +950,20 @@ impl Trainer {
         self.snapshot_reusing(None)
     }
 
-    /// [`snapshot`](Self::snapshot) into the host buffers of an earlier
-    /// snapshot (handed back once it was persisted), so periodic checkpoints
-    /// copy at memory speed without allocating.
+    /// [`snapshot`](Self::snapshot) for a periodic checkpoint, which
+    /// pauses training only for this call: tensors that nothing writes into
+    /// any more are shared, not copied (`train::snapshot_tensors`), and
+    /// what must be copied goes into the host buffers of an earlier
+    /// snapshot (handed back once it was persisted), without allocating.
     pub fn snapshot_reusing(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<TrainSnapshot, TrainError> {
-        let (mut old_model, old_optimizer) = reuse.unwrap_or_default();
-        let mut model = TensorSet::new();
-        for (name, var) in &self.params {
-            model.insert(name.clone(), to_host_reusing(name, var.as_tensor(), old_model.remove(name))?);
-        }
-        let (optimizer, optimizer_step) = match (&self.world, self.optimizer.shard_range()) {
-            // Sharded: every rank must snapshot at the same time (the
-            // leader asks the followers, `orchestrate::ranks`).
-            (Some(world), Some(_)) => {
-                let gather = |mine: Vec<f32>| all_gather_f32(&**world, mine);
-                self.optimizer.state_gathered(&self.params, &gather)?
-            }
-            _ => self.optimizer.state_reusing(old_optimizer)?,
+        // Sharded: every rank must snapshot at the same time (the leader
+        // asks the followers, `orchestrate::ranks`) to gather the moments.
+        let gather = |mine: Vec<f32>| match &self.world {
+            Some(world) => all_gather_f32(&**world, mine),
+            None => Ok(mine),
         };
+        let gather = self.world.as_ref().map(|_| &gather as GatherF32<'_>);
+        let (model, optimizer, optimizer_step) = snapshot_tensors(&self.params, &self.optimizer, gather, reuse)?;
         let state = TrainState {
             format: STATE_FORMAT,
             workload: self.workload.name().to_string(),

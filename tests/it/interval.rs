@@ -58,11 +58,12 @@ fn auto_interval_with_a_configured_mtbf_is_recorded_and_followed() {
     assert!(first["cost_seconds"].is_null() && first["remaining_seconds"].is_null(), "{first}");
     let measured = &chosen[1];
     assert_eq!(measured["reason"], "young_daly", "{measured}");
-    assert_eq!(measured["cost_measured_as"], "snapshot_stall");
+    assert_eq!(measured["cost_measured_as"], "snapshot_stall_and_slowdown");
+    assert!(measured["slowdown_seconds"].as_f64().is_some_and(|s| s >= 0.0), "{measured}");
     assert_eq!(measured["saves_measured"], 1);
     assert_eq!(measured["previous_seconds"].as_f64(), Some(5.0));
     let cost = measured["cost_seconds"].as_f64().unwrap();
-    assert!(cost > 0.0 && cost < 1.0, "a tiny model's stall: {cost}");
+    assert!((0.0..1.0).contains(&cost), "a tiny model's stall and slowdown: {cost}");
     let young_daly = measured["young_daly_seconds"].as_f64().unwrap();
     assert!((young_daly - (2.0 * cost * 20.0).sqrt()).abs() < 1e-9, "{measured}");
     let interval = measured["interval_seconds"].as_f64().unwrap();

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{SaveReport, Snapshot};
+use crate::checkpoint::{SaveReport, Snapshot, reusable};
 use crate::config::{CheckpointInterval, CheckpointSection};
 use crate::slurm::{self, SlurmEnv};
 use crate::telemetry::{self, CheckpointFailed, CheckpointSaved, CheckpointStarted, Event, JsonlWriter, Nonfinite};
@@ -14,8 +14,8 @@ use crate::train::NonFiniteEvent;
 use super::super::budget::job_time_left;
 use super::super::error::RunError;
 use super::super::interval::{
-    CostMeter, IntervalInputs, Mtbf, MtbfSource, choose_interval, history_mtbf, interval_event, noticeably_different,
-    recompute_after,
+    CostMeter, IntervalInputs, Mtbf, MtbfSource, Slowdown, choose_interval, history_mtbf, interval_event,
+    noticeably_different, recompute_after,
 };
 use super::super::persist::{Persisted, PersisterDied};
 use super::super::rundir::METRICS_FILE;
@@ -31,6 +31,8 @@ use super::start::{losses_so_far, set_aside_rejected, truncate_metrics};
 pub(super) struct AutoInterval {
     mtbf: Option<Mtbf>,
     meter: CostMeter,
+    /// Step times with and without a background save in flight.
+    pub(super) slowdown: Slowdown,
     current: Duration,
     recorded: Option<Duration>,
 }
@@ -50,6 +52,7 @@ impl AutoInterval {
         Some(AutoInterval {
             mtbf,
             meter: CostMeter::default(),
+            slowdown: Slowdown::default(),
             current: super::super::DEFAULT_INTERVAL,
             recorded: None,
         })
@@ -211,7 +214,8 @@ impl Attempt {
     /// Records a finished periodic save; too many failures in a row stop the run.
     fn handle_persisted(&mut self, mut p: Persisted) -> Result<(), RunError> {
         if let Some(buffers) = p.buffers.take() {
-            self.spare = Some((buffers.model, buffers.optimizer));
+            // Shared tensors are let go: only buffers of their own are reused.
+            self.spare = Some((reusable(buffers.model), reusable(buffers.optimizer)));
         }
         match p.result {
             Ok(report) => {
@@ -265,7 +269,8 @@ impl Attempt {
         // attempt; one that already existed wrote nothing).
         let measure = kind == "periodic" && !r.already_existed;
         let remeasured = self.auto_interval.as_mut().filter(|_| measure).map(|auto| {
-            auto.meter.measured(stall, r.seconds);
+            let slowdown = auto.slowdown.save_ended();
+            auto.meter.measured(stall, r.seconds, slowdown);
             recompute_after(auto.meter.saves())
         });
         tracing::info!(
