@@ -32,7 +32,7 @@ use std::sync::mpsc;
 use sha2::{Digest, Sha256};
 
 use super::safetensors_io;
-use super::tensor::{HostTensor, TensorSet};
+use super::tensor::{HostTensor, SharedBytes, TensorSet};
 
 /// Bytes per write or read call, and the size of a pooled block.
 const IO_BUFFER: usize = 8 << 20;
@@ -432,6 +432,87 @@ pub(super) fn read_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
             .collect()
     };
     Ok(ReadTensors { bytes: total, sha256: hex::encode(hasher.finalize()), tensors })
+}
+
+/// A mapped file is hashed in windows of this many bytes, the kernel asked
+/// to read each next window while the current one is hashed.
+const MAP_AHEAD: usize = 32 << 20;
+
+/// Maps a safetensors file read-only and hashes every byte of the mapping:
+/// the tensors share its pages (the page cache) instead of being read into
+/// fresh memory, which a process pays for at the first touch of every page
+/// (~0.7 s/GiB on the VMs of docs/performance.md) and which the trainer
+/// would copy from once more anyway. Verified like
+/// [`read_tensors_hashed`]: the header is checked, every byte hashed, and the
+/// hash compared by the caller before any tensor is used. The kernel is
+/// asked to read ahead of the hash (`MADV_WILLNEED`), so a cold file is read
+/// while the bytes before are hashed. An empty file, or one that cannot be
+/// mapped, is read instead.
+///
+/// The mapping is of a committed checkpoint's file, which rekindle never
+/// writes again; another process truncating it while it is mapped would make
+/// the reads fault (SIGBUS), as for any mapped file (docs/checkpoint-format.md).
+pub(super) fn map_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
+    let file = File::open(path)?;
+    let file_len = file.metadata()?.len();
+    if file_len == 0 || usize::try_from(file_len).is_err() {
+        return read_tensors_hashed(path);
+    }
+    // SAFETY: a committed checkpoint's files are never written again (the
+    // store writes new checkpoints under new names and only renames and
+    // deletes whole directories); see the doc comment for what another
+    // process could still do.
+    let map = match unsafe { memmap2::MmapOptions::new().map(&file) } {
+        Ok(map) => std::sync::Arc::new(map),
+        Err(_) => return read_tensors_hashed(path),
+    };
+    let _ = map.advise(memmap2::Advice::Sequential);
+    let bytes: &[u8] = &map;
+    let mut hasher = Sha256::new();
+    for (i, chunk) in bytes.chunks(MAP_AHEAD).enumerate() {
+        // While this window is hashed, the kernel reads the next one.
+        let next = (i + 1) * MAP_AHEAD;
+        if next < bytes.len() {
+            let _ = map.advise_range(memmap2::Advice::WillNeed, next, MAP_AHEAD.min(bytes.len() - next));
+        }
+        hasher.update(chunk);
+    }
+    let sha256 = hex::encode(hasher.finalize());
+    let tensors = mapped_layout(bytes, file_len).and_then(|(data_start, layout)| {
+        layout
+            .into_iter()
+            .map(|t| {
+                let (start, end) = (data_start + t.start as usize, data_start + t.end as usize);
+                let owner: std::sync::Arc<dyn Send + Sync> = map.clone();
+                // SAFETY: the mapping outlives the bytes (`owner`), and
+                // [start, end) lies inside it (the layout covers the data
+                // section exactly); nothing of this process writes it.
+                let shared = unsafe { SharedBytes::new(owner, bytes[start..end].as_ptr(), end - start) };
+                let tensor =
+                    HostTensor::shared(t.dtype, t.shape, shared).map_err(|e| format!("tensor `{}`: {e}", t.name))?;
+                Ok((t.name, tensor))
+            })
+            .collect()
+    });
+    Ok(ReadTensors { bytes: file_len, sha256, tensors })
+}
+
+/// Where the data section of a whole safetensors file in memory starts,
+/// and its tensors in the order of their bytes (the checks of
+/// [`read_tensors_hashed`]).
+fn mapped_layout(bytes: &[u8], file_len: u64) -> Result<(usize, Vec<safetensors_io::TensorLayout>), String> {
+    let Some(prefix) = bytes.first_chunk::<8>() else {
+        return Err(format!("shorter than a safetensors header ({file_len} bytes)"));
+    };
+    let len = safetensors_io::header_len(prefix);
+    if len > file_len.saturating_sub(8) || len > safetensors_io::MAX_HEADER_BYTES {
+        return Err(format!(
+            "header length {len} does not fit the file of {file_len} bytes (at most {})",
+            safetensors_io::MAX_HEADER_BYTES
+        ));
+    }
+    let data_start = 8 + len as usize;
+    safetensors_io::parse_layout(&bytes[8..data_start], file_len).map(|layout| (data_start, layout))
 }
 
 /// Fills `buffers` in order from `file` while a second thread feeds each

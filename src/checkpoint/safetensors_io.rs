@@ -176,10 +176,11 @@ pub fn parse_layout(header: &[u8], file_len: u64) -> Result<Vec<TensorLayout>, S
 }
 
 /// Parses a safetensors file's bytes into host tensors with the reference
-/// parser (the `safetensors` crate). Loading reads files with
-/// `hashed_io::read_tensors_hashed` instead (straight into the tensors'
-/// buffers, layout checked by [`parse_layout`]); the property tests hold the
-/// two to the same verdict.
+/// parser (the `safetensors` crate). Loading maps files with
+/// `hashed_io::map_tensors_hashed` instead (the tensors share the mapping,
+/// layout checked by [`parse_layout`]; `read_tensors_hashed` reads where a
+/// file cannot be mapped); the property tests hold all three to the same
+/// verdict.
 #[cfg(test)]
 pub fn read(bytes: &[u8]) -> Result<TensorSet, String> {
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
@@ -324,8 +325,16 @@ mod tests {
             let loaded = crate::checkpoint::hashed_io::read_tensors_hashed(&path)
                 .map_err(|e| TestCaseError::fail(format!("reading the file failed: {e}")))?;
             prop_assert_eq!(loaded.bytes, bytes.len() as u64);
-            prop_assert_eq!(loaded.sha256, hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes)));
+            prop_assert_eq!(&loaded.sha256, &hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes)));
             prop_assert_eq!(loaded.tensors.is_ok(), layout.is_ok(), "loader and layout check disagree");
+            // The mapped loader (what `load_dir` uses) gives the same verdict,
+            // hash and tensors as the reading one.
+            let mapped = crate::checkpoint::hashed_io::map_tensors_hashed(&path)
+                .map_err(|e| TestCaseError::fail(format!("mapping the file failed: {e}")))?;
+            prop_assert_eq!(mapped.bytes, loaded.bytes);
+            prop_assert_eq!(&mapped.sha256, &loaded.sha256);
+            prop_assert_eq!(&mapped.tensors.as_ref().ok(), &loaded.tensors.as_ref().ok());
+            prop_assert_eq!(mapped.tensors.is_ok(), loaded.tensors.is_ok());
             if let Ok(tensors) = loaded.tensors {
                 prop_assert!(Ok(tensors) == parsed, "the loader read other tensors than the reference parser");
             }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::error::{FileFailure, Problem};
-use super::hashed_io::{read_hashed, read_tensors_hashed};
+use super::hashed_io::{map_tensors_hashed, read_hashed};
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name};
 use super::manifest::{CheckpointKind, MANIFEST_FILE, Manifest, ManifestEntry};
 use super::safetensors_io;
@@ -134,7 +134,7 @@ fn load_entry(dir: &Path, entry: &ManifestEntry) -> Result<Content, FileFailure>
         return check_entry(dir, entry, VerifyLevel::Full, true).map(Content::Bytes);
     }
     let path = check_file(dir, entry)?;
-    let read = read_tensors_hashed(&path).map_err(|e| unreadable(entry, e))?;
+    let read = map_tensors_hashed(&path).map_err(|e| unreadable(entry, e))?;
     check_read(entry, read.bytes, read.sha256)?;
     read.tensors
         .map(Content::Tensors)
@@ -239,6 +239,9 @@ pub(super) fn inspect(dir: &Path, step: u64, level: VerifyLevel) -> CheckpointIn
 }
 
 /// Reads a checkpoint, verifying every hash on the same pass, and parses it.
+/// Safetensors files are mapped: their tensors share the mapping's pages
+/// (`TensorBytes::Shared`) rather than fresh memory, and are valid only
+/// once this returns `Ok` (every hash matched).
 pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
     let manifest = read_manifest(dir).map_err(|f| vec![f])?;
     if manifest.kind != CheckpointKind::Native {
