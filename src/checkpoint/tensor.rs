@@ -207,10 +207,24 @@ impl HostTensor {
         HostTensor::new(DType::F32, shape, data).expect("shape matches values")
     }
 
-    /// Decodes an f32 tensor's values; `None` for any other dtype.
+    /// Decodes an f32 tensor's values; `None` for any other dtype. On a
+    /// little-endian machine the bytes are the values: one copy into the
+    /// new vector, split across cores ([`copy_parallel`]), so that resuming
+    /// a large model decodes at memory speed and touches its fresh pages
+    /// from every core.
     pub fn to_f32(&self) -> Option<Vec<f32>> {
-        (self.dtype == DType::F32)
-            .then(|| self.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        if self.dtype != DType::F32 {
+            return None;
+        }
+        if cfg!(target_endian = "big") {
+            return Some(self.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect());
+        }
+        let mut values = vec![0f32; self.data.len() / 4];
+        // SAFETY: `values` owns len × 4 initialised bytes; f32 has no padding
+        // and every bit pattern is a valid f32.
+        let dst = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), values.len() * 4) };
+        copy_parallel(dst, &self.data[..dst.len()]);
+        Some(values)
     }
 }
 
@@ -270,6 +284,24 @@ mod tests {
             copy_parallel(&mut dst, &src);
             assert!(dst == src, "length {len}");
         }
+    }
+
+    #[test]
+    fn f32_values_round_trip_through_their_bytes_at_any_size_and_sharing() {
+        for n in [0, 1, 5, PARALLEL_COPY_MIN / 4 + 3] {
+            let values: Vec<f32> = (0..n).map(|i| i as f32 * -0.37 + f32::EPSILON).collect();
+            let owned = HostTensor::from_f32(vec![n], &values);
+            assert!(owned.to_f32().unwrap() == values, "{n} values");
+            let bytes = std::sync::Arc::new(owned.data.to_vec());
+            // SAFETY: `bytes` is never written and lives as long as `shared`.
+            let shared = unsafe { SharedBytes::new(bytes.clone(), bytes.as_ptr(), bytes.len()) };
+            let shared = HostTensor::shared(DType::F32, vec![n], shared).unwrap();
+            assert_eq!(shared, owned, "shared and owned bytes compare by content");
+            assert!(!shared.data.is_owned() && shared.to_f32().unwrap() == values);
+            let kept = reusable(TensorSet::from([("s".into(), shared), ("o".into(), owned)]));
+            assert_eq!(kept.keys().collect::<Vec<_>>(), ["o"], "only buffers of their own are kept for reuse");
+        }
+        assert!(HostTensor::new(DType::I64, vec![1], vec![0; 8]).unwrap().to_f32().is_none());
     }
 
     #[test]
