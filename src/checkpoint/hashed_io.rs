@@ -3,8 +3,9 @@
 //! load costs the longer of I/O and SHA-256 rather than their sum. Also the
 //! fsyncs and the free-space query of the commit protocol, and the
 //! failpoints inside its I/O (`checkpoint::before_fsync::<file>`,
-//! `checkpoint::after_fsync::<file>`, and `fs::direct_io_unsupported`, which
-//! makes every file take the buffered path below; the store uses
+//! `checkpoint::after_fsync::<file>`, `fs::direct_io_unsupported`, which
+//! makes every file take the buffered path below, and `fs::mmap_unsupported`,
+//! which makes loads read files instead of mapping them; the store uses
 //! [`fail_io`] for its own I/O failpoints too).
 //!
 //! Writes go through a pool of aligned blocks that lives as long as the
@@ -458,13 +459,18 @@ pub(super) fn map_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
     if file_len == 0 || usize::try_from(file_len).is_err() {
         return read_tensors_hashed(path);
     }
+    // `fs::mmap_unsupported` stands in for a file that cannot be mapped.
     // SAFETY: a committed checkpoint's files are never written again (the
     // store writes new checkpoints under new names and only renames and
     // deletes whole directories); see the doc comment for what another
     // process could still do.
-    let map = match unsafe { memmap2::MmapOptions::new().map(&file) } {
+    let mapped = fail_io("fs::mmap_unsupported").and_then(|()| unsafe { memmap2::MmapOptions::new().map(&file) });
+    let map = match mapped {
         Ok(map) => std::sync::Arc::new(map),
-        Err(_) => return read_tensors_hashed(path),
+        Err(e) => {
+            tracing::debug!(path = %path.display(), error = %e, "cannot map the checkpoint file; reading it");
+            return read_tensors_hashed(path);
+        }
     };
     let _ = map.advise(memmap2::Advice::Sequential);
     let bytes: &[u8] = &map;

@@ -315,6 +315,20 @@ impl AdamW {
         Ok(())
     }
 
+    /// Keeps a copy of each parameter's current value for snapshots, as an
+    /// update leaves them: the state between two steps, without computing
+    /// one (`rekindle bench checkpoint` measures a snapshot from there; an
+    /// update of a large state holds several times its size at once).
+    pub fn keep_values(&mut self, params: &Params) -> candle_core::Result<()> {
+        self.values.clear();
+        for (name, var) in params {
+            if var.device().is_cpu() {
+                self.values.insert(name.clone(), var.as_tensor().copy()?);
+            }
+        }
+        Ok(())
+    }
+
     /// Drops the parameter values the last update kept for snapshots: a
     /// step about to begin would otherwise hold them beside its own
     /// activations and updates. (A snapshot that took them keeps its own

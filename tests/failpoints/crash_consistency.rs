@@ -17,7 +17,8 @@ use crate::support;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use rekindle::checkpoint::{
-    CheckpointError, CheckpointStore, MANIFEST_FILE, REQUIRED_FILES, STATE_FILE, SaveReport, VerifyLevel,
+    CheckpointError, CheckpointStore, MANIFEST_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, SaveReport,
+    VerifyLevel,
 };
 
 use support::{
@@ -544,5 +545,29 @@ fn a_filesystem_refusing_direct_io_gets_the_same_checkpoint_through_the_page_cac
         assert!(store.list(VerifyLevel::Full).unwrap()[0].valid);
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot);
     }
+    scenario.teardown();
+}
+
+#[test]
+fn a_file_that_cannot_be_mapped_is_read_and_loads_the_same_snapshot() {
+    // Loads map safetensors files; `fs::mmap_unsupported` stands in for a
+    // file that cannot be mapped (the loader then reads it into the
+    // tensors' own buffers). Same snapshot, same verdicts on damage.
+    let scenario = fail::FailScenario::setup();
+    let snapshot = support::snapshot_for_step(NEW_STEP, (9 << 20) + 4 * 1000);
+    let (_tmp, store) = temp_store(KEEP);
+    store.save(&snapshot).unwrap();
+    // (Compared before the file is damaged below: a mapped snapshot shares
+    // the file's pages, so it is used, and dropped, right after loading.)
+    assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot, "mapped");
+    fail::cfg("fs::mmap_unsupported", "return").unwrap();
+    let read = store.load_latest();
+    flip_byte(&store.step_dir(NEW_STEP).join(OPTIMIZER_FILE));
+    let damaged = store.load_latest();
+    fail::remove("fs::mmap_unsupported");
+    assert_eq!(read.unwrap().loaded.unwrap().snapshot, snapshot, "read instead of mapped");
+    let damaged = damaged.unwrap();
+    assert!(damaged.loaded.is_none(), "a damaged file read instead of mapped is refused too");
+    assert_eq!(damaged.rejected[0].failures[0].file, OPTIMIZER_FILE);
     scenario.teardown();
 }
