@@ -474,6 +474,9 @@ pub(super) fn map_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
     };
     let _ = map.advise(memmap2::Advice::Sequential);
     let bytes: &[u8] = &map;
+    // What was mapped is what is checked and shared (the file may have
+    // changed size since the length above was read).
+    let file_len = bytes.len() as u64;
     let mut hasher = Sha256::new();
     for (i, chunk) in bytes.chunks(MAP_AHEAD).enumerate() {
         // While this window is hashed, the kernel reads the next one.

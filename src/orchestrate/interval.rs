@@ -275,7 +275,10 @@ impl CostMeter {
 const RECENT_STEPS: usize = 64;
 
 /// How much a background save slows training down: the steps that ended
-/// while it was in flight, against the median step with none in flight.
+/// while it was in flight, against the mean of the recent steps with none
+/// in flight (the mean, not the median: step times are skewed, and
+/// against the median even a save that slowed nothing would cost the
+/// difference at every step).
 #[derive(Debug, Clone, Default)]
 pub struct Slowdown {
     idle: std::collections::VecDeque<f64>,
@@ -297,13 +300,22 @@ impl Slowdown {
         }
     }
 
+    /// A save begins: what was counted for an earlier one that was never
+    /// measured (it failed, already existed, or its thread died) is dropped.
+    pub fn save_started(&mut self) {
+        (self.during_seconds, self.during_steps) = (0.0, 0);
+    }
+
     /// A save ended: the training time it cost beyond its stall (never
     /// negative; 0 before any step without a save was seen), and a fresh
     /// count for the next one.
     pub fn save_ended(&mut self) -> f64 {
-        let typical = median(self.idle.make_contiguous()).unwrap_or(f64::INFINITY);
+        let typical = match self.idle.len() {
+            0 => f64::INFINITY,
+            n => self.idle.iter().sum::<f64>() / n as f64,
+        };
         let extra = (self.during_seconds - f64::from(self.during_steps) * typical).max(0.0);
-        (self.during_seconds, self.during_steps) = (0.0, 0);
+        self.save_started();
         extra
     }
 }
@@ -566,16 +578,30 @@ mod tests {
     #[test]
     fn a_background_save_costs_what_the_steps_during_it_took_beyond_the_usual_step() {
         let mut s = Slowdown::default();
-        for _ in 0..5 {
-            s.step(1.0, false);
+        for t in [1.0, 0.75, 1.25, 1.0] {
+            s.step(t, false);
         }
-        s.step(5.0, false); // an outlier (an evaluation) does not move the median
         s.step(1.5, true);
         s.step(1.25, true);
-        assert!((s.save_ended() - 0.75).abs() < 1e-12);
+        assert!((s.save_ended() - 0.75).abs() < 1e-12, "2.75 s against 2 × the usual 1 s");
         assert_eq!(s.save_ended(), 0.0, "counted once");
         s.step(0.5, true); // faster than usual: no negative cost
         assert_eq!(s.save_ended(), 0.0);
+        // A save that was never measured (it failed) leaves nothing behind.
+        s.step(9.0, true);
+        s.save_started();
+        s.step(1.5, true);
+        assert!((s.save_ended() - 0.5).abs() < 1e-12);
+        // Skewed step times: a save that slowed nothing costs nothing (the
+        // median would charge it the mean's excess at every step).
+        let mut skewed = Slowdown::default();
+        for t in [1.0, 1.0, 1.0, 4.0].repeat(8) {
+            skewed.step(t, false);
+        }
+        for t in [1.0, 1.0, 1.0, 4.0] {
+            skewed.step(t, true);
+        }
+        assert_eq!(skewed.save_ended(), 0.0);
         let mut fresh = Slowdown::default();
         fresh.step(3.0, true);
         assert_eq!(fresh.save_ended(), 0.0, "no usual step known yet: nothing to compare with");

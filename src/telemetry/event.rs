@@ -621,7 +621,7 @@ pub struct CheckpointIntervalChosen {
     pub persist_seconds: Option<f64>,
     /// Median training time a background write cost beyond its stall
     /// (steps trained while it ran, against the usual step).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub slowdown_seconds: Option<f64>,
     /// The mean time between interruptions used, in seconds.
     pub mtbf_seconds: Option<f64>,

@@ -256,7 +256,7 @@ impl AdamW {
         for (name, value) in values {
             params[name].set(&value)?;
             if value.device().is_cpu() {
-                self.values.insert(name.clone(), value);
+                self.values.insert(name.clone(), value.detach());
             }
         }
         for (name, m, v) in updated {
@@ -373,7 +373,10 @@ impl AdamW {
         for (name, theta, m, v) in updated {
             params[&name].set(&theta)?;
             if theta.device().is_cpu() {
-                self.values.insert(name.clone(), theta);
+                // Detached: `theta` was computed from a `Var`, so candle
+                // recorded the operation, which holds two more tensors of
+                // the parameter's size; the kept value needs only its storage.
+                self.values.insert(name.clone(), theta.detach());
             }
             self.moments.insert(name, Moments { m, v });
         }

@@ -140,6 +140,9 @@ impl Attempt {
                 due_step,
                 snapshot_seconds: stall,
             }))?;
+            if let Some(auto) = &mut self.auto_interval {
+                auto.slowdown.save_started();
+            }
             match self.persister.submit(snapshot, stall) {
                 Ok(()) => Ok(()),
                 Err(died) => self.on_persister_death(died),
