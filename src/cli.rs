@@ -132,8 +132,10 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// Save, load+verify, verify and snapshot stall of synthetic state of SIZE,
-    /// beside `dd bs=8M conv=fsync` of the same bytes on the same filesystem.
+    /// Save, load+verify, verify and snapshot stall of synthetic state of SIZE
+    /// (parameters in candle variables and AdamW moments, as between two
+    /// training steps), beside `dd bs=8M conv=fsync` of the same bytes on the
+    /// same filesystem.
     Checkpoint(BenchCheckpointArgs),
     /// Training throughput of a config with checkpoints off and every N steps,
     /// the stall per checkpoint, and a synchronous save of the same state.
@@ -152,7 +154,8 @@ pub enum BenchCommand {
 
 #[derive(Debug, Args)]
 pub struct BenchIntervalArgs {
-    /// Training stall per checkpoint (e.g. 5s, 700us).
+    /// Training time each checkpoint costs: its stall plus the slowdown of
+    /// the steps trained while it is written (e.g. 5s, 700us).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub stall: Duration,
     /// Time for a snapshot to be written and committed in the background.
