@@ -393,18 +393,15 @@ pub(super) fn read_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
     let layout = if n < prefix.len() {
         Err(format!("shorter than a safetensors header ({file_len} bytes)"))
     } else {
-        let len = safetensors_io::header_len(&prefix);
-        if len > file_len.saturating_sub(8) || len > safetensors_io::MAX_HEADER_BYTES {
-            Err(format!(
-                "header length {len} does not fit the file of {file_len} bytes (at most {})",
-                safetensors_io::MAX_HEADER_BYTES
-            ))
-        } else {
-            let mut header = vec![0u8; len as usize];
-            let n = read_full(&mut file, &mut header)?;
-            hasher.update(&header[..n]);
-            total += n as u64;
-            safetensors_io::parse_layout(&header, file_len)
+        match safetensors_io::checked_header_len(&prefix, file_len) {
+            Err(reason) => Err(reason),
+            Ok(len) => {
+                let mut header = vec![0u8; len];
+                let n = read_full(&mut file, &mut header)?;
+                hasher.update(&header[..n]);
+                total += n as u64;
+                safetensors_io::parse_layout(&header, file_len)
+            }
         }
     };
     let layout = match layout {
@@ -513,14 +510,7 @@ fn mapped_layout(bytes: &[u8], file_len: u64) -> Result<(usize, Vec<safetensors_
     let Some(prefix) = bytes.first_chunk::<8>() else {
         return Err(format!("shorter than a safetensors header ({file_len} bytes)"));
     };
-    let len = safetensors_io::header_len(prefix);
-    if len > file_len.saturating_sub(8) || len > safetensors_io::MAX_HEADER_BYTES {
-        return Err(format!(
-            "header length {len} does not fit the file of {file_len} bytes (at most {})",
-            safetensors_io::MAX_HEADER_BYTES
-        ));
-    }
-    let data_start = 8 + len as usize;
+    let data_start = 8 + safetensors_io::checked_header_len(prefix, file_len)?;
     safetensors_io::parse_layout(&bytes[8..data_start], file_len).map(|layout| (data_start, layout))
 }
 

@@ -73,6 +73,19 @@ pub fn header_len(prefix: &[u8; 8]) -> u64 {
 /// longer ones too (its `MAX_HEADER_SIZE`).
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// The header length a file of `file_len` bytes announces in its `prefix`,
+/// checked against the file and [`MAX_HEADER_BYTES`] before anything is
+/// allocated or sliced for it (the prefix is untrusted).
+pub fn checked_header_len(prefix: &[u8; 8], file_len: u64) -> Result<usize, String> {
+    let n = header_len(prefix);
+    if n > file_len.saturating_sub(8) || n > MAX_HEADER_BYTES {
+        return Err(format!(
+            "header length {n} does not fit the file of {file_len} bytes (at most {MAX_HEADER_BYTES})"
+        ));
+    }
+    Ok(n as usize)
+}
+
 /// Reads the length prefix and header of a safetensors file of `file_len`
 /// bytes from `r` and checks its layout ([`check_layout`]). The length in the
 /// prefix is untrusted: it is checked against `file_len` and
@@ -82,13 +95,8 @@ pub fn read_layout<R: std::io::Read>(r: &mut R, file_len: u64) -> Result<(), Lay
     let mut prefix = [0u8; 8];
     r.read_exact(&mut prefix)
         .map_err(|_| LayoutError::Invalid(format!("shorter than a safetensors header ({file_len} bytes)")))?;
-    let n = header_len(&prefix);
-    if n > file_len.saturating_sub(8) || n > MAX_HEADER_BYTES {
-        return Err(LayoutError::Invalid(format!(
-            "header length {n} does not fit the file of {file_len} bytes (at most {MAX_HEADER_BYTES})"
-        )));
-    }
-    let mut header = vec![0u8; n as usize];
+    let n = checked_header_len(&prefix, file_len).map_err(LayoutError::Invalid)?;
+    let mut header = vec![0u8; n];
     r.read_exact(&mut header).map_err(LayoutError::Io)?;
     check_layout(&header, file_len).map_err(LayoutError::Invalid)
 }
