@@ -387,17 +387,11 @@ impl AdamW {
     /// Host copies of the moments (`exp_avg.<param>`, `exp_avg_sq.<param>`)
     /// and the step count.
     pub fn state(&self) -> Result<(TensorSet, u64), TrainError> {
-        self.state_reusing(TensorSet::new())
-    }
-
-    /// [`state`](Self::state), writing into the buffers of an earlier state
-    /// where they fit (no allocation for periodic checkpoints).
-    pub fn state_reusing(&self, mut reuse: TensorSet) -> Result<(TensorSet, u64), TrainError> {
         let mut set = TensorSet::new();
         for (name, state) in &self.moments {
             let (m_name, v_name) = moment_names(name);
-            let m = to_host_reusing(&m_name, &state.m, reuse.remove(&m_name))?;
-            let v = to_host_reusing(&v_name, &state.v, reuse.remove(&v_name))?;
+            let m = to_host_reusing(&m_name, &state.m, None)?;
+            let v = to_host_reusing(&v_name, &state.v, None)?;
             set.insert(m_name, m);
             set.insert(v_name, v);
         }

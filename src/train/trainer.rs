@@ -958,11 +958,8 @@ impl Trainer {
     pub fn snapshot_reusing(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<TrainSnapshot, TrainError> {
         // Sharded: every rank must snapshot at the same time (the leader
         // asks the followers, `orchestrate::ranks`) to gather the moments.
-        let gather = |mine: Vec<f32>| match &self.world {
-            Some(world) => all_gather_f32(&**world, mine),
-            None => Ok(mine),
-        };
-        let gather = self.world.as_ref().map(|_| &gather as GatherF32<'_>);
+        let gather = self.world.as_ref().map(|world| move |mine: Vec<f32>| all_gather_f32(&**world, mine));
+        let gather = gather.as_ref().map(|g| g as GatherF32<'_>);
         let (model, optimizer, optimizer_step) = snapshot_tensors(&self.params, &self.optimizer, gather, reuse)?;
         let state = TrainState {
             format: STATE_FORMAT,
