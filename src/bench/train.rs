@@ -90,7 +90,7 @@ pub fn run_train_bench(
             let snap = snapshot(&trainer, spare.take())?;
             stalls += s0.elapsed().as_secs_f64();
             count += 1;
-            persister.submit(snap, 0.0).map_err(died)?;
+            persister.submit(snap, 0.0, None).map_err(died)?;
         }
     }
     if let Some(done) = persister.wait().map_err(died)? {

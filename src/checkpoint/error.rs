@@ -105,6 +105,11 @@ pub enum CheckpointError {
     WrongKind { dir: PathBuf, found: super::manifest::CheckpointKind },
     #[error("cannot seal {dir} as the checkpoint of step {step}: {reason}")]
     Seal { dir: PathBuf, step: u64, reason: String },
+    #[error(
+        "checkpoint of step {step}: the optimizer parts of the other ranks: {reason}; nothing was committed (the \
+         staging directory every rank wrote into is removed) and earlier checkpoints are untouched"
+    )]
+    Parts { step: u64, reason: String },
     #[error("failpoint {0} injected an error")]
     Injected(String),
     #[error(

@@ -11,7 +11,8 @@ use std::path::{Component, Path};
 use serde::{Deserialize, Serialize};
 
 use super::error::{FileFailure, Problem};
-use super::layout::REQUIRED_FILES;
+use super::layout::{MODEL_FILE, STATE_FILE};
+use super::parts::optimizer_layout;
 
 /// The format version this build writes and reads.
 pub const FORMAT_VERSION: u64 = 1;
@@ -80,14 +81,28 @@ impl Manifest {
         self.files.iter().fold(0u64, |sum, f| sum.saturating_add(f.bytes))
     }
 
-    /// The files a checkpoint of this kind must list: the three of format 1
-    /// for a native one; none in particular for a files one (which must list
-    /// at least one file, see [`Manifest::parse`]).
-    pub fn required_files(&self) -> &'static [&'static str] {
-        match self.kind {
-            CheckpointKind::Native => &REQUIRED_FILES,
-            CheckpointKind::Files => &[],
+    /// What the manifest lacks of what a checkpoint of its kind must list,
+    /// if anything. A native one: `model.safetensors`, `state.json`, and the
+    /// optimizer state either whole (`optimizer.safetensors`) or as the
+    /// parts of every rank of one world (`parts.rs`). A files one: nothing
+    /// in particular (it must list at least one file, see [`Manifest::parse`]).
+    pub fn missing_required(&self) -> Option<String> {
+        if self.kind == CheckpointKind::Files {
+            return None;
         }
+        let names = || self.files.iter().map(|f| f.name.as_str());
+        if let Some(required) = [MODEL_FILE, STATE_FILE].into_iter().find(|r| !names().any(|n| n == *r)) {
+            return Some(format!("does not list `{required}`"));
+        }
+        optimizer_layout(names()).err()
+    }
+
+    /// How the optimizer state is stored: `None` as one
+    /// `optimizer.safetensors`, `Some(n)` as the parts of a world of `n`
+    /// ranks (a manifest that [`missing_required`](Self::missing_required)
+    /// accepts has one or the other).
+    pub fn optimizer_parts(&self) -> Option<usize> {
+        optimizer_layout(self.files.iter().map(|f| f.name.as_str())).ok().flatten()
     }
 
     /// Parses manifest bytes, checking the format version and every file name.
@@ -184,8 +199,8 @@ mod tests {
         let text = String::from_utf8(files.to_bytes()).unwrap();
         assert!(text.contains("\"kind\": \"files\""), "{text}");
         let back = Manifest::parse(text.as_bytes()).unwrap();
-        assert_eq!((back.kind, back.required_files()), (CheckpointKind::Files, &[][..]));
-        assert_eq!(native.required_files(), &REQUIRED_FILES[..]);
+        assert_eq!((back.kind, back.missing_required()), (CheckpointKind::Files, None));
+        assert_eq!(native.missing_required().as_deref(), Some("does not list `model.safetensors`"));
         let empty = Manifest { files: Vec::new(), ..files };
         assert!(matches!(Manifest::parse(&empty.to_bytes()).unwrap_err().problem, Problem::ManifestInvalid { .. }));
         let mut odd: serde_json::Value = serde_json::from_slice(&manifest_with("a")).unwrap();

@@ -9,6 +9,7 @@
 //! - `quarantine.rs`: where checkpoints that fail verification at resume are moved.
 //! - `verify.rs`: what makes a checkpoint valid; reading one through those checks.
 //! - `hashed_io.rs`: writes and reads hashed on the same pass; fsyncs.
+//! - `parts.rs`: optimizer state written in parts, one per rank (ZeRO-1), and reassembled at load.
 //! - `manifest.rs`, `safetensors_io.rs`, `tensor.rs`: the file formats and host tensors.
 //! - `error.rs`: [`CheckpointError`] and per-file failures.
 
@@ -17,6 +18,7 @@ mod files;
 mod hashed_io;
 mod layout;
 mod manifest;
+mod parts;
 mod quarantine;
 pub mod rotation;
 mod safetensors_io;
@@ -30,7 +32,8 @@ pub use layout::{
     MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name,
 };
 pub use manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+pub use parts::{optimizer_part_name, parse_optimizer_part_name};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
-pub use store::{CheckpointStore, CommitGuard, LoadOutcome, SaveReport};
+pub use store::{CheckpointStore, CommitGuard, LoadOutcome, Parts, SaveReport};
 pub use tensor::{DType, HostTensor, SharedBytes, TensorBytes, TensorSet, copy_parallel, payload_bytes, reusable};
 pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};

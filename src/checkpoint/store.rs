@@ -46,9 +46,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::error::{CheckpointError, FileFailure};
-use super::hashed_io::{available_space, fail_io, fsync_dir, write_hashed};
+use super::hashed_io::{Written, available_space, fail_io, fsync_dir, write_hashed};
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name};
-use super::manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry};
+use super::manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+use super::parts::optimizer_part_name;
 use super::quarantine::{self, Quarantined};
 use super::rotation::{self, Action, Candidate};
 use super::safetensors_io;
@@ -83,6 +84,22 @@ pub struct LoadOutcome {
     pub loaded: Option<Loaded>,
     /// Newer checkpoints that failed, newest first, with the reasons.
     pub rejected: Vec<CheckpointInfo>,
+}
+
+/// The other ranks' parts of a checkpoint whose optimizer state is written
+/// in parts (ZeRO-1, `parts.rs`), for [`CheckpointStore::save_with`].
+pub struct Parts<'a> {
+    /// The staging directory every rank writes into: a `.tmp-…` name inside
+    /// the checkpoints directory, the same on every rank.
+    pub staging: String,
+    /// Ranks in the world; this process is rank 0.
+    pub world: usize,
+    /// Waits until every other rank has written its part
+    /// ([`CheckpointStore::write_part`]) and returns their manifest
+    /// entries in rank order (ranks 1, 2, …), or why they will not come.
+    /// Called exactly once per save, also when the save failed before it
+    /// needed them (the staging directory is removed after it returns).
+    pub collect: &'a mut dyn FnMut() -> Result<Vec<ManifestEntry>, String>,
 }
 
 /// Asked right before each commit (and before rotation deletes anything):
@@ -162,6 +179,56 @@ impl CheckpointStore {
         self.dir.join(step_dir_name(step))
     }
 
+    /// The shared staging directory `name` of a save of `step` (refused
+    /// unless it is a plain `.tmp-…` name: it comes from another rank).
+    fn shared_staging_dir(&self, step: u64, name: &str) -> Result<PathBuf, CheckpointError> {
+        if !is_plain_name(name) || !name.starts_with(TMP_PREFIX) {
+            return Err(CheckpointError::Parts {
+                step,
+                reason: format!("`{name}` is no staging directory name (a plain `{TMP_PREFIX}…` name)"),
+            });
+        }
+        Ok(self.dir.join(name))
+    }
+
+    /// Writes `part`, this rank's part of the optimizer state of the
+    /// checkpoint of `step` (ranks of `world`), into the staging directory
+    /// `staging` that every rank of the save shares, hashed as it is
+    /// written and fsynced; returns its manifest entry for rank 0, which
+    /// lists it and commits ([`save_with`](Self::save_with)). Rank 0
+    /// removes the staging directory if the save fails, so nothing written
+    /// here counts unless the whole checkpoint is committed.
+    pub fn write_part(
+        &self,
+        staging: &str,
+        rank: usize,
+        world: usize,
+        step: u64,
+        part: &TensorSet,
+    ) -> Result<ManifestEntry, CheckpointError> {
+        let dir = self.shared_staging_dir(step, staging)?;
+        check_tensors(step, part)?;
+        let werr = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CheckpointError::Write { step, path, source }
+        };
+        // Rank 0 or another rank may have made it first.
+        match fs::create_dir(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            other => other.map_err(werr(&dir))?,
+        }
+        // Tests make one rank's part fail (`=return`) or hang (`=sleep(…)`) here.
+        failpoint("checkpoint::part::before_write")?;
+        let name = optimizer_part_name(rank, world);
+        let path = dir.join(&name);
+        let mut meta = safetensors_metadata(&name, step);
+        meta.insert("rank".into(), rank.to_string());
+        meta.insert("world_size".into(), world.to_string());
+        let written = write_tensors(&path, part, &meta).map_err(werr(&path))?;
+        tracing::debug!(file = %name, bytes = written.bytes, mode = ?written.mode, "optimizer part written");
+        Ok(ManifestEntry { name, bytes: written.bytes, sha256: written.sha256 })
+    }
+
     fn leftovers(&self) -> Result<Vec<PathBuf>, CheckpointError> {
         let mut out = Vec::new();
         for entry in self.read_dir()? {
@@ -187,6 +254,44 @@ impl CheckpointStore {
     /// On any error the partial temporary directory is removed and every
     /// committed checkpoint is left untouched.
     pub fn save(&self, snapshot: &Snapshot) -> Result<SaveReport, CheckpointError> {
+        self.save_with(snapshot, None)
+    }
+
+    /// [`save`](Self::save) of a checkpoint whose optimizer state the ranks
+    /// of a world write in parts (`parts`): `snapshot.optimizer` is rank
+    /// 0's part, written here beside the model and state into the staging
+    /// directory every rank writes into; the manifest lists every rank's
+    /// part once `parts.collect` returns their entries, and only then is the
+    /// checkpoint committed. On any failure (here, or a rank's) nothing is
+    /// committed: the staging directory is removed once every rank has
+    /// reported, so no rank writes into it afterwards.
+    pub fn save_with(&self, snapshot: &Snapshot, mut parts: Option<Parts<'_>>) -> Result<SaveReport, CheckpointError> {
+        let mut collected = false;
+        let result = self.save_inner(snapshot, parts.as_mut(), &mut collected);
+        if let Some(parts) = parts
+            && !collected
+        {
+            // The other ranks may still be writing into the staging
+            // directory: wait for them, then remove what they wrote.
+            if let Err(reason) = (parts.collect)() {
+                tracing::warn!(step = snapshot.step, %reason, "the other ranks' parts of an abandoned checkpoint");
+            }
+            let staging = self.dir.join(&parts.staging);
+            if staging.exists()
+                && let Err(e) = fs::remove_dir_all(&staging)
+            {
+                tracing::warn!(path = %staging.display(), error = %e, "could not remove the staging directory of an abandoned checkpoint; the next start removes it");
+            }
+        }
+        result
+    }
+
+    fn save_inner(
+        &self,
+        snapshot: &Snapshot,
+        mut parts: Option<&mut Parts<'_>>,
+        collected: &mut bool,
+    ) -> Result<SaveReport, CheckpointError> {
         let started = Instant::now();
         let step = snapshot.step;
         let final_dir = self.step_dir(step);
@@ -205,7 +310,8 @@ impl CheckpointStore {
             });
         }
 
-        let files = self.encode(snapshot)?;
+        let optimizer_file = parts.as_ref().map_or(OPTIMIZER_FILE.to_string(), |p| optimizer_part_name(0, p.world));
+        let files = self.encode(snapshot, &optimizer_file)?;
         let needed: u64 = files.iter().map(|f| f.size).sum::<u64>() + SPACE_SLACK;
         let available = available_space(&self.dir).map_err(|source| CheckpointError::Write {
             step,
@@ -222,13 +328,16 @@ impl CheckpointStore {
             return Err(CheckpointError::NoSpace { step, path: self.dir.clone(), needed, available });
         }
 
-        let tmp = self.dir.join(format!(
-            "{TMP_PREFIX}{}-{}-{}",
-            step_dir_name(step),
-            std::process::id(),
-            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        match self.write_and_commit(snapshot, &files, &tmp, &final_dir) {
+        let tmp = match &parts {
+            Some(p) => self.shared_staging_dir(step, &p.staging)?,
+            None => self.dir.join(format!(
+                "{TMP_PREFIX}{}-{}-{}",
+                step_dir_name(step),
+                std::process::id(),
+                TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+            )),
+        };
+        match self.write_and_commit(snapshot, &files, &tmp, &final_dir, parts.as_deref_mut(), collected) {
             Ok(bytes) => {
                 self.known_bad().remove(&step);
                 let rotated_out = self.may_write(step).and_then(|()| self.rotate(step)).map_err(|e| {
@@ -260,29 +369,28 @@ impl CheckpointStore {
     }
 
     /// Sizes and encoders of the files of a snapshot, in write order.
-    fn encode<'a>(&self, snapshot: &'a Snapshot) -> Result<Vec<PlannedFile<'a>>, CheckpointError> {
+    fn encode<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        optimizer_file: &str,
+    ) -> Result<Vec<PlannedFile<'a>>, CheckpointError> {
         let state = serde_json::to_vec_pretty(&snapshot.state).map_err(|e| CheckpointError::BadTensor {
             step: snapshot.step,
             name: STATE_FILE.into(),
             reason: e.to_string(),
         })?;
         let mut planned = Vec::new();
-        for (name, set) in [(MODEL_FILE, &snapshot.model), (OPTIMIZER_FILE, &snapshot.optimizer)] {
-            for (tname, t) in set {
-                let elems: usize = t.shape.iter().product();
-                if elems * t.dtype.size() != t.data.len() {
-                    return Err(CheckpointError::BadTensor {
-                        step: snapshot.step,
-                        name: tname.clone(),
-                        reason: format!("shape {:?} does not match {} data bytes", t.shape, t.data.len()),
-                    });
-                }
-            }
+        for (name, set) in [(MODEL_FILE, &snapshot.model), (optimizer_file, &snapshot.optimizer)] {
+            check_tensors(snapshot.step, set)?;
             let meta = safetensors_metadata(name, snapshot.step);
             let size = safetensors_io::file_size(set, &meta);
-            planned.push(PlannedFile { name, size, content: Content::Tensors(set, meta) });
+            planned.push(PlannedFile { name: name.to_string(), size, content: Content::Tensors(set, meta) });
         }
-        planned.push(PlannedFile { name: STATE_FILE, size: state.len() as u64, content: Content::Bytes(state) });
+        planned.push(PlannedFile {
+            name: STATE_FILE.to_string(),
+            size: state.len() as u64,
+            content: Content::Bytes(state),
+        });
         Ok(planned)
     }
 
@@ -292,34 +400,35 @@ impl CheckpointStore {
         files: &[PlannedFile<'_>],
         tmp: &Path,
         final_dir: &Path,
+        parts: Option<&mut Parts<'_>>,
+        collected: &mut bool,
     ) -> Result<u64, CheckpointError> {
         let step = snapshot.step;
         let werr = |path: &Path| {
             let path = path.to_path_buf();
             move |source| CheckpointError::Write { step, path, source }
         };
-        fs::create_dir(tmp).map_err(werr(tmp))?;
+        // The other ranks may have made the shared staging directory first.
+        match fs::create_dir(tmp) {
+            Err(e) if parts.is_some() && e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            other => other.map_err(werr(tmp))?,
+        }
         // Files are written (and hashed) in parallel: SHA-256 of one stream
         // runs on one core, so separate files are what lets hashing use more.
         let results: Vec<Result<ManifestEntry, CheckpointError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = files
                 .iter()
                 .map(|file| {
-                    let path = tmp.join(file.name);
+                    let path = tmp.join(&file.name);
                     scope.spawn(move || -> Result<ManifestEntry, CheckpointError> {
                         failpoint(&format!("checkpoint::before_write::{}", file.name))?;
                         let written = match &file.content {
-                            Content::Tensors(set, meta) => {
-                                let header = safetensors_io::header(set, meta);
-                                let mut parts: Vec<&[u8]> = vec![&header];
-                                parts.extend(set.values().map(|t| &t.data[..]));
-                                write_hashed(&path, &parts)
-                            }
+                            Content::Tensors(set, meta) => write_tensors(&path, set, meta),
                             Content::Bytes(b) => write_hashed(&path, &[b]),
                         }
                         .map_err(werr(&path))?;
                         tracing::debug!(file = file.name, bytes = written.bytes, mode = ?written.mode, "checkpoint file written");
-                        Ok(ManifestEntry { name: file.name.to_string(), bytes: written.bytes, sha256: written.sha256 })
+                        Ok(ManifestEntry { name: file.name.clone(), bytes: written.bytes, sha256: written.sha256 })
                     })
                 })
                 .collect();
@@ -329,6 +438,14 @@ impl CheckpointStore {
         let mut entries = Vec::new();
         for r in results {
             entries.push(r?);
+        }
+        if let Some(parts) = parts {
+            // Every other rank's part, written and hashed by that rank.
+            *collected = true;
+            let theirs = (parts.collect)().map_err(|reason| CheckpointError::Parts { step, reason })?;
+            entries.extend(
+                check_part_entries(theirs, parts.world).map_err(|reason| CheckpointError::Parts { step, reason })?,
+            );
         }
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
@@ -526,9 +643,47 @@ enum Content<'a> {
 }
 
 struct PlannedFile<'a> {
-    name: &'static str,
+    name: String,
     size: u64,
     content: Content<'a>,
+}
+
+/// A safetensors file of `set`, hashed as it is written.
+fn write_tensors(path: &Path, set: &TensorSet, meta: &BTreeMap<String, String>) -> std::io::Result<Written> {
+    let header = safetensors_io::header(set, meta);
+    let mut parts: Vec<&[u8]> = vec![&header];
+    parts.extend(set.values().map(|t| &t.data[..]));
+    write_hashed(path, &parts)
+}
+
+/// Every tensor's data has the size its shape and dtype say.
+fn check_tensors(step: u64, set: &TensorSet) -> Result<(), CheckpointError> {
+    for (name, t) in set {
+        let elems: usize = t.shape.iter().product();
+        if elems * t.dtype.size() != t.data.len() {
+            return Err(CheckpointError::BadTensor {
+                step,
+                name: name.clone(),
+                reason: format!("shape {:?} does not match {} data bytes", t.shape, t.data.len()),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The entries the other ranks reported for their parts: one per rank 1..world,
+/// in rank order, each naming that rank's part.
+fn check_part_entries(theirs: Vec<ManifestEntry>, world: usize) -> Result<Vec<ManifestEntry>, String> {
+    if theirs.len() + 1 != world {
+        return Err(format!("{} of the {} other ranks reported a part", theirs.len(), world - 1));
+    }
+    for (i, entry) in theirs.iter().enumerate() {
+        let expected = optimizer_part_name(i + 1, world);
+        if entry.name != expected {
+            return Err(format!("rank {} reported `{}` instead of `{expected}`", i + 1, entry.name));
+        }
+    }
+    Ok(theirs)
 }
 
 fn safetensors_metadata(file: &str, step: u64) -> BTreeMap<String, String> {

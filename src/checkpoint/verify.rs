@@ -14,6 +14,7 @@ use super::error::{FileFailure, Problem};
 use super::hashed_io::{map_tensors_hashed, read_hashed};
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name};
 use super::manifest::{CheckpointKind, MANIFEST_FILE, Manifest, ManifestEntry};
+use super::parts::{assemble, optimizer_part_name};
 use super::safetensors_io;
 use super::tensor::TensorSet;
 
@@ -58,10 +59,8 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, FileFailure> {
     }
     let bytes = fs::read(&path).map_err(|e| fail(Problem::ManifestUnreadable { reason: e.to_string() }))?;
     let manifest = Manifest::parse(&bytes)?;
-    for required in manifest.required_files() {
-        if !manifest.files.iter().any(|f| f.name == *required) {
-            return Err(fail(Problem::ManifestInvalid { reason: format!("does not list `{required}`") }));
-        }
+    if let Some(reason) = manifest.missing_required() {
+        return Err(fail(Problem::ManifestInvalid { reason }));
     }
     if let Some(step) = dir.file_name().and_then(|n| parse_step_dir_name(&n.to_string_lossy()))
         && step != manifest.step
@@ -272,7 +271,15 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
         _ => Err(invalid(file, "not read as a safetensors file".into())),
     };
     let model = tensors(MODEL_FILE)?;
-    let optimizer = tensors(OPTIMIZER_FILE)?;
+    let optimizer = match manifest.optimizer_parts() {
+        None => tensors(OPTIMIZER_FILE)?,
+        Some(world) => {
+            // Rank order: each moment is its pieces joined in that order.
+            let parts = (0..world).map(|r| tensors(&optimizer_part_name(r, world))).collect::<Result<Vec<_>, _>>()?;
+            assemble(&model, &parts)
+                .map_err(|reason| invalid(&format!("optimizer.rank-*-of-{world:05}.safetensors"), reason))?
+        }
+    };
     let state: serde_json::Value = match contents.get(STATE_FILE) {
         Some(Content::Bytes(bytes)) => serde_json::from_slice(bytes).map_err(|e| invalid(STATE_FILE, e.to_string()))?,
         _ => return Err(invalid(STATE_FILE, "not read".into())),

@@ -12,12 +12,17 @@
 //! message and the step that was in flight), and [`Persister::restart`]
 //! starts a new thread on the same store. What the run does about it is the
 //! caller's decision (`run/saving.rs`).
+//!
+//! A checkpoint whose optimizer state the ranks write in parts (ZeRO-1)
+//! waits, before its manifest, for the other ranks' entries: the training
+//! thread, which hears them in its rounds, hands them over
+//! ([`Persister::deliver`]).
 
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::checkpoint::{CheckpointError, CheckpointStore, SaveReport, Snapshot};
+use crate::checkpoint::{CheckpointError, CheckpointStore, ManifestEntry, Parts, SaveReport, Snapshot};
 
 use super::watchdog::{Activity, Beats, Worker};
 
@@ -32,9 +37,22 @@ pub struct Persisted {
     pub buffers: Option<Snapshot>,
 }
 
+/// The other ranks' entries for a checkpoint written in parts, or why they
+/// will not come.
+pub type PartEntries = Result<Vec<ManifestEntry>, String>;
+
+/// Where the ranks write a checkpoint in parts: the staging directory they
+/// share and their number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InParts {
+    pub staging: String,
+    pub world: usize,
+}
+
 struct Job {
     snapshot: Snapshot,
     snapshot_seconds: f64,
+    parts: Option<(InParts, Receiver<PartEntries>)>,
 }
 
 /// The persister thread is gone: the save in flight (if any) is lost.
@@ -55,6 +73,8 @@ pub struct Persister {
     done: Receiver<Persisted>,
     handle: Option<JoinHandle<()>>,
     in_flight: Option<(u64, Instant)>,
+    /// Where the other ranks' entries go, while the save in flight waits for them.
+    parts: Option<Sender<PartEntries>>,
 }
 
 impl Persister {
@@ -62,14 +82,14 @@ impl Persister {
     /// [`Activity::Save`] of [`Worker::Persister`] in `beats` (the watchdog's view).
     pub fn spawn(store: CheckpointStore, beats: Beats) -> std::io::Result<Persister> {
         let (jobs, done, handle) = start_thread(store.clone(), beats.clone())?;
-        Ok(Persister { store, beats, jobs: Some(jobs), done, handle: Some(handle), in_flight: None })
+        Ok(Persister { store, beats, jobs: Some(jobs), done, handle: Some(handle), in_flight: None, parts: None })
     }
 
     /// Replaces a dead thread with a new one on the same store.
     pub fn restart(&mut self) -> std::io::Result<()> {
         let _ = self.reap();
         let (jobs, done, handle) = start_thread(self.store.clone(), self.beats.clone())?;
-        (self.jobs, self.done, self.handle, self.in_flight) = (Some(jobs), done, Some(handle), None);
+        (self.jobs, self.done, self.handle, self.in_flight, self.parts) = (Some(jobs), done, Some(handle), None, None);
         Ok(())
     }
 
@@ -79,17 +99,43 @@ impl Persister {
     }
 
     /// Hands a snapshot to the thread. Call only when not [`busy`](Self::busy).
-    /// Fails when the thread is gone (the snapshot is dropped).
-    pub fn submit(&mut self, snapshot: Snapshot, snapshot_seconds: f64) -> Result<(), PersisterDied> {
+    /// Fails when the thread is gone (the snapshot is dropped). With
+    /// `parts`, the snapshot's optimizer state is rank 0's part and the
+    /// save waits for the other ranks' entries ([`deliver`](Self::deliver)).
+    pub fn submit(
+        &mut self,
+        snapshot: Snapshot,
+        snapshot_seconds: f64,
+        parts: Option<InParts>,
+    ) -> Result<(), PersisterDied> {
         debug_assert!(self.in_flight.is_none(), "one save at a time");
         let step = snapshot.step;
         self.in_flight = Some((step, Instant::now()));
+        let parts = parts.map(|spec| {
+            let (tx, rx) = mpsc::channel();
+            self.parts = Some(tx);
+            (spec, rx)
+        });
         let sent = match &self.jobs {
             // Capacity 1 and at most one in flight: never blocks.
-            Some(tx) => tx.send(Job { snapshot, snapshot_seconds }).is_ok(),
+            Some(tx) => tx.send(Job { snapshot, snapshot_seconds, parts }).is_ok(),
             None => false,
         };
         if sent { Ok(()) } else { Err(self.died()) }
+    }
+
+    /// True while the save in flight waits for the other ranks' entries.
+    pub fn awaits_parts(&self) -> bool {
+        self.parts.is_some()
+    }
+
+    /// The other ranks' entries (or why they will not come) for the save
+    /// in flight, which then commits (or fails).
+    pub fn deliver(&mut self, entries: PartEntries) {
+        if let Some(tx) = self.parts.take() {
+            // A thread that died no longer listens: `wait` reports it.
+            let _ = tx.send(entries);
+        }
     }
 
     /// A finished save, if one completed since the last call (non-blocking);
@@ -97,7 +143,7 @@ impl Persister {
     pub fn poll(&mut self) -> Result<Option<Persisted>, PersisterDied> {
         match self.done.try_recv() {
             Ok(p) => {
-                self.in_flight = None;
+                (self.in_flight, self.parts) = (None, None);
                 Ok(Some(p))
             }
             Err(TryRecvError::Empty) => Ok(None),
@@ -112,7 +158,7 @@ impl Persister {
         }
         match self.done.recv() {
             Ok(p) => {
-                self.in_flight = None;
+                (self.in_flight, self.parts) = (None, None);
                 Ok(Some(p))
             }
             Err(_) => Err(self.died()),
@@ -123,6 +169,7 @@ impl Persister {
     /// save in flight. Later calls report it again until [`restart`](Self::restart).
     fn died(&mut self) -> PersisterDied {
         let step = self.in_flight.take().map(|(step, _)| step);
+        self.parts = None;
         let error = self.reap().unwrap_or_else(|| "the thread is gone (its channel closed)".to_string());
         PersisterDied { step, error }
     }
@@ -130,6 +177,8 @@ impl Persister {
     /// Joins the thread; the message of its panic, if it panicked.
     fn reap(&mut self) -> Option<String> {
         self.jobs.take();
+        // A save waiting for the other ranks' entries gives up on them.
+        self.parts.take();
         let payload = self.handle.take()?.join().err()?;
         let message = payload
             .downcast_ref::<&str>()
@@ -155,7 +204,18 @@ fn start_thread(store: CheckpointStore, beats: Beats) -> std::io::Result<Started
                 // Tests make this thread die (`persist::before_save=panic`) or
                 // hang (`=sleep(…)`) here.
                 fail::fail_point!("persist::before_save");
-                let result = store.save(&job.snapshot);
+                let result = match job.parts {
+                    None => store.save(&job.snapshot),
+                    Some((spec, entries)) => {
+                        let mut collect = || {
+                            entries
+                                .recv()
+                                .unwrap_or_else(|_| Err("the run stopped waiting for them (it is ending)".to_string()))
+                        };
+                        let parts = Parts { staging: spec.staging, world: spec.world, collect: &mut collect };
+                        store.save_with(&job.snapshot, Some(parts))
+                    }
+                };
                 drop(busy);
                 if result.as_ref().map_or_else(CheckpointError::committed, |_| true) {
                     beats.committed(step);
@@ -200,7 +260,7 @@ mod tests {
         let beats = Beats::default();
         let mut p = Persister::spawn(store.clone(), beats.clone()).unwrap();
         assert!(!p.busy());
-        p.submit(snap(5), 0.0).unwrap();
+        p.submit(snap(5), 0.0, None).unwrap();
         assert!(p.busy());
         let done = p.wait().unwrap().unwrap();
         assert_eq!(done.step, 5);
@@ -228,13 +288,13 @@ mod tests {
             panic!("boom");
         }));
         (p.jobs, p.done) = (Some(jobs_tx), done_rx);
-        p.submit(snap(7), 0.0).unwrap();
+        p.submit(snap(7), 0.0, None).unwrap();
         let died = p.wait().unwrap_err();
         assert_eq!(died, PersisterDied { step: Some(7), error: "panicked: boom".into() });
         assert!(!p.busy());
-        assert!(p.submit(snap(8), 0.0).is_err(), "still dead until restarted");
+        assert!(p.submit(snap(8), 0.0, None).is_err(), "still dead until restarted");
         p.restart().unwrap();
-        p.submit(snap(9), 0.0).unwrap();
+        p.submit(snap(9), 0.0, None).unwrap();
         assert_eq!(p.wait().unwrap().unwrap().step, 9);
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, 9);
     }

@@ -12,10 +12,17 @@
 //! Begin          leader: the step to resume from (or none)
 //! Tick × steps   leader: whether it would train; every rank: its signal.
 //!                A signal on any rank stops every rank at this boundary.
-//! Snapshot       leader: it snapshots a sharded optimizer (ZeRO-1): every
-//!                rank joins the gather of the moments
+//! Snapshot       leader: it checkpoints a sharded optimizer (ZeRO-1): every
+//!                rank writes its part of the moments into the staging
+//!                directory named, in the background, and reports the
+//!                part's manifest entry in a later round (`parts`)
 //! End            leader: the exit code; followers exit with it
 //! ```
+//!
+//! The leader commits a checkpoint written in parts only once every rank
+//! reported its part ([`PartsInbox`]): during training the reports ride on
+//! the ticks; a leader that must wait for them (a stop, the end) makes
+//! rounds of `Tick { train: false }` until they are in.
 //!
 //! Every decision is a pure function of what all ranks sent
 //! ([`trains`]), so every rank makes the same one. The leader sends `End`
@@ -25,11 +32,14 @@
 //! dying, or dies unnoticed, is found by the heartbeats (`rank_watch.rs`),
 //! and either way the job comes back from the last committed checkpoint.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{CheckpointStore, load_dir};
+use crate::checkpoint::{CheckpointStore, ManifestEntry, TensorSet, load_dir};
 use crate::config::Config;
 use crate::distributed::{Collective, SharedWorld};
 use crate::exit::Outcome;
@@ -52,9 +62,21 @@ pub enum Lead {
     Tick { train: bool },
     /// The run is over: exit with this code.
     End { code: u8 },
-    /// The leader takes a snapshot of a sharded optimizer
-    /// (`[distributed] shard_optimizer`): every rank joins its gather.
-    Snapshot,
+    /// The leader checkpoints step `step` with a sharded optimizer
+    /// (`[distributed] shard_optimizer`): every rank writes its part of the
+    /// moments into the staging directory `staging` (of the checkpoints
+    /// directory) and reports it ([`Report::parts`]).
+    Snapshot { step: u64, staging: String },
+}
+
+/// A rank's part of a checkpoint, written (or not).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartDone {
+    pub step: u64,
+    /// The part's manifest entry, when it was written.
+    pub entry: Option<ManifestEntry>,
+    /// Why it was not.
+    pub error: Option<String>,
 }
 
 /// What every rank says in every round.
@@ -66,6 +88,9 @@ pub struct Report {
     pub signal_age_s: f64,
     /// Only from the leader.
     pub lead: Option<Lead>,
+    /// The checkpoint parts this rank finished since its last report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<PartDone>,
 }
 
 impl Report {
@@ -75,7 +100,7 @@ impl Report {
             StopReason::StopAtStep => None,
         });
         let age = stop.first_arrival().map_or(0.0, |t| t.elapsed().as_secs_f64());
-        Report { node: node.to_string(), signal, signal_age_s: age, lead }
+        Report { node: node.to_string(), signal, signal_age_s: age, lead, parts: Vec::new() }
     }
 }
 
@@ -112,6 +137,10 @@ pub struct Leader {
     node: String,
     /// The leader's heartbeat: the step it stands at, told at every tick.
     pulse: Pulse,
+    /// The launch's identity, in the staging directories' names.
+    session: String,
+    /// Parts the followers reported in any round, until taken.
+    parts: Arc<Mutex<Vec<(usize, PartDone)>>>,
 }
 
 impl Leader {
@@ -124,8 +153,24 @@ impl Leader {
         session: String,
         pulse: Pulse,
     ) -> Result<(Leader, Vec<String>), RunError> {
-        let reports = round(&world, &Report::of(&node, stop, Some(Lead::Hello { session })))?;
-        Ok((Leader { world, node, pulse }, reports.into_iter().map(|r| r.node).collect()))
+        let reports = round(&world, &Report::of(&node, stop, Some(Lead::Hello { session: session.clone() })))?;
+        let leader = Leader { world, node, pulse, session, parts: Arc::default() };
+        Ok((leader, reports.into_iter().map(|r| r.node).collect()))
+    }
+
+    /// One round of the leader's, keeping the parts the followers report.
+    fn round(&self, stop: &StopFlag, lead: Lead) -> Result<Vec<Report>, RunError> {
+        let mut reports = round(&self.world, &Report::of(&self.node, stop, Some(lead)))?;
+        let mut parts = self.parts.lock().unwrap_or_else(PoisonError::into_inner);
+        for (rank, report) in reports.iter_mut().enumerate() {
+            parts.extend(report.parts.drain(..).map(|p| (rank, p)));
+        }
+        Ok(reports)
+    }
+
+    /// The parts the followers reported since the last call, with their ranks.
+    pub fn take_parts(&self) -> Vec<(usize, PartDone)> {
+        std::mem::take(&mut *self.parts.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     pub fn world(&self) -> &SharedWorld {
@@ -133,7 +178,7 @@ impl Leader {
     }
 
     pub fn begin(&self, stop: &StopFlag, resume_step: Option<u64>) -> Result<(), RunError> {
-        round(&self.world, &Report::of(&self.node, stop, Some(Lead::Begin { resume_step }))).map(drop)
+        self.round(stop, Lead::Begin { resume_step }).map(drop)
     }
 
     /// A step boundary after `step` completed steps: returns whether every
@@ -142,7 +187,7 @@ impl Leader {
     /// the earliest arrival).
     pub fn tick(&self, stop: &StopFlag, train: bool, step: u64) -> Result<bool, RunError> {
         self.pulse.at_step(step);
-        let reports = round(&self.world, &Report::of(&self.node, stop, Some(Lead::Tick { train })))?;
+        let reports = self.round(stop, Lead::Tick { train })?;
         if let Some((sig, age)) = earliest_signal(&reports) {
             stop.merge_remote(
                 sig,
@@ -152,16 +197,24 @@ impl Leader {
         Ok(trains(&reports))
     }
 
-    /// Before the leader snapshots a sharded optimizer: every follower joins
-    /// the gather of the moments that the snapshot makes.
-    pub fn snapshot(&self, stop: &StopFlag) -> Result<(), RunError> {
-        round(&self.world, &Report::of(&self.node, stop, Some(Lead::Snapshot))).map(drop)
+    /// Before the leader snapshots a sharded optimizer for the checkpoint
+    /// of `step`: every follower writes its part of it into the staging
+    /// directory this returns (a name in the checkpoints directory, new for
+    /// every save), and reports it in a later round ([`take_parts`](Self::take_parts)).
+    pub fn snapshot(&self, stop: &StopFlag, step: u64) -> Result<String, RunError> {
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session: String =
+            self.session.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+        let staging = format!(".tmp-{}-ranks-{session}-{n}", crate::checkpoint::step_dir_name(step));
+        self.round(stop, Lead::Snapshot { step, staging: staging.clone() })?;
+        Ok(staging)
     }
 
     /// The last round: every follower exits with `outcome`'s code.
     pub fn end(&self, stop: &StopFlag, outcome: Outcome) {
         let lead = Lead::End { code: outcome.code() };
-        if let Err(e) = round(&self.world, &Report::of(&self.node, stop, Some(lead))) {
+        if let Err(e) = self.round(stop, lead) {
             tracing::error!(error = %e, "could not tell the other ranks that the run is over");
         }
     }
@@ -196,18 +249,33 @@ pub fn follow(
     pulse: &Pulse,
 ) -> Result<Outcome, RunError> {
     let mut trainer: Option<Trainer> = None;
+    let mut writer = PartWriter::new(checkpoints.clone());
     loop {
-        let reports = round(&world, &Report::of(&node, stop, None))?;
+        let mut report = Report::of(&node, stop, None);
+        report.parts = writer.finished();
+        let reports = round(&world, &report)?;
         match lead_of(&reports)? {
             Lead::Hello { .. } => return Err(RunError::Ranks { what: "rank 0 said hello twice".into() }),
-            Lead::End { code } => return Ok(Outcome::from_code(code)),
-            Lead::Snapshot => {
-                // The leader snapshots a sharded optimizer: its gather needs
-                // every rank's slice; what this rank gathers is not kept.
+            Lead::End { code } => {
+                writer.finish();
+                return Ok(Outcome::from_code(code));
+            }
+            Lead::Snapshot { step, staging } => {
+                // This rank's part of the checkpoint, written in the
+                // background: it shares the moments, which no step writes
+                // into (each replaces them).
                 let t = trainer.as_ref().ok_or_else(|| RunError::Ranks {
                     what: "rank 0 asked for a snapshot before training began".into(),
                 })?;
-                t.snapshot()?;
+                let (rank, world_size) = t.rank_and_size();
+                let part = match t.optimizer_part() {
+                    Ok(Some(part)) => Ok(part),
+                    Ok(None) => Err("this rank's optimizer is not sharded, rank 0's is: are all ranks the same \
+                                     rekindle, with the same [distributed] shard_optimizer?"
+                        .to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                writer.start(PartJob { step, staging, rank, world: world_size }, part);
             }
             Lead::Begin { resume_step } => {
                 let mut t = Trainer::from_registry(cfg, registry)?;
@@ -252,12 +320,158 @@ pub fn follow(
     }
 }
 
+/// What a follower writes for one checkpoint written in parts.
+struct PartJob {
+    step: u64,
+    staging: String,
+    rank: usize,
+    world: usize,
+}
+
+/// A follower's writes of its checkpoint parts, each on a thread of its
+/// own while training goes on; finished ones are reported at the next round.
+struct PartWriter {
+    store: CheckpointStore,
+    in_flight: Option<(u64, JoinHandle<PartDone>)>,
+    done: Vec<PartDone>,
+}
+
+impl PartWriter {
+    fn new(store: CheckpointStore) -> PartWriter {
+        PartWriter { store, in_flight: None, done: Vec::new() }
+    }
+
+    /// Starts writing `part` (or reports at once why there is none).
+    fn start(&mut self, job: PartJob, part: Result<TensorSet, String>) {
+        // One at a time: rank 0 starts a save only once the last one is over.
+        self.finish();
+        let step = job.step;
+        let part = match part {
+            Ok(part) => part,
+            Err(error) => {
+                self.done.push(PartDone { step, entry: None, error: Some(error) });
+                return;
+            }
+        };
+        let store = self.store.clone();
+        let spawned = std::thread::Builder::new().name("rekindle-part".into()).spawn(move || {
+            match store.write_part(&job.staging, job.rank, job.world, job.step, &part) {
+                Ok(entry) => PartDone { step, entry: Some(entry), error: None },
+                Err(e) => {
+                    tracing::error!(step, error = %e, "could not write this rank's part of the checkpoint");
+                    PartDone { step, entry: None, error: Some(e.to_string()) }
+                }
+            }
+        });
+        match spawned {
+            Ok(handle) => self.in_flight = Some((step, handle)),
+            Err(e) => self.done.push(PartDone {
+                step,
+                entry: None,
+                error: Some(format!("cannot start a thread to write it: {e}")),
+            }),
+        }
+    }
+
+    /// The parts finished since the last call (without waiting).
+    fn finished(&mut self) -> Vec<PartDone> {
+        if self.in_flight.as_ref().is_some_and(|(_, h)| h.is_finished()) {
+            self.join();
+        }
+        std::mem::take(&mut self.done)
+    }
+
+    /// Waits for the part in flight, if any.
+    fn finish(&mut self) {
+        self.join();
+    }
+
+    fn join(&mut self) {
+        if let Some((step, handle)) = self.in_flight.take() {
+            let done = handle.join().unwrap_or_else(|panic| PartDone {
+                step,
+                entry: None,
+                error: Some(format!("the thread writing it panicked: {}", panic_message(&panic))),
+            });
+            self.done.push(done);
+        }
+    }
+}
+
+fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic payload".to_string())
+}
+
+/// The leader's collection of the parts of the checkpoint of one step:
+/// complete once every follower (ranks 1 .. world) reported.
+#[derive(Debug)]
+pub struct PartsInbox {
+    step: u64,
+    world: usize,
+    got: BTreeMap<usize, PartDone>,
+}
+
+impl PartsInbox {
+    pub fn new(step: u64, world: usize) -> PartsInbox {
+        PartsInbox { step, world, got: BTreeMap::new() }
+    }
+
+    /// Takes the reports of this step's parts (others are stale: a save
+    /// that was abandoned); returns, once every follower reported, their
+    /// entries in rank order, or the first rank's error.
+    pub fn add(&mut self, parts: Vec<(usize, PartDone)>) -> Option<Result<Vec<ManifestEntry>, String>> {
+        for (rank, part) in parts {
+            if part.step == self.step && (1..self.world).contains(&rank) {
+                self.got.insert(rank, part);
+            }
+        }
+        if self.got.len() + 1 < self.world {
+            return None;
+        }
+        Some(
+            self.got
+                .iter()
+                .map(|(rank, part)| match (&part.entry, &part.error) {
+                    (Some(entry), None) => Ok(entry.clone()),
+                    (_, error) => Err(format!(
+                        "rank {rank} could not write its part: {}",
+                        error.as_deref().unwrap_or("it reported neither an entry nor an error")
+                    )),
+                })
+                .collect(),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn report(signal: Option<i32>, age: f64, lead: Option<Lead>) -> Report {
-        Report { node: "n".into(), signal, signal_age_s: age, lead }
+        Report { node: "n".into(), signal, signal_age_s: age, lead, parts: Vec::new() }
+    }
+
+    #[test]
+    fn the_parts_of_a_step_are_complete_once_every_follower_reported() {
+        let entry = |rank: usize| ManifestEntry {
+            name: crate::checkpoint::optimizer_part_name(rank, 3),
+            bytes: 10,
+            sha256: "a".repeat(64),
+        };
+        let done = |step, rank| PartDone { step, entry: Some(entry(rank)), error: None };
+        let mut inbox = PartsInbox::new(20, 3);
+        assert_eq!(inbox.add(vec![(2, done(20, 2)), (1, done(10, 1))]), None, "a stale part does not count");
+        assert_eq!(inbox.add(vec![(1, done(20, 1))]), Some(Ok(vec![entry(1), entry(2)])), "in rank order");
+
+        let mut failed = PartsInbox::new(20, 3);
+        let broken = PartDone { step: 20, entry: None, error: Some("disk full".into()) };
+        let verdict = failed.add(vec![(1, done(20, 1)), (2, broken)]).unwrap().unwrap_err();
+        assert!(verdict.contains("rank 2") && verdict.contains("disk full"), "{verdict}");
+        assert_eq!(PartsInbox::new(5, 1).add(Vec::new()), Some(Ok(Vec::new())), "a world of one has no followers");
     }
 
     #[test]

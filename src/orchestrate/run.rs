@@ -196,6 +196,9 @@ struct Attempt {
     lock: LockOwnership,
     /// Host buffers of the last persisted snapshot, reused by the next one.
     spare: Option<(TensorSet, TensorSet)>,
+    /// The other ranks' parts of the checkpoint the persister is writing
+    /// (a sharded optimizer's), as they report them.
+    parts_inbox: Option<ranks::PartsInbox>,
     /// The other ranks of a data-parallel run, which this attempt leads.
     leader: Option<Leader>,
     /// The node of each rank of that run, in rank order.
@@ -250,7 +253,9 @@ impl Attempt {
                 Some(leader) => {
                     let lost = self.lock.is_lost();
                     let would = !lost && self.stop_reason().is_none() && self.trainer.step() < max_steps;
-                    leader.tick(&self.stop, would, self.trainer.step())?
+                    let agreed = leader.tick(&self.stop, would, self.trainer.step())?;
+                    self.forward_parts();
+                    agreed
                 }
             };
             if !agreed || self.leader.is_none() {

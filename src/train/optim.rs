@@ -402,7 +402,9 @@ impl AdamW {
     /// with their tensors in CPU memory (every step *replaces* them with
     /// new tensors and never writes into the old ones), copied into
     /// `reuse`'s buffers elsewhere (a GPU). A sharded optimizer gathers its
-    /// moments (a collective every rank joins).
+    /// moments with `gather` (a collective every rank joins); without one
+    /// it gives this rank's pieces (1-D, under the moments' names), its part
+    /// of a checkpoint written in parts (`checkpoint::parts`).
     pub fn state_shared(
         &self,
         params: &Params,

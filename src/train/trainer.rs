@@ -501,12 +501,25 @@ impl Trainer {
     /// this rank's slice of the parameters (`distributed::chunk_bounds` of
     /// their total, flattened in name order). Training stays bit for bit the
     /// same; [`snapshot`](Self::snapshot) then gathers the whole state, so
-    /// every rank must take it at the same time. Nothing to do alone.
+    /// every rank must take it at the same time, and
+    /// [`snapshot_part`](Self::snapshot_part) takes this rank's part of a
+    /// checkpoint written in parts. Nothing to do alone.
     pub fn shard_optimizer(&mut self) -> Result<(), TrainError> {
         let Some(world) = &self.world else { return Ok(()) };
         let total: usize = self.params.values().map(|v| v.elem_count()).sum();
         let (start, len) = crate::distributed::collective::chunk_bounds(total, world.size())[world.rank()];
         self.optimizer.shard_to(&self.params, ShardRange { start, end: start + len })
+    }
+
+    /// This rank's part of a checkpoint of a sharded optimizer's state
+    /// (`checkpoint::parts`): the pieces of the moments it keeps, shared,
+    /// not copied (each step replaces them). `None` when not sharded.
+    pub fn optimizer_part(&self) -> Result<Option<TensorSet>, TrainError> {
+        if self.optimizer.shard_range().is_none() {
+            return Ok(None);
+        }
+        let (part, _) = self.optimizer.state_shared(&self.params, None, &mut TensorSet::new())?;
+        Ok(Some(part))
     }
 
     /// This rank's slice of the optimizer state, when sharded.
@@ -955,10 +968,24 @@ impl Trainer {
     /// any more are shared, not copied (`train::snapshot_tensors`), and
     /// what must be copied goes into the host buffers of an earlier
     /// snapshot (handed back once it was persisted), without allocating.
+    /// A sharded optimizer's moments are gathered: every rank must
+    /// snapshot at the same time.
     pub fn snapshot_reusing(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<TrainSnapshot, TrainError> {
-        // Sharded: every rank must snapshot at the same time (the leader
-        // asks the followers, `orchestrate::ranks`) to gather the moments.
-        let gather = self.world.as_ref().map(|world| move |mine: Vec<f32>| all_gather_f32(&**world, mine));
+        self.snapshot_with(reuse, true)
+    }
+
+    /// [`snapshot_reusing`](Self::snapshot_reusing) for a checkpoint that
+    /// every rank writes its part of (`checkpoint::parts`): with a sharded
+    /// optimizer, `optimizer` holds this rank's pieces of the moments
+    /// ([`optimizer_shard`](Self::optimizer_shard)), shared, and no
+    /// collective is made; otherwise the whole state.
+    pub fn snapshot_part(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<TrainSnapshot, TrainError> {
+        self.snapshot_with(reuse, false)
+    }
+
+    fn snapshot_with(&self, reuse: Option<(TensorSet, TensorSet)>, gather: bool) -> Result<TrainSnapshot, TrainError> {
+        let world = self.world.as_ref().filter(|_| gather);
+        let gather = world.map(|world| move |mine: Vec<f32>| all_gather_f32(&**world, mine));
         let gather = gather.as_ref().map(|g| g as GatherF32<'_>);
         let (model, optimizer, optimizer_step) = snapshot_tensors(&self.params, &self.optimizer, gather, reuse)?;
         let state = TrainState {

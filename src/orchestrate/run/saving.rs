@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{SaveReport, Snapshot, reusable};
+use crate::checkpoint::{CheckpointError, Parts, SaveReport, Snapshot, reusable};
 use crate::config::{CheckpointInterval, CheckpointSection};
 use crate::slurm::{self, SlurmEnv};
 use crate::telemetry::{self, CheckpointFailed, CheckpointSaved, CheckpointStarted, Event, JsonlWriter, Nonfinite};
@@ -17,8 +17,10 @@ use super::super::interval::{
     CostMeter, IntervalInputs, Mtbf, MtbfSource, Slowdown, choose_interval, history_mtbf, interval_event,
     noticeably_different, recompute_after,
 };
-use super::super::persist::{Persisted, PersisterDied};
+use super::super::persist::{InParts, PartEntries, Persisted, PersisterDied};
+use super::super::ranks::{Leader, PartsInbox};
 use super::super::rundir::METRICS_FILE;
+use super::super::stop::StopFlag;
 use super::super::watchdog::{Activity, Worker};
 use super::Attempt;
 use super::ending::finite;
@@ -131,7 +133,7 @@ impl Attempt {
         let due_step = self.save_due_since.take().unwrap_or(step);
         self.last_checkpoint = Instant::now();
         let t0 = Instant::now();
-        let snapshot = self.snapshot()?;
+        let (snapshot, parts) = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
         if self.cfg.checkpoint.async_save {
             self.events.record(&Event::CheckpointStarted(CheckpointStarted {
@@ -143,14 +145,15 @@ impl Attempt {
             if let Some(auto) = &mut self.auto_interval {
                 auto.slowdown.save_started();
             }
-            match self.persister.submit(snapshot, stall) {
+            self.parts_inbox = parts.as_ref().map(|p| PartsInbox::new(step, p.world));
+            match self.persister.submit(snapshot, stall, parts) {
                 Ok(()) => Ok(()),
                 Err(died) => self.on_persister_death(died),
             }
         } else {
             let payload_bytes = snapshot.payload_bytes();
             let busy = self.beats.begin(Worker::Training, Activity::Save, snapshot.step);
-            let result = self.store.save(&snapshot);
+            let result = self.save_snapshot(&snapshot, parts);
             drop(busy);
             let step = snapshot.step;
             self.handle_persisted(Persisted {
@@ -161,6 +164,49 @@ impl Attempt {
                 buffers: Some(snapshot),
             })
         }
+    }
+
+    /// Commits `snapshot` on this thread; written in `parts`, once the
+    /// other ranks reported theirs (rounds with them until they did).
+    fn save_snapshot(&self, snapshot: &Snapshot, parts: Option<InParts>) -> Result<SaveReport, CheckpointError> {
+        let (Some(parts), Some(leader)) = (parts, &self.leader) else { return self.store.save(snapshot) };
+        let mut collect = || collect_parts(leader, &self.stop, snapshot.step, parts.world);
+        self.store
+            .save_with(snapshot, Some(Parts { staging: parts.staging, world: parts.world, collect: &mut collect }))
+    }
+
+    /// Hands the parts the other ranks reported to the persister, once every
+    /// rank's part of the checkpoint it is writing is in.
+    pub(super) fn forward_parts(&mut self) {
+        let (Some(leader), Some(inbox)) = (&self.leader, &mut self.parts_inbox) else { return };
+        if let Some(entries) = inbox.add(leader.take_parts()) {
+            self.parts_inbox = None;
+            self.persister.deliver(entries);
+        }
+    }
+
+    /// Waits for the save in flight, if any. One written in parts needs the
+    /// other ranks' reports, which come only in rounds: until they are in,
+    /// this makes rounds in which no rank trains.
+    fn wait_persister(&mut self) -> Result<Option<Persisted>, PersisterDied> {
+        while self.persister.awaits_parts() {
+            let round = match &self.leader {
+                Some(leader) => {
+                    leader.tick(&self.stop, false, self.trainer.step()).map(drop).map_err(|e| e.to_string())
+                }
+                None => Err("no other rank to report them".to_string()),
+            };
+            if let Err(e) = round {
+                self.parts_inbox = None;
+                self.persister.deliver(Err(format!("the ranks could not agree: {e}")));
+                break;
+            }
+            self.forward_parts();
+            if self.persister.awaits_parts() {
+                std::thread::sleep(PARTS_PAUSE);
+            }
+        }
+        self.persister.wait()
     }
 
     pub(super) fn collect_background(&mut self) -> Result<(), RunError> {
@@ -291,15 +337,20 @@ impl Attempt {
         Ok(())
     }
 
-    fn snapshot(&mut self) -> Result<Snapshot, RunError> {
-        // A sharded optimizer's snapshot gathers every rank's moments.
-        if let Some(leader) = &self.leader
-            && self.trainer.optimizer_shard().is_some()
-        {
-            leader.snapshot(&self.stop)?;
-        }
-        let snap = self.trainer.snapshot_reusing(self.spare.take())?;
-        Ok(Snapshot {
+    /// The snapshot of a checkpoint of the current step; with a sharded
+    /// optimizer, its optimizer state is this rank's part, and every other
+    /// rank writes its own into the staging directory of [`InParts`].
+    fn snapshot(&mut self) -> Result<(Snapshot, Option<InParts>), RunError> {
+        let step = self.trainer.step();
+        let parts = match &self.leader {
+            Some(leader) if self.trainer.optimizer_shard().is_some() => {
+                let staging = leader.snapshot(&self.stop, step)?;
+                Some(InParts { staging, world: self.trainer.rank_and_size().1 })
+            }
+            _ => None,
+        };
+        let snap = self.trainer.snapshot_part(self.spare.take())?;
+        let snapshot = Snapshot {
             step: snap.step,
             model: snap.model,
             optimizer: snap.optimizer,
@@ -310,7 +361,8 @@ impl Attempt {
                 "host": host_info(&self.slurm),
                 "rekindle_version": env!("CARGO_PKG_VERSION"),
             }),
-        })
+        };
+        Ok((snapshot, parts))
     }
 
     /// Writes a checkpoint of the current step synchronously (after any save
@@ -321,7 +373,7 @@ impl Attempt {
     /// `last_durable_step` is set as soon as the checkpoint is committed.
     pub(super) fn checkpoint_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
         self.still_owner()?;
-        let in_flight = match self.persister.wait() {
+        let in_flight = match self.wait_persister() {
             Ok(Some(p)) => self.handle_persisted(p),
             Ok(None) => Ok(()),
             Err(died) => self.record_persister_death(died),
@@ -338,12 +390,12 @@ impl Attempt {
     pub(super) fn save_now(&mut self, kind: &str) -> Result<SaveReport, RunError> {
         self.still_owner()?;
         let t0 = Instant::now();
-        let snapshot = self.snapshot()?;
+        let (snapshot, parts) = self.snapshot()?;
         let stall = t0.elapsed().as_secs_f64();
         let payload = snapshot.payload_bytes();
         let step = snapshot.step;
         let busy = self.beats.begin(Worker::Training, Activity::Save, step);
-        let result = self.store.save(&snapshot);
+        let result = self.save_snapshot(&snapshot, parts);
         drop(busy);
         if let Err(e) = &result
             && e.not_owner()
@@ -413,7 +465,7 @@ impl Attempt {
     /// recorded and quarantined, as at start) and moves the data cursor past
     /// the offending batch.
     pub(super) fn rollback(&mut self, ev: NonFiniteEvent) -> Result<(), RunError> {
-        match self.persister.wait() {
+        match self.wait_persister() {
             Ok(Some(p)) => self.handle_persisted(p)?,
             Ok(None) => {}
             Err(died) => self.on_persister_death(died)?,
@@ -446,6 +498,23 @@ impl Attempt {
         truncate_metrics(&self.dir.path(METRICS_FILE), snap.step)?;
         self.metrics = JsonlWriter::open(self.dir.path(METRICS_FILE))?;
         Ok(())
+    }
+}
+
+/// Between two rounds of a leader waiting for the other ranks' parts.
+const PARTS_PAUSE: Duration = Duration::from_millis(5);
+
+/// The other ranks' entries for the checkpoint of `step`, written in parts
+/// by a world of `world`: rounds in which no rank trains, until every
+/// follower reported its part (or a round fails).
+fn collect_parts(leader: &Leader, stop: &StopFlag, step: u64, world: usize) -> PartEntries {
+    let mut inbox = PartsInbox::new(step, world);
+    loop {
+        leader.tick(stop, false, step).map_err(|e| format!("the ranks could not agree: {e}"))?;
+        if let Some(entries) = inbox.add(leader.take_parts()) {
+            return entries;
+        }
+        std::thread::sleep(PARTS_PAUSE);
     }
 }
 

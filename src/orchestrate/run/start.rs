@@ -201,6 +201,7 @@ impl Attempt {
             resumes,
             lock: ownership,
             spare: None,
+            parts_inbox: None,
             leader,
             rank_nodes,
             beats,
