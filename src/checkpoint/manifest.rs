@@ -200,7 +200,7 @@ mod tests {
         assert!(text.contains("\"kind\": \"files\""), "{text}");
         let back = Manifest::parse(text.as_bytes()).unwrap();
         assert_eq!((back.kind, back.missing_required()), (CheckpointKind::Files, None));
-        assert_eq!(native.missing_required().as_deref(), Some("does not list `model.safetensors`"));
+        assert_eq!(native.missing_required().as_deref(), Some("does not list `state.json`"), "it lists only the model");
         let empty = Manifest { files: Vec::new(), ..files };
         assert!(matches!(Manifest::parse(&empty.to_bytes()).unwrap_err().problem, Problem::ManifestInvalid { .. }));
         let mut odd: serde_json::Value = serde_json::from_slice(&manifest_with("a")).unwrap();

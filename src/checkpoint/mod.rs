@@ -19,6 +19,8 @@ mod hashed_io;
 mod layout;
 mod manifest;
 mod parts;
+#[cfg(test)]
+mod parts_tests;
 mod quarantine;
 pub mod rotation;
 mod safetensors_io;

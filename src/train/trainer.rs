@@ -487,7 +487,8 @@ impl Trainer {
             TrainError::config(
                 "train.batch_size",
                 format!(
-                    "the effective batch train.batch_size × train.grad_accum = {effective} must split into {n} equal                      shards, one per rank: make it a multiple of {n}"
+                    "the effective batch train.batch_size × train.grad_accum = {effective} must split into {n} \
+                     equal shards, one per rank: make it a multiple of {n}"
                 ),
             )
         })?;

@@ -8,6 +8,7 @@ use std::thread;
 
 use super::tests::{assert_same, completed, never, tiny_gpt, tiny_mlp};
 use super::*;
+use crate::checkpoint::TensorSet;
 use crate::config::Config;
 use crate::distributed::ThreadRank;
 
@@ -105,6 +106,16 @@ fn sharded_ranks(
     steps: u64,
     start: Option<&TrainSnapshot>,
 ) -> Vec<(Vec<f64>, TrainSnapshot)> {
+    sharded_ranks_with_parts(cfg, ranks, steps, start).into_iter().map(|(l, s, _)| (l, s)).collect()
+}
+
+/// [`sharded_ranks`], with each rank's part of a checkpoint written in parts.
+fn sharded_ranks_with_parts(
+    cfg: &Config,
+    ranks: usize,
+    steps: u64,
+    start: Option<&TrainSnapshot>,
+) -> Vec<(Vec<f64>, TrainSnapshot, TensorSet)> {
     let handles: Vec<_> = ThreadRank::world(ranks)
         .into_iter()
         .map(|rank| {
@@ -120,7 +131,8 @@ fn sharded_ranks(
                 let range = t.optimizer_shard().expect("sharded");
                 let losses = (0..steps).map(|_| completed(t.train_step(&never).unwrap()).loss).collect();
                 assert_eq!(t.optimizer_shard(), Some(range));
-                (losses, t.snapshot().unwrap())
+                let part = t.optimizer_part().unwrap().expect("a sharded optimizer has a part");
+                (losses, t.snapshot().unwrap(), part)
             })
         })
         .collect();
@@ -167,4 +179,26 @@ fn a_sharded_state_resumes_at_another_world_size_sharded_or_not() {
     for ((_, a), (_, b)) in sharded.iter().zip(&unsharded) {
         assert_same(a, b);
     }
+}
+
+#[test]
+fn the_parts_of_sharded_ranks_saved_as_one_checkpoint_load_as_the_unsharded_state() {
+    use crate::checkpoint::{CheckpointStore, Parts, Snapshot, load_dir};
+    let mut cfg = no_dropout(tiny_gpt());
+    cfg.train.batch_size = 12;
+    let reference = ranks(&cfg, 3, 2, None).remove(0).1;
+    let sharded = sharded_ranks_with_parts(&cfg, 3, 2, None);
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+    let staging = ".tmp-step-0000000002-ranks-test-0";
+    let mut collect = || -> Result<Vec<_>, String> {
+        let follower = CheckpointStore::open_read_only(tmp.path());
+        (1..3).map(|r| follower.write_part(staging, r, 3, 2, &sharded[r].2).map_err(|e| e.to_string())).collect()
+    };
+    let (_, snap, part) = &sharded[0];
+    let snapshot = Snapshot { step: 2, model: snap.model.clone(), optimizer: part.clone(), state: snap.state.clone() };
+    store.save_with(&snapshot, Some(Parts { staging: staging.into(), world: 3, collect: &mut collect })).unwrap();
+    let loaded = load_dir(&store.step_dir(2)).unwrap().snapshot;
+    assert!(loaded.optimizer == reference.optimizer, "the parts reassemble into the unsharded moments");
+    assert!(loaded.model == reference.model);
 }

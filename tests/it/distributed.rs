@@ -36,8 +36,15 @@ fn mpirun(ranks: usize, args: &[&str]) -> Output {
 
 /// `mpirun -n ranks` around `cmd` (its program, arguments and environment).
 fn mpirun_command(ranks: usize, cmd: Command, args: &[&str]) -> Command {
+    let mut mpi = mpirun_with_env(&cmd);
+    mpi.args(["-n", &ranks.to_string()]).arg(cmd.get_program()).args(cmd.get_args()).args(args);
+    mpi
+}
+
+/// `mpirun` with `cmd`'s environment, as root, without core binding.
+fn mpirun_with_env(cmd: &Command) -> Command {
     let mut mpi = Command::new("mpirun");
-    mpi.args(["-n", &ranks.to_string(), "--bind-to", "none", "--oversubscribe"])
+    mpi.args(["--bind-to", "none", "--oversubscribe"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     for (key, value) in cmd.get_envs() {
@@ -46,7 +53,24 @@ fn mpirun_command(ranks: usize, cmd: Command, args: &[&str]) -> Command {
             None => mpi.env_remove(key),
         };
     }
-    mpi.arg(cmd.get_program()).args(cmd.get_args()).args(args);
+    mpi
+}
+
+/// `cmd` over `ranks` ranks with the failpoints `failpoints` on rank
+/// `rank` alone: one application context per rank (`mpirun -n 1 … : -n 1
+/// …`), that rank's with `-x FAILPOINTS=…`.
+fn mpirun_failing_on(ranks: usize, cmd: Command, rank: usize, failpoints: &str) -> Command {
+    let mut mpi = mpirun_with_env(&cmd);
+    for r in 0..ranks {
+        if r > 0 {
+            mpi.arg(":");
+        }
+        mpi.args(["-n", "1"]);
+        if r == rank {
+            mpi.args(["-x", &format!("FAILPOINTS={failpoints}")]);
+        }
+        mpi.arg(cmd.get_program()).args(cmd.get_args());
+    }
     mpi
 }
 
@@ -423,6 +447,93 @@ fn a_sharded_optimizer_run_equals_the_unsharded_one_and_resumes_across_world_siz
     run_ranks(&plain, 2, &dir("1-to-2-plain"), &[], EXIT_DONE);
     assert_same_checkpoint(&dir("1-to-2-sharded"), &dir("1-to-2-plain"), 30);
     assert_same_metrics(&dir("1-to-2-sharded"), &dir("1-to-2-plain"), 30);
+
+    // 3 sharded ranks (one optimizer part each) → 2 sharded ranks: the same
+    // as 3 unsharded ranks → 2.
+    let (plain, sharded) = (plain.set("train.batch_size=12"), sharded.set("train.batch_size=12"));
+    run_ranks(&sharded, 3, &dir("3-to-2-sharded"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    let parts = std::fs::read_dir(step_dir(&dir("3-to-2-sharded"), 15)).unwrap().count();
+    assert_eq!(parts, 6, "model, state, manifest and one optimizer part per rank");
+    run_ranks(&sharded, 2, &dir("3-to-2-sharded"), &[], EXIT_DONE);
+    run_ranks(&plain, 3, &dir("3-to-2-plain"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    run_ranks(&plain, 2, &dir("3-to-2-plain"), &[], EXIT_DONE);
+    assert_same_checkpoint(&dir("3-to-2-sharded"), &dir("3-to-2-plain"), 30);
+}
+
+/// The `.tmp-…` staging directories left in `run_dir`'s checkpoints directory.
+fn staging_dirs(run_dir: &Path) -> Vec<String> {
+    std::fs::read_dir(run_dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-"))
+        .collect()
+}
+
+#[test]
+fn a_rank_that_cannot_write_its_part_fails_that_checkpoint_alone_and_the_run_goes_on() {
+    let Some(()) = requires::mpi() else { return };
+    let sharded = training(30).set("distributed.shard_optimizer=true");
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    // Rank 1's first part fails; rank 0 writes its files as usual.
+    let cmd = sharded.command(&run_dir, &[]);
+    let out = mpirun_failing_on(2, cmd, 1, "checkpoint::part::before_write=1*return").output().unwrap();
+    assert_eq!(out.status.code(), Some(EXIT_DONE), "{}", String::from_utf8_lossy(&out.stderr));
+    let failed = events_named(&run_dir, "checkpoint_failed");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let error = failed[0]["error"].as_str().unwrap();
+    assert_eq!(failed[0]["step"], 10);
+    assert!(error.contains("rank 1 could not write its part") && error.contains("nothing was committed"), "{error}");
+    let kept = checkpoint_steps(&run_dir);
+    assert!(!kept.contains(&10) && kept.contains(&20) && kept.contains(&30), "{kept:?}");
+    assert!(staging_dirs(&run_dir).is_empty(), "{:?}", staging_dirs(&run_dir));
+    let (code, out) = verify(&run_dir);
+    assert_eq!(code, Some(0), "{out}");
+    // What was committed is the unsharded run's state.
+    let reference = tmp.path().join("reference");
+    run_ranks(&training(30), 2, &reference, &[], EXIT_DONE);
+    assert_same_checkpoint(&run_dir, &reference, 30);
+}
+
+#[test]
+fn a_rank_killed_while_writing_its_part_leaves_no_partial_checkpoint_and_the_run_resumes_exactly() {
+    let Some(()) = requires::mpi() else { return };
+    let sharded = training(100_000).set("distributed.shard_optimizer=true");
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    // Rank 1 writes its first part, then hangs in the second (step 20).
+    let cmd = sharded.command(&run_dir, &[]);
+    let mut child = mpirun_failing_on(2, cmd, 1, "checkpoint::part::before_write=1*off->sleep(60000)")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let started_20 = || events_named(&run_dir, "checkpoint_started").iter().any(|e| e["step"] == 20);
+    while !(started_20() && !staging_dirs(&run_dir).is_empty()) {
+        assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the save of step 20 began");
+        assert!(t0.elapsed() < Duration::from_secs(90), "no save of step 20 within 90 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let victim = rank_pid(&run_dir, 1).expect("rank 1 runs");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim), nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(!child.wait().unwrap().success());
+    let t1 = Instant::now();
+    while rank_pid(&run_dir, 0).is_some() || lock_holder(&run_dir).is_some() {
+        assert!(t1.elapsed() < Duration::from_secs(60), "rank 0 outlived rank 1 by 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Rank 0 wrote its files of step 20, but without rank 1's part nothing
+    // was committed: step 10 is the newest checkpoint, and it verifies.
+    assert_eq!(checkpoint_steps(&run_dir).last(), Some(&10));
+    let (code, out) = verify(&run_dir);
+    assert_eq!(code, Some(0), "{out}");
+    run_ranks(&sharded, 2, &run_dir, &["--stop-at-step", "17"], EXIT_STOPPED);
+    assert_eq!(events_named(&run_dir, "resume").pop().expect("a resume")["step"], 10);
+    assert!(staging_dirs(&run_dir).is_empty(), "the next start removed the leftovers");
+    let reference = tmp.path().join("reference");
+    run_ranks(&training(100_000), 2, &reference, &["--stop-at-step", "17"], EXIT_STOPPED);
+    assert_same_checkpoint(&run_dir, &reference, 17);
 }
 
 #[test]

@@ -1,0 +1,192 @@
+//! Checkpoints written in parts (`parts.rs`) through the store: rank 0's
+//! [`CheckpointStore::save_with`] and the other ranks'
+//! [`CheckpointStore::write_part`], here from threads of one process (the
+//! ranks of a real world: tests/it/distributed.rs).
+
+use std::fs;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::error::{CheckpointError, Problem};
+use super::layout::{MODEL_FILE, STATE_FILE, Snapshot};
+use super::manifest::{MANIFEST_FILE, Manifest, ManifestEntry};
+use super::parts::optimizer_part_name;
+use super::store::{CheckpointStore, Parts};
+use super::tensor::{HostTensor, TensorSet};
+use super::verify::{VerifyLevel, verify_checkpoint_dir};
+
+/// Parameters a (2×2) and b (3): flattened a0..a3 b0..b2, cut for three
+/// ranks as 3 + 2 + 2 (what `distributed::chunk_bounds` gives for 7).
+const CUTS: [&[(&str, usize, usize)]; 3] = [&[("a", 0, 3)], &[("a", 3, 4), ("b", 0, 1)], &[("b", 1, 3)]];
+
+fn moment(i: usize, second: bool) -> f32 {
+    if second { 100.0 + i as f32 } else { i as f32 }
+}
+
+fn model() -> TensorSet {
+    TensorSet::from([
+        ("a".into(), HostTensor::from_f32(vec![2, 2], &[1.0, 2.0, 3.0, 4.0])),
+        ("b".into(), HostTensor::from_f32(vec![3], &[5.0, 6.0, 7.0])),
+    ])
+}
+
+/// The whole moments, as an unsharded optimizer would save them.
+fn whole_moments() -> TensorSet {
+    let values = |at: usize, n: usize, second| (at..at + n).map(|i| moment(i, second)).collect::<Vec<_>>();
+    TensorSet::from([
+        ("exp_avg.a".into(), HostTensor::from_f32(vec![2, 2], &values(0, 4, false))),
+        ("exp_avg_sq.a".into(), HostTensor::from_f32(vec![2, 2], &values(0, 4, true))),
+        ("exp_avg.b".into(), HostTensor::from_f32(vec![3], &values(4, 3, false))),
+        ("exp_avg_sq.b".into(), HostTensor::from_f32(vec![3], &values(4, 3, true))),
+    ])
+}
+
+/// Rank `rank`'s part: its pieces of both moments, 1-D.
+fn part(rank: usize) -> TensorSet {
+    let mut set = TensorSet::new();
+    for (param, lo, hi) in CUTS[rank] {
+        let at = if *param == "a" { 0 } else { 4 };
+        for (name, second) in [(format!("exp_avg.{param}"), false), (format!("exp_avg_sq.{param}"), true)] {
+            let values: Vec<f32> = (at + lo..at + hi).map(|i| moment(i, second)).collect();
+            set.insert(name, HostTensor::from_f32(vec![hi - lo], &values));
+        }
+    }
+    set
+}
+
+fn snapshot(step: u64, optimizer: TensorSet) -> Snapshot {
+    Snapshot { step, model: model(), optimizer, state: serde_json::json!({"step": step}) }
+}
+
+/// Ranks 1 and 2 writing their parts from their own view of the
+/// checkpoints directory, as followers do.
+fn other_ranks(dir: &Path, staging: &str, step: u64) -> Result<Vec<ManifestEntry>, String> {
+    let follower = CheckpointStore::open_read_only(dir);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (1..3)
+            .map(|r| {
+                let follower = &follower;
+                s.spawn(move || follower.write_part(staging, r, 3, step, &part(r)))
+            })
+            .collect();
+        writers.into_iter().map(|w| w.join().unwrap().map_err(|e| e.to_string())).collect()
+    })
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+#[test]
+fn three_ranks_parts_commit_as_one_checkpoint_that_loads_as_the_whole_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+    let staging = ".tmp-step-0000000012-ranks-test-0";
+    let mut collect = || other_ranks(tmp.path(), staging, 12);
+    let parts = Parts { staging: staging.into(), world: 3, collect: &mut collect };
+    store.save_with(&snapshot(12, part(0)), Some(parts)).unwrap();
+
+    let dir = store.step_dir(12);
+    let manifest = Manifest::parse(&fs::read(dir.join(MANIFEST_FILE)).unwrap()).unwrap();
+    let mut names: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();
+    names.sort_unstable();
+    let expected = [
+        MODEL_FILE,
+        "optimizer.rank-00000-of-00003.safetensors",
+        "optimizer.rank-00001-of-00003.safetensors",
+        "optimizer.rank-00002-of-00003.safetensors",
+        STATE_FILE,
+    ];
+    assert_eq!(names, expected);
+    assert_eq!(manifest.optimizer_parts(), Some(3));
+    assert!(verify_checkpoint_dir(&dir, VerifyLevel::Full).is_empty());
+    assert!(leftovers(tmp.path()).is_empty(), "the staging directory became the checkpoint");
+    let loaded = store.load_latest().unwrap().loaded.unwrap();
+    assert_eq!(loaded.snapshot, snapshot(12, whole_moments()), "the moments reassembled in rank order");
+
+    // Every part is hashed like any file: a damaged one is named.
+    let damaged = dir.join(optimizer_part_name(2, 3));
+    let mut bytes = fs::read(&damaged).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    fs::write(&damaged, bytes).unwrap();
+    let failures = verify_checkpoint_dir(&dir, VerifyLevel::Full);
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].file, optimizer_part_name(2, 3));
+    assert!(matches!(failures[0].problem, Problem::Sha256Mismatch { .. }));
+}
+
+#[test]
+fn a_manifest_without_every_ranks_part_is_no_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+    let staging = ".tmp-step-0000000004-ranks-test-0";
+    let mut collect = || other_ranks(tmp.path(), staging, 4);
+    store
+        .save_with(&snapshot(4, part(0)), Some(Parts { staging: staging.into(), world: 3, collect: &mut collect }))
+        .unwrap();
+    let path = store.step_dir(4).join(MANIFEST_FILE);
+    let mut manifest = Manifest::parse(&fs::read(&path).unwrap()).unwrap();
+    manifest.files.retain(|f| f.name != optimizer_part_name(1, 3));
+    fs::write(&path, manifest.to_bytes()).unwrap();
+    let failures = verify_checkpoint_dir(&store.step_dir(4), VerifyLevel::Quick);
+    assert_eq!(failures.len(), 1);
+    let reason = failures[0].to_string();
+    assert!(reason.contains("does not list `optimizer.rank-00001-of-00003.safetensors`"), "{reason}");
+}
+
+#[test]
+fn a_rank_that_cannot_write_its_part_leaves_nothing_committed_and_no_staging() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+    store.save(&snapshot(1, whole_moments())).unwrap();
+    let staging = ".tmp-step-0000000002-ranks-test-0";
+    let mut collect = || {
+        // Rank 1 wrote its part, rank 2 failed.
+        let follower = CheckpointStore::open_read_only(tmp.path());
+        follower.write_part(staging, 1, 3, 2, &part(1)).unwrap();
+        Err("rank 2 could not write its part: disk full".to_string())
+    };
+    let err = store
+        .save_with(&snapshot(2, part(0)), Some(Parts { staging: staging.into(), world: 3, collect: &mut collect }))
+        .unwrap_err();
+    assert!(matches!(err, CheckpointError::Parts { step: 2, .. }), "{err}");
+    assert!(err.to_string().contains("rank 2") && err.to_string().contains("nothing was committed"), "{err}");
+    assert!(!store.step_dir(2).exists());
+    assert!(leftovers(tmp.path()).is_empty(), "{:?}", leftovers(tmp.path()));
+    assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, 1, "the earlier checkpoint is intact");
+}
+
+#[test]
+fn a_save_that_fails_before_the_parts_waits_for_them_then_removes_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+    let staging = ".tmp-step-0000000003-ranks-test-0";
+    let mut bad = snapshot(3, part(0));
+    bad.model.get_mut("a").unwrap().shape = vec![5];
+    let calls = AtomicUsize::new(0);
+    let mut collect = || {
+        calls.fetch_add(1, Ordering::SeqCst);
+        other_ranks(tmp.path(), staging, 3)
+    };
+    let err =
+        store.save_with(&bad, Some(Parts { staging: staging.into(), world: 3, collect: &mut collect })).unwrap_err();
+    assert!(matches!(err, CheckpointError::BadTensor { .. }), "{err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the other ranks are waited for exactly once");
+    assert!(leftovers(tmp.path()).is_empty(), "what they wrote is removed: {:?}", leftovers(tmp.path()));
+    assert!(store.list(VerifyLevel::Quick).unwrap().is_empty());
+}
+
+#[test]
+fn a_part_is_written_only_into_a_staging_directory_of_the_checkpoints_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open_read_only(tmp.path());
+    for bad in ["../elsewhere", "step-0000000001", ".tmp-a/b", "", "/tmp/.tmp-x"] {
+        let err = store.write_part(bad, 1, 2, 1, &part(1)).unwrap_err();
+        assert!(matches!(err, CheckpointError::Parts { .. }), "{bad:?}: {err}");
+    }
+    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
