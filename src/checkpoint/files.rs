@@ -151,6 +151,7 @@ impl CheckpointStore {
             seconds: started.elapsed().as_secs_f64(),
             already_existed: false,
             rotated_out,
+            parts: None,
         })
     }
 

@@ -36,6 +36,6 @@ pub use layout::{
 pub use manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 pub use parts::{optimizer_part_name, parse_optimizer_part_name};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
-pub use store::{CheckpointStore, CommitGuard, LoadOutcome, Parts, SaveReport};
+pub use store::{CheckpointStore, CommitGuard, LoadOutcome, Parts, PartsWritten, SaveReport};
 pub use tensor::{DType, HostTensor, SharedBytes, TensorBytes, TensorSet, copy_parallel, payload_bytes, reusable};
 pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};

@@ -75,6 +75,17 @@ pub struct SaveReport {
     pub already_existed: bool,
     /// Checkpoints removed by rotation.
     pub rotated_out: Vec<PathBuf>,
+    /// A checkpoint written in parts ([`CheckpointStore::save_with`]): how
+    /// many ranks wrote one, and how long this process waited for the
+    /// other ranks' after writing its own files.
+    pub parts: Option<PartsWritten>,
+}
+
+/// The parts of a checkpoint written in parts, in its [`SaveReport`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PartsWritten {
+    pub ranks: usize,
+    pub wait_seconds: f64,
 }
 
 /// The result of looking for the newest valid checkpoint.
@@ -307,6 +318,7 @@ impl CheckpointStore {
                 seconds: started.elapsed().as_secs_f64(),
                 already_existed: true,
                 rotated_out: Vec::new(),
+                parts: None,
             });
         }
 
@@ -338,7 +350,7 @@ impl CheckpointStore {
             )),
         };
         match self.write_and_commit(snapshot, &files, &tmp, &final_dir, parts.as_deref_mut(), collected) {
-            Ok(bytes) => {
+            Ok((bytes, parts)) => {
                 self.known_bad().remove(&step);
                 let rotated_out = self.may_write(step).and_then(|()| self.rotate(step)).map_err(|e| {
                     CheckpointError::AfterCommit {
@@ -355,6 +367,7 @@ impl CheckpointStore {
                     seconds: started.elapsed().as_secs_f64(),
                     already_existed: false,
                     rotated_out,
+                    parts,
                 })
             }
             Err(e) => {
@@ -402,7 +415,7 @@ impl CheckpointStore {
         final_dir: &Path,
         parts: Option<&mut Parts<'_>>,
         collected: &mut bool,
-    ) -> Result<u64, CheckpointError> {
+    ) -> Result<(u64, Option<PartsWritten>), CheckpointError> {
         let step = snapshot.step;
         let werr = |path: &Path| {
             let path = path.to_path_buf();
@@ -439,10 +452,13 @@ impl CheckpointStore {
         for r in results {
             entries.push(r?);
         }
+        let mut written_in_parts = None;
         if let Some(parts) = parts {
             // Every other rank's part, written and hashed by that rank.
             *collected = true;
+            let waiting = Instant::now();
             let theirs = (parts.collect)().map_err(|reason| CheckpointError::Parts { step, reason })?;
+            written_in_parts = Some(PartsWritten { ranks: parts.world, wait_seconds: waiting.elapsed().as_secs_f64() });
             entries.extend(
                 check_part_entries(theirs, parts.world).map_err(|reason| CheckpointError::Parts { step, reason })?,
             );
@@ -503,7 +519,7 @@ impl CheckpointStore {
             fsync_dir(&self.dir).map_err(sync_err).map_err(after("syncing the checkpoints directory"))?;
         }
         failpoint("checkpoint::after_commit").map_err(after("the commit's last step"))?;
-        Ok(manifest.total_bytes() + manifest_bytes)
+        Ok((manifest.total_bytes() + manifest_bytes, written_in_parts))
     }
 
     fn trash_path(&self, step: u64) -> PathBuf {

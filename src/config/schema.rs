@@ -625,6 +625,7 @@ pub struct DistributedSection {
     pub timeout: Duration,
     /// ZeRO-1: each rank keeps and updates the optimizer moments of only
     /// its 1/N slice of the parameters; the updated slices are all-gathered.
+    /// At a checkpoint each rank writes its own slice (`checkpoint::parts`).
     pub shard_optimizer: bool,
 }
 

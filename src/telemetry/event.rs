@@ -348,6 +348,14 @@ pub struct CheckpointSaved {
     /// Checkpoint directories removed by rotation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rotated_out: Option<Vec<PathBuf>>,
+    /// A sharded optimizer's checkpoint: the ranks that each wrote their
+    /// part of the optimizer state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub optimizer_parts: Option<u64>,
+    /// Of `persist_seconds`, how long rank 0 waited, after writing its own
+    /// files, for the other ranks' parts (they report at step boundaries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parts_wait_seconds: Option<f64>,
     /// Committed and loadable, but the directory sync or rotation failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,

@@ -87,6 +87,7 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
                 seconds: 0.0,
                 already_existed: false,
                 rotated_out: Vec::new(),
+                parts: None,
             };
             record_or_log(&mut events, &saved(&report, Some(e.to_string())));
             Ok(dir)

@@ -445,6 +445,7 @@ impl Attempt {
                 seconds: t0.elapsed().as_secs_f64(),
                 already_existed: false,
                 rotated_out: Vec::new(),
+                parts: None,
             }),
             Err(e) => Err(e.into()),
         }
@@ -538,6 +539,8 @@ fn saved_event(r: &SaveReport, kind: &str, payload: u64, stall: f64) -> Checkpoi
         already_existed: Some(r.already_existed),
         dir: Some(r.dir.clone()),
         rotated_out: Some(r.rotated_out.clone()),
+        optimizer_parts: r.parts.map(|p| p.ranks as u64),
+        parts_wait_seconds: r.parts.map(|p| p.wait_seconds),
         warning: None,
     }
 }
@@ -577,6 +580,7 @@ mod tests {
             seconds: 2.0,
             already_existed: false,
             rotated_out: vec!["ckpt/step-25".into()],
+            parts: None,
         };
         let e = saved_event(&r, "periodic", 1_900_000_000, 0.25);
         assert_eq!(
@@ -586,6 +590,11 @@ mod tests {
         assert_eq!((e.snapshot_seconds, e.persist_seconds, e.gb_per_s), (Some(0.25), Some(2.0), Some(1.0)));
         assert_eq!(e.rotated_out, Some(vec!["ckpt/step-25".into()]));
         assert_eq!(e.warning, None);
+        assert_eq!((e.optimizer_parts, e.parts_wait_seconds), (None, None), "one process wrote it all");
+        let in_parts =
+            SaveReport { parts: Some(crate::checkpoint::PartsWritten { ranks: 2, wait_seconds: 0.5 }), ..r.clone() };
+        let e = saved_event(&in_parts, "periodic", 1, 0.0);
+        assert_eq!((e.optimizer_parts, e.parts_wait_seconds), (Some(2), Some(0.5)));
         let instant = SaveReport { seconds: 0.0, ..r };
         assert_eq!(saved_event(&instant, "stop", 1, 0.0).gb_per_s, Some(0.0), "no division by zero");
     }
