@@ -300,7 +300,7 @@ impl CheckpointStore {
     fn save_inner(
         &self,
         snapshot: &Snapshot,
-        mut parts: Option<&mut Parts<'_>>,
+        parts: Option<&mut Parts<'_>>,
         collected: &mut bool,
     ) -> Result<SaveReport, CheckpointError> {
         let started = Instant::now();
@@ -349,7 +349,7 @@ impl CheckpointStore {
                 TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
             )),
         };
-        match self.write_and_commit(snapshot, &files, &tmp, &final_dir, parts.as_deref_mut(), collected) {
+        match self.write_and_commit(snapshot, &files, &tmp, &final_dir, parts, collected) {
             Ok((bytes, parts)) => {
                 self.known_bad().remove(&step);
                 let rotated_out = self.may_write(step).and_then(|()| self.rotate(step)).map_err(|e| {
