@@ -17,7 +17,7 @@ use crate::support;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use rekindle::checkpoint::{
-    CheckpointError, CheckpointStore, MANIFEST_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, SaveReport,
+    CheckpointError, CheckpointStore, MANIFEST_FILE, OPTIMIZER_FILE, Parts, REQUIRED_FILES, STATE_FILE, SaveReport,
     VerifyLevel,
 };
 
@@ -437,11 +437,73 @@ fn failpoints_in_store_source() -> Vec<String> {
 fn every_failpoint_in_the_store_is_exercised() {
     let in_source = failpoints_in_store_source();
     assert!(in_source.len() >= 17, "found only {in_source:?} in store.rs");
-    let mut covered: Vec<String> = COVERED_COMMIT.iter().chain(COVERED_REPLACE).map(|s| s.to_string()).collect();
+    let mut covered: Vec<String> =
+        COVERED_COMMIT.iter().chain(COVERED_REPLACE).chain(COVERED_PARTS).map(|s| s.to_string()).collect();
     covered.sort();
     assert_eq!(covered, in_source, "failpoints in store.rs and the cases here differ");
     covered.dedup();
-    assert_eq!(covered.len(), COVERED_COMMIT.len() + COVERED_REPLACE.len(), "a failpoint is covered twice");
+    let cases = COVERED_COMMIT.len() + COVERED_REPLACE.len() + COVERED_PARTS.len();
+    assert_eq!(covered.len(), cases, "a failpoint is covered twice");
+}
+
+/// The failpoints of a checkpoint written in parts by several ranks (rank
+/// 0's own files go through the commit protocol's, above).
+const COVERED_PARTS: &[&str] = &["checkpoint::part::before_write"];
+
+/// Step 40 saved in parts by two ranks (rank 1 here a thread of this
+/// process, writing into the shared staging directory) while rank 1's part
+/// fails with `fault`: as an error its thread reports (the run goes on), or
+/// as a crash that takes the whole world down (MPI aborts every rank).
+/// Nothing of step 40 may count; the next start removes what was written.
+fn run_parts_case(fault: Fault) {
+    let scenario = fail::FailScenario::setup();
+    let (_tmp, store) = temp_store(KEEP);
+    save_steps(&store, &COMMITTED);
+    let dir = store.dir().to_path_buf();
+    let staging = ".tmp-step-0000000040-ranks-test-0";
+    let part = small_snapshot(NEW_STEP).optimizer;
+    fail::cfg(COVERED_PARTS[0], if fault == Fault::Crash { "panic" } else { "return" }).unwrap();
+    let follower = CheckpointStore::open_read_only(&dir);
+    let mut collect = || {
+        let written = std::thread::scope(|s| s.spawn(|| follower.write_part(staging, 1, 2, NEW_STEP, &part)).join());
+        match written {
+            Ok(entry) => entry.map(|e| vec![e]).map_err(|e| format!("rank 1 could not write its part: {e}")),
+            // Rank 1 died: the launcher ends rank 0 too, in the middle of its save.
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    };
+    let parts = Parts { staging: staging.into(), world: 2, collect: &mut collect };
+    let outcome = catch_unwind(AssertUnwindSafe(|| store.save_with(&small_snapshot(NEW_STEP), Some(parts))));
+    fail::remove(COVERED_PARTS[0]);
+    match (fault, outcome) {
+        (Fault::IoError, Ok(Err(err))) => {
+            assert!(matches!(err, CheckpointError::Parts { step: NEW_STEP, .. }), "{err}");
+            assert!(err.to_string().contains(COVERED_PARTS[0]), "the rank's reason is kept: {err}");
+            assert_eq!(leftovers(&dir), Vec::<String>::new(), "the staging directory is removed");
+        }
+        (Fault::Crash, Err(_panic)) => {
+            assert_eq!(leftovers_with_prefix(&dir, ".tmp-"), vec![staging.to_string()], "a dead world's debris");
+        }
+        (fault, other) => panic!("{fault:?} at {}: {other:?}", COVERED_PARTS[0]),
+    }
+    assert!(!store.step_dir(NEW_STEP).exists(), "nothing of step 40 was committed");
+    let store = CheckpointStore::open(&dir, KEEP).unwrap();
+    assert_eq!(leftovers(&dir), Vec::<String>::new(), "leftovers after reopen");
+    assert_eq!(valid_steps(&store), vec![30, 20, 10]);
+    assert_holds_small_snapshot(&store, 30);
+    store.save(&small_snapshot(NEXT_STEP)).unwrap();
+    assert_eq!(valid_steps(&store), vec![NEXT_STEP, 30, 20]);
+    scenario.teardown();
+}
+
+#[test]
+fn a_rank_whose_part_fails_leaves_no_checkpoint_of_that_step_and_no_staging() {
+    run_parts_case(Fault::IoError);
+}
+
+#[test]
+fn a_rank_that_dies_in_its_part_leaves_only_a_staging_directory_the_next_start_removes() {
+    run_parts_case(Fault::Crash);
 }
 
 #[test]
