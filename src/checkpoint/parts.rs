@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use super::layout::OPTIMIZER_FILE;
-use super::tensor::{HostTensor, TensorSet};
+use super::tensor::{DType, HostTensor, TensorSet};
 
 const PART_PREFIX: &str = "optimizer.rank-";
 const PART_SUFFIX: &str = ".safetensors";
@@ -86,13 +86,18 @@ pub fn assemble(model: &TensorSet, parts: &[TensorSet]) -> Result<TensorSet, Str
     for (param, value) in model {
         for name in [format!("exp_avg.{param}"), format!("exp_avg_sq.{param}")] {
             let pieces: Vec<&HostTensor> = parts.iter().filter_map(|p| p.get(&name)).collect();
+            let elements: usize = value.shape.iter().product();
             let Some(first) = pieces.first() else {
+                if elements == 0 {
+                    // No slice covers a parameter without values.
+                    whole.insert(name, HostTensor::new(DType::F32, value.shape.clone(), Vec::new())?);
+                    continue;
+                }
                 return Err(format!("no rank's part holds `{name}`"));
             };
             if let Some(other) = pieces.iter().find(|p| p.dtype != first.dtype) {
                 return Err(format!("the pieces of `{name}` mix {:?} and {:?}", first.dtype, other.dtype));
             }
-            let elements: usize = value.shape.iter().product();
             let bytes: usize = pieces.iter().map(|p| p.data.len()).sum();
             if bytes != elements * first.dtype.size() {
                 return Err(format!(

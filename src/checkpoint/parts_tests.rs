@@ -85,7 +85,8 @@ fn leftovers(dir: &Path) -> Vec<String> {
 fn three_ranks_parts_commit_as_one_checkpoint_that_loads_as_the_whole_state() {
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-    let staging = ".tmp-step-0000000012-ranks-test-0";
+    let staging = store.new_shared_staging(12, "test").unwrap();
+    let staging = staging.as_str();
     let mut collect = || other_ranks(tmp.path(), staging, 12);
     let parts = Parts { staging: staging.into(), world: 3, collect: &mut collect };
     store.save_with(&snapshot(12, part(0)), Some(parts)).unwrap();
@@ -123,7 +124,8 @@ fn three_ranks_parts_commit_as_one_checkpoint_that_loads_as_the_whole_state() {
 fn a_manifest_without_every_ranks_part_is_no_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-    let staging = ".tmp-step-0000000004-ranks-test-0";
+    let staging = store.new_shared_staging(4, "test").unwrap();
+    let staging = staging.as_str();
     let mut collect = || other_ranks(tmp.path(), staging, 4);
     store
         .save_with(&snapshot(4, part(0)), Some(Parts { staging: staging.into(), world: 3, collect: &mut collect }))
@@ -143,7 +145,8 @@ fn a_rank_that_cannot_write_its_part_leaves_nothing_committed_and_no_staging() {
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(tmp.path(), 3).unwrap();
     store.save(&snapshot(1, whole_moments())).unwrap();
-    let staging = ".tmp-step-0000000002-ranks-test-0";
+    let staging = store.new_shared_staging(2, "test").unwrap();
+    let staging = staging.as_str();
     let mut collect = || {
         // Rank 1 wrote its part, rank 2 failed.
         let follower = CheckpointStore::open_read_only(tmp.path());
@@ -164,7 +167,8 @@ fn a_rank_that_cannot_write_its_part_leaves_nothing_committed_and_no_staging() {
 fn a_save_that_fails_before_the_parts_waits_for_them_then_removes_them() {
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-    let staging = ".tmp-step-0000000003-ranks-test-0";
+    let staging = store.new_shared_staging(3, "test").unwrap();
+    let staging = staging.as_str();
     let mut bad = snapshot(3, part(0));
     bad.model.get_mut("a").unwrap().shape = vec![5];
     let calls = AtomicUsize::new(0);
@@ -188,5 +192,33 @@ fn a_part_is_written_only_into_a_staging_directory_of_the_checkpoints_directory(
         let err = store.write_part(bad, 1, 2, 1, &part(1)).unwrap_err();
         assert!(matches!(err, CheckpointError::Parts { .. }), "{bad:?}: {err}");
     }
+    // Only rank 0 makes the directory: a part late for a save already
+    // committed (or abandoned) has nowhere to go.
+    let err = store.write_part(".tmp-step-0000000001-ranks-x-0", 1, 2, 1, &part(1)).unwrap_err();
+    assert!(err.to_string().contains("is gone"), "{err}");
     assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn rank_0_commits_only_parts_that_are_in_the_staging_directory_as_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+    for (step, lie) in [(5, "size"), (6, "absent")] {
+        let staging = store.new_shared_staging(step, "test").unwrap();
+        let mut collect = || {
+            let mut entries = other_ranks(tmp.path(), &staging, step)?;
+            match lie {
+                "size" => entries[1].bytes += 1,
+                _ => fs::remove_file(tmp.path().join(&staging).join(&entries[0].name)).unwrap(),
+            }
+            Ok(entries)
+        };
+        let parts = Parts { staging: staging.clone(), world: 3, collect: &mut collect };
+        let err = store.save_with(&snapshot(step, part(0)), Some(parts)).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, CheckpointError::Parts { .. }), "{text}");
+        let rank = if lie == "size" { "rank 2" } else { "rank 1" };
+        assert!(text.contains(rank), "{lie}: {text}");
+        assert!(!store.step_dir(step).exists() && leftovers(tmp.path()).is_empty(), "{lie}");
+    }
 }

@@ -202,6 +202,25 @@ impl CheckpointStore {
         Ok(self.dir.join(name))
     }
 
+    /// Makes a new staging directory for a save of `step` in parts, shared
+    /// by every rank of the launch `session`, and returns its name: rank 0
+    /// makes it before it tells the other ranks to write into it, and only
+    /// rank 0 ever makes it ([`write_part`](Self::write_part) does not), so
+    /// a part written late, for a save already committed or abandoned, has
+    /// no directory to land in.
+    pub fn new_shared_staging(&self, step: u64, session: &str) -> Result<String, CheckpointError> {
+        let session: String =
+            session.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+        let name = format!(
+            "{TMP_PREFIX}{}-ranks-{session}-{}",
+            step_dir_name(step),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = self.shared_staging_dir(step, &name)?;
+        fs::create_dir(&dir).map_err(|source| CheckpointError::Write { step, path: dir, source })?;
+        Ok(name)
+    }
+
     /// Writes `part`, this rank's part of the optimizer state of the
     /// checkpoint of `step` (ranks of `world`), into the staging directory
     /// `staging` that every rank of the save shares, hashed as it is
@@ -219,14 +238,14 @@ impl CheckpointStore {
     ) -> Result<ManifestEntry, CheckpointError> {
         let dir = self.shared_staging_dir(step, staging)?;
         check_tensors(step, part)?;
-        let werr = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| CheckpointError::Write { step, path, source }
-        };
-        // Rank 0 or another rank may have made it first.
-        match fs::create_dir(&dir) {
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            other => other.map_err(werr(&dir))?,
+        if !dir.is_dir() {
+            return Err(CheckpointError::Parts {
+                step,
+                reason: format!(
+                    "the staging directory {} is gone: rank 0 committed or abandoned this save already",
+                    dir.display()
+                ),
+            });
         }
         // Tests make one rank's part fail (`=return`) or hang (`=sleep(…)`) here.
         failpoint("checkpoint::part::before_write")?;
@@ -235,7 +254,11 @@ impl CheckpointStore {
         let mut meta = safetensors_metadata(&name, step);
         meta.insert("rank".into(), rank.to_string());
         meta.insert("world_size".into(), world.to_string());
-        let written = write_tensors(&path, part, &meta).map_err(werr(&path))?;
+        let written = write_tensors(&path, part, &meta).map_err(|source| CheckpointError::Write {
+            step,
+            path: path.clone(),
+            source,
+        })?;
         tracing::debug!(file = %name, bytes = written.bytes, mode = ?written.mode, "optimizer part written");
         Ok(ManifestEntry { name, bytes: written.bytes, sha256: written.sha256 })
     }
@@ -460,7 +483,8 @@ impl CheckpointStore {
             let theirs = (parts.collect)().map_err(|reason| CheckpointError::Parts { step, reason })?;
             written_in_parts = Some(PartsWritten { ranks: parts.world, wait_seconds: waiting.elapsed().as_secs_f64() });
             entries.extend(
-                check_part_entries(theirs, parts.world).map_err(|reason| CheckpointError::Parts { step, reason })?,
+                check_part_entries(tmp, theirs, parts.world)
+                    .map_err(|reason| CheckpointError::Parts { step, reason })?,
             );
         }
         let manifest = Manifest {
@@ -688,8 +712,9 @@ fn check_tensors(step: u64, set: &TensorSet) -> Result<(), CheckpointError> {
 }
 
 /// The entries the other ranks reported for their parts: one per rank 1..world,
-/// in rank order, each naming that rank's part.
-fn check_part_entries(theirs: Vec<ManifestEntry>, world: usize) -> Result<Vec<ManifestEntry>, String> {
+/// in rank order, each naming that rank's part, which is in `staging` with
+/// the size reported (its hash was computed as it was written and fsynced).
+fn check_part_entries(staging: &Path, theirs: Vec<ManifestEntry>, world: usize) -> Result<Vec<ManifestEntry>, String> {
     if theirs.len() + 1 != world {
         return Err(format!("{} of the {} other ranks reported a part", theirs.len(), world - 1));
     }
@@ -697,6 +722,19 @@ fn check_part_entries(theirs: Vec<ManifestEntry>, world: usize) -> Result<Vec<Ma
         let expected = optimizer_part_name(i + 1, world);
         if entry.name != expected {
             return Err(format!("rank {} reported `{}` instead of `{expected}`", i + 1, entry.name));
+        }
+        match fs::symlink_metadata(staging.join(&entry.name)) {
+            Ok(m) if m.file_type().is_file() && m.len() == entry.bytes => {}
+            Ok(m) => {
+                return Err(format!(
+                    "rank {}'s part in {} is not the plain file of {} bytes it reported ({} bytes)",
+                    i + 1,
+                    staging.display(),
+                    entry.bytes,
+                    m.len()
+                ));
+            }
+            Err(e) => return Err(format!("rank {}'s part is not in {}: {e}", i + 1, staging.display())),
         }
     }
     Ok(theirs)

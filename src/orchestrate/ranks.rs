@@ -72,6 +72,9 @@ pub enum Lead {
 /// A rank's part of a checkpoint, written (or not).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PartDone {
+    /// The save it belongs to: its staging directory (one per save; a
+    /// step may be saved twice, by a save abandoned and the one after).
+    pub staging: String,
     pub step: u64,
     /// The part's manifest entry, when it was written.
     pub entry: Option<ManifestEntry>,
@@ -198,15 +201,13 @@ impl Leader {
     }
 
     /// Before the leader snapshots a sharded optimizer for the checkpoint
-    /// of `step`: every follower writes its part of it into the staging
-    /// directory this returns (a name in the checkpoints directory, new for
-    /// every save), and reports it in a later round ([`take_parts`](Self::take_parts)).
-    pub fn snapshot(&self, stop: &StopFlag, step: u64) -> Result<String, RunError> {
-        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let session: String =
-            self.session.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
-        let staging = format!(".tmp-{}-ranks-{session}-{n}", crate::checkpoint::step_dir_name(step));
+    /// of `step`: makes a new staging directory in `checkpoints`, into
+    /// which every follower writes its part (reported in a later round,
+    /// [`take_parts`](Self::take_parts)); returns its name. Only the leader
+    /// makes it, so a follower late with a part of a save already
+    /// committed or abandoned finds no directory to write into.
+    pub fn snapshot(&self, stop: &StopFlag, checkpoints: &CheckpointStore, step: u64) -> Result<String, RunError> {
+        let staging = checkpoints.new_shared_staging(step, &self.session)?;
         self.round(stop, Lead::Snapshot { step, staging: staging.clone() })?;
         Ok(staging)
     }
@@ -257,7 +258,10 @@ pub fn follow(
         match lead_of(&reports)? {
             Lead::Hello { .. } => return Err(RunError::Ranks { what: "rank 0 said hello twice".into() }),
             Lead::End { code } => {
-                writer.finish();
+                // Rank 0 waited for every part it commits: one still being
+                // written belongs to a save it abandoned (the next start
+                // removes what it leaves).
+                writer.abandon();
                 return Ok(Outcome::from_code(code));
             }
             Lead::Snapshot { step, staging } => {
@@ -329,71 +333,83 @@ struct PartJob {
 }
 
 /// A follower's writes of its checkpoint parts, each on a thread of its
-/// own while training goes on; finished ones are reported at the next round.
+/// own while training goes on; finished ones are reported at the next
+/// round. Nothing here waits for a write: a rank that did would miss the
+/// rounds, and every other rank would wait for it in them.
 struct PartWriter {
     store: CheckpointStore,
-    in_flight: Option<(u64, JoinHandle<PartDone>)>,
+    in_flight: Vec<(PartJob, JoinHandle<PartDone>)>,
     done: Vec<PartDone>,
 }
 
 impl PartWriter {
     fn new(store: CheckpointStore) -> PartWriter {
-        PartWriter { store, in_flight: None, done: Vec::new() }
+        PartWriter { store, in_flight: Vec::new(), done: Vec::new() }
     }
 
     /// Starts writing `part` (or reports at once why there is none).
     fn start(&mut self, job: PartJob, part: Result<TensorSet, String>) {
-        // One at a time: rank 0 starts a save only once the last one is over.
-        self.finish();
-        let step = job.step;
+        let failed = |job: &PartJob, error: String| PartDone {
+            staging: job.staging.clone(),
+            step: job.step,
+            entry: None,
+            error: Some(error),
+        };
         let part = match part {
             Ok(part) => part,
-            Err(error) => {
-                self.done.push(PartDone { step, entry: None, error: Some(error) });
-                return;
-            }
+            Err(error) => return self.done.push(failed(&job, error)),
         };
+        // Rank 0 starts a save once every rank reported the last one, unless
+        // it abandoned that one: then a write still in flight here is stuck.
+        if let Some((stuck, _)) = self.in_flight.iter().find(|(_, h)| !h.is_finished()) {
+            let error = format!("this rank's part of step {} is still being written", stuck.step);
+            return self.done.push(failed(&job, error));
+        }
         let store = self.store.clone();
+        let (staging, step, rank, world) = (job.staging.clone(), job.step, job.rank, job.world);
         let spawned = std::thread::Builder::new().name("rekindle-part".into()).spawn(move || {
-            match store.write_part(&job.staging, job.rank, job.world, job.step, &part) {
-                Ok(entry) => PartDone { step, entry: Some(entry), error: None },
-                Err(e) => {
-                    tracing::error!(step, error = %e, "could not write this rank's part of the checkpoint");
-                    PartDone { step, entry: None, error: Some(e.to_string()) }
-                }
+            let written = store.write_part(&staging, rank, world, step, &part);
+            if let Err(e) = &written {
+                tracing::error!(step, error = %e, "could not write this rank's part of the checkpoint");
             }
+            let (entry, error) = match written {
+                Ok(entry) => (Some(entry), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            PartDone { staging, step, entry, error }
         });
         match spawned {
-            Ok(handle) => self.in_flight = Some((step, handle)),
-            Err(e) => self.done.push(PartDone {
-                step,
-                entry: None,
-                error: Some(format!("cannot start a thread to write it: {e}")),
-            }),
+            Ok(handle) => self.in_flight.push((job, handle)),
+            Err(e) => {
+                let error = format!("cannot start a thread to write it: {e}");
+                self.done.push(failed(&job, error));
+            }
         }
     }
 
     /// The parts finished since the last call (without waiting).
     fn finished(&mut self) -> Vec<PartDone> {
-        if self.in_flight.as_ref().is_some_and(|(_, h)| h.is_finished()) {
-            self.join();
-        }
-        std::mem::take(&mut self.done)
-    }
-
-    /// Waits for the part in flight, if any.
-    fn finish(&mut self) {
-        self.join();
-    }
-
-    fn join(&mut self) {
-        if let Some((step, handle)) = self.in_flight.take() {
+        let (over, running): (Vec<_>, Vec<_>) = self.in_flight.drain(..).partition(|(_, h)| h.is_finished());
+        self.in_flight = running;
+        for (job, handle) in over {
             let done = handle.join().unwrap_or_else(|panic| PartDone {
-                step,
+                staging: job.staging,
+                step: job.step,
                 entry: None,
                 error: Some(format!("the thread writing it panicked: {}", panic_message(&panic))),
             });
             self.done.push(done);
+        }
+        std::mem::take(&mut self.done)
+    }
+
+    /// Leaves the writes in flight to end with the process.
+    fn abandon(&mut self) {
+        for (job, _) in self.in_flight.drain(..) {
+            tracing::warn!(
+                step = job.step,
+                "the run ends while this rank's part of an abandoned checkpoint is written"
+            );
         }
     }
 }
@@ -406,26 +422,43 @@ fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic payload".to_string())
 }
 
-/// The leader's collection of the parts of the checkpoint of one step:
-/// complete once every follower (ranks 1 .. world) reported.
+/// The leader's collection of the parts of one save (its staging
+/// directory): complete once every follower (ranks 1 .. world) reported.
 #[derive(Debug)]
 pub struct PartsInbox {
-    step: u64,
+    staging: String,
     world: usize,
     got: BTreeMap<usize, PartDone>,
 }
 
 impl PartsInbox {
-    pub fn new(step: u64, world: usize) -> PartsInbox {
-        PartsInbox { step, world, got: BTreeMap::new() }
+    pub fn new(staging: &str, world: usize) -> PartsInbox {
+        PartsInbox { staging: staging.to_string(), world, got: BTreeMap::new() }
     }
 
-    /// Takes the reports of this step's parts (others are stale: a save
-    /// that was abandoned); returns, once every follower reported, their
-    /// entries in rank order, or the first rank's error.
+    /// The followers that have not reported yet.
+    pub fn missing(&self) -> Vec<usize> {
+        (1..self.world).filter(|r| !self.got.contains_key(r)).collect()
+    }
+
+    /// Why waiting longer than `waited` for the missing parts was given up.
+    pub fn overdue(&self, waited: Duration) -> String {
+        let ranks: Vec<String> = self.missing().iter().map(ToString::to_string).collect();
+        format!(
+            "rank(s) {} did not report their part within {:.0} s ([distributed] timeout): their storage or \
+             the rank is stuck",
+            ranks.join(", "),
+            waited.as_secs_f64()
+        )
+    }
+
+    /// Takes the reports of this save's parts (others are stale: a save
+    /// that was abandoned, even of the same step); returns, once every
+    /// follower reported, their entries in rank order, or the first rank's
+    /// error.
     pub fn add(&mut self, parts: Vec<(usize, PartDone)>) -> Option<Result<Vec<ManifestEntry>, String>> {
         for (rank, part) in parts {
-            if part.step == self.step && (1..self.world).contains(&rank) {
+            if part.staging == self.staging && (1..self.world).contains(&rank) {
                 self.got.insert(rank, part);
             }
         }
@@ -462,16 +495,19 @@ mod tests {
             bytes: 10,
             sha256: "a".repeat(64),
         };
-        let done = |step, rank| PartDone { step, entry: Some(entry(rank)), error: None };
-        let mut inbox = PartsInbox::new(20, 3);
-        assert_eq!(inbox.add(vec![(2, done(20, 2)), (1, done(10, 1))]), None, "a stale part does not count");
-        assert_eq!(inbox.add(vec![(1, done(20, 1))]), Some(Ok(vec![entry(1), entry(2)])), "in rank order");
+        let done =
+            |staging: &str, rank| PartDone { staging: staging.into(), step: 20, entry: Some(entry(rank)), error: None };
+        let mut inbox = PartsInbox::new(".tmp-b", 3);
+        // A part of an abandoned save of the same step does not count.
+        assert_eq!(inbox.add(vec![(2, done(".tmp-b", 2)), (1, done(".tmp-a", 1))]), None);
+        assert_eq!(inbox.add(vec![(1, done(".tmp-b", 1))]), Some(Ok(vec![entry(1), entry(2)])), "in rank order");
 
-        let mut failed = PartsInbox::new(20, 3);
-        let broken = PartDone { step: 20, entry: None, error: Some("disk full".into()) };
-        let verdict = failed.add(vec![(1, done(20, 1)), (2, broken)]).unwrap().unwrap_err();
+        let mut failed = PartsInbox::new(".tmp-b", 3);
+        let broken = PartDone { staging: ".tmp-b".into(), step: 20, entry: None, error: Some("disk full".into()) };
+        let verdict = failed.add(vec![(1, done(".tmp-b", 1)), (2, broken)]).unwrap().unwrap_err();
         assert!(verdict.contains("rank 2") && verdict.contains("disk full"), "{verdict}");
-        assert_eq!(PartsInbox::new(5, 1).add(Vec::new()), Some(Ok(Vec::new())), "a world of one has no followers");
+        let alone = PartsInbox::new(".tmp-c", 1).add(Vec::new());
+        assert_eq!(alone, Some(Ok(Vec::new())), "a world of one has no followers");
     }
 
     #[test]

@@ -190,7 +190,8 @@ fn the_parts_of_sharded_ranks_saved_as_one_checkpoint_load_as_the_unsharded_stat
     let sharded = sharded_ranks_with_parts(&cfg, 3, 2, None);
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-    let staging = ".tmp-step-0000000002-ranks-test-0";
+    let staging = store.new_shared_staging(2, "test").unwrap();
+    let staging = staging.as_str();
     let mut collect = || -> Result<Vec<_>, String> {
         let follower = CheckpointStore::open_read_only(tmp.path());
         (1..3).map(|r| follower.write_part(staging, r, 3, 2, &sharded[r].2).map_err(|e| e.to_string())).collect()

@@ -460,7 +460,8 @@ fn run_parts_case(fault: Fault) {
     let (_tmp, store) = temp_store(KEEP);
     save_steps(&store, &COMMITTED);
     let dir = store.dir().to_path_buf();
-    let staging = ".tmp-step-0000000040-ranks-test-0";
+    let staging = store.new_shared_staging(NEW_STEP, "test").unwrap();
+    let staging = staging.as_str();
     let part = small_snapshot(NEW_STEP).optimizer;
     fail::cfg(COVERED_PARTS[0], if fault == Fault::Crash { "panic" } else { "return" }).unwrap();
     let follower = CheckpointStore::open_read_only(&dir);

@@ -145,7 +145,7 @@ impl Attempt {
             if let Some(auto) = &mut self.auto_interval {
                 auto.slowdown.save_started();
             }
-            self.parts_inbox = parts.as_ref().map(|p| PartsInbox::new(step, p.world));
+            self.parts_inbox = parts.as_ref().map(|p| PartsInbox::new(&p.staging, p.world));
             match self.persister.submit(snapshot, stall, parts) {
                 Ok(()) => Ok(()),
                 Err(died) => self.on_persister_death(died),
@@ -170,9 +170,12 @@ impl Attempt {
     /// other ranks reported theirs (rounds with them until they did).
     fn save_snapshot(&self, snapshot: &Snapshot, parts: Option<InParts>) -> Result<SaveReport, CheckpointError> {
         let (Some(parts), Some(leader)) = (parts, &self.leader) else { return self.store.save(snapshot) };
-        let mut collect = || collect_parts(leader, &self.stop, snapshot.step, parts.world);
-        self.store
-            .save_with(snapshot, Some(Parts { staging: parts.staging, world: parts.world, collect: &mut collect }))
+        let timeout = self.cfg.distributed.timeout;
+        let mut collect = || collect_parts(leader, &self.stop, snapshot.step, &parts.staging, parts.world, timeout);
+        self.store.save_with(
+            snapshot,
+            Some(Parts { staging: parts.staging.clone(), world: parts.world, collect: &mut collect }),
+        )
     }
 
     /// Hands the parts the other ranks reported to the persister, once every
@@ -189,6 +192,7 @@ impl Attempt {
     /// other ranks' reports, which come only in rounds: until they are in,
     /// this makes rounds in which no rank trains.
     fn wait_persister(&mut self) -> Result<Option<Persisted>, PersisterDied> {
+        let waiting = Instant::now();
         while self.persister.awaits_parts() {
             let round = match &self.leader {
                 Some(leader) => {
@@ -196,9 +200,15 @@ impl Attempt {
                 }
                 None => Err("no other rank to report them".to_string()),
             };
-            if let Err(e) = round {
+            let overdue = waiting.elapsed() > self.cfg.distributed.timeout;
+            let given_up = match (round, &self.parts_inbox) {
+                (Err(e), _) => Some(format!("the ranks could not agree: {e}")),
+                (Ok(()), Some(inbox)) if overdue => Some(inbox.overdue(waiting.elapsed())),
+                _ => None,
+            };
+            if let Some(reason) = given_up {
                 self.parts_inbox = None;
-                self.persister.deliver(Err(format!("the ranks could not agree: {e}")));
+                self.persister.deliver(Err(reason));
                 break;
             }
             self.forward_parts();
@@ -344,7 +354,7 @@ impl Attempt {
         let step = self.trainer.step();
         let parts = match &self.leader {
             Some(leader) if self.trainer.optimizer_shard().is_some() => {
-                let staging = leader.snapshot(&self.stop, step)?;
+                let staging = leader.snapshot(&self.stop, &self.store, step)?;
                 Some(InParts { staging, world: self.trainer.rank_and_size().1 })
             }
             _ => None,
@@ -505,15 +515,26 @@ impl Attempt {
 /// Between two rounds of a leader waiting for the other ranks' parts.
 const PARTS_PAUSE: Duration = Duration::from_millis(5);
 
-/// The other ranks' entries for the checkpoint of `step`, written in parts
-/// by a world of `world`: rounds in which no rank trains, until every
-/// follower reported its part (or a round fails).
-fn collect_parts(leader: &Leader, stop: &StopFlag, step: u64, world: usize) -> PartEntries {
-    let mut inbox = PartsInbox::new(step, world);
+/// The other ranks' entries for the save of `step` into `staging`, written
+/// in parts by a world of `world`: rounds in which no rank trains, until
+/// every follower reported its part, a round fails, or `timeout` passed.
+fn collect_parts(
+    leader: &Leader,
+    stop: &StopFlag,
+    step: u64,
+    staging: &str,
+    world: usize,
+    timeout: Duration,
+) -> PartEntries {
+    let mut inbox = PartsInbox::new(staging, world);
+    let waiting = Instant::now();
     loop {
         leader.tick(stop, false, step).map_err(|e| format!("the ranks could not agree: {e}"))?;
         if let Some(entries) = inbox.add(leader.take_parts()) {
             return entries;
+        }
+        if waiting.elapsed() > timeout {
+            return Err(inbox.overdue(waiting.elapsed()));
         }
         std::thread::sleep(PARTS_PAUSE);
     }
