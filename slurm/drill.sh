@@ -50,10 +50,13 @@
 #               checkpoint, the job is requeued, resumes over two ranks and
 #               finishes byte-identical to two ranks never stopped (mpirun).
 #   dp-preempt  two ranks on one node (`sbatch -N1 -n2 --overcommit`: the local
-#               nodes have one CPU each) preempted as in preempt: both ranks
+#               nodes have one CPU each) with a sharded optimizer
+#               (`distributed.shard_optimizer=true`: each rank writes its own
+#               part of every checkpoint) preempted as in preempt: both ranks
 #               checkpoint the same step within GraceTime, SLURM requeues the
-#               job, it resumes over two ranks on the other node, byte-identical
-#               to two ranks never stopped.
+#               job, it resumes over two ranks on the other node, identical to
+#               two (unsharded) ranks never stopped, the optimizer's parts
+#               joined.
 #   dp-nodeloss two ranks on two nodes; the node of rank 1 loses its slurmd and
 #               its processes (SIGKILL). Rank 0 finds rank 1 silent within
 #               `[distributed] timeout` (10 s here), records `rank_lost` and
@@ -390,7 +393,16 @@ preempt_drill() {
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
 drill_preempt() { preempt_drill; }
-drill_dp-preempt() { preempt_drill -N1 -n2 --overcommit; }
+# With a sharded optimizer (ZeRO-1): each rank writes its own part of every
+# checkpoint, also of the one at preemption; drill_check.py joins the parts
+# to compare with the unsharded reference.
+drill_dp-preempt() {
+    RUN_EXTRA=(--set distributed.shard_optimizer=true)
+    preempt_drill -N1 -n2 --overcommit
+    local rc=$?
+    RUN_EXTRA=()
+    return $rc
+}
 
 # SLURM checks time limits (and sends --signal warnings) on a 30 s tick of the
 # controller. A probe job learns when the tick falls (its warning is due at

@@ -71,6 +71,40 @@ def same_bytes(a, b):
         return False
 
 
+def tensors(path):
+    """A safetensors file's tensors: name -> (dtype, shape, bytes); {} if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+    except (OSError, ValueError):
+        return {}
+    body = data[8 + n:]
+    return {name: (t["dtype"], t["shape"], body[t["data_offsets"][0]:t["data_offsets"][1]])
+            for name, t in header.items() if name != "__metadata__"}
+
+
+def optimizer_state(step_dir):
+    """The optimizer state of a checkpoint, name -> (dtype, shape, bytes): from
+    optimizer.safetensors, or, for a sharded optimizer, each moment's pieces
+    joined in rank order from optimizer.rank-<r>-of-<n>.safetensors, with its
+    parameter's shape (docs/checkpoint-format.md, Optimizer state in parts)."""
+    whole = os.path.join(step_dir, "optimizer.safetensors")
+    if os.path.exists(whole):
+        return tensors(whole)
+    parts = sorted(f for f in os.listdir(step_dir) if f.startswith("optimizer.rank-")) if os.path.isdir(step_dir) else []
+    if not parts:
+        return {}
+    pieces = [tensors(os.path.join(step_dir, f)) for f in parts]
+    state = {}
+    for param, (_, shape, _) in tensors(os.path.join(step_dir, "model.safetensors")).items():
+        for name in (f"exp_avg.{param}", f"exp_avg_sq.{param}"):
+            held = [p[name] for p in pieces if name in p]
+            state[name] = (held[0][0] if held else None, shape, b"".join(t[2] for t in held))
+    return state
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--drill", required=True)
@@ -152,10 +186,14 @@ def main():
               f"Restarts={a.restarts}, attempts={len(attempts)}")
         step_name = f"step-{a.max_steps:010d}"
         if a.reference:
-            same = all(same_bytes(os.path.join(a.run, "checkpoints", step_name, f),
-                                  os.path.join(a.reference, "checkpoints", step_name, f))
-                       for f in ("model.safetensors", "optimizer.safetensors"))
-            check("model and optimizer byte-identical to the uninterrupted run", same, step_name)
+            ours, theirs = (os.path.join(d, "checkpoints", step_name) for d in (a.run, a.reference))
+            model = same_bytes(os.path.join(ours, "model.safetensors"), os.path.join(theirs, "model.safetensors"))
+            # A sharded optimizer's state is in one part per rank: compared as joined.
+            state = optimizer_state(ours)
+            same = model and bool(state) and state == optimizer_state(theirs)
+            parts = sum(f.startswith("optimizer.rank-") for f in os.listdir(ours)) if os.path.isdir(ours) else 0
+            check("model and optimizer byte-identical to the uninterrupted run", same,
+                  step_name + (f" (optimizer in {parts} parts, joined)" if parts else ""))
         # Every resume starts exactly where the previous attempt's newest durable checkpoint is.
         for r in resumes:
             prev_saved = [s for i, s in saved if i == r["attempt"] - 1]
