@@ -171,9 +171,14 @@ impl Leader {
         Ok(reports)
     }
 
-    /// The parts the followers reported since the last call, with their ranks.
-    pub fn take_parts(&self) -> Vec<(usize, PartDone)> {
-        std::mem::take(&mut *self.parts.lock().unwrap_or_else(PoisonError::into_inner))
+    /// The parts of the save into `staging` that the followers reported
+    /// and nobody took yet, with their ranks. Those of other saves stay (a
+    /// save on this thread beside one in the background takes only its own).
+    pub fn take_parts(&self, staging: &str) -> Vec<(usize, PartDone)> {
+        let mut parts = self.parts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mine, others) = std::mem::take(&mut *parts).into_iter().partition(|(_, p)| p.staging == staging);
+        *parts = others;
+        mine
     }
 
     pub fn world(&self) -> &SharedWorld {
@@ -434,6 +439,11 @@ pub struct PartsInbox {
 impl PartsInbox {
     pub fn new(staging: &str, world: usize) -> PartsInbox {
         PartsInbox { staging: staging.to_string(), world, got: BTreeMap::new() }
+    }
+
+    /// The staging directory of the save it collects.
+    pub fn staging(&self) -> &str {
+        &self.staging
     }
 
     /// The followers that have not reported yet.

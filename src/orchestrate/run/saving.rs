@@ -182,15 +182,16 @@ impl Attempt {
     /// rank's part of the checkpoint it is writing is in.
     pub(super) fn forward_parts(&mut self) {
         let (Some(leader), Some(inbox)) = (&self.leader, &mut self.parts_inbox) else { return };
-        if let Some(entries) = inbox.add(leader.take_parts()) {
+        if let Some(entries) = inbox.add(leader.take_parts(inbox.staging())) {
             self.parts_inbox = None;
             self.persister.deliver(entries);
         }
     }
 
     /// Waits for the save in flight, if any. One written in parts needs the
-    /// other ranks' reports, which come only in rounds: until they are in,
-    /// this makes rounds in which no rank trains.
+    /// other ranks' reports, which come only in rounds: until they are in
+    /// (at most `[distributed] timeout`), this makes rounds in which no rank
+    /// trains.
     fn wait_persister(&mut self) -> Result<Option<Persisted>, PersisterDied> {
         let waiting = Instant::now();
         while self.persister.awaits_parts() {
@@ -530,7 +531,7 @@ fn collect_parts(
     let waiting = Instant::now();
     loop {
         leader.tick(stop, false, step).map_err(|e| format!("the ranks could not agree: {e}"))?;
-        if let Some(entries) = inbox.add(leader.take_parts()) {
+        if let Some(entries) = inbox.add(leader.take_parts(staging)) {
             return entries;
         }
         if waiting.elapsed() > timeout {
