@@ -537,6 +537,82 @@ fn a_rank_killed_while_writing_its_part_leaves_no_partial_checkpoint_and_the_run
 }
 
 #[test]
+fn a_sharded_world_whose_background_save_is_stuck_gets_a_hang_checkpoint_written_in_parts() {
+    let Some(()) = requires::mpi() else { return };
+    let watched = training(10_000_000)
+        .set("distributed.shard_optimizer=true")
+        .set("watchdog.save=\"2s\"")
+        .set("signals.grace=\"20s\"")
+        .set("signals.safety_margin=\"5s\"");
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    // Rank 0's first background save (step 10) commits; the next never
+    // starts writing, while the other rank's part of it is written and
+    // reported. The watchdog then has the training thread write the last
+    // completed step beside it: a second save in parts, with its own
+    // staging directory and reports.
+    let mut cmd = watched.command(&run_dir, &[]);
+    cmd.env("FAILPOINTS", "persist::before_save=1*off->sleep(600000)");
+    let started = Instant::now();
+    let out = mpirun_command(2, cmd, &[]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(EXIT_STOPPED), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(90), "took {:?}", started.elapsed());
+    let hang = events_named(&run_dir, "hang").pop().expect("a hang event");
+    assert_eq!((&hang["activity"], &hang["thread"]), (&"save".into(), &"persister".into()), "{hang}");
+    let saved = events_named(&run_dir, "checkpoint_saved").pop().unwrap();
+    assert_eq!((&saved["kind"], &saved["optimizer_parts"]), (&"hang".into(), &2.into()), "{saved}");
+    let step = saved["step"].as_u64().unwrap();
+    assert!(step > hang["step"].as_u64().unwrap(), "{saved} after {hang}");
+    assert_eq!(checkpoint_steps(&run_dir).last(), Some(&step));
+    let (code, verified) = verify(&run_dir);
+    assert_eq!(code, Some(0), "{verified}");
+    // And it is the state two unsharded ranks reach at that step.
+    let reference = tmp.path().join("reference");
+    run_ranks(&training(10_000_000), 2, &reference, &["--stop-at-step", &step.to_string()], EXIT_STOPPED);
+    assert_same_checkpoint(&run_dir, &reference, step);
+}
+
+#[test]
+fn a_rank_whose_part_hangs_does_not_hang_the_world_the_watchdog_ends_it_resumable() {
+    let Some(()) = requires::mpi() else { return };
+    let watched = training(10_000_000)
+        .set("distributed.shard_optimizer=true")
+        .set("watchdog.save=\"2s\"")
+        .set("signals.grace=\"20s\"")
+        .set("signals.safety_margin=\"5s\"");
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    // Rank 1 writes its part of step 10, then hangs in the next: rank 0's
+    // save waits for it until the watchdog finds the save stuck. The hang
+    // checkpoint beside it needs rank 1's part too, which rank 1 refuses at
+    // once (its last one is still being written) instead of waiting for it
+    // and missing the rounds: the world ends with step 10, exit 75.
+    let cmd = watched.command(&run_dir, &[]);
+    let started = Instant::now();
+    let out = mpirun_failing_on(2, cmd, 1, "checkpoint::part::before_write=1*off->sleep(600000)").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(EXIT_STOPPED), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(90), "took {:?}", started.elapsed());
+    let hang = events_named(&run_dir, "hang").pop().expect("a hang event");
+    assert_eq!((&hang["activity"], &hang["thread"]), (&"save".into(), &"persister".into()), "{hang}");
+    let failed = events_named(&run_dir, "checkpoint_failed").pop().expect("the hang checkpoint failed");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("rank 1") && error.contains("still being written"), "{failed}");
+    assert_eq!(checkpoint_steps(&run_dir), vec![10]);
+    let (code, verified) = verify(&run_dir);
+    assert_eq!(code, Some(0), "{verified}");
+    run_ranks(
+        &training(10_000_000).set("distributed.shard_optimizer=true"),
+        2,
+        &run_dir,
+        &["--stop-at-step", "13"],
+        EXIT_STOPPED,
+    );
+    assert_eq!(events_named(&run_dir, "resume").pop().expect("a resume")["step"], 10);
+}
+
+#[test]
 fn of_three_ranks_one_stopped_is_recorded_once_by_rank_0_while_rank_1_waits_for_its_abort() {
     let Some(()) = requires::mpi() else { return };
     const TIMEOUT_S: u64 = 2;
