@@ -612,6 +612,36 @@ fn a_rank_whose_part_hangs_does_not_hang_the_world_the_watchdog_ends_it_resumabl
     assert_eq!(events_named(&run_dir, "resume").pop().expect("a resume")["step"], 10);
 }
 
+/// The Python of docs/checkpoint-format.md that joins a sharded checkpoint's
+/// optimizer parts: the block after "In Python (the moments of a sharded".
+fn joining_snippet() -> String {
+    let doc = include_str!("../../docs/checkpoint-format.md");
+    let after = doc.split("In Python (the moments of a sharded").nth(1).expect("the snippet's paragraph");
+    let block = after.split("```python\n").nth(1).and_then(|b| b.split("```").next());
+    block.expect("a python block").to_string()
+}
+
+#[test]
+fn the_documented_python_joins_a_sharded_checkpoints_parts_into_the_unsharded_moments() {
+    let Some(()) = requires::mpi() else { return };
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (sharded, plain) = (tmp.path().join("sharded"), tmp.path().join("plain"));
+    run_ranks(&training(10).set("distributed.shard_optimizer=true"), 2, &sharded, &[], EXIT_DONE);
+    run_ranks(&training(10), 2, &plain, &[], EXIT_DONE);
+    let snippet =
+        joining_snippet().replace("runs/tiny/checkpoints/step-0000000200", &step_dir(&sharded, 10).to_string_lossy());
+    let check = format!(
+        "{snippet}\nref = load_file({:?})\nassert sorted(ref) == sorted(optimizer), (sorted(ref), sorted(optimizer))\n\
+         assert all(np.array_equal(ref[k], optimizer[k]) for k in ref)\nprint(len(parts), len(optimizer))\n",
+        step_dir(&plain, 10).join("optimizer.safetensors").to_string_lossy()
+    );
+    let out = Command::new("python3").args(["-c", &check]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{check}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.split_whitespace().next(), Some("2"), "two parts joined: {stdout}");
+}
+
 #[test]
 fn of_three_ranks_one_stopped_is_recorded_once_by_rank_0_while_rank_1_waits_for_its_abort() {
     let Some(()) = requires::mpi() else { return };
