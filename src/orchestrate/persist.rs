@@ -180,13 +180,17 @@ impl Persister {
         // A save waiting for the other ranks' entries gives up on them.
         self.parts.take();
         let payload = self.handle.take()?.join().err()?;
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic payload".to_string());
-        Some(format!("panicked: {message}"))
+        Some(format!("panicked: {}", panic_message(&payload)))
     }
+}
+
+/// The message of a thread's panic, as `join` returns it.
+pub(super) fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic payload".to_string())
 }
 
 type Started = (SyncSender<Job>, Receiver<Persisted>, JoinHandle<()>);

@@ -46,6 +46,7 @@ use crate::exit::Outcome;
 use crate::train::{Registry, StepResult, Trainer};
 
 use super::error::RunError;
+use super::persist::panic_message;
 use super::rank_watch::Pulse;
 use super::stop::{StopFlag, StopReason};
 
@@ -417,14 +418,6 @@ impl PartWriter {
             );
         }
     }
-}
-
-fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic payload".to_string())
 }
 
 /// The leader's collection of the parts of one save (its staging

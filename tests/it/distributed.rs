@@ -536,14 +536,20 @@ fn a_rank_killed_while_writing_its_part_leaves_no_partial_checkpoint_and_the_run
     assert_same_checkpoint(&run_dir, &reference, 17);
 }
 
-#[test]
-fn a_sharded_world_whose_background_save_is_stuck_gets_a_hang_checkpoint_written_in_parts() {
-    let Some(()) = requires::mpi() else { return };
-    let watched = training(10_000_000)
+/// A long sharded run checkpointing every 10 steps whose saves the watchdog
+/// finds stuck after 2 s, with a short grace (the hang checkpoint's budget).
+fn watched_sharded() -> Training {
+    training(10_000_000)
         .set("distributed.shard_optimizer=true")
         .set("watchdog.save=\"2s\"")
         .set("signals.grace=\"20s\"")
-        .set("signals.safety_margin=\"5s\"");
+        .set("signals.safety_margin=\"5s\"")
+}
+
+#[test]
+fn a_sharded_world_whose_background_save_is_stuck_gets_a_hang_checkpoint_written_in_parts() {
+    let Some(()) = requires::mpi() else { return };
+    let watched = watched_sharded();
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     // Rank 0's first background save (step 10) commits; the next never
@@ -576,11 +582,7 @@ fn a_sharded_world_whose_background_save_is_stuck_gets_a_hang_checkpoint_written
 #[test]
 fn a_rank_whose_part_hangs_does_not_hang_the_world_the_watchdog_ends_it_resumable() {
     let Some(()) = requires::mpi() else { return };
-    let watched = training(10_000_000)
-        .set("distributed.shard_optimizer=true")
-        .set("watchdog.save=\"2s\"")
-        .set("signals.grace=\"20s\"")
-        .set("signals.safety_margin=\"5s\"");
+    let watched = watched_sharded();
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     // Rank 1 writes its part of step 10, then hangs in the next: rank 0's
