@@ -15,9 +15,11 @@
 //! with the same element-wise arithmetic as the whole tensor, and the
 //! updated slices are all-gathered into every rank's parameters
 //! ([`AdamW::step_sharded`]), so the parameters are bit for bit those of
-//! the unsharded optimizer. The checkpointed state is the whole one
-//! ([`AdamW::state_gathered`]), so a checkpoint does not depend on sharding
-//! or world size.
+//! the unsharded optimizer. At a checkpoint each rank writes its pieces
+//! ([`AdamW::state_shared`] without a gather: its part, `checkpoint::parts`),
+//! and loading joins them into the whole state, so what a checkpoint holds
+//! does not depend on sharding or world size ([`AdamW::state_gathered`]
+//! gathers the whole state in memory, for every rank at once).
 
 use std::collections::BTreeMap;
 
