@@ -484,8 +484,11 @@ fn a_rank_that_cannot_write_its_part_fails_that_checkpoint_alone_and_the_run_goe
     let error = failed[0]["error"].as_str().unwrap();
     assert_eq!(failed[0]["step"], 10);
     assert!(error.contains("rank 1 could not write its part") && error.contains("nothing was committed"), "{error}");
+    // The next periodic save commits: at step 20, or a little later when
+    // rank 0's persister is still busy then (a loaded machine defers it).
     let kept = checkpoint_steps(&run_dir);
-    assert!(!kept.contains(&10) && kept.contains(&20) && kept.contains(&30), "{kept:?}");
+    let periodic_after = kept.iter().any(|s| (20..30).contains(s));
+    assert!(!kept.contains(&10) && periodic_after && kept.contains(&30), "{kept:?}");
     assert!(staging_dirs(&run_dir).is_empty(), "{:?}", staging_dirs(&run_dir));
     let (code, out) = verify(&run_dir);
     assert_eq!(code, Some(0), "{out}");
@@ -501,7 +504,8 @@ fn a_rank_killed_while_writing_its_part_leaves_no_partial_checkpoint_and_the_run
     let sharded = training(100_000).set("distributed.shard_optimizer=true");
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
-    // Rank 1 writes its first part, then hangs in the second (step 20).
+    // Rank 1 writes its first part, then hangs in the second (step 20, or
+    // a little later when a loaded machine defers that periodic save).
     let cmd = sharded.command(&run_dir, &[]);
     let mut child = mpirun_failing_on(2, cmd, 1, "checkpoint::part::before_write=1*off->sleep(60000)")
         .stdout(Stdio::null())
@@ -509,10 +513,11 @@ fn a_rank_killed_while_writing_its_part_leaves_no_partial_checkpoint_and_the_run
         .spawn()
         .unwrap();
     let t0 = Instant::now();
-    let started_20 = || events_named(&run_dir, "checkpoint_started").iter().any(|e| e["step"] == 20);
-    while !started_20() || staging_dirs(&run_dir).is_empty() {
-        assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the save of step 20 began");
-        assert!(t0.elapsed() < Duration::from_secs(90), "no save of step 20 within 90 s");
+    let second_started =
+        || events_named(&run_dir, "checkpoint_started").iter().any(|e| e["step"].as_u64().is_some_and(|s| s > 10));
+    while !second_started() || staging_dirs(&run_dir).is_empty() {
+        assert!(child.try_wait().unwrap().is_none(), "mpirun ended before the second save began");
+        assert!(t0.elapsed() < Duration::from_secs(90), "no second save within 90 s");
         std::thread::sleep(Duration::from_millis(10));
     }
     let victim = rank_pid(&run_dir, 1).expect("rank 1 runs");
@@ -523,7 +528,7 @@ fn a_rank_killed_while_writing_its_part_leaves_no_partial_checkpoint_and_the_run
         assert!(t1.elapsed() < Duration::from_secs(60), "rank 0 outlived rank 1 by 60 s");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Rank 0 wrote its files of step 20, but without rank 1's part nothing
+    // Rank 0 wrote its files of that save, but without rank 1's part nothing
     // was committed: step 10 is the newest checkpoint, and it verifies.
     assert_eq!(checkpoint_steps(&run_dir).last(), Some(&10));
     let (code, out) = verify(&run_dir);
