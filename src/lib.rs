@@ -5,6 +5,7 @@
 //!
 //! - [`bench`]: the benchmarks behind `rekindle bench`.
 //! - [`config`]: the TOML config, overrides, validation with every error at once.
+//! - [`confine`]: opening run-directory files without following links or blocking, reads bounded.
 //! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
 //! - [`train`]: models, optimizer, data, and the training loop's state.
 //! - [`distributed`]: ranks of a data-parallel run and their collectives (MPI).
@@ -23,6 +24,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod confine;
 pub mod distributed;
 pub mod doctor;
 pub mod exit;

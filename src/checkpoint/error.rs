@@ -51,6 +51,9 @@ impl std::fmt::Display for FileFailure {
 /// Errors of saving, listing and loading checkpoints.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    /// The checkpoints directory is not rekindle's to use (`crate::confine::claim_dir`).
+    #[error(transparent)]
+    Claim(#[from] crate::confine::ClaimError),
     #[error("cannot create checkpoint directory {path}: {source}; check that the parent exists and is writable")]
     CreateDir { path: PathBuf, source: io::Error },
     #[error("cannot list checkpoint directory {path}: {source}")]

@@ -18,14 +18,15 @@
 //! manifest and no `step-` name, and `rekindle exec` empties the staging
 //! directory when an attempt starts.
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::error::CheckpointError;
 use super::hashed_io::{fsync_dir, read_hashed, write_hashed};
+use super::layout::step_dir_name;
 use super::manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
-use super::store::{CheckpointStore, SaveReport, refuse_other_kind};
+use super::store::{CheckpointStore, SaveReport, TMP_PREFIX, refuse_other_kind};
 use super::verify::{CheckpointInfo, VerifyLevel, verify_checkpoint_dir};
 
 /// The staging directory's name inside the checkpoints directory. It starts
@@ -53,21 +54,26 @@ impl CheckpointStore {
     /// program must not find it). Returns the paths removed.
     pub fn reset_staging(&self) -> Result<Vec<PathBuf>, CheckpointError> {
         let staging = self.staging_dir();
+        // A symlink (or a file) by that name is not rekindle's: emptying it
+        // would empty whatever it points to. Refused, never followed.
+        let exists = crate::confine::own_dir(&staging)
+            .map_err(|source| CheckpointError::ListDir { path: staging.clone(), source })?;
         let mut removed = Vec::new();
-        if staging.is_dir() {
+        if exists {
             let list_err = |source| CheckpointError::ListDir { path: staging.clone(), source };
             for entry in fs::read_dir(&staging).map_err(list_err)? {
-                let path = entry.map_err(list_err)?.path();
-                let gone = if path.is_dir() && !path.is_symlink() {
-                    fs::remove_dir_all(&path)
-                } else {
-                    fs::remove_file(&path)
-                };
-                gone.map_err(|source| CheckpointError::Remove { path: path.clone(), source })?;
-                removed.push(path);
+                removed.push(entry.map_err(list_err)?.path());
+            }
+            removed.sort();
+            if !removed.is_empty() {
+                // Never follows a symlink, at the top or below.
+                fs::remove_dir_all(&staging)
+                    .map_err(|source| CheckpointError::Remove { path: staging.clone(), source })?;
             }
         }
-        fs::create_dir_all(&staging).map_err(|source| CheckpointError::CreateDir { path: staging.clone(), source })?;
+        if !exists || !removed.is_empty() {
+            fs::create_dir(&staging).map_err(|source| CheckpointError::CreateDir { path: staging.clone(), source })?;
+        }
         Ok(removed)
     }
 
@@ -91,22 +97,69 @@ impl CheckpointStore {
             }
         }
         let final_dir = self.step_dir(step);
-        if final_dir.exists() {
+        if fs::symlink_metadata(&final_dir).is_ok() {
             return Err(refuse(format!(
                 "{} exists and does not verify; move it away (or run `rekindle exec` again, which quarantines it)",
                 final_dir.display()
             )));
         }
-        let entries = staged_files(&staged_real).map_err(refuse)?;
+        // The program owns the staged name and may change what it points to
+        // at any moment: move the directory under a name of rekindle's first,
+        // then check that what was moved is a real directory, and work only
+        // there. A symlink or anything swapped in is moved back, refused.
+        // A `.tmp-` name: if this process dies mid-seal, the next start removes it.
+        let sealing = self.dir().join(format!("{TMP_PREFIX}seal-{}-{}", step_dir_name(step), std::process::id()));
+        fs::rename(&staged_real, &sealing).map_err(|e| refuse(format!("cannot move it aside to seal it: {e}")))?;
+        let back = |why: String| {
+            if let Err(e) = fs::rename(&sealing, &staged_real) {
+                tracing::warn!(from = %sealing.display(), to = %staged_real.display(), error = %e, "could not move a refused staged directory back; the next start removes it");
+            }
+            refuse(why)
+        };
+        match crate::confine::own_dir(&sealing) {
+            Ok(true) => {}
+            Ok(false) => return Err(refuse("it vanished while it was sealed".into())),
+            Err(e) => return Err(back(format!("it was swapped while it was sealed: {e}"))),
+        }
+        match self.seal_moved(&sealing, &final_dir, step) {
+            Ok((bytes, rotated_out)) => Ok(SaveReport {
+                step,
+                dir: final_dir,
+                bytes,
+                seconds: started.elapsed().as_secs_f64(),
+                already_existed: false,
+                rotated_out,
+                parts: None,
+            }),
+            Err(e) if e.committed() => Err(e),
+            Err(CheckpointError::Seal { reason, .. }) => Err(back(reason)),
+            Err(e) => {
+                let _ = back(String::new());
+                Err(e)
+            }
+        }
+    }
+
+    /// Steps 2 to 6 of the module header on `sealing`, the staged directory
+    /// moved under rekindle's own name: the bytes committed and the
+    /// checkpoints rotated out. Before the rename into `final_dir` nothing
+    /// in `sealing` but its manifest is changed, and the manifest is removed
+    /// again on a failure.
+    fn seal_moved(&self, sealing: &Path, final_dir: &Path, step: u64) -> Result<(u64, Vec<PathBuf>), CheckpointError> {
+        let refuse = |reason: String| CheckpointError::Seal { dir: sealing.to_path_buf(), step, reason };
+        let entries = staged_files(sealing).map_err(refuse)?;
         let werr = |path: &Path| {
             let path = path.to_path_buf();
             move |source| CheckpointError::Write { step, path, source }
         };
         let mut files = Vec::new();
         for name in entries {
-            let path = staged_real.join(&name);
+            let path = sealing.join(&name);
             // The program wrote the file; its data reaches the disk here.
-            File::open(&path).and_then(|f| f.sync_all()).map_err(werr(&path))?;
+            // Opened without following a link or blocking on a FIFO swapped in.
+            crate::confine::open_regular(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| refuse(format!("`{name}`: {e}")))?;
             let (bytes, sha256, _) = read_hashed(&path, false).map_err(werr(&path))?;
             files.push(ManifestEntry { name, bytes, sha256 });
         }
@@ -118,20 +171,21 @@ impl CheckpointStore {
             rekindle_version: env!("CARGO_PKG_VERSION").to_string(),
             files,
         };
-        let manifest_path = staged_real.join(MANIFEST_FILE);
+        let manifest_path = sealing.join(MANIFEST_FILE);
         let manifest_bytes = write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?.bytes;
-        fsync_dir(&staged_real).map_err(werr(&staged_real))?;
-        fail::fail_point!("checkpoint::seal::before_rename", |_| Err(CheckpointError::Injected(
-            "checkpoint::seal::before_rename".into()
-        )));
-        if let Err(e) = self.may_write(step) {
-            // Not ours to commit: the directory stays staged, never sealed.
+        let unsealed = |e: CheckpointError| {
             let _ = fs::remove_file(&manifest_path);
-            return Err(e);
-        }
-        fs::rename(&staged_real, &final_dir).map_err(werr(&final_dir))?;
+            e
+        };
+        fsync_dir(sealing).map_err(werr(sealing)).map_err(unsealed)?;
+        fail::fail_point!("checkpoint::seal::before_rename", |_| Err(unsealed(CheckpointError::Injected(
+            "checkpoint::seal::before_rename".into()
+        ))));
+        // Not ours to commit: the directory goes back to staging, never sealed.
+        self.may_write(step).map_err(unsealed)?;
+        fs::rename(sealing, final_dir).map_err(werr(final_dir)).map_err(unsealed)?;
         let after = |stage: &'static str| {
-            let dir = final_dir.clone();
+            let dir = final_dir.to_path_buf();
             move |e| CheckpointError::AfterCommit { step, dir, stage, source: Box::new(e) }
         };
         let sync_err = |path: &Path| {
@@ -144,15 +198,7 @@ impl CheckpointStore {
             .map_err(after("syncing the staging directory"))?;
         let rotated_out =
             self.may_write(step).and_then(|()| self.rotate(step)).map_err(after("rotating out old checkpoints"))?;
-        Ok(SaveReport {
-            step,
-            dir: final_dir,
-            bytes: manifest.total_bytes() + manifest_bytes,
-            seconds: started.elapsed().as_secs_f64(),
-            already_existed: false,
-            rotated_out,
-            parts: None,
-        })
+        Ok((manifest.total_bytes() + manifest_bytes, rotated_out))
     }
 
     /// `staged`, resolved, when it is a real directory directly under the

@@ -346,7 +346,7 @@ pub(super) fn available_space(dir: &Path) -> io::Result<u64> {
 /// the bytes are returned (read straight into their final buffer); without,
 /// two buffers alternate. Returns (bytes, hex sha256, kept bytes).
 pub(super) fn read_hashed(path: &Path, keep: bool) -> io::Result<(u64, String, Vec<u8>)> {
-    let mut file = File::open(path)?;
+    let mut file = crate::confine::open_regular(path)?;
     if keep {
         let len = file.metadata()?.len() as usize;
         let mut buf = vec![0u8; len];
@@ -383,7 +383,7 @@ pub(super) struct ReadTensors {
 /// hashed to its end (the caller reports a hash mismatch before invalid
 /// content, as verification does).
 pub(super) fn read_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
-    let mut file = File::open(path)?;
+    let mut file = crate::confine::open_regular(path)?;
     let file_len = file.metadata()?.len();
     let mut hasher = Sha256::new();
     let mut prefix = [0u8; 8];
@@ -451,7 +451,7 @@ const MAP_AHEAD: usize = 32 << 20;
 /// writes again; another process truncating it while it is mapped would make
 /// the reads fault (SIGBUS), as for any mapped file (docs/checkpoint-format.md).
 pub(super) fn map_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
-    let file = File::open(path)?;
+    let file = crate::confine::open_regular(path)?;
     let file_len = file.metadata()?.len();
     if file_len == 0 || usize::try_from(file_len).is_err() {
         return read_tensors_hashed(path);

@@ -14,7 +14,7 @@ pub const STATE_FILE: &str = "state.json";
 /// The files every format-1 checkpoint holds besides its manifest.
 pub const REQUIRED_FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
 
-const STEP_PREFIX: &str = "step-";
+pub(super) const STEP_PREFIX: &str = "step-";
 
 /// Everything a checkpoint holds, in host memory.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,10 +38,40 @@ pub fn step_dir_name(step: u64) -> String {
     format!("{STEP_PREFIX}{step:010}")
 }
 
-/// The step of a `step-<digits>` directory name.
+/// The step of a checkpoint directory's name: only the canonical
+/// `step-<10 digits>` ([`step_dir_name`]) is one. `step-3` or
+/// `step-00000000003` name the same step but are not rekindle's, so they are
+/// never taken for (or rotated in place of) the checkpoint of that step.
 pub fn parse_step_dir_name(name: &str) -> Option<u64> {
     let digits = name.strip_prefix(STEP_PREFIX)?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
+    let step: u64 =
+        (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())??;
+    (step_dir_name(step) == name).then_some(step)
+}
+
+/// Makes `dir` a checkpoints directory of rekindle's
+/// ([`crate::confine::claim_dir`]). Besides a new, empty or marked one, a
+/// directory from before the marker is recognised by what only rekindle
+/// makes there: a `step-<10 digits>` directory with a manifest, the staging
+/// directory, the quarantine, the leftovers of its interrupted saves
+/// (`.tmp-step-…`, `.trash-step-…`, `.tmp-seal-step-…` directories). `inside_own_run` says it is the default
+/// `<run dir>/checkpoints` of a run directory already claimed.
+pub fn claim_dir(dir: &std::path::Path, inside_own_run: bool) -> Result<(), crate::confine::ClaimError> {
+    crate::confine::claim_dir(dir, "the checkpoints directory ([checkpoint] dir)", |dir| {
+        inside_own_run
+            || std::fs::read_dir(dir).is_ok_and(|entries| {
+                entries.flatten().any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let real_dir = e.file_type().is_ok_and(|t| t.is_dir());
+                    real_dir
+                        && (name == super::files::STAGING_DIR
+                            || name == super::quarantine::QUARANTINE_DIR
+                            || [".tmp-step-", ".trash-step-", ".tmp-seal-step-"].iter().any(|p| name.starts_with(p))
+                            || (parse_step_dir_name(&name).is_some()
+                                && e.path().join(super::manifest::MANIFEST_FILE).is_file()))
+                })
+            })
+    })
 }
 
 #[cfg(test)]
@@ -55,5 +85,8 @@ mod tests {
         assert_eq!(parse_step_dir_name("step-"), None);
         assert_eq!(parse_step_dir_name("step-12a"), None);
         assert_eq!(parse_step_dir_name(".tmp-step-1"), None);
+        assert_eq!(parse_step_dir_name("step-3"), None, "not the canonical name of step 3");
+        assert_eq!(parse_step_dir_name("step-00000000003"), None);
+        assert_eq!(parse_step_dir_name(&step_dir_name(12_345_678_901)), Some(12_345_678_901));
     }
 }

@@ -31,7 +31,7 @@ mod verify;
 pub use error::{CheckpointError, FileFailure, Problem};
 pub use files::{FilesOutcome, STAGING_DIR};
 pub use layout::{
-    MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name,
+    MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, claim_dir, parse_step_dir_name, step_dir_name,
 };
 pub use manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 pub use parts::{optimizer_part_name, parse_optimizer_part_name};

@@ -77,7 +77,7 @@ fn leftovers(dir: &Path) -> Vec<String> {
     fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
+        .filter(|n| n.starts_with('.') && n != crate::confine::MARKER_FILE)
         .collect()
 }
 

@@ -47,7 +47,9 @@ use serde::Serialize;
 
 use super::error::{CheckpointError, FileFailure};
 use super::hashed_io::{Written, available_space, fail_io, fsync_dir, write_hashed};
-use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name, step_dir_name};
+use super::layout::{
+    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, STEP_PREFIX, Snapshot, claim_dir, parse_step_dir_name, step_dir_name,
+};
 use super::manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 use super::parts::optimizer_part_name;
 use super::quarantine::{self, Quarantined};
@@ -56,7 +58,7 @@ use super::safetensors_io;
 use super::tensor::TensorSet;
 use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect, load_dir, verify_checkpoint_dir};
 
-const TMP_PREFIX: &str = ".tmp-";
+pub(super) const TMP_PREFIX: &str = ".tmp-";
 const TRASH_PREFIX: &str = ".trash-";
 
 /// Slack on top of the exact file sizes for the manifest and filesystem metadata.
@@ -154,9 +156,12 @@ impl CheckpointStore {
     /// Opens (creating if needed) a checkpoints directory and removes leftovers
     /// of interrupted saves and deletes, logging each one. Only the process that
     /// owns the run directory may open its store for writing.
+    ///
+    /// The directory must be rekindle's ([`claim_dir`]): a directory of
+    /// someone else's files is refused before anything in it is touched.
     pub fn open(dir: impl Into<PathBuf>, keep: usize) -> Result<CheckpointStore, CheckpointError> {
         let dir = dir.into();
-        fs::create_dir_all(&dir).map_err(|source| CheckpointError::CreateDir { path: dir.clone(), source })?;
+        claim_dir(&dir, false)?;
         let store = CheckpointStore { dir, keep: keep.max(1), known_bad: Arc::default(), guard: None };
         for leftover in store.leftovers()? {
             tracing::warn!(path = %leftover.display(), "removing leftover of an interrupted checkpoint save or delete");
@@ -263,15 +268,46 @@ impl CheckpointStore {
         Ok(ManifestEntry { name, bytes: written.bytes, sha256: written.sha256 })
     }
 
+    /// Directories left by interrupted saves and deletes: `.tmp-…` and
+    /// `.trash-…` directories. Anything else by such a name (a file, a
+    /// symlink) is not rekindle's: it is reported and left alone.
     fn leftovers(&self) -> Result<Vec<PathBuf>, CheckpointError> {
         let mut out = Vec::new();
         for entry in self.read_dir()? {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(TMP_PREFIX) || name.starts_with(TRASH_PREFIX) {
-                out.push(entry.path());
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                if is_dir {
+                    out.push(entry.path());
+                } else {
+                    tracing::warn!(path = %entry.path().display(), "not a leftover of rekindle's (not a directory): left alone");
+                }
             }
         }
         Ok(out)
+    }
+
+    /// Entries of the checkpoints directory that look like checkpoints but
+    /// are not rekindle's: `step-…` names that are not the canonical
+    /// `step-<10 digits>` of their step, and symlinks by any checkpoint
+    /// name. They are never listed, loaded, counted or rotated.
+    pub fn strays(&self) -> Result<Vec<PathBuf>, CheckpointError> {
+        let mut out = Vec::new();
+        for entry in self.read_dir()? {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(STEP_PREFIX) && self.checkpoint_entry(&entry).is_none() {
+                out.push(entry.path());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The step of a checkpoint entry: a real directory (not a symlink to
+    /// one) under the canonical name of its step.
+    fn checkpoint_entry(&self, entry: &fs::DirEntry) -> Option<u64> {
+        let step = parse_step_dir_name(&entry.file_name().to_string_lossy())?;
+        entry.file_type().ok()?.is_dir().then_some(step)
     }
 
     fn read_dir(&self) -> Result<Vec<fs::DirEntry>, CheckpointError> {
@@ -601,8 +637,7 @@ impl CheckpointStore {
     pub fn list(&self, level: VerifyLevel) -> Result<Vec<CheckpointInfo>, CheckpointError> {
         let mut infos = Vec::new();
         for entry in self.read_dir()? {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(step) = parse_step_dir_name(&name) else { continue };
+            let Some(step) = self.checkpoint_entry(&entry) else { continue };
             infos.push(inspect(&entry.path(), step, level));
         }
         infos.sort_by_key(|i| std::cmp::Reverse(i.step));

@@ -4,7 +4,7 @@
 //! verifies is exactly one that resume would load.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -47,7 +47,11 @@ pub struct Loaded {
     pub snapshot: Snapshot,
 }
 
-/// Reads and parses the manifest of `dir`.
+/// The largest `MANIFEST.json` read: about 150 bytes a file, so room for
+/// checkpoints of over 100,000 files; a larger one is refused unread.
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+
+/// Reads and parses the manifest of `dir` (at most [`MAX_MANIFEST_BYTES`]).
 pub fn read_manifest(dir: &Path) -> Result<Manifest, FileFailure> {
     let path = dir.join(MANIFEST_FILE);
     let fail = |problem| FileFailure { file: MANIFEST_FILE.into(), problem };
@@ -57,7 +61,8 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, FileFailure> {
         Ok(m) if !m.file_type().is_file() => return Err(fail(Problem::NotPlainFile)),
         Ok(_) => {}
     }
-    let bytes = fs::read(&path).map_err(|e| fail(Problem::ManifestUnreadable { reason: e.to_string() }))?;
+    let bytes = crate::confine::read_bounded(&path, MAX_MANIFEST_BYTES)
+        .map_err(|e| fail(Problem::ManifestUnreadable { reason: e.to_string() }))?;
     let manifest = Manifest::parse(&bytes)?;
     if let Some(reason) = manifest.missing_required() {
         return Err(fail(Problem::ManifestInvalid { reason }));
@@ -214,7 +219,7 @@ fn verify_entry_fully(dir: &Path, entry: &ManifestEntry, kind: CheckpointKind) -
             file: entry.name.clone(),
             problem: Problem::Unreadable { reason: e.to_string() },
         };
-        let mut file = File::open(dir.join(&entry.name)).map_err(unreadable)?;
+        let mut file = crate::confine::open_regular(&dir.join(&entry.name)).map_err(unreadable)?;
         safetensors_io::read_layout(&mut file, entry.bytes).map_err(|e| match e {
             safetensors_io::LayoutError::Invalid(reason) => invalid(reason),
             safetensors_io::LayoutError::Io(e) => unreadable(e),

@@ -9,7 +9,7 @@
 //! writes and reports.
 
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -234,7 +234,8 @@ fn open_stats(path: &Path) -> Result<File, GpuError> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(failed)?;
     }
-    OpenOptions::new().create(true).append(true).open(path).map_err(failed)
+    // Never through a symlink left in its place (docs/run-directory.md).
+    crate::confine::open_append(path).map_err(failed)
 }
 
 fn run(

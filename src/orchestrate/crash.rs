@@ -54,6 +54,7 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
         RunError::Distributed(_) => (Deterministic, "the ranks were launched wrongly (see docs/distributed.md)"),
         RunError::Ranks { .. } => (Deterministic, "the ranks of a data-parallel run disagree"),
         RunError::RunDir { .. } => (Transient, "an I/O error on the run directory"),
+        RunError::Claim(e) => claim_class(e),
         RunError::Checkpoint(e) => return checkpoint_class(e),
         RunError::Telemetry(TelemetryError::Write { .. }) => (Transient, "an I/O error writing the records"),
         RunError::Train(e) => return train_class(e, steps_this_attempt),
@@ -64,6 +65,7 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
         RunError::Lock(LockError::Held { .. } | LockError::HolderAlive { .. }) => {
             (Deterministic, "another live run holds the run directory")
         }
+        RunError::Lock(LockError::NotALock { .. }) => (Deterministic, "something else stands where the lock file goes"),
         RunError::Lock(LockError::GaveUp { .. }) => {
             (Transient, "the run-directory lock stayed busy (a shared filesystem that stalls)")
         }
@@ -89,9 +91,18 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
     (class, why.to_string())
 }
 
+fn claim_class(e: &crate::confine::ClaimError) -> (CrashClass, &'static str) {
+    if e.is_io() {
+        (CrashClass::Transient, "an I/O error preparing the run directory")
+    } else {
+        (CrashClass::Deterministic, "a run or checkpoints directory that is not rekindle's")
+    }
+}
+
 fn checkpoint_class(e: &CheckpointError) -> (CrashClass, String) {
     use CrashClass::{Deterministic, Transient};
     let (class, why) = match e {
+        CheckpointError::Claim(e) => claim_class(e),
         CheckpointError::CreateDir { .. }
         | CheckpointError::ListDir { .. }
         | CheckpointError::Write { .. }

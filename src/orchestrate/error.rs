@@ -29,6 +29,9 @@ pub enum RunError {
     Ranks { what: String },
     #[error("cannot prepare run directory {path}: {source}")]
     RunDir { path: PathBuf, source: io::Error },
+    /// The run directory is not rekindle's to use (`crate::confine::claim_dir`).
+    #[error(transparent)]
+    Claim(#[from] crate::confine::ClaimError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
@@ -115,6 +118,7 @@ impl RunError {
                 | DistributedError::BadLaunchEnv { .. }
                 | DistributedError::WorldMismatch { .. },
             ) => Outcome::ConfigError,
+            RunError::Claim(e) | RunError::Checkpoint(CheckpointError::Claim(e)) if !e.is_io() => Outcome::ConfigError,
             _ => Outcome::Failure,
         }
     }

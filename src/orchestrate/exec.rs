@@ -81,10 +81,10 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     let cfg = load_config(opts)?;
     let slurm = SlurmEnv::from_process();
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
-    std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
+    rundir::claim(&root, &cfg)?;
     let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
-    tracing::info!(dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
+    tracing::info!(dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");
     let ownership = lock.ownership();
     let guard = {
         let lock = ownership.clone();

@@ -153,6 +153,8 @@ pub enum LockError {
     GaveUp { dir: PathBuf, lock: PathBuf, waited_s: f64, why: String },
     #[error("cannot read or write lock file {path}: {source}; check that the run directory is writable")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("{reason} (the run-directory lock is a regular file that only rekindle writes)")]
+    NotALock { path: PathBuf, reason: String },
 }
 
 /// The content of the lock file. Fields after `started` were added later:
@@ -218,7 +220,7 @@ impl LockInfo {
 
     /// Reads and parses the lock file at `path`; `None` when missing or not a lock.
     pub fn read(path: &Path) -> Option<LockInfo> {
-        LockInfo::parse(&fs::read(path).ok()?)
+        LockInfo::parse(&read_if_exists(path).ok()??)
     }
 
     fn to_bytes(&self) -> Vec<u8> {
@@ -411,13 +413,16 @@ fn create_exclusive(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// The lock file's bytes, `None` when there is none. Only a regular file of
+/// at most [`MAX_LOCK_BYTES`] is a lock: a symlink (dangling or not), a FIFO
+/// or a device in its place is an error, never followed, blocked on or read
+/// without end (`crate::confine`).
 fn read_if_exists(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
-    match fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+    crate::confine::read_bounded_if_exists(path, MAX_LOCK_BYTES)
 }
+
+/// The largest lock file read: they are a few hundred bytes.
+pub const MAX_LOCK_BYTES: u64 = 64 << 10;
 
 /// The marker names of one lineage, as `(generation, n, path)`.
 fn markers(dir: &Path, lineage: &str) -> std::io::Result<Vec<(u64, u64, PathBuf)>> {
@@ -649,7 +654,12 @@ impl RunLock {
     /// node to go stale; see the module header.
     pub fn acquire(dir: &Path, req: LockRequest) -> Result<RunLock, LockError> {
         let path = dir.join(LOCK_FILE);
-        let io = |source| LockError::Io { path: path.clone(), source };
+        let io = |source: std::io::Error| match source.kind() {
+            ErrorKind::InvalidInput | ErrorKind::InvalidData => {
+                LockError::NotALock { path: path.clone(), reason: source.to_string() }
+            }
+            _ => LockError::Io { path: path.clone(), source },
+        };
         let started_at = unix_now();
         let pid = std::process::id();
         let token = format!("{}-{pid}-{:.9}", req.host, started_at);

@@ -145,10 +145,10 @@ fn lead(
 ) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
-    std::fs::create_dir_all(&root).map_err(|source| RunError::RunDir { path: root.clone(), source })?;
+    rundir::claim(&root, &cfg)?;
     let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
-    tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = ?slurm.job_id, restart = slurm.restart_count, "run directory ready");
+    tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");
     match Attempt::start(cfg, &opts.registry, dir, stop, opts.stop_at_step, slurm, &lock, world)? {
         Started::Ready(attempt) => attempt.train(),
         Started::StoppedEarly(outcome) => Ok(outcome),

@@ -3,7 +3,7 @@
 //! single `write` call in append mode and flushed, so a crash can cut off at
 //! most the last line, and readers skip a torn final line.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -31,12 +31,9 @@ impl JsonlWriter {
     pub fn open(path: impl Into<PathBuf>) -> Result<JsonlWriter, TelemetryError> {
         let path = path.into();
         let err = |source| TelemetryError::Write { path: path.clone(), source };
-        let needs_newline = match std::fs::read(&path) {
-            Ok(bytes) => bytes.last().is_some_and(|b| *b != b'\n'),
-            Err(_) => false,
-        };
-        let mut file = OpenOptions::new().create(true).append(true).open(&path).map_err(err)?;
-        if needs_newline {
+        // Never through a symlink left in its place (docs/run-directory.md).
+        let mut file = crate::confine::open_append(&path).map_err(err)?;
+        if ends_torn(&file).map_err(err)? {
             file.write_all(b"\n").map_err(err)?;
         }
         Ok(JsonlWriter { path, file })
@@ -89,6 +86,15 @@ impl EventLog {
 /// Current time, RFC 3339 in UTC with milliseconds.
 pub fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Whether the file's last byte is not a newline: a line torn by a crash.
+/// Reads that byte alone, however long the file.
+fn ends_torn(file: &File) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    let mut last = [0u8; 1];
+    Ok(len > 0 && file.read_at(&mut last, len - 1)? == 1 && last[0] != b'\n')
 }
 
 #[cfg(test)]

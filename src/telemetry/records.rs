@@ -7,7 +7,7 @@
 //! Readers therefore skip every line that does not parse and count them,
 //! never failing on one.
 
-use std::io;
+use std::io::{self, BufRead, Read};
 use std::path::Path;
 
 use chrono::{DateTime, Utc};
@@ -21,24 +21,71 @@ pub struct Jsonl {
     pub skipped: usize,
 }
 
-/// Reads `path` leniently; a missing file is `Ok(None)`.
+/// Longest line a reader takes: no record rekindle writes comes near it, so a
+/// longer one is counted as skipped, never read into memory whole.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// Reads `path` leniently, a line at a time (a line over
+/// [`MAX_LINE_BYTES`] is skipped); a missing file is `Ok(None)`. A symlink,
+/// FIFO or device in its place is an error, never followed or blocked on.
 pub fn read_jsonl(path: &Path) -> io::Result<Option<Jsonl>> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
+    let file = match crate::confine::open_regular(path) {
+        Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    Ok(Some(parse_jsonl(&String::from_utf8_lossy(&bytes))))
+    let mut reader = io::BufReader::new(file);
+    let mut out = Jsonl::default();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = (&mut reader).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        if line.len() > MAX_LINE_BYTES {
+            out.skipped += 1;
+            if !line.ends_with(b"\n") {
+                skip_line(&mut reader)?;
+            }
+            continue;
+        }
+        add_line(&mut out, &String::from_utf8_lossy(&line));
+    }
+    Ok(Some(out))
+}
+
+/// Consumes the rest of the current line, holding one buffer at a time.
+fn skip_line(reader: &mut impl BufRead) -> io::Result<()> {
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            reader.consume(i + 1);
+            return Ok(());
+        }
+        let n = buf.len();
+        reader.consume(n);
+    }
+}
+
+fn add_line(out: &mut Jsonl, line: &str) {
+    if line.trim().is_empty() {
+        return;
+    }
+    match serde_json::from_str::<Value>(line) {
+        Ok(v) if v.is_object() => out.records.push(v),
+        _ => out.skipped += 1,
+    }
 }
 
 /// Parses JSON lines, skipping (and counting) those that are not JSON objects.
 pub fn parse_jsonl(text: &str) -> Jsonl {
     let mut out = Jsonl::default();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        match serde_json::from_str::<Value>(line) {
-            Ok(v) if v.is_object() => out.records.push(v),
-            _ => out.skipped += 1,
-        }
+    for line in text.lines() {
+        add_line(&mut out, line);
     }
     out
 }
@@ -53,6 +100,20 @@ mod tests {
     use super::*;
     use crate::telemetry::{RecordedEvent as Event, gpu_samples_from, metrics_from};
     use serde_json::json;
+
+    #[test]
+    fn an_overlong_line_is_skipped_without_being_kept_and_the_next_one_reads() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("events.jsonl");
+        let long = format!("{{\"pad\":\"{}\"}}", "x".repeat(3 * MAX_LINE_BYTES));
+        std::fs::write(&path, format!("{{\"step\":1}}\n{long}\n{{\"step\":2}}\n{{\"step\":3")).unwrap();
+        let j = read_jsonl(&path).unwrap().unwrap();
+        assert_eq!(j.records, vec![json!({"step": 1}), json!({"step": 2})]);
+        assert_eq!(j.skipped, 2);
+        std::os::unix::fs::symlink(&path, tmp.path().join("link")).unwrap();
+        assert!(read_jsonl(&tmp.path().join("link")).is_err(), "a symlink is refused");
+        assert!(read_jsonl(&tmp.path().join("absent")).unwrap().is_none());
+    }
 
     #[test]
     fn torn_lines_are_skipped_and_counted() {

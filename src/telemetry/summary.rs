@@ -49,6 +49,9 @@ pub struct Summary {
     pub rank_nodes: Option<Vec<String>>,
 }
 
+/// The largest `summary.json` read back (they are a few KiB).
+pub const MAX_SUMMARY_BYTES: u64 = 16 << 20;
+
 impl Summary {
     /// Parses `summary.json`; `None` when it is not a JSON object.
     pub fn parse(bytes: &[u8]) -> Option<Summary> {
@@ -57,7 +60,7 @@ impl Summary {
 
     /// Reads a `summary.json`; `None` when missing or unreadable.
     pub fn read(path: &std::path::Path) -> Option<Summary> {
-        Summary::parse(&std::fs::read(path).ok()?)
+        Summary::parse(&crate::confine::read_bounded(path, MAX_SUMMARY_BYTES).ok()?)
     }
 
     /// The file's bytes: pretty JSON, keys in alphabetical order as before.

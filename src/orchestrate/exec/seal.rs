@@ -150,8 +150,9 @@ const SEAL_LOCK: &str = ".seal.lock";
 fn seal_lock(checkpoints: &Path) -> Result<std::fs::File, RunError> {
     let path = checkpoints.join(SEAL_LOCK);
     let io = |source| RunError::RunDir { path: path.clone(), source };
-    std::fs::create_dir_all(checkpoints).map_err(io)?;
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io)?;
+    crate::checkpoint::claim_dir(checkpoints, false).map_err(|e| RunError::Checkpoint(e.into()))?;
+    // Never through a symlink or FIFO in its place (crate::confine).
+    let file = crate::confine::open_append(&path).map_err(io)?;
     file.lock().map_err(io)?;
     Ok(file)
 }

@@ -346,13 +346,19 @@ pub(super) fn losses_so_far(state: &serde_json::Value) -> (Option<f64>, Option<f
 
 /// The highest step in metrics.jsonl (what the previous attempt reached).
 pub(in crate::orchestrate) fn last_logged_step(path: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.lines().filter_map(|l| metrics_step(&serde_json::from_str(l).ok()?)).max()
+    let lines = crate::telemetry::read_jsonl(path).ok()??;
+    lines.records.iter().filter_map(metrics_step).max()
 }
 
 /// Keeps only metric lines of steps ≤ `step` (and drops a torn last line).
 pub(in crate::orchestrate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
-    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    // Never through a symlink or FIFO in its place (crate::confine).
+    let mut text = String::new();
+    match crate::confine::open_regular(path).and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text)) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(RunError::RunDir { path: path.to_path_buf(), source }),
+    }
     let kept: String = text
         .lines()
         .filter(|line| serde_json::from_str(line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step))
