@@ -109,6 +109,8 @@ impl CheckpointStore {
         // there. A symlink or anything swapped in is moved back, refused.
         // A `.tmp-` name: if this process dies mid-seal, the next start removes it.
         let sealing = self.dir().join(format!("{TMP_PREFIX}seal-{}-{}", step_dir_name(step), std::process::id()));
+        // Tests swap the staged directory for a symlink here (`fail::cfg_callback`).
+        fail::fail_point!("checkpoint::seal::before_move");
         fs::rename(&staged_real, &sealing).map_err(|e| refuse(format!("cannot move it aside to seal it: {e}")))?;
         let back = |why: String| {
             if let Err(e) = fs::rename(&sealing, &staged_real) {
@@ -148,6 +150,8 @@ impl CheckpointStore {
     fn seal_moved(&self, sealing: &Path, final_dir: &Path, step: u64) -> Result<(u64, Vec<PathBuf>), CheckpointError> {
         let refuse = |reason: String| CheckpointError::Seal { dir: sealing.to_path_buf(), step, reason };
         let entries = staged_files(sealing).map_err(refuse)?;
+        // Tests swap a listed file for a FIFO here.
+        fail::fail_point!("checkpoint::seal::after_list");
         let werr = |path: &Path| {
             let path = path.to_path_buf();
             move |source| CheckpointError::Write { step, path, source }

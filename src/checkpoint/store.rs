@@ -168,6 +168,9 @@ impl CheckpointStore {
             fs::remove_dir_all(&leftover)
                 .map_err(|source| CheckpointError::Remove { path: leftover.clone(), source })?;
         }
+        for stray in store.strays()? {
+            tracing::warn!(path = %stray.display(), "named like a checkpoint but not one of rekindle's (not a step-<10 digits> directory): never loaded, counted or rotated; left alone");
+        }
         Ok(store)
     }
 

@@ -17,3 +17,4 @@ mod support;
 
 mod crash_consistency;
 mod disk_full;
+mod seal_race;

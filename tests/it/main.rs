@@ -14,6 +14,7 @@
 
 mod support;
 
+mod boundary;
 mod cli;
 mod corruption;
 mod distributed;

@@ -1,0 +1,236 @@
+//! The run directory is a boundary (issue #27, docs/run-directory.md "Trust
+//! boundaries"): each case a careless or hostile user reported, through the
+//! real binary. Every test keeps a directory "outside" the run with files of
+//! its own and checks, by a listing with hashes taken before and after, that
+//! nothing there changed; every command runs under a timeout, so a hang is
+//! a failure, not a stuck suite.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::support::cli::{RunCmd, checkpoint_steps, exe};
+use crate::support::runs::{EXIT_CONFIG, EXIT_DONE, EXIT_STOPPED};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Every path under `root` (symlinks as links, not followed) with a hash of
+/// what it is: file bytes, link target, or a kind.
+fn listing(root: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let what = if meta.file_type().is_symlink() {
+                format!("link {}", fs::read_link(&path).unwrap().display())
+            } else if meta.is_dir() {
+                todo.push(path.clone());
+                "dir".into()
+            } else if meta.is_file() {
+                hex::encode(Sha256::digest(fs::read(&path).unwrap()))
+            } else {
+                "special".into()
+            };
+            out.insert(path.strip_prefix(root).unwrap().to_path_buf(), what);
+        }
+    }
+    out
+}
+
+/// A directory of someone else's files, the kind a mistyped path points at.
+fn users_files(dir: &Path) -> BTreeMap<PathBuf, String> {
+    fs::create_dir_all(dir.join(".tmp-cache/sub")).unwrap();
+    fs::write(dir.join(".tmp-cache/sub/keep.txt"), b"the user's cache").unwrap();
+    fs::create_dir_all(dir.join(".trash-old")).unwrap();
+    fs::write(dir.join(".trash-old/notes.md"), b"the user's notes").unwrap();
+    fs::create_dir_all(dir.join("step-1")).unwrap();
+    fs::write(dir.join("step-1/result.csv"), b"a,b\n1,2\n").unwrap();
+    fs::write(dir.join(".tmp-file"), b"a plain file by a rekindle-like name").unwrap();
+    fs::write(dir.join("metrics.jsonl"), b"{\"theirs\":1}\n").unwrap();
+    fs::write(dir.join("summary.json"), b"{\"theirs\":true}").unwrap();
+    listing(dir)
+}
+
+#[test]
+fn a_symlinked_staging_directory_is_refused_and_what_it_points_to_is_untouched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    let before = users_files(&outside);
+    let run = tmp.path().join("run");
+    RunCmd::exec(&run, &["true"]).run(TIMEOUT).assert_code(EXIT_DONE);
+    let staging = run.join("checkpoints/.staging");
+    fs::remove_dir_all(&staging).unwrap();
+    symlink(&outside, &staging).unwrap();
+    let refused = RunCmd::exec(&run, &["true"]).run(TIMEOUT);
+    assert_ne!(refused.code(), Some(EXIT_DONE), "{}", refused.tail());
+    assert!(refused.stderr.contains(".staging is a symbolic link"), "{}", refused.tail());
+    assert_eq!(listing(&outside), before, "nothing outside the run directory changed");
+}
+
+#[test]
+fn a_checkpoint_dir_of_someone_elses_files_is_refused_by_run_and_exec_with_nothing_touched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let theirs = tmp.path().join("theirs");
+    let before = users_files(&theirs);
+    let set = format!("checkpoint.dir={}", theirs.display());
+    let run = tmp.path().join("run");
+    let refused = RunCmd::new(&run).set(&set).set("run.max_steps=20").run(TIMEOUT);
+    refused.assert_code(EXIT_CONFIG);
+    assert!(refused.stderr.contains("was not made by rekindle"), "{}", refused.tail());
+    assert!(refused.stderr.contains("[checkpoint] dir"), "names the key: {}", refused.tail());
+    let exec = tmp.path().join("exec");
+    RunCmd::exec(&exec, &["true"]).set(&set).run(TIMEOUT).assert_code(EXIT_CONFIG);
+    assert_eq!(listing(&theirs), before, "the user's directory is untouched");
+    assert!(!run.join("rekindle.lock").exists() && !exec.join("config.toml").exists(), "nothing was started");
+
+    // An empty directory is adopted, and runs as the default one would.
+    let empty = tmp.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let run2 = tmp.path().join("run2");
+    let set = format!("checkpoint.dir={}", empty.display());
+    RunCmd::new(&run2).set(&set).set("run.max_steps=50").run(TIMEOUT).assert_code(EXIT_DONE);
+    assert!(empty.join("step-0000000050").is_dir() && empty.join(".rekindle").is_file());
+}
+
+#[test]
+fn a_run_dir_of_someone_elses_files_and_the_filesystem_root_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let theirs = tmp.path().join("theirs");
+    let before = users_files(&theirs);
+    let refused = RunCmd::new(&theirs).set("run.max_steps=20").run(TIMEOUT);
+    refused.assert_code(EXIT_CONFIG);
+    assert!(refused.stderr.contains("`metrics.jsonl`"), "says what is there: {}", refused.tail());
+    RunCmd::exec(&theirs, &["true"]).run(TIMEOUT).assert_code(EXIT_CONFIG);
+    assert_eq!(listing(&theirs), before, "metrics.jsonl and summary.json are the user's still");
+    for root in ["/", "/.."] {
+        let refused = RunCmd::new(Path::new(root)).run(TIMEOUT);
+        refused.assert_code(EXIT_CONFIG);
+        assert!(refused.stderr.contains("the filesystem root"), "{}", refused.tail());
+    }
+    let refused = RunCmd::new(&tmp.path().join("r")).set("checkpoint.dir=/").run(TIMEOUT);
+    refused.assert_code(EXIT_CONFIG);
+    assert!(refused.stderr.contains("the filesystem root"), "{}", refused.tail());
+}
+
+#[test]
+fn record_files_that_are_symlinks_are_never_written_through() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    for name in ["events", "gpu_stats", "prev"] {
+        fs::write(outside.join(name), format!("the user's {name}")).unwrap();
+    }
+    let before = listing(&outside);
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    // config.toml.prev is written when the training settings change.
+    symlink(outside.join("prev"), run.join("config.toml.prev")).unwrap();
+    let _ = fs::remove_file(run.join("gpu_stats.jsonl"));
+    symlink(outside.join("gpu_stats"), run.join("gpu_stats.jsonl")).unwrap();
+    let changed = RunCmd::new(&run).set("run.max_steps=20").arg("--allow-config-change").run(TIMEOUT);
+    changed.assert_code(EXIT_DONE);
+    let prev = fs::symlink_metadata(run.join("config.toml.prev")).unwrap();
+    assert!(prev.is_file(), "the link was replaced by rekindle's own file");
+    assert!(fs::read_to_string(run.join("config.toml.prev")).unwrap().contains("max_steps = 10"));
+    fs::remove_file(run.join("events.jsonl")).unwrap();
+    symlink(outside.join("events"), run.join("events.jsonl")).unwrap();
+    let refused = RunCmd::new(&run).set("run.max_steps=30").arg("--allow-config-change").run(TIMEOUT);
+    assert_ne!(refused.code(), Some(EXIT_DONE), "{}", refused.tail());
+    assert!(refused.stderr.contains("events.jsonl is a symbolic link"), "{}", refused.tail());
+    assert_eq!(listing(&outside), before, "no target was written");
+}
+
+#[test]
+fn stray_step_names_are_never_counted_nor_rotated_in_place_of_valid_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cmd = || RunCmd::new(&run).set("run.max_steps=60").set("checkpoint.every_steps=10");
+    cmd().arg("--stop-at-step").arg("30").run(TIMEOUT).assert_code(EXIT_STOPPED);
+    assert_eq!(checkpoint_steps(&run), vec![10, 20, 30]);
+    let ckpt = run.join("checkpoints");
+    // A copy of step 30 under a name that also parses as step 30, and a
+    // stray name with no canonical twin.
+    fs::create_dir(ckpt.join("step-30")).unwrap();
+    for entry in fs::read_dir(ckpt.join("step-0000000030")).unwrap() {
+        let entry = entry.unwrap();
+        fs::copy(entry.path(), ckpt.join("step-30").join(entry.file_name())).unwrap();
+    }
+    fs::create_dir(ckpt.join("step-7")).unwrap();
+    fs::write(ckpt.join("step-7/notes.txt"), b"mine").unwrap();
+    let strays = listing(&ckpt.join("step-30"));
+    cmd().run(TIMEOUT).assert_code(EXIT_DONE);
+    assert_eq!(checkpoint_steps(&run), vec![40, 50, 60], "keep = 3 valid, rotated as usual");
+    assert_eq!(listing(&ckpt.join("step-30")), strays, "the stray copy is left alone");
+    assert_eq!(fs::read(ckpt.join("step-7/notes.txt")).unwrap(), b"mine");
+    let (code, stdout, stderr) = output(Command::new(exe()).args(["checkpoints"]).arg(&run));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("step-30") && stdout.contains("step-7"), "strays are reported: {stdout}");
+}
+
+#[test]
+fn a_lock_file_that_is_a_link_a_fifo_or_a_device_is_refused_at_once_never_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=20").run(TIMEOUT).assert_code(EXIT_DONE);
+    let lock = run.join("rekindle.lock");
+    let fifo = tmp.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    for target in [tmp.path().join("nowhere"), fifo.clone(), PathBuf::from("/dev/zero")] {
+        let _ = fs::remove_file(&lock);
+        symlink(&target, &lock).unwrap();
+        let started = Instant::now();
+        let refused = RunCmd::new(&run).set("run.max_steps=20").run(Duration::from_secs(30));
+        assert_eq!(refused.code(), Some(1), "{}: {}", target.display(), refused.tail());
+        assert!(refused.stderr.contains("is a symbolic link"), "{}", refused.tail());
+        assert!(started.elapsed() < Duration::from_secs(20), "refused at once, not after a wait");
+        let (code, _, stderr) = output(Command::new(exe()).arg("status").arg(&run));
+        assert!(code.is_some_and(|c| c != 101), "status on {}: {stderr}", target.display());
+    }
+    assert!(!tmp.path().join("nowhere").exists(), "a dangling link's target is never created");
+}
+
+#[test]
+fn an_oversized_manifest_is_refused_unread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=50").run(TIMEOUT).assert_code(EXIT_DONE);
+    let manifest = run.join("checkpoints/step-0000000050/MANIFEST.json");
+    // 1.5 GB, sparse: costs no disk, would cost 1.5 GB of memory to read.
+    fs::OpenOptions::new().write(true).open(&manifest).unwrap().set_len(1_500_000_000).unwrap();
+    for cmd in ["verify", "checkpoints", "status"] {
+        let (code, stdout, stderr) = output(Command::new(exe()).arg(cmd).arg(&run));
+        assert!(code.is_some_and(|c| c != 101), "{cmd}: {stderr}");
+        if cmd != "status" {
+            assert!(
+                format!("{stdout}{stderr}").contains("more than the"),
+                "{cmd} says why step 50 is refused:\n{stdout}\n{stderr}"
+            );
+        }
+    }
+}
+
+/// `(code, stdout, stderr)` of a short command, killed after 60 s.
+fn output(cmd: &mut Command) -> (Option<i32>, String, String) {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("{cmd:?} did not end within 60 s (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
