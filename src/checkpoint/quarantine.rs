@@ -69,7 +69,10 @@ pub(super) fn move_to_quarantine(checkpoints: &Path, dir: &Path, step: u64) -> R
         .find(|p| !p.exists())
         .expect("an unused quarantine name exists");
     let failed = |source| CheckpointError::Quarantine { dir: dir.to_path_buf(), to: to.clone(), source };
-    fs::create_dir_all(&qdir).map_err(failed)?;
+    // Never into a link to elsewhere: the checkpoint would leave the run.
+    if !crate::confine::own_dir(&qdir).map_err(failed)? {
+        fs::create_dir(&qdir).map_err(failed)?;
+    }
     fs::rename(dir, &to).map_err(failed)?;
     fsync_dir(checkpoints).map_err(failed)?;
     fsync_dir(&qdir).map_err(failed)?;

@@ -395,7 +395,7 @@ fn short_hash(text: &str) -> String {
 /// temporary file is hard-linked to the name. Returns false when it exists.
 fn create_exclusive(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new().prefix(".rekindle-lock-").tempfile_in(dir)?;
+    let mut tmp = super::atomic::shared_tempfile(".rekindle-lock-", dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
     match fs::hard_link(tmp.path(), path) {
