@@ -160,6 +160,8 @@ impl RankWatch {
     /// look) and starts the thread.
     pub fn start(setup: WatchSetup, handler: LostHandler) -> std::io::Result<RankWatch> {
         std::fs::create_dir_all(&setup.dir)?;
+        // Never a link to elsewhere (crate::confine).
+        crate::confine::own_dir(&setup.dir)?;
         let pulse = Pulse::default();
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
@@ -282,13 +284,17 @@ impl Beater {
 fn write_beat(dir: &Path, beat: &RankBeat) -> std::io::Result<()> {
     let path = dir.join(rank_beat_file(beat.rank));
     let tmp = dir.join(format!(".{}.tmp", rank_beat_file(beat.rank)));
-    std::fs::write(&tmp, serde_json::to_vec(beat).map_err(std::io::Error::other)?)?;
+    let bytes = serde_json::to_vec(beat).map_err(std::io::Error::other)?;
+    // A fresh file (O_EXCL never follows a link left by that name).
+    let _ = std::fs::remove_file(&tmp);
+    std::io::Write::write_all(&mut std::fs::File::options().write(true).create_new(true).open(&tmp)?, &bytes)?;
     std::fs::rename(&tmp, &path)
 }
 
 /// Rank `rank`'s beat in `dir`, if it can be read.
 pub fn read_beat(dir: &Path, rank: usize) -> Option<RankBeat> {
-    serde_json::from_slice(&std::fs::read(dir.join(rank_beat_file(rank))).ok()?).ok()
+    // Bounded and never through a link (crate::confine): beats are ~200 bytes.
+    serde_json::from_slice(&crate::confine::read_bounded(&dir.join(rank_beat_file(rank)), 64 << 10).ok()?).ok()
 }
 
 /// A fresh launch identity for the heartbeats: rank 0's node, pid and start
