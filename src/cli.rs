@@ -5,8 +5,10 @@
 //! over its own [`Registry`] (`docs/workloads.md`). It parses and maps the
 //! result to an exit code (see [`crate::exit`]).
 
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -19,9 +21,24 @@ use crate::checkpoint::{
 use crate::config;
 use crate::exit::{EXIT_CODES_HELP, Outcome};
 use crate::orchestrate::{self, RunError, RunOptions};
-use crate::telemetry::{LogFormat, LogOptions, init_logging};
+use crate::telemetry::{LogFormat, LogOptions, init_logging, report_lost_log_lines};
 use crate::train::Registry;
 use crate::units::human_bytes;
+
+/// `print!` to stdout through [`write_out`]: cannot panic.
+macro_rules! out {
+    ($($arg:tt)*) => { write_out(format_args!($($arg)*)) };
+}
+
+/// `println!` to stdout through [`write_out`]: cannot panic.
+macro_rules! outln {
+    ($($arg:tt)*) => { write_out(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `eprintln!` through [`write_err`]: cannot panic.
+macro_rules! errln {
+    ($($arg:tt)*) => { write_err(format_args!("{}\n", format_args!($($arg)*))) };
+}
 
 /// rekindle: training runs that survive preemption, time limits and node loss.
 ///
@@ -460,17 +477,52 @@ pub fn main_with(registry: Registry) -> ExitCode {
     // Failpoints are compiled in only for test builds; this reads FAILPOINTS.
     let _failpoints = fail::FailScenario::setup();
     init_logging(cli.log_options());
-    match execute(cli, &registry) {
+    let result = execute(cli, &registry);
+    report_lost_log_lines();
+    if let Some(e) = STDOUT_ERROR.get()
+        && e.kind() != io::ErrorKind::BrokenPipe
+    {
+        errln!(
+            "warning: this command's output could not be written to stdout ({e}) and is incomplete: run it again with stdout somewhere it can be written"
+        );
+    }
+    match result {
         Ok(outcome) => outcome.into(),
         Err(e) => {
             let outcome = e.outcome();
             // Every error message already names its cause (the `{source}` is
             // part of each message), so print the top-level Display only:
             // walking the source chain as well would repeat the causes.
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             outcome.into()
         }
     }
+}
+
+/// The first error writing the command's output to stdout; output after it
+/// is dropped.
+static STDOUT_ERROR: OnceLock<io::Error> = OnceLock::new();
+
+/// Writes the command's output to stdout, never panicking (as `print!` does
+/// on a closed pipe or a full disk): once a write fails, that error is kept
+/// and later output dropped. A reader that went away (`rekindle status |
+/// head -1`) ends the output quietly; any other failure is told on stderr as
+/// the command ends. Either way the exit code stays the command's own: it
+/// reports what the command found or did, not whether it could be printed.
+fn write_out(args: std::fmt::Arguments<'_>) {
+    if STDOUT_ERROR.get().is_some() {
+        return;
+    }
+    let mut stdout = io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        let _ = STDOUT_ERROR.set(e);
+    }
+}
+
+/// Writes a message to stderr, never panicking (as `eprintln!` does when
+/// stderr cannot be written): a message that cannot be written is dropped.
+fn write_err(args: std::fmt::Arguments<'_>) {
+    let _ = io::stderr().write_fmt(args);
 }
 
 /// Runs the parsed command, building models from `registry`.
@@ -504,7 +556,7 @@ fn status(dir: &Path, json: bool) -> Result<Outcome, CliError> {
 
 fn report(args: &ReportArgs) -> Result<Outcome, CliError> {
     let path = crate::report::write_report(&args.run_dir, args.out.as_deref())?;
-    println!("wrote {}", path.display());
+    outln!("wrote {}", path.display());
     Ok(Outcome::Done)
 }
 
@@ -516,7 +568,7 @@ fn data_validate(args: &ValidateArgs) -> Result<Outcome, CliError> {
     if let Some(out) = &args.out {
         let mode = if args.truncate { CleanMode::Truncate } else { CleanMode::Drop };
         let summary = write_clean(&args.file, out, &opts, mode)?;
-        eprintln!(
+        errln!(
             "wrote {}: {} lines kept, {} truncated, {} dropped",
             out.display(),
             summary.kept,
@@ -621,7 +673,7 @@ fn exec(args: ExecArgs) -> Result<Outcome, CliError> {
 fn seal(args: SealArgs) -> Result<Outcome, CliError> {
     let opts = orchestrate::SealOptions { staged: args.dir, step: args.step, run_dir: args.run_dir };
     let dir = orchestrate::seal(&opts)?;
-    println!("{}", dir.display());
+    outln!("{}", dir.display());
     Ok(Outcome::Done)
 }
 
@@ -661,6 +713,8 @@ fn resolve_target(path: &Path) -> Result<Target, CliError> {
 struct Listing {
     checkpoints: Vec<CheckpointInfo>,
     quarantined: Vec<CheckpointInfo>,
+    /// Entries named like checkpoints that are not rekindle's (`CheckpointStore::strays`).
+    strays: Vec<PathBuf>,
 }
 
 fn infos_for(path: &Path) -> Result<Listing, CliError> {
@@ -684,13 +738,14 @@ fn infos_for(path: &Path) -> Result<Listing, CliError> {
                 failures,
                 dir,
             };
-            Listing { checkpoints: vec![info], quarantined: Vec::new() }
+            Listing { checkpoints: vec![info], quarantined: Vec::new(), strays: Vec::new() }
         }
         Target::Store(dir) => {
             let store = CheckpointStore::open_read_only(dir);
             Listing {
                 checkpoints: store.list(VerifyLevel::Full)?,
                 quarantined: store.list_quarantined(VerifyLevel::Full)?,
+                strays: store.strays()?,
             }
         }
     })
@@ -704,6 +759,8 @@ struct VerifyJson<'a> {
     all_valid: bool,
     checkpoints: &'a [CheckpointInfo],
     quarantined: &'a [CheckpointInfo],
+    /// Entries named like checkpoints that are not rekindle's, left alone.
+    strays: &'a [PathBuf],
 }
 
 /// The reasons a checkpoint fails, in one line.
@@ -711,52 +768,69 @@ fn reasons(info: &CheckpointInfo) -> String {
     info.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
 }
 
+/// The lines that tell about entries named like checkpoints that rekindle
+/// did not make (none when there are none).
+fn print_strays(strays: &[PathBuf]) {
+    if strays.is_empty() {
+        return;
+    }
+    outln!(
+        "{} entr{} named like checkpoints but not rekindle's (not a step-<10 digits> directory): never loaded, counted or rotated, left alone:",
+        strays.len(),
+        if strays.len() == 1 { "y" } else { "ies" }
+    );
+    for path in strays {
+        outln!("      {}", path.display());
+    }
+}
+
 /// The lines that tell about quarantined checkpoints (empty when there are none).
 fn print_quarantined(quarantined: &[CheckpointInfo]) {
     if quarantined.is_empty() {
         return;
     }
-    println!(
+    outln!(
         "{} quarantined checkpoint(s): they failed verification when a run resumed and were moved aside; never loaded or rotated, kept for inspection (delete them with `rm -r`, or move one back under its step- name once repaired):",
         quarantined.len()
     );
     for info in quarantined {
         let status = if info.valid { "verifies now".to_string() } else { reasons(info) };
-        println!("{:>10}  {}  {status}", info.step, info.dir.display());
+        outln!("{:>10}  {}  {status}", info.step, info.dir.display());
     }
 }
 
 fn verify(path: &Path, json: bool) -> Result<Outcome, CliError> {
-    let Listing { checkpoints: infos, quarantined } = infos_for(path)?;
+    let Listing { checkpoints: infos, quarantined, strays } = infos_for(path)?;
     let all_valid = infos.iter().all(|i| i.valid);
     if json {
-        let report = VerifyJson { path, all_valid, checkpoints: &infos, quarantined: &quarantined };
-        println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
+        let report = VerifyJson { path, all_valid, checkpoints: &infos, quarantined: &quarantined, strays: &strays };
+        outln!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
     } else {
         if infos.is_empty() {
-            println!("{}: no checkpoints yet", path.display());
+            outln!("{}: no checkpoints yet", path.display());
         }
         for info in &infos {
             if info.valid {
-                println!("OK    {}  ({})", info.dir.display(), human_bytes(info.bytes));
+                outln!("OK    {}  ({})", info.dir.display(), human_bytes(info.bytes));
             } else {
-                println!("FAIL  {}", info.dir.display());
+                outln!("FAIL  {}", info.dir.display());
                 for f in &info.failures {
-                    println!("      {f}");
+                    outln!("      {f}");
                 }
             }
         }
         let good = infos.iter().filter(|i| i.valid).count();
         if !infos.is_empty() {
-            println!("{good} of {} checkpoint(s) verify", infos.len());
+            outln!("{good} of {} checkpoint(s) verify", infos.len());
         }
         print_quarantined(&quarantined);
+        print_strays(&strays);
     }
     Ok(if all_valid { Outcome::Done } else { Outcome::Failure })
 }
 
 fn checkpoints(path: &Path, json: bool) -> Result<Outcome, CliError> {
-    let Listing { checkpoints: infos, quarantined } = infos_for(path)?;
+    let Listing { checkpoints: infos, quarantined, strays } = infos_for(path)?;
     let resume_step = infos.iter().find(|i| i.valid).map(|i| i.step);
     if json {
         #[derive(Serialize)]
@@ -764,15 +838,16 @@ fn checkpoints(path: &Path, json: bool) -> Result<Outcome, CliError> {
             resume_step: Option<u64>,
             checkpoints: &'a [CheckpointInfo],
             quarantined: &'a [CheckpointInfo],
+            strays: &'a [PathBuf],
         }
-        let list = ListJson { resume_step, checkpoints: &infos, quarantined: &quarantined };
-        println!("{}", serde_json::to_string_pretty(&list).unwrap());
+        let list = ListJson { resume_step, checkpoints: &infos, quarantined: &quarantined, strays: &strays };
+        outln!("{}", serde_json::to_string_pretty(&list).unwrap());
         return Ok(Outcome::Done);
     }
     if infos.is_empty() {
-        println!("no checkpoints in {}", path.display());
+        outln!("no checkpoints in {}", path.display());
     } else {
-        println!("{:>10}  {:<24}  {:>10}  status", "step", "created", "size");
+        outln!("{:>10}  {:<24}  {:>10}  status", "step", "created", "size");
     }
     for info in &infos {
         let status = if info.valid {
@@ -780,7 +855,7 @@ fn checkpoints(path: &Path, json: bool) -> Result<Outcome, CliError> {
         } else {
             format!("INVALID: {}", reasons(info))
         };
-        println!(
+        outln!(
             "{:>10}  {:<24}  {:>10}  {status}",
             info.step,
             info.created_at.as_deref().unwrap_or("-"),
@@ -788,15 +863,16 @@ fn checkpoints(path: &Path, json: bool) -> Result<Outcome, CliError> {
         );
     }
     print_quarantined(&quarantined);
+    print_strays(&strays);
     Ok(Outcome::Done)
 }
 
 /// Prints `value` as pretty JSON (`--json`) or as its human-readable Display.
 fn emit<T: Serialize + std::fmt::Display>(value: &T, json: bool) {
     if json {
-        println!("{}", serde_json::to_string_pretty(value).expect("command output serialises"));
+        outln!("{}", serde_json::to_string_pretty(value).expect("command output serialises"));
     } else {
-        print!("{value}");
+        out!("{value}");
     }
 }
 

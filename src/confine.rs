@@ -227,6 +227,10 @@ pub fn claim_dir(path: &Path, what: &'static str, made_by_rekindle: impl Fn(&Pat
     if names.is_empty() || made_by_rekindle(path) {
         return mark(path).map_err(io);
     }
+    // Another process (a rank of the same run) may have claimed it since.
+    if is_claimed(path) {
+        return Ok(());
+    }
     names.sort();
     let shown = names.iter().take(5).map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
     let more = if names.len() > 5 { format!(" and {} more", names.len() - 5) } else { String::new() };

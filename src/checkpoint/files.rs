@@ -214,6 +214,13 @@ impl CheckpointStore {
             return Err(refuse("not a directory (a symlink is refused too): stage the files in a directory".into()));
         }
         let staging = self.staging_dir();
+        // Through a staging directory that is a link, `staged` would be a
+        // directory elsewhere, moved into the checkpoints and later rotated.
+        match crate::confine::own_dir(&staging) {
+            Ok(true) => {}
+            Ok(false) => return Err(refuse(format!("there is no staging directory {}", staging.display()))),
+            Err(e) => return Err(refuse(e.to_string())),
+        }
         let real = fs::canonicalize(staged).map_err(|e| refuse(format!("cannot resolve it: {e}")))?;
         let staging_real = fs::canonicalize(&staging)
             .map_err(|e| refuse(format!("the staging directory {} cannot be resolved: {e}", staging.display())))?;

@@ -66,7 +66,7 @@ pub fn claim_dir(dir: &std::path::Path, inside_own_run: bool) -> Result<(), crat
                     real_dir
                         && (name == super::files::STAGING_DIR
                             || name == super::quarantine::QUARANTINE_DIR
-                            || [".tmp-step-", ".trash-step-", ".tmp-seal-step-"].iter().any(|p| name.starts_with(p))
+                            || super::store::LEFTOVER_PREFIXES.iter().any(|p| name.starts_with(p))
                             || (parse_step_dir_name(&name).is_some()
                                 && e.path().join(super::manifest::MANIFEST_FILE).is_file()))
                 })

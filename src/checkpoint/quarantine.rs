@@ -7,7 +7,7 @@
 //! A quarantined checkpoint lives in `<checkpoints>/quarantine/`, under
 //! `step-<10 digits>-<UTC time, YYYYMMDDTHHMMSSZ>` (and `-<n>` when that name
 //! is taken). Nothing that looks for checkpoints looks there: listing,
-//! loading and rotation read only the `step-<digits>` entries of the
+//! loading and rotation read only the `step-<10 digits>` entries of the
 //! checkpoints directory itself, and a quarantined name is not one of those
 //! even if it were. So a damaged checkpoint is never counted as valid again
 //! (by the size-only check of rotation, say) and never deleted by rotation.

@@ -61,6 +61,12 @@ use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect, load_dir, veri
 pub(super) const TMP_PREFIX: &str = ".tmp-";
 const TRASH_PREFIX: &str = ".trash-";
 
+/// How the temporary directories rekindle makes in a checkpoints directory
+/// begin: a save's (`.tmp-step-…`, also a save in parts'), a seal's
+/// (`.tmp-seal-step-…`), a rotation's (`.trash-step-…`). Only these are
+/// leftovers it removes.
+pub(super) const LEFTOVER_PREFIXES: [&str; 3] = [".tmp-step-", ".tmp-seal-step-", ".trash-step-"];
+
 /// Slack on top of the exact file sizes for the manifest and filesystem metadata.
 const SPACE_SLACK: u64 = 1 << 20;
 
@@ -199,12 +205,13 @@ impl CheckpointStore {
     }
 
     /// The shared staging directory `name` of a save of `step` (refused
-    /// unless it is a plain `.tmp-…` name: it comes from another rank).
+    /// unless it is a plain `.tmp-step-…` name: it comes from another rank).
     fn shared_staging_dir(&self, step: u64, name: &str) -> Result<PathBuf, CheckpointError> {
-        if !is_plain_name(name) || !name.starts_with(TMP_PREFIX) {
+        let prefix = LEFTOVER_PREFIXES[0];
+        if !is_plain_name(name) || !name.starts_with(prefix) {
             return Err(CheckpointError::Parts {
                 step,
-                reason: format!("`{name}` is no staging directory name (a plain `{TMP_PREFIX}…` name)"),
+                reason: format!("`{name}` is no staging directory name (a plain `{prefix}…` name)"),
             });
         }
         Ok(self.dir.join(name))
@@ -271,14 +278,15 @@ impl CheckpointStore {
         Ok(ManifestEntry { name, bytes: written.bytes, sha256: written.sha256 })
     }
 
-    /// Directories left by interrupted saves and deletes: `.tmp-…` and
-    /// `.trash-…` directories. Anything else by such a name (a file, a
-    /// symlink) is not rekindle's: it is reported and left alone.
+    /// Directories left by interrupted saves, seals and deletes, by the
+    /// names rekindle gives them ([`LEFTOVER_PREFIXES`]). Anything else by
+    /// such a name (a file, a symlink) is not rekindle's: it is reported and
+    /// left alone, and so is any other name (`.tmp-cache`).
     fn leftovers(&self) -> Result<Vec<PathBuf>, CheckpointError> {
         let mut out = Vec::new();
         for entry in self.read_dir()? {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(TMP_PREFIX) || name.starts_with(TRASH_PREFIX) {
+            if LEFTOVER_PREFIXES.iter().any(|p| name.starts_with(p)) {
                 let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
                 if is_dir {
                     out.push(entry.path());

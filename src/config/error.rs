@@ -9,12 +9,12 @@ use serde::Serialize;
 /// Why a config could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The config file is missing or unreadable.
-    #[error("cannot read config file {}", path.display())]
+    /// The config file is missing or unreadable: names the file, the OS's
+    /// reason and what to do.
+    #[error("cannot read config file {}: {source}; {}", path.display(), read_hint(source))]
     Read {
         /// The path as given.
         path: PathBuf,
-        #[source]
         source: std::io::Error,
     },
     /// The config was read but has problems: syntax, unknown keys, wrong
@@ -35,6 +35,19 @@ impl ConfigError {
             ConfigError::Read { .. } => &[],
             ConfigError::Invalid { problems, .. } => problems,
         }
+    }
+}
+
+/// What to do about a config file that cannot be read.
+fn read_hint(source: &std::io::Error) -> &'static str {
+    match source.kind() {
+        std::io::ErrorKind::NotFound => {
+            "check the path (a relative one is taken from the current directory); configs/example.toml shows every key"
+        }
+        std::io::ErrorKind::PermissionDenied => "check the file's permissions and those of its directories",
+        std::io::ErrorKind::IsADirectory => "pass the TOML file, not a directory",
+        std::io::ErrorKind::InvalidData => "the config must be a UTF-8 TOML file",
+        _ => "check that the file exists and is a readable TOML file",
     }
 }
 
@@ -114,12 +127,14 @@ mod tests {
     }
 
     #[test]
-    fn read_error_names_the_path() {
-        let err = ConfigError::Read {
-            path: "configs/missing.toml".into(),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
-        };
-        assert_eq!(err.to_string(), "cannot read config file configs/missing.toml");
+    fn read_error_names_the_path_the_os_reason_and_what_to_do() {
+        let source = std::fs::read_to_string("configs/missing.toml").unwrap_err();
+        let reason = source.to_string();
+        let err = ConfigError::Read { path: "configs/missing.toml".into(), source };
+        let message = err.to_string();
+        assert!(message.starts_with("cannot read config file configs/missing.toml: "), "{message}");
+        assert!(message.contains(&reason) && reason.contains("No such file or directory"), "{message}");
+        assert!(message.contains("check the path"), "{message}");
         assert!(std::error::Error::source(&err).is_some());
     }
 }

@@ -882,7 +882,7 @@ lr = 1
             [
                 "from --set: run.max_step: unknown key; did you mean `max_steps`? allowed: name, dir, seed, max_steps, max_crash_requeues",
                 "from --set: nosuch.key: unknown section; allowed: run, model, data, train, optimizer, \
-                 precision, checkpoint, signals, publish, gpu, watchdog, lock, distributed",
+                 precision, checkpoint, signals, publish, gpu, watchdog, lock, distributed, telemetry",
                 "from --set: run.seed: expected a non-negative integer, found string \"x\"",
                 "from --set: checkpoint.keep: must be at least 1 (got 0)",
             ]
@@ -1071,7 +1071,10 @@ lr = 1
                 hidden in proptest::collection::vec(1usize..4096, 1..5),
                 interval_ms in 1u64..10_000_000,
                 name in "[a-z][a-z0-9_-]{0,20}",
-                include in proptest::collection::vec("[ -~]{0,12}", 0..3),
+                include in proptest::collection::vec(
+                    "[ -~]{0,12}".prop_filter("a valid include pattern", |p| crate::config::check_include_pattern(p).is_ok()),
+                    0..3,
+                ),
             ) {
                 let mut config = Config::default();
                 config.run.seed = seed;

@@ -22,4 +22,4 @@ pub use keys::{all_keys, section_keys, sections};
 pub use kinds::{AnyKind, BuiltinKinds, ModelKinds};
 pub use load::{LoadedConfig, from_str, from_str_with, load, load_with, to_toml};
 pub use schema::*;
-pub use validate::validate;
+pub use validate::{check_include_pattern, validate};

@@ -25,6 +25,7 @@ pub struct Config {
     pub watchdog: WatchdogSection,
     pub lock: LockSection,
     pub distributed: DistributedSection,
+    pub telemetry: TelemetrySection,
 }
 
 /// `[run]`: identity and length of the run.
@@ -497,9 +498,11 @@ pub struct PublishSection {
     /// Commit message template (default names run, step, job id and reason);
     /// `{run}`, `{step}`, `{job}`, `{reason}`, `{node}` are replaced.
     pub message: Option<String>,
-    /// Extra run-directory files to publish (glob patterns). Only small text
-    /// artefacts and figures are published (`publish::PUBLISHABLE_EXTENSIONS`);
-    /// weights never are.
+    /// Extra run-directory files to publish (glob patterns relative to the
+    /// run directory, never leaving it: checked by `validate.rs`). Only
+    /// regular files of small text artefacts and figures are published
+    /// (`publish::PUBLISHABLE_EXTENSIONS`); symbolic links are never
+    /// followed, and weights and checkpoint contents never published.
     pub include: Vec<String>,
     /// Largest file published, in MiB; a larger one is left out with a warning.
     pub max_file_mib: u64,
@@ -632,6 +635,48 @@ pub struct DistributedSection {
 impl Default for DistributedSection {
     fn default() -> Self {
         DistributedSection { timeout: Duration::from_secs(180), shard_optimizer: false }
+    }
+}
+
+/// The words `[telemetry] secret_words` holds by default.
+pub const DEFAULT_SECRET_WORDS: [&str; 11] = [
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "passphrase",
+    "pass",
+    "key",
+    "credential",
+    "credentials",
+    "auth",
+    "authorization",
+];
+
+/// `[telemetry]`: what rekindle's own records (`events.jsonl`, which
+/// publishing copies) may hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetrySection {
+    /// A name (`HF_TOKEN`, `--api-key`, `"password":`) is secret when one
+    /// of its parts (split at `_`, `-`, `.`) ends with one of these words
+    /// (case-insensitive, ASCII letters and digits); the values of secret
+    /// names are redacted from `rekindle exec`'s command line and its
+    /// program's stderr tail before they are recorded (`telemetry::Redactor`).
+    /// URL credentials and bearer tokens are redacted whatever the list.
+    pub secret_words: Vec<String>,
+    /// Record `rekindle exec`'s command line as given, secrets included
+    /// (`child_start`, the `start` placement, error messages), and so
+    /// publish it with `events.jsonl`. The stderr tail is redacted anyway.
+    pub record_raw_command: bool,
+}
+
+impl Default for TelemetrySection {
+    fn default() -> Self {
+        TelemetrySection {
+            secret_words: DEFAULT_SECRET_WORDS.iter().map(|w| w.to_string()).collect(),
+            record_raw_command: false,
+        }
     }
 }
 

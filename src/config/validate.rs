@@ -81,6 +81,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     watchdog(&mut f, &config.watchdog);
     lock(&mut f, &config.lock);
     distributed(&mut f, &config.distributed);
+    telemetry(&mut f, &config.telemetry);
     f.0
 }
 
@@ -309,7 +310,42 @@ fn distributed(f: &mut Findings, d: &DistributedSection) {
     });
 }
 
+/// Whether `pattern` may be a `[publish] include` pattern: a glob relative
+/// to the run directory that cannot leave it (no absolute path, no `..`
+/// component), each of its `/`-separated components a valid glob (`**` only
+/// as a whole component). `Err` says why not. Publishing matches patterns
+/// component by component (`publish/select.rs`).
+pub fn check_include_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.trim().is_empty() {
+        return Err("is empty; write a pattern relative to the run directory, e.g. \"samples/*.txt\"".into());
+    }
+    if pattern.starts_with('/') {
+        return Err(format!(
+            "`{pattern}` is an absolute path; patterns are relative to the run directory, e.g. \"samples/*.txt\""
+        ));
+    }
+    if pattern.split('/').any(|c| c == "..") {
+        return Err(format!(
+            "`{pattern}` leaves the run directory (`..`); only files inside the run directory are published"
+        ));
+    }
+    let invalid = |e: glob::PatternError| format!("`{pattern}` is not a valid glob pattern: {e}");
+    glob::Pattern::new(pattern).map_err(invalid)?;
+    for component in pattern.split('/').filter(|c| !c.is_empty() && *c != "**") {
+        glob::Pattern::new(component).map_err(invalid)?;
+    }
+    Ok(())
+}
+
 fn publish(f: &mut Findings, p: &PublishSection) {
+    // Checked even when publishing is off: a `--set publish.enabled=true`
+    // later must not find a bad pattern at the end of a run.
+    for (i, pattern) in p.include.iter().enumerate() {
+        let problem = check_include_pattern(pattern).err();
+        f.require(problem.is_none(), "publish.include", || {
+            format!("entry {}: {}", i + 1, problem.clone().unwrap_or_default())
+        });
+    }
     if !p.enabled {
         return;
     }
@@ -324,6 +360,22 @@ fn publish(f: &mut Findings, p: &PublishSection) {
     f.require(p.retry_initial <= p.retry_max, "publish.retry_initial", || {
         "must not exceed publish.retry_max".to_string()
     });
+}
+
+fn telemetry(f: &mut Findings, t: &TelemetrySection) {
+    for (i, word) in t.secret_words.iter().enumerate() {
+        f.require(
+            !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric()),
+            "telemetry.secret_words",
+            || {
+                format!(
+                    "entry {} ({word:?}) must be ASCII letters and digits only: names are split at `_`, `-` and `.` \
+                 before a part is matched, so write e.g. \"key\" rather than \"api_key\"",
+                    i + 1
+                )
+            },
+        );
+    }
 }
 
 #[cfg(test)]
@@ -523,6 +575,44 @@ mod tests {
         let mut c = Config::default();
         c.publish.enabled = true;
         assert_eq!(keys(&c), ["publish.repo"]);
+    }
+
+    #[test]
+    fn include_patterns_stay_inside_the_run_directory_and_are_valid_globs() {
+        for ok in ["samples/*.txt", "**/*.png", "plots/**", "eval.csv", "./notes.md", "a/[bc]?.json", "*"] {
+            assert_eq!(check_include_pattern(ok), Ok(()), "{ok}");
+        }
+        let why = |p: &str| check_include_pattern(p).unwrap_err();
+        assert!(why("../secrets/*").contains("leaves the run directory"), "{}", why("../secrets/*"));
+        assert!(why("samples/../../x").contains("leaves the run directory"));
+        assert!(why("..").contains("leaves the run directory"));
+        assert!(why("/etc/passwd").contains("absolute path"));
+        assert!(why("").contains("is empty") && why("  ").contains("is empty"));
+        assert!(why("a/**b").contains("not a valid glob pattern"), "{}", why("a/**b"));
+        assert!(why("[ab").contains("not a valid glob pattern"));
+        assert!(why("[a/b]").contains("not a valid glob pattern"), "a bracket may not span components");
+        assert_eq!(check_include_pattern("a..b/x..y"), Ok(()), "dots inside a name are fine");
+    }
+
+    #[test]
+    fn every_bad_include_pattern_is_reported_even_with_publishing_off() {
+        let mut c = Config::default();
+        c.publish.include = vec!["ok/*.txt".into(), "../x".into(), "/abs".into()];
+        let found = findings(&c);
+        assert_eq!(found.iter().map(|f| f.key).collect::<Vec<_>>(), ["publish.include", "publish.include"]);
+        assert!(found[0].message.starts_with("entry 2: `../x` leaves the run directory"), "{}", found[0].message);
+        assert!(found[1].message.starts_with("entry 3: `/abs` is an absolute path"), "{}", found[1].message);
+    }
+
+    #[test]
+    fn secret_words_are_plain_words() {
+        let mut c = Config::default();
+        c.telemetry.secret_words = vec!["wandb".into(), "api_key".into(), "".into()];
+        let found = findings(&c);
+        assert_eq!(found.iter().map(|f| f.key).collect::<Vec<_>>(), ["telemetry.secret_words"; 2]);
+        assert!(found[0].message.starts_with("entry 2 (\"api_key\")"), "{}", found[0].message);
+        c.telemetry.secret_words.clear();
+        assert!(keys(&c).is_empty(), "no words: only URL credentials and bearer tokens are redacted");
     }
 
     #[test]

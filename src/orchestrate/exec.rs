@@ -94,13 +94,15 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     // quarantines and removes staged leftovers: only as the lock's owner.
     let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
     let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
+    // Secrets redacted unless `[telemetry] record_raw_command`.
+    let recorded = child::recorded_command(&cfg, &opts.command);
     events.record(&Event::Start(Start {
         pid: std::process::id(),
         rekindle_version: env!("CARGO_PKG_VERSION").into(),
         run_dir: dir.root.clone(),
         allocation: serde_json::to_value(&slurm).unwrap_or_default(),
         max_steps: cfg.run.max_steps,
-        placement: serde_json::json!({"exec": child::display_command(&opts.command)}),
+        placement: serde_json::json!({"exec": recorded.join(" ")}),
         ..Start::default()
     }))?;
     if let Some(takeover) = ownership.takeover() {
@@ -149,11 +151,11 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     };
     let attempt = ExecAttempt { cfg, dir, store, slurm, started: Instant::now(), start_step, resumes, monitor };
     let supervised = child::supervise(&opts.command, &env, &attempt.cfg, &stop, &ownership, &mut events, |pid, ev| {
-        tracing::info!(pid, command = %child::display_command(&opts.command), "the program started");
+        tracing::info!(pid, command = %recorded.join(" "), "the program started");
         record_or_log(
             ev,
             &Event::ChildStart(ChildStart {
-                command: opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+                command: recorded.clone(),
                 pid,
                 protocol: PROTOCOL,
                 resume_from: env.resume_from.clone(),
@@ -292,7 +294,7 @@ impl ExecAttempt {
             }
             Verdict::Crashed { class, why } => {
                 let error = RunError::ChildFailed {
-                    command: child::display_command(command),
+                    command: child::recorded_command(&self.cfg, command).join(" "),
                     how: end.describe(),
                     class,
                     why: why.clone(),

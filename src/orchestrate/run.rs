@@ -86,6 +86,9 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let slurm = SlurmEnv::from_process();
     let info = WorldInfo::detect().map_err(RunError::Distributed)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    // Before anything is written there, by any rank (the ranks' beats go
+    // into `ranks/` at once): a directory that is not rekindle's is refused.
+    rundir::claim(&root, &cfg)?;
     if info.size <= 1 {
         return lead(opts, cfg, stop, slurm, root, None);
     }
@@ -145,7 +148,6 @@ fn lead(
 ) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
-    rundir::claim(&root, &cfg)?;
     let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");

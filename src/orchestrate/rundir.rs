@@ -59,10 +59,11 @@ pub fn checkpoints_dir(root: &Path, cfg: &Config) -> PathBuf {
 /// created or adopted and marked, one that holds someone else's files is
 /// refused (exit 78) untouched, and so are `/` and the home directory
 /// ([`crate::confine::claim_dir`]). A run directory from before the marker is
-/// recognised by the `config.toml` rekindle wrote in it.
+/// recognised by the `config.toml` or the `rekindle.lock` rekindle wrote in it.
 pub fn claim(root: &Path, cfg: &Config) -> Result<(), RunError> {
     crate::confine::claim_dir(root, "the run directory (--run-dir or [run] dir)", |dir| {
         config::load_with(&dir.join(CONFIG_FILE), &[], &config::AnyKind).is_ok()
+            || super::lock::LockInfo::read(&dir.join(super::lock::LOCK_FILE)).is_some()
     })?;
     let checkpoints = checkpoints_dir(root, cfg);
     crate::checkpoint::claim_dir(&checkpoints, checkpoints == root.join(CHECKPOINTS_DIR))

@@ -1,8 +1,10 @@
 //! The git side of publishing, with `git2` (libgit2; no `git` binary needed on
 //! compute nodes).
 //!
-//! 1. Copy the artefacts into a new commit on `[publish] branch` of the local
-//!    clone at `[publish] repo`, under `runs/<run name>/`. The commit is built
+//! 1. Copy the artefacts (chosen by `select.rs`, read by `files.rs`: never
+//!    through a link, never of a checkpoint) into a new commit on `[publish]
+//!    branch` of the local clone at `[publish] repo`, under `runs/<run
+//!    name>/`; what is left out is reported, not fatal. The commit is built
 //!    from trees directly (the clone's index and other files are untouched;
 //!    when the branch is checked out, only `runs/<run name>/` is refreshed).
 //! 2. Push the branch — which also pushes commits earlier runs could not push.
@@ -24,6 +26,8 @@ use crate::config::PublishSection;
 use crate::telemetry::RefusedFile;
 
 use super::backoff::next_wait;
+use super::files::{Reader, walk};
+use super::select::Selection;
 
 /// Everything one publish needs.
 #[derive(Debug, Clone)]
@@ -33,6 +37,9 @@ pub struct PublishRequest<'a> {
     pub run_dir: &'a Path,
     /// `MANIFEST.json` of the newest checkpoint (published as `runs/<run>/MANIFEST.json`).
     pub newest_manifest: Option<PathBuf>,
+    /// `[checkpoint] dir`, when set: nothing under it is published (nor
+    /// under `<run dir>/checkpoints`), whatever path reaches it.
+    pub checkpoint_dir: Option<PathBuf>,
     pub step: u64,
     pub job_id: Option<String>,
     pub node: String,
@@ -50,8 +57,9 @@ pub struct PublishReport {
     pub pushed: bool,
     pub attempts: u32,
     pub files: Vec<String>,
-    /// Files that were not published, each with the reason (type not on the
-    /// allow-list, over `[publish] max_file_mib`, or under `checkpoints/`).
+    /// Files that were not published, each with the reason: a symbolic link
+    /// (never followed), not a regular file, a type not on the allow-list,
+    /// over `[publish] max_file_mib`, or of the checkpoints.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<RefusedFile>,
     /// The last push error, when not pushed (secrets redacted).
@@ -65,41 +73,8 @@ pub enum PublishError {
     NotARepo { path: PathBuf, reason: String },
     #[error("publishing into {path}: {what} failed: {reason}")]
     Git { path: PathBuf, what: &'static str, reason: String },
-    #[error("cannot read {path} to publish it: {source}")]
+    #[error("cannot list the run directory {path} to publish it: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("[publish] include pattern `{pattern}` is invalid: {reason}")]
-    Pattern { pattern: String, reason: String },
-}
-
-/// The kinds of file publishing may copy: small text artefacts and figures.
-/// An allow-list, not a deny-list of weight formats: a file of any other
-/// type (weights under any name, archives, binaries, pickles) is never pushed.
-pub const PUBLISHABLE_EXTENSIONS: [&str; 13] =
-    ["json", "jsonl", "toml", "yaml", "yml", "txt", "md", "csv", "tsv", "log", "html", "svg", "png"];
-
-/// Whether the run-directory file `rel` (of `size` bytes) may be published,
-/// or why not. Pure: the whole publishing policy, tested without a disk.
-pub fn admit(rel: &str, size: u64, max_bytes: u64) -> Result<(), String> {
-    if rel.starts_with("checkpoints/") {
-        return Err("checkpoint contents are never published (only the newest MANIFEST.json is)".into());
-    }
-    let ext = Path::new(rel).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    match ext {
-        Some(ext) if PUBLISHABLE_EXTENSIONS.contains(&ext.as_str()) => {}
-        _ => {
-            return Err(format!(
-                "not a publishable type (allowed: .{}); weights and other binary files are never published",
-                PUBLISHABLE_EXTENSIONS.join(", .")
-            ));
-        }
-    }
-    if size > max_bytes {
-        return Err(format!(
-            "{size} bytes is over [publish] max_file_mib = {} MiB; raise it or leave the file out of [publish] include",
-            max_bytes >> 20
-        ));
-    }
-    Ok(())
 }
 
 /// Removes credentials from a URL (`https://user:token@host/x` → `https://***@host/x`).
@@ -122,48 +97,50 @@ fn redact_message(msg: &str) -> String {
         .join(" ")
 }
 
-/// (path in the repository under `runs/<run>/`, file in the run directory).
-type Artefact = (String, PathBuf);
+/// Where an artefact comes from.
+enum Source {
+    /// A file of the run directory, by its path relative to it.
+    RunDir,
+    /// The newest checkpoint's manifest.
+    Manifest(PathBuf),
+}
 
-/// The artefacts to publish, and the files left out.
-fn collect_files(req: &PublishRequest<'_>) -> Result<(Vec<Artefact>, Vec<RefusedFile>), PublishError> {
-    let mut candidates = Vec::new();
-    for name in ["config.toml", "metrics.jsonl", "events.jsonl", "summary.json", "gpu_stats.jsonl"] {
-        let path = req.run_dir.join(name);
-        if path.is_file() {
-            candidates.push((name.to_string(), path));
-        }
+/// What one publish copies: each artefact's path under `runs/<run>/` and
+/// where it comes from, the entries refused on the way, and the reader.
+struct Selected<'a> {
+    sources: Vec<(String, Source)>,
+    refused: Vec<RefusedFile>,
+    reader: Reader<'a>,
+}
+
+/// The artefacts to publish (module header; the rules are `select.rs`'s).
+fn select<'a>(req: &PublishRequest<'a>) -> Result<Selected<'a>, PublishError> {
+    let inside = req.checkpoint_dir.as_deref().and_then(|dir| relative_inside(req.run_dir, dir));
+    let (selection, mut refused) = Selection::new(&req.cfg.include, inside);
+    let (found, walk_refused) = walk(req.run_dir, &selection)
+        .map_err(|source| PublishError::Read { path: req.run_dir.to_path_buf(), source })?;
+    refused.extend(walk_refused);
+    let mut sources = Vec::new();
+    if let Some(manifest) = &req.newest_manifest {
+        sources.push(("MANIFEST.json".to_string(), Source::Manifest(manifest.clone())));
     }
-    if let Some(manifest) = &req.newest_manifest
-        && manifest.is_file()
-    {
-        candidates.push(("MANIFEST.json".to_string(), manifest.clone()));
-    }
-    for pattern in &req.cfg.include {
-        let full = req.run_dir.join(pattern);
-        let paths = glob::glob(&full.to_string_lossy())
-            .map_err(|e| PublishError::Pattern { pattern: pattern.clone(), reason: e.to_string() })?;
-        for path in paths.flatten() {
-            let Ok(rel) = path.strip_prefix(req.run_dir) else { continue };
-            let rel = rel.to_string_lossy().into_owned();
-            if path.is_file() && !candidates.iter().any(|(r, _)| *r == rel) {
-                candidates.push((rel, path));
-            }
-        }
-    }
-    let max_bytes = req.cfg.max_file_mib.saturating_mul(1 << 20);
-    let (mut files, mut refused) = (Vec::new(), Vec::new());
-    for (rel, path) in candidates {
-        let size = std::fs::metadata(&path).map_err(|source| PublishError::Read { path: path.clone(), source })?.len();
-        match admit(&rel, size, max_bytes) {
-            Ok(()) => files.push((rel, path)),
-            Err(reason) => {
-                tracing::warn!(file = %rel, %reason, "not publishing");
-                refused.push(RefusedFile { file: rel, reason });
-            }
-        }
-    }
-    Ok((files, refused))
+    let manifest_given = req.newest_manifest.is_some();
+    sources.extend(
+        found.into_iter().filter(|rel| !(manifest_given && rel == "MANIFEST.json")).map(|rel| (rel, Source::RunDir)),
+    );
+    let mut checkpoint_dirs = vec![req.run_dir.join("checkpoints")];
+    checkpoint_dirs.extend(req.checkpoint_dir.clone());
+    let reader = Reader::new(req.run_dir, req.cfg.max_file_mib.saturating_mul(1 << 20), checkpoint_dirs);
+    Ok(Selected { sources, refused, reader })
+}
+
+/// The components of `dir` relative to `root` when it lies inside it (both
+/// resolved: a checkpoint directory named through a link still counts).
+fn relative_inside(root: &Path, dir: &Path) -> Option<Vec<String>> {
+    let root = std::fs::canonicalize(root).ok()?;
+    let dir = std::fs::canonicalize(dir).or_else(|_| std::path::absolute(dir)).ok()?;
+    let rel = dir.strip_prefix(&root).ok()?;
+    Some(rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect())
 }
 
 /// Returns `base` with `blob` at `path` (creating intermediate trees).
@@ -238,22 +215,37 @@ pub fn publish(req: &PublishRequest<'_>) -> Result<PublishReport, PublishError> 
     };
     let base_tree = parent.as_ref().map(|c| c.tree()).transpose().map_err(git("reading the tree"))?;
 
-    let (files, refused) = collect_files(req)?;
+    let Selected { sources, mut refused, reader } = select(req)?;
     let mut tree_oid = match &base_tree {
         Some(t) => t.id(),
         None => repo.treebuilder(None).and_then(|b| b.write()).map_err(git("creating a tree"))?,
     };
-    for (rel, path) in &files {
-        let bytes = std::fs::read(path).map_err(|source| PublishError::Read { path: path.clone(), source })?;
+    let mut files = Vec::new();
+    for (rel, source) in sources {
+        let read = match &source {
+            Source::RunDir => reader.read_inside(&rel).map(Some),
+            Source::Manifest(path) => reader.read_manifest(&rel, path),
+        };
+        let bytes = match read {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => continue,
+            Err(reason) => {
+                refused.push(RefusedFile { file: rel, reason });
+                continue;
+            }
+        };
         let blob = repo.blob(&bytes).map_err(git("writing a blob"))?;
         let mut components = vec!["runs", req.run_name];
         components.extend(rel.split('/'));
         let base = repo.find_tree(tree_oid).map_err(git("reading the tree"))?;
         tree_oid = upsert(&repo, Some(&base), &components, blob).map_err(git("building the tree"))?;
+        files.push(rel);
+    }
+    for r in &refused {
+        tracing::warn!(file = %r.file, reason = %r.reason, "not publishing");
     }
 
-    let mut report =
-        PublishReport { files: files.iter().map(|(r, _)| r.clone()).collect(), refused, ..Default::default() };
+    let mut report = PublishReport { files, refused, ..Default::default() };
     if base_tree.as_ref().map(|t| t.id()) != Some(tree_oid) {
         let tree = repo.find_tree(tree_oid).map_err(git("reading the tree"))?;
         let sig = repo
@@ -437,25 +429,5 @@ mod tests {
             redact_message("failed to push to https://tok@github.com/x.git: 403"),
             "failed to push to https://***@github.com/x.git: 403"
         );
-    }
-
-    #[test]
-    fn only_allowed_types_under_the_size_cap_are_published() {
-        const MIB: u64 = 1 << 20;
-        for ok in ["metrics.jsonl", "samples/a.txt", "plots/loss.svg", "plots/LOSS.PNG", "notes.md", "eval.csv"] {
-            assert_eq!(admit(ok, 10, MIB), Ok(()), "{ok}");
-        }
-        for weights in ["model.safetensors", "x/y.pt", "w.bin", "opt.ckpt", "a.npz", "m.gguf", "w.pkl", "w.h5"] {
-            let why = admit(weights, 10, MIB).unwrap_err();
-            assert!(why.contains("not a publishable type"), "{weights}: {why}");
-        }
-        for unknown in ["Makefile", "archive.tar.gz", "core", "data.parquet", "run.jsonl.bak"] {
-            assert!(admit(unknown, 10, MIB).is_err(), "a file of unknown type is never pushed: {unknown}");
-        }
-        let why = admit("checkpoints/step-1/state.json", 10, MIB).unwrap_err();
-        assert!(why.contains("checkpoint contents"), "{why}");
-        assert_eq!(admit("metrics.jsonl", MIB, MIB), Ok(()), "the cap itself is allowed");
-        let why = admit("metrics.jsonl", MIB + 1, MIB).unwrap_err();
-        assert!(why.contains("over [publish] max_file_mib = 1 MiB"), "{why}");
     }
 }

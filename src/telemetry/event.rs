@@ -467,7 +467,9 @@ pub struct Stop {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ChildStart {
-    /// The command line, each argument as given (lossy UTF-8).
+    /// The command line, argument by argument (lossy UTF-8), secrets
+    /// redacted ([`Redactor::args`](super::Redactor::args)) unless `[telemetry]
+    /// record_raw_command`.
     pub command: Vec<String>,
     pub pid: u32,
     /// `REKINDLE_EXEC_PROTOCOL`.
@@ -505,7 +507,8 @@ pub struct ChildExit {
     pub sealed_this_attempt: u64,
     /// `finished`, `stopped` or `crashed`.
     pub verdict: String,
-    /// Its last lines on stderr (at most 20, each at most 500 bytes).
+    /// Its last lines on stderr (at most 20, each at most 500 bytes),
+    /// secrets redacted ([`Redactor::text`](super::Redactor::text)).
     pub stderr_tail: Vec<String>,
 }
 

@@ -12,6 +12,7 @@ mod logging;
 mod metrics;
 mod rank_beat;
 mod records;
+mod redact;
 #[cfg(test)]
 mod release_fixture;
 mod summary;
@@ -26,8 +27,9 @@ pub use event::{
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
 pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
-pub use logging::{LogFormat, LogOptions, init_logging};
+pub use logging::{LogFormat, LogOptions, Lossy, LossyWriter, init_logging, lost_log_lines, report_lost_log_lines};
 pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics_from, metrics_step};
 pub use rank_beat::{RankBeat, rank_beat_file};
 pub use records::{Jsonl, parse_jsonl, read_jsonl, time_field};
+pub use redact::{MASK, Redactor};
 pub use summary::{Summary, SummaryState};

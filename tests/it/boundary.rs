@@ -71,6 +71,13 @@ fn a_symlinked_staging_directory_is_refused_and_what_it_points_to_is_untouched()
     let refused = RunCmd::exec(&run, &["true"]).run(TIMEOUT);
     assert_ne!(refused.code(), Some(EXIT_DONE), "{}", refused.tail());
     assert!(refused.stderr.contains(".staging is a symbolic link"), "{}", refused.tail());
+    // Nor does a seal move what the link points to into the checkpoints.
+    let (code, _, stderr) = output(
+        Command::new(exe()).args(["seal", "--run-dir"]).arg(&run).arg(staging.join("step-1")).args(["--step", "1"]),
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(".staging is a symbolic link"), "{stderr}");
+    assert!(checkpoint_steps(&run).is_empty());
     assert_eq!(listing(&outside), before, "nothing outside the run directory changed");
 }
 
@@ -166,7 +173,10 @@ fn stray_step_names_are_never_counted_nor_rotated_in_place_of_valid_checkpoints(
     fs::write(ckpt.join("step-7/notes.txt"), b"mine").unwrap();
     let strays = listing(&ckpt.join("step-30"));
     cmd().run(TIMEOUT).assert_code(EXIT_DONE);
-    assert_eq!(checkpoint_steps(&run), vec![40, 50, 60], "keep = 3 valid, rotated as usual");
+    // keep = 3 valid ones, rotated as usual (a periodic save deferred while
+    // the previous one persisted may land a step or two late: 40, 52, 60).
+    let kept = checkpoint_steps(&run);
+    assert!(kept.len() == 3 && kept[0] > 30 && kept[2] == 60, "{kept:?}");
     assert_eq!(listing(&ckpt.join("step-30")), strays, "the stray copy is left alone");
     assert_eq!(fs::read(ckpt.join("step-7/notes.txt")).unwrap(), b"mine");
     let (code, stdout, stderr) = output(Command::new(exe()).args(["checkpoints"]).arg(&run));

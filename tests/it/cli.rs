@@ -87,7 +87,7 @@ fn unknown_flag_is_a_usage_error() {
 }
 
 #[test]
-fn run_with_a_missing_config_file_is_a_config_error_naming_the_path() {
+fn run_with_a_missing_config_file_is_a_config_error_naming_the_path_the_reason_and_what_to_do() {
     let tmp = tempfile::tempdir().unwrap();
     let missing = tmp.path().join("nowhere").join("missing.toml");
     let run_dir = tmp.path().join("run");
@@ -95,6 +95,9 @@ fn run_with_a_missing_config_file_is_a_config_error_naming_the_path() {
         run_rekindle(&["run", "--config", missing.to_str().unwrap(), "--run-dir", run_dir.to_str().unwrap()]);
     assert_eq!(code, EXIT_CONFIG, "stderr:\n{stderr}");
     assert!(stderr.contains(&missing.display().to_string()), "the error names the path:\n{stderr}");
+    // Issue #33: the OS's reason (as `gpus` and `data validate` give it) and a hint.
+    assert!(stderr.contains("No such file or directory"), "the error gives the OS's reason:\n{stderr}");
+    assert!(stderr.contains("check the path"), "the error says what to do:\n{stderr}");
     assert!(!Path::new(&run_dir).exists(), "nothing is created for a missing config");
 }
 

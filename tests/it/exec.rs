@@ -329,10 +329,17 @@ fn a_seal_that_dies_before_its_rename_leaves_no_checkpoint_and_the_next_attempt_
     first.assert_code(0);
     assert!(first.stderr.contains("seal exited 101"), "{}", first.tail());
     assert!(checkpoint_steps(&run).is_empty(), "nothing was sealed");
-    let staged = run.join("checkpoints/.staging/s");
-    assert!(staged.join("MANIFEST.json").is_file(), "it died after writing the manifest, in the staging directory");
+    // A seal works on the staged directory moved under a name of its own.
+    let sealing: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(".tmp-seal-step-0000000001-"))
+        .collect();
+    assert_eq!(sealing.len(), 1, "{sealing:?}");
+    assert!(sealing[0].join("MANIFEST.json").is_file(), "it died after writing the manifest");
+    assert!(!run.join("checkpoints/.staging/s").exists(), "moved out of the program's reach");
     RunCmd::exec(&run, &["sh", "-c", "test -z \"$REKINDLE_RESUME_FROM\""]).run(TIMEOUT).assert_code(0);
-    assert!(!staged.exists(), "the next attempt removed it");
+    assert!(!sealing[0].exists(), "the next attempt removed it");
     assert!(events_named(&run, "resume").is_empty());
 }
 

@@ -22,6 +22,7 @@ mod drills;
 mod exec;
 mod gpu_check;
 mod gpu_run;
+mod hostile;
 mod interval;
 mod kill_chain;
 mod lock;

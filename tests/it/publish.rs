@@ -1,6 +1,10 @@
 //! Publishing against real git repositories on disk: a bare "remote", a clone
 //! to commit into, the `git` command line to check what arrived, and
-//! `git daemon` for a remote whose pre-receive hook rejects pushes.
+//! `git daemon` for a remote whose pre-receive hook rejects pushes. The run
+//! directory as a trust boundary (#27), through the real binary: no secret
+//! of `rekindle exec`'s command line or stderr is pushed, nothing is pushed
+//! through a symlink nor of a checkpoint, and an include pattern leaving the
+//! run directory is a config error at start.
 
 use crate::support;
 
@@ -11,8 +15,13 @@ use std::time::{Duration, Instant};
 
 use rekindle::config::PublishSection;
 use rekindle::publish::{PublishRequest, publish};
+use serde_json::Value;
 
+use support::cli::{RunCmd, last_event};
 use support::git::{closed_port, git, remote_and_clone};
+
+/// Longest a whole `rekindle exec` of these tests may take.
+const EXEC_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn run_dir(root: &Path) -> PathBuf {
     let dir = root.join("run");
@@ -46,6 +55,7 @@ fn request<'a>(cfg: &'a PublishSection, run: &'a Path, reason: &str, deadline: O
         run_name: "demo",
         run_dir: run,
         newest_manifest: Some(run.join("checkpoints/step-0000000010/MANIFEST.json")),
+        checkpoint_dir: None,
         step: 10,
         job_id: Some("4242".into()),
         node: "n1".into(),
@@ -230,4 +240,185 @@ fn files_of_unknown_type_and_files_over_the_cap_are_refused_and_named() {
     // The report is what the `publish` event records.
     let event = serde_json::to_value(&report).unwrap();
     assert_eq!(event["refused"].as_array().map(Vec::len), Some(5), "{event}");
+}
+
+/// `rekindle exec --set publish.enabled=true --set publish.repo=CLONE -- COMMAND`.
+fn exec_publishing(run: &Path, clone: &Path, command: &[&str]) -> RunCmd {
+    RunCmd::exec(run, command).set("publish.enabled=true").set(&format!("publish.repo=\"{}\"", clone.display()))
+}
+
+/// Everything the bare remote's `main` ever held: every commit's message and
+/// every file's content, as `git log -p` shows them.
+fn everything_pushed(bare: &Path) -> String {
+    git(bare, &["log", "-p", "--format=%B", "main"])
+}
+
+/// Whether `git grep` finds `needle` in the pushed tree of `main`.
+fn grep_pushed(bare: &Path, needle: &str) -> bool {
+    let out = Command::new("git").args(["grep", "-F", "-q", "-e", needle, "main"]).current_dir(bare).output().unwrap();
+    match out.status.code() {
+        Some(0) => true,
+        Some(1) => false,
+        _ => panic!("git grep failed: {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+#[test]
+fn issue_27_no_secret_of_the_command_line_or_the_stderr_of_exec_is_published() {
+    const API_KEY: &str = "sk-TEST-4f9c2e1d8b7a";
+    const HF_TOKEN: &str = "hf_TESTq8Zr2Lm5Xw";
+    const PASSWORD: &str = "hunter2-TEST-77c1";
+    let tmp = tempfile::tempdir().unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let run = tmp.path().join("run");
+    // The secrets of stderr are not on the command line: each rule is seen alone.
+    let script = tmp.path().join("train.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "echo \"loading with HF_TOKEN={HF_TOKEN}\" >&2\n\
+             echo \"fetching https://user:{PASSWORD}@example.com/x\" >&2\n\
+             echo \"step 1 loss=2.5\" >&2\n"
+        ),
+    )
+    .unwrap();
+    let api_key = format!("--api-key={API_KEY}");
+    let script_arg = script.to_string_lossy().into_owned();
+    exec_publishing(&run, &clone, &["sh", &script_arg, &api_key, "--keep=3"]).run(EXEC_TIMEOUT).assert_code(0);
+
+    let publish = last_event(&run, "publish");
+    assert_eq!(publish["pushed"], true, "{publish}");
+    assert!(publish["files"].as_array().unwrap().contains(&Value::from("events.jsonl")), "{publish}");
+    let pushed = everything_pushed(&bare);
+    for secret in [API_KEY, HF_TOKEN, PASSWORD] {
+        assert!(!pushed.contains(secret), "{secret} was pushed:\n{pushed}");
+        assert!(!grep_pushed(&bare, secret), "git grep finds {secret} in the pushed tree");
+        let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+        assert!(!events.contains(secret), "{secret} is in events.jsonl on disk");
+    }
+    // What was recorded instead: the same lines, the secrets masked.
+    let start = last_event(&run, "child_start");
+    assert_eq!(start["command"], serde_json::json!(["sh", script_arg, "--api-key=***", "--keep=3"]), "{start}");
+    let tail = last_event(&run, "child_exit")["stderr_tail"].clone();
+    assert_eq!(
+        tail,
+        serde_json::json!(["loading with HF_TOKEN=***", "fetching https://***@example.com/x", "step 1 loss=2.5"])
+    );
+    assert!(
+        grep_pushed(&bare, "--api-key=***") && grep_pushed(&bare, "HF_TOKEN=***"),
+        "the redacted events are pushed"
+    );
+}
+
+#[test]
+fn issue_27_exec_never_publishes_through_a_symlink_nor_any_file_of_a_checkpoint() {
+    const OUTSIDE: &str = "OUTSIDE-private-3a8f61";
+    const WEIGHTS: &str = "WEIGHTS-of-step-1-9c04d2";
+    let tmp = tempfile::tempdir().unwrap();
+    // Outside the temporary root of the run and its repositories.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let outside = elsewhere.path().join("id_rsa");
+    std::fs::write(&outside, OUTSIDE).unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let run = tmp.path().join("run");
+    // The program seals a checkpoint, then leaves links to the outside file
+    // and to the checkpoint, a hard link to its weights and a FIFO where the
+    // include patterns reach.
+    let script = tmp.path().join("train.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "set -e\n\
+             staged=\"$REKINDLE_CHECKPOINT_DIR/s1\"\n\
+             mkdir \"$staged\"\n\
+             printf {WEIGHTS} > \"$staged/model.safetensors\"\n\
+             \"$REKINDLE_BIN\" seal \"$staged\" --step 1 > /dev/null\n\
+             cd \"$REKINDLE_RUN_DIR\"\n\
+             weights=\"$(ls -d \"$REKINDLE_RUN_DIR\"/checkpoints/step-*)/model.safetensors\"\n\
+             mkdir samples\n\
+             echo ok > samples/ok.txt\n\
+             ln -s \"$1\" passwd.txt\n\
+             ln -s \"$1\" samples/key.txt\n\
+             ln -s \"$weights\" samples/model.json\n\
+             ln \"$weights\" samples/hard.json\n\
+             ln -s checkpoints ck\n\
+             mkfifo samples/pipe.txt\n"
+        ),
+    )
+    .unwrap();
+    let (script_arg, outside_arg) = (script.to_string_lossy().into_owned(), outside.to_string_lossy().into_owned());
+    exec_publishing(&run, &clone, &["sh", &script_arg, &outside_arg])
+        .set(r#"publish.include=["*.txt", "samples/*", "ck/**"]"#)
+        .run(EXEC_TIMEOUT)
+        .assert_code(0);
+
+    let publish = last_event(&run, "publish");
+    assert_eq!(publish["pushed"], true, "{publish}");
+    let files = git(&bare, &["ls-tree", "-r", "--name-only", "main"]);
+    assert_eq!(
+        files.lines().collect::<Vec<_>>(),
+        [
+            "runs/run/MANIFEST.json",
+            "runs/run/config.toml",
+            "runs/run/events.jsonl",
+            "runs/run/gpu_stats.jsonl",
+            "runs/run/samples/ok.txt",
+            "runs/run/summary.json"
+        ],
+        "only regular files inside the run directory"
+    );
+    let pushed = everything_pushed(&bare);
+    assert!(!pushed.contains(OUTSIDE) && !pushed.contains(WEIGHTS), "{pushed}");
+    assert!(!grep_pushed(&bare, OUTSIDE) && !grep_pushed(&bare, WEIGHTS));
+    let refused: Vec<(String, String)> = publish["refused"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no refused list: {publish}"))
+        .iter()
+        .map(|r| (r["file"].as_str().unwrap().to_string(), r["reason"].as_str().unwrap().to_string()))
+        .collect();
+    let reason = |file: &str| {
+        refused
+            .iter()
+            .find(|(f, _)| f == file)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_else(|| panic!("{file} not refused: {refused:?}"))
+    };
+    for link in ["passwd.txt", "samples/key.txt", "samples/model.json", "ck"] {
+        assert!(reason(link).contains("never follows links"), "{link}: {}", reason(link));
+    }
+    assert!(reason("samples/hard.json").contains("hard link to a checkpoint file"), "{}", reason("samples/hard.json"));
+    assert!(reason("samples/pipe.txt").starts_with("a FIFO"), "{}", reason("samples/pipe.txt"));
+    assert_eq!(refused.len(), 6, "{refused:?}");
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), OUTSIDE, "the outside file is untouched");
+}
+
+#[test]
+fn issue_27_an_include_pattern_leaving_the_run_directory_is_a_config_error_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let config = tmp.path().join("publish.toml");
+    std::fs::write(
+        &config,
+        "[publish]\nenabled = true\nrepo = \"clone\"\ninclude = [\"samples/*.txt\", \"../secrets/*\", \"/etc/*\"]\n",
+    )
+    .unwrap();
+    let exited = RunCmd::exec(&run, &["true"]).arg("--config").arg(config.to_str().unwrap()).run(EXEC_TIMEOUT);
+    exited.assert_code(78);
+    for expected in [
+        ":4:1: publish.include: entry 2: `../secrets/*` leaves the run directory",
+        ":4:1: publish.include: entry 3: `/etc/*` is an absolute path",
+    ] {
+        assert!(exited.stderr.contains(expected), "no {expected:?} in:\n{}", exited.tail());
+    }
+    assert!(!run.exists(), "nothing is written before the config is valid");
+
+    // `rekindle run` the same, with the pattern from --set.
+    let exited = RunCmd::new(&run).set(r#"publish.include=["plots/**/*.svg", "a/**b"]"#).run(EXEC_TIMEOUT);
+    exited.assert_code(78);
+    assert!(
+        exited.stderr.contains("from --set: publish.include: entry 2: `a/**b` is not a valid glob pattern"),
+        "{}",
+        exited.tail()
+    );
+    assert!(!run.exists());
 }

@@ -12,7 +12,8 @@
 //! - the stop deadline (`budget::exit_now`: the deadline passed, or a third
 //!   signal): the group gets SIGKILL, and the last sealed checkpoint stands;
 //! - the run-directory lock, lost to another process: the group gets SIGKILL;
-//! - the child's stderr, teed through to ours with its last lines kept.
+//! - the child's stderr, teed through to ours with its last lines kept,
+//!   secrets redacted (`telemetry::Redactor`), for the `child_exit` event.
 //!
 //! The child is its own process group's leader and gets PR_SET_PDEATHSIG =
 //! SIGKILL: a rekindle that is SIGKILLed takes it along. The death signal
@@ -31,7 +32,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::config::Config;
-use crate::telemetry::{Event, EventLog};
+use crate::telemetry::{Event, EventLog, Redactor};
 
 use super::super::budget;
 use super::super::deadline::Deadline;
@@ -91,7 +92,7 @@ pub fn supervise(
         .build()
         .map_err(|source| RunError::ExecRuntime { source })?;
     runtime.block_on(async {
-        let shown = display_command(command);
+        let shown = recorded_command(cfg, command).join(" ");
         let spawn_err = |source| RunError::ChildSpawn { command: shown.clone(), source };
         // Registered before the child exists: a signal from then on wakes the loop.
         let mut streams = Vec::new();
@@ -107,7 +108,8 @@ pub fn supervise(
         let group = Pid::from_raw(pid as i32);
         on_spawn(pid, events);
         let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
-        let tee = child.stderr.take().map(|stderr| tokio::spawn(tee_stderr(stderr, Arc::clone(&tail))));
+        let redactor = Redactor::new(&cfg.telemetry.secret_words);
+        let tee = child.stderr.take().map(|stderr| tokio::spawn(tee_stderr(stderr, Arc::clone(&tail), redactor)));
         let mut tick = tokio::time::interval(TICK);
         let (mut taken, mut forwarded, mut killed_at_deadline, mut lock_lost) = (None::<StopTaken>, 0, false, false);
         let status = loop {
@@ -231,12 +233,12 @@ fn kill_group(group: Pid, sig: Signal) {
     }
 }
 
-/// Copies the child's stderr to ours line by line, keeping the last
-/// [`TAIL_LINES`] (each cut to [`TAIL_LINE_BYTES`]). Ours is written through
+/// Copies the child's stderr to ours line by line (as it is), keeping the
+/// last [`TAIL_LINES`] redacted (each cut to [`TAIL_LINE_BYTES`]). Ours is written through
 /// tokio (on its blocking pool), never from the runtime's one thread: a
 /// stderr that blocks (a stalled shared file system under slurm-%j.out)
 /// must not stall signal forwarding or the deadline kill.
-async fn tee_stderr(stderr: tokio::process::ChildStderr, tail: Arc<Mutex<VecDeque<String>>>) {
+async fn tee_stderr(stderr: tokio::process::ChildStderr, tail: Arc<Mutex<VecDeque<String>>>, redactor: Redactor) {
     let mut ours = tokio::io::stderr();
     let mut reader = tokio::io::BufReader::new(stderr);
     let mut line = Vec::new();
@@ -249,16 +251,17 @@ async fn tee_stderr(stderr: tokio::process::ChildStderr, tail: Arc<Mutex<VecDequ
             }
             Ok(_) => {
                 let _ = ours.write_all(&line).await;
-                keep_line(&mut tail.lock().unwrap_or_else(PoisonError::into_inner), &line);
+                keep_line(&mut tail.lock().unwrap_or_else(PoisonError::into_inner), &line, &redactor);
             }
         }
     }
 }
 
-/// Adds one stderr line to the bounded tail.
-fn keep_line(tail: &mut VecDeque<String>, line: &[u8]) {
+/// Adds one stderr line to the bounded tail, redacted before it is cut (a
+/// cut must not leave half a secret the rules no longer recognise).
+fn keep_line(tail: &mut VecDeque<String>, line: &[u8], redactor: &Redactor) {
     let text = String::from_utf8_lossy(line);
-    let text = text.trim_end_matches(['\n', '\r']);
+    let text = redactor.text(text.trim_end_matches(['\n', '\r']));
     let mut end = text.len().min(TAIL_LINE_BYTES);
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -269,9 +272,12 @@ fn keep_line(tail: &mut VecDeque<String>, line: &[u8]) {
     tail.push_back(text[..end].to_string());
 }
 
-/// The command line as one string, for messages.
-pub fn display_command(command: &[OsString]) -> String {
-    command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
+/// The command line as rekindle records and shows it (`child_start`, the
+/// `start` placement, messages): redacted (`telemetry::Redactor`) unless
+/// `[telemetry] record_raw_command` (lossy UTF-8 either way).
+pub fn recorded_command(cfg: &Config, command: &[OsString]) -> Vec<String> {
+    let args: Vec<String> = command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    if cfg.telemetry.record_raw_command { args } else { Redactor::new(&cfg.telemetry.secret_words).args(&args) }
 }
 
 #[cfg(test)]
@@ -281,15 +287,39 @@ mod tests {
     #[test]
     fn the_tail_keeps_the_last_lines_each_bounded() {
         let mut tail = VecDeque::new();
+        let r = Redactor::default();
         for i in 0..30 {
-            keep_line(&mut tail, format!("line {i}\n").as_bytes());
+            keep_line(&mut tail, format!("line {i}\n").as_bytes(), &r);
         }
         assert_eq!(tail.len(), TAIL_LINES);
         assert_eq!((tail[0].as_str(), tail[TAIL_LINES - 1].as_str()), ("line 10", "line 29"));
-        keep_line(&mut tail, "é".repeat(400).as_bytes());
+        keep_line(&mut tail, "é".repeat(400).as_bytes(), &r);
         let last = tail.back().unwrap();
         assert!(last.len() <= TAIL_LINE_BYTES && last.chars().all(|c| c == 'é'));
-        keep_line(&mut tail, b"\xff\xfe bad utf-8\r\n");
+        keep_line(&mut tail, b"\xff\xfe bad utf-8\r\n", &r);
         assert_eq!(tail.back().unwrap(), "\u{fffd}\u{fffd} bad utf-8");
+    }
+
+    #[test]
+    fn the_tail_is_redacted_before_it_is_cut() {
+        let cfg = Config::default();
+        let r = Redactor::new(&cfg.telemetry.secret_words);
+        let mut tail = VecDeque::new();
+        keep_line(&mut tail, b"HF_TOKEN=hf_TEST123 from https://user:hunter2@example.com/x\n", &r);
+        assert_eq!(tail[0], "HF_TOKEN=*** from https://***@example.com/x");
+        // Cut first, this line would end in `https://user:hunter2`: no `@`
+        // left to recognise the credentials by.
+        let line = format!("{} https://user:hunter2@example.com/x\n", "x".repeat(TAIL_LINE_BYTES - 21));
+        keep_line(&mut tail, line.as_bytes(), &r);
+        assert!(tail[1].contains(" https://***@example.") && !tail[1].contains("hunter2"), "{}", tail[1]);
+    }
+
+    #[test]
+    fn the_command_is_recorded_redacted_unless_raw_is_asked_for() {
+        let command: Vec<OsString> = ["prog", "--api-key=sk-1", "--token", "t", "--lr", "1"].map(OsString::from).into();
+        let mut cfg = Config::default();
+        assert_eq!(recorded_command(&cfg, &command), ["prog", "--api-key=***", "--token", "***", "--lr", "1"]);
+        cfg.telemetry.record_raw_command = true;
+        assert_eq!(recorded_command(&cfg, &command), ["prog", "--api-key=sk-1", "--token", "t", "--lr", "1"]);
     }
 }

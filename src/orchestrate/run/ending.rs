@@ -616,6 +616,7 @@ pub(in crate::orchestrate) fn publish_results(
         run_name: &cfg.run.name,
         run_dir,
         newest_manifest,
+        checkpoint_dir: cfg.checkpoint.dir.clone(),
         step,
         job_id: alloc.job_id.clone(),
         node: alloc.node_name(),

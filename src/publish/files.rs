@@ -1,0 +1,263 @@
+//! The run directory as publishing reads it; what to take is `select.rs`'s
+//! decision, this is the I/O:
+//!
+//! - the walk lists directories without following a symbolic link (entry
+//!   types as listed, never `stat`ed through a link) and enters only those
+//!   a pattern reaches into;
+//! - each read reaches its file one component at a time from the run
+//!   directory down (`openat` with `O_NOFOLLOW`, so a directory swapped for
+//!   a link after the walk is refused too), opens it with `O_NONBLOCK` and
+//!   checks on the open handle that it is a regular file (a FIFO never
+//!   blocks a publish), admits it by the size that handle reports, and
+//!   reads at most `[publish] max_file_mib` of it (a file growing meanwhile
+//!   cannot make it read more);
+//! - a file with other hard links is refused when one of them is a file of
+//!   the checkpoints: the same weights under another name are still the
+//!   checkpoint's contents.
+
+use std::cell::OnceCell;
+use std::collections::HashSet;
+use std::fs::{File, FileType};
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::Mode;
+
+use crate::confine;
+use crate::telemetry::RefusedFile;
+
+use super::select::{CHECKPOINT_REASON, Decision, EntryKind, SYMLINK_REASON, Selection, admit};
+
+/// The files of the run directory `root` that `selection` takes (paths
+/// relative to it, `/`-separated, sorted), and the entries it refuses. An
+/// error only when `root` itself cannot be listed.
+pub(super) fn walk(root: &Path, selection: &Selection) -> io::Result<(Vec<String>, Vec<RefusedFile>)> {
+    let (mut taken, mut refused) = (Vec::new(), Vec::new());
+    let entries = sorted_entries(root)?;
+    walk_entries(entries, &mut Vec::new(), selection, &mut taken, &mut refused);
+    Ok((taken, refused))
+}
+
+fn sorted_entries(dir: &Path) -> io::Result<Vec<std::fs::DirEntry>> {
+    let mut entries = std::fs::read_dir(dir)?.collect::<io::Result<Vec<_>>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    Ok(entries)
+}
+
+fn walk_entries(
+    entries: Vec<std::fs::DirEntry>,
+    rel: &mut Vec<String>,
+    selection: &Selection,
+    taken: &mut Vec<String>,
+    refused: &mut Vec<RefusedFile>,
+) {
+    for entry in entries {
+        let name = entry.file_name();
+        rel.push(name.to_string_lossy().into_owned());
+        let shown = rel.join("/");
+        let kind = entry.file_type().map_or(EntryKind::Other("unreadable"), entry_kind);
+        let parts: Vec<&str> = rel.iter().map(String::as_str).collect();
+        let mut refuse = |reason: String| refused.push(RefusedFile { file: shown.clone(), reason });
+        match selection.decide(&parts, kind) {
+            Decision::Skip => {}
+            Decision::Refuse(reason) => refuse(reason),
+            _ if name.to_str().is_none() => refuse("its name is not valid UTF-8".into()),
+            Decision::Take => taken.push(shown.clone()),
+            Decision::Descend => match sorted_entries(&entry.path()) {
+                Ok(entries) => walk_entries(entries, rel, selection, taken, refused),
+                Err(e) => refuse(format!("cannot list this directory: {e}")),
+            },
+        }
+        rel.pop();
+    }
+}
+
+fn entry_kind(t: FileType) -> EntryKind {
+    if t.is_symlink() {
+        EntryKind::Symlink
+    } else if t.is_dir() {
+        EntryKind::Dir
+    } else if t.is_file() {
+        EntryKind::File
+    } else if t.is_fifo() {
+        EntryKind::Other("a FIFO")
+    } else if t.is_socket() {
+        EntryKind::Other("a socket")
+    } else {
+        EntryKind::Other("a device")
+    }
+}
+
+/// Reads what publishing copies, each file checked on its open handle.
+pub(super) struct Reader<'a> {
+    root: &'a Path,
+    max_bytes: u64,
+    /// Where checkpoint files live (`checkpoints/`, `[checkpoint] dir`).
+    checkpoint_dirs: Vec<PathBuf>,
+    /// (device, inode) of every file under those, listed on first need.
+    checkpoint_files: OnceCell<HashSet<(u64, u64)>>,
+}
+
+impl<'a> Reader<'a> {
+    pub(super) fn new(root: &'a Path, max_bytes: u64, checkpoint_dirs: Vec<PathBuf>) -> Reader<'a> {
+        Reader { root, max_bytes, checkpoint_dirs, checkpoint_files: OnceCell::new() }
+    }
+
+    /// The bytes of the run-directory file `rel` (as the walk found it), or
+    /// why it is not published.
+    pub(super) fn read_inside(&self, rel: &str) -> Result<Vec<u8>, String> {
+        let file = open_inside(self.root, rel)?;
+        self.read_checked(rel, file, true)
+    }
+
+    /// The bytes of the newest checkpoint's manifest, published as `rel`;
+    /// `Ok(None)` when it is gone.
+    pub(super) fn read_manifest(&self, rel: &str, path: &Path) -> Result<Option<Vec<u8>>, String> {
+        match confine::open_regular(path) {
+            Ok(file) => self.read_checked(rel, file, false).map(Some),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn read_checked(&self, rel: &str, file: File, check_links: bool) -> Result<Vec<u8>, String> {
+        let meta = file.metadata().map_err(|e| format!("cannot read it: {e}"))?;
+        if !meta.is_file() {
+            return Err(format!("{}, not a regular file: only regular files are published", confine::kind_of(&meta)));
+        }
+        if check_links && meta.nlink() > 1 && self.checkpoint_files().contains(&(meta.dev(), meta.ino())) {
+            return Err(format!("a hard link to a checkpoint file: {CHECKPOINT_REASON}"));
+        }
+        admit(rel, meta.len(), self.max_bytes)?;
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.take(self.max_bytes.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read it: {e}"))?;
+        // It may have grown since its size was taken.
+        admit(rel, bytes.len() as u64, self.max_bytes)?;
+        Ok(bytes)
+    }
+
+    fn checkpoint_files(&self) -> &HashSet<(u64, u64)> {
+        self.checkpoint_files.get_or_init(|| {
+            let mut ids = HashSet::new();
+            for dir in &self.checkpoint_dirs {
+                file_ids_under(dir, &mut ids);
+            }
+            ids
+        })
+    }
+}
+
+/// (device, inode) of every regular file under `dir`, links not followed;
+/// what cannot be listed is left out.
+fn file_ids_under(dir: &Path, ids: &mut HashSet<(u64, u64)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => file_ids_under(&entry.path(), ids),
+            Ok(t) if t.is_file() => {
+                if let Ok(meta) = entry.metadata() {
+                    ids.insert((meta.dev(), meta.ino()));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Opens the run-directory file `rel` one component at a time, never
+/// through a symbolic link and never blocking; `Err` says why not.
+fn open_inside(root: &Path, rel: &str) -> Result<File, String> {
+    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    // The run directory itself may be a link (to scratch space): the user's choice.
+    let mut dir: OwnedFd = nix::fcntl::open(root, dir_flags, Mode::empty())
+        .map_err(|e| format!("cannot open the run directory: {}", io::Error::from(e)))?;
+    let parts: Vec<&str> = rel.split('/').collect();
+    let Some((last, parents)) = parts.split_last() else { return Err("an empty path".into()) };
+    for (i, part) in parents.iter().enumerate() {
+        dir = openat(&dir, *part, dir_flags | OFlag::O_NOFOLLOW, Mode::empty()).map_err(|e| match e {
+            Errno::ELOOP | Errno::ENOTDIR => format!("{} on its path is {SYMLINK_REASON}", parts[..=i].join("/")),
+            e => format!("cannot open {}: {}", parts[..=i].join("/"), io::Error::from(e)),
+        })?;
+    }
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let fd = openat(&dir, *last, flags, Mode::empty()).map_err(|e| match e {
+        Errno::ELOOP => SYMLINK_REASON.to_string(),
+        e => format!("cannot open it: {}", io::Error::from(e)),
+    })?;
+    Ok(File::from(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn names(refused: &[RefusedFile]) -> Vec<&str> {
+        refused.iter().map(|r| r.file.as_str()).collect()
+    }
+
+    #[test]
+    fn the_walk_takes_regular_files_and_refuses_links_and_special_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (run, outside) = (tmp.path().join("run"), tmp.path().join("outside.txt"));
+        std::fs::create_dir_all(run.join("samples/sub")).unwrap();
+        std::fs::create_dir_all(run.join("checkpoints/step-0000000001")).unwrap();
+        std::fs::write(&outside, "secret").unwrap();
+        std::fs::write(run.join("metrics.jsonl"), "{}\n").unwrap();
+        std::fs::write(run.join("samples/a.txt"), "a").unwrap();
+        std::fs::write(run.join("samples/sub/b.txt"), "b").unwrap();
+        std::fs::write(run.join("checkpoints/step-0000000001/w.json"), "w").unwrap();
+        symlink(&outside, run.join("passwd.txt")).unwrap();
+        symlink(&outside, run.join("samples/key.txt")).unwrap();
+        symlink("checkpoints", run.join("ck")).unwrap();
+        symlink("samples", run.join("linked")).unwrap();
+        nix::unistd::mkfifo(&run.join("samples/pipe.txt"), Mode::S_IRWXU).unwrap();
+        let include: Vec<String> = ["*.txt", "samples/**", "ck/**", "**/*.json"].map(String::from).into();
+        let (selection, _) = Selection::new(&include, None);
+        let (taken, refused) = walk(&run, &selection).unwrap();
+        assert_eq!(taken, ["metrics.jsonl", "samples/a.txt", "samples/sub/b.txt"]);
+        assert_eq!(
+            names(&refused),
+            ["checkpoints", "ck", "linked", "passwd.txt", "samples/key.txt", "samples/pipe.txt"]
+        );
+        assert!(refused[1].reason.contains("never follows links"), "{:?}", refused[1]);
+        assert!(refused[5].reason.starts_with("a FIFO"), "{:?}", refused[5]);
+    }
+
+    #[test]
+    fn reads_refuse_links_fifos_hard_links_to_checkpoints_and_files_over_the_cap() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        std::fs::create_dir_all(run.join("checkpoints/step-0000000001")).unwrap();
+        std::fs::create_dir_all(run.join("real")).unwrap();
+        std::fs::write(run.join("real/a.txt"), "a").unwrap();
+        std::fs::write(run.join("big.txt"), vec![b'x'; 11]).unwrap();
+        let weights = run.join("checkpoints/step-0000000001/model.safetensors");
+        std::fs::write(&weights, "weights").unwrap();
+        std::fs::hard_link(&weights, run.join("model.json")).unwrap();
+        std::fs::write(run.join("shared.txt"), "mine").unwrap();
+        std::fs::hard_link(run.join("shared.txt"), tmp.path().join("elsewhere.txt")).unwrap();
+        symlink("real", run.join("dir")).unwrap();
+        symlink("/etc/passwd", run.join("passwd.txt")).unwrap();
+        nix::unistd::mkfifo(&run.join("pipe.txt"), Mode::S_IRWXU).unwrap();
+        let reader = Reader::new(&run, 10, vec![run.join("checkpoints")]);
+        assert_eq!(reader.read_inside("real/a.txt").unwrap(), b"a");
+        assert_eq!(reader.read_inside("shared.txt").unwrap(), b"mine", "other hard links are fine");
+        assert!(reader.read_inside("dir/a.txt").unwrap_err().contains("never follows links"));
+        assert!(reader.read_inside("passwd.txt").unwrap_err().contains("never follows links"));
+        assert!(reader.read_inside("pipe.txt").unwrap_err().starts_with("a FIFO"), "never blocks");
+        assert!(reader.read_inside("model.json").unwrap_err().contains("hard link to a checkpoint file"));
+        assert!(reader.read_inside("big.txt").unwrap_err().contains("11 bytes is over"));
+        assert!(reader.read_inside("absent.txt").unwrap_err().starts_with("cannot open it"));
+        let manifest = run.join("checkpoints/step-0000000001/MANIFEST.json");
+        assert_eq!(reader.read_manifest("MANIFEST.json", &manifest), Ok(None));
+        std::fs::write(&manifest, "{}").unwrap();
+        assert_eq!(reader.read_manifest("MANIFEST.json", &manifest), Ok(Some(b"{}".to_vec())));
+    }
+}

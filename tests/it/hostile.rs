@@ -1,0 +1,292 @@
+//! A hostile run directory (issue #27): after a first attempt, random
+//! symlinks (to files and directories outside the run, dangling), FIFOs,
+//! foreign files and directories and stray `step-*` names are put at the
+//! paths rekindle touches, then `run` (or `exec` with `seal`), `verify`,
+//! `checkpoints`, `status` and `report` run over it. Whatever they decide to
+//! do, these hold:
+//!
+//! - nothing outside the run directory changes (a listing with hashes);
+//! - no command hangs (each under a timeout) or panics (exit 101);
+//! - what rekindle did not make is left as it was: stray names, and links;
+//! - the newest valid checkpoint from before is still there and verifies,
+//!   unless `keep` newer valid ones replaced it.
+//!
+//! Deterministic: case `i` uses seed `i`. `REKINDLE_HOSTILE_CASES=N` runs
+//! more cases (12 by default, about 20 s in a debug build).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::support::cli::{RunCmd, exe};
+use crate::support::deterministic::SplitMix;
+use crate::support::runs::{EXIT_DONE, EXIT_STOPPED};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const KEEP: usize = 3;
+
+/// Paths inside a run directory that rekindle reads, writes, lists or removes.
+const RUN_PATHS: &[&str] = &[
+    "events.jsonl",
+    "metrics.jsonl",
+    "summary.json",
+    "gpu_stats.jsonl",
+    "config.toml.prev",
+    "rekindle.lock",
+    "report.html",
+    "ranks",
+    "checkpoints/.staging",
+    "checkpoints/quarantine",
+    "checkpoints/.seal.lock",
+    "checkpoints/.tmp-x",
+    "checkpoints/.trash-y",
+    "checkpoints/step-5",
+    "checkpoints/step-40",
+    "checkpoints/step-0000000099",
+];
+
+/// What is put there.
+#[derive(Debug, Clone, Copy)]
+enum Hostile {
+    LinkToOutsideFile,
+    LinkToOutsideDir,
+    Dangling,
+    Fifo,
+    ForeignFile,
+    ForeignDir,
+}
+
+const KINDS: [Hostile; 6] = [
+    Hostile::LinkToOutsideFile,
+    Hostile::LinkToOutsideDir,
+    Hostile::Dangling,
+    Hostile::Fifo,
+    Hostile::ForeignFile,
+    Hostile::ForeignDir,
+];
+
+/// Every path under `root`, links not followed, with what it is.
+fn listing(root: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else { continue };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            out.insert(path.strip_prefix(root).unwrap().to_path_buf(), describe(&path, &mut todo));
+        }
+    }
+    out
+}
+
+fn describe(path: &Path, todo: &mut Vec<PathBuf>) -> String {
+    let Ok(meta) = fs::symlink_metadata(path) else { return "gone".into() };
+    if meta.file_type().is_symlink() {
+        format!("link {}", fs::read_link(path).unwrap().display())
+    } else if meta.is_dir() {
+        todo.push(path.to_path_buf());
+        "dir".into()
+    } else if meta.is_file() {
+        hex::encode(Sha256::digest(fs::read(path).unwrap()))
+    } else {
+        "special".into()
+    }
+}
+
+/// `path` and everything under it, as [`listing`] sees it.
+fn snapshot(path: &Path) -> BTreeMap<PathBuf, String> {
+    let mut todo = Vec::new();
+    let mut out = BTreeMap::from([(PathBuf::new(), describe(path, &mut todo))]);
+    if !todo.is_empty() {
+        out.extend(listing(path));
+    }
+    out
+}
+
+fn place(run: &Path, rel: &str, kind: Hostile, outside: &Path) {
+    let path = run.join(rel);
+    match fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(&path).unwrap(),
+        Ok(_) => fs::remove_file(&path).unwrap(),
+        Err(_) => {}
+    }
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    match kind {
+        Hostile::LinkToOutsideFile => symlink(outside.join("secret.txt"), &path).unwrap(),
+        Hostile::LinkToOutsideDir => symlink(outside.join("dir"), &path).unwrap(),
+        Hostile::Dangling => symlink(outside.join("nowhere"), &path).unwrap(),
+        Hostile::Fifo => nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap(),
+        Hostile::ForeignFile => fs::write(&path, b"someone else's bytes").unwrap(),
+        Hostile::ForeignDir => {
+            fs::create_dir_all(path.join("sub")).unwrap();
+            fs::write(path.join("sub/theirs.txt"), b"someone else's file").unwrap();
+        }
+    }
+}
+
+/// Whether rekindle may replace or remove what is at `rel` when `kind` is
+/// there. A foreign regular file under one of its own file names is its to
+/// append to or replace; a link under a name it replaces atomically is
+/// replaced by its own file (never written through: the outside listing
+/// checks that); a foreign directory under a canonical checkpoint name is a
+/// damaged checkpoint to it, and what is in the staging directory is
+/// emptied out when `exec` starts; damaged checkpoints are moved into the
+/// quarantine directory. Everything else must stay as it was: links
+/// and FIFOs where it appends or reads, stray names, foreign directories.
+/// (A name replaced whole is renamed over, which never opens what was there.)
+fn may_change(rel: &str, kind: Hostile) -> bool {
+    let own_file = matches!(
+        rel,
+        "events.jsonl"
+            | "metrics.jsonl"
+            | "summary.json"
+            | "gpu_stats.jsonl"
+            | "config.toml.prev"
+            | "report.html"
+            | "rekindle.lock"
+            | "checkpoints/.seal.lock"
+    );
+    let replaced_whole = matches!(rel, "summary.json" | "config.toml.prev" | "report.html");
+    match kind {
+        Hostile::ForeignFile => own_file,
+        Hostile::LinkToOutsideFile | Hostile::LinkToOutsideDir | Hostile::Dangling | Hostile::Fifo => replaced_whole,
+        // The staging directory is emptied when `exec` starts (documented).
+        // and damaged checkpoints are moved into the quarantine.
+        Hostile::ForeignDir => {
+            matches!(rel, "checkpoints/step-0000000099" | "checkpoints/.staging" | "checkpoints/quarantine")
+        }
+    }
+}
+
+/// `(code, stdout+stderr)` of a command, killed (and the test failed) after [`TIMEOUT`].
+fn bounded(mut cmd: Command, what: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    cmd.stdin(Stdio::null()).stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("SLURM") || key == "FAILPOINTS" {
+            cmd.env_remove(key);
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            panic!("{what} hung for {TIMEOUT:?}:\n{}", fs::read_to_string(&err).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text =
+        format!("{}{}", fs::read_to_string(&out).unwrap_or_default(), fs::read_to_string(&err).unwrap_or_default());
+    assert!(status.code().is_some(), "{what} died of a signal: {status:?}\n{text}");
+    assert!(status.code() != Some(101) && !text.contains("panicked"), "{what} panicked:\n{text}");
+    (status.code(), text)
+}
+
+fn rekindle(args: &[&str], run: &Path) -> Command {
+    let mut cmd = Command::new(exe());
+    cmd.args(args).arg(run);
+    cmd
+}
+
+/// A program for `rekindle exec` that stages and seals the given steps.
+fn sealing_program(steps: &[u64]) -> String {
+    steps
+        .iter()
+        .map(|s| {
+            format!(
+                "d=\"$REKINDLE_CHECKPOINT_DIR/s{s}\" && mkdir -p \"$d\" && echo {s} > \"$d/w\" && \
+                 \"$REKINDLE_BIN\" -q seal \"$d\" --step {s}"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" && ")
+}
+
+fn one_case(seed: u64) {
+    let mut rng = SplitMix(seed.wrapping_mul(7919) + 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(outside.join("dir/sub")).unwrap();
+    fs::write(outside.join("secret.txt"), b"outside the run").unwrap();
+    fs::write(outside.join("dir/sub/kept.txt"), b"outside too").unwrap();
+    let run = tmp.path().join("run");
+    let exec = rng.below(3) == 0;
+    // A foreign file in place of the lock is an unreadable lock, taken over
+    // once it stayed the same for stale_after: the shortest allowed.
+    let sets = ["--set", "run.max_steps=60", "--set", "checkpoint.every_steps=10", "--set", "lock.stale_after=2s"];
+    if exec {
+        let program = sealing_program(&[1, 2]);
+        RunCmd::exec(&run, &["sh", "-c", &program]).run(TIMEOUT).assert_code(EXIT_DONE);
+    } else {
+        let first = RunCmd::new(&run).set("run.max_steps=60").set("checkpoint.every_steps=10");
+        first.arg("--stop-at-step").arg("30").run(TIMEOUT).assert_code(EXIT_STOPPED);
+    }
+    let newest_before = if exec { 2 } else { 30 };
+    let outside_before = listing(&outside);
+    let count = 1 + rng.below(4) as usize;
+    let mut placed = Vec::new();
+    for _ in 0..count {
+        let rel = RUN_PATHS[rng.below(RUN_PATHS.len() as u64) as usize];
+        let kind = KINDS[rng.below(KINDS.len() as u64) as usize];
+        if placed.iter().any(|(r, _)| *r == rel) {
+            continue;
+        }
+        place(&run, rel, kind, &outside);
+        placed.push((rel, kind));
+    }
+    let case = format!("case {seed} ({}): {placed:?}", if exec { "exec" } else { "run" });
+    let before: Vec<_> = placed.iter().map(|(rel, kind)| (*rel, *kind, snapshot(&run.join(rel)))).collect();
+
+    let lifecycle = if exec {
+        let mut cmd = Command::new(exe());
+        cmd.args(["exec", "--set", "lock.stale_after=2s", "--run-dir"]).arg(&run);
+        cmd.args(["--", "sh", "-c", &sealing_program(&[3, 4])]);
+        bounded(cmd, &format!("exec in {case}"))
+    } else {
+        let mut cmd = Command::new(exe());
+        cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG, "--run-dir"]).arg(&run).args(sets);
+        bounded(cmd, &format!("run in {case}"))
+    };
+    for args in [&["verify"][..], &["checkpoints"], &["status"], &["report"]] {
+        bounded(rekindle(args, &run), &format!("{args:?} in {case}"));
+    }
+
+    assert_eq!(listing(&outside), outside_before, "something outside the run changed in {case}");
+    for (rel, kind, was) in &before {
+        if !may_change(rel, *kind) {
+            assert_eq!(&snapshot(&run.join(rel)), was, "{rel} ({kind:?}) was changed in {case}; {}", lifecycle.1);
+        }
+    }
+    let store = rekindle::checkpoint::CheckpointStore::open_read_only(run.join("checkpoints"));
+    let valid: Vec<u64> = store
+        .list(rekindle::checkpoint::VerifyLevel::Full)
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.valid)
+        .map(|i| i.step)
+        .collect();
+    let newer = valid.iter().filter(|s| **s > newest_before).count();
+    assert!(
+        valid.contains(&newest_before) || newer >= KEEP,
+        "the newest valid checkpoint from before (step {newest_before}) is gone with only {valid:?} in {case}; {}",
+        lifecycle.1
+    );
+}
+
+#[test]
+fn a_hostile_run_directory_never_costs_what_lies_outside_it_nor_a_valid_checkpoint() {
+    let cases: u64 = std::env::var("REKINDLE_HOSTILE_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
+    for seed in 0..cases {
+        one_case(seed);
+    }
+}
