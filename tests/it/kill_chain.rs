@@ -34,6 +34,8 @@ const MAX_DELAY_MS: u64 = 300;
 /// How far past the newest checkpoint the chain is finally brought, and so
 /// how much of the comparison is trained after the last kill.
 const STEPS_AFTER_LAST_KILL: u64 = 15;
+/// The failpoint that keeps each save of the chain in flight for 30 ms.
+const SLOW_SAVE: &str = "checkpoint::before_rename=sleep(30)";
 
 /// A run long enough never to finish during the kills: the chain and the
 /// reference both stop at the same step with `--stop-at-step` instead, so
@@ -92,7 +94,18 @@ fn a_hundred_sigkills_of_one_run_end_byte_identical_to_an_uninterrupted_run() {
     let (mut mid_save, mut before_first_checkpoint, mut resumes) = (0, 0, 0);
     for kill in 0..kills {
         let resumes_before = events_named(&run_dir, "resume").len();
-        let mut child = training.spawn(&run_dir);
+        // Every save holds its staged directory 30 ms before the commit (a
+        // failpoint of the real binary): a tiny model's save otherwise lasts
+        // well under a millisecond and the kills would almost never land in
+        // one, the case this test exists for.
+        let stderr = fs::File::create(run_dir.with_extension("stderr")).expect("create stderr file");
+        let mut child = training
+            .command(&run_dir, &[])
+            .env("FAILPOINTS", SLOW_SAVE)
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start rekindle");
         // Every other kill waits for this attempt to commit a checkpoint
         // first, so the chain moves on however loaded the machine is; the
         // random delay after it lands the kill anywhere (start-up, training,
@@ -136,6 +149,13 @@ fn a_hundred_sigkills_of_one_run_end_byte_identical_to_an_uninterrupted_run() {
         newest = now;
     }
     assert!(newest >= 20, "the chain made almost no progress (newest checkpoint {newest}): the delays are too short");
+    // Not vacuous: a share of the kills must have found a save in flight.
+    if kills >= DEFAULT_KILLS {
+        assert!(
+            mid_save * 20 >= kills,
+            "only {mid_save} of {kills} kills landed while a save was in flight: the chain did not test that case"
+        );
+    }
 
     // Bring the chain to a step past its last checkpoint, then train the
     // reference to the same step in one process.

@@ -68,6 +68,7 @@ fn race(dir: &Path) -> Vec<Output> {
 #[test]
 fn racing_contenders_for_a_stale_lock_exactly_one_wins_every_round() {
     let rounds = std::env::var("REKINDLE_LOCK_RACE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_ROUNDS);
+    assert!(rounds > 0, "REKINDLE_LOCK_RACE_ROUNDS=0 would pass without racing anything");
     for round in 0..rounds {
         let tmp = tempfile::tempdir().expect("temp dir");
         stale_lock(tmp.path(), round);
