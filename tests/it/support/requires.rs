@@ -12,7 +12,10 @@
 //!
 //! A test missing what it needs either returns after a loud
 //! `SKIPPED: <test>: <why>` line on stderr or fails. In CI (`CI` set, and
-//! not to `false`) it always fails: CI must run every test.
+//! not to `false`; `.ci/run` sets it) it always fails: CI must run every
+//! test. Every skip is also appended to [`skips_file`], which `make test`
+//! empties before the tests and prints after them (`make skip-summary`),
+//! so a skip is never hidden in a passing test's captured output.
 
 use std::fmt::Display;
 use std::path::PathBuf;
@@ -84,7 +87,27 @@ pub fn unmet<T>(need: Need, why: impl Display) -> Option<T> {
         panic!("{test} needs {need:?}, but {why}: {}, or (outside CI only) set {var}=1 to skip it", need.remedy());
     }
     eprintln!("\n*** SKIPPED: {test}: {why} ({}) ***\n", need.remedy());
+    record_skip(&format!("{test}: {why} ({})", need.remedy()));
     None
+}
+
+/// Where every skip of a test run is recorded, one line each, so that
+/// `make test` prints them after the run (libtest hides a passing test's
+/// output, SKIPPED line included) and `make skip-summary` can show them.
+pub fn skips_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rekindle-skipped-tests.txt")
+}
+
+fn record_skip(line: &str) {
+    use std::io::Write;
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skips_file())
+        .and_then(|mut f| writeln!(f, "{line}"));
+    if let Err(e) = appended {
+        eprintln!("*** could not record the skip in {}: {e} ***", skips_file().display());
+    }
 }
 
 /// `Some(())` when `python3` imports `safetensors` and `numpy`; otherwise see [`unmet`].
