@@ -360,7 +360,8 @@ pub struct RunArgs {
     /// model's own setting `--set model.settings.channels=16` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
-    /// Resume even if training settings differ from the run directory's config.toml.
+    /// Resume even if training settings differ from those of the run
+    /// directory's config.toml or of the checkpoint resumed from.
     #[arg(long)]
     pub allow_config_change: bool,
     /// Stop after step K as if told to stop: checkpoint step K, exit 75 (when
@@ -636,11 +637,20 @@ fn bench_interval(args: &BenchIntervalArgs) -> Result<Outcome, CliError> {
 
 fn doctor(args: &DoctorArgs, registry: &Registry) -> Result<Outcome, CliError> {
     let cfg = args.config.as_deref().map(|p| config::load_with(p, &[], registry)).transpose()?.map(|l| l.config);
-    let fp = crate::train::footprint(cfg.as_ref().unwrap_or(&config::Config::default()), registry).ok();
+    // The checks `rekindle run` makes before it starts (its model builds,
+    // its data loads), on the trainer whose parameters the footprint counts.
+    let checked = cfg.clone().unwrap_or_default();
+    let trainer = registry.checked_workload(&checked).and_then(|w| crate::train::Trainer::with_workload(&checked, w));
+    let (fp, workload_error) = match trainer {
+        Ok(trainer) => (Some(crate::train::footprint_for(&checked, trainer.param_count())), None),
+        // Without a config the defaults are only the backdrop of the checks.
+        Err(e) => (None, cfg.as_ref().map(|_| e.to_string())),
+    };
     let opts = crate::doctor::DoctorOptions {
         inventory: args.inventory.clone(),
         footprint: fp,
         expected_checkpoint_bytes: None,
+        workload_error,
     };
     let list = crate::doctor::doctor(cfg.as_ref(), &opts);
     emit(&list, args.json);

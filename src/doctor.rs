@@ -4,7 +4,8 @@
 //! what it found, and whether it is required: a failed required check means
 //! the run should not start.
 //!
-//! Checks: config valid; SLURM environment; SLURM commands on PATH; visible
+//! Checks: config valid (with its model built and its data loaded, as
+//! `rekindle run` does before it starts: "ready" means `run` starts); SLURM environment; SLURM commands on PATH; visible
 //! GPUs and driver versions; the placement plan (given a footprint); a tiny
 //! matmul on the CPU and on each device the plan would use; free disk versus
 //! the expected checkpoint size; a write + fsync + rename + verify round-trip
@@ -115,6 +116,10 @@ pub struct DoctorOptions {
     pub footprint: Option<Footprint>,
     /// Bytes of one checkpoint (default: from the footprint).
     pub expected_checkpoint_bytes: Option<u64>,
+    /// Why the config's model or data cannot be trained, as `rekindle run`
+    /// finds before it starts (`Registry::checked_workload`, then building
+    /// the trainer); `None` when they can. Fails the config check.
+    pub workload_error: Option<String>,
 }
 
 /// Runs every check against this machine and process environment. With
@@ -134,7 +139,7 @@ pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, p
     let default = Config::default();
     let config = cfg.unwrap_or(&default);
 
-    check_config(&mut list, cfg);
+    check_config(&mut list, cfg, options.workload_error.as_deref());
     let in_job = check_slurm_env(&mut list, env);
     check_slurm_commands(&mut list, env, in_job);
     let planned = check_gpus_and_plan(&mut list, config, options, env, probe);
@@ -147,16 +152,16 @@ pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, p
     list
 }
 
-fn check_config(list: &mut Checklist, cfg: Option<&Config>) {
+fn check_config(list: &mut Checklist, cfg: Option<&Config>, workload_error: Option<&str>) {
     let Some(cfg) = cfg else {
         list.push("config", CheckStatus::Skip, false, "no config given: checking with the defaults");
         return;
     };
-    let problems = validate(cfg);
-    if problems.is_empty() {
-        list.push("config", CheckStatus::Ok, true, "valid");
+    let mut text: Vec<String> = validate(cfg).iter().map(|p| format!("{}: {}", p.key, p.message)).collect();
+    text.extend(workload_error.map(|e| format!("`rekindle run` would refuse it: {e}")));
+    if text.is_empty() {
+        list.push("config", CheckStatus::Ok, true, "valid; its model builds and its data loads");
     } else {
-        let text: Vec<String> = problems.iter().map(|p| format!("{}: {}", p.key, p.message)).collect();
         list.push("config", CheckStatus::Fail, true, text.join("; "));
     }
 }
@@ -564,6 +569,13 @@ mod tests {
         let list = run_checks(Some(&f.config), &DoctorOptions::default(), &f.env, &no_gpu());
         assert_eq!(status(&list, "config"), CheckStatus::Fail);
         assert!(list.get("config").unwrap().detail.contains("checkpoint.keep"));
+        // What `run` finds building the model and loading the data fails it too.
+        f.config.checkpoint.keep = 3;
+        let options = DoctorOptions { workload_error: Some("data.path: cannot read x".into()), ..Default::default() };
+        let list = run_checks(Some(&f.config), &options, &f.env, &no_gpu());
+        assert_eq!(status(&list, "config"), CheckStatus::Fail);
+        assert!(list.get("config").unwrap().detail.contains("`rekindle run` would refuse it: data.path"), "{list}");
+        assert!(list.any_required_failed());
         assert!(list.any_required_failed());
         let skipped = run_checks(None, &DoctorOptions::default(), &f.env, &no_gpu());
         assert_eq!(status(&skipped, "config"), CheckStatus::Skip);

@@ -6,11 +6,14 @@ use std::process::ExitCode;
 /// What a finished command means for the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// 0: the work is done (training finished, verification passed).
+    /// 0: the work is done (training finished, verification passed), also
+    /// when it was done before: a finished run run again writes nothing.
     Done,
     /// 75 (EX_TEMPFAIL): stopped with a durable checkpoint; run again to continue.
     StoppedWithCheckpoint,
-    /// 78 (EX_CONFIG): the configuration is invalid; nothing was changed.
+    /// 78 (EX_CONFIG): the configuration cannot be used (the config, its
+    /// model or data, a changed training setting, a run directory the other
+    /// command continues), found before anything was started or changed.
     ConfigError,
     /// 2: the command line was invalid (clap's own code).
     UsageError,
@@ -53,12 +56,15 @@ impl From<Outcome> for ExitCode {
 /// The table printed at the end of `rekindle --help`.
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
-  0   finished (training done, verification passed)
+  0   finished (training done, verification passed; a run already finished
+      says so and writes nothing)
   1   failure (including a checkpoint that does not verify, and a stop with no
       checkpoint to continue from: the next run starts at step 0)
   2   usage error on the command line
   75  stopped with a durable checkpoint: run the same command again to continue
-  78  configuration error: nothing was started or changed";
+  78  configuration error (the config, its model or data, a changed training
+      setting, the other command's run directory): nothing was started or
+      changed";
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,7 @@
 //! that pass are merged into the [`Config`] that semantic validation sees, so
 //! one bad key neither hides the others nor causes follow-on reports.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, Item, Table, Value};
@@ -27,6 +27,9 @@ pub struct LoadedConfig {
     pub config: Config,
     /// The config file (for [`from_str`], the `source_name` given).
     pub source: PathBuf,
+    /// The keys (`section.key`) the text or an override gave a value; every
+    /// other key holds its default.
+    pub set_keys: BTreeSet<String>,
 }
 
 /// Reads the TOML file at `path`, applies `overrides` (`section.key=value`,
@@ -175,7 +178,7 @@ pub fn from_str_with(
     }
 
     if problems.is_empty() {
-        Ok(LoadedConfig { config, source: PathBuf::from(source_name) })
+        Ok(LoadedConfig { config, source: PathBuf::from(source_name), set_keys: places.keys.into_keys().collect() })
     } else {
         Err(invalid(source_name, sorted(problems)))
     }

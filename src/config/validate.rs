@@ -70,7 +70,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     let mut f = Findings::default();
     run(&mut f, &config.run);
     model(&mut f, &config.model);
-    data(&mut f, &config.data);
+    data(&mut f, &config.data, &config.model.kind);
     train(&mut f, &config.train, &config.data);
     optimizer(&mut f, &config.optimizer, config.run.max_steps);
     precision(&mut f, &config.precision);
@@ -135,7 +135,12 @@ fn model(f: &mut Findings, model: &ModelSection) {
     f.unit_fraction("model.dropout", model.dropout);
 }
 
-fn data(f: &mut Findings, data: &DataSection) {
+fn data(f: &mut Findings, data: &DataSection, model: &ModelKind) {
+    // The mlp classifies feature vectors: text has none to give it.
+    f.require_with(*model != ModelKind::Mlp || data.kind == DataKind::Synthetic, "data.kind", &["model.kind"], || {
+        "the mlp model trains on synthetic data only: use kind = \"synthetic\", or model.kind = \"gpt\" for JSONL text"
+            .to_string()
+    });
     match data.kind {
         DataKind::Jsonl => {
             f.require_with(data.path.is_some(), "data.path", &["data.kind"], || {
@@ -446,9 +451,23 @@ mod tests {
     #[test]
     fn jsonl_data_requires_a_path() {
         let mut c = Config::default();
+        c.model.kind = ModelKind::Gpt;
         c.data.kind = DataKind::Jsonl;
         assert_eq!(keys(&c), ["data.path"]);
         c.data.path = Some("data/x.jsonl".into());
+        assert!(keys(&c).is_empty());
+    }
+
+    #[test]
+    fn the_mlp_model_refuses_jsonl_data() {
+        let mut c = Config::default();
+        c.data.kind = DataKind::Jsonl;
+        c.data.path = Some("data/x.jsonl".into());
+        assert_eq!(keys(&c), ["data.kind"]);
+        assert_eq!(findings(&c)[0].depends_on, ["model.kind"]);
+        assert!(findings(&c)[0].message.contains("synthetic data only"));
+        // A registered model decides for itself what data it takes.
+        c.model.kind = ModelKind::Registered("conv".into());
         assert!(keys(&c).is_empty());
     }
 

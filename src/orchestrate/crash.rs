@@ -48,9 +48,12 @@ pub enum CrashAction {
 pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, String) {
     use CrashClass::{Deterministic, Transient};
     let (class, why): (CrashClass, &str) = match error {
-        RunError::Config(_) | RunError::ConfigChanged { .. } | RunError::PreviousConfig { .. } => {
-            (Deterministic, "a configuration error")
-        }
+        RunError::Config(_)
+        | RunError::ConfigChanged { .. }
+        | RunError::CheckpointSettingsChanged { .. }
+        | RunError::PreviousConfig { .. }
+        | RunError::OtherCommand { .. } => (Deterministic, "a configuration error"),
+        RunError::Unusable(_) => (Deterministic, "the config's model or data cannot be used"),
         RunError::Distributed(_) => (Deterministic, "the ranks were launched wrongly (see docs/distributed.md)"),
         RunError::Ranks { .. } => (Deterministic, "the ranks of a data-parallel run disagree"),
         RunError::RunDir { .. } => (Transient, "an I/O error on the run directory"),
@@ -243,7 +246,10 @@ mod tests {
         vec![
             (RunError::Config(ConfigError::Invalid { source_name: "c.toml".into(), problems: vec![] }), Deterministic),
             (RunError::ConfigChanged { path: path(), diff: vec![] }, Deterministic),
+            (RunError::CheckpointSettingsChanged { dir: path(), diff: vec![] }, Deterministic),
             (RunError::PreviousConfig { path: path(), reason: "r".into() }, Deterministic),
+            (RunError::Unusable(TrainError::config("data.path", "r")), Deterministic),
+            (RunError::OtherCommand { dir: path(), step: 1, theirs: "exec", ours: "run" }, Deterministic),
             (
                 RunError::Distributed(crate::distributed::DistributedError::NotBuiltWithMpi {
                     size: 2,

@@ -21,8 +21,28 @@ pub enum RunError {
         diff.join("\n  ")
     )]
     ConfigChanged { path: PathBuf, diff: Vec<String> },
+    /// The newest checkpoint's `state.json` records other training settings
+    /// (`settings_sha256`, orchestrate/settings.rs) than this config's.
+    #[error(
+        "checkpoint {dir} was trained with other training settings than this config (its state.json settings_sha256 differs):\n  {}\nresuming would not continue the same run; restore the old settings, use a new run directory (--run-dir), or pass --allow-config-change",
+        diff.join("\n  ")
+    )]
+    CheckpointSettingsChanged { dir: PathBuf, diff: Vec<String> },
     #[error("cannot read the previous config {path}: {reason}; fix or remove it")]
     PreviousConfig { path: PathBuf, reason: String },
+    /// The config's workload cannot be built or its data cannot be used
+    /// (`Registry::checked_workload`): found before the run directory is
+    /// touched.
+    #[error("this config cannot be trained: {0}; nothing was started or changed")]
+    Unusable(TrainError),
+    /// The run directory's checkpoints are the other command's: `run`
+    /// continues native checkpoints, `exec` sealed ones.
+    #[error(
+        "run directory {dir} holds checkpoints of `rekindle {theirs}` (newest: step {step}), which `rekindle {ours}` \
+         cannot continue: continue this run directory with `rekindle {theirs}`, or give `rekindle {ours}` another one \
+         (--run-dir); nothing was changed"
+    )]
+    OtherCommand { dir: PathBuf, step: u64, theirs: &'static str, ours: &'static str },
     #[error(transparent)]
     Distributed(crate::distributed::DistributedError),
     #[error("the ranks of this data-parallel run disagree: {what}")]
@@ -112,7 +132,10 @@ impl RunError {
         match self {
             RunError::Config(_)
             | RunError::ConfigChanged { .. }
+            | RunError::CheckpointSettingsChanged { .. }
             | RunError::PreviousConfig { .. }
+            | RunError::Unusable(_)
+            | RunError::OtherCommand { .. }
             | RunError::Distributed(
                 DistributedError::NotBuiltWithMpi { .. }
                 | DistributedError::BadLaunchEnv { .. }

@@ -4,7 +4,8 @@
 //! ending's requeue, publish and crash decisions):
 //!
 //! ```text
-//! exec         load config ─ lock the run dir ─ prepare it ─ `start`
+//! exec         load config ─ claim the run dir ─ refuse `run`'s
+//!              checkpoints ─ lock it ─ prepare it ─ `start`
 //!              ─ newest files checkpoint that verifies (newer damaged ones
 //!              recorded and quarantined; a native one refused) ─ `resume` or
 //!              fresh start ─ trim metrics ─ empty the staging dir ─ monitor
@@ -30,7 +31,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{CheckpointStore, CommitGuard, MANIFEST_FILE, VerifyLevel, read_manifest};
+use crate::checkpoint::{CheckpointKind, CheckpointStore, CommitGuard, MANIFEST_FILE, VerifyLevel, read_manifest};
 use crate::config::{self, Config};
 use crate::exit::Outcome;
 use crate::slurm::SlurmEnv;
@@ -78,10 +79,13 @@ pub struct ExecOptions {
 /// finished, `StoppedWithCheckpoint` after a stop with a durable checkpoint.
 pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     let stop = StopFlag::install().map_err(|source| RunError::RunDir { path: PathBuf::from("<signals>"), source })?;
-    let cfg = load_config(opts)?;
+    let (cfg, max_steps) = load_config(opts)?;
     let slurm = SlurmEnv::from_process();
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     rundir::claim(&root, &cfg)?;
+    // Before anything is written: rekindle's own checkpoints are continued
+    // by `rekindle run`, not by a program.
+    rundir::refuse_other_command(&root, &cfg, CheckpointKind::Files)?;
     let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");
@@ -101,7 +105,7 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
         rekindle_version: env!("CARGO_PKG_VERSION").into(),
         run_dir: dir.root.clone(),
         allocation: serde_json::to_value(&slurm).unwrap_or_default(),
-        max_steps: cfg.run.max_steps,
+        max_steps,
         placement: serde_json::json!({"exec": recorded.join(" ")}),
         ..Start::default()
     }))?;
@@ -149,7 +153,8 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
         bin: std::env::current_exe().map_err(|source| RunError::RunDir { path: "<current exe>".into(), source })?,
         exec_pid: std::process::id(),
     };
-    let attempt = ExecAttempt { cfg, dir, store, slurm, started: Instant::now(), start_step, resumes, monitor };
+    let attempt =
+        ExecAttempt { cfg, max_steps, dir, store, slurm, started: Instant::now(), start_step, resumes, monitor };
     let supervised = child::supervise(&opts.command, &env, &attempt.cfg, &stop, &ownership, &mut events, |pid, ev| {
         tracing::info!(pid, command = %recorded.join(" "), "the program started");
         record_or_log(
@@ -178,12 +183,15 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
 }
 
 /// The config of `opts`, or every default with the overrides.
-fn load_config(opts: &ExecOptions) -> Result<Config, RunError> {
+/// The config, and `[run] max_steps` where it is set (the file or `--set`):
+/// the default means nothing for a program rekindle does not train.
+fn load_config(opts: &ExecOptions) -> Result<(Config, Option<u64>), RunError> {
     let loaded = match &opts.config_path {
         Some(path) => config::load(path, &opts.overrides)?,
         None => config::from_str("", "<defaults>", &opts.overrides)?,
     };
-    Ok(loaded.config)
+    let max_steps = loaded.set_keys.contains("run.max_steps").then_some(loaded.config.run.max_steps);
+    Ok((loaded.config, max_steps))
 }
 
 fn absolute(path: &std::path::Path) -> PathBuf {
@@ -203,6 +211,8 @@ struct Sealed {
 /// One attempt of `rekindle exec`, from the program's start to the exit.
 struct ExecAttempt {
     cfg: Config,
+    /// `[run] max_steps` where the config sets it.
+    max_steps: Option<u64>,
     dir: RunDir,
     store: CheckpointStore,
     slurm: SlurmEnv,
@@ -435,7 +445,7 @@ impl ExecAttempt {
             state,
             run: self.cfg.run.name.clone(),
             steps,
-            max_steps: self.cfg.run.max_steps,
+            max_steps: self.max_steps,
             final_loss: None,
             best_loss: None,
             wall_seconds_this_attempt: self.started.elapsed().as_secs_f64(),

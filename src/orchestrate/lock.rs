@@ -223,8 +223,11 @@ impl LockInfo {
         LockInfo::parse(&read_if_exists(path).ok()??)
     }
 
+    /// The file's bytes: pretty JSON, keys in alphabetical order (through a
+    /// JSON value, whose map is sorted; readers take any order).
     fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(self).expect("lock serialises")
+        let value = serde_json::to_value(self).expect("lock serialises");
+        serde_json::to_vec_pretty(&value).expect("lock serialises")
     }
 }
 
@@ -932,6 +935,30 @@ fn release(holding: &Holding) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_file_keys_are_alphabetical_and_files_in_field_order_still_read() {
+        let info = LockInfo {
+            token: "t".into(),
+            job_id: Some("17".into()),
+            host: "n1".into(),
+            pid: 3,
+            heartbeat: 1.5,
+            started: 1.0,
+            restart_count: Some(2),
+            step_id: Some("0".into()),
+            boot_id: Some("b".into()),
+            proc_start: Some(9),
+            stale_after_s: Some(60.0),
+            lineage: "l".into(),
+            generation: 4,
+        };
+        let bytes = info.to_bytes();
+        assert_eq!(crate::telemetry::first_unsorted_key(std::str::from_utf8(&bytes).unwrap()), None);
+        assert_eq!(LockInfo::parse(&bytes).as_ref(), Some(&info));
+        // Earlier versions wrote the fields in declaration order.
+        assert_eq!(LockInfo::parse(&serde_json::to_vec_pretty(&info).unwrap()), Some(info));
+    }
 
     fn held(host: &str, pid: u32, job: Option<&str>, heartbeat: f64) -> LockInfo {
         LockInfo {

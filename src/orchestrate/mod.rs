@@ -5,8 +5,10 @@
 //! out-of-memory back-off, monitor); `deadline.rs` and `budget.rs` do the
 //! time arithmetic of a stop; `watchdog.rs` turns a stuck step, evaluation,
 //! save or publish into a requeue; `crash.rs` classifies a crash as
-//! transient (requeued) or deterministic (not). `exec.rs` runs any program
-//! as a child under the same lifecycle (`rekindle exec`, `rekindle seal`).
+//! transient (requeued) or deterministic (not); `settings.rs` records the
+//! training settings in each checkpoint and refuses a resume with others.
+//! `exec.rs` runs any program as a child under the same lifecycle
+//! (`rekindle exec`, `rekindle seal`).
 
 mod atomic;
 mod budget;
@@ -24,6 +26,7 @@ mod rank_watch;
 mod ranks;
 mod run;
 mod rundir;
+mod settings;
 mod status;
 mod stop;
 mod watchdog;

@@ -284,7 +284,9 @@ impl Beater {
 fn write_beat(dir: &Path, beat: &RankBeat) -> std::io::Result<()> {
     let path = dir.join(rank_beat_file(beat.rank));
     let tmp = dir.join(format!(".{}.tmp", rank_beat_file(beat.rank)));
-    let bytes = serde_json::to_vec(beat).map_err(std::io::Error::other)?;
+    // Through a JSON value: keys in alphabetical order, as in every file.
+    let value = serde_json::to_value(beat).map_err(std::io::Error::other)?;
+    let bytes = serde_json::to_vec(&value).map_err(std::io::Error::other)?;
     // A fresh file (O_EXCL never follows a link left by that name).
     let _ = std::fs::remove_file(&tmp);
     std::io::Write::write_all(&mut std::fs::File::options().write(true).create_new(true).open(&tmp)?, &bytes)?;
@@ -322,6 +324,16 @@ mod tests {
     }
 
     const T: Duration = Duration::from_secs(3);
+
+    #[test]
+    fn beat_file_keys_are_alphabetical_and_it_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = beat(3, "s", false);
+        write_beat(dir.path(), &written).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(rank_beat_file(1))).unwrap();
+        assert_eq!(crate::telemetry::first_unsorted_key(&text), None, "{text}");
+        assert_eq!(read_beat(dir.path(), 1), Some(written));
+    }
 
     #[test]
     fn a_rank_whose_beat_stops_changing_is_lost_after_the_timeout_by_our_clock() {

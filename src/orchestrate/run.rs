@@ -2,10 +2,15 @@
 //! phases, each in its own file under `run/`:
 //!
 //! ```text
-//! run          load config ─ lock the run dir ─ prepare it
-//! start.rs     open records ─ place on devices (devices.rs) ─ `start` event
-//!              ─ resume from the newest checkpoint that verifies (or start
-//!              at step 0) ─ trim metrics ─ start the GPU/host monitor
+//! run          load config ─ build the workload, loading its data ─ claim
+//!              the run dir ─ refuse `exec`'s checkpoints ─ lock ─ prepare
+//!              it (everything before the lock writes nothing but a new
+//!              directory: a config or data problem exits 78 there)
+//! start.rs     open records ─ newest checkpoint already of max_steps: exit
+//!              0, nothing written ─ place on devices (devices.rs) ─ `start`
+//!              event ─ resume from the newest checkpoint that verifies (or
+//!              start at step 0) ─ trim metrics ─ start the GPU/host monitor;
+//!              a start that fails records `error` (ending.rs), exit 1
 //! train_loop   steps (out of memory: retry with half the micro-batch, at most
 //!              5 times) ─ metrics ─ periodic checkpoints persisted in the
 //!              background (saving.rs)
@@ -40,14 +45,14 @@ pub(super) mod start;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::checkpoint::{CheckpointStore, TensorSet};
+use crate::checkpoint::{CheckpointKind, CheckpointStore, TensorSet};
 use crate::config::{self, Config};
 use crate::distributed::{self, SharedWorld, WorldInfo};
 use crate::exit::Outcome;
 use crate::gpu::Monitor;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{EventContext, EventLog, JsonlWriter, MetricsLine, StepLine, ValLine, now_rfc3339};
-use crate::train::{Registry, StepMetrics, StepResult, TrainError, Trainer};
+use crate::train::{Registry, StepMetrics, StepResult, TrainError, Trainer, Workload};
 
 use super::devices::Devices;
 use super::error::RunError;
@@ -58,6 +63,7 @@ use super::progress::Progress;
 use super::rank_watch::{RANKS_DIR, RankWatch, WatchSetup, new_session};
 use super::ranks::{self, Leader};
 use super::rundir::{self, RunDir};
+use super::settings;
 use super::stop::{StopFlag, StopReason};
 use super::watchdog::{Activity, Beats, Progress as WatchedProgress, Watchdog, Worker};
 use ending::Ending;
@@ -83,18 +89,30 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let stop = StopFlag::install().map_err(|source| RunError::RunDir { path: PathBuf::from("<signals>"), source })?;
     let loaded = config::load_with(&opts.config_path, &opts.overrides, &opts.registry)?;
     let cfg = loaded.config;
+    // Whatever the config or its data hold that training cannot use is
+    // found here, before the run directory is touched: exit 78, nothing
+    // written (the data of a `[data] path` loads once, for the trainer).
+    let workload = opts.registry.checked_workload(&cfg).map_err(RunError::Unusable)?;
     let slurm = SlurmEnv::from_process();
     let info = WorldInfo::detect().map_err(RunError::Distributed)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    // A data-parallel run (docs/distributed.md) joins its world first: a
+    // launch whose ranks do not make one (exit 78) leaves no run directory.
+    let world = match info.size {
+        0 | 1 => None,
+        _ => Some(SharedWorld::new(distributed::connect(&info).map_err(RunError::Distributed)?)),
+    };
     // Before anything is written there, by any rank (the ranks' beats go
     // into `ranks/` at once): a directory that is not rekindle's is refused.
     rundir::claim(&root, &cfg)?;
-    if info.size <= 1 {
-        return lead(opts, cfg, stop, slurm, root, None);
-    }
-    // A data-parallel run (docs/distributed.md): rank 0 leads, the others
-    // follow; every rank beats and watches the others' beats (rank_watch.rs).
-    let world = SharedWorld::new(distributed::connect(&info).map_err(RunError::Distributed)?);
+    // Still before anything is written: checkpoints `rekindle exec` sealed
+    // are continued by it, not by `run`.
+    rundir::refuse_other_command(&root, &cfg, CheckpointKind::Native)?;
+    let Some(world) = world else {
+        return lead(opts, cfg, workload, stop, slurm, root, None);
+    };
+    // Rank 0 leads, the others follow; every rank beats and watches the
+    // others' beats (rank_watch.rs).
     let node = slurm.node_name();
     let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg));
     let watch = |session: String| {
@@ -118,6 +136,8 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
             .map_err(|source| RunError::RunDir { path: root.join(RANKS_DIR), source })
     };
     if !info.is_leader() {
+        // A follower builds its own trainer when the leader begins (ranks.rs).
+        drop(workload);
         let session = ranks::follower_hello(&world, &node, &stop)?;
         let watch = watch(session)?;
         let result = ranks::follow(&cfg, &opts.registry, store, world, node, &stop, &watch.pulse());
@@ -131,7 +151,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let session = new_session(&node);
     let watch = watch(session.clone())?;
     let (leader, nodes) = Leader::hello(world, node, &stop, session, watch.pulse())?;
-    let result = lead(opts, cfg, stop.clone(), slurm, root, Some((leader.clone(), nodes, &watch)));
+    let result = lead(opts, cfg, workload, stop.clone(), slurm, root, Some((leader.clone(), nodes, &watch)));
     leader.end(&stop, result.as_ref().map_or_else(RunError::outcome, |o| *o));
     watch.finish();
     result
@@ -141,6 +161,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
 fn lead(
     opts: &RunOptions,
     cfg: Config,
+    workload: Box<dyn Workload>,
     stop: StopFlag,
     slurm: SlurmEnv,
     root: PathBuf,
@@ -149,11 +170,26 @@ fn lead(
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
     let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
+    // Before config.toml is rewritten: a refused resume leaves it as it was.
+    settings::check_newest(&rundir::checkpoints_dir(&root, &cfg), &cfg, opts.allow_config_change)?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");
-    match Attempt::start(cfg, &opts.registry, dir, stop, opts.stop_at_step, slurm, &lock, world)? {
-        Started::Ready(attempt) => attempt.train(),
-        Started::StoppedEarly(outcome) => Ok(outcome),
+    let allow = opts.allow_config_change;
+    // What a failed start records (its own `error` event) needs these after
+    // the attempt has taken its own.
+    let (kept_cfg, kept_dir, kept_slurm) = (cfg.clone(), dir.clone(), slurm.clone());
+    let started =
+        Attempt::start(cfg, &opts.registry, workload, dir, stop, opts.stop_at_step, slurm, &lock, world, allow);
+    match started {
+        Ok(Started::Ready(attempt)) => attempt.train(),
+        Ok(Started::StoppedEarly(outcome)) => Ok(outcome),
+        Ok(Started::AlreadyFinished) => Ok(Outcome::Done),
+        Err(e) => {
+            if !lock.ownership().is_lost() {
+                ending::record_failed_start(&kept_cfg, &kept_dir, &kept_slurm, &e);
+            }
+            Err(e)
+        }
     }
 }
 
@@ -161,6 +197,9 @@ enum Started {
     Ready(Box<Attempt>),
     /// A stop signal arrived before training could begin.
     StoppedEarly(Outcome),
+    /// The newest checkpoint is of `max_steps` or beyond: nothing to train,
+    /// nothing written (exit 0).
+    AlreadyFinished,
 }
 
 /// One attempt: the state that lives from start (or resume) to exit.

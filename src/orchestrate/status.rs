@@ -79,7 +79,7 @@ pub fn status(dir: &Path) -> RunStatus {
         .cloned();
 
     let step = metrics.last().map(|m| m.step).or_else(|| summary.as_ref().map(|s| s.steps));
-    let max_steps = cfg.as_ref().map(|c| c.run.max_steps);
+    let max_steps = recorded_max_steps(&events).unwrap_or_else(|| cfg.as_ref().map(|c| c.run.max_steps));
     let last_event =
         events.iter().rev().find(|e| matches!(e.name.as_str(), "finish" | "stop" | "error" | "start" | "resume"));
     let state = match (live_lock.is_some(), last_event.map(|e| e.name.as_str())) {
@@ -130,6 +130,18 @@ pub fn status(dir: &Path) -> RunStatus {
         last_ended_attempt: attempts.pop(),
         lock: live_lock,
         eta_seconds,
+    }
+}
+
+/// The `max_steps` the newest `start` event records: `Some(None)` when it
+/// records `null` (`rekindle exec` without a configured `[run] max_steps`:
+/// there is no total to show), `None` when there is no such event or field
+/// (then `config.toml` says).
+fn recorded_max_steps(events: &[RecordedEvent]) -> Option<Option<u64>> {
+    let start = events.iter().rev().find(|e| e.name == "start")?;
+    match start.raw.get("max_steps")? {
+        serde_json::Value::Null => Some(None),
+        value => value.as_u64().map(Some),
     }
 }
 
@@ -233,6 +245,31 @@ mod tests {
             json!({"event": "start", "node": "n2", "time": "2026-11-01T10:05:00Z"}),
             json!({"event": "resume", "node": "n2", "step": 61, "steps_lost": 0}),
         ]
+    }
+
+    #[test]
+    fn an_exec_run_without_a_configured_max_steps_shows_no_total() {
+        use serde_json::json;
+        let start = |max_steps: serde_json::Value| json!({"event": "start", "node": "n1", "max_steps": max_steps});
+        let finish = json!({"event": "finish", "node": "n1", "step": 200});
+        let tmp = run_dir_with_events(&[start(json!(null)), finish.clone()]);
+        // What exec writes: every default, max_steps = 1000 among them.
+        std::fs::write(tmp.path().join(CONFIG_FILE), config::to_toml(&config::Config::default())).unwrap();
+        let summary = Summary { steps: 200, ..Summary::default() };
+        std::fs::write(tmp.path().join(SUMMARY_FILE), summary.to_bytes()).unwrap();
+        let st = status(tmp.path());
+        assert_eq!((st.step, st.max_steps, st.progress), (Some(200), None, None));
+        assert!(st.to_string().contains("step      200\n"), "{st}");
+        // A configured one is shown, whatever config.toml holds.
+        let tmp = run_dir_with_events(&[start(json!(400)), finish]);
+        std::fs::write(tmp.path().join(SUMMARY_FILE), summary.to_bytes()).unwrap();
+        let st = status(tmp.path());
+        assert_eq!((st.max_steps, st.progress), (Some(400), Some(0.5)));
+        assert!(st.to_string().contains("step      200 / 400 (50.0%)"), "{st}");
+        // No start event: the config says.
+        let tmp = run_dir_with_events(&[]);
+        std::fs::write(tmp.path().join(CONFIG_FILE), config::to_toml(&config::Config::default())).unwrap();
+        assert_eq!(status(tmp.path()).max_steps, Some(1000));
     }
 
     #[test]

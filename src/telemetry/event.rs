@@ -188,7 +188,9 @@ pub struct Start {
     pub run_dir: PathBuf,
     /// The SLURM allocation as the environment describes it (`SlurmEnv`).
     pub allocation: Value,
-    pub max_steps: u64,
+    /// `[run] max_steps`; `null` for `rekindle exec` when the config does not
+    /// set it (only the program knows its length).
+    pub max_steps: Option<u64>,
     /// Backend, plan, layout and devices in use (see `orchestrate::Devices`).
     pub placement: Value,
     /// Ranks of a data-parallel run (absent for one process).
@@ -890,7 +892,7 @@ mod tests {
             error: None,
         };
         let events = vec![
-            Event::Start(Start { pid: 1, max_steps: 5, allocation: json!({"job_id": null}), ..Start::default() }),
+            Event::Start(Start { pid: 1, max_steps: Some(5), allocation: json!({"job_id": null}), ..Start::default() }),
             Event::LockTakeover(LockTakeover {
                 reason: "its heartbeat on n1 is 61s old".into(),
                 previous_host: Some("n1".into()),

@@ -8,6 +8,7 @@ mod attempts;
 mod event;
 mod events;
 mod gpu_sample;
+mod key_order;
 mod logging;
 mod metrics;
 mod rank_beat;
@@ -27,6 +28,7 @@ pub use event::{
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
 pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
+pub use key_order::first_unsorted_key;
 pub use logging::{LogFormat, LogOptions, Lossy, LossyWriter, init_logging, lost_log_lines, report_lost_log_lines};
 pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics_from, metrics_step};
 pub use rank_beat::{RankBeat, rank_beat_file};

@@ -28,7 +28,8 @@ pub struct Summary {
     pub run: String,
     /// Steps completed.
     pub steps: u64,
-    pub max_steps: u64,
+    /// `[run] max_steps`; `null` for `rekindle exec` when the config does not set it.
+    pub max_steps: Option<u64>,
     /// Loss of the last step with a finite loss (`null`: none yet).
     pub final_loss: Option<f64>,
     pub best_loss: Option<f64>,

@@ -254,7 +254,8 @@ impl TokenSequences {
                         path: path.to_path_buf(),
                         lines: report.lines,
                         invalid: report.invalid,
-                        summary: report.summary(),
+                        summary: report.summary().into(),
+                        check: opts.command_line(path).into(),
                     });
                 }
                 OnInvalid::Skip => tracing::warn!(

@@ -95,10 +95,13 @@ pub enum TrainError {
     },
 
     /// A dataset has invalid records and `[data] on_invalid = "error"`.
+    /// `check` is the `rekindle data validate` command line that checks the
+    /// file as the run did (its `[data] field` and `max_len`). The strings
+    /// are boxed to keep every error small (`RunError` carries this one).
     #[error(
-        "{path}: {invalid} of {lines} records are invalid ({summary}); run `rekindle data validate {path}` for details, or set `[data] on_invalid = \"skip\"`"
+        "{path}: {invalid} of {lines} records are invalid ({summary}); run `{check}` for details, or set `[data] on_invalid = \"skip\"`"
     )]
-    InvalidDataset { path: PathBuf, lines: u64, invalid: u64, summary: String },
+    InvalidDataset { path: PathBuf, lines: u64, invalid: u64, summary: Box<str>, check: Box<str> },
 
     /// A dataset split holds too little data to form a single sample.
     #[error("{what}: {reason}")]

@@ -154,7 +154,13 @@ impl GptWorkload {
                     .path
                     .as_ref()
                     .ok_or_else(|| TrainError::config("data.path", "required for kind = \"jsonl\""))?;
-                TokenSequences::from_jsonl(path, &cfg.data, cfg.run.seed, m.context)?
+                // A file that cannot be read is the config's to fix: say which key.
+                TokenSequences::from_jsonl(path, &cfg.data, cfg.run.seed, m.context).map_err(|e| match e {
+                    TrainError::Io { path, source } => {
+                        TrainError::config("data.path", format!("cannot read {}: {source}", path.display()))
+                    }
+                    other => other,
+                })?
             }
         };
         let shape =

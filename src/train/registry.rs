@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 
 use super::builtin::builtin_workload;
 use super::error::TrainError;
-use super::workload::Workload;
+use super::workload::{Split, Workload};
 use crate::config::{Config, ModelKind, ModelKinds};
 
 /// Builds a registered workload from the config (its settings already
@@ -108,6 +108,35 @@ impl Registry {
                 )),
             },
         }
+    }
+}
+
+impl Registry {
+    /// [`workload`](Self::workload), checked for what training needs and
+    /// the config alone cannot tell: the data loads (a `[data] path` that
+    /// exists and parses), the training split has samples, and so does the
+    /// validation split when `[train] eval_every` evaluates within
+    /// `max_steps`. `rekindle run` calls it before it touches the run
+    /// directory, and `rekindle doctor` runs the same check: an error here
+    /// is the config's or its data's.
+    pub fn checked_workload(&self, cfg: &Config) -> Result<Box<dyn Workload>, TrainError> {
+        let workload = self.workload(cfg)?;
+        let what = |split: &str| format!("the {split} split of workload `{}`", workload.name());
+        if workload.num_samples(Split::Train) == 0 {
+            return Err(TrainError::EmptyData { what: what("training"), reason: "it has no samples".into() });
+        }
+        let evaluates = cfg.train.eval_every > 0 && cfg.train.eval_every <= cfg.run.max_steps;
+        if evaluates && workload.num_samples(Split::Validation) == 0 {
+            return Err(TrainError::EmptyData {
+                what: what("validation"),
+                reason: format!(
+                    "it has no samples, and train.eval_every = {} evaluates on it: raise data.val_fraction \
+                     (now {}), give more data, or set train.eval_every = 0",
+                    cfg.train.eval_every, cfg.data.val_fraction
+                ),
+            });
+        }
+        Ok(workload)
     }
 }
 

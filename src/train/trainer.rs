@@ -303,6 +303,23 @@ impl Trainer {
         Self::with_factory_on(cfg, Arc::new(move || registry.workload(&owned)), device, initial)
     }
 
+    /// [`from_registry_on_resuming`](Self::from_registry_on_resuming) on the
+    /// CPU, with the trainer's own workload already built from `registry`
+    /// (by [`Registry::checked_workload`], which `rekindle run` calls before
+    /// it touches the run directory), so its data is not loaded again;
+    /// replicas on other devices still build theirs from `registry`.
+    pub fn from_registry_prebuilt(
+        cfg: &Config,
+        registry: &Registry,
+        workload: Box<dyn Workload>,
+        initial: Option<Arc<TensorSet>>,
+    ) -> Result<Self, TrainError> {
+        let (owned, registry) = (cfg.clone(), registry.clone());
+        let mut trainer = Self::build(cfg, workload, Device::Cpu, initial)?;
+        trainer.factory = Some(Arc::new(move || registry.workload(&owned)));
+        Ok(trainer)
+    }
+
     /// A trainer whose workload `factory` makes, once for the trainer and
     /// once per replica on another device.
     fn with_factory_on(

@@ -37,6 +37,35 @@ impl Default for ValidateOptions {
     }
 }
 
+impl ValidateOptions {
+    /// The `rekindle data validate` command line that checks `path` with
+    /// these options (`--field` and `--max-len` where they are not the
+    /// defaults), each word quoted for a POSIX shell where it needs it.
+    pub fn command_line(&self, path: &Path) -> String {
+        let path = path.to_string_lossy();
+        // A relative path that starts with `-` would read as an option.
+        let path = if path.starts_with('-') { format!("./{path}") } else { path.into_owned() };
+        let mut words = vec!["rekindle data validate".to_string(), shell_word(&path)];
+        if self.field != ValidateOptions::default().field {
+            words.push(format!("--field {}", shell_word(&self.field)));
+        }
+        if self.max_len > 0 {
+            words.push(format!("--max-len {}", self.max_len));
+        }
+        words.join(" ")
+    }
+}
+
+/// `word` as one word of a POSIX shell command line: as it is when every
+/// character is plain, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        return word.to_string();
+    }
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
 /// One kind of invalid line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -390,6 +419,19 @@ pub fn write_clean(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_line_carries_the_options_that_differ_from_the_defaults() {
+        let path = Path::new("data/corpus.jsonl");
+        assert_eq!(ValidateOptions::default().command_line(path), "rekindle data validate data/corpus.jsonl");
+        let opts = ValidateOptions { field: "body".into(), max_len: 4096, ..ValidateOptions::default() };
+        assert_eq!(opts.command_line(path), "rekindle data validate data/corpus.jsonl --field body --max-len 4096");
+        let odd = ValidateOptions { field: "the text".into(), ..ValidateOptions::default() };
+        assert_eq!(
+            odd.command_line(Path::new("-my corpus's.jsonl")),
+            r"rekindle data validate './-my corpus'\''s.jsonl' --field 'the text'"
+        );
+    }
 
     /// One line per problem, plus valid ones, in a known order.
     fn crafted(dir: &Path) -> PathBuf {

@@ -72,7 +72,11 @@ fn a_sigterm_mid_run_seals_a_checkpoint_exits_75_and_the_resume_ends_byte_identi
     let stop = last_event(&run, "stop");
     assert!(stop["checkpoint_error"].is_null(), "it sealed a checkpoint after the stop: {stop}");
     let to_durable = stop["seconds_to_durable_checkpoint"].as_f64().unwrap_or_else(|| panic!("{stop}"));
-    assert!(to_durable < 5.0, "from the signal to the seal: {stop}");
+    // The program answers at its next step (50 ms) and seals a few KB, but
+    // the seal is a fresh debug `rekindle` process on a loaded 2-vCPU CI
+    // machine: judge only that it came well inside the default grace (110 s
+    // to the deadline), not how fast the machine is (issue #34).
+    assert!(to_durable < 30.0, "from the signal to the seal: {stop}");
     assert!(!out.exists(), "not finished");
 
     let second = exec(&run, &out, &[]).run(TIMEOUT);
@@ -189,7 +193,7 @@ fn a_sigkilled_rekindle_takes_its_program_along() {
 }
 
 /// A process that has died but is not reaped yet (its new parent reaps it).
-fn is_zombie(pid: Pid) -> bool {
+pub(crate) fn is_zombie(pid: Pid) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
         .unwrap_or(false)
@@ -206,7 +210,8 @@ fn run_and_exec_refuse_each_others_checkpoints_and_say_which_command_continues()
     RunCmd::exec(&exec_dir, &["sh", "-c", &script]).run(TIMEOUT).assert_code(0);
     assert_eq!(checkpoint_steps(&exec_dir), vec![1]);
     let refused = RunCmd::new(&exec_dir).arg("--allow-config-change").run(TIMEOUT);
-    refused.assert_code(1);
+    // Found before anything is written: a config error (tests/it/failed_start.rs).
+    refused.assert_code(78);
     assert!(refused.stderr.contains("continue this run directory with `rekindle exec`"), "{}", refused.tail());
     assert_eq!(checkpoint_steps(&exec_dir), vec![1], "neither quarantined nor removed");
 
@@ -214,7 +219,7 @@ fn run_and_exec_refuse_each_others_checkpoints_and_say_which_command_continues()
     RunCmd::new(&run_dir).set("run.max_steps=12").run(TIMEOUT).assert_code(0);
     let refused =
         RunCmd::exec(&run_dir, &["true"]).arg("--config").arg(TINY_CONFIG).set("run.max_steps=12").run(TIMEOUT);
-    refused.assert_code(1);
+    refused.assert_code(78);
     assert!(refused.stderr.contains("continue this run directory with `rekindle run`"), "{}", refused.tail());
 }
 
@@ -407,21 +412,31 @@ fn a_stop_forwarded_while_a_seal_is_in_flight_does_not_kill_the_seal() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     // The seal waits 2 s before its rename; the program's process group (the
-    // seal included) gets SIGTERM meanwhile; the program waits for the seal.
-    let script = r#"trap 'echo "program got TERM" >&2' TERM
+    // seal included) gets SIGTERM meanwhile; the program waits for the seal
+    // and says whether the seal was still running when the TERM came.
+    let script = r#"trap 'kill -0 $seal 2>/dev/null && echo "program got TERM while the seal ran" >&2' TERM
         d="$REKINDLE_CHECKPOINT_DIR/s"; mkdir "$d"; echo w > "$d/w"
         FAILPOINTS='checkpoint::seal::before_rename=sleep(2000)' "$REKINDLE_BIN" -q seal "$d" --step 1 >/dev/null &
         seal=$!
-        touch "$REKINDLE_RUN_DIR/sealing"
         while kill -0 $seal 2>/dev/null; do wait $seal; rc=$?; done
         echo "seal exited $rc" >&2"#;
     let mut running = RunCmd::exec(&run, &["sh", "-c", script]).spawn();
-    running.wait_until("the seal to start", TIMEOUT, |_| run.join("sealing").exists());
-    std::thread::sleep(Duration::from_millis(500));
+    // The seal writes its manifest into the directory it moved out of
+    // staging just before the failpoint's pause: from then on it has set its
+    // stop signals to be ignored (its first act) and is in flight. (A fixed
+    // sleep after the seal's start stood in for this before: issue #34.)
+    running.wait_until("the seal's manifest, before its rename", TIMEOUT, |_| {
+        std::fs::read_dir(run.join("checkpoints")).is_ok_and(|entries| {
+            entries.filter_map(Result::ok).any(|e| {
+                e.file_name().to_string_lossy().starts_with(".tmp-seal-step-0000000001-")
+                    && e.path().join("MANIFEST.json").is_file()
+            })
+        })
+    });
     running.signal(Signal::SIGTERM);
     let exited = running.wait(TIMEOUT);
     exited.assert_code(75);
-    assert!(exited.stderr.contains("program got TERM"), "{}", exited.tail());
+    assert!(exited.stderr.contains("program got TERM while the seal ran"), "{}", exited.tail());
     assert!(exited.stderr.contains("seal exited 0"), "{}", exited.tail());
     assert_eq!(checkpoint_steps(&run), vec![1]);
     assert_eq!(last_event(&run, "stop")["step"], 1);

@@ -15,11 +15,15 @@
 mod support;
 
 mod boundary;
+mod claims;
 mod cli;
 mod corruption;
 mod distributed;
+mod documented;
+mod documented_commands;
 mod drills;
 mod exec;
+mod failed_start;
 mod gpu_check;
 mod gpu_run;
 mod hostile;

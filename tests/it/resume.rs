@@ -167,6 +167,68 @@ fn resume_with_changed_learning_rate_is_refused_unless_allowed() {
     assert_eq!(events.last().unwrap()["step"], 20);
 }
 
+/// Issue 33: each checkpoint's state.json records the hash of the training
+/// settings; a resume compares it with the config's even when config.toml,
+/// the run directory's own guard, is gone.
+#[test]
+fn issue_33_checkpoint_settings_refuse_a_changed_resume_without_config_toml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let training = Training::tiny_mlp(40);
+    training.stop_at(&dir, 10);
+    let state: serde_json::Value =
+        serde_json::from_slice(&fs::read(step_dir(&dir, 10).join("state.json")).unwrap()).unwrap();
+    let hash = state["settings_sha256"].as_str().expect("state.json records settings_sha256").to_string();
+    assert!(hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()), "{hash}");
+    assert_eq!(state["settings"]["optimizer.lr"], 3e-3, "{state}");
+
+    // The same settings resume without config.toml.
+    fs::remove_file(dir.join("config.toml")).unwrap();
+    training.stop_at(&dir, 20);
+
+    fs::remove_file(dir.join("config.toml")).unwrap();
+    let changed = training.clone().set("optimizer.lr=0.1").set("train.grad_clip=0.5");
+    let stderr = changed.expect_exit(&dir, &[], EXIT_CONFIG);
+    for expected in ["step-0000000020", "settings_sha256", "optimizer.lr: 0.003 -> 0.1", "train.grad_clip: 1.0 -> 0.5"]
+    {
+        assert!(stderr.contains(expected), "the refusal names {expected:?}:\n{stderr}");
+    }
+    assert!(stderr.contains("--allow-config-change"), "the refusal says how to override:\n{stderr}");
+    assert!(!dir.join("config.toml").exists(), "a refused resume writes nothing");
+    assert_eq!(events_named(&dir, "start").len(), 2, "a refused resume records nothing");
+
+    changed.expect_exit(&dir, &["--allow-config-change"], EXIT_DONE);
+    assert_eq!(events_named(&dir, "resume").last().unwrap()["step"], 20);
+    let (steps, _) = metrics(&dir);
+    assert!(steps[&21].lr.as_f64().unwrap() > 10.0 * steps[&20].lr.as_f64().unwrap(), "the new lr is used");
+    let last: serde_json::Value =
+        serde_json::from_slice(&fs::read(step_dir(&dir, 40).join("state.json")).unwrap()).unwrap();
+    assert_ne!(last["settings_sha256"], hash, "checkpoints after the change record the new settings");
+    assert_eq!(last["settings"]["optimizer.lr"], 0.1);
+}
+
+/// Issue 33: `max_steps` shapes training only as the default decay length,
+/// so with `[optimizer] decay_steps` set a finished run may be extended
+/// (every step it shares with a run that long from the start is the same);
+/// without it the extension is refused, naming the decay length.
+#[test]
+fn issue_33_max_steps_may_grow_when_decay_steps_pins_the_schedule() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (reference, extended, unpinned) = (tmp.path().join("ref"), tmp.path().join("ext"), tmp.path().join("unpinned"));
+    let pinned = |max_steps| Training::tiny_mlp(max_steps).set("optimizer.decay_steps=30");
+    pinned(50).run_to_end(&reference);
+    pinned(30).run_to_end(&extended);
+    pinned(50).run_to_end(&extended);
+    assert_eq!(events_named(&extended, "resume").last().unwrap()["step"], 30);
+    assert_same_checkpoint(&extended, &reference, 50);
+    assert_same_metrics(&extended, &reference, 50);
+    assert!(!extended.join("config.toml.prev").exists(), "no training setting changed");
+
+    Training::tiny_mlp(30).run_to_end(&unpinned);
+    let stderr = Training::tiny_mlp(50).expect_exit(&unpinned, &[], EXIT_CONFIG);
+    assert!(stderr.contains("optimizer.decay_steps: 30 -> 50 (run.max_steps)"), "{stderr}");
+}
+
 #[test]
 fn resume_falls_back_past_a_corrupted_newest_checkpoint_and_ends_identical() {
     let tmp = tempfile::tempdir().unwrap();

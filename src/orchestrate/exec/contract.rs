@@ -97,8 +97,10 @@ pub struct StopNotice {
 }
 
 impl StopNotice {
+    /// The file's bytes: one line of JSON, keys in alphabetical order.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = serde_json::to_vec(self).expect("a stop notice serialises");
+        let value = serde_json::to_value(self).expect("a stop notice serialises");
+        let mut out = serde_json::to_vec(&value).expect("a stop notice serialises");
         out.push(b'\n');
         out
     }
@@ -162,9 +164,12 @@ mod tests {
     }
 
     #[test]
-    fn the_stop_notice_is_one_json_line() {
+    fn the_stop_notice_is_one_json_line_with_its_keys_in_alphabetical_order() {
         let n = StopNotice { signal: "SIGTERM".into(), deadline: 1_790_000_000.5 };
-        assert_eq!(n.to_bytes(), b"{\"signal\":\"SIGTERM\",\"deadline\":1790000000.5}\n");
+        assert_eq!(n.to_bytes(), b"{\"deadline\":1790000000.5,\"signal\":\"SIGTERM\"}\n");
         assert_eq!(serde_json::from_slice::<StopNotice>(&n.to_bytes()).unwrap(), n);
+        // Earlier versions wrote the fields in declaration order.
+        let earlier = br#"{"signal":"SIGTERM","deadline":1790000000.5}"#;
+        assert_eq!(serde_json::from_slice::<StopNotice>(earlier).unwrap(), n);
     }
 }

@@ -33,7 +33,7 @@ use super::super::crash::{self, CrashAction};
 use super::super::deadline::Deadline;
 use super::super::devices;
 use super::super::error::RunError;
-use super::super::rundir::{EVENTS_FILE, SUMMARY_FILE};
+use super::super::rundir::{EVENTS_FILE, RunDir, SUMMARY_FILE};
 use super::super::stop::{StopFlag, StopReason};
 use super::super::watchdog::{Activity, Worker};
 use super::{Attempt, recorded_events};
@@ -385,7 +385,7 @@ impl Attempt {
             state,
             run: self.cfg.run.name.clone(),
             steps: self.trainer.step(),
-            max_steps: self.cfg.run.max_steps,
+            max_steps: Some(self.cfg.run.max_steps),
             final_loss: self.last_loss,
             best_loss: self.best_loss,
             wall_seconds_this_attempt: self.started.elapsed().as_secs_f64(),
@@ -537,6 +537,57 @@ pub(in crate::orchestrate) fn early_stop(
         EarlyStop::Finished => Ok(Some(Outcome::Done)),
         EarlyStop::Resumable => Ok(Some(Outcome::StoppedWithCheckpoint)),
         EarlyStop::NoCheckpoint => Err(RunError::StoppedBeforeFirstCheckpoint { reason: reason.name() }),
+    }
+}
+
+/// Records the end of an attempt whose start failed (building, placing or
+/// restoring the model, opening the records): classified like any failure
+/// (`crash.rs`), requeued when transient, and recorded as `error`, after a
+/// `start` event (placement `null`) when this process had not recorded one
+/// yet, so that `status` and `report` name the failure instead of an
+/// attempt killed without warning. Nothing is recorded for a config error
+/// (exit 78: nothing was started), nor when the attempt already recorded
+/// its end (a stop before training began, a `[gpu] require` refusal).
+/// Best effort: the error itself is what the caller returns.
+pub(in crate::orchestrate) fn record_failed_start(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, error: &RunError) {
+    if error.outcome() == Outcome::ConfigError || matches!(error, RunError::LockLost { .. }) {
+        return;
+    }
+    let path = dir.path(EVENTS_FILE);
+    let past = super::recorded(&path);
+    let pid = std::process::id();
+    let ours = past.iter().rposition(|e| matches!(&e.event, Event::Start(s) if s.pid == pid));
+    let ended = |e: &Event| matches!(e, Event::Error(_) | Event::Stop(_) | Event::Finish(_));
+    if ours.is_some_and(|i| past[i + 1..].iter().any(|e| ended(&e.event))) {
+        return;
+    }
+    let mut events = match EventLog::open(&path, super::context(slurm)) {
+        Ok(events) => events,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot record the failed start in events.jsonl");
+            return;
+        }
+    };
+    if ours.is_none() {
+        record_or_log(&mut events, &super::start::start_record(cfg, dir, slurm, serde_json::Value::Null));
+    }
+    let (class, why) = crash::classify(error, 0);
+    tracing::error!(class = ?class, %why, "the attempt failed before training began; classified before exiting 1");
+    let (requeue, hold_seconds, hold_error) = requeue_after_failure(cfg, slurm, class, false, &mut events, &path);
+    record_or_log(
+        &mut events,
+        &Event::Error(ErrorEvent {
+            step: None,
+            error: error.to_string(),
+            class: Some(class),
+            why: Some(why),
+            requeue: Some(requeue),
+            hold_seconds,
+            hold_error,
+        }),
+    );
+    if let Err(e) = events.sync() {
+        tracing::error!(error = %e, "could not sync events.jsonl");
     }
 }
 

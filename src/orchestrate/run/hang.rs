@@ -280,7 +280,7 @@ impl HangHandler {
             state,
             run: self.cfg.run.name.clone(),
             steps: progress.step,
-            max_steps: self.cfg.run.max_steps,
+            max_steps: Some(self.cfg.run.max_steps),
             final_loss: progress.last_loss,
             best_loss: progress.best_loss,
             wall_seconds_this_attempt: self.started.elapsed().as_secs_f64(),

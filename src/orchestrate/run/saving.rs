@@ -20,6 +20,7 @@ use super::super::interval::{
 use super::super::persist::{InParts, PartEntries, Persisted, PersisterDied};
 use super::super::ranks::{Leader, PartsInbox};
 use super::super::rundir::METRICS_FILE;
+use super::super::settings;
 use super::super::stop::StopFlag;
 use super::super::watchdog::{Activity, Worker};
 use super::Attempt;
@@ -361,18 +362,17 @@ impl Attempt {
             _ => None,
         };
         let snap = self.trainer.snapshot_part(self.spare.take())?;
-        let snapshot = Snapshot {
-            step: snap.step,
-            model: snap.model,
-            optimizer: snap.optimizer,
-            state: serde_json::json!({
-                "step": snap.step,
-                "train": snap.state,
-                "metrics": {"last_loss": self.last_loss, "best_loss": self.best_loss},
-                "host": host_info(&self.slurm),
-                "rekindle_version": env!("CARGO_PKG_VERSION"),
-            }),
-        };
+        let mut state = serde_json::json!({
+            "step": snap.step,
+            "train": snap.state,
+            "metrics": {"last_loss": self.last_loss, "best_loss": self.best_loss},
+            "host": host_info(&self.slurm),
+            "rekindle_version": env!("CARGO_PKG_VERSION"),
+        });
+        for (key, value) in settings::record(&self.cfg) {
+            state[key] = value;
+        }
+        let snapshot = Snapshot { step: snap.step, model: snap.model, optimizer: snap.optimizer, state };
         Ok((snapshot, parts))
     }
 

@@ -13,10 +13,10 @@ use crate::checkpoint::{CheckpointInfo, CheckpointStore, CommitGuard, Loaded};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{
-    CheckpointQuarantined, CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, LockTakeover, Resume, Start,
-    Summary, metrics_step,
+    AttemptEnd, CheckpointQuarantined, CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, LockTakeover,
+    Resume, Start, Summary, attempts, metrics_step,
 };
-use crate::train::{Registry, Trainer};
+use crate::train::{Registry, Trainer, Workload};
 
 use super::super::devices::Devices;
 use super::super::error::RunError;
@@ -25,6 +25,7 @@ use super::super::persist::Persister;
 use super::super::rank_watch::RankWatch;
 use super::super::ranks::Leader;
 use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
+use super::super::settings;
 use super::super::stop::StopFlag;
 use super::super::watchdog::{Beats, Progress, Watchdog};
 use super::ending::early_stop;
@@ -34,17 +35,22 @@ use super::{Attempt, Started, context};
 
 impl Attempt {
     /// Opens the records, places the run, resumes (or starts fresh) and
-    /// starts the monitor; a stop signal that arrived meanwhile ends it here.
+    /// starts the monitor; a stop signal that arrived meanwhile ends it here,
+    /// and so does a newest checkpoint of `max_steps` (the run is finished:
+    /// nothing is recorded or written). `workload`: the trainer's, built and
+    /// checked before the run directory was touched.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         cfg: Config,
         registry: &Registry,
+        workload: Box<dyn Workload>,
         dir: RunDir,
         stop: StopFlag,
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
         lock: &RunLock,
         world: Option<(Leader, Vec<String>, &RankWatch)>,
+        allow_config_change: bool,
     ) -> Result<Started, RunError> {
         let ownership = lock.ownership();
         // Every commit first confirms the run directory is still ours.
@@ -60,12 +66,25 @@ impl Attempt {
         // parameters are built from it rather than drawn and then
         // overwritten (the rejected ones are recorded below, after `start`).
         let mut outcome = store.load_latest()?;
+        if let Some(loaded) = &outcome.loaded {
+            settings::check(&cfg, loaded, allow_config_change)?;
+        }
+        if let Some(loaded) = outcome.loaded.as_ref().filter(|l| l.snapshot.step >= cfg.run.max_steps)
+            && last_attempt_finished(&dir)
+        {
+            tracing::info!(
+                step = loaded.snapshot.step,
+                max_steps = cfg.run.max_steps,
+                checkpoint = %loaded.dir.display(),
+                "this run already finished at step {}: nothing to train, nothing written (to train further, raise \
+                 run.max_steps: with [optimizer] decay_steps set, as it is; else with --allow-config-change)",
+                loaded.snapshot.step
+            );
+            return Ok(Started::AlreadyFinished);
+        }
         let initial = outcome.loaded.as_mut().map(|l| Arc::new(std::mem::take(&mut l.snapshot.model)));
         // The placement plan needs the model's size, so the trainer comes first.
-        let mut trainer = match &initial {
-            Some(initial) => Trainer::from_registry_resuming(&cfg, registry, Arc::clone(initial))?,
-            None => Trainer::from_registry(&cfg, registry)?,
-        };
+        let mut trainer = Trainer::from_registry_prebuilt(&cfg, registry, workload, initial.clone())?;
         let ranks = world.as_ref().map_or(1, |(_, nodes, _)| nodes.len());
         let mut devices = Devices::select(&cfg, registry, &mut trainer, initial.as_ref(), ranks)?;
         let (leader, rank_nodes, watch) =
@@ -213,6 +232,15 @@ impl Attempt {
     }
 }
 
+/// Whether the last attempt in `events.jsonl` ended with `finish`. A run
+/// whose checkpoint of `max_steps` is written but whose ending was cut short
+/// (its publish hung, it was killed) is not finished yet: the next attempt
+/// resumes there and goes through the ending again (publish, `finish`).
+fn last_attempt_finished(dir: &RunDir) -> bool {
+    let events = super::recorded(&dir.path(EVENTS_FILE));
+    attempts(&events).last().is_some_and(|a| a.end == AttemptEnd::Finished)
+}
+
 /// The other handler is ending the process: this thread waits for that.
 fn park_forever() -> ! {
     loop {
@@ -221,13 +249,19 @@ fn park_forever() -> ! {
 }
 
 fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) -> Event {
+    start_record(cfg, dir, slurm, devices.describe())
+}
+
+/// The `start` event of this process, with `placement` (`null` for an
+/// attempt that failed before its devices were chosen).
+pub(super) fn start_record(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, placement: serde_json::Value) -> Event {
     Event::Start(Start {
         pid: std::process::id(),
         rekindle_version: env!("CARGO_PKG_VERSION").into(),
         run_dir: dir.root.clone(),
         allocation: serde_json::to_value(slurm).unwrap_or_default(),
-        max_steps: cfg.run.max_steps,
-        placement: devices.describe(),
+        max_steps: Some(cfg.run.max_steps),
+        placement,
         world_size: None,
         rank_nodes: None,
         optimizer_sharded: None,
