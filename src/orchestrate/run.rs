@@ -170,6 +170,9 @@ fn lead(
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
     let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
+    // Tests hold an attempt here (`sleep(…)`) to stop it between the lock
+    // and its first step.
+    fail::fail_point!("run::after_lock");
     // Before config.toml is rewritten: a refused resume leaves it as it was.
     settings::check_newest(&rundir::checkpoints_dir(&root, &cfg), &cfg, opts.allow_config_change)?;
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;

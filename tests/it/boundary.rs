@@ -12,37 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-
 use crate::support::cli::{RunCmd, checkpoint_steps, exe};
+use crate::support::listing;
 use crate::support::runs::{EXIT_CONFIG, EXIT_DONE, EXIT_STOPPED};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Every path under `root` (symlinks as links, not followed) with a hash of
-/// what it is: file bytes, link target, or a kind.
-fn listing(root: &Path) -> BTreeMap<PathBuf, String> {
-    let mut out = BTreeMap::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for entry in fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = fs::symlink_metadata(&path).unwrap();
-            let what = if meta.file_type().is_symlink() {
-                format!("link {}", fs::read_link(&path).unwrap().display())
-            } else if meta.is_dir() {
-                todo.push(path.clone());
-                "dir".into()
-            } else if meta.is_file() {
-                hex::encode(Sha256::digest(fs::read(&path).unwrap()))
-            } else {
-                "special".into()
-            };
-            out.insert(path.strip_prefix(root).unwrap().to_path_buf(), what);
-        }
-    }
-    out
-}
 
 /// A directory of someone else's files, the kind a mistyped path points at.
 fn users_files(dir: &Path) -> BTreeMap<PathBuf, String> {

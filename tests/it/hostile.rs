@@ -16,19 +16,17 @@
 //! Deterministic: case `i` uses seed `i`. `REKINDLE_HOSTILE_CASES=N` runs
 //! more cases (12 by default, about 20 s in a debug build).
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-use sha2::{Digest, Sha256};
 
 use crate::support::cli::{RunCmd, exe};
 use crate::support::deterministic::SplitMix;
 use crate::support::git::remote_and_clone;
 use crate::support::runs::{EXIT_DONE, EXIT_STOPPED};
+use crate::support::{listing, snapshot};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const KEEP: usize = 3;
@@ -72,44 +70,6 @@ const KINDS: [Hostile; 6] = [
     Hostile::ForeignFile,
     Hostile::ForeignDir,
 ];
-
-/// Every path under `root`, links not followed, with what it is.
-fn listing(root: &Path) -> BTreeMap<PathBuf, String> {
-    let mut out = BTreeMap::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        let Ok(entries) = fs::read_dir(&dir) else { continue };
-        for entry in entries {
-            let path = entry.unwrap().path();
-            out.insert(path.strip_prefix(root).unwrap().to_path_buf(), describe(&path, &mut todo));
-        }
-    }
-    out
-}
-
-fn describe(path: &Path, todo: &mut Vec<PathBuf>) -> String {
-    let Ok(meta) = fs::symlink_metadata(path) else { return "gone".into() };
-    if meta.file_type().is_symlink() {
-        format!("link {}", fs::read_link(path).unwrap().display())
-    } else if meta.is_dir() {
-        todo.push(path.to_path_buf());
-        "dir".into()
-    } else if meta.is_file() {
-        hex::encode(Sha256::digest(fs::read(path).unwrap()))
-    } else {
-        "special".into()
-    }
-}
-
-/// `path` and everything under it, as [`listing`] sees it.
-fn snapshot(path: &Path) -> BTreeMap<PathBuf, String> {
-    let mut todo = Vec::new();
-    let mut out = BTreeMap::from([(PathBuf::new(), describe(path, &mut todo))]);
-    if !todo.is_empty() {
-        out.extend(listing(path));
-    }
-    out
-}
 
 fn place(run: &Path, rel: &str, kind: Hostile, outside: &Path) {
     let path = run.join(rel);

@@ -153,16 +153,18 @@ fn own_model_settings_errors_name_file_line_key_and_suggestion() {
         "{stderr}"
     );
 
-    // Settings of the right type that the constructor refuses: the run
-    // ends before training, with the constructor's message.
+    // Settings of the right type that the constructor refuses: a config
+    // error found before the run directory is touched (the workload is
+    // built first), with the constructor's message.
     fs::write(&config, "[run]\nmax_steps = 5\n\n[model]\nkind = \"conv\"\n\n[model.settings]\nkernel = 4\n").unwrap();
-    let out = expect_exit(own_model().arg("run").arg("--config").arg(&config).arg("--run-dir").arg(&run_dir), 1);
+    let out =
+        expect_exit(own_model().arg("run").arg("--config").arg(&config).arg("--run-dir").arg(&run_dir), EXIT_CONFIG);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("invalid config `model.settings`: building the `conv` workload failed: kernel must be odd"),
         "{stderr}"
     );
-    fs::remove_dir_all(&run_dir).unwrap();
+    assert!(!run_dir.exists(), "a refused config must leave no run directory");
 
     // The plain `rekindle` binary does not build it, and says who does.
     let own_config = support::runs::own_model_config();

@@ -445,8 +445,10 @@ fn signal_while_the_model_is_built_with_no_checkpoint_yet_exits_1_and_still_requ
     let tmp = tempdir();
     let fake = FakeScontrol::running_job(tmp.path());
     let dir = tmp.path().join("run");
+    // The attempt is held 3 s between taking the lock and its first step
+    // (the data and model are built before the lock now).
     let run = RunCmd::new(&dir)
-        .set("data.synthetic_samples=100000")
+        .env("FAILPOINTS", "run::after_lock=sleep(3000)")
         .env("PATH", fake.path())
         .env("SLURM_JOB_ID", "77")
         .spawn();

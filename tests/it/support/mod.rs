@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use sha2::{Digest, Sha256};
+
 use rekindle::checkpoint::{
     CheckpointStore, MANIFEST_FILE, ManifestEntry, Snapshot, VerifyLevel, read_manifest, verify_checkpoint_dir,
 };
@@ -159,4 +161,44 @@ pub fn example_exe(name: &str) -> PathBuf {
         exe.display()
     );
     exe
+}
+
+/// Every path under `root`, relative to it, with what it is: a file's
+/// SHA-256, a link's target (never followed), `dir`, or `special`. What
+/// "nothing changed there" compares.
+pub fn listing(root: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else { continue };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            out.insert(path.strip_prefix(root).unwrap().to_path_buf(), describe(&path, &mut todo));
+        }
+    }
+    out
+}
+
+fn describe(path: &Path, todo: &mut Vec<PathBuf>) -> String {
+    let Ok(meta) = fs::symlink_metadata(path) else { return "gone".into() };
+    if meta.file_type().is_symlink() {
+        format!("link {}", fs::read_link(path).unwrap().display())
+    } else if meta.is_dir() {
+        todo.push(path.to_path_buf());
+        "dir".into()
+    } else if meta.is_file() {
+        hex::encode(Sha256::digest(fs::read(path).unwrap()))
+    } else {
+        "special".into()
+    }
+}
+
+/// `path` and everything under it, as [`listing`] sees it.
+pub fn snapshot(path: &Path) -> BTreeMap<PathBuf, String> {
+    let mut todo = Vec::new();
+    let mut out = BTreeMap::from([(PathBuf::new(), describe(path, &mut todo))]);
+    if !todo.is_empty() {
+        out.extend(listing(path));
+    }
+    out
 }
