@@ -127,9 +127,15 @@ clean:
 
 ## drill: the SLURM drills (docs/drills.md) on the local two-node cluster, with
 ## the debug binary; DRILLS="term cancel" picks some. Leaves the cluster as found.
+# The binary is the one the tests build (`cargo test --no-run`, with
+# $(FEATURES)): the dp drills need `mpi`, and the hang and crash drills a
+# failpoint of the binary, compiled in only when cargo builds tests
+# (`fail/failpoints` is a dev-dependency feature). The own drill needs the
+# examples.
 DRILLS ?=
 drill: deps
-	$(CARGO) build
+	$(CARGO) test --no-run --test it $(FEATURES)
+	$(CARGO) build --examples $(FEATURES)
 	@up=0; slurm/local-cluster.sh status >/dev/null 2>&1 && up=1; \
 	slurm/local-cluster.sh up || exit 1; \
 	eval "$$(slurm/local-cluster.sh env)"; \

@@ -15,6 +15,9 @@
 #               job, it resumes from exactly that step and finishes.
 #   term-batch  `scancel -s TERM --batch JOB` (reaches only the batch shell,
 #               which forwards it to the step): as term.
+#   term-full   `scancel -s TERM --full JOB` (reaches the batch shell, which
+#               forwards it, and the step; srun, in a process group of its own,
+#               is spared): as term.
 #   usr1        `scancel -s USR1 JOB`: as term, stopped by SIGUSR1.
 #   warn        --time=1 --signal=TERM@50: the time-limit warning to the step;
 #               rekindle checkpoints and requeues, the job resumes, finishes.
@@ -23,6 +26,14 @@
 #   preempt     a job in the high partition pinned to the training job's node:
 #               checkpoint within GraceTime, the job is requeued, resumes on the
 #               other node, finishes.
+#   preempt-nosignal
+#               preemption as in preempt on a cluster without
+#               preempt_send_user_signal: the local cluster is reconfigured
+#               for the drill (slurm/local-cluster.sh reconfigure
+#               no-preempt-user-signal) and back afterwards. The job asks for
+#               --signal=USR1@120, so the signal tells what SLURM did: SIGTERM
+#               as preemption begins (USR1 would mean the parameter was still
+#               on); then as preempt. Needs the local cluster.
 #   nodeloss    SIGKILL to the node's slurmd and to the job's processes: the
 #               node is marked down, SLURM requeues the job onto the other node,
 #               it resumes from the last periodic checkpoint (at most one
@@ -30,6 +41,20 @@
 #               Needs the local cluster (slurm/local-cluster.sh).
 #   cancel      plain scancel: rekindle saves, does not requeue; the job ends
 #               CANCELLED.
+#   hang        the first attempt's training step hangs (a failpoint of the
+#               binary, FAILPOINTS set by a wrapper in the first attempt only)
+#               under `[watchdog] step = "5s"`: the watchdog records the hang,
+#               requeues the job with scontrol, exits; SLURM shows the job
+#               PENDING with Restarts=1; the next attempt resumes from the
+#               newest checkpoint and finishes.
+#   crash       the first attempt's training step fails (a failpoint: an
+#               error after it trained others, so transient): rekindle
+#               requeues the job and holds it back (scontrol update
+#               StartTime=now+60); SLURM shows it PENDING, Restarts=1, with
+#               that StartTime; the next attempt starts no earlier, resumes
+#               from the newest checkpoint and finishes.
+#               hang and crash need a binary with failpoints compiled in
+#               (`cargo test --no-run` builds one; `make drill` does).
 #   own         a program of your own (examples/own_model.rs: a conv model
 #               registered next to the built-ins) submitted the same way with
 #               REKINDLE_BIN pointing at it and configs/own_model.toml, then
@@ -99,13 +124,15 @@
 #                         `cargo build --examples` builds it)
 #   DRILL_EXEC_STEPS      steps of the exec drill's program (default 400, at
 #                         DRILL_EXEC_STEP_SECONDS each, default 0.03)
-#   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss (default: ask
-#                         slurm/local-cluster.sh when SLURM_CONF is its config)
+#   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss and
+#                         preempt-nosignal (default: ask slurm/local-cluster.sh
+#                         when SLURM_CONF is its config)
 set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
-ALL=(term term-batch usr1 warn warn-batch preempt nodeloss cancel dp dp-preempt dp-nodeloss own exec)
+ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
+    dp-nodeloss own exec)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -176,22 +203,41 @@ fi
 TRAIN=(--set "run.max_steps=$STEPS" --set "model.hidden=$HIDDEN" --set "checkpoint.every_steps=$EVERY"
     --set train.log_every=1)
 
-# The uninterrupted reference run, in the background while the first drills run.
+# Runs "$@" in the background and writes its exit status to the file $1 when
+# it ends. Not `wait PID`: on a machine whose pid_max is small (32768 here)
+# the drills fork enough to wrap the pids around, and bash forgets a
+# background child's exit status once a new child gets its pid ("wait: pid N
+# is not a child of this shell"), so a reference that finished long ago
+# would count as failed.
+in_background() {
+    local rc_file=$1
+    shift
+    rm -f "$rc_file"
+    { "$@"; echo $? >"$rc_file"; } &
+}
+# Waits for what in_background started; succeeds when it exited 0.
+ended_ok() {
+    while [[ ! -s $1 ]]; do sleep 0.2; done
+    [[ $(<"$1") == 0 ]]
+}
+
+# The uninterrupted reference run, in the background while the first drills
+# run (ref_pid, and the other ref_*_pid below: the file of its exit status).
 REF=$WORK/reference
 ref_pid=
 needs_reference() { local d; for d in "${drills[@]}"; do [[ $d != cancel && $d != exec ]] && return 0; done; return 1; }
 if needs_reference; then
-    without_slurm "$BIN" run --config "$CONFIG" --run-dir "$REF" "${TRAIN[@]}" >"$REF.log" 2>&1 &
-    ref_pid=$!
+    ref_pid=$REF.rc
+    in_background "$ref_pid" without_slurm "$BIN" run --config "$CONFIG" --run-dir "$REF" "${TRAIN[@]}" >"$REF.log" 2>&1
 fi
 # The data-parallel drill compares with two ranks never stopped (mpirun).
 REF_DP=$WORK/reference-dp
 ref_dp_pid=
 if [[ " ${drills[*]} " == *" dp"* ]]; then
-    without_slurm env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    ref_dp_pid=$REF_DP.rc
+    in_background "$ref_dp_pid" without_slurm env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
         mpirun -n 2 --bind-to none --oversubscribe "$BIN" run --config "$CONFIG" --run-dir "$REF_DP" "${TRAIN[@]}" \
-        >"$REF_DP.log" 2>&1 &
-    ref_dp_pid=$!
+        >"$REF_DP.log" 2>&1
 fi
 # The `own` drill: a program of its own, its config, its own reference run.
 OWN_BIN=${DRILL_OWN_BIN:-$repo_root/target/debug/examples/own_model}
@@ -203,8 +249,9 @@ ref_own_pid=
 if [[ " ${drills[*]} " == *" own "* ]]; then
     [[ -x $OWN_BIN ]] || die "the own drill needs $OWN_BIN: run cargo build --examples, or set DRILL_OWN_BIN"
     OWN_BIN=$(cd "$(dirname "$OWN_BIN")" && pwd)/$(basename "$OWN_BIN")
-    without_slurm "$OWN_BIN" run --config "$OWN_CONFIG" --run-dir "$REF_OWN" "${OWN_TRAIN[@]}" >"$REF_OWN.log" 2>&1 &
-    ref_own_pid=$!
+    ref_own_pid=$REF_OWN.rc
+    in_background "$ref_own_pid" without_slurm "$OWN_BIN" run --config "$OWN_CONFIG" --run-dir "$REF_OWN" \
+        "${OWN_TRAIN[@]}" >"$REF_OWN.log" 2>&1
 fi
 # The `exec` drill: a numpy program under `rekindle exec`; its reference is
 # the same program's uninterrupted run under `rekindle exec`, without SLURM.
@@ -216,14 +263,24 @@ ref_exec_pid=
 if [[ " ${drills[*]} " == *" exec "* ]]; then
     python3 -c 'import numpy' 2>/dev/null || die "the exec drill needs python3 with numpy (pip install numpy)"
     mkdir -p "$REF_EXEC"
-    without_slurm "$BIN" exec --run-dir "$REF_EXEC/run" -- python3 "$EXEC_PROGRAM" "${EXEC_ARGS[@]}" \
-        --out "$REF_EXEC/w.npy" >"$REF_EXEC.log" 2>&1 &
-    ref_exec_pid=$!
+    ref_exec_pid=$REF_EXEC.rc
+    in_background "$ref_exec_pid" without_slurm "$BIN" exec --run-dir "$REF_EXEC/run" -- python3 "$EXEC_PROGRAM" \
+        "${EXEC_ARGS[@]}" --out "$REF_EXEC/w.npy" >"$REF_EXEC.log" 2>&1
 fi
+# The hang and crash drills inject their failure with a failpoint of the
+# binary (FAILPOINTS), which only a build with failpoints compiled in honours:
+# one step of a run whose first step is made to fail tells.
+FAILPOINTS_WORK=
+if [[ " ${drills[*]} " == *" hang "* || " ${drills[*]} " == *" crash "* ]]; then
+    without_slurm env FAILPOINTS='train::step_error=return' "$BIN" run --config "$CONFIG" --run-dir "$WORK/failpoints" \
+        --set run.max_steps=20 --set checkpoint.every_steps=0 >"$WORK/failpoints.log" 2>&1
+    grep -q 'failpoint train::step_error' "$WORK/failpoints.log" && FAILPOINTS_WORK=1
+fi
+
 reference_ready() {
     if [[ $name == own ]]; then
         if [[ -n $ref_own_pid ]]; then
-            wait "$ref_own_pid" || { log "the own-model reference failed: $(tail -n 5 "$REF_OWN.log")"; ref_own_pid=; return 1; }
+            ended_ok "$ref_own_pid" || { log "the own-model reference failed: $(tail -n 5 "$REF_OWN.log")"; ref_own_pid=; return 1; }
             ref_own_pid=
         fi
         [[ -f $REF_OWN/checkpoints/step-$(printf '%010d' "$OWN_STEPS")/model.safetensors ]]
@@ -231,14 +288,14 @@ reference_ready() {
     fi
     if [[ $name == dp || $name == dp-* ]]; then
         if [[ -n $ref_dp_pid ]]; then
-            wait "$ref_dp_pid" || { log "the 2-rank reference failed: $(tail -n 5 "$REF_DP.log")"; ref_dp_pid=; return 1; }
+            ended_ok "$ref_dp_pid" || { log "the 2-rank reference failed: $(tail -n 5 "$REF_DP.log")"; ref_dp_pid=; return 1; }
             ref_dp_pid=
         fi
         [[ -f $REF_DP/checkpoints/step-$(printf '%010d' "$STEPS")/model.safetensors ]]
         return
     fi
     if [[ -n $ref_pid ]]; then
-        wait "$ref_pid" || { log "the reference run failed: $(tail -n 5 "$REF.log")"; ref_pid=; return 1; }
+        ended_ok "$ref_pid" || { log "the reference run failed: $(tail -n 5 "$REF.log")"; ref_pid=; return 1; }
         ref_pid=
     fi
     [[ -f $REF/checkpoints/step-$(printf '%010d' "$STEPS")/model.safetensors ]]
@@ -375,6 +432,7 @@ scancel_drill() {
 }
 drill_term() { scancel_drill -s TERM; }
 drill_term-batch() { scancel_drill -s TERM --batch; }
+drill_term-full() { scancel_drill -s TERM --full; }
 drill_usr1() { scancel_drill -s USR1; }
 
 # A job in the high partition pinned to the training job's node preempts it.
@@ -393,6 +451,44 @@ preempt_drill() {
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
 drill_preempt() { preempt_drill; }
+
+# The SlurmctldParameters the controller runs with.
+ctld_params() { scontrol show config 2>/dev/null | sed -n 's/^SlurmctldParameters *= *//p'; }
+
+# Preemption without preempt_send_user_signal: the local cluster runs the
+# drill reconfigured without it (slurm/local-cluster.sh reconfigure) and gets
+# its usual config back right after (and on exit, if interrupted). The job
+# asks for --signal=USR1@120: with the parameter SLURM would send that when
+# preemption begins, without it SIGTERM; drill_check.py wants SIGTERM.
+CLUSTER_RECONFIGURED=
+restore_cluster_conf() {
+    [[ -n $CLUSTER_RECONFIGURED ]] || return 0
+    "$script_dir/local-cluster.sh" reconfigure >>"$WORK/reconfigure.log" 2>&1 && CLUSTER_RECONFIGURED=
+}
+drill_preempt-nosignal() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        echo "SKIP preempt-nosignal: needs the local cluster (it reconfigures slurmctld); see docs/drills.md"
+        echo '{"drill":"preempt-nosignal","result":"SKIP"}'
+        return 3
+    fi
+    local before during after rc
+    before=$(ctld_params)
+    CLUSTER_RECONFIGURED=1
+    if ! "$script_dir/local-cluster.sh" reconfigure no-preempt-user-signal >>"$WORK/reconfigure.log" 2>&1; then
+        note "cannot reconfigure the cluster: $(tail -n 3 "$WORK/reconfigure.log")"
+        restore_cluster_conf
+        return 1
+    fi
+    during=$(ctld_params)
+    log "preempt-nosignal: SlurmctldParameters=$during (was $before)"
+    preempt_drill --signal=USR1@120
+    rc=$?
+    restore_cluster_conf || note "could not restore the cluster's config: $(tail -n 3 "$WORK/reconfigure.log")"
+    after=$(ctld_params)
+    EXTRA_JSON=$(printf '{"job_signal":"USR1@120","slurmctld_parameters":{"before":"%s","during":"%s","after":"%s"}}' \
+        "$before" "$during" "$after")
+    return $rc
+}
 # With a sharded optimizer (ZeRO-1): each rank writes its own part of every
 # checkpoint, also of the one at preemption; drill_check.py joins the parts
 # to compare with the unsharded reference.
@@ -412,6 +508,10 @@ drill_dp-preempt() {
 TICK_FILE=$WORK/tick
 probe_pid=
 start_probe() {
+    probe_pid=$WORK/probe.rc
+    in_background "$probe_pid" probe
+}
+probe() {
     (
         p=$(sbatch --parsable -J rekindle-drill-probe -o /dev/null ${LOW:+-p "$LOW"} "${EXTRA_OPTS[@]}" \
             --time=1 --signal=B:USR1@59 --wrap "trap 'date +%s.%N > $TICK_FILE.tmp; mv $TICK_FILE.tmp $TICK_FILE; exit 0' USR1; while :; do sleep 0.2; done")
@@ -420,8 +520,7 @@ start_probe() {
         t0=$SECONDS
         while [[ ! -s $TICK_FILE ]] && ((SECONDS - t0 < 120)); do sleep 0.2; done
         scancel "$p" 2>/dev/null
-    ) &
-    probe_pid=$!
+    )
 }
 
 # The time-limit warning: --time=1 with --signal=SPEC@50, submitted a few
@@ -429,7 +528,7 @@ start_probe() {
 # Usage: warning_drill SIGNAL_SPEC
 warning_drill() {
     local tick lead=4 next
-    [[ -n $probe_pid ]] && { wait "$probe_pid"; probe_pid=; }
+    [[ -n $probe_pid ]] && { ended_ok "$probe_pid"; probe_pid=; }
     tick=$(cat "$TICK_FILE" 2>/dev/null)
     if [[ -n $tick ]]; then
         next=$(awk -v t="$tick" -v n="$(now)" -v l="$lead" 'BEGIN { while (t - l < n + 0.5) t += 30; printf "%.3f", t }')
@@ -510,6 +609,89 @@ drill_cancel() {
     sleep 5
 }
 
+# A wrapper around the binary that sets FAILPOINTS=$2 in the first attempt
+# only (SLURM_RESTART_COUNT unset or 0), so the requeued attempt runs clean;
+# prints its path. Usage: first_attempt_failpoints DRILL SPEC
+first_attempt_failpoints() {
+    local w=$WORK/$1/rekindle-failing-first
+    mkdir -p "$WORK/$1"
+    cat >"$w" <<EOF
+#!/bin/sh
+# drill $1: the first attempt runs with FAILPOINTS='$2'
+if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then export FAILPOINTS='$2'; fi
+exec '$BIN' "\$@"
+EOF
+    chmod +x "$w"
+    echo "$w"
+}
+
+job_requeued_pending() {
+    local r
+    r=$(job_field "$job" Restarts)
+    ((${r:-0} >= 1)) && [[ $(job_field "$job" JobState) == PENDING ]]
+}
+has_event() { (($(count_events "$1" "$2") >= 1)); }
+
+# The job as SLURM shows it once it is pending again after a requeue, as JSON
+# for drill_check.py (--extra), merged with the JSON object $1.
+# Usage: requeued_view JSON [EVENT recorded after the requeue, to wait for first]
+requeued_view() {
+    wait_until "the job to be requeued (PENDING, Restarts >= 1)" 120 job_requeued_pending || return 1
+    # The crash drill's hold follows the requeue; its error event is recorded after it.
+    [[ -z ${2:-} ]] || wait_until "the $2 event" 30 has_event "$run" "$2" || return 1
+    local line
+    line=$(scontrol show job -o "$job")
+    log "$name: requeued: $(tr ' ' '\n' <<<"$line" | grep -E '^(JobState|Reason|Restarts|StartTime)=' | tr '\n' ' ')"
+    python3 - "$line" "$1" <<'PY'
+import json, subprocess, sys
+fields = dict(tok.split("=", 1) for tok in sys.argv[1].split() if "=" in tok)
+start = fields.get("StartTime", "")
+try:
+    start_unix = int(subprocess.run(["date", "-d", start, "+%s"], capture_output=True, text=True, check=True).stdout)
+except (subprocess.CalledProcessError, ValueError):
+    start_unix = None
+extra = json.loads(sys.argv[2])
+extra["requeued"] = {"state": fields.get("JobState"), "reason": fields.get("Reason"),
+                     "restarts": int(fields.get("Restarts", -1)), "start_time": start, "start_unix": start_unix}
+print(json.dumps(extra))
+PY
+}
+
+# The watchdog on the real cluster: the first attempt's step N+1 hangs
+# (train::step sleeps ten minutes) under `[watchdog] step = "5s"`.
+HANG_LIMIT=5
+drill_hang() {
+    local at=$((2 * EVERY + EVERY / 2))
+    [[ -n $FAILPOINTS_WORK ]] || { note "$BIN ignores FAILPOINTS (no failpoints compiled in): build it with cargo test --no-run (make drill does); see $WORK/failpoints.log"; return 1; }
+    local -x REKINDLE_BIN
+    REKINDLE_BIN=$(first_attempt_failpoints hang "train::step=$at*off->sleep(600000)")
+    RUN_EXTRA=(--set "watchdog.step=\"${HANG_LIMIT}s\"")
+    submit hang
+    local rc=$?
+    RUN_EXTRA=()
+    ((rc == 0)) || return 1
+    # The hung attempt is ended by the watchdog before it can publish.
+    EXTRA_JSON=$(requeued_view "{\"fail_after_step\":$at,\"limit_seconds\":$HANG_LIMIT,\"unpublished_attempts\":1}") ||
+        { note "the job was not seen PENDING with Restarts >= 1 within 120 s"; return 1; }
+    wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
+}
+
+# A transient crash on the real cluster: the first attempt's step N+1 fails
+# (train::step_error) after N passed.
+drill_crash() {
+    local at=$((2 * EVERY + EVERY / 2))
+    [[ -n $FAILPOINTS_WORK ]] || { note "$BIN ignores FAILPOINTS (no failpoints compiled in): build it with cargo test --no-run (make drill does); see $WORK/failpoints.log"; return 1; }
+    local -x REKINDLE_BIN
+    REKINDLE_BIN=$(first_attempt_failpoints crash "train::step_error=$at*off->return")
+    submit crash || return 1
+    # A crashed attempt exits 1 without publishing.
+    EXTRA_JSON=$(requeued_view "{\"fail_after_step\":$at,\"unpublished_attempts\":1}" error) ||
+        { note "the job was not seen PENDING with Restarts >= 1, and its error event, within 120 s"; return 1; }
+    wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
+}
+
 # A program of your own (a registered model), stopped by a plain scancel -s TERM.
 drill_own() {
     local CONFIG=$OWN_CONFIG
@@ -545,7 +727,7 @@ drill_exec() {
     ((ok)) && { wait_until "the job to finish" "$TIMEOUT" job_final "$job" || ok=0; }
     cleanup_jobs "$job"
     if [[ -n $ref_exec_pid ]]; then
-        wait "$ref_exec_pid" || note "the exec reference failed: $(tail -n 5 "$REF_EXEC.log")"
+        ended_ok "$ref_exec_pid" || note "the exec reference failed: $(tail -n 5 "$REF_EXEC.log")"
         ref_exec_pid=
     fi
     state=$(job_field "$job" JobState)
@@ -641,6 +823,7 @@ on_exit() {
     local p
     p=$(cat "$WORK/probe-job" 2>/dev/null)
     cleanup_jobs "${job:-}" "${high:-}" "$p"
+    restore_cluster_conf
 }
 trap on_exit EXIT
 trap 'exit 130' INT TERM
@@ -664,9 +847,9 @@ for d in "${drills[@]}"; do
     fi
     judge ${action:+--action-time "$action"} --extra "$EXTRA_JSON" || failed=1
 done
-[[ -n $ref_pid ]] && wait "$ref_pid" 2>/dev/null
-[[ -n $ref_dp_pid ]] && wait "$ref_dp_pid" 2>/dev/null
-[[ -n $ref_own_pid ]] && wait "$ref_own_pid" 2>/dev/null
-[[ -n $ref_exec_pid ]] && wait "$ref_exec_pid" 2>/dev/null
+[[ -n $ref_pid ]] && ended_ok "$ref_pid"
+[[ -n $ref_dp_pid ]] && ended_ok "$ref_dp_pid"
+[[ -n $ref_own_pid ]] && ended_ok "$ref_own_pid"
+[[ -n $ref_exec_pid ]] && ended_ok "$ref_exec_pid"
 log "work folder: $WORK"
 exit $failed

@@ -9,6 +9,7 @@ the summary to --out, and exits 0 on PASS, 1 on FAIL. Standard library only.
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,10 +18,14 @@ import sys
 # Drills that end the first attempt with a graceful stop (a checkpoint of the
 # current step); those after which rekindle requeues the job itself; those
 # whose signal reaches only the batch shell, which forwards it to the step.
-GRACEFUL = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "preempt", "cancel", "dp", "dp-preempt",
-            "own")
-REQUEUED_BY_REKINDLE = ("term", "term-batch", "usr1", "warn", "warn-batch", "timelimit", "dp", "own")
-FORWARDED = ("term-batch", "warn-batch", "timelimit")
+GRACEFUL = ("term", "term-batch", "term-full", "usr1", "warn", "warn-batch", "timelimit", "preempt",
+            "preempt-nosignal", "cancel", "dp", "dp-preempt", "own")
+REQUEUED_BY_REKINDLE = ("term", "term-batch", "term-full", "usr1", "warn", "warn-batch", "timelimit",
+                        "preempt-nosignal", "dp", "own")
+FORWARDED = ("term-batch", "term-full", "warn-batch", "timelimit")
+# The hold rekindle puts on a job requeued after its first transient crash
+# (src/orchestrate/crash.rs, FIRST_HOLD).
+FIRST_CRASH_HOLD_SECONDS = 60
 
 
 def read_events(run_dir):
@@ -50,6 +55,104 @@ def split_attempts(events):
 
 def first(events, name):
     return next((e for e in events if e.get("event") == name), None)
+
+
+# The bound on the steps a lost node costs (docs/drills.md, "What a lost node
+# costs"): one interval, plus the steps trained while saves were in flight.
+# Those are bounded by time: a save that falls due while the previous one is
+# still being written waits for that one (its persist_seconds is recorded),
+# and the save lost with the node was in flight at most as long as a save
+# takes, which the run's other saves of the same state record. The slack:
+# the lost save may have taken SAVE_SLACK times the slowest save recorded,
+# and SLACK_SECONDS more of steps cover the step in progress and the
+# scheduling noise of a loaded machine. Times become steps at the killed
+# attempt's own pace (metrics.jsonl, a line per step in the drills).
+SAVE_SLACK = 2.0
+SLACK_SECONDS = 1.0
+# The pace is the faster of the whole attempt's and that of its last seconds.
+PACE_WINDOW_SECONDS = 3.0
+
+
+def read_jsonl(path):
+    """Every JSON object of a JSON-lines file ([] if unreadable; torn lines skipped)."""
+    records = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return records
+
+
+def attempt_metrics(metrics, attempts, i):
+    """The metrics lines attempt i wrote: those timed between its start and the next attempt's."""
+    if i >= len(attempts):
+        return []
+    lo = iso_to_unix(attempts[i]["start"]["time"])
+    hi = iso_to_unix(attempts[i + 1]["start"]["time"]) if i + 1 < len(attempts) else float("inf")
+    return [m for m in metrics if "step" in m and "time" in m and lo <= iso_to_unix(m["time"]) < hi]
+
+
+def pace(metrics):
+    """Steps per second of one attempt's metrics lines: the faster of the whole
+    attempt's and its last PACE_WINDOW_SECONDS' (None with fewer than 2 lines)."""
+    timed = sorted((iso_to_unix(m["time"]), m["step"]) for m in metrics)
+    rates = []
+    for lines in (timed, [x for x in timed if timed and x[0] >= timed[-1][0] - PACE_WINDOW_SECONDS]):
+        if len(lines) >= 2 and lines[-1][0] > lines[0][0]:
+            rates.append((lines[-1][1] - lines[0][1]) / (lines[-1][0] - lines[0][0]))
+    return max(rates) if rates else None
+
+
+def node_loss_checks(attempts, resumed_from, lost, killed_metrics, every):
+    """The checks of the steps a lost node cost: (name, ok, detail) each.
+
+    The killed attempt is attempts[0], resumed_from and lost are the next
+    attempt's `resume` (step, steps_lost), killed_metrics the killed attempt's
+    metrics lines."""
+    if lost is None or resumed_from is None:
+        return [("steps lost within the bound", False, f"no resume event (from {resumed_from}, lost {lost})")]
+    att0 = attempts[0]["events"] if attempts else []
+    in_flight = [e for e in att0 if e.get("event") == "checkpoint_started" and e.get("step", -1) > resumed_from]
+    if not in_flight:
+        return [("steps lost at most one checkpoint interval (no save in flight)", 0 <= lost <= every,
+                 f"{lost} <= {every}")]
+    s = in_flight[0]
+    last = resumed_from + lost
+    due, snap = s.get("due_step", s["step"]), s["step"]
+    saved = [e for att in attempts for e in att["events"]
+             if e.get("event") == "checkpoint_saved" and e.get("kind") == "periodic"
+             and e.get("persist_seconds") is not None]
+    prev = next((e["persist_seconds"] for e in att0 if e.get("event") == "checkpoint_saved"
+                 and e.get("step") == resumed_from and e.get("persist_seconds") is not None), 0.0)
+    slowest = max((e["persist_seconds"] for e in saved), default=None)
+    rate = pace(killed_metrics)
+    out = [
+        ("at most one save in flight when the node died", len(in_flight) == 1,
+         f"started but not committed: {[e.get('step') for e in in_flight]}"),
+        ("the lost save fell due within one interval of the resumed checkpoint", 0 < due - resumed_from <= every,
+         f"resumed from {resumed_from}, lost save due at {due}, snapshotted at {snap}, interval {every}"),
+    ]
+    if rate is None or slowest is None:
+        out.append(("steps lost within the bound", False,
+                    f"cannot bound them: pace {rate} steps/s from {len(killed_metrics)} metrics lines, "
+                    f"{len(saved)} recorded saves"))
+        return out
+    seconds = prev + SAVE_SLACK * slowest + SLACK_SECONDS
+    bound = every + math.ceil(rate * seconds)
+    out.append((
+        "steps lost at most one interval + the steps trained while saves were in flight",
+        0 <= lost <= bound,
+        f"{lost} lost <= {bound} = {every} (interval) + {rate:.1f} steps/s x ({prev:.3f} s persisting the "
+        f"resumed checkpoint + {SAVE_SLACK:g} x {slowest:.3f} s, the slowest of {len(saved)} recorded saves, "
+        f"for the lost one + {SLACK_SECONDS:g} s slack); {lost} = {due - resumed_from} before the lost save fell "
+        f"due + {snap - due} while the previous save was still being written + {last - snap} while the save "
+        f"of step {snap} was"))
+    return out
 
 
 def commits(bare, branch):
@@ -171,10 +274,13 @@ def main():
         check("drill", False, note)
 
     graceful = [s for s in stops if s["signal"]]
+    lost_bound = None  # the node-loss drills' check of the steps lost, as judged
     killed = extra.get("killed_attempts", 0)
-    expected_commits = len(attempts) - killed
+    # Attempts that end without publishing: hung (the watchdog exits) or crashed (exit 1).
+    unpublished = extra.get("unpublished_attempts", 0)
+    expected_commits = len(attempts) - killed - unpublished
     check("publish: one commit per attempt that exited", len(log) == expected_commits and expected_commits > 0,
-          f"{len(log)} commits for {len(attempts)} attempts ({killed} killed)")
+          f"{len(log)} commits for {len(attempts)} attempts ({killed} killed, {unpublished} ending unpublished)")
 
     if a.drill != "cancel":
         check("finished", finish is not None and finish.get("step") == a.max_steps,
@@ -222,9 +328,77 @@ def main():
         req = graceful[0]["requeue"]
         check("rekindle requeued the job itself", req.get("decision") == "requeue"
               and req.get("answer") in ("requeued", "already_pending"), json.dumps(req))
-    if a.drill in ("preempt", "nodeloss", "dp-preempt"):
+    if a.drill in ("preempt", "preempt-nosignal", "nodeloss", "dp-preempt"):
         check("resumed on the other node", len(nodes) >= 2 and nodes[1] != nodes[0], f"nodes {nodes}")
     att0 = attempts[0]["events"] if attempts else []
+    if a.drill == "preempt-nosignal":
+        params = extra.get("slurmctld_parameters") or {}
+        check("the controller ran the drill without preempt_send_user_signal",
+              "during" in params and "preempt_send_user_signal" not in params["during"],
+              f"SlurmctldParameters during the drill: {params.get('during')!r}")
+        check("SIGTERM as preemption began, not the job's --signal (USR1)",
+              bool(graceful) and graceful[0]["signal"] == "SIGTERM" and extra.get("job_signal", "").startswith("USR1"),
+              f"first stop on {graceful[0]['signal'] if graceful else None}, job --signal={extra.get('job_signal')}")
+        req = graceful[0]["requeue"] if graceful else {}
+        check("rekindle requeued the job inside GraceTime (PreemptTime set)",
+              "being preempted" in (req.get("reason") or ""), json.dumps(req))
+        check("the cluster's config was restored", params.get("after") == params.get("before"),
+              f"SlurmctldParameters before {params.get('before')!r}, after {params.get('after')!r}")
+    requeued = extra.get("requeued") or {}
+    if a.drill in ("hang", "crash"):
+        check("SLURM showed the job requeued: PENDING with Restarts=1",
+              requeued.get("state") == "PENDING" and requeued.get("restarts") == 1,
+              f"scontrol after the requeue: {json.dumps(requeued)}")
+        res = resumes[0] if resumes else {}
+        at = extra.get("fail_after_step")
+        check("attempt 1 lost exactly the steps since the checkpoint it resumed from",
+              at is not None and res.get("from_step") is not None and res.get("steps_lost") == at - res["from_step"],
+              f"attempt 0 failed after step {at}; resume: {res}")
+    if a.drill == "hang":
+        hang = first(att0, "hang") or {}
+        limit = extra.get("limit_seconds")
+        at = extra.get("fail_after_step")
+        check("the watchdog caught the hung step within its limit",
+              hang.get("activity") == "step" and hang.get("thread") == "training"
+              and at is not None and hang.get("step") == at + 1 and hang.get("limit_seconds") == limit
+              and limit <= (hang.get("stuck_seconds") or 0) <= limit + 10,
+              f"hang {json.dumps(hang)}, step {at + 1 if at is not None else None} made to hang, limit {limit} s")
+        stop = first(att0, "stop") or {}
+        newest = max((e.get("step") for e in att0 if e.get("event") == "checkpoint_saved"), default=None)
+        req = stop.get("requeue") or {}
+        check("the hung attempt stopped at its newest checkpoint and requeued the job",
+              stop.get("reason") == "hang: step" and stop.get("step") == newest and newest is not None
+              and req.get("decision") == "requeue" and req.get("answer") in ("requeued", "already_pending"),
+              f"stop {json.dumps({k: stop.get(k) for k in ('reason', 'step', 'requeue')})}, newest checkpoint {newest}")
+        check("no checkpoint of the hung step (the training thread was the stuck one)",
+              all(e.get("kind") == "periodic" for e in att0 if e.get("event") == "checkpoint_saved"), "")
+        res = resumes[0] if resumes else {}
+        check("attempt 1 resumed from the checkpoint the hung attempt's stop named",
+              res.get("from_step") is not None and res.get("from_step") == stop.get("step"),
+              f"stop at {stop.get('step')}, resume: {res}")
+    if a.drill == "crash":
+        err = first(att0, "error") or {}
+        req = err.get("requeue") or {}
+        at = extra.get("fail_after_step")
+        check("the failed step was a transient crash, requeued and held back",
+              err.get("class") == "transient" and err.get("step") == at and req.get("decision") == "requeue"
+              and req.get("answer") in ("requeued", "already_pending")
+              and err.get("hold_seconds") == FIRST_CRASH_HOLD_SECONDS and not err.get("hold_error"),
+              f"error {json.dumps({k: err.get(k) for k in ('step', 'class', 'requeue', 'hold_seconds', 'hold_error')})}")
+        crashed = iso_to_unix(err["time"]) if err.get("time") else None
+        start = requeued.get("start_unix")
+        check("SLURM holds the requeued job: Reason BeginTime, StartTime the hold after the crash",
+              crashed is not None and start is not None and requeued.get("reason") == "BeginTime"
+              and start >= crashed + FIRST_CRASH_HOLD_SECONDS - 2,
+              f"StartTime {requeued.get('start_time')} = crash + "
+              f"{round(start - crashed, 1) if start is not None and crashed is not None else None} s, "
+              f"Reason {requeued.get('reason')}, hold {FIRST_CRASH_HOLD_SECONDS} s")
+        again = iso_to_unix(attempts[1]["start"]["time"]) if len(attempts) > 1 else None
+        check("attempt 1 started no earlier than the hold",
+              again is not None and start is not None and crashed is not None and again >= start - 1
+              and again >= crashed + FIRST_CRASH_HOLD_SECONDS - 2,
+              f"attempt 1 started {round(again - crashed, 1) if again is not None and crashed is not None else None}"
+              f" s after the crash (StartTime {requeued.get('start_time')})")
     if a.drill == "nodeloss":
         check("first attempt was killed (no stop event)", first(att0, "stop") is None, "")
     if a.drill == "dp-nodeloss":
@@ -238,33 +412,12 @@ def main():
               not any(e.get("event") == "checkpoint_saved" and e.get("kind") == "stop" for e in att0), "")
     if a.drill in ("nodeloss", "dp-nodeloss"):
         res = resumes[0] if resumes else {}
-        lost, resumed_from = res.get("steps_lost"), res.get("from_step")
-        # The bound (docs/drills.md): at most one interval, plus the steps
-        # trained while a save was in flight. A save started (snapshotted) at
-        # step S and not committed when the node died is lost with the steps
-        # since S; it fell due at most one interval after the checkpoint the
-        # next attempt resumed from (later only while that one was itself
-        # still being written, which `due_step` shows).
-        in_flight = [e for e in att0 if e.get("event") == "checkpoint_started"
-                     and resumed_from is not None and e.get("step", -1) > resumed_from]
-        if lost is None or resumed_from is None:
-            check("steps lost within the bound", False, f"no resume event: {res}")
-        elif not in_flight:
-            check("steps lost at most one checkpoint interval (no save in flight)", 0 <= lost <= a.every,
-                  f"{lost} <= {a.every}")
-        else:
-            s = in_flight[0]
-            last = resumed_from + lost
-            due, snap = s.get("due_step", s["step"]), s["step"]
-            check("at most one save in flight when the node died", len(in_flight) == 1,
-                  f"started but not committed: {[e.get('step') for e in in_flight]}")
-            check("the lost save fell due within one interval of the resumed checkpoint",
-                  0 < due - resumed_from <= a.every,
-                  f"resumed from {resumed_from}, lost save due at {due}, snapshotted at {snap}, interval {a.every}")
-            check("steps lost = at most one interval + the steps trained while saves were in flight",
-                  last >= snap,
-                  f"{lost} lost = {due - resumed_from} before the lost save fell due + {snap - due} while the "
-                  f"previous save was still being written + {last - snap} while the save of step {snap} was")
+        killed_metrics = attempt_metrics(read_jsonl(os.path.join(a.run, "metrics.jsonl")), attempts, 0)
+        for name, ok, detail in node_loss_checks(attempts, res.get("from_step"), res.get("steps_lost"),
+                                                 killed_metrics, a.every):
+            check(name, ok, detail)
+            if name.startswith("steps lost"):
+                lost_bound = f"{name}: {detail}"
     if a.drill == "nodeloss":
         # The next attempt ran on the other node: it took the lock over only
         # once the killed attempt's heartbeat was stale (docs/slurm.md).
@@ -340,6 +493,7 @@ def main():
         "seconds": round(a.seconds, 1),
         "step_launches": launches,
         "batch_shell_forwards": forwards,
+        "steps_lost_bound": lost_bound,
         "extra": extra,
         "failed_checks": failed,
         "checks": len(checks),

@@ -10,6 +10,13 @@
 #   slurm/local-cluster.sh status   which daemons run, sinfo, squeue
 #   slurm/local-cluster.sh env      the shell line pointing SLURM clients here:
 #                                   eval "$(slurm/local-cluster.sh env)"; sinfo
+#   slurm/local-cluster.sh reconfigure [VARIANT]
+#                                   rewrite slurm.conf as VARIANT and have the
+#                                   running daemons reread it (scontrol
+#                                   reconfigure; jobs keep running). Variants:
+#                                   no-preempt-user-signal (SlurmctldParameters
+#                                   without preempt_send_user_signal); none:
+#                                   the usual config. `up` restores it too.
 #
 # Debian/Ubuntu packages slurmctld slurmd slurm-client munge (SLURM 22.05) and
 # openmpi-bin libopenmpi-dev (OpenMPI 4.1 with PMIx, for data-parallel steps),
@@ -31,6 +38,9 @@
 #   SlurmdTimeout=10, MessageTimeout=5: a node whose slurmd dies is marked down
 #     (and its --requeue jobs requeued) within ~20 s; ReturnToService=2 lets it
 #     come back as soon as its slurmd registers again.
+#   SlurmctldParameters=preempt_send_user_signal: a preempted job gets its
+#     --signal when preemption begins (the variant no-preempt-user-signal
+#     leaves it out: SLURM then sends SIGTERM).
 #
 # Knobs (environment):
 #   REKINDLE_SLURM_DIR        the private folder
@@ -82,12 +92,20 @@ install_packages() {
     } || die "apt-get install ${missing[*]} failed"
 }
 
+# Writes slurm.conf: the usual config, or the variant named in $1.
+# Returns 0 when the file changed, 1 when it was already so.
 write_conf() {
-    local host
+    local variant=${1:-} host ctld_params=preempt_send_user_signal
+    case $variant in
+    "") ;;
+    no-preempt-user-signal) ctld_params= ;;
+    *) die "unknown config variant '$variant' (known: no-preempt-user-signal)" ;;
+    esac
     host=$(hostname -s)
     mkdir -p "$DIR"/{state,log,run,munge} "$DIR"/spool/{n1,n2} "$DIR"/tmp/{n1,n2}
     cat >"$CONF.tmp" <<EOF
 # Written by slurm/local-cluster.sh; rewritten on every \`up\`.
+# Variant: ${variant:-none}
 ClusterName=rekindle-local
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$PORT
@@ -124,13 +142,33 @@ ReturnToService=2
 SchedulerParameters=sched_interval=2,bf_interval=2
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-SlurmctldParameters=preempt_send_user_signal
+${ctld_params:+SlurmctldParameters=$ctld_params}
 NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 1)) CPUs=1 RealMemory=1000 State=UNKNOWN
 NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 2)) CPUs=1 RealMemory=1000 State=UNKNOWN
 PartitionName=low Nodes=n1,n2 Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE MaxTime=INFINITE State=UP
 PartitionName=high Nodes=n1,n2 PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 EOF
+    if cmp -s "$CONF.tmp" "$CONF"; then
+        rm -f "$CONF.tmp"
+        return 1
+    fi
     mv "$CONF.tmp" "$CONF"
+}
+
+# The SlurmctldParameters the running controller uses.
+ctld_params() { clients scontrol show config 2>/dev/null | sed -n 's/^SlurmctldParameters *= *//p'; }
+
+# Has the running daemons reread slurm.conf; waits until the controller
+# shows the SlurmctldParameters written there.
+reread_conf() {
+    local want
+    want=$(sed -n 's/^SlurmctldParameters=//p' "$CONF")
+    clients scontrol reconfigure || die "scontrol reconfigure failed: see $DIR/log/slurmctld.log"
+    for _ in $(seq 100); do
+        [[ $(ctld_params) == "${want:-(null)}" ]] && return 0
+        sleep 0.1
+    done
+    die "the controller still shows SlurmctldParameters=$(ctld_params), not ${want:-(null)}"
 }
 
 start_munged() {
@@ -188,7 +226,12 @@ wait_idle() {
 
 cmd_up() {
     install_packages
-    write_conf
+    # A controller still running a variant (a drill interrupted) gets the
+    # usual config back.
+    if write_conf && live_pid "$DIR/run/slurmctld.pid" >/dev/null; then
+        log "slurm.conf changed: the running daemons reread it"
+        reread_conf
+    fi
     start_munged
     start_slurmctld
     for n in "${NODES[@]}"; do start_slurmd "$n"; done
@@ -246,8 +289,16 @@ cmd_status() {
     return $rc
 }
 
+cmd_reconfigure() {
+    live_pid "$DIR/run/slurmctld.pid" >/dev/null || die "the cluster is not up (slurm/local-cluster.sh up)"
+    write_conf "${1:-}" || true
+    reread_conf
+    log "reconfigured: ${1:-the usual config}; SlurmctldParameters=$(ctld_params)"
+}
+
 case ${1:-} in
 up) cmd_up ;;
+reconfigure) cmd_reconfigure "${2:-}" ;;
 down) cmd_down ;;
 status) cmd_status ;;
 env) printf 'export SLURM_CONF=%q\n' "$CONF" ;;

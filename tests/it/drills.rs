@@ -7,19 +7,27 @@
 //! all (not root, or no apt-get) — and never when `CI` is set: CI must run them.
 //! The drills take a few minutes; their progress goes to stderr
 //! (`cargo test --test it drills:: -- --nocapture` shows it live).
+//!
+//! Also here, because it belongs with them: the unit checks of
+//! `slurm/drill_check.py`, the judge, on made-up records
+//! (`slurm/test_drill_check.py`): its bounds must be able to fail.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 13] = [
+const DRILLS: [&str; 17] = [
     "term",
     "term-batch",
+    "term-full",
     "usr1",
     "warn",
     "warn-batch",
     "preempt",
+    "preempt-nosignal",
     "nodeloss",
     "cancel",
+    "hang",
+    "crash",
     "dp",
     "dp-preempt",
     "dp-nodeloss",
@@ -106,4 +114,25 @@ fn every_drill_passes_on_a_local_two_node_slurm_cluster() {
     }
     assert!(failures.is_empty(), "drills failed:\n{}\n\nfull output:\n{stdout}", failures.join("\n"));
     assert!(out.status.success(), "slurm/drill.sh exited with {:?}", out.status);
+}
+
+/// The judge's own checks can fail: `slurm/test_drill_check.py` feeds
+/// `drill_check.py` made-up records, among them a doctored node loss (a save
+/// in flight far longer than the run's saves take) that its bound on the
+/// steps lost must reject.
+#[test]
+fn the_drill_judge_rejects_doctored_records() {
+    let out = Command::new("python3")
+        .args(["-m", "unittest", "discover", "-s", "slurm", "-p", "test_*.py", "-v"])
+        .current_dir(repo())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python3 -m unittest (python3 is needed by the drills anyway)");
+    assert!(
+        out.status.success(),
+        "slurm/test_drill_check.py failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
