@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rekindle::orchestrate::{LockError, LockRequest, RunLock};
+use rekindle::rundir::{LockError, LockRequest, RunLock};
 
 struct Args {
     dir: PathBuf,

@@ -24,7 +24,7 @@ REQUEUED_BY_REKINDLE = ("term", "term-batch", "term-full", "usr1", "warn", "warn
                         "preempt-nosignal", "dp", "own")
 FORWARDED = ("term-batch", "term-full", "warn-batch", "timelimit")
 # The hold rekindle puts on a job requeued after its first transient crash
-# (src/orchestrate/crash.rs, FIRST_HOLD).
+# (src/attempt/crash.rs, FIRST_HOLD).
 FIRST_CRASH_HOLD_SECONDS = 60
 
 

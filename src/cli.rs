@@ -14,16 +14,18 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
+use crate::attempt::RunError;
 use crate::checkpoint::{
     CheckpointInfo, CheckpointStore, MANIFEST_FILE, QUARANTINE_DIR, VerifyLevel, parse_quarantine_name,
     parse_step_dir_name,
 };
 use crate::config;
 use crate::exit::{EXIT_CODES_HELP, Outcome};
-use crate::orchestrate::{self, RunError, RunOptions};
+use crate::run::RunOptions;
 use crate::telemetry::{LogFormat, LogOptions, init_logging, report_lost_log_lines};
 use crate::train::Registry;
 use crate::units::human_bytes;
+use crate::{exec, rundir};
 
 /// `print!` to stdout through [`write_out`]: cannot panic.
 macro_rules! out {
@@ -547,10 +549,10 @@ pub fn execute(cli: Cli, registry: &Registry) -> Result<Outcome, CliError> {
 }
 
 fn status(dir: &Path, json: bool) -> Result<Outcome, CliError> {
-    if !dir.join(orchestrate::CONFIG_FILE).is_file() {
-        return Err(CliError::NotARunDir { path: dir.to_path_buf(), file: orchestrate::CONFIG_FILE });
+    if !dir.join(rundir::CONFIG_FILE).is_file() {
+        return Err(CliError::NotARunDir { path: dir.to_path_buf(), file: rundir::CONFIG_FILE });
     }
-    let st = orchestrate::status(dir);
+    let st = rundir::status(dir);
     emit(&st, json);
     Ok(Outcome::Done)
 }
@@ -666,23 +668,23 @@ fn run(args: RunArgs, registry: &Registry) -> Result<Outcome, CliError> {
         allow_config_change: args.allow_config_change,
         stop_at_step: args.stop_at_step,
     };
-    Ok(orchestrate::run(&opts)?)
+    Ok(crate::run::run(&opts)?)
 }
 
 fn exec(args: ExecArgs) -> Result<Outcome, CliError> {
-    let opts = orchestrate::ExecOptions {
+    let opts = exec::ExecOptions {
         config_path: args.config,
         overrides: args.overrides,
         run_dir: args.run_dir,
         allow_config_change: args.allow_config_change,
         command: args.command,
     };
-    Ok(orchestrate::exec(&opts)?)
+    Ok(exec::exec(&opts)?)
 }
 
 fn seal(args: SealArgs) -> Result<Outcome, CliError> {
-    let opts = orchestrate::SealOptions { staged: args.dir, step: args.step, run_dir: args.run_dir };
-    let dir = orchestrate::seal(&opts)?;
+    let opts = exec::SealOptions { staged: args.dir, step: args.step, run_dir: args.run_dir };
+    let dir = exec::seal(&opts)?;
     outln!("{}", dir.display());
     Ok(Outcome::Done)
 }
@@ -698,14 +700,14 @@ fn resolve_target(path: &Path) -> Result<Target, CliError> {
     if path.join(MANIFEST_FILE).exists() || (is_step_dir && path.is_dir()) {
         return Ok(Target::One(path.to_path_buf()));
     }
-    let run_config = path.join(orchestrate::CONFIG_FILE);
+    let run_config = path.join(rundir::CONFIG_FILE);
     if run_config.is_file()
         && let Ok(loaded) = config::load_with(&run_config, &[], &config::AnyKind)
     {
-        return Ok(Target::Store(orchestrate::checkpoints_dir(path, &loaded.config)));
+        return Ok(Target::Store(rundir::checkpoints_dir(path, &loaded.config)));
     }
-    if path.join(orchestrate::CHECKPOINTS_DIR).is_dir() {
-        return Ok(Target::Store(path.join(orchestrate::CHECKPOINTS_DIR)));
+    if path.join(rundir::CHECKPOINTS_DIR).is_dir() {
+        return Ok(Target::Store(path.join(rundir::CHECKPOINTS_DIR)));
     }
     if path.is_dir()
         && (path.join(QUARANTINE_DIR).is_dir()

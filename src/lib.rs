@@ -9,7 +9,10 @@
 //! - [`checkpoint`]: the on-disk format and the crash-consistent commit protocol.
 //! - [`train`]: models, optimizer, data, and the training loop's state.
 //! - [`distributed`]: ranks of a data-parallel run and their collectives (MPI).
-//! - [`orchestrate`]: the run lifecycle (run directory, resume, stop, deadlines).
+//! - [`rundir`]: the run directory: its files, atomic writes, the lock, `status`.
+//! - [`attempt`]: what both drivers share: the stop, deadlines, crashes, the watchdog, devices.
+//! - [`run`]: the candle driver (`rekindle run`): its phases and its ranks.
+//! - [`exec`]: the child-program driver (`rekindle exec`, `rekindle seal`).
 //! - [`publish`]: git-publishing results on exit.
 //! - [`slurm`]: the allocation, the requeue decision, `scontrol`.
 //! - [`gpu`]: GPU detection, visibility, placement, monitoring.
@@ -20,6 +23,7 @@
 //! - [`exit`]: the exit-code contract.
 //! - [`units`]: byte counts as people read them.
 
+pub mod attempt;
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;
@@ -27,11 +31,13 @@ pub mod config;
 pub mod confine;
 pub mod distributed;
 pub mod doctor;
+pub mod exec;
 pub mod exit;
 pub mod gpu;
-pub mod orchestrate;
 pub mod publish;
 pub mod report;
+pub mod run;
+pub mod rundir;
 pub mod slurm;
 pub mod telemetry;
 pub mod train;

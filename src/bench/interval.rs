@@ -1,13 +1,15 @@
 //! `rekindle bench interval`: the expected work lost with `[checkpoint]
-//! interval = "auto"` (Young/Daly, bounded, `orchestrate::interval`) against
+//! interval = "auto"` (Young/Daly, bounded, `checkpoint::interval`) against
 //! fixed checkpoints, over a range of mean times between interruptions, by a
-//! seeded Monte-Carlo simulation (`orchestrate::simulate_lost_seconds`).
+//! seeded Monte-Carlo simulation (`checkpoint::interval::simulate_lost_seconds`).
 
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::orchestrate::{Costs, IntervalInputs, Mtbf, MtbfSource, SimJob, choose_interval, simulate_lost_seconds};
+use crate::checkpoint::interval::{
+    Costs, IntervalInputs, Mtbf, MtbfSource, SimJob, choose_interval, simulate_lost_seconds,
+};
 
 /// What to simulate.
 #[derive(Debug, Clone)]

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::checkpoint::Persister;
 use crate::checkpoint::{CheckpointStore, Snapshot, reusable};
 use crate::config::Config;
-use crate::orchestrate::{Beats, Persister};
 use crate::train::{Registry, StepResult, Trainer};
 
 use super::checkpoint::BenchError;
@@ -56,7 +56,7 @@ pub fn run_train_bench(
 ) -> Result<TrainBench, BenchError> {
     let io = |source| BenchError::Io { path: dir.clone(), source };
     let died =
-        |d: crate::orchestrate::PersisterDied| BenchError::Io { path: dir.clone(), source: std::io::Error::other(d) };
+        |d: crate::checkpoint::PersisterDied| BenchError::Io { path: dir.clone(), source: std::io::Error::other(d) };
     std::fs::create_dir_all(&dir).map_err(io)?;
     let work = tempfile::Builder::new().prefix("rekindle-bench-train-").tempdir_in(&dir).map_err(io)?;
 
@@ -74,7 +74,8 @@ pub fn run_train_bench(
     let without = steps as f64 / t0.elapsed().as_secs_f64();
 
     let store = CheckpointStore::open(work.path().join("checkpoints"), 3)?;
-    let mut persister = Persister::spawn(store.clone(), Beats::default()).map_err(io)?;
+    let mut persister =
+        Persister::spawn(store.clone(), std::sync::Arc::new(crate::checkpoint::Unwatched)).map_err(io)?;
     let mut trainer = Trainer::from_registry(cfg, registry).map_err(trainer_err)?;
     let (mut stalls, mut count) = (0.0, 0u64);
     let mut spare = None;

@@ -16,11 +16,13 @@
 mod error;
 mod files;
 mod hashed_io;
+pub mod interval;
 mod layout;
 mod manifest;
 mod parts;
 #[cfg(test)]
 mod parts_tests;
+pub(crate) mod persist;
 mod quarantine;
 pub mod rotation;
 mod safetensors_io;
@@ -35,6 +37,7 @@ pub use layout::{
 };
 pub use manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 pub use parts::{optimizer_part_name, parse_optimizer_part_name};
+pub use persist::{Persisted, Persister, PersisterDied, SaveWatch, Unwatched};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
 pub use store::{CheckpointStore, CommitGuard, LoadOutcome, Parts, PartsWritten, SaveReport};
 pub use tensor::{DType, HostTensor, SharedBytes, TensorBytes, TensorSet, copy_parallel, payload_bytes, reusable};

@@ -364,7 +364,7 @@ impl Default for PrecisionSection {
 pub struct CheckpointSection {
     /// Wall-clock time between periodic checkpoints ("5m", "90s", "1h 30m"),
     /// or `"auto"`: chosen from the measured checkpoint cost and the mean
-    /// time between interruptions (`orchestrate::interval`).
+    /// time between interruptions (`checkpoint::interval`).
     pub interval: CheckpointInterval,
     /// Mean time between interruptions that lose work, for `interval =
     /// "auto"` (unset: estimated from the run's own earlier attempts).
@@ -408,11 +408,11 @@ pub enum AutoDuration {
 
 /// `[checkpoint] interval`: a fixed duration, or `"auto"` (Young/Daly from
 /// the measured checkpoint cost and the mean time between interruptions,
-/// see `orchestrate::interval`).
+/// see `checkpoint::interval`).
 pub type CheckpointInterval = AutoDuration;
 
 /// A `[watchdog]` limit: `"auto"` (derived from the measured median step
-/// time, see `orchestrate::watchdog::auto_limit`) or a fixed duration.
+/// time, see `attempt::watchdog::auto_limit`) or a fixed duration.
 pub type Limit = AutoDuration;
 
 impl Serialize for AutoDuration {
@@ -600,7 +600,7 @@ impl Default for WatchdogSection {
     }
 }
 
-/// `[lock]`: the run-directory lock (`orchestrate/lock.rs`).
+/// `[lock]`: the run-directory lock (`rundir/lock.rs`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LockSection {

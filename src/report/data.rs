@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 
 use crate::gpu::STATS_FILE;
-use crate::orchestrate::{self, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunStatus};
+use crate::rundir::{self, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunStatus};
 use crate::telemetry::{
     Attempt, Event, GpuPoint, Jsonl, MetricPoint, RecordedEvent, ValPoint, attempts, events_from, gpu_samples_from,
     metrics_from, read_jsonl,
@@ -128,7 +128,7 @@ impl RunData {
         Ok(RunData {
             dir: dir.to_path_buf(),
             name,
-            status: orchestrate::status(dir),
+            status: rundir::status(dir),
             attempts: attempts(&events),
             events,
             train,

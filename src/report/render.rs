@@ -23,7 +23,7 @@ pub fn render(dir: &Path) -> Result<String, ReportError> {
 pub fn write_report(dir: &Path, out: Option<&Path>) -> Result<PathBuf, ReportError> {
     let html = render(dir)?;
     let path = out.map(Path::to_path_buf).unwrap_or_else(|| dir.join(REPORT_FILE));
-    crate::orchestrate::write_atomically(&path, html.as_bytes())
+    crate::rundir::write_atomically(&path, html.as_bytes())
         .map_err(|source| ReportError::Write { path: path.clone(), source })?;
     Ok(path)
 }
@@ -35,12 +35,35 @@ mod tests {
     #[test]
     fn a_run_without_records_yet_renders_with_notes_instead_of_charts() {
         let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join(crate::orchestrate::CONFIG_FILE), "[run]\nname = \"fresh\"\n").unwrap();
+        std::fs::write(tmp.path().join(crate::rundir::CONFIG_FILE), "[run]\nname = \"fresh\"\n").unwrap();
         let html = render(tmp.path()).unwrap();
         assert!(html.contains("<title>rekindle report: fresh</title>"));
         assert!(html.contains("No metrics yet"));
         assert!(!html.contains("<figure"));
         assert!(!html.contains("<svg"));
+    }
+
+    mod fuzz {
+        use crate::fuzz;
+        use crate::rundir::status::tests::fuzz::damaged_run_dir;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            /// `rekindle report` over the damaged run directories that
+            /// `rekindle status` is fuzzed with: an error or a page, never a panic.
+            #[test]
+            fn the_report_of_a_damaged_run_dir_never_panics(files in damaged_run_dir()) {
+                let tmp = tempfile::tempdir().unwrap();
+                for (name, bytes) in &files {
+                    let path = tmp.path().join(name);
+                    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                    std::fs::write(&path, bytes).unwrap();
+                }
+                let _ = super::super::render(tmp.path());
+            }
+        }
     }
 
     #[test]

@@ -191,7 +191,7 @@ pub struct Start {
     /// `[run] max_steps`; `null` for `rekindle exec` when the config does not
     /// set it (only the program knows its length).
     pub max_steps: Option<u64>,
-    /// Backend, plan, layout and devices in use (see `orchestrate::Devices`).
+    /// Backend, plan, layout and devices in use (see `attempt::Devices`).
     pub placement: Value,
     /// Ranks of a data-parallel run (absent for one process).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -550,7 +550,7 @@ pub struct ErrorEvent {
     pub hold_error: Option<String>,
 }
 
-/// How a crash is classified (see `orchestrate::crash`).
+/// How a crash is classified (see `attempt::crash`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CrashClass {
@@ -604,7 +604,7 @@ pub struct RankLost {
 }
 
 /// `checkpoint_interval`: the periodic checkpoint interval `"auto"` chose,
-/// why, and from what (see `orchestrate::interval`). Recorded at the start
+/// why, and from what (see `checkpoint::interval`). Recorded at the start
 /// and whenever a new measurement changes the choice noticeably.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

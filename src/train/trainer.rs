@@ -17,7 +17,7 @@
 //! it changes float summation order only, never which samples a step sees.
 //!
 //! Each replica runs on its own device ([`Trainer::place_replicas`]; the
-//! placement plan picks them, `orchestrate/devices.rs`): replica 0 on the
+//! placement plan picks them, `attempt/devices.rs`): replica 0 on the
 //! trainer's device with the master parameters (f32) and the optimizer,
 //! replica `r ≥ 1` on `devices[r]` with its own instance of the workload,
 //! whose parameters are copied from the master ones before every step and

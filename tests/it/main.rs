@@ -14,6 +14,7 @@
 
 mod support;
 
+mod architecture;
 mod boundary;
 mod claims;
 mod cli;

@@ -3,35 +3,36 @@
 //! checkpoints again), resuming from the newest one that does (or starting
 //! fresh), and trimming `metrics.jsonl` back to the step resumed from.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use crate::checkpoint::{CheckpointInfo, CheckpointStore, CommitGuard, Loaded};
+use crate::checkpoint::{CheckpointStore, CommitGuard, Loaded};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
-use crate::telemetry::{
-    AttemptEnd, CheckpointQuarantined, CheckpointRejected, Event, EventLog, FreshStart, JsonlWriter, LockTakeover,
-    Resume, Start, Summary, attempts, metrics_step,
-};
+use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Resume, Start, attempts};
 use crate::train::{Registry, Trainer, Workload};
 
-use super::super::devices::Devices;
-use super::super::error::RunError;
-use super::super::lock::{RunLock, Takeover};
-use super::super::persist::Persister;
-use super::super::rank_watch::RankWatch;
-use super::super::ranks::Leader;
-use super::super::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
-use super::super::settings;
-use super::super::stop::StopFlag;
-use super::super::watchdog::{Beats, Progress, Watchdog};
-use super::ending::early_stop;
 use super::hang::{HangDesk, HangHandler, events_path};
 use super::saving::AutoInterval;
-use super::{Attempt, Started, context};
+use super::{Attempt, Started};
+use crate::attempt::devices::Devices;
+use crate::attempt::ending::early_stop;
+use crate::attempt::error::RunError;
+use crate::attempt::records::{
+    context, fresh_start, last_logged_step, previous_summary, recorded, resume_record, set_aside_rejected,
+    takeover_event, truncate_metrics,
+};
+use crate::attempt::stop::StopFlag;
+use crate::attempt::watchdog::{Beats, Progress, Watchdog};
+use crate::checkpoint::persist::Persister;
+use crate::run::rank_watch::RankWatch;
+use crate::run::ranks::Leader;
+use crate::run::settings;
+use crate::rundir::lock::RunLock;
+use crate::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 
 impl Attempt {
     /// Opens the records, places the run, resumes (or starts fresh) and
@@ -141,7 +142,7 @@ impl Attempt {
         truncate_metrics(&dir.path(METRICS_FILE), start_step)?;
         let metrics = JsonlWriter::open(dir.path(METRICS_FILE))?;
         let beats = Beats::default();
-        let persister = Persister::spawn(store.clone(), beats.clone())
+        let persister = Persister::spawn(store.clone(), Arc::new(beats.clone()))
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
         let hang = std::sync::Arc::new(HangDesk::default());
         // The watchdog and the watch over the other ranks end the attempt the
@@ -237,7 +238,7 @@ impl Attempt {
 /// (its publish hung, it was killed) is not finished yet: the next attempt
 /// resumes there and goes through the ending again (publish, `finish`).
 fn last_attempt_finished(dir: &RunDir) -> bool {
-    let events = super::recorded(&dir.path(EVENTS_FILE));
+    let events = recorded(&dir.path(EVENTS_FILE));
     attempts(&events).last().is_some_and(|a| a.end == AttemptEnd::Finished)
 }
 
@@ -268,70 +269,6 @@ pub(super) fn start_record(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, placeme
     })
 }
 
-/// A `checkpoint_rejected` event (and a warning) per checkpoint that does not
-/// verify, then each is moved to quarantine and a `checkpoint_quarantined`
-/// event says where (or why it could not be moved).
-pub(in crate::orchestrate) fn set_aside_rejected(
-    store: &CheckpointStore,
-    events: &mut EventLog,
-    rejected: &[CheckpointInfo],
-) -> Result<(), RunError> {
-    record_rejected(events, rejected)?;
-    for q in store.quarantine(rejected) {
-        events.record(&Event::CheckpointQuarantined(CheckpointQuarantined {
-            step: q.step,
-            dir: q.dir.clone(),
-            reason: q.reason(),
-            failures: serde_json::to_value(&q.failures).unwrap_or_default(),
-            moved_to: q.moved_to.as_ref().ok().cloned(),
-            error: q.moved_to.as_ref().err().map(|e| e.to_string()),
-        }))?;
-    }
-    Ok(())
-}
-
-/// The `lock_takeover` event of a lock taken over from a holder judged gone.
-pub(in crate::orchestrate) fn takeover_event(t: &Takeover) -> Event {
-    let previous = t.previous.as_ref();
-    Event::LockTakeover(LockTakeover {
-        reason: t.reason.clone(),
-        previous_host: previous.map(|p| p.host.clone()),
-        previous_pid: previous.map(|p| p.pid),
-        previous_job_id: previous.and_then(|p| p.job_id.clone()),
-        previous_restart_count: previous.and_then(|p| p.restart_count),
-        heartbeat_age_seconds: t.heartbeat_age_s.filter(|a| a.is_finite()),
-        waited_seconds: t.waited_s,
-    })
-}
-
-/// A `checkpoint_rejected` event (and a warning) per checkpoint that does not verify.
-fn record_rejected(events: &mut EventLog, rejected: &[CheckpointInfo]) -> Result<(), RunError> {
-    for r in rejected {
-        let reasons: Vec<String> = r.failures.iter().map(|f| f.to_string()).collect();
-        events.record(&Event::CheckpointRejected(CheckpointRejected {
-            step: r.step,
-            dir: r.dir.clone(),
-            failures: serde_json::to_value(&r.failures).unwrap_or_default(),
-        }))?;
-        tracing::warn!(step = r.step, reasons = %reasons.join("; "), "skipping checkpoint that does not verify");
-    }
-    Ok(())
-}
-
-/// No checkpoint to resume from: say so, loudly when some were rejected.
-pub(in crate::orchestrate) fn fresh_start(events: &mut EventLog, rejected: usize) -> Result<(), RunError> {
-    if rejected == 0 {
-        tracing::info!("no checkpoint yet: starting from step 0");
-        return Ok(());
-    }
-    tracing::error!(
-        rejected,
-        "NO CHECKPOINT VERIFIES: starting fresh from step 0 (the invalid ones are kept for inspection in checkpoints/quarantine/)"
-    );
-    events.record(&Event::FreshStart(FreshStart { reason: "no checkpoint verifies".into(), rejected }))?;
-    Ok(())
-}
-
 /// The `resume` event for a checkpoint loaded at `now`; `last_logged` is
 /// the highest step in metrics.jsonl (what the previous attempt reached).
 fn resume_event(loaded: &Loaded, last_logged: Option<u64>, slurm: &SlurmEnv, now: DateTime<Utc>) -> Resume {
@@ -343,66 +280,9 @@ fn resume_event(loaded: &Loaded, last_logged: Option<u64>, slurm: &SlurmEnv, now
     }
 }
 
-/// The `resume` event of a checkpoint of `step` in `from`, committed at
-/// `created_at` (RFC 3339), as far as the checkpoint's manifest tells (no
-/// previous node or attempt: those are in a native checkpoint's state).
-pub(in crate::orchestrate) fn resume_record(
-    step: u64,
-    from: &Path,
-    created_at: &str,
-    last_logged: Option<u64>,
-    slurm: &SlurmEnv,
-    now: DateTime<Utc>,
-) -> Resume {
-    let since_checkpoint = DateTime::parse_from_rfc3339(created_at)
-        .ok()
-        .map(|t| (now - t.with_timezone(&Utc)).num_milliseconds() as f64 / 1000.0);
-    Resume {
-        step,
-        from: from.to_path_buf(),
-        previous_node: None,
-        previous_attempt: None,
-        this_node: slurm.node_name(),
-        restart_count: slurm.restart_count,
-        steps_lost: last_logged.map(|s| s.saturating_sub(step)).unwrap_or(0),
-        seconds_since_checkpoint: since_checkpoint,
-    }
-}
-
-pub(in crate::orchestrate) fn previous_summary(dir: &RunDir) -> Option<Summary> {
-    Summary::read(&dir.path(SUMMARY_FILE))
-}
-
 /// `(last_loss, best_loss)` of the steps up to a checkpoint, as its `state.json` recorded them.
 pub(super) fn losses_so_far(state: &serde_json::Value) -> (Option<f64>, Option<f64>) {
     (state["metrics"]["last_loss"].as_f64(), state["metrics"]["best_loss"].as_f64())
-}
-
-/// The highest step in metrics.jsonl (what the previous attempt reached).
-pub(in crate::orchestrate) fn last_logged_step(path: &Path) -> Option<u64> {
-    let lines = crate::telemetry::read_jsonl(path).ok()??;
-    lines.records.iter().filter_map(metrics_step).max()
-}
-
-/// Keeps only metric lines of steps ≤ `step` (and drops a torn last line).
-pub(in crate::orchestrate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
-    // Never through a symlink or FIFO in its place (crate::confine).
-    let mut text = String::new();
-    match crate::confine::open_regular(path).and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text)) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(RunError::RunDir { path: path.to_path_buf(), source }),
-    }
-    let kept: String = text
-        .lines()
-        .filter(|line| serde_json::from_str(line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    if kept.len() != text.len() {
-        super::super::write_atomically(path, kept.as_bytes())
-            .map_err(|source| RunError::RunDir { path: path.to_path_buf(), source })?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -410,33 +290,7 @@ mod tests {
     use super::*;
     use crate::checkpoint::{Manifest, Snapshot, TensorSet};
     use std::collections::BTreeMap;
-
-    const METRICS: &str = "{\"step\":4,\"loss\":1.0}\n{\"step\":6,\"val_loss\":0.9}\n{\"step\":8,\"loss\":0.8}\n";
-
-    #[test]
-    fn truncating_metrics_keeps_steps_up_to_the_checkpoint_and_drops_a_torn_line() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("metrics.jsonl");
-        std::fs::write(&path, format!("{METRICS}{{\"step\":9,\"lo")).unwrap();
-        truncate_metrics(&path, 6).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            "{\"step\":4,\"loss\":1.0}\n{\"step\":6,\"val_loss\":0.9}\n"
-        );
-        // Nothing to drop: the file is left alone; a missing file is fine.
-        truncate_metrics(&path, 100).unwrap();
-        assert!(std::fs::read_to_string(&path).unwrap().ends_with("0.9}\n"));
-        truncate_metrics(&tmp.path().join("absent.jsonl"), 0).unwrap();
-    }
-
-    #[test]
-    fn the_last_logged_step_counts_every_kind_of_line() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("metrics.jsonl");
-        std::fs::write(&path, format!("{METRICS}{{\"step\":10,\"val_loss\":0.7}}\n{{\"step\":11")).unwrap();
-        assert_eq!(last_logged_step(&path), Some(10));
-        assert_eq!(last_logged_step(&tmp.path().join("absent.jsonl")), None);
-    }
+    use std::path::Path;
 
     fn loaded(step: u64, state: serde_json::Value) -> Loaded {
         Loaded {

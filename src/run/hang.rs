@@ -37,15 +37,17 @@ use crate::telemetry::{
     CrashClass, ErrorEvent, Event, EventLog, HangEvent, RequeueRecord, Stop, Summary, SummaryState, now_rfc3339,
 };
 
-use super::super::atomic::write_atomically;
-use super::super::budget::SCONTROL_TIMEOUT;
-use super::super::deadline::Deadline;
-use super::super::lock::LockRelease;
-use super::super::lost::{lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang};
-use super::super::rank_watch::Lost;
-use super::super::rundir::EVENTS_FILE;
-use super::super::watchdog::{Beats, Hang, Worker};
-use super::{Attempt, context};
+use crate::attempt::budget::SCONTROL_TIMEOUT;
+use crate::attempt::deadline::Deadline;
+use crate::attempt::records::context;
+use crate::attempt::watchdog::{Beats, Hang, Worker};
+use crate::run::lost::{lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang};
+use crate::run::rank_watch::Lost;
+use crate::rundir::EVENTS_FILE;
+use crate::rundir::atomic::write_atomically;
+use crate::rundir::lock::LockRelease;
+
+use super::Attempt;
 
 /// How the watchdog tells the training thread that it is ending the
 /// attempt, and asks it (when it is free) for a checkpoint.
@@ -362,7 +364,7 @@ pub(super) fn events_path(root: &std::path::Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::orchestrate::watchdog::{Activity, Busy};
+    use crate::attempt::watchdog::{Activity, Busy};
 
     fn hang(worker: Worker, activity: Activity) -> Hang {
         Hang {

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use crate::checkpoint::{CheckpointKind, CheckpointStore, Loaded, STATE_FILE, VerifyLevel, read_manifest};
 use crate::config::{self, Config};
 
-use super::error::RunError;
+use crate::attempt::error::RunError;
 
 /// The `state.json` key of the recorded settings.
 pub const SETTINGS_KEY: &str = "settings";

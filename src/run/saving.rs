@@ -11,21 +11,23 @@ use crate::slurm::{self, SlurmEnv};
 use crate::telemetry::{self, CheckpointFailed, CheckpointSaved, CheckpointStarted, Event, JsonlWriter, Nonfinite};
 use crate::train::NonFiniteEvent;
 
-use super::super::budget::job_time_left;
-use super::super::error::RunError;
-use super::super::interval::{
+use super::Attempt;
+use super::ending::finite;
+use crate::attempt::budget::job_time_left;
+use crate::attempt::error::RunError;
+use crate::attempt::records::{set_aside_rejected, truncate_metrics};
+use crate::attempt::stop::StopFlag;
+use crate::attempt::watchdog::{Activity, Worker};
+use crate::checkpoint::interval::{
     CostMeter, IntervalInputs, Mtbf, MtbfSource, Slowdown, choose_interval, history_mtbf, interval_event,
     noticeably_different, recompute_after,
 };
-use super::super::persist::{InParts, PartEntries, Persisted, PersisterDied};
-use super::super::ranks::{Leader, PartsInbox};
-use super::super::rundir::METRICS_FILE;
-use super::super::settings;
-use super::super::stop::StopFlag;
-use super::super::watchdog::{Activity, Worker};
-use super::Attempt;
-use super::ending::finite;
-use super::start::{losses_so_far, set_aside_rejected, truncate_metrics};
+use crate::checkpoint::persist::{InParts, PartEntries, Persisted, PersisterDied};
+use crate::run::ranks::{Leader, PartsInbox};
+use crate::run::settings;
+use crate::rundir::METRICS_FILE;
+
+use super::start::losses_so_far;
 
 /// The state of `[checkpoint] interval = "auto"` in an attempt: the
 /// interruption rate (fixed for the attempt), the measured saves, the
@@ -56,7 +58,7 @@ impl AutoInterval {
             mtbf,
             meter: CostMeter::default(),
             slowdown: Slowdown::default(),
-            current: super::super::DEFAULT_INTERVAL,
+            current: crate::checkpoint::interval::DEFAULT_INTERVAL,
             recorded: None,
         })
     }
@@ -81,7 +83,7 @@ impl Attempt {
         let interval = match (self.cfg.checkpoint.interval, &self.auto_interval) {
             (CheckpointInterval::Fixed(d), _) => d,
             (CheckpointInterval::Auto, Some(auto)) => auto.current,
-            (CheckpointInterval::Auto, None) => super::super::DEFAULT_INTERVAL,
+            (CheckpointInterval::Auto, None) => crate::checkpoint::interval::DEFAULT_INTERVAL,
         };
         periodic_due(step, self.cfg.checkpoint.every_steps, self.last_checkpoint.elapsed(), interval)
     }

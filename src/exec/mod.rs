@@ -40,19 +40,18 @@ use crate::telemetry::{
     SummaryState, now_rfc3339,
 };
 
-use super::budget;
-use super::deadline::Deadline;
-use super::devices;
-use super::error::RunError;
-use super::lock::{LockRequest, RunLock};
-use super::run::ending::{StopRequeue, publish_results, record_or_log, requeue_after_failure};
-use super::run::start::{
-    fresh_start, last_logged_step, previous_summary, resume_record, set_aside_rejected, takeover_event,
-    truncate_metrics,
+use crate::attempt::budget;
+use crate::attempt::deadline::Deadline;
+use crate::attempt::devices;
+use crate::attempt::ending::{StopRequeue, early_stop, publish_results, record_or_log, requeue_after_failure};
+use crate::attempt::error::RunError;
+use crate::attempt::records::{
+    context, fresh_start, last_logged_step, previous_summary, recorded, resume_record, set_aside_rejected,
+    takeover_event, truncate_metrics,
 };
-use super::run::{context, recorded};
-use super::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
-use super::stop::StopFlag;
+use crate::attempt::stop::StopFlag;
+use crate::rundir::lock::{LockRequest, RunLock};
+use crate::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use child::{StopTaken, Supervised};
 use contract::ChildEnv;
 use verdict::{ChildEnd, Verdict};
@@ -118,7 +117,7 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     let start_step = resumed.as_ref().map(|c| c.step);
     // Only the program knows when it is done: a stop before it started is
     // never "finished" (max_steps = u64::MAX).
-    if let Some(early) = super::run::ending::early_stop(&stop, &mut events, start_step, u64::MAX, &cfg, &slurm)? {
+    if let Some(early) = early_stop(&stop, &mut events, start_step, u64::MAX, &cfg, &slurm)? {
         return Ok(early);
     }
     let resumes = previous_summary(&dir).map(|s| s.resumes).unwrap_or(0);
@@ -174,7 +173,7 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     let supervised = match supervised {
         Ok(s) => s,
         Err(e) => {
-            let (class, why) = super::crash::classify(&e, 0);
+            let (class, why) = crate::attempt::crash::classify(&e, 0);
             attempt.fail(&mut events, &e, class, &why);
             return Err(e);
         }
@@ -458,7 +457,7 @@ impl ExecAttempt {
             rank_nodes: None,
         };
         let path = self.dir.path(SUMMARY_FILE);
-        if let Err(e) = super::write_atomically(&path, &summary.to_bytes()) {
+        if let Err(e) = crate::rundir::write_atomically(&path, &summary.to_bytes()) {
             tracing::error!(error = %e, path = %path.display(), "could not write summary.json");
         }
     }

@@ -20,23 +20,25 @@ use std::time::Instant;
 use crate::checkpoint::{MANIFEST_FILE, VerifyLevel, verify_checkpoint_dir};
 use crate::config::Config;
 use crate::exit::Outcome;
-use crate::publish::{self, PublishRequest};
-use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
+use crate::slurm::SlurmEnv;
 use crate::telemetry::{
-    CrashClass, ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary,
-    SummaryState, now_rfc3339,
+    ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
+    now_rfc3339,
 };
 use crate::train::{NonFiniteEvent, TrainError};
 
-use super::super::budget;
-use super::super::crash::{self, CrashAction};
-use super::super::deadline::Deadline;
-use super::super::devices;
-use super::super::error::RunError;
-use super::super::rundir::{EVENTS_FILE, RunDir, SUMMARY_FILE};
-use super::super::stop::{StopFlag, StopReason};
-use super::super::watchdog::{Activity, Worker};
-use super::{Attempt, recorded_events};
+use crate::attempt::budget;
+use crate::attempt::crash::{self};
+use crate::attempt::deadline::Deadline;
+use crate::attempt::devices;
+use crate::attempt::ending::{StopRequeue, instant_to_rfc3339, publish_results, record_or_log, requeue_after_failure};
+use crate::attempt::error::RunError;
+use crate::attempt::records::{context, recorded};
+use crate::attempt::stop::StopReason;
+use crate::attempt::watchdog::{Activity, Worker};
+use crate::rundir::{EVENTS_FILE, RunDir, SUMMARY_FILE};
+
+use super::Attempt;
 
 /// How an attempt that did not fail ends.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -398,145 +400,7 @@ impl Attempt {
             rank_nodes: self.rank_nodes.clone(),
         };
         let path = self.dir.path(SUMMARY_FILE);
-        super::super::write_atomically(&path, &summary.to_bytes()).map_err(|source| RunError::RunDir { path, source })
-    }
-}
-
-/// Step 2 of a stop path ([`Attempt::stop_in_order`], and `rekindle
-/// exec`'s): the requeue decision, skipped when it is time to exit at once
-/// (a third signal, or the deadline passed), and what publishing (step 4)
-/// may then do.
-pub(in crate::orchestrate) struct StopRequeue {
-    pub record: RequeueRecord,
-    fast_exit: bool,
-    /// Stop signals before the requeue: SLURM's SIGTERM for our own requeue
-    /// may arrive before `scontrol requeue` has even returned.
-    signals_before: usize,
-    /// When SLURM accepted the requeue.
-    requeued_at: Option<Instant>,
-}
-
-impl StopRequeue {
-    /// Decides (and records) the requeue of a stop by `reason`.
-    pub(in crate::orchestrate) fn decide(
-        cfg: &Config,
-        alloc: &SlurmEnv,
-        reason: StopReason,
-        finished: bool,
-        deadline: Option<Deadline>,
-        stop: &StopFlag,
-        events: &mut EventLog,
-    ) -> StopRequeue {
-        let signals_before = stop.count();
-        let fast_exit = budget::exit_now(signals_before, deadline, Instant::now());
-        let record = if fast_exit {
-            tracing::warn!("skipping requeue and publish: third signal or deadline passed");
-            RequeueRecord::skip("fast exit")
-        } else {
-            let requeue_deadline = budget::requeue_deadline(deadline, Instant::now());
-            requeue_and_record(cfg, alloc, reason, finished, requeue_deadline, events)
-        };
-        let requeued_at = record.answer.is_some().then(Instant::now);
-        StopRequeue { record, fast_exit, signals_before, requeued_at }
-    }
-
-    /// `None` when publishing is cut short: a fast exit, or a third signal
-    /// or a passed deadline since, unless SLURM is already ending the job
-    /// for our requeue (its signals are expected; its kill bounds the time).
-    /// Otherwise the deadline publishing gets.
-    pub(in crate::orchestrate) fn publish_deadline(
-        &self,
-        stop: &StopFlag,
-        deadline: Option<Deadline>,
-    ) -> Option<Option<Deadline>> {
-        let cut_short = self.fast_exit
-            || budget::skip_publish(
-                self.signals_before,
-                stop.count(),
-                self.requeued_at.is_some(),
-                deadline,
-                Instant::now(),
-            );
-        (!cut_short).then(|| budget::publish_deadline(deadline, self.requeued_at))
-    }
-}
-
-/// A stop signal before training began: nothing new to save, but the job is
-/// still requeued when it should be. A job preempted (or warned of its time
-/// limit) while it loads exits inside its GraceTime, and SLURM does not
-/// requeue a job that exits by itself: without this it would end FAILED.
-///
-/// The exit code says what is on disk ([`early_stop_outcome`]): 75 with an
-/// earlier checkpoint to resume from; 0 when that checkpoint is of
-/// `max_steps` (the run is finished: a `finish` event, no requeue); and with
-/// no checkpoint at all, [`RunError::StoppedBeforeFirstCheckpoint`] (exit 1,
-/// after the same requeue decision), since 75 promises a durable checkpoint.
-///
-/// `max_steps`: the step at which the run is finished (`[run] max_steps`;
-/// `u64::MAX` under `rekindle exec`, where only the program knows).
-pub(in crate::orchestrate) fn early_stop(
-    stop: &StopFlag,
-    events: &mut EventLog,
-    durable: Option<u64>,
-    max_steps: u64,
-    cfg: &Config,
-    alloc: &SlurmEnv,
-) -> Result<Option<Outcome>, RunError> {
-    let Some(reason) = stop.signal() else { return Ok(None) };
-    let ending = early_stop_outcome(durable, max_steps);
-    match ending {
-        EarlyStop::Finished => tracing::warn!(
-            reason = %reason.name(),
-            step = durable,
-            "stop signal before training began, and the run is already finished: exiting 0"
-        ),
-        EarlyStop::Resumable => tracing::warn!(
-            reason = %reason.name(),
-            step = durable,
-            "stop signal before training began: exiting; earlier checkpoints are intact"
-        ),
-        EarlyStop::NoCheckpoint => tracing::warn!(
-            reason = %reason.name(),
-            "stop signal before training began and before any checkpoint: there is no checkpoint yet, \
-             the next attempt starts at step 0"
-        ),
-    }
-    // Records, best effort: nothing may keep the requeue from running.
-    record_or_log(
-        events,
-        &Event::Signal(Signal { signal: reason.name(), step: durable, before_training: true, ..Signal::default() }),
-    );
-    let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
-    let deadline = Deadline::after_signal(arrival, cfg.signals.grace, cfg.signals.safety_margin);
-    let closing = match (ending, durable) {
-        // A finished run has nothing to come back for: no requeue decision.
-        (EarlyStop::Finished, Some(step)) => Event::Finish(Finish {
-            step,
-            publish: PublishOutcome::Skipped { skipped: "stop signal before training began".into() },
-        }),
-        _ => {
-            let requeue = if budget::exit_now(stop.count(), Some(deadline), Instant::now()) {
-                RequeueRecord::skip("fast exit")
-            } else {
-                requeue_and_record(cfg, alloc, reason, false, Some(deadline), events)
-            };
-            Event::Stop(Stop {
-                step: durable,
-                reason: reason.name(),
-                before_training: true,
-                requeue: Some(requeue),
-                ..Stop::default()
-            })
-        }
-    };
-    record_or_log(events, &closing);
-    if let Err(e) = events.sync() {
-        tracing::error!(error = %e, "could not sync events.jsonl");
-    }
-    match ending {
-        EarlyStop::Finished => Ok(Some(Outcome::Done)),
-        EarlyStop::Resumable => Ok(Some(Outcome::StoppedWithCheckpoint)),
-        EarlyStop::NoCheckpoint => Err(RunError::StoppedBeforeFirstCheckpoint { reason: reason.name() }),
+        crate::rundir::write_atomically(&path, &summary.to_bytes()).map_err(|source| RunError::RunDir { path, source })
     }
 }
 
@@ -549,19 +413,19 @@ pub(in crate::orchestrate) fn early_stop(
 /// (exit 78: nothing was started), nor when the attempt already recorded
 /// its end (a stop before training began, a `[gpu] require` refusal).
 /// Best effort: the error itself is what the caller returns.
-pub(in crate::orchestrate) fn record_failed_start(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, error: &RunError) {
+pub(crate) fn record_failed_start(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, error: &RunError) {
     if error.outcome() == Outcome::ConfigError || matches!(error, RunError::LockLost { .. }) {
         return;
     }
     let path = dir.path(EVENTS_FILE);
-    let past = super::recorded(&path);
+    let past = recorded(&path);
     let pid = std::process::id();
     let ours = past.iter().rposition(|e| matches!(&e.event, Event::Start(s) if s.pid == pid));
     let ended = |e: &Event| matches!(e, Event::Error(_) | Event::Stop(_) | Event::Finish(_));
     if ours.is_some_and(|i| past[i + 1..].iter().any(|e| ended(&e.event))) {
         return;
     }
-    let mut events = match EventLog::open(&path, super::context(slurm)) {
+    let mut events = match EventLog::open(&path, context(slurm)) {
         Ok(events) => events,
         Err(e) => {
             tracing::error!(error = %e, "cannot record the failed start in events.jsonl");
@@ -591,169 +455,15 @@ pub(in crate::orchestrate) fn record_failed_start(cfg: &Config, dir: &RunDir, sl
     }
 }
 
-/// What a stop before training began leaves behind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EarlyStop {
-    /// The newest checkpoint is of `max_steps`: nothing left to train (exit 0).
-    Finished,
-    /// An earlier checkpoint to resume from (exit 75).
-    Resumable,
-    /// No checkpoint yet: nothing to resume from (exit 1).
-    NoCheckpoint,
-}
-
-/// Decides [`EarlyStop`] from the newest durable checkpoint's step.
-fn early_stop_outcome(durable: Option<u64>, max_steps: u64) -> EarlyStop {
-    match durable {
-        Some(step) if step >= max_steps => EarlyStop::Finished,
-        Some(_) => EarlyStop::Resumable,
-        None => EarlyStop::NoCheckpoint,
-    }
-}
-
-/// Records an event on a stop path: a failure is logged, never returned.
-pub(in crate::orchestrate) fn record_or_log(events: &mut EventLog, event: &Event) {
-    if let Err(e) = events.record(event) {
-        tracing::error!(error = %e, event = event.name(), "could not record an event; going on");
-    }
-}
-
-/// The requeue step through the real `scontrol`, each call bounded by what
-/// `deadline` leaves; records the `requeue` event (best effort) and returns it.
-pub(in crate::orchestrate) fn requeue_and_record(
-    cfg: &Config,
-    alloc: &SlurmEnv,
-    reason: StopReason,
-    finished: bool,
-    deadline: Option<Deadline>,
-    events: &mut EventLog,
-) -> RequeueRecord {
-    let req = RequeueRequest {
-        policy: cfg.signals.requeue,
-        stop: stop_kind(reason),
-        finished,
-        job_id: alloc.control_id(),
-        restart_count: alloc.restart_count,
-        max_restarts: cfg.signals.max_restarts,
-    };
-    let record = slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(deadline, Instant::now()));
-    // A record: failing to write it must not undo a requeue SLURM accepted.
-    if let Err(e) = events.record(&Event::Requeue(record.clone())) {
-        tracing::error!(error = %e, "could not record the requeue event");
-    }
-    record
-}
-
-/// Publishes the run directory when `[publish] enabled` and records the
-/// `publish` event (best effort); failures are logged, never fatal.
-/// `newest_manifest`: the manifest of the newest durable checkpoint, which
-/// the commit names.
-#[allow(clippy::too_many_arguments)]
-pub(in crate::orchestrate) fn publish_results(
-    cfg: &Config,
-    run_dir: &std::path::Path,
-    newest_manifest: Option<std::path::PathBuf>,
-    step: u64,
-    alloc: &SlurmEnv,
-    reason: &str,
-    deadline: Option<Deadline>,
-    events: &mut EventLog,
-) -> PublishOutcome {
-    if !cfg.publish.enabled {
-        return PublishOutcome::Skipped { skipped: "publishing disabled".into() };
-    }
-    let req = PublishRequest {
-        cfg: &cfg.publish,
-        run_name: &cfg.run.name,
-        run_dir,
-        newest_manifest,
-        checkpoint_dir: cfg.checkpoint.dir.clone(),
-        step,
-        job_id: alloc.job_id.clone(),
-        node: alloc.node_name(),
-        reason: reason.to_string(),
-        deadline: deadline.map(|d| d.at),
-    };
-    // Tests make publishing hang here (`run::publish=sleep(…)`).
-    fail::fail_point!("run::publish");
-    let outcome = match publish::publish(&req) {
-        Ok(report) => PublishOutcome::Done {
-            commit: report.commit,
-            pushed: report.pushed,
-            attempts: report.attempts,
-            files: report.files,
-            refused: report.refused,
-            last_error: report.last_error,
-        },
-        Err(e) => {
-            tracing::error!(error = %e, "publishing failed");
-            PublishOutcome::Failed { error: e.to_string() }
-        }
-    };
-    let _ = events.record(&Event::Publish(outcome.clone()));
-    outcome
-}
-
-/// The requeue decision after a failure of `class` (`crash.rs`): a
-/// transient one requeues the job (the usual requeue rules, at most `[run]
-/// max_crash_requeues` in a row without a new checkpoint, counted from
-/// `events_path`, each held back longer), a deterministic one never does,
-/// nor one whose stop path already decided (`stop_path`). Records the
-/// `requeue` event when there was one; returns it with the hold.
-pub(in crate::orchestrate) fn requeue_after_failure(
-    cfg: &Config,
-    alloc: &SlurmEnv,
-    class: CrashClass,
-    stop_path: bool,
-    events: &mut EventLog,
-    events_path: &std::path::Path,
-) -> (RequeueRecord, Option<u64>, Option<String>) {
-    let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(events_path));
-    match crash::decide(class, in_a_row, cfg.run.max_crash_requeues, stop_path) {
-        CrashAction::Requeue { hold } => {
-            let req = RequeueRequest {
-                policy: cfg.signals.requeue,
-                stop: StopKind::TransientCrash,
-                finished: false,
-                job_id: alloc.control_id(),
-                restart_count: alloc.restart_count,
-                max_restarts: cfg.signals.max_restarts,
-            };
-            let out =
-                slurm::requeue_after_crash(&Scontrol, &req, hold, &|| budget::scontrol_timeout(None, Instant::now()));
-            record_or_log(events, &Event::Requeue(out.record.clone()));
-            (out.record, out.hold_seconds, out.hold_error)
-        }
-        CrashAction::NoRequeue { reason } => {
-            tracing::error!(%reason, "not requeueing after this failure");
-            (RequeueRecord::skip(reason), None, None)
-        }
-    }
-}
-
-/// Why training stopped, as the requeue decision sees it.
-pub(in crate::orchestrate) fn stop_kind(reason: StopReason) -> StopKind {
-    match reason {
-        StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
-        StopReason::Signal(_) => StopKind::ClusterSignal,
-        StopReason::StopAtStep => StopKind::StopAtStep,
-    }
-}
-
 /// A number as the records write it: `None` (`null`) when not finite.
 pub(super) fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
 
-pub(in crate::orchestrate) fn instant_to_rfc3339(t: Instant) -> String {
-    let ago = chrono::Duration::from_std(t.elapsed()).unwrap_or_default();
-    (chrono::Utc::now() - ago).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::libc::{SIGINT, SIGTERM, SIGUSR1};
+    use nix::libc::SIGTERM;
     use serde_json::{Value, json};
 
     fn wrapped() -> Wrapped {
@@ -809,23 +519,6 @@ mod tests {
         let v = fields(&ending_event(&at_step, Wrapped { seconds_left: None, ..wrapped() }));
         assert_eq!((&v["reason"], &v["seconds_left"]), (&json!("stop_at_step"), &Value::Null));
         assert!(v.get("fast_exit").is_none() && v.get("before_training").is_none());
-    }
-
-    #[test]
-    fn sigint_is_an_interrupt_other_signals_come_from_the_cluster() {
-        assert_eq!(stop_kind(StopReason::Signal(SIGINT)), StopKind::Interrupt);
-        assert_eq!(stop_kind(StopReason::Signal(SIGTERM)), StopKind::ClusterSignal);
-        assert_eq!(stop_kind(StopReason::Signal(SIGUSR1)), StopKind::ClusterSignal);
-        assert_eq!(stop_kind(StopReason::StopAtStep), StopKind::StopAtStep);
-    }
-
-    #[test]
-    fn a_stop_before_training_exits_by_what_is_on_disk() {
-        assert_eq!(early_stop_outcome(None, 100), EarlyStop::NoCheckpoint);
-        assert_eq!(early_stop_outcome(Some(0), 100), EarlyStop::Resumable);
-        assert_eq!(early_stop_outcome(Some(99), 100), EarlyStop::Resumable);
-        assert_eq!(early_stop_outcome(Some(100), 100), EarlyStop::Finished);
-        assert_eq!(early_stop_outcome(Some(150), 100), EarlyStop::Finished);
     }
 
     #[test]

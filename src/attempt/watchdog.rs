@@ -263,6 +263,17 @@ impl Beats {
     }
 }
 
+/// The checkpointer's saves as the watchdog sees them: each an
+/// [`Activity::Save`] of [`Worker::Persister`].
+impl crate::checkpoint::SaveWatch for Beats {
+    fn save_begins(&self, step: u64) -> Box<dyn std::any::Any + Send> {
+        Box::new(self.begin(Worker::Persister, Activity::Save, step))
+    }
+    fn committed(&self, step: u64) {
+        Beats::committed(self, step)
+    }
+}
+
 /// Ends an activity when dropped (also when its work returns an error or panics).
 #[must_use = "the activity ends when the guard drops"]
 pub struct BusyGuard {

@@ -18,13 +18,37 @@
 //! thread, which hears them in its rounds, hands them over
 //! ([`Persister::deliver`]).
 
+use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::checkpoint::{CheckpointError, CheckpointStore, ManifestEntry, Parts, SaveReport, Snapshot};
 
-use super::watchdog::{Activity, Beats, Worker};
+/// Whoever watches the background saves (in a run, the watchdog's
+/// `attempt::Beats`, which turns a save that hangs into a requeue): told
+/// when the save of a step begins, when it ends (the returned guard is
+/// dropped) and which step it committed. A trait, so that the checkpointer
+/// needs nothing of the attempt that runs it.
+pub trait SaveWatch: Send + Sync {
+    /// The save of `step` begins; it is over when the guard is dropped.
+    fn save_begins(&self, step: u64) -> Box<dyn std::any::Any + Send>;
+    /// The save of `step` committed.
+    fn committed(&self, step: u64);
+}
+
+/// A [`SaveWatch`] that watches nothing (benchmarks, tools).
+pub struct Unwatched;
+
+impl SaveWatch for Unwatched {
+    fn save_begins(&self, _step: u64) -> Box<dyn std::any::Any + Send> {
+        Box::new(())
+    }
+    fn committed(&self, _step: u64) {}
+}
+
+/// The shared handle the persister thread reports to.
+pub type Watch = Arc<dyn SaveWatch>;
 
 /// A finished background save.
 #[derive(Debug)]
@@ -68,7 +92,7 @@ pub struct PersisterDied {
 /// The persister thread and its channels.
 pub struct Persister {
     store: CheckpointStore,
-    beats: Beats,
+    watch: Watch,
     jobs: Option<SyncSender<Job>>,
     done: Receiver<Persisted>,
     handle: Option<JoinHandle<()>>,
@@ -78,17 +102,17 @@ pub struct Persister {
 }
 
 impl Persister {
-    /// Starts the thread that saves into `store`; each save is an
-    /// [`Activity::Save`] of [`Worker::Persister`] in `beats` (the watchdog's view).
-    pub fn spawn(store: CheckpointStore, beats: Beats) -> std::io::Result<Persister> {
-        let (jobs, done, handle) = start_thread(store.clone(), beats.clone())?;
-        Ok(Persister { store, beats, jobs: Some(jobs), done, handle: Some(handle), in_flight: None, parts: None })
+    /// Starts the thread that saves into `store`; each save is reported to
+    /// `watch` (in a run, the watchdog's view).
+    pub fn spawn(store: CheckpointStore, watch: Watch) -> std::io::Result<Persister> {
+        let (jobs, done, handle) = start_thread(store.clone(), watch.clone())?;
+        Ok(Persister { store, watch, jobs: Some(jobs), done, handle: Some(handle), in_flight: None, parts: None })
     }
 
     /// Replaces a dead thread with a new one on the same store.
     pub fn restart(&mut self) -> std::io::Result<()> {
         let _ = self.reap();
-        let (jobs, done, handle) = start_thread(self.store.clone(), self.beats.clone())?;
+        let (jobs, done, handle) = start_thread(self.store.clone(), self.watch.clone())?;
         (self.jobs, self.done, self.handle, self.in_flight, self.parts) = (Some(jobs), done, Some(handle), None, None);
         Ok(())
     }
@@ -185,7 +209,7 @@ impl Persister {
 }
 
 /// The message of a thread's panic, as `join` returns it.
-pub(super) fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -196,7 +220,7 @@ pub(super) fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
 type Started = (SyncSender<Job>, Receiver<Persisted>, JoinHandle<()>);
 
 /// The thread and its two channels: jobs in (capacity 1), finished saves out.
-fn start_thread(store: CheckpointStore, beats: Beats) -> std::io::Result<Started> {
+fn start_thread(store: CheckpointStore, watch: Watch) -> std::io::Result<Started> {
     {
         let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel();
@@ -204,7 +228,7 @@ fn start_thread(store: CheckpointStore, beats: Beats) -> std::io::Result<Started
             for job in jobs_rx {
                 let step = job.snapshot.step;
                 let payload_bytes = job.snapshot.payload_bytes();
-                let busy = beats.begin(Worker::Persister, Activity::Save, step);
+                let busy = watch.save_begins(step);
                 // Tests make this thread die (`persist::before_save=panic`) or
                 // hang (`=sleep(…)`) here.
                 fail::fail_point!("persist::before_save");
@@ -222,7 +246,7 @@ fn start_thread(store: CheckpointStore, beats: Beats) -> std::io::Result<Started
                 };
                 drop(busy);
                 if result.as_ref().map_or_else(CheckpointError::committed, |_| true) {
-                    beats.committed(step);
+                    watch.committed(step);
                 }
                 let done = Persisted {
                     step,
@@ -250,6 +274,29 @@ impl Drop for Persister {
 mod tests {
     use super::*;
     use crate::checkpoint::{HostTensor, TensorSet};
+    use std::sync::Mutex;
+
+    /// What the persister reported, in order.
+    #[derive(Default)]
+    struct Recorder(Arc<Mutex<Vec<String>>>);
+
+    struct Ends(u64, Arc<Mutex<Vec<String>>>);
+
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            self.1.lock().unwrap().push(format!("ends {}", self.0));
+        }
+    }
+
+    impl SaveWatch for Recorder {
+        fn save_begins(&self, step: u64) -> Box<dyn std::any::Any + Send> {
+            self.0.lock().unwrap().push(format!("begins {step}"));
+            Box::new(Ends(step, self.0.clone()))
+        }
+        fn committed(&self, step: u64) {
+            self.0.lock().unwrap().push(format!("committed {step}"));
+        }
+    }
 
     fn snap(step: u64) -> Snapshot {
         let mut model = TensorSet::new();
@@ -261,8 +308,8 @@ mod tests {
     fn saves_in_the_background_one_at_a_time() {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-        let beats = Beats::default();
-        let mut p = Persister::spawn(store.clone(), beats.clone()).unwrap();
+        let watch = Arc::new(Recorder::default());
+        let mut p = Persister::spawn(store.clone(), watch.clone()).unwrap();
         assert!(!p.busy());
         p.submit(snap(5), 0.0, None).unwrap();
         assert!(p.busy());
@@ -273,15 +320,14 @@ mod tests {
         assert!(p.wait().unwrap().is_none(), "nothing in flight");
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot.step, 5);
         // The watchdog's view: the commit, reported by the persister itself.
-        assert_eq!((beats.newest_committed(), beats.commits()), (Some(5), 1));
-        assert!(beats.busy().is_empty(), "the save is over");
+        assert_eq!(*watch.0.lock().unwrap(), ["begins 5", "ends 5", "committed 5"]);
     }
 
     #[test]
     fn a_dead_thread_is_reported_with_its_panic_and_can_be_restarted() {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path(), 3).unwrap();
-        let mut p = Persister::spawn(store.clone(), Beats::default()).unwrap();
+        let mut p = Persister::spawn(store.clone(), Arc::new(Unwatched)).unwrap();
         // Kill the thread as a panic would: replace it with one that panics.
         p.jobs.take();
         p.handle.take().unwrap().join().unwrap();

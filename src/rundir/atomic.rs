@@ -1,6 +1,6 @@
 //! Replacing a small file all at once: readers see the old bytes or the new,
 //! never a torn mix, and the new bytes survive a crash once the call returns.
-//! The lowest file of `orchestrate`: the lock, the run directory and the
+//! The lowest file of `rundir`: the lock, the run directory and the
 //! report use it, and it uses none of them.
 
 use std::fs;

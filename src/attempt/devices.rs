@@ -36,8 +36,8 @@ use crate::train::{
     Layout, Registry, StepResult, TrainError, TrainSnapshot, Trainer, candle_message, checkpoint_bytes, footprint_for,
 };
 
-use super::error::RunError;
-use super::rundir::RunDir;
+use crate::attempt::error::RunError;
+use crate::rundir::RunDir;
 
 /// The environment variable naming a GPU inventory for `rekindle run`.
 pub const INVENTORY_ENV: &str = "REKINDLE_GPU_INVENTORY";

@@ -34,13 +34,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::config::Config;
 use crate::telemetry::{Event, EventLog, Redactor};
 
-use super::super::budget;
-use super::super::deadline::Deadline;
-use super::super::error::RunError;
-use super::super::lock::LockOwnership;
-use super::super::run::ending::{instant_to_rfc3339, record_or_log};
-use super::super::stop::{StopFlag, StopReason};
 use super::contract::{ChildEnv, StopNotice};
+use crate::attempt::budget;
+use crate::attempt::deadline::Deadline;
+use crate::attempt::ending::{instant_to_rfc3339, record_or_log};
+use crate::attempt::error::RunError;
+use crate::attempt::stop::{StopFlag, StopReason};
+use crate::rundir::lock::LockOwnership;
 
 /// Lines of the child's stderr kept for the `child_exit` event.
 pub const TAIL_LINES: usize = 20;
@@ -204,7 +204,7 @@ fn take_stop(stop: &StopFlag, cfg: &Config, env: &ChildEnv, events: &mut EventLo
     let left = budget::seconds_left(deadline, Instant::now());
     let unix_now = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
     let notice = StopNotice { signal: reason.name(), deadline: unix_now + left.unwrap_or(0.0) };
-    if let Err(e) = super::super::write_atomically(&env.stop_file, &notice.to_bytes()) {
+    if let Err(e) = crate::rundir::write_atomically(&env.stop_file, &notice.to_bytes()) {
         tracing::error!(error = %e, path = %env.stop_file.display(), "could not write the stop file; the program still gets SIGTERM");
     }
     tracing::warn!(reason = %reason.name(), seconds_left = ?left, "stop requested: the program has until the deadline to seal a checkpoint and exit");

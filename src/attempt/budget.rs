@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::deadline::{Deadline, SignalResponse, response_to_signal};
-use super::stop::StopReason;
+use crate::attempt::deadline::{Deadline, SignalResponse, response_to_signal};
+use crate::attempt::stop::StopReason;
 
 /// Time kept back from the requeue step for publishing, at most: enough for
 /// its local commit (milliseconds), so a hanging `scontrol` still leaves a

@@ -18,8 +18,8 @@ use crate::gpu::GpuError;
 use crate::telemetry::{CrashClass, Event, RequeueRecord, TelemetryError};
 use crate::train::TrainError;
 
-use super::error::RunError;
-use super::lock::LockError;
+use crate::attempt::error::RunError;
+use crate::rundir::lock::LockError;
 
 /// The hold before the first crash requeue starts again; doubled per crash
 /// requeue in a row, at most [`MAX_HOLD`]. SLURM already waits for its job
@@ -48,11 +48,9 @@ pub enum CrashAction {
 pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, String) {
     use CrashClass::{Deterministic, Transient};
     let (class, why): (CrashClass, &str) = match error {
-        RunError::Config(_)
-        | RunError::ConfigChanged { .. }
-        | RunError::CheckpointSettingsChanged { .. }
-        | RunError::PreviousConfig { .. }
-        | RunError::OtherCommand { .. } => (Deterministic, "a configuration error"),
+        RunError::Config(_) | RunError::Dir(_) | RunError::CheckpointSettingsChanged { .. } => {
+            (Deterministic, "a configuration error")
+        }
         RunError::Unusable(_) => (Deterministic, "the config's model or data cannot be used"),
         RunError::Distributed(_) => (Deterministic, "the ranks were launched wrongly (see docs/distributed.md)"),
         RunError::Ranks { .. } => (Deterministic, "the ranks of a data-parallel run disagree"),
@@ -220,6 +218,8 @@ pub fn crash_requeues_in_a_row(events: &[Event]) -> u32 {
 #[cfg(test)]
 mod tests {
     use std::io;
+
+    use crate::rundir::RunDirRefusal;
     use std::path::PathBuf;
 
     use super::*;
@@ -245,11 +245,14 @@ mod tests {
         let ckpt_io = || CheckpointError::Write { step: 5, path: path(), source: io_error() };
         vec![
             (RunError::Config(ConfigError::Invalid { source_name: "c.toml".into(), problems: vec![] }), Deterministic),
-            (RunError::ConfigChanged { path: path(), diff: vec![] }, Deterministic),
+            (RunError::Dir(RunDirRefusal::ConfigChanged { path: path(), diff: vec![] }), Deterministic),
             (RunError::CheckpointSettingsChanged { dir: path(), diff: vec![] }, Deterministic),
-            (RunError::PreviousConfig { path: path(), reason: "r".into() }, Deterministic),
+            (RunError::Dir(RunDirRefusal::PreviousConfig { path: path(), reason: "r".into() }), Deterministic),
             (RunError::Unusable(TrainError::config("data.path", "r")), Deterministic),
-            (RunError::OtherCommand { dir: path(), step: 1, theirs: "exec", ours: "run" }, Deterministic),
+            (
+                RunError::Dir(RunDirRefusal::OtherCommand { dir: path(), step: 1, theirs: "exec", ours: "run" }),
+                Deterministic,
+            ),
             (
                 RunError::Distributed(crate::distributed::DistributedError::NotBuiltWithMpi {
                     size: 2,

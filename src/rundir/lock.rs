@@ -96,7 +96,7 @@ use sha2::Digest;
 
 use crate::slurm::SlurmEnv;
 
-use super::atomic::write_atomically;
+use crate::rundir::atomic::write_atomically;
 
 pub const LOCK_FILE: &str = "rekindle.lock";
 /// Markers are named `<this><lineage>.<generation>.<n>`.
@@ -342,7 +342,7 @@ impl LockRequest {
 }
 
 /// Seconds since the Unix epoch (the lock's heartbeat clock).
-pub(super) fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
@@ -398,7 +398,7 @@ fn short_hash(text: &str) -> String {
 /// temporary file is hard-linked to the name. Returns false when it exists.
 fn create_exclusive(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = super::atomic::shared_tempfile(".rekindle-lock-", dir)?;
+    let mut tmp = crate::rundir::atomic::shared_tempfile(".rekindle-lock-", dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
     match fs::hard_link(tmp.path(), path) {

@@ -17,12 +17,12 @@ use crate::config::{self, AnyKind};
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, EventLog};
 
-use super::super::error::RunError;
-use super::super::lock::{LOCK_FILE, LockInfo, LockRequest, RunLock};
-use super::super::run::context;
-use super::super::run::ending::record_or_log;
-use super::super::rundir::{CONFIG_FILE, EVENTS_FILE, checkpoints_dir};
 use super::contract::{ENV_EXEC_PID, ENV_RUN_DIR};
+use crate::attempt::ending::record_or_log;
+use crate::attempt::error::RunError;
+use crate::attempt::records::context;
+use crate::rundir::lock::{LOCK_FILE, LockInfo, LockRequest, RunLock};
+use crate::rundir::{CONFIG_FILE, EVENTS_FILE, checkpoints_dir};
 
 /// What `rekindle seal` was asked to do.
 #[derive(Debug, Clone)]
@@ -55,7 +55,12 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
         });
     }
     let cfg = config::load_with(&config_path, &[], &AnyKind)
-        .map_err(|e| RunError::PreviousConfig { path: config_path.clone(), reason: e.to_string() })?
+        .map_err(|e| {
+            RunError::Dir(crate::rundir::RunDirRefusal::PreviousConfig {
+                path: config_path.clone(),
+                reason: e.to_string(),
+            })
+        })?
         .config;
     // Held until the seal returns when this process had to take it.
     let (guard, _own_lock) = match std::env::var(ENV_EXEC_PID).ok() {

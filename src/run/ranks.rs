@@ -45,10 +45,10 @@ use crate::distributed::{Collective, SharedWorld};
 use crate::exit::Outcome;
 use crate::train::{Registry, StepResult, Trainer};
 
-use super::error::RunError;
-use super::persist::panic_message;
-use super::rank_watch::Pulse;
-use super::stop::{StopFlag, StopReason};
+use crate::attempt::error::RunError;
+use crate::attempt::stop::{StopFlag, StopReason};
+use crate::checkpoint::persist::panic_message;
+use crate::run::rank_watch::Pulse;
 
 /// What the leader says in a round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

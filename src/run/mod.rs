@@ -37,10 +37,14 @@
 //! to resume from, exit 0 when that checkpoint already is of `max_steps` (the
 //! run is finished), exit 1 when there is no checkpoint yet.
 
-pub(super) mod ending;
+pub(crate) mod ending;
 mod hang;
+mod lost;
+mod rank_watch;
+mod ranks;
 mod saving;
-pub(super) mod start;
+mod settings;
+pub(crate) mod start;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -51,23 +55,22 @@ use crate::distributed::{self, SharedWorld, WorldInfo};
 use crate::exit::Outcome;
 use crate::gpu::Monitor;
 use crate::slurm::SlurmEnv;
-use crate::telemetry::{EventContext, EventLog, JsonlWriter, MetricsLine, StepLine, ValLine, now_rfc3339};
+use crate::telemetry::{EventLog, JsonlWriter, MetricsLine, StepLine, ValLine, now_rfc3339};
 use crate::train::{Registry, StepMetrics, StepResult, TrainError, Trainer, Workload};
 
-use super::devices::Devices;
-use super::error::RunError;
-use super::lock::{LockOwnership, LockRequest, RunLock};
-use super::lost::WorldEnd;
-use super::persist::Persister;
-use super::progress::Progress;
-use super::rank_watch::{RANKS_DIR, RankWatch, WatchSetup, new_session};
-use super::ranks::{self, Leader};
-use super::rundir::{self, RunDir};
-use super::settings;
-use super::stop::{StopFlag, StopReason};
-use super::watchdog::{Activity, Beats, Progress as WatchedProgress, Watchdog, Worker};
+use crate::attempt::devices::Devices;
+use crate::attempt::error::RunError;
+use crate::attempt::progress::Progress;
+use crate::attempt::stop::{StopFlag, StopReason};
+use crate::attempt::watchdog::{Activity, Beats, Progress as WatchedProgress, Watchdog, Worker};
+use crate::checkpoint::persist::Persister;
+use crate::run::lost::WorldEnd;
+use crate::run::rank_watch::{RANKS_DIR, RankWatch, WatchSetup, new_session};
+use crate::rundir::lock::{LockOwnership, LockRequest, RunLock};
+use crate::rundir::{self, RunDir};
 use ending::Ending;
 use hang::HangDesk;
+use ranks::Leader;
 
 /// What `rekindle run` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -434,27 +437,4 @@ fn step_line(m: &StepMetrics) -> StepLine {
         elapsed_s: Some(m.elapsed_s),
         time: now_rfc3339(),
     }
-}
-
-/// The events of the run so far, as far as they can be read back (for the
-/// crash-requeue count; unreadable lines and an unreadable file count as none).
-pub(super) fn recorded_events(path: &std::path::Path) -> Vec<crate::telemetry::Event> {
-    recorded(path).into_iter().map(|e| e.event).collect()
-}
-
-/// [`recorded_events`] with their envelopes (time, node, …).
-pub(super) fn recorded(path: &std::path::Path) -> Vec<crate::telemetry::RecordedEvent> {
-    match crate::telemetry::read_jsonl(path) {
-        Ok(Some(lines)) => crate::telemetry::events_from(lines.records),
-        Ok(None) => Vec::new(),
-        Err(e) => {
-            tracing::warn!(error = %e, path = %path.display(), "cannot read the events back; counting no earlier requeues");
-            Vec::new()
-        }
-    }
-}
-
-/// Fields added to every event.
-pub(super) fn context(slurm: &SlurmEnv) -> EventContext {
-    EventContext { node: slurm.node_name(), job_id: slurm.job_id.clone(), attempt: slurm.restart_count }
 }

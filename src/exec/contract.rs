@@ -148,8 +148,8 @@ mod tests {
 
     #[test]
     fn the_docs_and_the_python_helper_name_every_variable_and_the_protocol() {
-        let doc = include_str!("../../../docs/exec.md");
-        let helper = include_str!("../../../python/rekindle_client.py");
+        let doc = include_str!("../../docs/exec.md");
+        let helper = include_str!("../../python/rekindle_client.py");
         for var in ALL_VARS {
             assert!(doc.contains(&format!("| `{var}` |")), "docs/exec.md's environment table lacks {var}");
         }

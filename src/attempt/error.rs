@@ -8,6 +8,7 @@ use crate::config::ConfigError;
 use crate::distributed::DistributedError;
 use crate::exit::Outcome;
 use crate::gpu::GpuError;
+use crate::rundir::{RunDirError, RunDirRefusal};
 use crate::telemetry::TelemetryError;
 use crate::train::TrainError;
 
@@ -16,33 +17,21 @@ use crate::train::TrainError;
 pub enum RunError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error(
-        "the run directory's {path} differs from this config in training settings:\n  {}\nresuming would not continue the same run; restore the old settings, use a new run directory (--run-dir), or pass --allow-config-change",
-        diff.join("\n  ")
-    )]
-    ConfigChanged { path: PathBuf, diff: Vec<String> },
+    /// The run directory refuses this run (exit 78, nothing changed).
+    #[error(transparent)]
+    Dir(RunDirRefusal),
     /// The newest checkpoint's `state.json` records other training settings
-    /// (`settings_sha256`, orchestrate/settings.rs) than this config's.
+    /// (`settings_sha256`, run/settings.rs) than this config's.
     #[error(
         "checkpoint {dir} was trained with other training settings than this config (its state.json settings_sha256 differs):\n  {}\nresuming would not continue the same run; restore the old settings, use a new run directory (--run-dir), or pass --allow-config-change",
         diff.join("\n  ")
     )]
     CheckpointSettingsChanged { dir: PathBuf, diff: Vec<String> },
-    #[error("cannot read the previous config {path}: {reason}; fix or remove it")]
-    PreviousConfig { path: PathBuf, reason: String },
     /// The config's workload cannot be built or its data cannot be used
     /// (`Registry::checked_workload`): found before the run directory is
     /// touched.
     #[error("this config cannot be trained: {0}; nothing was started or changed")]
     Unusable(TrainError),
-    /// The run directory's checkpoints are the other command's: `run`
-    /// continues native checkpoints, `exec` sealed ones.
-    #[error(
-        "run directory {dir} holds checkpoints of `rekindle {theirs}` (newest: step {step}), which `rekindle {ours}` \
-         cannot continue: continue this run directory with `rekindle {theirs}`, or give `rekindle {ours}` another one \
-         (--run-dir); nothing was changed"
-    )]
-    OtherCommand { dir: PathBuf, step: u64, theirs: &'static str, ours: &'static str },
     #[error(transparent)]
     Distributed(crate::distributed::DistributedError),
     #[error("the ranks of this data-parallel run disagree: {what}")]
@@ -61,7 +50,7 @@ pub enum RunError {
     #[error("restoring checkpoint {dir} failed: {source}")]
     Restore { dir: PathBuf, source: TrainError },
     #[error(transparent)]
-    Lock(#[from] super::lock::LockError),
+    Lock(#[from] crate::rundir::lock::LockError),
     #[error(
         "another process took over the lock of run directory {dir} (its holder judged this run dead); \
          this run stopped without writing anything more: check that two jobs do not share the directory"
@@ -131,11 +120,9 @@ impl RunError {
     pub fn outcome(&self) -> Outcome {
         match self {
             RunError::Config(_)
-            | RunError::ConfigChanged { .. }
+            | RunError::Dir(_)
             | RunError::CheckpointSettingsChanged { .. }
-            | RunError::PreviousConfig { .. }
             | RunError::Unusable(_)
-            | RunError::OtherCommand { .. }
             | RunError::Distributed(
                 DistributedError::NotBuiltWithMpi { .. }
                 | DistributedError::BadLaunchEnv { .. }
@@ -143,6 +130,19 @@ impl RunError {
             ) => Outcome::ConfigError,
             RunError::Claim(e) | RunError::Checkpoint(CheckpointError::Claim(e)) if !e.is_io() => Outcome::ConfigError,
             _ => Outcome::Failure,
+        }
+    }
+}
+
+/// The run directory's refusals keep their type; its I/O and claim errors
+/// are the attempt's like any other.
+impl From<RunDirError> for RunError {
+    fn from(e: RunDirError) -> RunError {
+        match e {
+            RunDirError::Refused(r) => RunError::Dir(r),
+            RunDirError::Io { path, source } => RunError::RunDir { path, source },
+            RunDirError::Claim(c) => RunError::Claim(c),
+            RunDirError::Checkpoint(c) => RunError::Checkpoint(c),
         }
     }
 }

@@ -20,8 +20,18 @@ use crate::checkpoint::{CheckpointKind, CheckpointStore, VerifyLevel, read_manif
 use crate::config::{self, Config};
 
 // Re-exported for the lifecycle, which writes its records next to the config.
-use super::atomic::write_atomically;
-use super::error::RunError;
+pub mod atomic;
+mod error;
+pub mod lock;
+pub(crate) mod status;
+
+pub use atomic::write_atomically;
+pub use error::{RunDirError, RunDirRefusal};
+pub use lock::{
+    Claimant, DEFAULT_STALE_AFTER, LOCK_FILE, LockError, LockInfo, LockOwnership, LockRelease, LockRequest, RunLock,
+    Takeover, Verdict, check_every, heartbeat_every, marker_break_after, takeover,
+};
+pub use status::{CheckpointLine, RunStatus, status};
 
 /// File names inside a run directory.
 pub const CONFIG_FILE: &str = "config.toml";
@@ -65,14 +75,14 @@ pub fn checkpoints_dir(root: &Path, cfg: &Config) -> PathBuf {
 /// refused (exit 78) untouched, and so are `/` and the home directory
 /// ([`crate::confine::claim_dir`]). A run directory from before the marker is
 /// recognised by the `config.toml` or the `rekindle.lock` rekindle wrote in it.
-pub fn claim(root: &Path, cfg: &Config) -> Result<(), RunError> {
+pub fn claim(root: &Path, cfg: &Config) -> Result<(), RunDirError> {
     crate::confine::claim_dir(root, "the run directory (--run-dir or [run] dir)", |dir| {
         config::load_with(&dir.join(CONFIG_FILE), &[], &config::AnyKind).is_ok()
-            || super::lock::LockInfo::read(&dir.join(super::lock::LOCK_FILE)).is_some()
+            || crate::rundir::lock::LockInfo::read(&dir.join(crate::rundir::lock::LOCK_FILE)).is_some()
     })?;
     let checkpoints = checkpoints_dir(root, cfg);
     crate::checkpoint::claim_dir(&checkpoints, checkpoints == root.join(CHECKPOINTS_DIR))
-        .map_err(|e| RunError::Checkpoint(e.into()))
+        .map_err(|e| RunDirError::Checkpoint(e.into()))
 }
 
 /// The command that continues a run directory, by the kind of checkpoint
@@ -117,18 +127,19 @@ fn holds_checkpoint(dir: &Path) -> bool {
 /// Reads only: called after [`claim`] and before the lock, so a refused
 /// command leaves the directory as it was. `wanted`: the kind this command
 /// writes and resumes.
-pub fn refuse_other_command(root: &Path, cfg: &Config, wanted: CheckpointKind) -> Result<(), RunError> {
+pub fn refuse_other_command(root: &Path, cfg: &Config, wanted: CheckpointKind) -> Result<(), RunDirError> {
     for dir in earlier_checkpoint_dirs(root, cfg) {
         if let Some((step, kind)) = newest_checkpoint(&dir) {
             if kind == wanted {
                 return Ok(());
             }
-            return Err(RunError::OtherCommand {
+            return Err(RunDirRefusal::OtherCommand {
                 dir: root.to_path_buf(),
                 step,
                 theirs: command_of(kind),
                 ours: command_of(wanted),
-            });
+            }
+            .into());
         }
     }
     Ok(())
@@ -143,14 +154,14 @@ pub fn refuse_other_command(root: &Path, cfg: &Config, wanted: CheckpointKind) -
 /// logged). Without a checkpoint there is nothing to continue: the old
 /// `config.toml` is replaced (an attempt that failed before its first
 /// checkpoint never blocks a corrected one).
-pub fn prepare(root: &Path, cfg: &Config, allow_config_change: bool) -> Result<RunDir, RunError> {
+pub fn prepare(root: &Path, cfg: &Config, allow_config_change: bool) -> Result<RunDir, RunDirError> {
     let config_path = root.join(CONFIG_FILE);
     let resumable = || earlier_checkpoint_dirs(root, cfg).iter().any(|d| holds_checkpoint(d));
     if config_path.exists() {
         let previous = match config::load_with(&config_path, &[], &config::AnyKind) {
             Ok(previous) => Some(previous.config),
             Err(e) if resumable() => {
-                return Err(RunError::PreviousConfig { path: config_path.clone(), reason: e.to_string() });
+                return Err(RunDirRefusal::PreviousConfig { path: config_path.clone(), reason: e.to_string() }.into());
             }
             Err(e) => {
                 tracing::warn!(path = %config_path.display(), error = %e, "replacing an unreadable config.toml: there is no checkpoint to resume");
@@ -162,18 +173,18 @@ pub fn prepare(root: &Path, cfg: &Config, allow_config_change: bool) -> Result<R
             tracing::info!(changes = %diff.join(", "), "no checkpoint yet: this config replaces the previous attempt's (nothing to resume)");
         } else if !diff.is_empty() {
             if !allow_config_change {
-                return Err(RunError::ConfigChanged { path: config_path, diff });
+                return Err(RunDirRefusal::ConfigChanged { path: config_path, diff }.into());
             }
             tracing::warn!(changes = %diff.join(", "), "training settings changed since the last attempt (--allow-config-change)");
             // Replaced, never written through a symlink in its place.
             let previous = crate::confine::read_bounded(&config_path, MAX_CONFIG_BYTES)
-                .map_err(|source| RunError::RunDir { path: config_path.clone(), source })?;
+                .map_err(|source| RunDirError::Io { path: config_path.clone(), source })?;
             let prev_path = root.join(format!("{CONFIG_FILE}.prev"));
-            write_atomically(&prev_path, &previous).map_err(|source| RunError::RunDir { path: prev_path, source })?;
+            write_atomically(&prev_path, &previous).map_err(|source| RunDirError::Io { path: prev_path, source })?;
         }
     }
     write_atomically(&config_path, config::to_toml(cfg).as_bytes())
-        .map_err(|source| RunError::RunDir { path: config_path.clone(), source })?;
+        .map_err(|source| RunDirError::Io { path: config_path.clone(), source })?;
     Ok(RunDir { root: root.to_path_buf(), checkpoints: checkpoints_dir(root, cfg) })
 }
 
@@ -230,12 +241,18 @@ mod tests {
         checkpoint(tmp.path(), 5, CheckpointKind::Native);
         let before = std::fs::read(tmp.path().join(CONFIG_FILE)).unwrap();
         let err = prepare(tmp.path(), &cfg(2e-3), false).unwrap_err();
-        assert!(matches!(&err, RunError::ConfigChanged { diff, .. } if diff[0].starts_with("optimizer.lr")), "{err}");
+        assert!(
+            matches!(&err, RunDirError::Refused(RunDirRefusal::ConfigChanged { diff, .. }) if diff[0].starts_with("optimizer.lr")),
+            "{err}"
+        );
         assert_eq!(std::fs::read(tmp.path().join(CONFIG_FILE)).unwrap(), before);
         prepare(tmp.path(), &cfg(2e-3), true).unwrap();
         assert_eq!(std::fs::read(tmp.path().join("config.toml.prev")).unwrap(), before);
         std::fs::write(tmp.path().join(CONFIG_FILE), "not toml [").unwrap();
-        assert!(matches!(prepare(tmp.path(), &cfg(2e-3), false), Err(RunError::PreviousConfig { .. })));
+        assert!(matches!(
+            prepare(tmp.path(), &cfg(2e-3), false),
+            Err(RunDirError::Refused(RunDirRefusal::PreviousConfig { .. }))
+        ));
     }
 
     #[test]
@@ -248,7 +265,7 @@ mod tests {
         checkpoint(tmp.path(), 3, CheckpointKind::Files);
         refuse_other_command(tmp.path(), &cfg, CheckpointKind::Files).unwrap();
         let err = refuse_other_command(tmp.path(), &cfg, CheckpointKind::Native).unwrap_err();
-        assert_eq!(err.outcome(), crate::exit::Outcome::ConfigError);
+        assert!(matches!(err, RunDirError::Refused(RunDirRefusal::OtherCommand { .. })), "{err}");
         let text = err.to_string();
         assert!(text.contains("continue this run directory with `rekindle exec`") && !text.contains('\n'), "{text}");
         assert!(text.contains("(newest: step 3)"), "{text}");

@@ -25,9 +25,9 @@ use crate::exit::Outcome;
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
 use crate::telemetry::{CrashClass, ErrorEvent, Event, EventContext, EventLog, RankLost, RequeueRecord, Stop};
 
-use super::budget::{self, SCONTROL_TIMEOUT};
-use super::crash::{self, CrashAction};
-use super::rank_watch::{Lost, recorder};
+use crate::attempt::budget::{self, SCONTROL_TIMEOUT};
+use crate::attempt::crash::{self, CrashAction};
+use crate::run::rank_watch::{Lost, recorder};
 
 /// The `rank_lost` events of `lost`, as rank `me` of `size` noticed them.
 pub fn rank_lost_events(lost: &[Lost], me: usize, size: usize, timeout: Duration) -> Vec<Event> {

@@ -1,0 +1,196 @@
+//! The records an attempt keeps, whichever driver runs it: the events
+//! already in `events.jsonl` ([`recorded`]), the context every new one
+//! carries ([`context`]), what the start of an attempt records about its
+//! checkpoints (rejected, quarantined, a fresh start, a resume, a lock
+//! taken over), and `metrics.jsonl` trimmed back to the step resumed from.
+
+use std::path::Path;
+
+use chrono::{DateTime, Utc};
+
+use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::rundir::lock::Takeover;
+use crate::rundir::{RunDir, SUMMARY_FILE};
+use crate::slurm::SlurmEnv;
+use crate::telemetry::{
+    CheckpointQuarantined, CheckpointRejected, Event, EventContext, EventLog, FreshStart, LockTakeover, Resume,
+    Summary, metrics_step,
+};
+
+use super::error::RunError;
+
+/// The events of the run so far, as far as they can be read back (for the
+/// crash-requeue count; unreadable lines and an unreadable file count as none).
+pub(crate) fn recorded_events(path: &std::path::Path) -> Vec<crate::telemetry::Event> {
+    recorded(path).into_iter().map(|e| e.event).collect()
+}
+
+/// [`recorded_events`] with their envelopes (time, node, …).
+pub(crate) fn recorded(path: &std::path::Path) -> Vec<crate::telemetry::RecordedEvent> {
+    match crate::telemetry::read_jsonl(path) {
+        Ok(Some(lines)) => crate::telemetry::events_from(lines.records),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot read the events back; counting no earlier requeues");
+            Vec::new()
+        }
+    }
+}
+
+/// Fields added to every event.
+pub(crate) fn context(slurm: &SlurmEnv) -> EventContext {
+    EventContext { node: slurm.node_name(), job_id: slurm.job_id.clone(), attempt: slurm.restart_count }
+}
+
+/// A `checkpoint_rejected` event (and a warning) per checkpoint that does not
+/// verify, then each is moved to quarantine and a `checkpoint_quarantined`
+/// event says where (or why it could not be moved).
+pub(crate) fn set_aside_rejected(
+    store: &CheckpointStore,
+    events: &mut EventLog,
+    rejected: &[CheckpointInfo],
+) -> Result<(), RunError> {
+    record_rejected(events, rejected)?;
+    for q in store.quarantine(rejected) {
+        events.record(&Event::CheckpointQuarantined(CheckpointQuarantined {
+            step: q.step,
+            dir: q.dir.clone(),
+            reason: q.reason(),
+            failures: serde_json::to_value(&q.failures).unwrap_or_default(),
+            moved_to: q.moved_to.as_ref().ok().cloned(),
+            error: q.moved_to.as_ref().err().map(|e| e.to_string()),
+        }))?;
+    }
+    Ok(())
+}
+
+/// The `lock_takeover` event of a lock taken over from a holder judged gone.
+pub(crate) fn takeover_event(t: &Takeover) -> Event {
+    let previous = t.previous.as_ref();
+    Event::LockTakeover(LockTakeover {
+        reason: t.reason.clone(),
+        previous_host: previous.map(|p| p.host.clone()),
+        previous_pid: previous.map(|p| p.pid),
+        previous_job_id: previous.and_then(|p| p.job_id.clone()),
+        previous_restart_count: previous.and_then(|p| p.restart_count),
+        heartbeat_age_seconds: t.heartbeat_age_s.filter(|a| a.is_finite()),
+        waited_seconds: t.waited_s,
+    })
+}
+
+/// A `checkpoint_rejected` event (and a warning) per checkpoint that does not verify.
+fn record_rejected(events: &mut EventLog, rejected: &[CheckpointInfo]) -> Result<(), RunError> {
+    for r in rejected {
+        let reasons: Vec<String> = r.failures.iter().map(|f| f.to_string()).collect();
+        events.record(&Event::CheckpointRejected(CheckpointRejected {
+            step: r.step,
+            dir: r.dir.clone(),
+            failures: serde_json::to_value(&r.failures).unwrap_or_default(),
+        }))?;
+        tracing::warn!(step = r.step, reasons = %reasons.join("; "), "skipping checkpoint that does not verify");
+    }
+    Ok(())
+}
+
+/// No checkpoint to resume from: say so, loudly when some were rejected.
+pub(crate) fn fresh_start(events: &mut EventLog, rejected: usize) -> Result<(), RunError> {
+    if rejected == 0 {
+        tracing::info!("no checkpoint yet: starting from step 0");
+        return Ok(());
+    }
+    tracing::error!(
+        rejected,
+        "NO CHECKPOINT VERIFIES: starting fresh from step 0 (the invalid ones are kept for inspection in checkpoints/quarantine/)"
+    );
+    events.record(&Event::FreshStart(FreshStart { reason: "no checkpoint verifies".into(), rejected }))?;
+    Ok(())
+}
+
+/// The `resume` event of a checkpoint of `step` in `from`, committed at
+/// `created_at` (RFC 3339), as far as the checkpoint's manifest tells (no
+/// previous node or attempt: those are in a native checkpoint's state).
+pub(crate) fn resume_record(
+    step: u64,
+    from: &Path,
+    created_at: &str,
+    last_logged: Option<u64>,
+    slurm: &SlurmEnv,
+    now: DateTime<Utc>,
+) -> Resume {
+    let since_checkpoint = DateTime::parse_from_rfc3339(created_at)
+        .ok()
+        .map(|t| (now - t.with_timezone(&Utc)).num_milliseconds() as f64 / 1000.0);
+    Resume {
+        step,
+        from: from.to_path_buf(),
+        previous_node: None,
+        previous_attempt: None,
+        this_node: slurm.node_name(),
+        restart_count: slurm.restart_count,
+        steps_lost: last_logged.map(|s| s.saturating_sub(step)).unwrap_or(0),
+        seconds_since_checkpoint: since_checkpoint,
+    }
+}
+
+pub(crate) fn previous_summary(dir: &RunDir) -> Option<Summary> {
+    Summary::read(&dir.path(SUMMARY_FILE))
+}
+
+/// The highest step in metrics.jsonl (what the previous attempt reached).
+pub(crate) fn last_logged_step(path: &Path) -> Option<u64> {
+    let lines = crate::telemetry::read_jsonl(path).ok()??;
+    lines.records.iter().filter_map(metrics_step).max()
+}
+
+/// Keeps only metric lines of steps ≤ `step` (and drops a torn last line).
+pub(crate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
+    // Never through a symlink or FIFO in its place (crate::confine).
+    let mut text = String::new();
+    match crate::confine::open_regular(path).and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text)) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(RunError::RunDir { path: path.to_path_buf(), source }),
+    }
+    let kept: String = text
+        .lines()
+        .filter(|line| serde_json::from_str(line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if kept.len() != text.len() {
+        crate::rundir::write_atomically(path, kept.as_bytes())
+            .map_err(|source| RunError::RunDir { path: path.to_path_buf(), source })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const METRICS: &str = "{\"step\":4,\"loss\":1.0}\n{\"step\":6,\"val_loss\":0.9}\n{\"step\":8,\"loss\":0.8}\n";
+
+    #[test]
+    fn truncating_metrics_keeps_steps_up_to_the_checkpoint_and_drops_a_torn_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        std::fs::write(&path, format!("{METRICS}{{\"step\":9,\"lo")).unwrap();
+        truncate_metrics(&path, 6).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"step\":4,\"loss\":1.0}\n{\"step\":6,\"val_loss\":0.9}\n"
+        );
+        // Nothing to drop: the file is left alone; a missing file is fine.
+        truncate_metrics(&path, 100).unwrap();
+        assert!(std::fs::read_to_string(&path).unwrap().ends_with("0.9}\n"));
+        truncate_metrics(&tmp.path().join("absent.jsonl"), 0).unwrap();
+    }
+
+    #[test]
+    fn the_last_logged_step_counts_every_kind_of_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        std::fs::write(&path, format!("{METRICS}{{\"step\":10,\"val_loss\":0.7}}\n{{\"step\":11")).unwrap();
+        assert_eq!(last_logged_step(&path), Some(10));
+        assert_eq!(last_logged_step(&tmp.path().join("absent.jsonl")), None);
+    }
+}

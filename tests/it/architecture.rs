@@ -1,0 +1,129 @@
+//! The import rules of docs/architecture.md, checked on the source: a
+//! module that imports what it must not fails here with the file and the
+//! line, so the layers cannot rot one convenient `use` at a time.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// `(module, modules it must never import, why)`.
+const RULES: &[(&str, &[&str], &str)] = &[
+    ("run", &["exec", "cli"], "the two drivers share only `attempt`"),
+    ("exec", &["run", "cli", "train"], "the two drivers share only `attempt`; exec trains nothing itself"),
+    ("attempt", &["run", "exec", "cli", "report"], "what both drivers share imports neither"),
+    ("rundir", &["attempt", "run", "exec", "cli", "report", "train"], "the report and status read it alone"),
+    ("checkpoint", &["attempt", "run", "exec", "rundir", "cli", "report"], "the checkpointer knows no attempt"),
+    ("report", &["attempt", "run", "exec", "cli"], "the report reads the run directory, never a driver"),
+    ("train", &["attempt", "run", "exec", "rundir", "cli", "report"], "training knows no lifecycle"),
+    ("telemetry", &["attempt", "run", "exec", "rundir", "cli", "report", "train"], "records are plain types"),
+    ("config", &["attempt", "run", "exec", "rundir", "cli", "report", "checkpoint"], "the config is read first"),
+    ("slurm", &["attempt", "run", "exec", "rundir", "cli"], "SLURM's facts and decisions are pure"),
+    ("gpu", &["attempt", "run", "exec", "rundir", "cli"], "detection and placement only decide"),
+    ("publish", &["attempt", "run", "exec", "rundir", "cli"], "publishing is handed what to publish"),
+    ("distributed", &["attempt", "run", "exec", "rundir", "cli"], "collectives know no lifecycle"),
+    ("bench", &["run", "exec", "cli"], "benchmarks measure parts, not the drivers"),
+];
+
+/// The top-level module a source file belongs to (`src/run/start.rs` → `run`).
+fn module_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next().unwrap().as_os_str().to_string_lossy().to_string();
+    first.trim_end_matches(".rs").to_string()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level modules a line of code names through `crate::`, also in
+/// groups (`use crate::{a, b::c}`); comments are not code.
+fn crate_modules(line: &str) -> Vec<String> {
+    let code = line.split("//").next().unwrap_or("");
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let inner = group.split('}').next().unwrap_or("");
+            for item in inner.split(',') {
+                let name: String = item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                if !name.is_empty() {
+                    found.push(name);
+                }
+            }
+        } else {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            found.push(name);
+        }
+    }
+    found
+}
+
+/// Every `crate::` import of every file under `src/`, by importing module:
+/// `(imported module, file, line number)`.
+fn imports() -> BTreeMap<String, Vec<(String, PathBuf, usize)>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut by_module: BTreeMap<String, Vec<(String, PathBuf, usize)>> = BTreeMap::new();
+    for file in files {
+        let module = module_of(&src, &file);
+        let text = std::fs::read_to_string(&file).unwrap();
+        // A `use crate::{` group may span lines: join each group into one.
+        let mut pending: Option<(String, usize)> = None;
+        for (n, line) in text.lines().enumerate() {
+            let (joined, at) = match pending.take() {
+                Some((mut acc, at)) => {
+                    acc.push_str(line.trim());
+                    (acc, at)
+                }
+                None => (line.to_string(), n + 1),
+            };
+            if joined.contains("crate::{") && !joined.contains('}') {
+                pending = Some((joined, at));
+                continue;
+            }
+            for imported in crate_modules(&joined) {
+                by_module.entry(module.clone()).or_default().push((imported, file.clone(), at));
+            }
+        }
+    }
+    by_module
+}
+
+#[test]
+fn modules_import_only_what_docs_architecture_allows() {
+    let imports = imports();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for module in RULES.iter().map(|r| r.0) {
+        let exists = src.join(module).is_dir() || src.join(format!("{module}.rs")).is_file();
+        assert!(exists, "a rule for `{module}`, which is gone: update RULES and docs/architecture.md");
+    }
+    let mut broken = Vec::new();
+    for (module, forbidden, why) in RULES {
+        for (imported, file, line) in imports.get(*module).into_iter().flatten() {
+            if forbidden.contains(&imported.as_str()) {
+                broken.push(format!("{}:{line}: `{module}` imports `{imported}` ({why})", file.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "imports against docs/architecture.md:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_checker_sees_imports_in_every_form() {
+    assert_eq!(crate_modules("use crate::run::ending::Ending;"), ["run"]);
+    assert_eq!(crate_modules("use crate::{exec, rundir::status};"), ["exec", "rundir"]);
+    assert_eq!(crate_modules("    let x = crate::attempt::records::context(&s); // crate::cli"), ["attempt"]);
+    assert!(crate_modules("// use crate::run;").is_empty());
+    // And the real tree: the drivers import what they share.
+    let imports = imports();
+    assert!(imports["run"].iter().any(|(m, _, _)| m == "attempt"));
+    assert!(imports["exec"].iter().any(|(m, _, _)| m == "attempt"));
+}
