@@ -168,29 +168,7 @@ pub fn place(request: &PlacementRequest) -> Result<Placement, GpuError> {
     // Largest first; equal sizes in index order, so plans are deterministic.
     sorted.sort_by(|a, b| usable(b).cmp(&usable(a)).then(a.index.cmp(&b.index)));
     let n = sorted.len();
-
-    let mut best: Option<Candidate> = None;
-    let mut fits_but_indivisible = false;
-    for k in 1..=n {
-        for replicas in 1..=n / k {
-            let groups = balance(&sorted[..replicas * k], replicas, &usable);
-            let capacity = groups.iter().map(|g| capacity(g.iter().map(usable).sum(), state, per_sample)).min();
-            let Some(capacity) = capacity.filter(|&c| c >= 1) else { continue };
-            if !batch.is_multiple_of(replicas) {
-                fits_but_indivisible = true;
-                continue;
-            }
-            let better = match &best {
-                None => true,
-                Some(b) => {
-                    (replicas, std::cmp::Reverse(k), capacity) > (b.groups.len(), std::cmp::Reverse(b.k), b.capacity)
-                }
-            };
-            if better {
-                best = Some(Candidate { k, groups, capacity });
-            }
-        }
-    }
+    let (best, fits_but_indivisible) = best_candidate(&sorted, batch, state, per_sample, &usable);
 
     let largest = usable(&sorted[0]);
     let total: u64 = sorted.iter().map(usable).sum();
@@ -266,6 +244,43 @@ pub fn place(request: &PlacementRequest) -> Result<Placement, GpuError> {
         Plan { device_kind: request.kind, replicas, devices_per_replica: best.k, micro_batch, grad_accum, reason };
     let groups = best.groups.iter().map(|g| g.iter().map(|d| d.index).collect()).collect();
     Ok(Placement { plan, groups })
+}
+
+/// The best arrangement of `sorted` devices (largest first): the most
+/// replicas that fit and divide `batch`, then the fewest devices per
+/// replica, then the most room per micro-batch; and whether more replicas
+/// would have fit but for the batch not splitting evenly over them.
+fn best_candidate(
+    sorted: &[PlanDevice],
+    batch: usize,
+    state: u64,
+    per_sample: u64,
+    usable: &dyn Fn(&PlanDevice) -> u64,
+) -> (Option<Candidate>, bool) {
+    let n = sorted.len();
+    let mut best: Option<Candidate> = None;
+    let mut fits_but_indivisible = false;
+    for k in 1..=n {
+        for replicas in 1..=n / k {
+            let groups = balance(&sorted[..replicas * k], replicas, usable);
+            let capacity = groups.iter().map(|g| capacity(g.iter().map(usable).sum(), state, per_sample)).min();
+            let Some(capacity) = capacity.filter(|&c| c >= 1) else { continue };
+            if !batch.is_multiple_of(replicas) {
+                fits_but_indivisible = true;
+                continue;
+            }
+            let better = match &best {
+                None => true,
+                Some(b) => {
+                    (replicas, std::cmp::Reverse(k), capacity) > (b.groups.len(), std::cmp::Reverse(b.k), b.capacity)
+                }
+            };
+            if better {
+                best = Some(Candidate { k, groups, capacity });
+            }
+        }
+    }
+    (best, fits_but_indivisible)
 }
 
 fn place_on_cpu(request: &PlacementRequest, state: u64, per_sample: u64) -> Result<Placement, GpuError> {

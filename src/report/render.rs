@@ -45,7 +45,7 @@ mod tests {
 
     mod fuzz {
         use crate::fuzz;
-        use crate::rundir::status::tests::fuzz::damaged_run_dir;
+        use crate::rundir::status::tests::fuzz::{damaged_run_dir, write_run_dir};
         use proptest::prelude::*;
 
         proptest! {
@@ -55,12 +55,7 @@ mod tests {
             /// `rekindle status` is fuzzed with: an error or a page, never a panic.
             #[test]
             fn the_report_of_a_damaged_run_dir_never_panics(files in damaged_run_dir()) {
-                let tmp = tempfile::tempdir().unwrap();
-                for (name, bytes) in &files {
-                    let path = tmp.path().join(name);
-                    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-                    std::fs::write(&path, bytes).unwrap();
-                }
+                let tmp = write_run_dir(&files);
                 let _ = super::super::render(tmp.path());
             }
         }

@@ -370,6 +370,17 @@ pub(crate) mod tests {
             .unwrap()
         }
 
+        /// Writes `files` (relative path, bytes) into a new temporary directory.
+        pub(crate) fn write_run_dir(files: &[(String, Vec<u8>)]) -> tempfile::TempDir {
+            let tmp = tempfile::tempdir().unwrap();
+            for (name, bytes) in files {
+                let path = tmp.path().join(name);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, bytes).unwrap();
+            }
+            tmp
+        }
+
         /// Which file gets which mutations.
         pub(crate) fn damaged_run_dir() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
             let mut files: Vec<BoxedStrategy<(String, Vec<u8>)>> = FILES
@@ -397,12 +408,7 @@ pub(crate) mod tests {
 
             #[test]
             fn status_of_a_damaged_run_dir_never_panics(files in damaged_run_dir()) {
-                let tmp = tempfile::tempdir().unwrap();
-                for (name, bytes) in &files {
-                    let path = tmp.path().join(name);
-                    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-                    std::fs::write(&path, bytes).unwrap();
-                }
+                let tmp = write_run_dir(&files);
                 let st = status(tmp.path());
                 let _ = st.to_string();
                 let _ = serde_json::to_string(&st).unwrap();
