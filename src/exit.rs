@@ -1,5 +1,5 @@
 //! The exit-code contract, in one place. Scripts (and `slurm/orchestrator.slurm`)
-//! rely on these numbers; `docs/cli.md` and `rekindle --help` repeat them.
+//! rely on these numbers; README.md ("Exit codes") and `rekindle --help` repeat them.
 
 use std::process::ExitCode;
 
