@@ -9,6 +9,54 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
+// --- flags several commands share ---
+//
+// Each is defined once and flattened into the commands that take it. Where
+// a command means something more particular by the flag, it rewords the
+// help with `mut_arg` and keeps the definition (name, value, type).
+
+/// `--json`: the command's result as JSON on stdout instead of text.
+#[derive(Debug, Args)]
+#[group(skip)]
+pub struct JsonFlag {
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A run directory, the positional argument of the commands that read one.
+#[derive(Debug, Args)]
+#[group(skip)]
+pub struct RunDirArg {
+    /// The run directory.
+    pub run_dir: PathBuf,
+}
+
+/// `--set KEY=VALUE`: config keys overridden on the command line, applied
+/// by `config::load_with` over the file.
+#[derive(Debug, Args)]
+#[group(skip)]
+pub struct SetFlags {
+    /// Override a config key, typed as in TOML: `--set run.max_steps=500`,
+    /// `--set checkpoint.interval=30s`, `--set model.hidden=[64,64]`, a registered
+    /// model's own setting `--set model.settings.channels=16` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+/// The machine a GPU plan is for: a config's model and batch, over GPUs
+/// probed here or described by a JSON inventory.
+#[derive(Debug, Args)]
+#[group(skip)]
+pub struct GpuPlanArgs {
+    /// Plan for this config's model and batch (default: the built-in defaults).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Describe GPUs with a JSON inventory instead of probing this machine.
+    #[arg(long, value_name = "FILE")]
+    pub inventory: Option<PathBuf>,
+}
+
 // --- run, exec, seal (cli/run.rs) ---
 
 #[derive(Debug, Args)]
@@ -19,11 +67,8 @@ pub struct RunArgs {
     /// Run directory (default: `[run] dir`, else `runs/<run name>`).
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
-    /// Override a config key, typed as in TOML: `--set run.max_steps=500`,
-    /// `--set checkpoint.interval=30s`, `--set model.hidden=[64,64]`, a registered
-    /// model's own setting `--set model.settings.channels=16` (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
+    #[command(flatten)]
+    pub set: SetFlags,
     /// Resume even if training settings differ from those of the run
     /// directory's config.toml or of the checkpoint resumed from.
     #[arg(long)]
@@ -35,6 +80,7 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(mut_arg("overrides", |a| a.help("Override a config key, typed as in TOML: `--set signals.grace=30s` (repeatable)")))]
 pub struct ExecArgs {
     /// A TOML config ([run], [checkpoint] keep, [signals], [publish], [lock],
     /// [gpu] monitor_interval apply; see configs/example.toml). Without one,
@@ -44,9 +90,8 @@ pub struct ExecArgs {
     /// Run directory (default: `[run] dir`, else `runs/<run name>`); needed without --config.
     #[arg(long, value_name = "DIR", required_unless_present = "config")]
     pub run_dir: Option<PathBuf>,
-    /// Override a config key, typed as in TOML: `--set signals.grace=30s` (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
+    #[command(flatten)]
+    pub set: SetFlags,
     /// Go on even if settings differ from the run directory's config.toml.
     #[arg(long)]
     pub allow_config_change: bool,
@@ -70,36 +115,35 @@ pub struct SealArgs {
 // --- verify, checkpoints, status, report (cli/inspect.rs) ---
 
 #[derive(Debug, Args)]
+#[command(mut_arg("json", |a| a.help("Print a JSON report on stdout")))]
 pub struct VerifyArgs {
     /// A checkpoint directory, a checkpoints directory or a run directory.
     pub path: PathBuf,
-    /// Print a JSON report on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]
+#[command(mut_arg("run_dir", |a| a.help("The run directory (or a checkpoints directory)")))]
 pub struct CheckpointsArgs {
-    /// The run directory (or a checkpoints directory).
-    pub run_dir: PathBuf,
-    /// Print JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub dir: RunDirArg,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The run directory.
-    pub run_dir: PathBuf,
-    /// Print JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub dir: RunDirArg,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// The run directory.
-    pub run_dir: PathBuf,
+    #[command(flatten)]
+    pub dir: RunDirArg,
     /// Where to write the HTML (default: `<run dir>/report.html`).
     #[arg(long, value_name = "FILE.html")]
     pub out: Option<PathBuf>,
@@ -119,6 +163,7 @@ pub enum DataCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(mut_arg("json", |a| a.help("Print the report as JSON on stdout")))]
 pub struct ValidateArgs {
     /// The JSONL file.
     pub file: PathBuf,
@@ -134,37 +179,29 @@ pub struct ValidateArgs {
     /// With --out: cut over-long records to --max-len instead of dropping them.
     #[arg(long, requires = "out")]
     pub truncate: bool,
-    /// Print the report as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 // --- gpus, doctor (cli/preflight.rs) ---
 
 #[derive(Debug, Args)]
+#[command(mut_arg("json", |a| a.help("Print JSON on stdout (`devices`, `plan`, `notes`)")))]
 pub struct GpusArgs {
-    /// Plan for this config's model and batch (default: the built-in defaults).
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Describe GPUs with a JSON inventory instead of probing this machine.
-    #[arg(long, value_name = "FILE")]
-    pub inventory: Option<PathBuf>,
-    /// Print JSON on stdout (`devices`, `plan`, `notes`).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub target: GpuPlanArgs,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]
+#[command(mut_arg("config", |a| a.help("Check this config (and its checkpoint directory and publish remote)")))]
+#[command(mut_arg("inventory", |a| a.help("Describe GPUs with a JSON inventory instead of probing")))]
 pub struct DoctorArgs {
-    /// Check this config (and its checkpoint directory and publish remote).
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Describe GPUs with a JSON inventory instead of probing.
-    #[arg(long, value_name = "FILE")]
-    pub inventory: Option<PathBuf>,
-    /// Print JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub target: GpuPlanArgs,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 // --- bench (cli/bench.rs) ---
@@ -215,9 +252,8 @@ pub struct BenchIntervalArgs {
     /// Seed of the simulation.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Print JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]
@@ -228,19 +264,18 @@ pub struct BenchCollectiveArgs {
     /// Timed repetitions (the median is reported).
     #[arg(long, default_value_t = 10)]
     pub iterations: usize,
-    /// Print JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]
+#[command(mut_arg("overrides", |a| a.help("Override config keys, as for `run`")))]
 pub struct BenchTrainArgs {
     /// The config to train (e.g. configs/tiny.toml).
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: PathBuf,
-    /// Override config keys, as for `run`.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
+    #[command(flatten)]
+    pub set: SetFlags,
     /// Steps per measurement.
     #[arg(long, default_value_t = 500)]
     pub steps: u64,
@@ -250,9 +285,8 @@ pub struct BenchTrainArgs {
     /// Directory for the checkpoints.
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
-    /// Print JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]
@@ -269,9 +303,8 @@ pub struct BenchCheckpointArgs {
     /// Drop the page cache before reads (root only) to measure cold loads.
     #[arg(long)]
     pub cold: bool,
-    /// Print JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 /// Parses `1GiB`, `256MiB`, `512k`, `1000000`.

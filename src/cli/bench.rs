@@ -16,20 +16,20 @@ pub(super) fn checkpoint(args: &BenchCheckpointArgs) -> Result<Outcome, CliError
         cold: args.cold,
     };
     let result = crate::bench::run_checkpoint_bench(&opts)?;
-    emit(&result, args.json);
+    emit(&result, args.output.json);
     Ok(Outcome::Done)
 }
 
 pub(super) fn train(args: &BenchTrainArgs, registry: &Registry) -> Result<Outcome, CliError> {
-    let cfg = config::load_with(&args.config, &args.overrides, registry)?.config;
+    let cfg = config::load_with(&args.config, &args.set.overrides, registry)?.config;
     let result = crate::bench::run_train_bench(&cfg, registry, args.steps, args.every, args.dir.clone())?;
-    emit(&result, args.json);
+    emit(&result, args.output.json);
     Ok(Outcome::Done)
 }
 
 pub(super) fn collective(args: &BenchCollectiveArgs) -> Result<Outcome, CliError> {
     if let Some(result) = crate::bench::run_collective_bench(args.bytes, args.iterations)? {
-        emit(&result, args.json);
+        emit(&result, args.output.json);
     }
     Ok(Outcome::Done)
 }
@@ -44,6 +44,6 @@ pub(super) fn interval(args: &BenchIntervalArgs) -> Result<Outcome, CliError> {
         runs: args.runs,
         seed: args.seed,
     };
-    emit(&crate::bench::run_interval_bench(&opts), args.json);
+    emit(&crate::bench::run_interval_bench(&opts), args.output.json);
     Ok(Outcome::Done)
 }

@@ -10,7 +10,7 @@ pub(super) fn validate(args: &ValidateArgs) -> Result<Outcome, CliError> {
     use crate::train::{CleanMode, ValidateOptions, validate_file, write_clean};
     let opts = ValidateOptions { field: args.field.clone(), max_len: args.max_len, ..ValidateOptions::default() };
     let report = validate_file(&args.file, &opts)?;
-    emit(&report, args.json);
+    emit(&report, args.output.json);
     if let Some(out) = &args.out {
         let mode = if args.truncate { CleanMode::Truncate } else { CleanMode::Drop };
         let summary = write_clean(&args.file, out, &opts, mode)?;

@@ -30,7 +30,7 @@ pub(super) fn status(dir: &Path, json: bool) -> Result<Outcome, CliError> {
 }
 
 pub(super) fn report(args: &ReportArgs) -> Result<Outcome, CliError> {
-    let path = crate::report::write_report(&args.run_dir, args.out.as_deref())?;
+    let path = crate::report::write_report(&args.dir.run_dir, args.out.as_deref())?;
     outln!("wrote {}", path.display());
     Ok(Outcome::Done)
 }

@@ -31,7 +31,8 @@ use clap::{Parser, Subcommand};
 
 pub use self::args::{
     BenchCheckpointArgs, BenchCollectiveArgs, BenchCommand, BenchIntervalArgs, BenchTrainArgs, CheckpointsArgs,
-    DataCommand, DoctorArgs, ExecArgs, GpusArgs, ReportArgs, RunArgs, SealArgs, StatusArgs, ValidateArgs, VerifyArgs,
+    DataCommand, DoctorArgs, ExecArgs, GpuPlanArgs, GpusArgs, JsonFlag, ReportArgs, RunArgs, RunDirArg, SealArgs,
+    SetFlags, StatusArgs, ValidateArgs, VerifyArgs,
 };
 use crate::attempt::RunError;
 use crate::checkpoint::MANIFEST_FILE;
@@ -225,9 +226,9 @@ pub fn execute(cli: Cli, registry: &Registry) -> Result<Outcome, CliError> {
         Command::Run(args) => run::run(args, registry),
         Command::Exec(args) => run::exec(args),
         Command::Seal(args) => run::seal(args),
-        Command::Verify(args) => inspect::verify(&args.path, args.json),
-        Command::Checkpoints(args) => inspect::checkpoints(&args.run_dir, args.json),
-        Command::Status(args) => inspect::status(&args.run_dir, args.json),
+        Command::Verify(args) => inspect::verify(&args.path, args.output.json),
+        Command::Checkpoints(args) => inspect::checkpoints(&args.dir.run_dir, args.output.json),
+        Command::Status(args) => inspect::status(&args.dir.run_dir, args.output.json),
         Command::Report(args) => inspect::report(&args),
         Command::Data(DataCommand::Validate(args)) => data::validate(&args),
         Command::Gpus(args) => preflight::gpus(&args, registry),

@@ -20,14 +20,15 @@ fn config_or_default(path: Option<&Path>, registry: &Registry) -> Result<config:
 }
 
 pub(super) fn gpus(args: &GpusArgs, registry: &Registry) -> Result<Outcome, CliError> {
-    let cfg = config_or_default(args.config.as_deref(), registry)?;
-    let report = crate::gpu::gpus_report(args.inventory.as_deref(), &cfg, crate::train::footprint(&cfg, registry)?)?;
-    emit(&report, args.json);
+    let cfg = config_or_default(args.target.config.as_deref(), registry)?;
+    let report =
+        crate::gpu::gpus_report(args.target.inventory.as_deref(), &cfg, crate::train::footprint(&cfg, registry)?)?;
+    emit(&report, args.output.json);
     Ok(Outcome::Done)
 }
 
 pub(super) fn doctor(args: &DoctorArgs, registry: &Registry) -> Result<Outcome, CliError> {
-    let cfg = args.config.as_deref().map(|p| config::load_with(p, &[], registry)).transpose()?.map(|l| l.config);
+    let cfg = args.target.config.as_deref().map(|p| config::load_with(p, &[], registry)).transpose()?.map(|l| l.config);
     // The checks `rekindle run` makes before it starts (its model builds,
     // its data loads), on the trainer whose parameters the footprint counts.
     let checked = cfg.clone().unwrap_or_default();
@@ -38,12 +39,12 @@ pub(super) fn doctor(args: &DoctorArgs, registry: &Registry) -> Result<Outcome, 
         Err(e) => (None, cfg.as_ref().map(|_| e.to_string())),
     };
     let opts = crate::doctor::DoctorOptions {
-        inventory: args.inventory.clone(),
+        inventory: args.target.inventory.clone(),
         footprint: fp,
         expected_checkpoint_bytes: None,
         workload_error,
     };
     let list = crate::doctor::doctor(cfg.as_ref(), &opts);
-    emit(&list, args.json);
+    emit(&list, args.output.json);
     Ok(if list.any_required_failed() { Outcome::Failure } else { Outcome::Done })
 }

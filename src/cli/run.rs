@@ -14,7 +14,7 @@ pub(super) fn run(args: RunArgs, registry: &Registry) -> Result<Outcome, CliErro
     let opts = RunOptions {
         registry: registry.clone(),
         config_path: args.config,
-        overrides: args.overrides,
+        overrides: args.set.overrides,
         run_dir: args.run_dir,
         allow_config_change: args.allow_config_change,
         stop_at_step: args.stop_at_step,
@@ -25,7 +25,7 @@ pub(super) fn run(args: RunArgs, registry: &Registry) -> Result<Outcome, CliErro
 pub(super) fn exec(args: ExecArgs) -> Result<Outcome, CliError> {
     let opts = exec::ExecOptions {
         config_path: args.config,
-        overrides: args.overrides,
+        overrides: args.set.overrides,
         run_dir: args.run_dir,
         allow_config_change: args.allow_config_change,
         command: args.command,
