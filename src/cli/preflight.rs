@@ -1,0 +1,50 @@
+//! `rekindle gpus` and `rekindle doctor`: what this machine (or a described
+//! one) offers a run before it is submitted. Together because both take the
+//! same config and GPU inventory flags and plan from the same footprint.
+
+use std::path::Path;
+
+use super::CliError;
+use super::args::{DoctorArgs, GpusArgs};
+use super::output::emit;
+use crate::config;
+use crate::exit::Outcome;
+use crate::train::Registry;
+
+/// The config to plan for: the given file, or the defaults.
+fn config_or_default(path: Option<&Path>, registry: &Registry) -> Result<config::Config, CliError> {
+    Ok(match path {
+        Some(p) => config::load_with(p, &[], registry)?.config,
+        None => config::Config::default(),
+    })
+}
+
+pub(super) fn gpus(args: &GpusArgs, registry: &Registry) -> Result<Outcome, CliError> {
+    let cfg = config_or_default(args.target.config.as_deref(), registry)?;
+    let report =
+        crate::gpu::gpus_report(args.target.inventory.as_deref(), &cfg, crate::train::footprint(&cfg, registry)?)?;
+    emit(&report, args.output.json);
+    Ok(Outcome::Done)
+}
+
+pub(super) fn doctor(args: &DoctorArgs, registry: &Registry) -> Result<Outcome, CliError> {
+    let cfg = args.target.config.as_deref().map(|p| config::load_with(p, &[], registry)).transpose()?.map(|l| l.config);
+    // The checks `rekindle run` makes before it starts (its model builds,
+    // its data loads), on the trainer whose parameters the footprint counts.
+    let checked = cfg.clone().unwrap_or_default();
+    let trainer = registry.checked_workload(&checked).and_then(|w| crate::train::Trainer::with_workload(&checked, w));
+    let (fp, workload_error) = match trainer {
+        Ok(trainer) => (Some(crate::train::footprint_for(&checked, trainer.param_count())), None),
+        // Without a config the defaults are only the backdrop of the checks.
+        Err(e) => (None, cfg.as_ref().map(|_| e.to_string())),
+    };
+    let opts = crate::doctor::DoctorOptions {
+        inventory: args.target.inventory.clone(),
+        footprint: fp,
+        expected_checkpoint_bytes: None,
+        workload_error,
+    };
+    let list = crate::doctor::doctor(cfg.as_ref(), &opts);
+    emit(&list, args.output.json);
+    Ok(if list.any_required_failed() { Outcome::Failure } else { Outcome::Done })
+}
