@@ -1,7 +1,9 @@
-//! What a checkpoint is, on disk and in memory: the files of format 1, the
+//! What a checkpoint is, on disk and in memory: its kind, the files of format 1, the
 //! `step-<10 digits>` directory names, and the [`Snapshot`] they hold. The
 //! lowest file of the store: the commit protocol (`store.rs`) and
 //! verification (`verify.rs`) both build on it.
+
+use serde::{Deserialize, Serialize};
 
 use super::tensor::{TensorSet, payload_bytes};
 
@@ -15,6 +17,35 @@ pub const STATE_FILE: &str = "state.json";
 pub const REQUIRED_FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
 
 pub(super) const STEP_PREFIX: &str = "step-";
+
+/// What a checkpoint holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    /// rekindle's own training state (model, optimizer, `state.json`):
+    /// written and resumed by `rekindle run`. Not written to the manifest,
+    /// so manifests of this kind are those of every earlier version.
+    #[default]
+    Native,
+    /// Any files a program staged and `rekindle seal` committed: resumed by
+    /// `rekindle exec`, which hands the directory to the program.
+    Files,
+}
+
+impl CheckpointKind {
+    /// True for [`CheckpointKind::Native`] (the manifest then omits `kind`).
+    pub fn is_native(&self) -> bool {
+        *self == CheckpointKind::Native
+    }
+
+    /// The name the manifest and messages use.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointKind::Native => "native",
+            CheckpointKind::Files => "files",
+        }
+    }
+}
 
 /// Everything a checkpoint holds, in host memory.
 #[derive(Debug, Clone, PartialEq)]
