@@ -47,13 +47,22 @@ impl CheckpointKind {
     }
 }
 
-/// Everything a checkpoint holds, in host memory.
+/// Everything a checkpoint holds, in host memory: what the training engine
+/// hands out (`Trainer::snapshot`) and what the store writes and loads, one
+/// type for both, so nothing is copied field by field between them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
+    /// Steps completed.
     pub step: u64,
+    /// Parameters by name.
     pub model: TensorSet,
+    /// Optimizer state by parameter name (`exp_avg.<param>`,
+    /// `exp_avg_sq.<param>`), or this rank's part of it.
     pub optimizer: TensorSet,
-    /// Everything that is not a tensor; written as `state.json`.
+    /// Everything that is not a tensor, as JSON; written as `state.json`.
+    /// Opaque to the store. Out of the training engine it is the engine's
+    /// own state (docs/determinism.md), which `rekindle run` wraps into its
+    /// envelope (`run::envelope`) before saving.
     pub state: serde_json::Value,
 }
 

@@ -360,10 +360,11 @@ impl Attempt {
             }
             _ => None,
         };
-        let snap = self.trainer.snapshot_part(self.spare.take())?;
+        let mut snapshot = self.trainer.snapshot_part(self.spare.take())?;
         let losses = Losses { best_loss: self.best_loss, last_loss: self.last_loss };
-        let state = StateEnvelope::new(snap.step, snap.state, losses, &self.slurm, &self.cfg).to_value();
-        let snapshot = Snapshot { step: snap.step, model: snap.model, optimizer: snap.optimizer, state };
+        // The engine's own state becomes the envelope's `train` object.
+        let train = std::mem::take(&mut snapshot.state);
+        snapshot.state = StateEnvelope::new(snapshot.step, train, losses, &self.slurm, &self.cfg).to_value();
         Ok((snapshot, parts))
     }
 
