@@ -25,7 +25,7 @@ use candle_core::Device;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::checkpoint::TensorSet;
+use crate::checkpoint::{Snapshot, TensorSet};
 use crate::config::{Config, MicroBatch, TrainSection};
 use crate::gpu::{
     self, DeviceKind, Footprint, GpuProbe, GpusReport, InventoryProbe, Monitor, MonitorSettings, PlacementRequest,
@@ -33,7 +33,7 @@ use crate::gpu::{
 };
 use crate::telemetry::{ErrorEvent, Event, EventLog, GpuFallback, MonitorOutcome, OomRetry};
 use crate::train::{
-    Layout, Registry, StepResult, TrainError, TrainSnapshot, Trainer, candle_message, checkpoint_bytes, footprint_for,
+    Layout, Registry, StepResult, TrainError, Trainer, candle_message, checkpoint_bytes, footprint_for,
 };
 
 use crate::attempt::error::RunError;
@@ -288,7 +288,7 @@ impl Devices {
     }
 
     /// Replaces `trainer` with one on the CPU holding `state`, in the CPU's layout.
-    fn rebuild_on_cpu(&self, trainer: &mut Trainer, cfg: &Config, state: &TrainSnapshot) -> Result<(), RunError> {
+    fn rebuild_on_cpu(&self, trainer: &mut Trainer, cfg: &Config, state: &Snapshot) -> Result<(), RunError> {
         let mut cpu = Trainer::from_registry(cfg, &self.registry)?;
         cpu.restore(&state.model, &state.optimizer, &state.state)?;
         cpu.set_layout(self.layout)?;

@@ -42,8 +42,7 @@ fn trainer_err(e: crate::train::TrainError) -> BenchError {
 
 fn snapshot(trainer: &Trainer, reuse: Option<Snapshot>) -> Result<Snapshot, BenchError> {
     let reuse = reuse.map(|r| (reusable(r.model), reusable(r.optimizer)));
-    let s = trainer.snapshot_reusing(reuse).map_err(trainer_err)?;
-    Ok(Snapshot { step: s.step, model: s.model, optimizer: s.optimizer, state: s.state })
+    trainer.snapshot_reusing(reuse).map_err(trainer_err)
 }
 
 /// Trains `steps` steps twice: without checkpoints, then with one every `every` steps.

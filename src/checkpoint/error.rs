@@ -105,7 +105,7 @@ pub enum CheckpointError {
     )]
     NotOwner { step: u64, reason: String },
     #[error("{}", wrong_kind(dir, *found))]
-    WrongKind { dir: PathBuf, found: super::manifest::CheckpointKind },
+    WrongKind { dir: PathBuf, found: super::layout::CheckpointKind },
     #[error("cannot seal {dir} as the checkpoint of step {step}: {reason}")]
     Seal { dir: PathBuf, step: u64, reason: String },
     #[error(
@@ -140,8 +140,8 @@ impl CheckpointError {
     }
 }
 
-fn wrong_kind(dir: &std::path::Path, found: super::manifest::CheckpointKind) -> String {
-    use super::manifest::CheckpointKind;
+fn wrong_kind(dir: &std::path::Path, found: super::layout::CheckpointKind) -> String {
+    use super::layout::CheckpointKind;
     let dir = dir.display();
     match found {
         CheckpointKind::Files => format!(

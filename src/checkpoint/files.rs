@@ -24,8 +24,9 @@ use std::time::Instant;
 
 use super::error::CheckpointError;
 use super::hashed_io::{fsync_dir, read_hashed, write_hashed};
+use super::layout::CheckpointKind;
 use super::layout::step_dir_name;
-use super::manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 use super::store::{CheckpointStore, SaveReport, TMP_PREFIX, refuse_other_kind};
 use super::verify::{CheckpointInfo, VerifyLevel, verify_checkpoint_dir};
 

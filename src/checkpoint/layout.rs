@@ -1,7 +1,9 @@
-//! What a checkpoint is, on disk and in memory: the files of format 1, the
+//! What a checkpoint is, on disk and in memory: its kind, the files of format 1, the
 //! `step-<10 digits>` directory names, and the [`Snapshot`] they hold. The
 //! lowest file of the store: the commit protocol (`store.rs`) and
 //! verification (`verify.rs`) both build on it.
+
+use serde::{Deserialize, Serialize};
 
 use super::tensor::{TensorSet, payload_bytes};
 
@@ -16,13 +18,51 @@ pub const REQUIRED_FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
 
 pub(super) const STEP_PREFIX: &str = "step-";
 
-/// Everything a checkpoint holds, in host memory.
+/// What a checkpoint holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    /// rekindle's own training state (model, optimizer, `state.json`):
+    /// written and resumed by `rekindle run`. Not written to the manifest,
+    /// so manifests of this kind are those of every earlier version.
+    #[default]
+    Native,
+    /// Any files a program staged and `rekindle seal` committed: resumed by
+    /// `rekindle exec`, which hands the directory to the program.
+    Files,
+}
+
+impl CheckpointKind {
+    /// True for [`CheckpointKind::Native`] (the manifest then omits `kind`).
+    pub fn is_native(&self) -> bool {
+        *self == CheckpointKind::Native
+    }
+
+    /// The name the manifest and messages use.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointKind::Native => "native",
+            CheckpointKind::Files => "files",
+        }
+    }
+}
+
+/// Everything a checkpoint holds, in host memory: what the training engine
+/// hands out (`Trainer::snapshot`) and what the store writes and loads, one
+/// type for both, so nothing is copied field by field between them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
+    /// Steps completed.
     pub step: u64,
+    /// Parameters by name.
     pub model: TensorSet,
+    /// Optimizer state by parameter name (`exp_avg.<param>`,
+    /// `exp_avg_sq.<param>`), or this rank's part of it.
     pub optimizer: TensorSet,
-    /// Everything that is not a tensor; written as `state.json`.
+    /// Everything that is not a tensor, as JSON; written as `state.json`.
+    /// Opaque to the store. Out of the training engine it is the engine's
+    /// own state (docs/determinism.md), which `rekindle run` wraps into its
+    /// envelope (`run::envelope`) before saving.
     pub state: serde_json::Value,
 }
 

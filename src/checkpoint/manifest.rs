@@ -11,7 +11,7 @@ use std::path::{Component, Path};
 use serde::{Deserialize, Serialize};
 
 use super::error::{FileFailure, Problem};
-use super::layout::{MODEL_FILE, STATE_FILE};
+use super::layout::{CheckpointKind, MODEL_FILE, STATE_FILE};
 use super::parts::optimizer_layout;
 
 /// The format version this build writes and reads.
@@ -28,35 +28,6 @@ pub struct ManifestEntry {
     pub bytes: u64,
     /// Lower-case hex SHA-256 of the file's content.
     pub sha256: String,
-}
-
-/// What a checkpoint holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CheckpointKind {
-    /// rekindle's own training state (model, optimizer, `state.json`):
-    /// written and resumed by `rekindle run`. Not written to the manifest,
-    /// so manifests of this kind are those of every earlier version.
-    #[default]
-    Native,
-    /// Any files a program staged and `rekindle seal` committed: resumed by
-    /// `rekindle exec`, which hands the directory to the program.
-    Files,
-}
-
-impl CheckpointKind {
-    /// True for [`CheckpointKind::Native`] (the manifest then omits `kind`).
-    pub fn is_native(&self) -> bool {
-        *self == CheckpointKind::Native
-    }
-
-    /// The name the manifest and messages use.
-    pub fn name(self) -> &'static str {
-        match self {
-            CheckpointKind::Native => "native",
-            CheckpointKind::Files => "files",
-        }
-    }
 }
 
 /// The manifest of one checkpoint.

@@ -33,9 +33,10 @@ mod verify;
 pub use error::{CheckpointError, FileFailure, Problem};
 pub use files::{FilesOutcome, STAGING_DIR};
 pub use layout::{
-    MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, claim_dir, parse_step_dir_name, step_dir_name,
+    CheckpointKind, MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, claim_dir, parse_step_dir_name,
+    step_dir_name,
 };
-pub use manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 pub use parts::{optimizer_part_name, parse_optimizer_part_name};
 pub use persist::{Persisted, Persister, PersisterDied, SaveWatch, Unwatched};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};

@@ -47,10 +47,11 @@ use serde::Serialize;
 
 use super::error::{CheckpointError, FileFailure};
 use super::hashed_io::{Written, available_space, fail_io, fsync_dir, write_hashed};
+use super::layout::CheckpointKind;
 use super::layout::{
     MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, STEP_PREFIX, Snapshot, claim_dir, parse_step_dir_name, step_dir_name,
 };
-use super::manifest::{CheckpointKind, FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 use super::parts::optimizer_part_name;
 use super::quarantine::{self, Quarantined};
 use super::rotation::{self, Action, Candidate};

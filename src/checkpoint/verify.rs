@@ -12,8 +12,9 @@ use serde::Serialize;
 
 use super::error::{FileFailure, Problem};
 use super::hashed_io::{map_tensors_hashed, read_hashed};
+use super::layout::CheckpointKind;
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name};
-use super::manifest::{CheckpointKind, MANIFEST_FILE, Manifest, ManifestEntry};
+use super::manifest::{MANIFEST_FILE, Manifest, ManifestEntry};
 use super::parts::{assemble, optimizer_part_name};
 use super::safetensors_io;
 use super::tensor::TensorSet;

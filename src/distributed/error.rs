@@ -1,6 +1,6 @@
 //! Errors of the distributed layer.
 
-use super::world::Launcher;
+use super::launcher::Launcher;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DistributedError {

@@ -11,6 +11,7 @@
 
 pub mod collective;
 pub mod error;
+pub mod launcher;
 #[cfg(feature = "mpi")]
 pub mod mpi_world;
 pub mod threads;
@@ -18,8 +19,9 @@ pub mod world;
 
 pub use collective::{Collective, SharedWorld, Solo, sum_in_rank_order};
 pub use error::DistributedError;
+pub use launcher::Launcher;
 pub use threads::ThreadRank;
-pub use world::{Launcher, WorldInfo};
+pub use world::WorldInfo;
 
 /// The collective engine for `info`: [`Solo`] for a world of one rank; MPI
 /// (initialised here, once per process) for more, when built with the `mpi`

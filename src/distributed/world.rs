@@ -11,33 +11,10 @@
 //!   `SLURM_STEP_NUM_TASKS` and is one rank, whatever `SLURM_NTASKS` says.
 //! - Anything else is a world of one.
 
-use std::fmt;
-
 use serde::Serialize;
 
 use super::error::DistributedError;
-
-/// What started this process (and so where its rank came from).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Launcher {
-    /// No launcher: one process, rank 0 of 1.
-    Single,
-    /// A SLURM job step (`srun`).
-    Slurm,
-    /// OpenMPI's `mpirun`/`mpiexec`.
-    Mpirun,
-}
-
-impl fmt::Display for Launcher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Launcher::Single => "a single process",
-            Launcher::Slurm => "a SLURM job step (srun)",
-            Launcher::Mpirun => "mpirun",
-        })
-    }
-}
+use super::launcher::Launcher;
 
 /// This process's place in the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -38,6 +38,7 @@
 //! run is finished), exit 1 when there is no checkpoint yet.
 
 pub(crate) mod ending;
+mod envelope;
 mod hang;
 mod lost;
 mod rank_watch;

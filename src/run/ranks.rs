@@ -48,6 +48,7 @@ use crate::train::{Registry, StepResult, Trainer};
 use crate::attempt::error::RunError;
 use crate::attempt::stop::{StopFlag, StopReason};
 use crate::checkpoint::persist::panic_message;
+use crate::run::envelope::StateEnvelope;
 use crate::run::rank_watch::Pulse;
 
 /// What the leader says in a round.
@@ -300,7 +301,7 @@ pub fn follow(
                         ),
                     })?;
                     let snap = &loaded.snapshot;
-                    t.restore(&snap.model, &snap.optimizer, &snap.state["train"])
+                    t.restore(&snap.model, &snap.optimizer, &StateEnvelope::of(snap).train)
                         .map_err(|source| RunError::Restore { dir: dir.clone(), source })?;
                     pulse.at_step(step);
                 }

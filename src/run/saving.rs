@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::{CheckpointError, Parts, SaveReport, Snapshot, reusable};
 use crate::config::{CheckpointInterval, CheckpointSection};
-use crate::slurm::{self, SlurmEnv};
 use crate::telemetry::{self, CheckpointFailed, CheckpointSaved, CheckpointStarted, Event, JsonlWriter, Nonfinite};
 use crate::train::NonFiniteEvent;
 
 use super::Attempt;
 use super::ending::finite;
+use super::envelope::{Losses, StateEnvelope};
 use crate::attempt::budget::job_time_left;
 use crate::attempt::error::RunError;
 use crate::attempt::records::{set_aside_rejected, truncate_metrics};
@@ -24,10 +24,7 @@ use crate::checkpoint::interval::{
 };
 use crate::checkpoint::persist::{InParts, PartEntries, Persisted, PersisterDied};
 use crate::run::ranks::{Leader, PartsInbox};
-use crate::run::settings;
 use crate::rundir::METRICS_FILE;
-
-use super::start::losses_so_far;
 
 /// The state of `[checkpoint] interval = "auto"` in an attempt: the
 /// interruption rate (fixed for the attempt), the measured saves, the
@@ -363,18 +360,11 @@ impl Attempt {
             }
             _ => None,
         };
-        let snap = self.trainer.snapshot_part(self.spare.take())?;
-        let mut state = serde_json::json!({
-            "step": snap.step,
-            "train": snap.state,
-            "metrics": {"last_loss": self.last_loss, "best_loss": self.best_loss},
-            "host": host_info(&self.slurm),
-            "rekindle_version": env!("CARGO_PKG_VERSION"),
-        });
-        for (key, value) in settings::record(&self.cfg) {
-            state[key] = value;
-        }
-        let snapshot = Snapshot { step: snap.step, model: snap.model, optimizer: snap.optimizer, state };
+        let mut snapshot = self.trainer.snapshot_part(self.spare.take())?;
+        let losses = Losses { best_loss: self.best_loss, last_loss: self.last_loss };
+        // The engine's own state becomes the envelope's `train` object.
+        let train = std::mem::take(&mut snapshot.state);
+        snapshot.state = StateEnvelope::new(snapshot.step, train, losses, &self.slurm, &self.cfg).to_value();
         Ok((snapshot, parts))
     }
 
@@ -490,11 +480,12 @@ impl Attempt {
             return Err(RunError::NothingToRollBackTo { step: ev.step, dir: self.dir.checkpoints.clone() });
         };
         let snap = &loaded.snapshot;
+        let state = StateEnvelope::of(snap);
         self.trainer
-            .restore(&snap.model, &snap.optimizer, &snap.state["train"])
+            .restore(&snap.model, &snap.optimizer, &state.train)
             .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
         let skipped = self.trainer.skip_past(&ev)?;
-        (self.last_loss, self.best_loss) = losses_so_far(&snap.state);
+        (self.last_loss, self.best_loss) = state.losses_so_far();
         tracing::warn!(
             failed_step = ev.step,
             restored_step = snap.step,
@@ -569,18 +560,6 @@ fn saved_event(r: &SaveReport, kind: &str, payload: u64, stall: f64) -> Checkpoi
     }
 }
 
-/// Host and SLURM job facts recorded in each checkpoint.
-fn host_info(slurm: &SlurmEnv) -> serde_json::Value {
-    serde_json::json!({
-        "node": slurm.node_name(),
-        "hostname": slurm::hostname(),
-        "pid": std::process::id(),
-        "slurm_job_id": slurm.job_id,
-        "slurm_restart_count": slurm.restart_count,
-        "allocation": slurm,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,17 +600,5 @@ mod tests {
         assert_eq!((e.optimizer_parts, e.parts_wait_seconds), (Some(2), Some(0.5)));
         let instant = SaveReport { seconds: 0.0, ..r };
         assert_eq!(saved_event(&instant, "stop", 1, 0.0).gb_per_s, Some(0.0), "no division by zero");
-    }
-
-    #[test]
-    fn checkpoints_record_where_they_were_written() {
-        let env = std::collections::BTreeMap::from([
-            ("SLURM_JOB_ID".to_string(), "7".to_string()),
-            ("SLURMD_NODENAME".to_string(), "n3".to_string()),
-        ]);
-        let info = host_info(&SlurmEnv::from_map(&env));
-        assert_eq!((info["node"].as_str(), info["slurm_job_id"].as_str()), (Some("n3"), Some("7")));
-        assert_eq!(info["slurm_restart_count"], 0);
-        assert_eq!(info["allocation"]["job_id"], "7");
     }
 }

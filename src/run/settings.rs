@@ -23,22 +23,13 @@ use sha2::{Digest, Sha256};
 use crate::checkpoint::{CheckpointKind, CheckpointStore, Loaded, STATE_FILE, VerifyLevel, read_manifest};
 use crate::config::{self, Config};
 
+use super::envelope::StateEnvelope;
 use crate::attempt::error::RunError;
-
-/// The `state.json` key of the recorded settings.
-pub const SETTINGS_KEY: &str = "settings";
-/// The `state.json` key of their SHA-256.
-pub const HASH_KEY: &str = "settings_sha256";
-
-/// The two `state.json` fields that record `cfg`'s training settings.
-pub fn record(cfg: &Config) -> [(&'static str, Value); 2] {
-    [(SETTINGS_KEY, config::training_settings(cfg)), (HASH_KEY, Value::String(config::training_hash(cfg)))]
-}
 
 /// Refuses to resume from `loaded` when its recorded settings hash is not
 /// `cfg`'s, unless `allow_config_change` (then it only warns).
 pub fn check(cfg: &Config, loaded: &Loaded, allow_config_change: bool) -> Result<(), RunError> {
-    let diff = differences(cfg, &loaded.snapshot.state);
+    let diff = differences(cfg, &StateEnvelope::of(&loaded.snapshot));
     if diff.is_empty() {
         return Ok(());
     }
@@ -74,7 +65,7 @@ pub fn check_newest(checkpoints: &Path, cfg: &Config, allow_config_change: bool)
             continue;
         }
         let Ok(state) = serde_json::from_slice::<Value>(&bytes) else { continue };
-        let diff = differences(cfg, &state);
+        let diff = differences(cfg, &StateEnvelope::read(&state));
         return match diff.is_empty() {
             true => Ok(()),
             false => Err(RunError::CheckpointSettingsChanged { dir: info.dir, diff }),
@@ -86,20 +77,20 @@ pub fn check_newest(checkpoints: &Path, cfg: &Config, allow_config_change: bool)
 /// What differs between the settings `state` records and `cfg`'s: nothing
 /// when the hashes match or `state` records none; else the changed keys, or
 /// one line saying they cannot be named.
-fn differences(cfg: &Config, state: &Value) -> Vec<String> {
-    let Some(recorded) = state.get(HASH_KEY).and_then(Value::as_str) else {
+fn differences(cfg: &Config, state: &StateEnvelope) -> Vec<String> {
+    let Some(recorded) = state.settings_sha256.as_deref() else {
         return Vec::new();
     };
     if recorded == config::training_hash(cfg) {
         return Vec::new();
     }
-    let named = match state.get(SETTINGS_KEY) {
-        Some(settings @ Value::Object(_)) => config::settings_diff(settings, cfg),
+    let named = match &state.settings {
+        settings @ Value::Object(_) => config::settings_diff(settings, cfg),
         _ => Vec::new(),
     };
     if named.is_empty() {
         return vec![format!(
-            "{HASH_KEY}: {recorded:?} -> {:?} (state.json does not say which keys)",
+            "settings_sha256: {recorded:?} -> {:?} (state.json does not say which keys)",
             config::training_hash(cfg)
         )];
     }
@@ -129,10 +120,12 @@ mod tests {
     }
 
     fn state_of(cfg: &Config) -> Value {
-        let mut state = serde_json::json!({"step": 20});
-        for (key, value) in record(cfg) {
-            state[key] = value;
-        }
+        let state = StateEnvelope {
+            step: Some(20),
+            settings: config::training_settings(cfg),
+            settings_sha256: Some(config::training_hash(cfg)),
+            ..StateEnvelope::default()
+        };
         // Through the file's text, as a resume reads it.
         serde_json::from_slice(&serde_json::to_vec_pretty(&state).unwrap()).unwrap()
     }
@@ -181,7 +174,7 @@ mod tests {
         let mut new = old.clone();
         new.model.width = 7;
         let mut state = state_of(&old);
-        state.as_object_mut().unwrap().remove(SETTINGS_KEY);
+        state.as_object_mut().unwrap().remove("settings");
         let err = check(&new, &loaded(state), false).unwrap_err();
         assert!(err.to_string().contains("does not say which keys"), "{err}");
     }

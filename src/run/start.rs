@@ -15,6 +15,7 @@ use crate::slurm::SlurmEnv;
 use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Resume, Start, attempts};
 use crate::train::{Registry, Trainer, Workload};
 
+use super::envelope::StateEnvelope;
 use super::hang::{HangDesk, HangHandler, events_path};
 use super::saving::AutoInterval;
 use super::{Attempt, Started};
@@ -117,7 +118,7 @@ impl Attempt {
             (Some(loaded), Some(model)) => {
                 let snap = &loaded.snapshot;
                 trainer
-                    .restore(model, &snap.optimizer, &snap.state["train"])
+                    .restore(model, &snap.optimizer, &StateEnvelope::of(snap).train)
                     .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
                 let last_logged = last_logged_step(&dir.path(METRICS_FILE));
                 let resume = resume_event(loaded, last_logged, &slurm, Utc::now());
@@ -189,7 +190,7 @@ impl Attempt {
         // SIGKILLed attempt writes no summary, and after a fallback to an older
         // checkpoint the summary covers steps that are trained again.
         let (last_loss, best_loss) =
-            outcome.loaded.as_ref().map(|l| losses_so_far(&l.snapshot.state)).unwrap_or_default();
+            outcome.loaded.as_ref().map(|l| StateEnvelope::of(&l.snapshot).losses_so_far()).unwrap_or_default();
         if let Some(step) = last_durable_step {
             beats.resumed_from(step);
         }
@@ -273,16 +274,12 @@ pub(super) fn start_record(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, placeme
 /// the highest step in metrics.jsonl (what the previous attempt reached).
 fn resume_event(loaded: &Loaded, last_logged: Option<u64>, slurm: &SlurmEnv, now: DateTime<Utc>) -> Resume {
     let snap = &loaded.snapshot;
+    let host = StateEnvelope::of(snap).host;
     Resume {
-        previous_node: snap.state["host"]["node"].as_str().map(str::to_string),
-        previous_attempt: snap.state["host"]["slurm_restart_count"].as_u64(),
+        previous_node: host.node,
+        previous_attempt: host.slurm_restart_count,
         ..resume_record(snap.step, &loaded.dir, &loaded.manifest.created_at, last_logged, slurm, now)
     }
-}
-
-/// `(last_loss, best_loss)` of the steps up to a checkpoint, as its `state.json` recorded them.
-pub(super) fn losses_so_far(state: &serde_json::Value) -> (Option<f64>, Option<f64>) {
-    (state["metrics"]["last_loss"].as_f64(), state["metrics"]["best_loss"].as_f64())
 }
 
 #[cfg(test)]
@@ -323,12 +320,5 @@ mod tests {
         // A checkpoint without host facts, and nothing logged after it.
         let r = resume_event(&loaded(50, serde_json::json!({})), Some(40), &slurm, now);
         assert_eq!((r.previous_node, r.previous_attempt, r.steps_lost), (None, None, 0));
-    }
-
-    #[test]
-    fn losses_come_from_the_checkpoint_state() {
-        let state = serde_json::json!({"metrics": {"last_loss": 0.5, "best_loss": null}});
-        assert_eq!(losses_so_far(&state), (Some(0.5), None));
-        assert_eq!(losses_so_far(&serde_json::json!({})), (None, None));
     }
 }

@@ -1,7 +1,7 @@
 //! Training: models, optimizer, data and the state that goes into checkpoints.
 //!
 //! The [`Trainer`] owns everything a step reads or changes and turns it into
-//! a [`TrainSnapshot`] of host tensors and JSON for the checkpoint store;
+//! a [`Snapshot`](crate::checkpoint::Snapshot) of host tensors and JSON for the checkpoint store;
 //! restoring one continues the run bit-exactly (`docs/determinism.md`).
 //! Models plug in through the [`Workload`] trait (`docs/workloads.md`);
 //! `mlp` and `gpt` are built in. [`validate_file`] checks JSONL datasets.
@@ -50,7 +50,7 @@ pub use registry::Registry;
 pub use rng::{RngState, Stream, StreamRng};
 pub use scaler::{LossScaler, ScalerState, compute_dtype};
 pub use schedule::LrSchedule;
-pub use trainer::{Counters, NonFiniteEvent, STATE_FORMAT, StepMetrics, StepResult, TrainSnapshot, Trainer};
+pub use trainer::{Counters, NonFiniteEvent, STATE_FORMAT, StepMetrics, StepResult, Trainer};
 pub use validate::{
     CleanMode, CleanSummary, LengthStats, Problem, ProblemCount, ValidateOptions, ValidationReport, validate_file,
     write_clean,

@@ -9,6 +9,7 @@ use candle_nn::VarBuilder;
 
 use super::tests::{assert_same, completed, never, tiny_gpt, tiny_mlp, train_to};
 use super::*;
+use crate::checkpoint::Snapshot;
 use crate::config::Config;
 
 /// Relative tolerance for runs whose only difference is float summation
@@ -24,7 +25,7 @@ fn with_layout(cfg: &Config, layout: Layout) -> Trainer {
 }
 
 /// The losses of `steps` steps and the final snapshot.
-fn train(cfg: &Config, layout: Layout, steps: u64) -> (Vec<f64>, TrainSnapshot) {
+fn train(cfg: &Config, layout: Layout, steps: u64) -> (Vec<f64>, Snapshot) {
     let mut trainer = with_layout(cfg, layout);
     let losses = (0..steps).map(|_| completed(trainer.train_step(&never).unwrap()).loss).collect();
     (losses, trainer.snapshot().unwrap())
@@ -34,11 +35,7 @@ fn train(cfg: &Config, layout: Layout, steps: u64) -> (Vec<f64>, TrainSnapshot) 
 /// [`PARAM_TOLERANCE`], and that the data position and counters agree
 /// exactly (same samples consumed). Measured here: parameters differ by
 /// about 1e-7 after 8 steps.
-fn assert_close(
-    what: &str,
-    (losses, snap): &(Vec<f64>, TrainSnapshot),
-    (ref_losses, ref_snap): &(Vec<f64>, TrainSnapshot),
-) {
+fn assert_close(what: &str, (losses, snap): &(Vec<f64>, Snapshot), (ref_losses, ref_snap): &(Vec<f64>, Snapshot)) {
     for (step, (a, b)) in losses.iter().zip(ref_losses).enumerate() {
         assert!((a - b).abs() <= LOSS_TOLERANCE * b.abs(), "{what}: loss of step {} is {a}, reference {b}", step + 1);
     }

@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 use candle_nn::{Linear, Module, VarBuilder};
 
 use super::*;
-use crate::checkpoint::TensorSet;
+use crate::checkpoint::{Snapshot, TensorSet};
 use crate::config::{Config, DataKind, ModelKind, OnNonFinite, Precision};
 
 pub(super) fn tiny_mlp() -> Config {
@@ -69,7 +69,7 @@ pub(super) fn train_to(trainer: &mut Trainer, until: u64) -> Vec<u64> {
 }
 
 /// Asserts two snapshots are identical, naming the first difference.
-pub(super) fn assert_same(a: &TrainSnapshot, b: &TrainSnapshot) {
+pub(super) fn assert_same(a: &Snapshot, b: &Snapshot) {
     assert_eq!(a.step, b.step);
     for (set, x, y) in [("model", &a.model, &b.model), ("optimizer", &a.optimizer, &b.optimizer)] {
         assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "{set} tensor names");
@@ -83,7 +83,7 @@ pub(super) fn assert_same(a: &TrainSnapshot, b: &TrainSnapshot) {
 /// Trains `n` steps straight, and separately `k` steps, a snapshot through
 /// JSON and cloned tensors, a fresh trainer, a restore and the rest; both
 /// must agree bit for bit.
-fn check_bit_exact_resume(cfg: &Config, k: u64, n: u64) -> TrainSnapshot {
+fn check_bit_exact_resume(cfg: &Config, k: u64, n: u64) -> Snapshot {
     let mut straight = Trainer::new(cfg).unwrap();
     let straight_losses = train_to(&mut straight, n);
     let straight_end = straight.snapshot().unwrap();
@@ -507,7 +507,7 @@ fn bad_configs_are_reported_with_their_key() {
 fn trainer_can_move_to_its_own_thread() {
     fn assert_send<T: Send>() {}
     assert_send::<Trainer>();
-    assert_send::<TrainSnapshot>();
+    assert_send::<Snapshot>();
 }
 
 /// Found by the fuzz test below: a `state.json` whose step or counters sat
@@ -569,8 +569,7 @@ fn mutated_state_json_restores_or_is_refused_never_a_panic() {
 #[test]
 fn a_snapshot_shares_what_no_step_writes_into_and_stays_that_of_its_step() {
     for cfg in [tiny_mlp(), tiny_gpt()] {
-        let owned =
-            |s: &TrainSnapshot| s.model.values().chain(s.optimizer.values()).filter(|t| t.data.is_owned()).count();
+        let owned = |s: &Snapshot| s.model.values().chain(s.optimizer.values()).filter(|t| t.data.is_owned()).count();
         let mut trainer = Trainer::new(&cfg).unwrap();
         // Nothing updated yet: the parameters are copied, the moments shared.
         let first = trainer.snapshot().unwrap();
@@ -579,7 +578,7 @@ fn a_snapshot_shares_what_no_step_writes_into_and_stays_that_of_its_step() {
         train_to(&mut trainer, 3);
         let shared = trainer.snapshot().unwrap();
         assert_eq!(owned(&shared), 0, "between two steps nothing is copied");
-        let copied = TrainSnapshot {
+        let copied = Snapshot {
             step: shared.step,
             model: shared.model.iter().map(|(n, t)| (n.clone(), owned_copy(t))).collect(),
             optimizer: shared.optimizer.iter().map(|(n, t)| (n.clone(), owned_copy(t))).collect(),

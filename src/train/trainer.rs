@@ -43,7 +43,7 @@ use super::rng::{RngState, Stream, StreamRng};
 use super::scaler::{LossScaler, ScalerState, compute_dtype};
 use super::schedule::LrSchedule;
 use super::workload::{ForwardCtx, Split, Workload};
-use crate::checkpoint::TensorSet;
+use crate::checkpoint::{Snapshot, TensorSet};
 use crate::config::{Config, OnNonFinite};
 use crate::distributed::Collective;
 
@@ -128,19 +128,6 @@ pub enum StepResult {
     /// caller should restore the last checkpoint, call
     /// [`Trainer::skip_past`] with this event, and continue.
     NonFiniteRollback(NonFiniteEvent),
-}
-
-/// Host copies of everything a checkpoint persists.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainSnapshot {
-    /// Steps completed.
-    pub step: u64,
-    /// Parameters by name (f32).
-    pub model: TensorSet,
-    /// Optimizer moments (`exp_avg.<param>`, `exp_avg_sq.<param>`).
-    pub optimizer: TensorSet,
-    /// Everything else, as JSON (see `docs/determinism.md`).
-    pub state: serde_json::Value,
 }
 
 /// RNG streams in the state.
@@ -977,7 +964,7 @@ impl Trainer {
     }
 
     /// Host copies of the parameters, the optimizer state and the JSON state.
-    pub fn snapshot(&self) -> Result<TrainSnapshot, TrainError> {
+    pub fn snapshot(&self) -> Result<Snapshot, TrainError> {
         self.snapshot_reusing(None)
     }
 
@@ -988,7 +975,7 @@ impl Trainer {
     /// snapshot (handed back once it was persisted), without allocating.
     /// A sharded optimizer's moments are gathered: every rank must
     /// snapshot at the same time.
-    pub fn snapshot_reusing(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<TrainSnapshot, TrainError> {
+    pub fn snapshot_reusing(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<Snapshot, TrainError> {
         self.snapshot_with(reuse, true)
     }
 
@@ -997,11 +984,11 @@ impl Trainer {
     /// optimizer, `optimizer` holds this rank's pieces of the moments
     /// ([`optimizer_shard`](Self::optimizer_shard)), shared, and no
     /// collective is made; otherwise the whole state.
-    pub fn snapshot_part(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<TrainSnapshot, TrainError> {
+    pub fn snapshot_part(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<Snapshot, TrainError> {
         self.snapshot_with(reuse, false)
     }
 
-    fn snapshot_with(&self, reuse: Option<(TensorSet, TensorSet)>, gather: bool) -> Result<TrainSnapshot, TrainError> {
+    fn snapshot_with(&self, reuse: Option<(TensorSet, TensorSet)>, gather: bool) -> Result<Snapshot, TrainError> {
         let world = self.world.as_ref().filter(|_| gather);
         let gather = world.map(|world| move |mine: Vec<f32>| all_gather_f32(&**world, mine));
         let gather = gather.as_ref().map(|g| g as GatherF32<'_>);
@@ -1023,7 +1010,7 @@ impl Trainer {
             param_count: self.param_count() as u64,
         };
         let state = serde_json::to_value(&state).map_err(|e| TrainError::state("state", e.to_string()))?;
-        Ok(TrainSnapshot { step: self.step, model, optimizer, state })
+        Ok(Snapshot { step: self.step, model, optimizer, state })
     }
 
     /// Replaces the trainer's state with a snapshot's. Everything is checked

@@ -8,12 +8,12 @@ use std::thread;
 
 use super::tests::{assert_same, completed, never, tiny_gpt, tiny_mlp};
 use super::*;
-use crate::checkpoint::TensorSet;
+use crate::checkpoint::{Snapshot, TensorSet};
 use crate::config::Config;
 use crate::distributed::ThreadRank;
 
 /// One process with `replicas` replicas: losses and final snapshot after `steps`.
-fn one_process(cfg: &Config, replicas: usize, steps: u64) -> (Vec<f64>, TrainSnapshot) {
+fn one_process(cfg: &Config, replicas: usize, steps: u64) -> (Vec<f64>, Snapshot) {
     let mut t = Trainer::new(cfg).unwrap();
     let layout = Layout::fit(t.samples_per_step(), replicas, t.layout().micro_batch).unwrap();
     t.set_layout(layout).unwrap();
@@ -23,7 +23,7 @@ fn one_process(cfg: &Config, replicas: usize, steps: u64) -> (Vec<f64>, TrainSna
 
 /// `ranks` threads, each a trainer joined to the world, from `start` (a
 /// snapshot to restore) or from scratch; every rank's losses and snapshot.
-fn ranks(cfg: &Config, ranks: usize, steps: u64, start: Option<&TrainSnapshot>) -> Vec<(Vec<f64>, TrainSnapshot)> {
+fn ranks(cfg: &Config, ranks: usize, steps: u64, start: Option<&Snapshot>) -> Vec<(Vec<f64>, Snapshot)> {
     let handles: Vec<_> = ThreadRank::world(ranks)
         .into_iter()
         .map(|rank| {
@@ -100,12 +100,7 @@ fn what_ranks_cannot_do_together_is_refused_with_the_key() {
 /// `ranks` threads with a sharded optimizer (ZeRO-1), from `start` or from
 /// scratch: every rank's losses and snapshot (taken by all at once, as the
 /// gather of the moments needs).
-fn sharded_ranks(
-    cfg: &Config,
-    ranks: usize,
-    steps: u64,
-    start: Option<&TrainSnapshot>,
-) -> Vec<(Vec<f64>, TrainSnapshot)> {
+fn sharded_ranks(cfg: &Config, ranks: usize, steps: u64, start: Option<&Snapshot>) -> Vec<(Vec<f64>, Snapshot)> {
     sharded_ranks_with_parts(cfg, ranks, steps, start).into_iter().map(|(l, s, _)| (l, s)).collect()
 }
 
@@ -114,8 +109,8 @@ fn sharded_ranks_with_parts(
     cfg: &Config,
     ranks: usize,
     steps: u64,
-    start: Option<&TrainSnapshot>,
-) -> Vec<(Vec<f64>, TrainSnapshot, TensorSet)> {
+    start: Option<&Snapshot>,
+) -> Vec<(Vec<f64>, Snapshot, TensorSet)> {
     let handles: Vec<_> = ThreadRank::world(ranks)
         .into_iter()
         .map(|rank| {
