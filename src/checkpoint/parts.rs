@@ -90,7 +90,7 @@ pub fn assemble(model: &TensorSet, parts: &[TensorSet]) -> Result<TensorSet, Str
             let Some(first) = pieces.first() else {
                 if elements == 0 {
                     // No slice covers a parameter without values.
-                    whole.insert(name, HostTensor::new(DType::F32, value.shape.clone(), Vec::new())?);
+                    whole.insert(name, HostTensor::new(DType::F32, value.shape.clone(), Vec::new()).map_err(|e| e.to_string())?);
                     continue;
                 }
                 return Err(format!("no rank's part holds `{name}`"));
@@ -109,7 +109,7 @@ pub fn assemble(model: &TensorSet, parts: &[TensorSet]) -> Result<TensorSet, Str
             for piece in &pieces {
                 data.extend_from_slice(&piece.data);
             }
-            let tensor = HostTensor::new(first.dtype, value.shape.clone(), data)?;
+            let tensor = HostTensor::new(first.dtype, value.shape.clone(), data).map_err(|e| e.to_string())?;
             whole.insert(name, tensor);
         }
     }

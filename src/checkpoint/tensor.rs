@@ -172,28 +172,33 @@ impl SharedBytes {
     }
 }
 
+/// Bytes that do not hold exactly the elements a tensor's shape says.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TensorError {
+    #[error("tensor of shape {shape:?} and dtype {dtype} needs {needed} bytes, got {got}")]
+    Size { shape: Vec<usize>, dtype: &'static str, needed: String, got: usize },
+    #[error("shared bytes of a tensor of shape {shape:?}: {got} bytes do not fit it")]
+    SharedSize { shape: Vec<usize>, got: usize },
+}
+
 impl HostTensor {
     /// Builds a tensor, checking that `data` holds exactly `shape` elements.
-    pub fn new(dtype: DType, shape: Vec<usize>, data: Vec<u8>) -> Result<Self, String> {
+    pub fn new(dtype: DType, shape: Vec<usize>, data: Vec<u8>) -> Result<Self, TensorError> {
         // Checked: a shape read from a file can claim more elements than a
         // usize holds, and its product must be refused, not wrap or panic.
         let needed = shape.iter().try_fold(dtype.size(), |acc, d| acc.checked_mul(*d));
         if needed != Some(data.len()) {
             let needed = needed.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
-            return Err(format!(
-                "tensor of shape {shape:?} and dtype {} needs {needed} bytes, got {}",
-                dtype.safetensors_name(),
-                data.len()
-            ));
+            return Err(TensorError::Size { shape, dtype: dtype.safetensors_name(), needed, got: data.len() });
         }
         Ok(HostTensor { dtype, shape, data: TensorBytes::Owned(data) })
     }
 
     /// A tensor over shared bytes (no copy), checked like [`new`](Self::new).
-    pub fn shared(dtype: DType, shape: Vec<usize>, data: SharedBytes) -> Result<Self, String> {
+    pub fn shared(dtype: DType, shape: Vec<usize>, data: SharedBytes) -> Result<Self, TensorError> {
         let needed = shape.iter().try_fold(dtype.size(), |acc, d| acc.checked_mul(*d));
         if needed != Some(data.len) {
-            return Err(format!("shared bytes of a tensor of shape {shape:?}: {} bytes do not fit it", data.len));
+            return Err(TensorError::SharedSize { shape, got: data.len });
         }
         Ok(HostTensor { dtype, shape, data: TensorBytes::Shared(data) })
     }
@@ -309,10 +314,10 @@ mod tests {
         // 2^32 · 2^32 · 4 bytes overflows a u64: it used to panic in debug
         // builds (`attempt to multiply with overflow`) and wrap in release.
         let err = HostTensor::new(DType::F32, vec![1 << 32, 1 << 32], vec![0; 4]).unwrap_err();
-        assert!(err.contains("more than 2^64"), "{err}");
+        assert!(err.to_string().contains("more than 2^64"), "{err}");
         let err = HostTensor::new(DType::U8, vec![usize::MAX, 2], Vec::new()).unwrap_err();
-        assert!(err.contains("more than 2^64"), "{err}");
+        assert!(err.to_string().contains("more than 2^64"), "{err}");
         assert!(HostTensor::new(DType::I64, vec![2, 0, 3], Vec::new()).is_ok());
-        assert!(HostTensor::new(DType::F32, vec![3], vec![0; 11]).unwrap_err().contains("needs 12 bytes, got 11"));
+        assert!(HostTensor::new(DType::F32, vec![3], vec![0; 11]).unwrap_err().to_string().contains("needs 12 bytes, got 11"));
     }
 }

@@ -178,7 +178,7 @@ pub fn to_host_reusing(name: &str, t: &Tensor, reuse: Option<HostTensor>) -> Res
         copy_f32_le(&values, &mut data);
     }
     HostTensor::new(HostDType::F32, shape, data)
-        .map_err(|reason| TrainError::Tensor { name: name.to_string(), message: reason })
+        .map_err(|reason| TrainError::Tensor { name: name.to_string(), message: reason.to_string() })
 }
 
 /// The host tensor of an f32 tensor in CPU memory *without a copy*: its
@@ -209,7 +209,7 @@ pub unsafe fn to_host_shared(name: &str, t: &Tensor) -> Result<Option<HostTensor
     // storage's buffer never moves; the caller guarantees nobody writes
     // into it while the bytes are shared.
     let bytes = unsafe { SharedBytes::new(owner, ptr, len) };
-    HostTensor::shared(HostDType::F32, t.dims().to_vec(), bytes).map(Some).map_err(err)
+    HostTensor::shared(HostDType::F32, t.dims().to_vec(), bytes).map(Some).map_err(|e| err(e.to_string()))
 }
 
 /// Writes `values` as little-endian bytes into `out` (same length × 4): on
