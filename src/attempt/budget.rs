@@ -31,9 +31,9 @@ pub const SCONTROL_MINIMUM: Duration = Duration::from_millis(200);
 
 /// The deadline of a stop: a signal's grace period (less the safety margin)
 /// from its arrival; `--stop-at-step` has none.
-pub fn stop_deadline(reason: StopReason, arrival: Instant, grace: Duration, margin: Duration) -> Option<Deadline> {
+pub fn stop_deadline(reason: StopReason, grace: Duration, margin: Duration) -> Option<Deadline> {
     match reason {
-        StopReason::Signal(_) => Some(Deadline::after_signal(arrival, grace, margin)),
+        StopReason::Signal(s) => Some(Deadline::after_signal(s.arrival, grace, margin)),
         StopReason::StopAtStep => None,
     }
 }
@@ -108,6 +108,7 @@ pub fn job_time_left(end_time: Option<i64>, now_unix: i64) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attempt::stop::{SignalStop, StopSignal};
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -118,9 +119,10 @@ mod tests {
     #[test]
     fn a_signal_has_a_deadline_and_stop_at_step_none() {
         let t0 = Instant::now();
-        let d = stop_deadline(StopReason::Signal(15), t0, S(60), S(10)).unwrap();
+        let term = SignalStop { signal: StopSignal::Term, arrival: t0, sender: None };
+        let d = stop_deadline(StopReason::Signal(term), S(60), S(10)).unwrap();
         assert_eq!(d.remaining(t0), S(50));
-        assert_eq!(stop_deadline(StopReason::StopAtStep, t0, S(60), S(10)), None);
+        assert_eq!(stop_deadline(StopReason::StopAtStep, S(60), S(10)), None);
     }
 
     #[test]

@@ -158,7 +158,7 @@ impl Devices {
                     *trainer = placed;
                     (plan.clone(), report.assignment.clone(), None)
                 }
-                Err(reason) => (cpu_plan, Vec::new(), Some(reason)),
+                Err(reason) => (cpu_plan, Vec::new(), Some(reason.to_string())),
             },
             (None, Some(error)) => {
                 (cpu_plan, Vec::new(), Some(format!("the model does not fit the visible GPUs: {error}")))
@@ -431,30 +431,42 @@ fn runtime_ordinal(report: &GpusReport, kind: DeviceKind, index: u32) -> usize {
     report.devices.iter().filter(|d| d.vendor == vendor).position(|d| d.index == index).unwrap_or(0)
 }
 
+/// Why a GPU backend cannot be had: the first step then trains on the CPU,
+/// and the `gpu_fallback` record says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    #[error(
+        "this build has no CUDA backend (candle's `cuda` feature is not compiled in; it needs the CUDA \
+         toolkit at build time)"
+    )]
+    NoCuda,
+    #[error("the CUDA backend did not initialise on device {ordinal}: {message}")]
+    CudaInit { ordinal: usize, message: String },
+    #[error("{}", gpu::NO_AMD_BACKEND)]
+    NoAmd,
+}
+
 /// One candle device per replica of the plan: the first device of each
 /// group of the report's assignment, initialised on `kind`'s backend; or
 /// why they cannot be had (the first failure).
-fn replica_devices(report: &GpusReport, kind: DeviceKind) -> Result<Vec<Device>, String> {
+fn replica_devices(report: &GpusReport, kind: DeviceKind) -> Result<Vec<Device>, BackendError> {
     let firsts: Vec<u32> = report.assignment.iter().filter_map(|g| g.first().copied()).collect();
     let firsts = if firsts.is_empty() { vec![0] } else { firsts };
     firsts.into_iter().map(|index| init_backend(kind, runtime_ordinal(report, kind, index))).collect()
 }
 
 /// The candle device for `kind`, or why there is none.
-fn init_backend(kind: DeviceKind, ordinal: usize) -> Result<Device, String> {
+fn init_backend(kind: DeviceKind, ordinal: usize) -> Result<Device, BackendError> {
     // Test builds only: a stand-in backend that "initialises" as the CPU, so
     // the first-step fallback can be exercised without a GPU.
     fail::fail_point!("gpu::backend_init", |_| Ok(Device::Cpu));
     match kind {
         DeviceKind::Cpu => Ok(Device::Cpu),
-        DeviceKind::Cuda if !candle_core::utils::cuda_is_available() => {
-            Err("this build has no CUDA backend (candle's `cuda` feature is not compiled in; it needs the CUDA \
-             toolkit at build time)"
-                .into())
+        DeviceKind::Cuda if !candle_core::utils::cuda_is_available() => Err(BackendError::NoCuda),
+        DeviceKind::Cuda => {
+            Device::new_cuda(ordinal).map_err(|e| BackendError::CudaInit { ordinal, message: candle_message(&e) })
         }
-        DeviceKind::Cuda => Device::new_cuda(ordinal)
-            .map_err(|e| format!("the CUDA backend did not initialise on device {ordinal}: {}", candle_message(&e))),
-        DeviceKind::Rocm => Err(gpu::NO_AMD_BACKEND.into()),
+        DeviceKind::Rocm => Err(BackendError::NoAmd),
     }
 }
 
@@ -509,13 +521,14 @@ mod tests {
         match (candle_core::utils::cuda_is_available(), init_backend(DeviceKind::Cuda, 0)) {
             // A CUDA build: a device initialises, or its error is the device's.
             (true, Ok(_)) => {}
-            (true, Err(e)) => assert!(!e.contains("this build has no CUDA backend"), "{e}"),
+            (true, Err(e)) => assert!(matches!(e, BackendError::CudaInit { ordinal: 0, .. }), "{e}"),
             (false, result) => {
                 let cuda = result.unwrap_err();
-                assert!(cuda.contains("this build has no CUDA backend"), "{cuda}");
+                assert_eq!(cuda, BackendError::NoCuda);
+                assert!(cuda.to_string().contains("this build has no CUDA backend"), "{cuda}");
             }
         }
-        let rocm = init_backend(DeviceKind::Rocm, 0).unwrap_err();
+        let rocm = init_backend(DeviceKind::Rocm, 0).unwrap_err().to_string();
         assert!(rocm.starts_with("no AMD compute backend in this build, training on CPU"), "{rocm}");
         assert!(init_backend(DeviceKind::Cpu, 0).unwrap().is_cpu());
     }

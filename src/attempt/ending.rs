@@ -18,7 +18,7 @@ use super::crash::{self, CrashAction};
 use super::deadline::Deadline;
 use super::error::RunError;
 use super::records::recorded_events;
-use super::stop::{StopFlag, StopReason};
+use super::stop::{StopFlag, StopIntent, StopReason};
 
 /// Step 2 of a stop path ([`Attempt::stop_in_order`], and `rekindle
 /// exec`'s): the requeue decision, skipped when it is time to exit at once
@@ -96,7 +96,8 @@ pub(crate) fn early_stop(
     cfg: &Config,
     alloc: &SlurmEnv,
 ) -> Result<Option<Outcome>, RunError> {
-    let Some(reason) = stop.signal() else { return Ok(None) };
+    let Some(signal) = stop.signal() else { return Ok(None) };
+    let reason = StopReason::Signal(signal);
     let ending = early_stop_outcome(durable, max_steps);
     match ending {
         EarlyStop::Finished => tracing::warn!(
@@ -120,8 +121,7 @@ pub(crate) fn early_stop(
         events,
         &Event::Signal(Signal { signal: reason.name(), step: durable, before_training: true, ..Signal::default() }),
     );
-    let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
-    let deadline = Deadline::after_signal(arrival, cfg.signals.grace, cfg.signals.safety_margin);
+    let deadline = Deadline::after_signal(signal.arrival, cfg.signals.grace, cfg.signals.safety_margin);
     let closing = match (ending, durable) {
         // A finished run has nothing to come back for: no requeue decision.
         (EarlyStop::Finished, Some(step)) => Event::Finish(Finish {
@@ -297,8 +297,10 @@ pub(crate) fn requeue_after_failure(
 /// Why training stopped, as the requeue decision sees it.
 pub(crate) fn stop_kind(reason: StopReason) -> StopKind {
     match reason {
-        StopReason::Signal(nix::libc::SIGINT) => StopKind::Interrupt,
-        StopReason::Signal(_) => StopKind::ClusterSignal,
+        StopReason::Signal(s) => match s.intent() {
+            StopIntent::Interrupt => StopKind::Interrupt,
+            StopIntent::Cluster => StopKind::ClusterSignal,
+        },
         StopReason::StopAtStep => StopKind::StopAtStep,
     }
 }
@@ -311,13 +313,15 @@ pub(crate) fn instant_to_rfc3339(t: Instant) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::libc::{SIGINT, SIGTERM, SIGUSR1};
+    use crate::attempt::stop::{SignalStop, StopSignal};
 
     #[test]
     fn sigint_is_an_interrupt_other_signals_come_from_the_cluster() {
-        assert_eq!(stop_kind(StopReason::Signal(SIGINT)), StopKind::Interrupt);
-        assert_eq!(stop_kind(StopReason::Signal(SIGTERM)), StopKind::ClusterSignal);
-        assert_eq!(stop_kind(StopReason::Signal(SIGUSR1)), StopKind::ClusterSignal);
+        let kind = |signal| stop_kind(StopReason::Signal(SignalStop { signal, arrival: Instant::now(), sender: None }));
+        assert_eq!(kind(StopSignal::Int), StopKind::Interrupt);
+        for signal in [StopSignal::Term, StopSignal::Usr1, StopSignal::Usr2] {
+            assert_eq!(kind(signal), StopKind::ClusterSignal, "{signal}");
+        }
         assert_eq!(stop_kind(StopReason::StopAtStep), StopKind::StopAtStep);
     }
 

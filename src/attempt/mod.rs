@@ -26,5 +26,5 @@ pub use crash::{CrashAction, classify as classify_crash, decide as decide_after_
 pub use deadline::{Deadline, SignalResponse, response_to_signal};
 pub use devices::{Devices, INVENTORY_ENV, layout_for};
 pub use error::RunError;
-pub use stop::{StopFlag, StopReason};
+pub use stop::{SignalStop, StopFlag, StopIntent, StopReason, StopSignal};
 pub use watchdog::{Activity, Beats, Worker};

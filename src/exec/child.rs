@@ -39,7 +39,7 @@ use crate::attempt::budget;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::ending::{instant_to_rfc3339, record_or_log};
 use crate::attempt::error::RunError;
-use crate::attempt::stop::{StopFlag, StopReason};
+use crate::attempt::stop::{SignalStop, StopFlag, StopReason, StopSignal};
 use crate::rundir::lock::LockOwnership;
 
 /// Lines of the child's stderr kept for the `child_exit` event.
@@ -198,9 +198,12 @@ fn spawn(command: &[OsString], env: &ChildEnv) -> std::io::Result<tokio::process
 /// SIGTERM, so a program that checks the file on the signal finds it) and
 /// the `signal` event.
 fn take_stop(stop: &StopFlag, cfg: &Config, env: &ChildEnv, events: &mut EventLog) -> StopTaken {
-    let reason = stop.signal().unwrap_or(StopReason::Signal(nix::libc::SIGTERM));
-    let arrival = stop.first_arrival().unwrap_or_else(Instant::now);
-    let deadline = budget::stop_deadline(reason, arrival, cfg.signals.grace, cfg.signals.safety_margin);
+    // A second handler may count its signal before the first one's is
+    // published: then it is a SIGTERM arrived now.
+    let signal =
+        stop.signal().unwrap_or_else(|| SignalStop { signal: StopSignal::Term, arrival: Instant::now(), sender: None });
+    let (reason, arrival) = (StopReason::Signal(signal), signal.arrival);
+    let deadline = budget::stop_deadline(reason, cfg.signals.grace, cfg.signals.safety_margin);
     let left = budget::seconds_left(deadline, Instant::now());
     let unix_now = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
     let notice = StopNotice { signal: reason.name(), deadline: unix_now + left.unwrap_or(0.0) };

@@ -21,6 +21,7 @@ use super::contract::{ENV_EXEC_PID, ENV_RUN_DIR};
 use crate::attempt::ending::record_or_log;
 use crate::attempt::error::RunError;
 use crate::attempt::records::context;
+use crate::attempt::stop::StopSignal;
 use crate::rundir::lock::{LOCK_FILE, LockInfo, LockRequest, RunLock};
 use crate::rundir::{CONFIG_FILE, EVENTS_FILE, checkpoints_dir};
 
@@ -69,7 +70,7 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
             let slurm = SlurmEnv::from_process();
             let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
             let ownership = lock.ownership();
-            (CommitGuard::new(move || ownership.confirm()), Some(lock))
+            (CommitGuard::new(move || ownership.confirm().map_err(|e| e.to_string())), Some(lock))
         }
     };
     let checkpoints = checkpoints_dir(&root, &cfg);
@@ -135,7 +136,7 @@ fn saved(report: &crate::checkpoint::SaveReport, warning: Option<String>) -> Eve
 /// still bounds it.
 fn ignore_stop_signals() {
     use nix::sys::signal::{SigHandler, Signal, signal};
-    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR1, Signal::SIGUSR2] {
+    for sig in StopSignal::ALL.map(Signal::from) {
         // SAFETY: installs SIG_IGN, no handler code runs.
         if let Err(e) = unsafe { signal(sig, SigHandler::SigIgn) } {
             tracing::warn!(signal = %sig, error = %e, "cannot ignore a stop signal during the seal");

@@ -118,9 +118,9 @@ impl Attempt {
     pub(super) fn stop(&mut self, reason: StopReason) -> Result<Outcome, RunError> {
         self.still_owner()?;
         let step = self.trainer.step();
-        let arrival = self.stop.first_arrival().unwrap_or_else(Instant::now);
+        let arrival = reason.arrival().unwrap_or_else(Instant::now);
         let signals = &self.cfg.signals;
-        let deadline = budget::stop_deadline(reason, arrival, signals.grace, signals.safety_margin);
+        let deadline = budget::stop_deadline(reason, signals.grace, signals.safety_margin);
         tracing::warn!(reason = %reason.name(), step, "stop requested: writing a checkpoint of the last completed step");
         self.record_or_log(&Event::Signal(Signal {
             signal: reason.name(),
@@ -463,7 +463,7 @@ pub(super) fn finite(x: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::libc::SIGTERM;
+    use crate::attempt::stop::{SignalStop, StopSignal};
     use serde_json::{Value, json};
 
     fn wrapped() -> Wrapped {
@@ -485,7 +485,11 @@ mod tests {
 
     #[test]
     fn finished_and_stopped_differ_only_in_their_data() {
-        let stopped = Ending::Stopped { reason: StopReason::Signal(SIGTERM), arrival: Instant::now(), deadline: None };
+        let stopped = Ending::Stopped {
+            reason: StopReason::Signal(SignalStop { signal: StopSignal::Term, arrival: Instant::now(), sender: None }),
+            arrival: Instant::now(),
+            deadline: None,
+        };
         assert_eq!(
             (Ending::Finished.checkpoint_kind(), Ending::Finished.summary_state(), Ending::Finished.outcome()),
             ("final", SummaryState::Finished, Outcome::Done)
@@ -506,7 +510,11 @@ mod tests {
     fn a_stopped_attempt_records_timings_signals_publish_and_requeue() {
         let t0 = Instant::now();
         let deadline = Some(Deadline { at: t0 + std::time::Duration::from_secs(30) });
-        let ending = Ending::Stopped { reason: StopReason::Signal(SIGTERM), arrival: t0, deadline };
+        let ending = Ending::Stopped {
+            reason: StopReason::Signal(SignalStop { signal: StopSignal::Term, arrival: t0, sender: None }),
+            arrival: t0,
+            deadline,
+        };
         let v = fields(&ending_event(&ending, wrapped()));
         assert_eq!(
             v,

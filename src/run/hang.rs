@@ -39,6 +39,7 @@ use crate::telemetry::{
 
 use crate::attempt::budget::SCONTROL_TIMEOUT;
 use crate::attempt::deadline::Deadline;
+use crate::attempt::error::RunError;
 use crate::attempt::records::context;
 use crate::attempt::watchdog::{Beats, Hang, Worker};
 use crate::run::lost::{lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang};
@@ -58,7 +59,7 @@ pub(super) struct HangDesk {
     ended: AtomicBool,
     /// ... and it wants a checkpoint of the last completed step.
     requested: AtomicBool,
-    reply: Mutex<Option<Sender<Result<u64, String>>>>,
+    reply: Mutex<Option<Sender<Result<u64, RunError>>>>,
 }
 
 impl HangDesk {
@@ -78,13 +79,13 @@ impl HangDesk {
 
     /// The attempt ends, with a checkpoint wanted. The request is in place
     /// before `ended` is set, so a thread that sees `ended` sees it too.
-    fn request(&self, reply: Sender<Result<u64, String>>) {
+    fn request(&self, reply: Sender<Result<u64, RunError>>) {
         *self.reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(reply);
         self.requested.store(true, Ordering::SeqCst);
         self.ended.store(true, Ordering::SeqCst);
     }
 
-    fn answer(&self, result: Result<u64, String>) {
+    fn answer(&self, result: Result<u64, RunError>) {
         if let Some(tx) = self.reply.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = tx.send(result);
         }
@@ -102,7 +103,7 @@ impl Attempt {
                 step = self.trainer.step(),
                 "watchdog: writing a checkpoint of the last completed step beside the stuck save"
             );
-            let result = self.save_now("hang").map(|r| r.step).map_err(|e| e.to_string());
+            let result = self.save_now("hang").map(|r| r.step);
             if let Err(e) = self.events.sync() {
                 tracing::error!(error = %e, "could not sync events.jsonl");
             }
@@ -412,7 +413,7 @@ mod tests {
         assert!(desk.ended() && desk.requested());
         desk.answer(Ok(7));
         desk.answer(Ok(8));
-        assert_eq!(rx.recv().unwrap(), Ok(7));
+        assert!(matches!(rx.recv().unwrap(), Ok(7)));
         assert!(rx.try_recv().is_err(), "one answer");
     }
 }

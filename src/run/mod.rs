@@ -264,6 +264,7 @@ impl Attempt {
     fn stop_reason(&self) -> Option<StopReason> {
         self.stop
             .signal()
+            .map(StopReason::Signal)
             .or_else(|| self.stop_at_step.filter(|k| self.trainer.step() >= *k).map(|_| StopReason::StopAtStep))
     }
 

@@ -46,7 +46,7 @@ use crate::exit::Outcome;
 use crate::train::{Registry, StepResult, Trainer};
 
 use crate::attempt::error::RunError;
-use crate::attempt::stop::{StopFlag, StopReason};
+use crate::attempt::stop::{StopFlag, StopSignal};
 use crate::checkpoint::persist::panic_message;
 use crate::run::envelope::StateEnvelope;
 use crate::run::rank_watch::Pulse;
@@ -89,7 +89,7 @@ pub struct PartDone {
 pub struct Report {
     pub node: String,
     /// The first stop signal this rank received, and how long ago.
-    pub signal: Option<i32>,
+    pub signal: Option<StopSignal>,
     pub signal_age_s: f64,
     /// Only from the leader.
     pub lead: Option<Lead>,
@@ -100,12 +100,9 @@ pub struct Report {
 
 impl Report {
     fn of(node: &str, stop: &StopFlag, lead: Option<Lead>) -> Report {
-        let signal = stop.signal().and_then(|r| match r {
-            StopReason::Signal(s) => Some(s),
-            StopReason::StopAtStep => None,
-        });
-        let age = stop.first_arrival().map_or(0.0, |t| t.elapsed().as_secs_f64());
-        Report { node: node.to_string(), signal, signal_age_s: age, lead, parts: Vec::new() }
+        let first = stop.signal();
+        let age = first.map_or(0.0, |s| s.arrival.elapsed().as_secs_f64());
+        Report { node: node.to_string(), signal: first.map(|s| s.signal), signal_age_s: age, lead, parts: Vec::new() }
     }
 }
 
@@ -117,7 +114,7 @@ pub fn trains(reports: &[Report]) -> bool {
 }
 
 /// The earliest stop signal over all ranks, and its age.
-pub fn earliest_signal(reports: &[Report]) -> Option<(i32, f64)> {
+pub fn earliest_signal(reports: &[Report]) -> Option<(StopSignal, f64)> {
     reports.iter().filter_map(|r| r.signal.map(|s| (s, r.signal_age_s))).max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
@@ -488,7 +485,7 @@ impl PartsInbox {
 mod tests {
     use super::*;
 
-    fn report(signal: Option<i32>, age: f64, lead: Option<Lead>) -> Report {
+    fn report(signal: Option<StopSignal>, age: f64, lead: Option<Lead>) -> Report {
         Report { node: "n".into(), signal, signal_age_s: age, lead, parts: Vec::new() }
     }
 
@@ -519,16 +516,20 @@ mod tests {
         let tick = |train| Some(Lead::Tick { train });
         assert!(trains(&[report(None, 0.0, tick(true)), report(None, 0.0, None)]));
         assert!(!trains(&[report(None, 0.0, tick(false)), report(None, 0.0, None)]));
-        assert!(!trains(&[report(None, 0.0, tick(true)), report(Some(15), 0.2, None)]));
-        assert!(!trains(&[report(Some(10), 0.1, tick(true)), report(None, 0.0, None)]));
+        assert!(!trains(&[report(None, 0.0, tick(true)), report(Some(StopSignal::Term), 0.2, None)]));
+        assert!(!trains(&[report(Some(StopSignal::Usr1), 0.1, tick(true)), report(None, 0.0, None)]));
         assert!(!trains(&[report(None, 0.0, Some(Lead::Begin { resume_step: None }))]));
         assert!(!trains(&[]));
     }
 
     #[test]
     fn the_earliest_signal_over_ranks_sets_the_deadline() {
-        let reports = [report(Some(15), 0.1, None), report(Some(10), 2.5, None), report(None, 0.0, None)];
-        assert_eq!(earliest_signal(&reports), Some((10, 2.5)));
+        let reports = [
+            report(Some(StopSignal::Term), 0.1, None),
+            report(Some(StopSignal::Usr1), 2.5, None),
+            report(None, 0.0, None),
+        ];
+        assert_eq!(earliest_signal(&reports), Some((StopSignal::Usr1, 2.5)));
         assert_eq!(earliest_signal(&[report(None, 0.0, None)]), None);
     }
 
@@ -540,7 +541,7 @@ mod tests {
             Lead::Tick { train: false },
             Lead::End { code: 75 },
         ] {
-            let r = report(Some(15), 1.0, Some(lead));
+            let r = report(Some(StopSignal::Term), 1.0, Some(lead));
             let back: Report = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
             assert_eq!(back, r);
         }

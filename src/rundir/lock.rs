@@ -157,6 +157,20 @@ pub enum LockError {
     NotALock { path: PathBuf, reason: String },
 }
 
+/// Why a held lock is not confirmed as ours ([`LockOwnership::confirm`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OwnershipError {
+    #[error("the run-directory lock {path} was lost earlier")]
+    LostEarlier { path: PathBuf },
+    /// Cannot prove ownership, but nothing says it was lost.
+    #[error("cannot read the run-directory lock {path}: {source}")]
+    Unreadable { path: PathBuf, source: std::io::Error },
+    #[error("the run-directory lock {path} now belongs to pid {pid} on {host} (job {})", job_id.as_deref().unwrap_or("none"))]
+    TakenOver { path: PathBuf, pid: u32, host: String, job_id: Option<String> },
+    #[error("the run-directory lock {path} is gone or unreadable")]
+    Gone { path: PathBuf },
+}
+
 /// The content of the lock file. Fields after `started` were added later:
 /// lock files without them still read.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -570,9 +584,10 @@ struct Holding {
 impl Holding {
     /// Reads the lock: Ok while it holds our token; otherwise marks the lock
     /// lost and says who holds it now.
-    fn confirm(&self) -> Result<(), String> {
+    fn confirm(&self) -> Result<(), OwnershipError> {
+        let path = || self.path.clone();
         if self.lost.load(Ordering::SeqCst) {
-            return Err(format!("the run-directory lock {} was lost earlier", self.path.display()));
+            return Err(OwnershipError::LostEarlier { path: path() });
         }
         // One retry: a network filesystem may fail one read and not the next.
         let read = read_if_exists(&self.path).or_else(|_| {
@@ -583,21 +598,15 @@ impl Holding {
             Ok(Some(bytes)) => LockInfo::parse(&bytes),
             Ok(None) => None,
             // Cannot read it: cannot prove ownership, but nothing says we lost it.
-            Err(e) => return Err(format!("cannot read the run-directory lock {}: {e}", self.path.display())),
+            Err(source) => return Err(OwnershipError::Unreadable { path: path(), source }),
         };
         match current {
             Some(c) if c.token == self.token => Ok(()),
             other => {
                 self.lost.store(true, Ordering::SeqCst);
                 Err(match other {
-                    Some(c) => format!(
-                        "the run-directory lock {} now belongs to pid {} on {} (job {})",
-                        self.path.display(),
-                        c.pid,
-                        c.host,
-                        c.job_id.as_deref().unwrap_or("none")
-                    ),
-                    None => format!("the run-directory lock {} is gone or unreadable", self.path.display()),
+                    Some(c) => OwnershipError::TakenOver { path: path(), pid: c.pid, host: c.host, job_id: c.job_id },
+                    None => OwnershipError::Gone { path: path() },
                 })
             }
         }
@@ -619,7 +628,7 @@ impl LockOwnership {
     /// Reads the lock file (a cheap read) and confirms it is still ours; when
     /// it is not, marks the lock lost and says who holds it now. Called right
     /// before each checkpoint commit.
-    pub fn confirm(&self) -> Result<(), String> {
+    pub fn confirm(&self) -> Result<(), OwnershipError> {
         self.0.confirm()
     }
 
@@ -1242,12 +1251,14 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let lock = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
         let own = lock.ownership();
-        assert_eq!(own.confirm(), Ok(()));
+        assert!(own.confirm().is_ok());
         assert!(!own.is_lost());
         let other = LockInfo { token: "x".into(), host: "n9".into(), pid: 5, ..LockInfo::default() };
         fs::write(tmp.path().join(LOCK_FILE), other.to_bytes()).unwrap();
-        let err = own.confirm().unwrap_err();
+        let err = own.confirm().unwrap_err().to_string();
         assert!(err.contains("now belongs to pid 5 on n9"), "{err}");
+        let again = own.confirm().unwrap_err();
+        assert!(matches!(again, OwnershipError::LostEarlier { .. }), "{again}");
         assert!(own.is_lost());
         drop(lock);
         assert_eq!(fs::read(tmp.path().join(LOCK_FILE)).unwrap(), other.to_bytes(), "a lost lock is not removed");
