@@ -380,7 +380,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path(), 3)
             .unwrap()
-            .with_commit_guard(crate::checkpoint::CommitGuard::new(|| Err("the lock is another's".into())));
+            .with_commit_guard(crate::checkpoint::CommitGuard::new(|| Err("the lock is another's")));
         store.reset_staging().unwrap();
         let staged = stage(&store, "a", &[("x", b"1")]);
         let err = store.seal(&staged, 1).unwrap_err();

@@ -38,8 +38,10 @@ pub use layout::{
 };
 pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 pub use parts::{optimizer_part_name, parse_optimizer_part_name};
-pub use persist::{Persisted, Persister, PersisterDied, SaveWatch, Unwatched};
+pub use persist::{PartsError, Persisted, Persister, PersisterDied, SaveWatch, Unwatched};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
 pub use store::{CheckpointStore, CommitGuard, LoadOutcome, Parts, PartsWritten, SaveReport};
-pub use tensor::{DType, HostTensor, SharedBytes, TensorBytes, TensorError, TensorSet, copy_parallel, payload_bytes, reusable};
+pub use tensor::{
+    DType, HostTensor, SharedBytes, TensorBytes, TensorError, TensorSet, copy_parallel, payload_bytes, reusable,
+};
 pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};

@@ -90,7 +90,10 @@ pub fn assemble(model: &TensorSet, parts: &[TensorSet]) -> Result<TensorSet, Str
             let Some(first) = pieces.first() else {
                 if elements == 0 {
                     // No slice covers a parameter without values.
-                    whole.insert(name, HostTensor::new(DType::F32, value.shape.clone(), Vec::new()).map_err(|e| e.to_string())?);
+                    whole.insert(
+                        name,
+                        HostTensor::new(DType::F32, value.shape.clone(), Vec::new()).map_err(|e| e.to_string())?,
+                    );
                     continue;
                 }
                 return Err(format!("no rank's part holds `{name}`"));

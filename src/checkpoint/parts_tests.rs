@@ -11,6 +11,7 @@ use super::error::{CheckpointError, Problem};
 use super::layout::{MODEL_FILE, STATE_FILE, Snapshot};
 use super::manifest::{MANIFEST_FILE, Manifest, ManifestEntry};
 use super::parts::optimizer_part_name;
+use super::persist::PartsError;
 use super::store::{CheckpointStore, Parts};
 use super::tensor::{HostTensor, TensorSet};
 use super::verify::{VerifyLevel, verify_checkpoint_dir};
@@ -60,7 +61,7 @@ fn snapshot(step: u64, optimizer: TensorSet) -> Snapshot {
 
 /// Ranks 1 and 2 writing their parts from their own view of the
 /// checkpoints directory, as followers do.
-fn other_ranks(dir: &Path, staging: &str, step: u64) -> Result<Vec<ManifestEntry>, String> {
+fn other_ranks(dir: &Path, staging: &str, step: u64) -> Result<Vec<ManifestEntry>, PartsError> {
     let follower = CheckpointStore::open_read_only(dir);
     std::thread::scope(|s| {
         let writers: Vec<_> = (1..3)
@@ -69,7 +70,11 @@ fn other_ranks(dir: &Path, staging: &str, step: u64) -> Result<Vec<ManifestEntry
                 s.spawn(move || follower.write_part(staging, r, 3, step, &part(r)))
             })
             .collect();
-        writers.into_iter().map(|w| w.join().unwrap().map_err(|e| e.to_string())).collect()
+        writers
+            .into_iter()
+            .zip(1..)
+            .map(|(w, rank)| w.join().unwrap().map_err(|e| PartsError::RankFailed { rank, error: e.to_string() }))
+            .collect()
     })
 }
 
@@ -151,7 +156,7 @@ fn a_rank_that_cannot_write_its_part_leaves_nothing_committed_and_no_staging() {
         // Rank 1 wrote its part, rank 2 failed.
         let follower = CheckpointStore::open_read_only(tmp.path());
         follower.write_part(staging, 1, 3, 2, &part(1)).unwrap();
-        Err("rank 2 could not write its part: disk full".to_string())
+        Err(PartsError::RankFailed { rank: 2, error: "disk full".into() })
     };
     let err = store
         .save_with(&snapshot(2, part(0)), Some(Parts { staging: staging.into(), world: 3, collect: &mut collect }))

@@ -63,7 +63,30 @@ pub struct Persisted {
 
 /// The other ranks' entries for a checkpoint written in parts, or why they
 /// will not come.
-pub type PartEntries = Result<Vec<ManifestEntry>, String>;
+pub type PartEntries = Result<Vec<ManifestEntry>, PartsError>;
+
+/// Why the other ranks' parts of a checkpoint will not come (the save is
+/// abandoned: the previous checkpoint stands).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PartsError {
+    /// A round of the ranks' agreement failed (the error, as text: it is
+    /// the run's, which the checkpointer does not know).
+    #[error("the ranks could not agree: {0}")]
+    NoAgreement(String),
+    /// These ranks did not report within `[distributed] timeout`.
+    #[error(
+        "rank(s) {} did not report their part within {waited_s:.0} s ([distributed] timeout): their storage or \
+         the rank is stuck",
+        ranks.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    Overdue { ranks: Vec<usize>, waited_s: f64 },
+    /// A rank reported that it could not write its part.
+    #[error("rank {rank} could not write its part: {error}")]
+    RankFailed { rank: usize, error: String },
+    /// The run stopped waiting for them.
+    #[error("the run stopped waiting for them (it is ending)")]
+    Abandoned,
+}
 
 /// Where the ranks write a checkpoint in parts: the staging directory they
 /// share and their number.
@@ -235,11 +258,7 @@ fn start_thread(store: CheckpointStore, watch: Watch) -> std::io::Result<Started
                 let result = match job.parts {
                     None => store.save(&job.snapshot),
                     Some((spec, entries)) => {
-                        let mut collect = || {
-                            entries
-                                .recv()
-                                .unwrap_or_else(|_| Err("the run stopped waiting for them (it is ending)".to_string()))
-                        };
+                        let mut collect = || entries.recv().unwrap_or(Err(PartsError::Abandoned));
                         let parts = Parts { staging: spec.staging, world: spec.world, collect: &mut collect };
                         store.save_with(&job.snapshot, Some(parts))
                     }

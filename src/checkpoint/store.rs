@@ -119,19 +119,20 @@ pub struct Parts<'a> {
     /// entries in rank order (ranks 1, 2, …), or why they will not come.
     /// Called exactly once per save, also when the save failed before it
     /// needed them (the staging directory is removed after it returns).
-    pub collect: &'a mut dyn FnMut() -> Result<Vec<ManifestEntry>, String>,
+    pub collect: &'a mut dyn FnMut() -> Result<Vec<ManifestEntry>, super::persist::PartsError>,
 }
 
 /// Asked right before each commit (and before rotation deletes anything):
 /// `Ok` when this process may still write into the checkpoints directory,
 /// else why not. The store knows nothing of who decides: the run passes a
-/// check of its run-directory lock.
+/// check of its run-directory lock, whose typed error the store records as
+/// the reason of [`CheckpointError::NotOwner`].
 #[derive(Clone)]
 pub struct CommitGuard(Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
 
 impl CommitGuard {
-    pub fn new(check: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> CommitGuard {
-        CommitGuard(Arc::new(check))
+    pub fn new<E: std::fmt::Display>(check: impl Fn() -> Result<(), E> + Send + Sync + 'static) -> CommitGuard {
+        CommitGuard(Arc::new(move || check().map_err(|e| e.to_string())))
     }
 
     fn check(&self, step: u64) -> Result<(), CheckpointError> {
@@ -528,7 +529,7 @@ impl CheckpointStore {
             // Every other rank's part, written and hashed by that rank.
             *collected = true;
             let waiting = Instant::now();
-            let theirs = (parts.collect)().map_err(|reason| CheckpointError::Parts { step, reason })?;
+            let theirs = (parts.collect)().map_err(|e| CheckpointError::Parts { step, reason: e.to_string() })?;
             written_in_parts = Some(PartsWritten { ranks: parts.world, wait_seconds: waiting.elapsed().as_secs_f64() });
             entries.extend(
                 check_part_entries(tmp, theirs, parts.world)
@@ -1038,7 +1039,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path(), 3).unwrap();
         store.save(&snapshot(1)).unwrap();
-        let refusing = store.clone().with_commit_guard(CommitGuard::new(|| Err("the lock is another's".into())));
+        let refusing = store.clone().with_commit_guard(CommitGuard::new(|| Err("the lock is another's")));
         let err = refusing.save(&snapshot(2)).unwrap_err();
         assert!(matches!(&err, CheckpointError::NotOwner { step: 2, reason } if reason == "the lock is another's"));
         assert!(err.not_owner() && !err.committed());
@@ -1059,7 +1060,7 @@ mod tests {
             let asked = std::sync::Arc::clone(&asked);
             CommitGuard::new(move || match asked.fetch_add(1, Ordering::SeqCst) {
                 0 => Ok(()),
-                _ => Err("lost just after the commit".into()),
+                _ => Err("lost just after the commit"),
             })
         };
         let err = store.clone().with_commit_guard(guard).save(&snapshot(2)).unwrap_err();

@@ -318,6 +318,11 @@ mod tests {
         let err = HostTensor::new(DType::U8, vec![usize::MAX, 2], Vec::new()).unwrap_err();
         assert!(err.to_string().contains("more than 2^64"), "{err}");
         assert!(HostTensor::new(DType::I64, vec![2, 0, 3], Vec::new()).is_ok());
-        assert!(HostTensor::new(DType::F32, vec![3], vec![0; 11]).unwrap_err().to_string().contains("needs 12 bytes, got 11"));
+        assert!(
+            HostTensor::new(DType::F32, vec![3], vec![0; 11])
+                .unwrap_err()
+                .to_string()
+                .contains("needs 12 bytes, got 11")
+        );
     }
 }

@@ -91,7 +91,7 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     let ownership = lock.ownership();
     let guard = {
         let lock = ownership.clone();
-        CommitGuard::new(move || lock.confirm().map_err(|e| e.to_string()))
+        CommitGuard::new(move || lock.confirm())
     };
     // The supervisor commits nothing itself (`rekindle seal` does), but it
     // quarantines and removes staged leftovers: only as the lock's owner.

@@ -70,7 +70,7 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
             let slurm = SlurmEnv::from_process();
             let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
             let ownership = lock.ownership();
-            (CommitGuard::new(move || ownership.confirm().map_err(|e| e.to_string())), Some(lock))
+            (CommitGuard::new(move || ownership.confirm()), Some(lock))
         }
     };
     let checkpoints = checkpoints_dir(&root, &cfg);

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{CheckpointStore, ManifestEntry, TensorSet, load_dir};
+use crate::checkpoint::{CheckpointStore, ManifestEntry, PartsError, TensorSet, load_dir};
 use crate::config::Config;
 use crate::distributed::{Collective, SharedWorld};
 use crate::exit::Outcome;
@@ -443,21 +443,15 @@ impl PartsInbox {
     }
 
     /// Why waiting longer than `waited` for the missing parts was given up.
-    pub fn overdue(&self, waited: Duration) -> String {
-        let ranks: Vec<String> = self.missing().iter().map(ToString::to_string).collect();
-        format!(
-            "rank(s) {} did not report their part within {:.0} s ([distributed] timeout): their storage or \
-             the rank is stuck",
-            ranks.join(", "),
-            waited.as_secs_f64()
-        )
+    pub fn overdue(&self, waited: Duration) -> PartsError {
+        PartsError::Overdue { ranks: self.missing(), waited_s: waited.as_secs_f64() }
     }
 
     /// Takes the reports of this save's parts (others are stale: a save
     /// that was abandoned, even of the same step); returns, once every
     /// follower reported, their entries in rank order, or the first rank's
     /// error.
-    pub fn add(&mut self, parts: Vec<(usize, PartDone)>) -> Option<Result<Vec<ManifestEntry>, String>> {
+    pub fn add(&mut self, parts: Vec<(usize, PartDone)>) -> Option<Result<Vec<ManifestEntry>, PartsError>> {
         for (rank, part) in parts {
             if part.staging == self.staging && (1..self.world).contains(&rank) {
                 self.got.insert(rank, part);
@@ -471,10 +465,10 @@ impl PartsInbox {
                 .iter()
                 .map(|(rank, part)| match (&part.entry, &part.error) {
                     (Some(entry), None) => Ok(entry.clone()),
-                    (_, error) => Err(format!(
-                        "rank {rank} could not write its part: {}",
-                        error.as_deref().unwrap_or("it reported neither an entry nor an error")
-                    )),
+                    (_, error) => Err(PartsError::RankFailed {
+                        rank: *rank,
+                        error: error.as_deref().unwrap_or("it reported neither an entry nor an error").to_string(),
+                    }),
                 })
                 .collect(),
         )
@@ -506,7 +500,8 @@ mod tests {
         let mut failed = PartsInbox::new(".tmp-b", 3);
         let broken = PartDone { staging: ".tmp-b".into(), step: 20, entry: None, error: Some("disk full".into()) };
         let verdict = failed.add(vec![(1, done(".tmp-b", 1)), (2, broken)]).unwrap().unwrap_err();
-        assert!(verdict.contains("rank 2") && verdict.contains("disk full"), "{verdict}");
+        assert_eq!(verdict, PartsError::RankFailed { rank: 2, error: "disk full".into() });
+        assert_eq!(verdict.to_string(), "rank 2 could not write its part: disk full");
         let alone = PartsInbox::new(".tmp-c", 1).add(Vec::new());
         assert_eq!(alone, Some(Ok(Vec::new())), "a world of one has no followers");
     }

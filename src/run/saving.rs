@@ -22,7 +22,7 @@ use crate::checkpoint::interval::{
     CostMeter, IntervalInputs, Mtbf, MtbfSource, Slowdown, choose_interval, history_mtbf, interval_event,
     noticeably_different, recompute_after,
 };
-use crate::checkpoint::persist::{InParts, PartEntries, Persisted, PersisterDied};
+use crate::checkpoint::persist::{InParts, PartEntries, PartsError, Persisted, PersisterDied};
 use crate::run::ranks::{Leader, PartsInbox};
 use crate::rundir::METRICS_FILE;
 
@@ -203,7 +203,7 @@ impl Attempt {
             };
             let overdue = waiting.elapsed() > self.cfg.distributed.timeout;
             let given_up = match (round, &self.parts_inbox) {
-                (Err(e), _) => Some(format!("the ranks could not agree: {e}")),
+                (Err(e), _) => Some(PartsError::NoAgreement(e)),
                 (Ok(()), Some(inbox)) if overdue => Some(inbox.overdue(waiting.elapsed())),
                 _ => None,
             };
@@ -523,7 +523,7 @@ fn collect_parts(
     let mut inbox = PartsInbox::new(staging, world);
     let waiting = Instant::now();
     loop {
-        leader.tick(stop, false, step).map_err(|e| format!("the ranks could not agree: {e}"))?;
+        leader.tick(stop, false, step).map_err(|e| PartsError::NoAgreement(e.to_string()))?;
         if let Some(entries) = inbox.add(leader.take_parts(staging)) {
             return entries;
         }

@@ -58,7 +58,7 @@ impl Attempt {
         // Every commit first confirms the run directory is still ours.
         let guard = {
             let lock = ownership.clone();
-            CommitGuard::new(move || lock.confirm().map_err(|e| e.to_string()))
+            CommitGuard::new(move || lock.confirm())
         };
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
         // The interruption history is read before this attempt's `start`.

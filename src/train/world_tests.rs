@@ -187,9 +187,15 @@ fn the_parts_of_sharded_ranks_saved_as_one_checkpoint_load_as_the_unsharded_stat
     let store = CheckpointStore::open(tmp.path(), 3).unwrap();
     let staging = store.new_shared_staging(2, "test").unwrap();
     let staging = staging.as_str();
-    let mut collect = || -> Result<Vec<_>, String> {
+    let mut collect = || -> Result<Vec<_>, crate::checkpoint::PartsError> {
         let follower = CheckpointStore::open_read_only(tmp.path());
-        (1..3).map(|r| follower.write_part(staging, r, 3, 2, &sharded[r].2).map_err(|e| e.to_string())).collect()
+        (1..3)
+            .map(|rank| {
+                follower
+                    .write_part(staging, rank, 3, 2, &sharded[rank].2)
+                    .map_err(|e| crate::checkpoint::PartsError::RankFailed { rank, error: e.to_string() })
+            })
+            .collect()
     };
     let (_, snap, part) = &sharded[0];
     let snapshot = Snapshot { step: 2, model: snap.model.clone(), optimizer: part.clone(), state: snap.state.clone() };

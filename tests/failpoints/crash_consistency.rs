@@ -17,8 +17,8 @@ use crate::support;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use rekindle::checkpoint::{
-    CheckpointError, CheckpointStore, MANIFEST_FILE, OPTIMIZER_FILE, Parts, REQUIRED_FILES, STATE_FILE, SaveReport,
-    VerifyLevel,
+    CheckpointError, CheckpointStore, MANIFEST_FILE, OPTIMIZER_FILE, Parts, PartsError, REQUIRED_FILES, STATE_FILE,
+    SaveReport, VerifyLevel,
 };
 
 use support::{
@@ -468,7 +468,7 @@ fn run_parts_case(fault: Fault) {
     let mut collect = || {
         let written = std::thread::scope(|s| s.spawn(|| follower.write_part(staging, 1, 2, NEW_STEP, &part)).join());
         match written {
-            Ok(entry) => entry.map(|e| vec![e]).map_err(|e| format!("rank 1 could not write its part: {e}")),
+            Ok(entry) => entry.map(|e| vec![e]).map_err(|e| PartsError::RankFailed { rank: 1, error: e.to_string() }),
             // Rank 1 died: the launcher ends rank 0 too, in the middle of its save.
             Err(panic) => std::panic::resume_unwind(panic),
         }
