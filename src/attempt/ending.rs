@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::exit::Outcome;
 use crate::publish::{self, PublishRequest};
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
-use crate::telemetry::{CrashClass, Event, EventLog, Finish, PublishOutcome, RequeueRecord, Signal, Stop};
+use crate::telemetry::{CrashClass, ErrorEvent, Event, EventLog, Finish, PublishOutcome, RequeueRecord, Signal, Stop};
 
 use super::budget;
 use super::crash::{self, CrashAction};
@@ -257,13 +257,51 @@ pub(crate) fn publish_results(
     outcome
 }
 
+/// A failure as its `error` event records it.
+pub(crate) struct Failure<'a> {
+    pub error: &'a RunError,
+    pub class: CrashClass,
+    /// Why it was classified so.
+    pub why: String,
+    /// The step it happened at (of the newest checkpoint, for `exec`), if any.
+    pub step: Option<u64>,
+    /// Its stop path already made the requeue decision.
+    pub stop_path: bool,
+}
+
+/// The requeue decision after `failure` ([`requeue_after_failure`]) and the
+/// `error` event that records it with its class and what was done (best
+/// effort: the error itself is what the caller returns).
+pub(crate) fn record_failure(
+    cfg: &Config,
+    alloc: &SlurmEnv,
+    failure: Failure<'_>,
+    events: &mut EventLog,
+    events_path: &std::path::Path,
+) {
+    let (requeue, hold_seconds, hold_error) =
+        requeue_after_failure(cfg, alloc, failure.class, failure.stop_path, events, events_path);
+    record_or_log(
+        events,
+        &Event::Error(ErrorEvent {
+            step: failure.step,
+            error: failure.error.to_string(),
+            class: Some(failure.class),
+            why: Some(failure.why),
+            requeue: Some(requeue),
+            hold_seconds,
+            hold_error,
+        }),
+    );
+}
+
 /// The requeue decision after a failure of `class` (`crash.rs`): a
 /// transient one requeues the job (the usual requeue rules, at most `[run]
 /// max_crash_requeues` in a row without a new checkpoint, counted from
 /// `events_path`, each held back longer), a deterministic one never does,
 /// nor one whose stop path already decided (`stop_path`). Records the
 /// `requeue` event when there was one; returns it with the hold.
-pub(crate) fn requeue_after_failure(
+fn requeue_after_failure(
     cfg: &Config,
     alloc: &SlurmEnv,
     class: CrashClass,

@@ -43,7 +43,7 @@ use crate::telemetry::{
 use crate::attempt::budget;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::devices;
-use crate::attempt::ending::{StopRequeue, early_stop, publish_results, record_or_log, requeue_after_failure};
+use crate::attempt::ending::{Failure, StopRequeue, early_stop, publish_results, record_failure, record_or_log};
 use crate::attempt::error::RunError;
 use crate::attempt::records::{
     context, fresh_start, last_logged_step, previous_summary, recorded, resume_record, set_aside_rejected,
@@ -408,20 +408,8 @@ impl ExecAttempt {
     fn fail(mut self, events: &mut EventLog, error: &RunError, class: crate::telemetry::CrashClass, why: &str) {
         tracing::error!(class = ?class, %why, "the program failed; classified before exiting 1");
         let _ = devices::stop_monitor(self.monitor.take(), events);
-        let (requeue, hold_seconds, hold_error) =
-            requeue_after_failure(&self.cfg, &self.slurm, class, false, events, &self.dir.path(EVENTS_FILE));
-        record_or_log(
-            events,
-            &Event::Error(ErrorEvent {
-                step: self.newest_step(),
-                error: error.to_string(),
-                class: Some(class),
-                why: Some(why.to_string()),
-                requeue: Some(requeue),
-                hold_seconds,
-                hold_error,
-            }),
-        );
+        let failure = Failure { error, class, why: why.to_string(), step: self.newest_step(), stop_path: false };
+        record_failure(&self.cfg, &self.slurm, failure, events, &self.dir.path(EVENTS_FILE));
         let _ = events.sync();
     }
 

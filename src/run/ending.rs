@@ -22,8 +22,7 @@ use crate::config::Config;
 use crate::exit::Outcome;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{
-    ErrorEvent, Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState,
-    now_rfc3339,
+    Event, EventLog, Finish, Nonfinite, PublishOutcome, RequeueRecord, Signal, Stop, Summary, SummaryState, now_rfc3339,
 };
 use crate::train::{NonFiniteEvent, TrainError};
 
@@ -31,7 +30,9 @@ use crate::attempt::budget;
 use crate::attempt::crash::{self};
 use crate::attempt::deadline::Deadline;
 use crate::attempt::devices;
-use crate::attempt::ending::{StopRequeue, instant_to_rfc3339, publish_results, record_or_log, requeue_after_failure};
+use crate::attempt::ending::{
+    Failure, StopRequeue, instant_to_rfc3339, publish_results, record_failure, record_or_log,
+};
 use crate::attempt::error::RunError;
 use crate::attempt::records::{context, recorded};
 use crate::attempt::stop::StopReason;
@@ -322,23 +323,8 @@ impl Attempt {
         let stop_path =
             matches!(error, RunError::StopWithoutCheckpoint { .. } | RunError::StoppedBeforeFirstCheckpoint { .. });
         tracing::error!(class = ?class, %why, "the run failed; classified before exiting 1");
-        let (requeue, hold_seconds, hold_error) = requeue_after_failure(
-            &self.cfg,
-            &self.slurm,
-            class,
-            stop_path,
-            &mut self.events,
-            &self.dir.path(EVENTS_FILE),
-        );
-        self.record_or_log(&Event::Error(ErrorEvent {
-            step: Some(self.trainer.step()),
-            error: error.to_string(),
-            class: Some(class),
-            why: Some(why),
-            requeue: Some(requeue),
-            hold_seconds,
-            hold_error,
-        }));
+        let failure = Failure { error, class, why, step: Some(self.trainer.step()), stop_path };
+        record_failure(&self.cfg, &self.slurm, failure, &mut self.events, &self.dir.path(EVENTS_FILE));
         let _ = self.write_summary(SummaryState::Failed);
         let _ = self.events.sync();
     }
@@ -437,19 +423,7 @@ pub(crate) fn record_failed_start(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, 
     }
     let (class, why) = crash::classify(error, 0);
     tracing::error!(class = ?class, %why, "the attempt failed before training began; classified before exiting 1");
-    let (requeue, hold_seconds, hold_error) = requeue_after_failure(cfg, slurm, class, false, &mut events, &path);
-    record_or_log(
-        &mut events,
-        &Event::Error(ErrorEvent {
-            step: None,
-            error: error.to_string(),
-            class: Some(class),
-            why: Some(why),
-            requeue: Some(requeue),
-            hold_seconds,
-            hold_error,
-        }),
-    );
+    record_failure(cfg, slurm, Failure { error, class, why, step: None, stop_path: false }, &mut events, &path);
     if let Err(e) = events.sync() {
         tracing::error!(error = %e, "could not sync events.jsonl");
     }
