@@ -125,15 +125,7 @@ impl CheckpointStore {
             Err(e) => return Err(back(format!("it was swapped while it was sealed: {e}"))),
         }
         match self.seal_moved(&sealing, &final_dir, step) {
-            Ok((bytes, rotated_out)) => Ok(SaveReport {
-                step,
-                dir: final_dir,
-                bytes,
-                seconds: started.elapsed().as_secs_f64(),
-                already_existed: false,
-                rotated_out,
-                parts: None,
-            }),
+            Ok((bytes, rotated_out)) => Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, None)),
             Err(e) if e.committed() => Err(e),
             Err(CheckpointError::Seal { reason, .. }) => Err(back(reason)),
             Err(e) => {

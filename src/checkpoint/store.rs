@@ -90,6 +90,22 @@ pub struct SaveReport {
     pub parts: Option<PartsWritten>,
 }
 
+impl SaveReport {
+    /// The report of a save of `step` committed as `dir` (`bytes` written,
+    /// since `started`), after rotation removed `rotated_out`.
+    pub(crate) fn committed(
+        step: u64,
+        dir: PathBuf,
+        bytes: u64,
+        started: std::time::Instant,
+        rotated_out: Vec<PathBuf>,
+        parts: Option<PartsWritten>,
+    ) -> SaveReport {
+        let seconds = started.elapsed().as_secs_f64();
+        SaveReport { step, dir, bytes, seconds, already_existed: false, rotated_out, parts }
+    }
+}
+
 /// The parts of a checkpoint written in parts, in its [`SaveReport`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PartsWritten {
@@ -432,15 +448,7 @@ impl CheckpointStore {
                         source: Box::new(e),
                     }
                 })?;
-                Ok(SaveReport {
-                    step,
-                    dir: final_dir,
-                    bytes,
-                    seconds: started.elapsed().as_secs_f64(),
-                    already_existed: false,
-                    rotated_out,
-                    parts,
-                })
+                Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, parts))
             }
             Err(e) => {
                 if tmp.exists()
