@@ -411,12 +411,16 @@ fn a_lost_lock_kills_the_program_and_writes_nothing_more() {
 fn a_stop_forwarded_while_a_seal_is_in_flight_does_not_kill_the_seal() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    // The seal waits 2 s before its rename; the program's process group (the
-    // seal included) gets SIGTERM meanwhile; the program waits for the seal
-    // and says whether the seal was still running when the TERM came.
+    // The seal waits 10 s before its rename; the program's process group
+    // (the seal included) gets SIGTERM meanwhile; the program waits for the
+    // seal and says whether the seal was still running when the TERM came.
+    // The test signals within milliseconds of the seal's pause; the pause
+    // only has to outlast a loaded machine's scheduling delays (it was 2 s:
+    // issue #34), and if it did not, "got TERM while the seal ran" is
+    // missing and the test fails.
     let script = r#"trap 'kill -0 $seal 2>/dev/null && echo "program got TERM while the seal ran" >&2' TERM
         d="$REKINDLE_CHECKPOINT_DIR/s"; mkdir "$d"; echo w > "$d/w"
-        FAILPOINTS='checkpoint::seal::before_rename=sleep(2000)' "$REKINDLE_BIN" -q seal "$d" --step 1 >/dev/null &
+        FAILPOINTS='checkpoint::seal::before_rename=sleep(10000)' "$REKINDLE_BIN" -q seal "$d" --step 1 >/dev/null &
         seal=$!
         while kill -0 $seal 2>/dev/null; do wait $seal; rc=$?; done
         echo "seal exited $rc" >&2"#;
