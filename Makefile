@@ -4,7 +4,7 @@
 CARGO ?= cargo
 PYTHON ?= python3
 
-.PHONY: all deps build demo test lint unit clean drill fuzz gpu-check cuda-env skip-summary
+.PHONY: all deps build demo test lint unit clean drill fuzz gpu-check cuda-env skip-summary test-under-load
 
 # The CUDA toolkit the `cuda` feature (candle's CUDA backend) builds with:
 # CUDA_ROOT when given (a system toolkit, e.g. CUDA_ROOT=/usr/local/cuda),
@@ -107,12 +107,39 @@ test: deps lint
 	$(CARGO) test --lib --features rocm gpu::
 	@$(MAKE) -s skip-summary
 
-## skip-summary: the tests the last `make test` skipped, and why
+## skip-summary: the tests the last `make test` (or test-under-load) skipped, and why
 skip-summary:
 	@if [ -s $(SKIPS) ]; then \
 		echo "*** $$(wc -l < $(SKIPS)) test(s) were SKIPPED (CI=true makes each a failure):"; \
 		sed 's/^/***   /' $(SKIPS); \
-	else echo "make test: no test was skipped"; fi
+	else echo "no test was skipped"; fi
+
+## test-under-load: the integration tests that wait on the clock (deadlines,
+## heartbeats, intervals, races, kills at random moments), run beside a CPU
+## hog (stress-ng on every core, light I/O and memory pressure): a test that
+## passes only on an idle machine fails here. Installs stress-ng if missing.
+# Which tests and why: README.md, "Development". The hog starts after
+# the build (building under load proves nothing) and is stopped however the
+# tests end; --timeout ends it even if this make is killed outright.
+LOAD_TESTS ?= interval:: lock:: signals:: watchdog:: exec:: documented:: distributed:: \
+	kill_chain:: sigkill:: publish:: boundary::
+LOAD_FAILPOINT_TESTS ?= seal_race::
+STRESS ?= --cpu $(shell nproc) --io 1 --vm 1 --vm-bytes 256M --timeout 2h
+test-under-load:
+	@command -v stress-ng >/dev/null || { apt-get update && apt-get install -y stress-ng; }
+	$(CARGO) build --examples $(FEATURES)
+	$(CARGO) test --no-run --test it --test failpoints $(FEATURES)
+	@rm -f $(SKIPS)
+	@echo "test-under-load: stress-ng $(STRESS)"
+	@echo "test-under-load: beside it: cargo test --test it $(FEATURES) -- $(LOAD_TESTS)"
+	@echo "test-under-load:        and: cargo test --test failpoints $(FEATURES) -- $(LOAD_FAILPOINT_TESTS)"
+	@stress-ng $(STRESS) --quiet & hog=$$!; \
+	trap 'kill $$hog 2>/dev/null; wait $$hog 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	t0=$$(date +%s); \
+	$(CARGO) test --test it $(FEATURES) -- $(LOAD_TESTS) && \
+	$(CARGO) test --test failpoints $(FEATURES) -- $(LOAD_FAILPOINT_TESTS); rc=$$?; \
+	echo "test-under-load: $$([ $$rc = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - t0 )) s beside stress-ng $(STRESS)"; \
+	$(MAKE) -s skip-summary; exit $$rc
 
 ## fuzz: the fuzz tests of every reader (src/fuzz.rs) with many more cases
 ## than `make test` runs (64 each); FUZZ_CASES=N to choose, bounded by FUZZ_TIMEOUT

@@ -4,17 +4,19 @@
 //!
 //! ```text
 //! lock_contender DIR --host NAME [--job ID] [--restart N] [--stale-after SECS]
-//!                [--start-at UNIX_SECS] [--hold SECS]
+//!                [--start-at UNIX_SECS] [--hold SECS | --hold-until PATH]
 //! ```
 //!
 //! Sleeps until `--start-at` (so that several processes started one after
 //! another ask at the same moment), asks for the lock as `NAME` (the node
 //! name the lock records), and prints `won PID` or `refused: ERROR`. A winner
-//! holds the lock for `--hold` seconds (default 0.5), checks it is still its
-//! own (`still-owner` or `lost: WHY`), then releases it. Exit status: 0 won
+//! holds the lock for `--hold` seconds (default 0.5), or until `PATH` exists
+//! (`--hold-until`: the test says when, so no loaded machine can make a
+//! hold end before the others have asked; at most ten minutes), checks it
+//! is still its own (`still-owner` or `lost: WHY`), then releases it. Exit status: 0 won
 //! and kept it, 1 refused, 2 usage or I/O error, 3 won but lost it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -24,7 +26,32 @@ struct Args {
     dir: PathBuf,
     request: LockRequest,
     start_at: Option<f64>,
-    hold: Duration,
+    hold: Hold,
+}
+
+/// How long a winner keeps the lock.
+enum Hold {
+    For(Duration),
+    Until(PathBuf),
+}
+
+/// The longest `--hold-until` waits for its file.
+const HOLD_UNTIL_LIMIT: Duration = Duration::from_secs(600);
+
+impl Hold {
+    fn wait(&self) {
+        match self {
+            Hold::For(d) => std::thread::sleep(*d),
+            Hold::Until(path) => wait_for(path),
+        }
+    }
+}
+
+fn wait_for(path: &Path) {
+    let t0 = std::time::Instant::now();
+    while !path.exists() && t0.elapsed() < HOLD_UNTIL_LIMIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -37,7 +64,7 @@ fn parse_args() -> Result<Args, String> {
         step_id: None,
         stale_after: Duration::from_secs(60),
     };
-    let (mut start_at, mut hold) = (None, Duration::from_millis(500));
+    let (mut start_at, mut hold) = (None, Hold::For(Duration::from_millis(500)));
     let seconds = |flag: &str, v: String| -> Result<f64, String> {
         v.parse::<f64>()
             .ok()
@@ -56,13 +83,14 @@ fn parse_args() -> Result<Args, String> {
                 request.stale_after = Duration::from_secs_f64(seconds("--stale-after", value("--stale-after")?)?)
             }
             "--start-at" => start_at = Some(seconds("--start-at", value("--start-at")?)?),
-            "--hold" => hold = Duration::from_secs_f64(seconds("--hold", value("--hold")?)?),
+            "--hold" => hold = Hold::For(Duration::from_secs_f64(seconds("--hold", value("--hold")?)?)),
+            "--hold-until" => hold = Hold::Until(PathBuf::from(value("--hold-until")?)),
             other if dir.is_none() && !other.starts_with("--") => dir = Some(PathBuf::from(other)),
             other => return Err(format!("unexpected argument `{other}`")),
         }
     }
     let usage = "usage: lock_contender DIR --host NAME [--job ID] [--restart N] [--stale-after SECS] \
-                 [--start-at UNIX_SECS] [--hold SECS]";
+                 [--start-at UNIX_SECS] [--hold SECS | --hold-until PATH]";
     if request.host.is_empty() {
         return Err(usage.into());
     }
@@ -84,7 +112,7 @@ fn main() -> ExitCode {
     match RunLock::acquire(&args.dir, args.request) {
         Ok(lock) => {
             println!("won {}", std::process::id());
-            std::thread::sleep(args.hold);
+            args.hold.wait();
             let code = match lock.ownership().confirm() {
                 Ok(()) => {
                     println!("still-owner");

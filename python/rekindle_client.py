@@ -139,14 +139,35 @@ def checkpoint(step, save_fn):
     staged = tempfile.mkdtemp(prefix="step-%d-" % step, dir=staging)
     save_fn(staged)
     binary = _env("REKINDLE_BIN") or "rekindle"
-    done = subprocess.run(
-        [binary, "-q", "seal", staged, "--step", str(int(step))],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    if done.returncode != 0:
-        raise RekindleError(done.stderr.decode("utf-8", "replace").strip() or "rekindle seal failed")
-    return done.stdout.decode("utf-8", "replace").strip()
+    seal = _start_seal([binary, "-q", "seal", staged, "--step", str(int(step))])
+    stdout, stderr = seal.communicate()
+    if seal.returncode < 0:
+        raise RekindleError("rekindle seal was killed by signal %d" % -seal.returncode)
+    if seal.returncode != 0:
+        raise RekindleError(stderr.decode("utf-8", "replace").strip() or "rekindle seal failed")
+    return stdout.decode("utf-8", "replace").strip()
+
+
+#: The signals a seal ignores (the stop signals rekindle forwards, and SLURM's).
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2}
+
+
+def _start_seal(argv):
+    """Starts `rekindle seal` with the stop signals blocked.
+
+    The stop rekindle forwards to the program's process group reaches a seal
+    in flight too; the seal ignores it, but only once it runs, and loading
+    the binary takes milliseconds. Blocked here, the signals stay blocked
+    through fork and exec until the seal ignores them (which discards one
+    already pending), so none can kill it on its way up. Only this thread
+    blocks them, and only while the process is created: the program's own
+    stop handler still runs, and should_stop() also reads the stop file.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def log_metrics(step, **values):

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::cli::{RunCmd, checkpoint_steps, exe};
+use crate::support::cli::{RunCmd, checkpoint_steps, events_named, exe};
 use crate::support::listing;
 use crate::support::runs::{EXIT_CONFIG, EXIT_DONE, EXIT_STOPPED};
 
@@ -134,10 +134,11 @@ fn stray_step_names_are_never_counted_nor_rotated_in_place_of_valid_checkpoints(
     let run = tmp.path().join("run");
     let cmd = || RunCmd::new(&run).set("run.max_steps=60").set("checkpoint.every_steps=10");
     cmd().arg("--stop-at-step").arg("30").run(TIMEOUT).assert_code(EXIT_STOPPED);
-    // A periodic save due while the previous one persists lands a step or
-    // two late under load (10, 22, 30): the count and the stop are exact.
-    let first = checkpoint_steps(&run);
-    assert!(first.len() == 3 && first[2] == 30, "{first:?}");
+    // The stop is exact; the periodic saves are not: one due while the
+    // previous one persists waits for it, so on a loaded machine it lands
+    // late (10, 22, 30) or, still pending at the stop, not at all (10, 30:
+    // issue #34). The rotation below is judged against the saves recorded.
+    assert_eq!(checkpoint_steps(&run).last(), Some(&30));
     let ckpt = run.join("checkpoints");
     // A copy of step 30 under a name that also parses as step 30, and a
     // stray name with no canonical twin.
@@ -150,10 +151,16 @@ fn stray_step_names_are_never_counted_nor_rotated_in_place_of_valid_checkpoints(
     fs::write(ckpt.join("step-7/notes.txt"), b"mine").unwrap();
     let strays = listing(&ckpt.join("step-30"));
     cmd().run(TIMEOUT).assert_code(EXIT_DONE);
-    // keep = 3 valid ones, rotated as usual (a periodic save deferred while
-    // the previous one persisted may land a step or two late: 40, 52, 60).
-    let kept = checkpoint_steps(&run);
-    assert!(kept.len() == 3 && kept[0] > 30 && kept[2] == 60, "{kept:?}");
+    // keep = 3: the three newest valid saves stay, rotated as usual; the
+    // strays neither count among them nor are rotated in their place. At
+    // least four were saved (a periodic save and the stop in the first
+    // attempt, one and the final in the second), so the rotation ran.
+    let mut saved: Vec<u64> =
+        events_named(&run, "checkpoint_saved").iter().map(|e| e["step"].as_u64().unwrap()).collect();
+    saved.sort_unstable();
+    saved.dedup();
+    assert!(saved.len() >= 4 && saved.last() == Some(&60), "saved {saved:?}");
+    assert_eq!(checkpoint_steps(&run), saved[saved.len() - 3..], "the three newest of the saves {saved:?}");
     assert_eq!(listing(&ckpt.join("step-30")), strays, "the stray copy is left alone");
     assert_eq!(fs::read(ckpt.join("step-7/notes.txt")).unwrap(), b"mine");
     let (code, stdout, stderr) = output(Command::new(exe()).args(["checkpoints"]).arg(&run));

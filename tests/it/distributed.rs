@@ -382,8 +382,13 @@ fn a_rank_stopped_without_dying_is_named_lost_within_the_timeout_and_the_world_e
         assert_eq!(event["pid"], pid, "{event}");
         assert!(event["step"].as_u64().is_some(), "{event}");
         assert!(!event["rank_node"].as_str().unwrap_or_default().is_empty(), "{event}");
+        // Not before the timeout; after it, as soon as a watcher reads the
+        // beats again (every tenth of it, idle). The upper bound only tells
+        // a loss the heartbeats caught from one noticed some other way (the
+        // launcher's abort, seconds on), with room for a watcher thread
+        // that a loaded machine runs late (it was 5 s: issue #34).
         let silent = event["silent_seconds"].as_f64().unwrap();
-        assert!(silent > TIMEOUT_S as f64 && silent < TIMEOUT_S as f64 + 5.0, "{event}");
+        assert!(silent > TIMEOUT_S as f64 && silent < TIMEOUT_S as f64 + 10.0, "{event}");
         let stop = events_named(&run_dir, "stop").pop().expect("a stop event");
         assert_eq!(stop["reason"], format!("rank_lost: rank {victim}"), "{stop}");
         let (code, out) = verify(&run_dir);

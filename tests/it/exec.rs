@@ -411,12 +411,16 @@ fn a_lost_lock_kills_the_program_and_writes_nothing_more() {
 fn a_stop_forwarded_while_a_seal_is_in_flight_does_not_kill_the_seal() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    // The seal waits 2 s before its rename; the program's process group (the
-    // seal included) gets SIGTERM meanwhile; the program waits for the seal
-    // and says whether the seal was still running when the TERM came.
+    // The seal waits 10 s before its rename; the program's process group
+    // (the seal included) gets SIGTERM meanwhile; the program waits for the
+    // seal and says whether the seal was still running when the TERM came.
+    // The test signals within milliseconds of the seal's pause; the pause
+    // only has to outlast a loaded machine's scheduling delays (it was 2 s:
+    // issue #34), and if it did not, "got TERM while the seal ran" is
+    // missing and the test fails.
     let script = r#"trap 'kill -0 $seal 2>/dev/null && echo "program got TERM while the seal ran" >&2' TERM
         d="$REKINDLE_CHECKPOINT_DIR/s"; mkdir "$d"; echo w > "$d/w"
-        FAILPOINTS='checkpoint::seal::before_rename=sleep(2000)' "$REKINDLE_BIN" -q seal "$d" --step 1 >/dev/null &
+        FAILPOINTS='checkpoint::seal::before_rename=sleep(10000)' "$REKINDLE_BIN" -q seal "$d" --step 1 >/dev/null &
         seal=$!
         while kill -0 $seal 2>/dev/null; do wait $seal; rc=$?; done
         echo "seal exited $rc" >&2"#;
@@ -440,6 +444,44 @@ fn a_stop_forwarded_while_a_seal_is_in_flight_does_not_kill_the_seal() {
     assert!(exited.stderr.contains("seal exited 0"), "{}", exited.tail());
     assert_eq!(checkpoint_steps(&run), vec![1]);
     assert_eq!(last_event(&run, "stop")["step"], 1);
+}
+
+/// The stop that `exec` forwards to the program's process group can reach a
+/// seal the program has just started, before the seal has set itself to
+/// ignore it (loading a debug binary takes milliseconds, more on a loaded
+/// machine): `rekindle_client.py` starts the seal with the stop signals
+/// blocked, so it is never killed and the checkpoint is sealed. Here the
+/// seal's stand-in sends itself SIGTERM before it becomes the real seal;
+/// before the fix it died of it, and the checkpoint with it (found by
+/// `make test-under-load`: a stop lost the stop checkpoint, issue #34).
+#[test]
+fn a_stop_that_reaches_a_seal_as_it_starts_does_not_kill_it() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let program = r##"
+import os, signal, sys
+import rekindle_client as rk
+real = os.environ["REKINDLE_BIN"]
+stand_in = os.path.join(os.environ["STAND_IN_DIR"], "seal")
+with open(stand_in, "w") as f:
+    f.write("#!%s\nimport os, signal, sys\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "os.execv(%r, [%r] + sys.argv[1:])\n" % (sys.executable, real, real))
+os.chmod(stand_in, 0o755)
+os.environ["REKINDLE_BIN"] = stand_in
+def save(d):
+    with open(os.path.join(d, "w"), "w") as f:
+        f.write("weights")
+print(rk.checkpoint(1, save))
+"##;
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    let exited = RunCmd::exec(&run, &["python3", "-c", program])
+        .env("PYTHONPATH", python)
+        .env("STAND_IN_DIR", tmp.path())
+        .run(TIMEOUT);
+    exited.assert_code(0);
+    assert_eq!(checkpoint_steps(&run), vec![1], "{}", exited.tail());
 }
 
 /// Under SLURM the lock names the node as SLURM does (SLURMD_NODENAME),

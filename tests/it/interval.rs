@@ -29,12 +29,16 @@ fn auto_interval_with_a_configured_mtbf_is_recorded_and_followed() {
     let run = tmp.path().join("run");
     std::fs::create_dir_all(&run).unwrap();
     // No step-based saves: every periodic checkpoint is the interval's.
-    // mtbf 20 s: before a save is measured, a quarter of it (5 s); then
-    // √(2 × ~1 ms × 20 s) ≈ 0.2 s, raised to the 1 s floor.
+    // mtbf 40 s: before a save is measured, a quarter of it (10 s); then
+    // about a second idle (√(2 × cost × 40 s), a cost of tens of ms), and
+    // under 5 s on a 2-vCPU machine beside a CPU hog (a cost of 0.12 s gave
+    // 2.5 s): a change the records show (NOTICEABLE_CHANGE is 20 %).
+    const MTBF: f64 = 40.0;
+    const UNMEASURED: f64 = MTBF / 4.0;
     let training = Training::tiny_mlp(100_000_000)
         .set("checkpoint.every_steps=0")
         .set("checkpoint.interval=\"auto\"")
-        .set("checkpoint.mtbf=\"20s\"");
+        .set(&format!("checkpoint.mtbf=\"{MTBF}s\""));
     let mut child = training.spawn(&run);
     let started = Instant::now();
     while periodic_saves(&run).len() < 4 {
@@ -52,8 +56,8 @@ fn auto_interval_with_a_configured_mtbf_is_recorded_and_followed() {
     assert!(chosen.len() >= 2, "{chosen:?}");
     let first = &chosen[0];
     assert_eq!((first["step"].as_u64(), first["reason"].as_str()), (Some(0), Some("unmeasured")));
-    assert_eq!((first["mtbf_source"].as_str(), first["mtbf_seconds"].as_f64()), (Some("config"), Some(20.0)));
-    assert_eq!(first["interval_seconds"].as_f64(), Some(5.0), "a quarter of the mtbf before any save");
+    assert_eq!((first["mtbf_source"].as_str(), first["mtbf_seconds"].as_f64()), (Some("config"), Some(MTBF)));
+    assert_eq!(first["interval_seconds"].as_f64(), Some(UNMEASURED), "a quarter of the mtbf before any save");
     assert_eq!(first["saves_measured"], 0);
     assert!(first["cost_seconds"].is_null() && first["remaining_seconds"].is_null(), "{first}");
     let measured = &chosen[1];
@@ -61,25 +65,114 @@ fn auto_interval_with_a_configured_mtbf_is_recorded_and_followed() {
     assert_eq!(measured["cost_measured_as"], "snapshot_stall_and_slowdown");
     assert!(measured["slowdown_seconds"].as_f64().is_some_and(|s| s >= 0.0), "{measured}");
     assert_eq!(measured["saves_measured"], 1);
-    assert_eq!(measured["previous_seconds"].as_f64(), Some(5.0));
+    assert_eq!(measured["previous_seconds"].as_f64(), Some(UNMEASURED));
+    // What a save costs depends on the machine (a loaded one stalls and
+    // slows more): no bound on it, but the recorded choice must follow from
+    // the recorded inputs (it asserted `cost < 1`, an interval under 5 s and
+    // that a lower bound set it: speed tests that passed only within a band
+    // of machine speeds, issue #34).
     let cost = measured["cost_seconds"].as_f64().unwrap();
-    assert!((0.0..1.0).contains(&cost), "a tiny model's stall and slowdown: {cost}");
+    assert!(cost.is_finite() && cost >= 0.0, "{measured}");
     let young_daly = measured["young_daly_seconds"].as_f64().unwrap();
-    assert!((young_daly - (2.0 * cost * 20.0).sqrt()).abs() < 1e-9, "{measured}");
-    let interval = measured["interval_seconds"].as_f64().unwrap();
-    assert!((1.0..5.0).contains(&interval), "{measured}");
-    assert!(measured["bound"].is_string(), "√(2 × {cost} × 20) is below every lower bound: {measured}");
+    assert!((young_daly - (2.0 * cost * MTBF).sqrt()).abs() < 1e-9, "{measured}");
+    assert_follows_from_its_inputs(measured);
 
-    // The first save came after the unmeasured 5 s, the later ones at the
-    // measured interval (well under 5 s apart).
+    // The first save came after the unmeasured 10 s; each later one fell due
+    // when the interval in force had passed since the one before, and was
+    // taken at the first step after that.
     let start = time_of(&events_named(&run, "start")[0]);
-    let saves: Vec<DateTime<Utc>> = periodic_saves(&run).iter().map(time_of).collect();
-    let first_after = (saves[0] - start).as_seconds_f64();
-    assert!(first_after >= 4.9, "the first periodic checkpoint came {first_after} s after the start");
-    for pair in saves[1..].windows(2) {
-        let gap = (pair[1] - pair[0]).as_seconds_f64();
-        assert!((0.5..4.0).contains(&gap), "periodic checkpoints {gap} s apart at an interval of {interval} s");
+    let first_after = (time_of(&periodic_saves(&run)[0]) - start).as_seconds_f64();
+    assert!(first_after >= UNMEASURED - 0.1, "the first periodic checkpoint came {first_after} s after the start");
+    let checked = assert_saves_follow_the_interval(&run);
+    assert!(checked >= 2, "{checked} saves at a measured interval");
+}
+
+/// Asserts that a `young_daly` choice is what its recorded inputs give:
+/// √(2 × cost × mtbf), raised to the largest lower bound above it (the 1 s
+/// floor, the cost over the 5 % stall fraction, the write time), and names
+/// that bound.
+fn assert_follows_from_its_inputs(chosen: &Value) {
+    let number = |key: &str| chosen[key].as_f64().unwrap_or_else(|| panic!("no {key}: {chosen}"));
+    let (cost, persist) = (number("cost_seconds"), number("persist_seconds"));
+    let mut expected = (number("young_daly_seconds"), None);
+    for (at_least, bound) in [(1.0, "floor"), (cost / 0.05, "stall_fraction"), (persist, "persist_time")] {
+        if expected.0 < at_least {
+            expected = (at_least, Some(bound));
+        }
     }
+    let interval = number("interval_seconds");
+    assert!((interval - expected.0).abs() < 1e-6, "expected an interval of {} s: {chosen}", expected.0);
+    assert_eq!(chosen["bound"].as_str(), expected.1, "{chosen}");
+}
+
+/// Asserts that every periodic save after the first measured choice fell due
+/// only once the interval in force had passed since the previous save, and
+/// was due no later than that: the step before it (as `metrics.jsonl`
+/// times it) was still inside the interval. Returns how many it checked.
+///
+/// Judged by the run's own records, not by the wall clock between saves: on
+/// a loaded machine a save may land late (a slow step, a write still in
+/// flight, which `due_step` accounts for), which says nothing about the
+/// interval followed (it asserted gaps of 0.5–4 s before: issue #34).
+fn assert_saves_follow_the_interval(run: &std::path::Path) -> usize {
+    // The interval in force may drift from the last one recorded by up to
+    // this fraction before a new `checkpoint_interval` is written
+    // (NOTICEABLE_CHANGE in src/orchestrate/interval.rs).
+    const UNRECORDED_DRIFT: f64 = 0.2;
+    // Event and metrics times are truncated to the millisecond.
+    const TICK: f64 = 0.002;
+    let step_times: std::collections::BTreeMap<u64, DateTime<Utc>> = support::runs::jsonl(&run.join("metrics.jsonl"))
+        .iter()
+        .filter(|m| m.get("loss").is_some())
+        .map(|m| (m["step"].as_u64().unwrap(), time_of(m)))
+        .collect();
+    let step_time = |step: u64| *step_times.get(&step).unwrap_or_else(|| panic!("step {step} is not in metrics.jsonl"));
+    // Whether an interval from a measured save was chosen yet; the previous
+    // periodic save (its step and the time of its `checkpoint_started`).
+    let (mut measured, mut previous, mut checked) = (false, None::<(u64, DateTime<Utc>)>, 0);
+    // The intervals recorded since the previous save: the one in force at
+    // any moment is within UNRECORDED_DRIFT of one of them.
+    let mut in_force: Vec<f64> = Vec::new();
+    for event in events(run) {
+        if event["event"] == "checkpoint_interval" {
+            let seconds = event["interval_seconds"].as_f64().unwrap();
+            in_force.push(seconds);
+            measured |= event["reason"] == "young_daly";
+        }
+        if event["event"] != "checkpoint_started" || event["kind"] != "periodic" {
+            continue;
+        }
+        let (step, due) = (event["step"].as_u64().unwrap(), event["due_step"].as_u64().unwrap());
+        if let (true, Some((prev_step, prev_started))) = (measured, previous) {
+            let shortest = in_force.iter().copied().fold(f64::INFINITY, f64::min) * (1.0 - UNRECORDED_DRIFT);
+            let longest = in_force.iter().copied().fold(0.0, f64::max) * (1.0 + UNRECORDED_DRIFT);
+            // The interval clock restarts as the previous save's snapshot
+            // begins: after its step was logged, before its event.
+            let since_prev = |t: DateTime<Utc>| (t - step_time(prev_step)).as_seconds_f64();
+            // Due: the step after `due` was logged after the check at `due`.
+            if let Some(&after_due) = step_times.get(&(due + 1)) {
+                assert!(
+                    since_prev(after_due) + TICK >= shortest,
+                    "the save of step {step} fell due {} s after the one of step {prev_step}, before the interval ({shortest} s at the least): {event}",
+                    since_prev(after_due)
+                );
+            }
+            // Not due a step earlier: the check after step due − 1 came
+            // after its metrics line, and found the interval not yet over.
+            if due > prev_step + 1 {
+                let before_due = (step_time(due - 1) - prev_started).as_seconds_f64();
+                assert!(
+                    before_due <= longest + TICK,
+                    "the save of step {step} was not taken when step {} ended, {before_due} s after the previous save started, past the interval ({longest} s at the most): {event}",
+                    due - 1
+                );
+            }
+            checked += 1;
+        }
+        previous = Some((step, time_of(&event)));
+        in_force = in_force.last().copied().into_iter().collect();
+    }
+    checked
 }
 
 #[test]
@@ -124,8 +217,10 @@ fn auto_interval_leaves_room_for_a_save_before_the_job_ends() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let training = Training::tiny_mlp(200).set("checkpoint.interval=\"auto\"").set("checkpoint.mtbf=\"1h\"");
-    // The job ends in 40 s: a quarter of the hour (15 min) does not fit.
-    let end = Utc::now().timestamp() + 40;
+    // The job ends in 4 min: the unmeasured interval (a quarter of the
+    // hour, at most 5 min) does not fit.
+    let end = Utc::now().timestamp() + 240;
+    let spawned = Utc::now();
     let out = training
         .command(&run, &["--stop-at-step", "30"])
         .env("SLURM_JOB_END_TIME", end.to_string())
@@ -136,7 +231,14 @@ fn auto_interval_leaves_room_for_a_save_before_the_job_ends() {
     assert_eq!(chosen.len(), 1, "the stop checkpoint measures nothing: {chosen:?}");
     let first = &chosen[0];
     assert_eq!((first["reason"].as_str(), first["bound"].as_str()), (Some("unmeasured"), Some("remaining_time")));
+    // The time left when the interval was chosen, after the spawn and before
+    // the event was written, in whole seconds from the start of the current
+    // one (SLURM gives the end in seconds; event times are truncated to the
+    // millisecond). It was a bound of 20 s for the
+    // start-up, which a loaded machine could exceed: issue #34.
     let remaining = first["remaining_seconds"].as_f64().unwrap();
-    assert!(remaining > 20.0 && remaining <= 40.0, "{first}");
+    let end = DateTime::from_timestamp(end, 0).unwrap();
+    let (least, most) = ((end - time_of(first)).as_seconds_f64() - 0.001, (end - spawned).as_seconds_f64() + 1.0);
+    assert!((least..=most).contains(&remaining), "{remaining} s left, not within {least}..={most}: {first}");
     assert_eq!(first["interval_seconds"].as_f64(), Some(remaining), "no save measured: all the time left");
 }

@@ -6,16 +6,19 @@
 //! `REKINDLE_LOCK_RACE_ROUNDS` sets the number of rounds (default 40).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
 const DEFAULT_ROUNDS: usize = 40;
 const CONTENDERS: usize = 4;
-/// How long a winner holds the lock: long enough that every loser asks while
-/// it is held, even on a loaded machine.
-const HOLD_S: f64 = 1.0;
+/// Longest wait for the losers of a round to give up. A winner holds the
+/// lock until they all have (`--hold-until`), never for a fixed time: a
+/// loaded machine could start a contender after a timed hold had ended, and
+/// it would win a second time (the 1 s hold this replaced left that to
+/// chance: issue #34).
+const LOSERS_LIMIT: Duration = Duration::from_secs(120);
 
 fn contender_exe() -> PathBuf {
     crate::support::example_exe("lock_contender")
@@ -47,22 +50,40 @@ fn stale_lock(dir: &Path, round: usize) {
     std::fs::write(dir.join("rekindle.lock"), serde_json::to_vec(&lock).unwrap()).unwrap();
 }
 
-/// Starts `CONTENDERS` processes that all ask for the lock at the same moment.
+/// Starts `CONTENDERS` processes that all ask for the lock at the same
+/// moment; once all but one have exited (the losers, if exactly one won), the
+/// winner is told to let go. Their outputs, in start order.
 fn race(dir: &Path) -> Vec<Output> {
     let exe = contender_exe();
+    let signals = tempfile::tempdir().expect("temp dir");
+    let release = signals.path().join("release");
     let start_at = unix_now() + 0.5;
-    let children: Vec<_> = (0..CONTENDERS)
+    let mut children: Vec<Child> = (0..CONTENDERS)
         .map(|_| {
             Command::new(&exe)
                 .arg(dir)
-                .args(["--host", "racer", "--start-at", &format!("{start_at:.3}"), "--hold", &HOLD_S.to_string()])
+                .args(["--host", "racer", "--start-at", &format!("{start_at:.3}")])
+                .arg("--hold-until")
+                .arg(&release)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .expect("spawn lock_contender")
         })
         .collect();
+    // With two winners only two would exit: the limit then releases them,
+    // and the caller's assertions say what happened.
+    let t0 = Instant::now();
+    while exited(&mut children) < CONTENDERS - 1 && t0.elapsed() < LOSERS_LIMIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::write(&release, b"").expect("write the release file");
     children.into_iter().map(|c| c.wait_with_output().expect("wait lock_contender")).collect()
+}
+
+/// How many of `children` have exited.
+fn exited(children: &mut [Child]) -> usize {
+    children.iter_mut().filter_map(|c| c.try_wait().expect("poll lock_contender")).count()
 }
 
 #[test]
@@ -103,16 +124,19 @@ fn racing_contenders_for_a_stale_lock_exactly_one_wins_every_round() {
 fn a_contender_refused_while_a_live_process_holds_the_lock_leaves_it_alone() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let exe = contender_exe();
+    let signals = tempfile::tempdir().expect("temp dir");
+    let release = signals.path().join("release");
     let holder = Command::new(&exe)
         .arg(tmp.path())
-        .args(["--host", "racer", "--job", "9", "--hold", "3"])
+        .args(["--host", "racer", "--job", "9", "--hold-until"])
+        .arg(&release)
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn holder");
     let lock = tmp.path().join("rekindle.lock");
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     while !lock.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the holder never took the lock");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the holder never took the lock");
         std::thread::sleep(Duration::from_millis(10));
     }
     // The same job id, a later attempt, on the same host: the holder is alive.
@@ -124,6 +148,7 @@ fn a_contender_refused_while_a_live_process_holds_the_lock_leaves_it_alone() {
     let said = String::from_utf8_lossy(&refused.stdout);
     assert_eq!(refused.status.code(), Some(1), "{said}");
     assert!(said.contains(&format!("in use by pid {} on racer (job 9)", holder.id())), "{said}");
+    std::fs::write(&release, b"").expect("write the release file");
     let held = holder.wait_with_output().expect("wait holder");
     assert!(String::from_utf8_lossy(&held.stdout).contains("still-owner"), "{held:?}");
 }
