@@ -133,7 +133,11 @@ fn saved(report: &crate::checkpoint::SaveReport, warning: Option<String>) -> Eve
 /// would lose the periodic checkpoint it was committing and fail the
 /// program's save just when the program is about to write its stop
 /// checkpoint. A seal is short and ends by itself; the deadline's SIGKILL
-/// still bounds it.
+/// still bounds it. This protects a seal only once its own code runs: a
+/// stop that arrives while the binary is still loading would kill it, so
+/// whoever starts a seal starts it with the stop signals blocked (the
+/// mask is inherited; a pending one is discarded once ignored here):
+/// `python/rekindle_client.py` does, docs/exec.md says how for others.
 fn ignore_stop_signals() {
     use nix::sys::signal::{SigHandler, Signal, signal};
     for sig in StopSignal::ALL.map(Signal::from) {
