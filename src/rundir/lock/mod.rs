@@ -233,6 +233,29 @@ impl LockRequest {
             stale_after,
         }
     }
+
+    /// The lock file this request writes: a new token (host, pid, start
+    /// time) and a lineage named after it, generation 0.
+    fn lock_info(&self) -> LockInfo {
+        let started_at = unix_now();
+        let pid = std::process::id();
+        let token = format!("{}-{pid}-{:.9}", self.host, started_at);
+        LockInfo {
+            token: token.clone(),
+            job_id: self.job_id.clone(),
+            host: self.host.clone(),
+            pid,
+            heartbeat: started_at,
+            started: started_at,
+            restart_count: Some(self.restart_count),
+            step_id: self.step_id.clone(),
+            boot_id: boot_id(),
+            proc_start: proc_start(pid),
+            stale_after_s: Some(self.stale_after.as_secs_f64()),
+            lineage: short_hash(&token),
+            generation: 0,
+        }
+    }
 }
 
 /// Seconds since the Unix epoch (the lock's heartbeat clock).
@@ -532,151 +555,28 @@ pub struct RunLock {
     heartbeat: Option<JoinHandle<()>>,
 }
 
-/// How long this process has seen the lock file hold the same bytes.
-#[derive(Debug, Default)]
-struct LockWatch {
-    seen: Option<(Vec<u8>, Instant)>,
-    /// The token of the holder being waited for (a `Wait` verdict).
-    waiting_for: Option<String>,
-}
-
 impl RunLock {
     /// Takes the lock of `dir` or explains who holds it. May wait (at most
     /// about the stale timeout) for an earlier attempt of this job on another
     /// node to go stale; see the module header.
     pub fn acquire(dir: &Path, req: LockRequest) -> Result<RunLock, LockError> {
-        let path = dir.join(LOCK_FILE);
-        let io = |source: std::io::Error| match source.kind() {
-            ErrorKind::InvalidInput | ErrorKind::InvalidData => {
-                LockError::NotALock { path: path.clone(), reason: source.to_string() }
-            }
-            _ => LockError::Io { path: path.clone(), source },
-        };
-        let started_at = unix_now();
-        let pid = std::process::id();
-        let token = format!("{}-{pid}-{:.9}", req.host, started_at);
-        let mut info = LockInfo {
-            token: token.clone(),
-            job_id: req.job_id.clone(),
-            host: req.host.clone(),
-            pid,
-            heartbeat: started_at,
-            started: started_at,
-            restart_count: Some(req.restart_count),
-            step_id: req.step_id.clone(),
-            boot_id: boot_id(),
-            proc_start: proc_start(pid),
-            stale_after_s: Some(req.stale_after.as_secs_f64()),
-            lineage: short_hash(&token),
-            generation: 0,
-        };
-        let t0 = Instant::now();
-        let mut watch = LockWatch::default();
-        let mut markers = MarkerWatch::default();
-        let mut said_waiting = false;
-        let mut took_over = None;
-        loop {
-            let Some(bytes) = read_if_exists(&path).map_err(io)? else {
-                info.heartbeat = unix_now();
-                if create_exclusive(&path, &info.to_bytes()).map_err(io)? {
-                    break;
-                }
-                continue;
-            };
-            let held = LockInfo::parse(&bytes);
-            let unchanged_for = match &watch.seen {
-                Some((seen, since)) if *seen == bytes => since.elapsed(),
-                _ => {
-                    if let (Some(waited_for), Some(h)) = (&watch.waiting_for, &held)
-                        && *waited_for == h.token
-                    {
-                        return Err(LockError::HolderAlive {
-                            dir: dir.to_path_buf(),
-                            lock: path.clone(),
-                            pid: h.pid,
-                            host: h.host.clone(),
-                            job: h.job_id.clone().unwrap_or_else(|| "none".into()),
-                            waited_s: t0.elapsed().as_secs_f64(),
-                        });
-                    }
-                    watch = LockWatch { seen: Some((bytes.clone(), Instant::now())), waiting_for: None };
-                    Duration::ZERO
-                }
-            };
-            let limit = held.as_ref().map_or(req.stale_after, |h| h.stale_limit(req.stale_after));
-            let me = Claimant {
-                job_id: req.job_id.clone(),
-                host: req.host.clone(),
-                restart_count: req.restart_count,
-                now: unix_now(),
-            };
-            let verdict = match &held {
-                Some(h) => takeover(h, &me, holder_alive, req.stale_after, unchanged_for),
-                None => unreadable(unchanged_for, req.stale_after),
-            };
-            // Waiting is bounded by the timeout itself; this only stops a
-            // lock that keeps changing hands from holding us forever.
-            let gave_up = |why: &str| LockError::GaveUp {
-                dir: dir.to_path_buf(),
-                lock: path.clone(),
-                waited_s: t0.elapsed().as_secs_f64(),
-                why: why.to_string(),
-            };
-            let bound = limit + marker_break_after(limit) + Duration::from_secs(5);
-            match verdict {
-                Verdict::Live => {
-                    let h = held.expect("a live verdict needs a readable lock");
-                    return Err(LockError::Held {
-                        dir: dir.to_path_buf(),
-                        lock: path.clone(),
-                        pid: h.pid,
-                        job: h.job_id.clone().unwrap_or_else(|| "none".into()),
-                        age_s: h.age(me.now),
-                        host: h.host,
-                    });
-                }
-                Verdict::Wait(why) => {
-                    if !said_waiting {
-                        tracing::warn!(lock = %path.display(), "the run-directory lock is held: {why}");
-                        said_waiting = true;
-                    }
-                    watch.waiting_for = held.map(|h| h.token);
-                    if t0.elapsed() > bound {
-                        return Err(gave_up("the lock kept changing while this run waited for it to go stale"));
-                    }
-                    std::thread::sleep(check_every(limit));
-                }
-                Verdict::TakeOver(why) => {
-                    let from = held.as_ref().map_or(("unreadable", 0), |h| (h.lineage.as_str(), h.generation));
-                    info.heartbeat = unix_now();
-                    let change = Change::Write(Box::new(info.clone()));
-                    match transition(&path, &bytes, from, change, &token, &mut markers, limit).map_err(io)? {
-                        Step::Done => {
-                            tracing::warn!(lock = %path.display(), holder_pid = ?held.as_ref().map(|h| h.pid), holder_host = ?held.as_ref().map(|h| &h.host), "took over the run-directory lock: {why}");
-                            (info.lineage, info.generation) = (from.0.to_string(), from.1 + 1);
-                            took_over = Some(Takeover {
-                                reason: why,
-                                heartbeat_age_s: held.as_ref().map(|h| h.age(unix_now())),
-                                previous: held,
-                                waited_s: t0.elapsed().as_secs_f64(),
-                            });
-                            break;
-                        }
-                        Step::Changed => {}
-                        Step::Busy => {
-                            if t0.elapsed() > bound {
-                                return Err(gave_up("another process kept the lock busy"));
-                            }
-                            std::thread::sleep(BUSY_RETRY);
-                        }
-                    }
-                }
-            }
-        }
+        let mut info = req.lock_info();
+        let mut contender = Contender::new(dir, &req);
+        let took_over = contender.contend(&mut info)?;
+        RunLock::hold(contender.path, info, req.stale_after, took_over)
+    }
+
+    /// Holds the lock just written as `info`: its shared state and its heartbeat thread.
+    fn hold(
+        path: PathBuf,
+        info: LockInfo,
+        stale_after: Duration,
+        took_over: Option<Takeover>,
+    ) -> Result<RunLock, LockError> {
         let holding = Arc::new(Holding {
             path: path.clone(),
-            token,
-            stale_after: req.stale_after,
+            token: info.token.clone(),
+            stale_after,
             lost: AtomicBool::new(false),
             takeover: took_over,
         });
@@ -686,7 +586,7 @@ impl RunLock {
             std::thread::Builder::new()
                 .name("rekindle-lock-heartbeat".into())
                 .spawn(move || heartbeat_loop(&holding, info, &stop))
-                .map_err(io)?
+                .map_err(|source| lock_io_error(&path, source))?
         };
         Ok(RunLock { holding, info, stop, heartbeat: Some(heartbeat) })
     }
@@ -699,6 +599,195 @@ impl RunLock {
     /// A view for the code that writes into the run directory.
     pub fn ownership(&self) -> LockOwnership {
         LockOwnership(Arc::clone(&self.holding))
+    }
+}
+
+/// An I/O error on the lock file at `path`: something in its place that is
+/// not a lock (a link, a FIFO, too large), or plain I/O.
+fn lock_io_error(path: &Path, source: std::io::Error) -> LockError {
+    match source.kind() {
+        ErrorKind::InvalidInput | ErrorKind::InvalidData => {
+            LockError::NotALock { path: path.to_path_buf(), reason: source.to_string() }
+        }
+        _ => LockError::Io { path: path.to_path_buf(), source },
+    }
+}
+
+/// How long `acquire` waits in all for a lock of stale timeout `limit`.
+/// Waiting is bounded by the timeout itself; this only stops a lock that
+/// keeps changing hands from holding us forever.
+fn give_up_after(limit: Duration) -> Duration {
+    limit + marker_break_after(limit) + Duration::from_secs(5)
+}
+
+/// How long this process has seen the lock file hold the same bytes.
+#[derive(Debug, Default)]
+struct LockWatch {
+    seen: Option<(Vec<u8>, Instant)>,
+    /// The token of the holder being waited for (a `Wait` verdict).
+    waiting_for: Option<String>,
+}
+
+/// One [`RunLock::acquire`] under way: whose, since when, and what it has
+/// watched of the lock file and its markers.
+struct Contender<'a> {
+    dir: &'a Path,
+    path: PathBuf,
+    req: &'a LockRequest,
+    t0: Instant,
+    watch: LockWatch,
+    markers: MarkerWatch,
+    said_waiting: bool,
+}
+
+impl<'a> Contender<'a> {
+    /// Starts contending for the lock of `dir` now.
+    fn new(dir: &'a Path, req: &'a LockRequest) -> Contender<'a> {
+        Contender {
+            dir,
+            path: dir.join(LOCK_FILE),
+            req,
+            t0: Instant::now(),
+            watch: LockWatch::default(),
+            markers: MarkerWatch::default(),
+            said_waiting: false,
+        }
+    }
+
+    /// Reads and judges the lock until it is ours, written as `info`:
+    /// created (`None`) or taken over (from whom, why).
+    fn contend(&mut self, info: &mut LockInfo) -> Result<Option<Takeover>, LockError> {
+        loop {
+            let Some(bytes) = read_if_exists(&self.path).map_err(|e| lock_io_error(&self.path, e))? else {
+                info.heartbeat = unix_now();
+                if create_exclusive(&self.path, &info.to_bytes()).map_err(|e| lock_io_error(&self.path, e))? {
+                    return Ok(None);
+                }
+                continue;
+            };
+            let held = LockInfo::parse(&bytes);
+            let unchanged_for = self.unchanged_for(&bytes, held.as_ref())?;
+            let stale_after = self.req.stale_after;
+            let limit = held.as_ref().map_or(stale_after, |h| h.stale_limit(stale_after));
+            let me = Claimant {
+                job_id: self.req.job_id.clone(),
+                host: self.req.host.clone(),
+                restart_count: self.req.restart_count,
+                now: unix_now(),
+            };
+            let verdict = match &held {
+                Some(h) => takeover(h, &me, holder_alive, stale_after, unchanged_for),
+                None => unreadable(unchanged_for, stale_after),
+            };
+            match verdict {
+                Verdict::Live => return Err(self.held(held.expect("a live verdict needs a readable lock"), me.now)),
+                Verdict::Wait(why) => self.wait(&why, held, limit)?,
+                Verdict::TakeOver(why) => {
+                    if let Some(took) = self.take_over(info, &bytes, held, why, limit)? {
+                        return Ok(Some(took));
+                    }
+                }
+            }
+        }
+    }
+
+    /// How long this process has seen the lock hold `bytes`; an error when
+    /// the holder it was waiting for rewrote them (that holder is alive).
+    fn unchanged_for(&mut self, bytes: &[u8], held: Option<&LockInfo>) -> Result<Duration, LockError> {
+        match &self.watch.seen {
+            Some((seen, since)) if *seen == bytes => Ok(since.elapsed()),
+            _ => {
+                if let (Some(waited_for), Some(h)) = (&self.watch.waiting_for, held)
+                    && *waited_for == h.token
+                {
+                    return Err(LockError::HolderAlive {
+                        dir: self.dir.to_path_buf(),
+                        lock: self.path.clone(),
+                        pid: h.pid,
+                        host: h.host.clone(),
+                        job: h.job_id.clone().unwrap_or_else(|| "none".into()),
+                        waited_s: self.t0.elapsed().as_secs_f64(),
+                    });
+                }
+                self.watch = LockWatch { seen: Some((bytes.to_vec(), Instant::now())), waiting_for: None };
+                Ok(Duration::ZERO)
+            }
+        }
+    }
+
+    /// The refusal for `h`, a live holder, its heartbeat's age taken at `now`.
+    fn held(&self, h: LockInfo, now: f64) -> LockError {
+        LockError::Held {
+            dir: self.dir.to_path_buf(),
+            lock: self.path.clone(),
+            pid: h.pid,
+            job: h.job_id.clone().unwrap_or_else(|| "none".into()),
+            age_s: h.age(now),
+            host: h.host,
+        }
+    }
+
+    /// Sleeps one poll while `held` may go stale (saying why once), unless
+    /// this has gone on longer than [`give_up_after`].
+    fn wait(&mut self, why: &str, held: Option<LockInfo>, limit: Duration) -> Result<(), LockError> {
+        if !self.said_waiting {
+            tracing::warn!(lock = %self.path.display(), "the run-directory lock is held: {why}");
+            self.said_waiting = true;
+        }
+        self.watch.waiting_for = held.map(|h| h.token);
+        if self.t0.elapsed() > give_up_after(limit) {
+            return Err(self.gave_up("the lock kept changing while this run waited for it to go stale"));
+        }
+        std::thread::sleep(check_every(limit));
+        Ok(())
+    }
+
+    /// Replaces `held` (read as `bytes`) with `info` in one transition: the
+    /// takeover once done, `None` to read the lock again (it moved on, or a
+    /// busy marker was waited out a moment).
+    fn take_over(
+        &mut self,
+        info: &mut LockInfo,
+        bytes: &[u8],
+        held: Option<LockInfo>,
+        why: String,
+        limit: Duration,
+    ) -> Result<Option<Takeover>, LockError> {
+        let from = held.as_ref().map_or(("unreadable", 0), |h| (h.lineage.as_str(), h.generation));
+        info.heartbeat = unix_now();
+        let change = Change::Write(Box::new(info.clone()));
+        let step = transition(&self.path, bytes, from, change, &info.token, &mut self.markers, limit)
+            .map_err(|e| lock_io_error(&self.path, e))?;
+        match step {
+            Step::Done => {
+                tracing::warn!(lock = %self.path.display(), holder_pid = ?held.as_ref().map(|h| h.pid), holder_host = ?held.as_ref().map(|h| &h.host), "took over the run-directory lock: {why}");
+                (info.lineage, info.generation) = (from.0.to_string(), from.1 + 1);
+                Ok(Some(Takeover {
+                    reason: why,
+                    heartbeat_age_s: held.as_ref().map(|h| h.age(unix_now())),
+                    previous: held,
+                    waited_s: self.t0.elapsed().as_secs_f64(),
+                }))
+            }
+            Step::Changed => Ok(None),
+            Step::Busy => {
+                if self.t0.elapsed() > give_up_after(limit) {
+                    return Err(self.gave_up("another process kept the lock busy"));
+                }
+                std::thread::sleep(BUSY_RETRY);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Giving up after waiting this long, and why.
+    fn gave_up(&self, why: &str) -> LockError {
+        LockError::GaveUp {
+            dir: self.dir.to_path_buf(),
+            lock: self.path.clone(),
+            waited_s: self.t0.elapsed().as_secs_f64(),
+            why: why.to_string(),
+        }
     }
 }
 
