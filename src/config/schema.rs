@@ -600,7 +600,7 @@ impl Default for WatchdogSection {
     }
 }
 
-/// `[lock]`: the run-directory lock (`rundir/lock.rs`).
+/// `[lock]`: the run-directory lock (`rundir/lock/`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LockSection {

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use crate::checkpoint::{CheckpointStore, CommitGuard, Loaded};
+use crate::checkpoint::{CheckpointStore, CommitGuard, LoadOutcome, Loaded, TensorSet};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Resume, Start, attempts};
@@ -64,46 +64,15 @@ impl Attempt {
         // The interruption history is read before this attempt's `start`.
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
-        // The newest valid checkpoint is read first, so that the trainer's
-        // parameters are built from it rather than drawn and then
-        // overwritten (the rejected ones are recorded below, after `start`).
-        let mut outcome = store.load_latest()?;
-        if let Some(loaded) = &outcome.loaded {
-            settings::check(&cfg, loaded, allow_config_change)?;
-        }
-        if let Some(loaded) = outcome.loaded.as_ref().filter(|l| l.snapshot.step >= cfg.run.max_steps)
-            && last_attempt_finished(&dir)
-        {
-            tracing::info!(
-                step = loaded.snapshot.step,
-                max_steps = cfg.run.max_steps,
-                checkpoint = %loaded.dir.display(),
-                "this run already finished at step {}: nothing to train, nothing written (to train further, raise \
-                 run.max_steps: with [optimizer] decay_steps set, as it is; else with --allow-config-change)",
-                loaded.snapshot.step
-            );
+        let Some(mut outcome) = newest_unfinished(&cfg, &dir, &store, allow_config_change)? else {
             return Ok(Started::AlreadyFinished);
-        }
+        };
         let initial = outcome.loaded.as_mut().map(|l| Arc::new(std::mem::take(&mut l.snapshot.model)));
-        // The placement plan needs the model's size, so the trainer comes first.
-        let mut trainer = Trainer::from_registry_prebuilt(&cfg, registry, workload, initial.clone())?;
-        let ranks = world.as_ref().map_or(1, |(_, nodes, _)| nodes.len());
-        let mut devices = Devices::select(&cfg, registry, &mut trainer, initial.as_ref(), ranks)?;
         let (leader, rank_nodes, watch) =
             world.map_or((None, None, None), |(l, nodes, watch)| (Some(l), Some(nodes), Some(watch)));
-        if let Some(leader) = &leader {
-            trainer.join_world(Box::new(leader.world().clone()), cfg.model.dropout)?;
-            if cfg.distributed.shard_optimizer {
-                trainer.shard_optimizer()?;
-            }
-        }
-        let mut start = start_event(&cfg, &dir, &slurm, &devices);
-        if let Event::Start(s) = &mut start {
-            s.world_size = rank_nodes.as_ref().map(Vec::len);
-            s.rank_nodes = rank_nodes.clone();
-            s.optimizer_sharded = rank_nodes.as_ref().map(|_| trainer.optimizer_shard().is_some());
-        }
-        events.record(&start)?;
+        let ranks = rank_nodes.as_ref().map_or(1, Vec::len);
+        let (mut trainer, mut devices) = place(&cfg, registry, workload, initial.as_ref(), leader.as_ref(), ranks)?;
+        events.record(&start_event(&cfg, &dir, &slurm, &devices, rank_nodes.as_ref(), &trainer))?;
         if let Some(takeover) = ownership.takeover() {
             events.record(&takeover_event(takeover))?;
         }
@@ -113,24 +82,8 @@ impl Attempt {
         if let Some(early) = early_stop(&stop, &mut events, last_durable_step, cfg.run.max_steps, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
-        let resumes = previous_summary(&dir).map(|s| s.resumes).unwrap_or(0);
-        let (start_step, resumes) = match (&outcome.loaded, initial.as_deref()) {
-            (Some(loaded), Some(model)) => {
-                let snap = &loaded.snapshot;
-                trainer
-                    .restore(model, &snap.optimizer, &StateEnvelope::of(snap).train)
-                    .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
-                let last_logged = last_logged_step(&dir.path(METRICS_FILE));
-                let resume = resume_event(loaded, last_logged, &slurm, Utc::now());
-                tracing::info!(step = snap.step, dir = %loaded.dir.display(), steps_lost = resume.steps_lost, "resumed from checkpoint");
-                events.record(&Event::Resume(resume))?;
-                (snap.step, resumes + 1)
-            }
-            _ => {
-                fresh_start(&mut events, outcome.rejected.len())?;
-                (0, resumes)
-            }
-        };
+        let (start_step, resumes) =
+            resume_or_fresh(&mut trainer, &outcome, initial.as_deref(), &dir, &slurm, &mut events)?;
         if let Some(early) = early_stop(&stop, &mut events, last_durable_step, cfg.run.max_steps, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
@@ -145,47 +98,21 @@ impl Attempt {
         let beats = Beats::default();
         let persister = Persister::spawn(store.clone(), Arc::new(beats.clone()))
             .map_err(|source| RunError::RunDir { path: dir.checkpoints.clone(), source })?;
-        let hang = std::sync::Arc::new(HangDesk::default());
-        // The watchdog and the watch over the other ranks end the attempt the
-        // same way, through one handler: whichever finds trouble first takes it.
+        let hang = Arc::new(HangDesk::default());
         let handler = HangHandler {
             cfg: cfg.clone(),
             slurm: slurm.clone(),
             events: events_path(&dir.root),
             store: store.clone(),
             beats: beats.clone(),
-            desk: std::sync::Arc::clone(&hang),
+            desk: Arc::clone(&hang),
             lock: lock.release_handle(),
             summary: dir.path(SUMMARY_FILE),
             start_step,
             resumes,
             started: Instant::now(),
         };
-        let handler = std::sync::Arc::new(std::sync::Mutex::new(Some(handler)));
-        let take = |slot: &std::sync::Mutex<Option<HangHandler>>| slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let (Some(watch), Some(nodes)) = (watch, &rank_nodes) {
-            let (slot, size) = (std::sync::Arc::clone(&handler), nodes.len());
-            watch.set_handler(Box::new(move |lost| match take(&slot) {
-                Some(h) => h.handle_lost(lost, size),
-                None => park_forever(),
-            }));
-        }
-        let watchdog = if cfg.watchdog.enabled {
-            let slot = std::sync::Arc::clone(&handler);
-            let dog = Watchdog::spawn(
-                cfg.watchdog.clone(),
-                cfg.train.eval_batches,
-                beats.clone(),
-                Box::new(move |h| match take(&slot) {
-                    Some(handler) => handler.handle(h),
-                    None => park_forever(),
-                }),
-            )
-            .map_err(|source| RunError::RunDir { path: PathBuf::from("<watchdog thread>"), source })?;
-            Some(dog)
-        } else {
-            None
-        };
+        let watchdog = arm_hang_handler(handler, &cfg, &beats, watch, rank_nodes.as_ref())?;
         // The losses so far come from the checkpoint, not summary.json: a
         // SIGKILLed attempt writes no summary, and after a fallback to an older
         // checkpoint the summary covers steps that are trained again.
@@ -234,6 +161,127 @@ impl Attempt {
     }
 }
 
+/// The newest checkpoint that verifies (and the newer ones that did not),
+/// checked against this config; `None` when it ends a run that finished.
+fn newest_unfinished(
+    cfg: &Config,
+    dir: &RunDir,
+    store: &CheckpointStore,
+    allow_config_change: bool,
+) -> Result<Option<LoadOutcome>, RunError> {
+    // The newest valid checkpoint is read first, so that the trainer's
+    // parameters are built from it rather than drawn and then
+    // overwritten (the rejected ones are recorded after `start`).
+    let outcome = store.load_latest()?;
+    if let Some(loaded) = &outcome.loaded {
+        settings::check(cfg, loaded, allow_config_change)?;
+    }
+    if let Some(loaded) = outcome.loaded.as_ref().filter(|l| l.snapshot.step >= cfg.run.max_steps)
+        && last_attempt_finished(dir)
+    {
+        tracing::info!(
+            step = loaded.snapshot.step,
+            max_steps = cfg.run.max_steps,
+            checkpoint = %loaded.dir.display(),
+            "this run already finished at step {}: nothing to train, nothing written (to train further, raise \
+             run.max_steps: with [optimizer] decay_steps set, as it is; else with --allow-config-change)",
+            loaded.snapshot.step
+        );
+        return Ok(None);
+    }
+    Ok(Some(outcome))
+}
+
+/// Builds the trainer (from `initial` when resuming) and places it on its
+/// devices; in a world of ranks, joins it to the world and shards its
+/// optimizer when the config says so.
+fn place(
+    cfg: &Config,
+    registry: &Registry,
+    workload: Box<dyn Workload>,
+    initial: Option<&Arc<TensorSet>>,
+    leader: Option<&Leader>,
+    ranks: usize,
+) -> Result<(Trainer, Devices), RunError> {
+    // The placement plan needs the model's size, so the trainer comes first.
+    let mut trainer = Trainer::from_registry_prebuilt(cfg, registry, workload, initial.cloned())?;
+    let devices = Devices::select(cfg, registry, &mut trainer, initial, ranks)?;
+    if let Some(leader) = leader {
+        trainer.join_world(Box::new(leader.world().clone()), cfg.model.dropout)?;
+        if cfg.distributed.shard_optimizer {
+            trainer.shard_optimizer()?;
+        }
+    }
+    Ok((trainer, devices))
+}
+
+/// Restores the trainer from the checkpoint loaded (`initial`, its model)
+/// and records `resume`, or records a fresh start; returns the step training
+/// starts at and how many resumes the run has had.
+fn resume_or_fresh(
+    trainer: &mut Trainer,
+    outcome: &LoadOutcome,
+    initial: Option<&TensorSet>,
+    dir: &RunDir,
+    slurm: &SlurmEnv,
+    events: &mut EventLog,
+) -> Result<(u64, u64), RunError> {
+    let resumes = previous_summary(dir).map(|s| s.resumes).unwrap_or(0);
+    match (&outcome.loaded, initial) {
+        (Some(loaded), Some(model)) => {
+            let snap = &loaded.snapshot;
+            trainer
+                .restore(model, &snap.optimizer, &StateEnvelope::of(snap).train)
+                .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
+            let last_logged = last_logged_step(&dir.path(METRICS_FILE));
+            let resume = resume_event(loaded, last_logged, slurm, Utc::now());
+            tracing::info!(step = snap.step, dir = %loaded.dir.display(), steps_lost = resume.steps_lost, "resumed from checkpoint");
+            events.record(&Event::Resume(resume))?;
+            Ok((snap.step, resumes + 1))
+        }
+        _ => {
+            fresh_start(events, outcome.rejected.len())?;
+            Ok((0, resumes))
+        }
+    }
+}
+
+/// Gives `handler` to the watchdog (when enabled) and to the watch over the
+/// other ranks (in a world): both end the attempt the same way, and
+/// whichever finds trouble first takes it. Returns the watchdog.
+fn arm_hang_handler(
+    handler: HangHandler,
+    cfg: &Config,
+    beats: &Beats,
+    watch: Option<&RankWatch>,
+    rank_nodes: Option<&Vec<String>>,
+) -> Result<Option<Watchdog>, RunError> {
+    let handler = Arc::new(std::sync::Mutex::new(Some(handler)));
+    let take = |slot: &std::sync::Mutex<Option<HangHandler>>| slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let (Some(watch), Some(nodes)) = (watch, rank_nodes) {
+        let (slot, size) = (Arc::clone(&handler), nodes.len());
+        watch.set_handler(Box::new(move |lost| match take(&slot) {
+            Some(h) => h.handle_lost(lost, size),
+            None => park_forever(),
+        }));
+    }
+    if !cfg.watchdog.enabled {
+        return Ok(None);
+    }
+    let slot = Arc::clone(&handler);
+    let dog = Watchdog::spawn(
+        cfg.watchdog.clone(),
+        cfg.train.eval_batches,
+        beats.clone(),
+        Box::new(move |h| match take(&slot) {
+            Some(handler) => handler.handle(h),
+            None => park_forever(),
+        }),
+    )
+    .map_err(|source| RunError::RunDir { path: PathBuf::from("<watchdog thread>"), source })?;
+    Ok(Some(dog))
+}
+
 /// Whether the last attempt in `events.jsonl` ended with `finish`. A run
 /// whose checkpoint of `max_steps` is written but whose ending was cut short
 /// (its publish hung, it was killed) is not finished yet: the next attempt
@@ -250,8 +298,23 @@ fn park_forever() -> ! {
     }
 }
 
-fn start_event(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, devices: &Devices) -> Event {
-    start_record(cfg, dir, slurm, devices.describe())
+/// The `start` event of this attempt: where it runs and, in a world of
+/// ranks, the ranks' nodes and whether the optimizer is sharded.
+fn start_event(
+    cfg: &Config,
+    dir: &RunDir,
+    slurm: &SlurmEnv,
+    devices: &Devices,
+    rank_nodes: Option<&Vec<String>>,
+    trainer: &Trainer,
+) -> Event {
+    let mut start = start_record(cfg, dir, slurm, devices.describe());
+    if let Event::Start(s) = &mut start {
+        s.world_size = rank_nodes.map(Vec::len);
+        s.rank_nodes = rank_nodes.cloned();
+        s.optimizer_sharded = rank_nodes.map(|_| trainer.optimizer_shard().is_some());
+    }
+    start
 }
 
 /// The `start` event of this process, with `placement` (`null` for an

@@ -701,9 +701,6 @@ impl Trainer {
         self.optimizer.release_values();
         let step_no = self.step + 1;
         let layout = self.layout;
-        let fail = |during: &'static str| {
-            move |e: candle_core::Error| TrainError::Step { step: step_no, during, message: candle_message(&e) }
-        };
 
         // Work on copies; commit them only when the step completes.
         let mut cursor = self.cursor;
@@ -711,12 +708,57 @@ impl Trainer {
         let scale = self.scaler.scale();
         // The step's samples in data order; replica r takes the r-th shard.
         let indices = self.sampler.take(&mut cursor, layout.samples_per_step());
+        let Some(work) = self.forward_backward(step_no, &indices, scale, &mut dropout, should_stop)? else {
+            return Ok(StepResult::Interrupted);
+        };
+        let Combined { mut grads, micro_losses, tokens } = self.combine(step_no, work)?;
+        // Summed in step order, as one process adds its micro-batches.
+        let loss_sum: f64 = micro_losses.iter().fold(0.0, |acc, l| acc + l);
+        let loss_finite = micro_losses.iter().all(|l| l.is_finite());
+
+        let loss = loss_sum / (layout.replicas * layout.grad_accum) as f64;
+        if scale != 1.0 {
+            for g in grads.values_mut() {
+                *g = g.affine(1.0 / scale, 0.0).map_err(step_error(step_no, "unscaling gradients"))?;
+            }
+        }
+        let grad_norm =
+            if loss_finite { global_norm(&grads).map_err(step_error(step_no, "the gradient norm"))? } else { f64::NAN };
+        let samples = self.samples_per_step() as u64;
+
+        if !(loss_finite && grad_norm.is_finite()) {
+            if let Some(end) = self.on_nonfinite_step(step_no, loss, grad_norm, loss_finite) {
+                return Ok(end);
+            }
+            let lr = self.schedule.lr_at(self.step);
+            self.commit(cursor, dropout, samples, tokens);
+            return Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, false, samples, tokens, true)));
+        }
+
+        let (clipped, lr) = self.apply(step_no, &mut grads, grad_norm)?;
+        self.scaler.update(true);
+        self.commit(cursor, dropout, samples, tokens);
+        Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, clipped, samples, tokens, false)))
+    }
+
+    /// Forward and backward over the step's micro-batches (`indices`, in data
+    /// order), replica by replica: each replica's gradients, moved to the
+    /// trainer's device, and every micro-batch's loss in step order. In a
+    /// world of ranks this rank computes only its own replica, and never
+    /// stops inside a step: the others would wait for it in the sum.
+    /// `None` when `should_stop` interrupted it (nothing was applied).
+    fn forward_backward(
+        &mut self,
+        step_no: u64,
+        indices: &[usize],
+        scale: f64,
+        dropout: &mut StreamRng,
+        should_stop: &dyn Fn() -> bool,
+    ) -> Result<Option<StepWork>, TrainError> {
+        let layout = self.layout;
         let mut replica_grads: Vec<BTreeMap<String, Tensor>> = Vec::with_capacity(layout.replicas);
-        // Each micro-batch's loss and tokens, in step order.
         let mut micro_losses: Vec<f64> = Vec::with_capacity(layout.replicas * layout.grad_accum);
         let mut tokens: Option<u64> = None;
-        // In a world of ranks this rank computes only its own replica, and
-        // never stops inside a step: the others would wait for it in the sum.
         let mine = self.world.as_ref().map(|w| w.rank());
         self.prepare_replicas(layout.replicas, step_no)?;
 
@@ -732,10 +774,10 @@ impl Trainer {
             for micro in shard.chunks(layout.micro_batch) {
                 if mine.is_none() && should_stop() {
                     tracing::debug!(step = step_no, "step interrupted; partial work discarded");
-                    return Ok(StepResult::Interrupted);
+                    return Ok(None);
                 }
                 let weight = scale / layout.grad_accum as f64;
-                let out = self.micro_batch(&target, step_no, micro, weight, &mut dropout, &mut grads)?;
+                let out = self.micro_batch(&target, step_no, micro, weight, dropout, &mut grads)?;
                 if let Some(t) = out.tokens {
                     *tokens.get_or_insert(0) += t as u64;
                 }
@@ -747,81 +789,87 @@ impl Trainer {
             }
             replica_grads.push(grads);
         }
-        let mut grads = match &self.world {
-            None => average_replicas(replica_grads).map_err(oom_or(step_no, layout, "averaging replicas"))?,
+        Ok(Some(StepWork { replica_grads, micro_losses, tokens }))
+    }
+
+    /// The step's gradient, its micro-batch losses and its tokens: the mean
+    /// of this process's replicas, or in a world of ranks the mean across
+    /// ranks with every rank's losses and tokens (no gradient when a loss is
+    /// not finite: the step will not be applied, so there is no sum to agree on).
+    fn combine(&self, step_no: u64, work: StepWork) -> Result<Combined, TrainError> {
+        let StepWork { mut replica_grads, micro_losses, tokens } = work;
+        match &self.world {
+            None => {
+                let grads =
+                    average_replicas(replica_grads).map_err(oom_or(step_no, self.layout, "averaging replicas"))?;
+                Ok(Combined { grads, micro_losses, tokens })
+            }
             Some(world) => {
                 let (all_losses, all_tokens) = gather_losses(&**world, step_no, &micro_losses, tokens)?;
-                micro_losses = all_losses;
-                tokens = all_tokens;
                 let local = replica_grads.pop().unwrap_or_default();
-                if micro_losses.iter().all(|l| l.is_finite()) {
+                let grads = if all_losses.iter().all(|l| l.is_finite()) {
                     average_across_ranks(&**world, step_no, local, &self.device)?
                 } else {
-                    // The step will not be applied: no sum to agree on.
                     BTreeMap::new()
-                }
+                };
+                Ok(Combined { grads, micro_losses: all_losses, tokens: all_tokens })
             }
+        }
+    }
+
+    /// A step whose loss or gradient is not finite: a loss-scale overflow
+    /// lowers the scale and skips it; otherwise `on_nonfinite` skips it, or
+    /// ends training with what to do next. `None`: skipped (the caller
+    /// commits the step without an update).
+    fn on_nonfinite_step(&mut self, step_no: u64, loss: f64, grad_norm: f64, loss_finite: bool) -> Option<StepResult> {
+        let event = NonFiniteEvent {
+            step: step_no,
+            loss,
+            grad_norm,
+            batches_end: self.counters.batches + self.grad_accum as u64,
         };
-        // Summed in step order, as one process adds its micro-batches.
-        let loss_sum: f64 = micro_losses.iter().fold(0.0, |acc, l| acc + l);
-        let loss_finite = micro_losses.iter().all(|l| l.is_finite());
-
-        let loss = loss_sum / (layout.replicas * layout.grad_accum) as f64;
-        if scale != 1.0 {
-            for g in grads.values_mut() {
-                *g = g.affine(1.0 / scale, 0.0).map_err(fail("unscaling gradients"))?;
+        let scaler_overflow = self.scaler.enabled() && loss_finite;
+        if scaler_overflow {
+            self.scaler.update(false);
+            self.counters.scaler_skipped += 1;
+            tracing::debug!(
+                step = step_no,
+                scale = self.scaler.scale(),
+                "gradient overflow; step skipped and loss scale reduced"
+            );
+            return None;
+        }
+        match self.on_nonfinite {
+            OnNonFinite::Skip => {
+                self.counters.nonfinite_skipped += 1;
+                tracing::warn!(step = step_no, loss, grad_norm, "non-finite loss or gradient; step skipped");
+                None
+            }
+            OnNonFinite::Stop => {
+                tracing::error!(step = step_no, loss, grad_norm, "non-finite loss or gradient; stopping");
+                Some(StepResult::NonFiniteStop(event))
+            }
+            OnNonFinite::Rollback => {
+                tracing::warn!(step = step_no, loss, grad_norm, "non-finite loss or gradient; rollback requested");
+                Some(StepResult::NonFiniteRollback(event))
             }
         }
-        let grad_norm = if loss_finite { global_norm(&grads).map_err(fail("the gradient norm"))? } else { f64::NAN };
-        let samples = self.samples_per_step() as u64;
+    }
 
-        if !(loss_finite && grad_norm.is_finite()) {
-            let event = NonFiniteEvent {
-                step: step_no,
-                loss,
-                grad_norm,
-                batches_end: self.counters.batches + self.grad_accum as u64,
-            };
-            let scaler_overflow = self.scaler.enabled() && loss_finite;
-            if scaler_overflow {
-                self.scaler.update(false);
-                self.counters.scaler_skipped += 1;
-                tracing::debug!(
-                    step = step_no,
-                    scale = self.scaler.scale(),
-                    "gradient overflow; step skipped and loss scale reduced"
-                );
-            } else {
-                match self.on_nonfinite {
-                    OnNonFinite::Skip => {
-                        self.counters.nonfinite_skipped += 1;
-                        tracing::warn!(step = step_no, loss, grad_norm, "non-finite loss or gradient; step skipped");
-                    }
-                    OnNonFinite::Stop => {
-                        tracing::error!(step = step_no, loss, grad_norm, "non-finite loss or gradient; stopping");
-                        return Ok(StepResult::NonFiniteStop(event));
-                    }
-                    OnNonFinite::Rollback => {
-                        tracing::warn!(
-                            step = step_no,
-                            loss,
-                            grad_norm,
-                            "non-finite loss or gradient; rollback requested"
-                        );
-                        return Ok(StepResult::NonFiniteRollback(event));
-                    }
-                }
-            }
-            let lr = self.schedule.lr_at(self.step);
-            self.commit(cursor, dropout, samples, tokens);
-            return Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, false, samples, tokens, true)));
-        }
-
+    /// Clips `grads` to `grad_clip` and applies the optimizer (sharded across
+    /// ranks when it is) at this step's learning rate; returns whether it
+    /// clipped, and the rate.
+    fn apply(
+        &mut self,
+        step_no: u64,
+        grads: &mut BTreeMap<String, Tensor>,
+        grad_norm: f64,
+    ) -> Result<(bool, f64), TrainError> {
         let clipped = self.grad_clip > 0.0 && grad_norm > self.grad_clip;
         if clipped {
             let coef = self.grad_clip / (grad_norm + 1e-6);
             for g in grads.values_mut() {
-                *g = g.affine(coef, 0.0).map_err(fail("clipping gradients"))?;
+                *g = g.affine(coef, 0.0).map_err(step_error(step_no, "clipping gradients"))?;
             }
             self.counters.clipped += 1;
         }
@@ -829,14 +877,12 @@ impl Trainer {
         match (&self.world, self.optimizer.shard_range()) {
             (Some(world), Some(_)) => {
                 let gather = |mine: Vec<f32>| all_gather_f32(&**world, mine);
-                self.optimizer.step_sharded(&self.params, &grads, lr, &gather)
+                self.optimizer.step_sharded(&self.params, grads, lr, &gather)
             }
-            _ => self.optimizer.step(&self.params, &grads, lr),
+            _ => self.optimizer.step(&self.params, grads, lr),
         }
-        .map_err(fail("the optimizer update"))?;
-        self.scaler.update(true);
-        self.commit(cursor, dropout, samples, tokens);
-        Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, clipped, samples, tokens, false)))
+        .map_err(step_error(step_no, "the optimizer update"))?;
+        Ok((clipped, lr))
     }
 
     /// Forward and backward of one micro-batch: adds its gradient, weighted
@@ -1142,6 +1188,29 @@ fn check_counts(st: &TrainState) -> Result<(), TrainError> {
 struct MicroBatchOut {
     loss: f64,
     tokens: Option<usize>,
+}
+
+/// What a step's forward and backward passes left to combine.
+struct StepWork {
+    /// Each computed replica's gradients, on the trainer's device.
+    replica_grads: Vec<BTreeMap<String, Tensor>>,
+    /// Each micro-batch's loss, in step order.
+    micro_losses: Vec<f64>,
+    tokens: Option<u64>,
+}
+
+/// The step's gradient, with the losses and tokens of every micro-batch
+/// that went into it (every rank's, in a world).
+struct Combined {
+    grads: BTreeMap<String, Tensor>,
+    /// In step order.
+    micro_losses: Vec<f64>,
+    tokens: Option<u64>,
+}
+
+/// Maps a candle error of step `step` outside a micro-batch.
+fn step_error(step: u64, during: &'static str) -> impl Fn(candle_core::Error) -> TrainError {
+    move |e| TrainError::Step { step, during, message: candle_message(&e) }
 }
 
 /// Maps a candle error of a micro-batch: out of memory (retryable, nothing

@@ -1,0 +1,236 @@
+//! Tests of the lock file protocol: its format, creation, transitions under
+//! generation markers, the heartbeat, ownership checks and release, on real
+//! files in a temporary directory.
+
+use super::*;
+
+const STALE: Duration = Duration::from_secs(60);
+
+#[test]
+fn lock_file_keys_are_alphabetical_and_files_in_field_order_still_read() {
+    let info = LockInfo {
+        token: "t".into(),
+        job_id: Some("17".into()),
+        host: "n1".into(),
+        pid: 3,
+        heartbeat: 1.5,
+        started: 1.0,
+        restart_count: Some(2),
+        step_id: Some("0".into()),
+        boot_id: Some("b".into()),
+        proc_start: Some(9),
+        stale_after_s: Some(60.0),
+        lineage: "l".into(),
+        generation: 4,
+    };
+    let bytes = info.to_bytes();
+    assert_eq!(crate::telemetry::first_unsorted_key(std::str::from_utf8(&bytes).unwrap()), None);
+    assert_eq!(LockInfo::parse(&bytes).as_ref(), Some(&info));
+    // Earlier versions wrote the fields in declaration order.
+    assert_eq!(LockInfo::parse(&serde_json::to_vec_pretty(&info).unwrap()), Some(info));
+}
+
+#[test]
+fn old_lock_files_without_the_new_fields_still_read() {
+    let old = br#"{"token":"a","job_id":"7","host":"n1","pid":3,"heartbeat":5.0,"started":1.0}"#;
+    let info = LockInfo::parse(old).unwrap();
+    assert_eq!((info.restart_count, info.generation, info.lineage.as_str()), (None, 0, ""));
+}
+
+#[test]
+fn this_process_is_alive_and_a_reused_pid_or_another_boot_is_not() {
+    let me = LockInfo { pid: std::process::id(), ..LockInfo::default() };
+    assert!(holder_alive(&me));
+    let mine = LockInfo { proc_start: proc_start(me.pid), boot_id: boot_id(), ..me.clone() };
+    assert!(holder_alive(&mine));
+    if let Some(start) = mine.proc_start {
+        assert!(!holder_alive(&LockInfo { proc_start: Some(start + 1), ..mine.clone() }), "a reused pid");
+    }
+    if mine.boot_id.is_some() {
+        assert!(!holder_alive(&LockInfo { boot_id: Some("another-boot".into()), ..mine.clone() }));
+    }
+    assert!(!holder_alive(&LockInfo { pid: 0, ..LockInfo::default() }), "pid 0 is no process");
+    assert!(!holder_alive(&LockInfo { pid: u32::MAX, ..LockInfo::default() }));
+}
+
+fn request(host: &str) -> LockRequest {
+    LockRequest { job_id: None, host: host.into(), restart_count: 0, step_id: None, stale_after: STALE }
+}
+
+#[test]
+fn second_acquire_in_same_process_is_refused_and_released_on_drop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
+    // Same host, live pid (ours), no job id, fresh heartbeat: refused.
+    let err = RunLock::acquire(tmp.path(), request("hostA")).unwrap_err();
+    assert!(err.to_string().contains("in use by pid"), "{err}");
+    drop(first);
+    assert!(!tmp.path().join(LOCK_FILE).exists());
+    let names: Vec<_> = fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(names.is_empty(), "markers or temporary files left behind: {names:?}");
+    RunLock::acquire(tmp.path(), request("hostA")).unwrap();
+}
+
+#[test]
+fn a_transition_from_bytes_that_moved_on_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LOCK_FILE);
+    let now = LockInfo { token: "now".into(), lineage: "l".into(), generation: 4, ..LockInfo::default() };
+    fs::write(&path, now.to_bytes()).unwrap();
+    let before = LockInfo { generation: 3, ..now.clone() };
+    let mut watch = MarkerWatch::default();
+    let step = transition(&path, &before.to_bytes(), ("l", 3), Change::Remove, "me", &mut watch, STALE).unwrap();
+    assert_eq!(step, Step::Changed);
+    assert_eq!(fs::read(&path).unwrap(), now.to_bytes());
+    assert!(markers(tmp.path(), "l").unwrap().is_empty(), "the aborted marker was left");
+}
+
+#[test]
+fn a_busy_marker_blocks_until_it_is_seen_unchanged_long_enough_then_the_next_name_is_taken() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LOCK_FILE);
+    let lock = LockInfo { token: "old".into(), lineage: "l".into(), generation: 7, ..LockInfo::default() };
+    let bytes = lock.to_bytes();
+    fs::write(&path, &bytes).unwrap();
+    // A contender crashed holding marker 0 of generation 7.
+    let crashed = marker_path(tmp.path(), "l", 7, 0);
+    fs::write(&crashed, b"crashed").unwrap();
+    // And an older generation's marker is garbage.
+    fs::write(marker_path(tmp.path(), "l", 5, 0), b"old").unwrap();
+    let stale_after = Duration::from_millis(300); // markers break after 100 ms
+    let mut watch = MarkerWatch::default();
+    let new = || Change::Write(Box::new(LockInfo { token: "new".into(), ..LockInfo::default() }));
+    assert_eq!(transition(&path, &bytes, ("l", 7), new(), "me", &mut watch, stale_after).unwrap(), Step::Busy);
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(transition(&path, &bytes, ("l", 7), new(), "me", &mut watch, stale_after).unwrap(), Step::Done);
+    let written = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+    assert_eq!((written.token.as_str(), written.lineage.as_str(), written.generation), ("new", "l", 8));
+    assert!(markers(tmp.path(), "l").unwrap().is_empty(), "markers of past generations are removed");
+}
+
+#[test]
+fn a_fresh_higher_marker_keeps_others_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LOCK_FILE);
+    let lock = LockInfo { token: "old".into(), lineage: "l".into(), generation: 2, ..LockInfo::default() };
+    let bytes = lock.to_bytes();
+    fs::write(&path, &bytes).unwrap();
+    // Another process broke marker 0 (whose maker gave up since) and now
+    // holds marker 1: the highest marker is fresh, so this process waits.
+    fs::write(marker_path(tmp.path(), "l", 2, 1), b"breaker").unwrap();
+    let mut watch = MarkerWatch::default();
+    let change = Change::Write(Box::new(LockInfo { token: "late".into(), ..LockInfo::default() }));
+    assert_eq!(transition(&path, &bytes, ("l", 2), change, "me", &mut watch, STALE).unwrap(), Step::Busy);
+    assert_eq!(fs::read(&path).unwrap(), bytes);
+}
+
+#[test]
+fn acquire_passes_a_marker_left_by_a_crashed_contender_after_a_third_of_the_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LOCK_FILE);
+    // A dead holder on this host, and a contender that crashed while
+    // taking its lock over, leaving its marker.
+    let dead = LockInfo {
+        token: "dead".into(),
+        host: "hostA".into(),
+        pid: 0,
+        lineage: "l".into(),
+        generation: 4,
+        ..LockInfo::default()
+    };
+    fs::write(&path, dead.to_bytes()).unwrap();
+    fs::write(marker_path(tmp.path(), "l", 4, 0), b"crashed").unwrap();
+    let req = LockRequest { stale_after: Duration::from_millis(600), ..request("hostA") };
+    let t0 = Instant::now();
+    let lock = RunLock::acquire(tmp.path(), req).unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(200), "the marker was broken before it was seen stale");
+    assert_eq!(lock.ownership().takeover().unwrap().reason, "its process 0 on this host is gone");
+    let now = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+    assert_eq!((now.token.as_str(), now.lineage.as_str(), now.generation), (lock.info().token.as_str(), "l", 5));
+    assert!(markers(tmp.path(), "l").unwrap().iter().all(|(g, _, _)| *g > 4), "markers of generation 4 were left");
+}
+
+#[test]
+fn a_marker_left_by_a_crashed_contender_does_not_stop_the_heartbeat() {
+    let tmp = tempfile::tempdir().unwrap();
+    let req = LockRequest { stale_after: Duration::from_secs(3), ..request("hostA") };
+    let lock = RunLock::acquire(tmp.path(), req).unwrap();
+    let path = tmp.path().join(LOCK_FILE);
+    let before = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+    // Planted right after the lock was taken (the first heartbeat is due
+    // after half a second): the holder must break it itself.
+    fs::write(marker_path(tmp.path(), &before.lineage, before.generation, 0), b"crashed").unwrap();
+    let t0 = Instant::now();
+    loop {
+        let now = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+        if now.generation > before.generation {
+            break;
+        }
+        // Breaking waits a third of the timeout (1 s) after the holder
+        // first sees the marker: it heartbeats before it could look stale (3 s).
+        assert!(t0.elapsed() < Duration::from_millis(2800), "the heartbeat stayed blocked: {now:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!lock.ownership().is_lost());
+}
+
+#[test]
+fn ownership_is_confirmed_by_reading_the_lock_and_a_lost_lock_stays_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lock = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
+    let own = lock.ownership();
+    assert!(own.confirm().is_ok());
+    assert!(!own.is_lost());
+    let other = LockInfo { token: "x".into(), host: "n9".into(), pid: 5, ..LockInfo::default() };
+    fs::write(tmp.path().join(LOCK_FILE), other.to_bytes()).unwrap();
+    let err = own.confirm().unwrap_err().to_string();
+    assert!(err.contains("now belongs to pid 5 on n9"), "{err}");
+    let again = own.confirm().unwrap_err();
+    assert!(matches!(again, OwnershipError::LostEarlier { .. }), "{again}");
+    assert!(own.is_lost());
+    drop(lock);
+    assert_eq!(fs::read(tmp.path().join(LOCK_FILE)).unwrap(), other.to_bytes(), "a lost lock is not removed");
+}
+
+#[test]
+fn the_heartbeat_moves_and_a_takeover_is_noticed_within_a_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    let req = LockRequest { stale_after: Duration::from_secs(3), ..request("hostA") };
+    let lock = RunLock::acquire(tmp.path(), req).unwrap();
+    let path = tmp.path().join(LOCK_FILE);
+    let first = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let later = LockInfo::parse(&fs::read(&path).unwrap()).unwrap();
+    assert!(later.heartbeat > first.heartbeat && later.generation > first.generation, "{later:?}");
+    assert_eq!(later.token, first.token);
+    let other = LockInfo { token: "x".into(), ..LockInfo::default() };
+    fs::write(&path, other.to_bytes()).unwrap();
+    let t0 = Instant::now();
+    while !lock.ownership().is_lost() {
+        assert!(t0.elapsed() < Duration::from_secs(2), "the takeover was not noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_release_handle_frees_the_directory_without_the_owner() {
+    let tmp = tempfile::tempdir().unwrap();
+    let held = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
+    held.release_handle().release();
+    assert!(!tmp.path().join(LOCK_FILE).exists());
+    // Another run may take it at once; the owner's drop leaves that one alone.
+    let next = RunLock::acquire(tmp.path(), request("hostA")).unwrap();
+    drop(held);
+    assert!(tmp.path().join(LOCK_FILE).exists(), "the new holder's lock survives the old owner's drop");
+    drop(next);
+}
+
+#[test]
+fn a_pid_that_names_no_single_process_is_not_alive() {
+    // kill(0, 0) and kill(-1, 0) succeed (process group, every process):
+    // a lock file saying pid 0 or 4294967295 used to count as live.
+    assert!(!pid_alive(0));
+    assert!(!pid_alive(u32::MAX));
+    assert!(!pid_alive(i32::MAX as u32 + 1));
+    assert!(pid_alive(std::process::id()));
+}
