@@ -24,6 +24,9 @@
 //! whose gradients are copied back. The code is the same whatever the
 //! device: every CPU test with replicas takes this path on `Device::Cpu`.
 
+mod reduce;
+mod state;
+
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 use std::sync::Arc;
@@ -46,6 +49,7 @@ use super::workload::{ForwardCtx, Split, Workload};
 use crate::checkpoint::{Snapshot, TensorSet};
 use crate::config::{Config, OnNonFinite};
 use crate::distributed::Collective;
+use reduce::{all_gather_f32, average_across_ranks, average_replicas, gather_losses};
 
 /// Version of the JSON training state; a restore refuses any other.
 pub const STATE_FORMAT: u32 = 1;
@@ -128,43 +132,6 @@ pub enum StepResult {
     /// caller should restore the last checkpoint, call
     /// [`Trainer::skip_past`] with this event, and continue.
     NonFiniteRollback(NonFiniteEvent),
-}
-
-/// RNG streams in the state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RngStates {
-    init: RngState,
-    dropout: RngState,
-}
-
-/// The learning-rate schedule's position (the step) and, for readers, the
-/// rate the next step will use.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ScheduleState {
-    step: u64,
-    next_lr: f64,
-}
-
-/// The JSON part of a snapshot.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TrainState {
-    format: u32,
-    workload: String,
-    seed: u64,
-    step: u64,
-    epoch: u64,
-    cursor: DataCursor,
-    train_samples: u64,
-    optimizer_step: u64,
-    rng: RngStates,
-    scaler: ScalerState,
-    schedule: ScheduleState,
-    counters: Counters,
-    compute_dtype: String,
-    param_count: u64,
 }
 
 /// Makes another instance of the trainer's workload, for a replica on
@@ -1008,180 +975,6 @@ impl Trainer {
         }
         Ok(total / self.eval_batches as f64)
     }
-
-    /// Host copies of the parameters, the optimizer state and the JSON state.
-    pub fn snapshot(&self) -> Result<Snapshot, TrainError> {
-        self.snapshot_reusing(None)
-    }
-
-    /// [`snapshot`](Self::snapshot) for a periodic checkpoint, which
-    /// pauses training only for this call: tensors that nothing writes into
-    /// any more are shared, not copied (`train::snapshot_tensors`), and
-    /// what must be copied goes into the host buffers of an earlier
-    /// snapshot (handed back once it was persisted), without allocating.
-    /// A sharded optimizer's moments are gathered: every rank must
-    /// snapshot at the same time.
-    pub fn snapshot_reusing(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<Snapshot, TrainError> {
-        self.snapshot_with(reuse, true)
-    }
-
-    /// [`snapshot_reusing`](Self::snapshot_reusing) for a checkpoint that
-    /// every rank writes its part of (`checkpoint::parts`): with a sharded
-    /// optimizer, `optimizer` holds this rank's pieces of the moments
-    /// ([`optimizer_shard`](Self::optimizer_shard)), shared, and no
-    /// collective is made; otherwise the whole state.
-    pub fn snapshot_part(&self, reuse: Option<(TensorSet, TensorSet)>) -> Result<Snapshot, TrainError> {
-        self.snapshot_with(reuse, false)
-    }
-
-    fn snapshot_with(&self, reuse: Option<(TensorSet, TensorSet)>, gather: bool) -> Result<Snapshot, TrainError> {
-        let world = self.world.as_ref().filter(|_| gather);
-        let gather = world.map(|world| move |mine: Vec<f32>| all_gather_f32(&**world, mine));
-        let gather = gather.as_ref().map(|g| g as GatherF32<'_>);
-        let (model, optimizer, optimizer_step) = snapshot_tensors(&self.params, &self.optimizer, gather, reuse)?;
-        let state = TrainState {
-            format: STATE_FORMAT,
-            workload: self.workload.name().to_string(),
-            seed: self.seed,
-            step: self.step,
-            epoch: self.cursor.epoch,
-            cursor: self.cursor,
-            train_samples: self.train_samples as u64,
-            optimizer_step,
-            rng: RngStates { init: self.init_rng.state(), dropout: self.dropout_rng.state() },
-            scaler: self.scaler.state(),
-            schedule: ScheduleState { step: self.step, next_lr: self.next_lr() },
-            counters: self.counters,
-            compute_dtype: dtype_name(self.dtype),
-            param_count: self.param_count() as u64,
-        };
-        let state = serde_json::to_value(&state).map_err(|e| TrainError::state("state", e.to_string()))?;
-        Ok(Snapshot { step: self.step, model, optimizer, state })
-    }
-
-    /// Replaces the trainer's state with a snapshot's. Everything is checked
-    /// before anything changes: a tensor missing, unexpected, or of the wrong
-    /// shape or dtype, or a state of another workload or data set, is an
-    /// error naming it, and the trainer is left as it was.
-    pub fn restore(
-        &mut self,
-        model: &TensorSet,
-        optimizer: &TensorSet,
-        state: &serde_json::Value,
-    ) -> Result<(), TrainError> {
-        let st: TrainState = serde_json::from_value(state.clone())
-            .map_err(|e| TrainError::state("state", format!("cannot be read: {e}")))?;
-        if st.format != STATE_FORMAT {
-            return Err(TrainError::state(
-                "format",
-                format!("version {} is not supported (expected {STATE_FORMAT})", st.format),
-            ));
-        }
-        if st.workload != self.workload.name() {
-            return Err(TrainError::state(
-                "workload",
-                format!("the checkpoint is of workload `{}`, this run trains `{}`", st.workload, self.workload.name()),
-            ));
-        }
-        if st.train_samples != self.train_samples as u64 {
-            return Err(TrainError::state(
-                "train_samples",
-                format!(
-                    "the checkpoint was taken with {} training samples, the data now has {}: the data changed, so its order cannot be resumed",
-                    st.train_samples, self.train_samples
-                ),
-            ));
-        }
-        check_counts(&st)?;
-        if st.epoch != st.cursor.epoch || st.schedule.step != st.step {
-            return Err(TrainError::state("step", "epoch/step fields disagree with the cursor/schedule"));
-        }
-        if st.cursor.position >= st.train_samples && st.train_samples > 0 {
-            return Err(TrainError::state(
-                "cursor.position",
-                format!("{} is past the {} training samples", st.cursor.position, st.train_samples),
-            ));
-        }
-
-        let mut values = Vec::with_capacity(self.params.len());
-        for (name, var) in &self.params {
-            check_host("model", name, var.dims(), model.get(name))?;
-            // A trainer built from this checkpoint's parameters
-            // (`from_registry_resuming`) already holds them: nothing to copy.
-            if holds_host_values(var.as_tensor(), &model[name]) {
-                continue;
-            }
-            values.push((name.clone(), from_host(name, &model[name], &self.device)?));
-        }
-        if let Some(extra) = model.keys().find(|k| !self.params.contains_key(*k)) {
-            return Err(TrainError::UnexpectedTensor { set: "model", name: extra.clone() });
-        }
-        let init_rng = StreamRng::from_state(&st.rng.init)?;
-        let dropout_rng = StreamRng::from_state(&st.rng.dropout)?;
-        let mut scaler = self.scaler.clone();
-        scaler.load_state(st.scaler)?;
-        if st.compute_dtype != dtype_name(self.dtype) {
-            tracing::warn!(checkpoint = %st.compute_dtype, now = %dtype_name(self.dtype), "compute dtype changed since the checkpoint; the run will not match an uninterrupted one");
-        }
-        if st.seed != self.seed {
-            tracing::warn!(
-                checkpoint = st.seed,
-                config = self.seed,
-                "seed changed since the checkpoint; keeping the checkpoint's data order"
-            );
-        }
-
-        // Checks done; the optimizer validates and applies atomically, then the rest.
-        self.optimizer.load_whole_state(&self.params, optimizer, st.optimizer_step, &self.device)?;
-        for (name, value) in values {
-            self.params[&name]
-                .set(&value)
-                .map_err(|e| TrainError::Tensor { name: name.clone(), message: candle_message(&e) })?;
-        }
-        self.init_rng = init_rng;
-        self.dropout_rng = dropout_rng;
-        self.scaler = scaler;
-        self.seed = st.seed;
-        self.sampler = Sampler::new(st.seed, self.train_samples);
-        self.cursor = st.cursor;
-        self.step = st.step;
-        self.counters = st.counters;
-        tracing::debug!(step = self.step, cursor = ?self.cursor, "trainer restored");
-        Ok(())
-    }
-}
-
-/// Largest count `state.json` may hold: 2^53, the largest integer every
-/// JSON reader (Python's, JavaScript's) keeps exact. No run counts that far;
-/// a larger count is damage, and training on from it would overflow the
-/// counters (a panic in debug builds, a wrap in release).
-const MAX_COUNT: u64 = 1 << 53;
-
-/// Refuses a `state.json` whose steps or counters no run could reach.
-fn check_counts(st: &TrainState) -> Result<(), TrainError> {
-    let c = &st.counters;
-    let counts = [
-        ("step", st.step),
-        ("epoch", st.epoch),
-        ("optimizer_step", st.optimizer_step),
-        ("cursor.epoch", st.cursor.epoch),
-        ("cursor.position", st.cursor.position),
-        ("schedule.step", st.schedule.step),
-        ("scaler.growth_tracker", st.scaler.growth_tracker),
-        ("counters.batches", c.batches),
-        ("counters.samples", c.samples),
-        ("counters.tokens", c.tokens),
-        ("counters.nonfinite_skipped", c.nonfinite_skipped),
-        ("counters.scaler_skipped", c.scaler_skipped),
-        ("counters.batches_skipped", c.batches_skipped),
-        ("counters.clipped", c.clipped),
-    ];
-    match counts.into_iter().find(|(_, n)| *n > MAX_COUNT) {
-        Some((field, n)) => {
-            Err(TrainError::state(field, format!("{n} is beyond 2^53, which no run reaches: the file is damaged")))
-        }
-        None => Ok(()),
-    }
 }
 
 /// What one micro-batch contributed besides its gradient.
@@ -1224,130 +1017,6 @@ fn oom_or(step: u64, layout: Layout, during: &'static str) -> impl Fn(candle_cor
             TrainError::Step { step, during, message }
         }
     }
-}
-
-/// The all-reduce: the mean of the replicas' gradients, summed in replica
-/// order (so the result does not depend on which replica finished first).
-/// One replica is returned as it is, bit for bit.
-fn average_replicas(mut replicas: Vec<BTreeMap<String, Tensor>>) -> candle_core::Result<BTreeMap<String, Tensor>> {
-    if replicas.len() <= 1 {
-        return Ok(replicas.pop().unwrap_or_default());
-    }
-    let n = replicas.len();
-    let mut iter = replicas.into_iter();
-    let mut total = iter.next().unwrap_or_default();
-    for replica in iter {
-        for (name, g) in replica {
-            let sum = match total.remove(&name) {
-                Some(t) => (t + g)?,
-                None => g,
-            };
-            total.insert(name, sum);
-        }
-    }
-    for g in total.values_mut() {
-        *g = g.affine(1.0 / n as f64, 0.0)?;
-    }
-    Ok(total)
-}
-
-/// Every rank's `mine`, end to end in rank order (ZeRO-1's all-gather).
-fn all_gather_f32(world: &dyn Collective, mine: Vec<f32>) -> Result<Vec<f32>, String> {
-    let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let all = world.all_gather_bytes(&bytes).map_err(|e| e.to_string())?;
-    let mut whole = Vec::with_capacity(all.iter().map(Vec::len).sum::<usize>() / 4);
-    for (rank, part) in all.iter().enumerate() {
-        if part.len() % 4 != 0 {
-            return Err(format!("rank {rank} sent {} bytes, not whole f32 values", part.len()));
-        }
-        whole.extend(part.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-    }
-    Ok(whole)
-}
-
-/// Every rank's micro-batch losses, in rank order (so in step order), and
-/// the world's token count.
-fn gather_losses(
-    world: &dyn Collective,
-    step: u64,
-    mine: &[f64],
-    tokens: Option<u64>,
-) -> Result<(Vec<f64>, Option<u64>), TrainError> {
-    let agree = |e: crate::distributed::DistributedError| TrainError::Collective {
-        step,
-        during: "the losses",
-        message: e.to_string(),
-    };
-    let mut bytes: Vec<u8> = tokens.map_or(u64::MAX, |t| t).to_le_bytes().to_vec();
-    bytes.extend(mine.iter().flat_map(|l| l.to_le_bytes()));
-    let all = world.all_gather_bytes(&bytes).map_err(agree)?;
-    let mut losses = Vec::with_capacity(mine.len() * all.len());
-    let mut total_tokens: Option<u64> = None;
-    for (rank, b) in all.iter().enumerate() {
-        if b.len() < 8 || !b.len().is_multiple_of(8) {
-            return Err(TrainError::Collective {
-                step,
-                during: "the losses",
-                message: format!("rank {rank} sent {} bytes", b.len()),
-            });
-        }
-        let words: Vec<[u8; 8]> = b.chunks_exact(8).map(|c| c.try_into().unwrap_or([0; 8])).collect();
-        let t = u64::from_le_bytes(words[0]);
-        if t != u64::MAX {
-            *total_tokens.get_or_insert(0) += t;
-        }
-        losses.extend(words[1..].iter().map(|w| f64::from_le_bytes(*w)));
-    }
-    Ok((losses, total_tokens))
-}
-
-/// The average over ranks of each rank's replica gradient: the rank-order
-/// sum (`((g₀ + g₁) + g₂) + …`, f32, as [`average_replicas`] adds one
-/// process's replicas) scaled by `1 / ranks`, identical on every rank.
-fn average_across_ranks(
-    world: &dyn Collective,
-    step: u64,
-    local: BTreeMap<String, Tensor>,
-    device: &Device,
-) -> Result<BTreeMap<String, Tensor>, TrainError> {
-    let fail = |during: &'static str| {
-        move |e: candle_core::Error| TrainError::Step { step, during, message: candle_message(&e) }
-    };
-    let agree = |e: crate::distributed::DistributedError| TrainError::Collective {
-        step,
-        during: "the gradient sum",
-        message: e.to_string(),
-    };
-    // The same tensors, in the same order, on every rank: compare names
-    // and shapes first, or the sum would add unrelated numbers.
-    let layout: Vec<(String, Vec<usize>)> = local.iter().map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
-    let described = serde_json::to_vec(&layout).unwrap_or_default();
-    for (rank, theirs) in world.all_gather_bytes(&described).map_err(agree)?.iter().enumerate() {
-        if *theirs != described {
-            return Err(TrainError::Collective {
-                step,
-                during: "the gradient sum",
-                message: format!("rank {rank} has gradients of other tensors or shapes than rank {}", world.rank()),
-            });
-        }
-    }
-    let mut flat: Vec<f32> = Vec::with_capacity(local.values().map(Tensor::elem_count).sum());
-    for t in local.values() {
-        flat.extend(t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(fail("reading gradients"))?);
-    }
-    let summed = world.sum_in_rank_order(&flat).map_err(agree)?;
-    let n = world.size() as f64;
-    let mut out = BTreeMap::new();
-    let mut at = 0;
-    for (name, shape) in layout {
-        let len: usize = shape.iter().product();
-        let t = Tensor::from_slice(&summed[at..at + len], shape.as_slice(), device)
-            .and_then(|t| t.affine(1.0 / n, 0.0))
-            .map_err(fail("averaging gradients across ranks"))?;
-        at += len;
-        out.insert(name, t);
-    }
-    Ok(out)
 }
 
 /// The loss as an f32 scalar, or an error if the workload returned another shape.
