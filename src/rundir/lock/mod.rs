@@ -98,7 +98,11 @@ use sha2::Digest;
 use crate::slurm::SlurmEnv;
 
 use crate::rundir::atomic::write_atomically;
+#[cfg(test)]
+use liveness::pid_alive;
+use liveness::{boot_id, holder_alive, proc_start};
 
+mod liveness;
 mod takeover;
 #[cfg(test)]
 mod tests;
@@ -261,49 +265,6 @@ impl LockRequest {
 /// Seconds since the Unix epoch (the lock's heartbeat clock).
 pub(crate) fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
-
-/// The kernel's boot id (Linux), if it can be read.
-fn boot_id() -> Option<String> {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
-}
-
-/// The start time of process `pid` in clock ticks since boot (field 22 of
-/// `/proc/<pid>/stat`; the command name before it may hold spaces and
-/// parentheses, so fields are counted after the last `)`).
-fn proc_start(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-fn pid_alive(pid: u32) -> bool {
-    // Pid 0 (and what does not fit a pid_t) would signal a process group.
-    let Ok(raw) = i32::try_from(pid) else { return false };
-    if raw <= 0 {
-        return false;
-    }
-    // Signal 0 checks existence; EPERM means it exists but is not ours.
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None) {
-        Ok(()) => true,
-        Err(e) => e == nix::errno::Errno::EPERM,
-    }
-}
-
-/// Whether the process that wrote `held` still runs on this host.
-fn holder_alive(held: &LockInfo) -> bool {
-    if let (Some(theirs), Some(ours)) = (&held.boot_id, boot_id())
-        && *theirs != ours
-    {
-        return false;
-    }
-    if !pid_alive(held.pid) {
-        return false;
-    }
-    match (held.proc_start, proc_start(held.pid)) {
-        (Some(recorded), Some(now)) => recorded == now,
-        _ => true,
-    }
 }
 
 /// A short, filename-safe hash of `text`.
