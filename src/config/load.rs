@@ -1006,6 +1006,18 @@ lr = 1
         assert_eq!(tiny.checkpoint.every_steps, 50);
     }
 
+    #[test]
+    fn data_kind_names_are_those_a_config_file_writes() {
+        for kind in [DataKind::Synthetic, DataKind::Jsonl, DataKind::Text] {
+            let mut config = Config::default();
+            config.data.kind = kind;
+            let written = to_toml(&config);
+            assert!(written.contains(&format!("kind = \"{}\"", kind.name())), "{written}");
+            let set = format!("data.kind={}", kind.name());
+            assert_eq!(load_text("", &["model.kind=gpt", "data.path=d", &set]).unwrap().data.kind, kind);
+        }
+    }
+
     /// Property tests over arbitrary and mutated config files and
     /// overrides; see `crate::fuzz`. Every input loads or gives problems
     /// that name what is wrong, never a panic.
