@@ -18,6 +18,7 @@ mod boundary;
 mod claims;
 mod cli;
 mod corruption;
+mod demo;
 mod distributed;
 mod documented;
 mod documented_commands;
