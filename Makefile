@@ -1,10 +1,12 @@
 # rekindle — the two commands a new machine needs are `make demo` and `make test`.
-# Both install what is missing first (as root on Debian/Ubuntu; see `deps`).
+# Both install what is missing first (as root on Debian/Ubuntu): `make demo`
+# only what building rekindle needs (`demo-deps`), `make test` everything its
+# tests use (`deps`).
 
 CARGO ?= cargo
 PYTHON ?= python3
 
-.PHONY: all deps build demo test lint unit clean drill fuzz gpu-check cuda-env skip-summary test-under-load
+.PHONY: all deps demo-deps build demo test lint unit clean drill fuzz gpu-check cuda-env skip-summary test-under-load
 
 # The CUDA toolkit the `cuda` feature (candle's CUDA backend) builds with:
 # CUDA_ROOT when given (a system toolkit, e.g. CUDA_ROOT=/usr/local/cuda),
@@ -21,14 +23,24 @@ CUDA_ENV = CUDA_ROOT="$(CUDA_ROOT)" CUDA_HOME="$(CUDA_ROOT)" CUDA_PATH="$(CUDA_R
 
 all: build
 
-## deps: install what a fresh Debian/Ubuntu machine lacks (idempotent)
-deps:
+## demo-deps: what building rekindle needs and a machine with Rust may lack
+## (idempotent): the C compiler that builds libgit2 and libssh2 from source,
+## and pkg-config with OpenSSL's headers for git2's https and ssh. Nothing the
+## demo does not use: no CUDA, MPI, SLURM, Python or Chromium.
+demo-deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
+	@command -v cc >/dev/null || { command -v apt-get >/dev/null && apt-get update && apt-get install -y gcc libc6-dev; } || \
+		{ echo "no C compiler (cc): install one (Debian/Ubuntu: apt-get install gcc libc6-dev)"; exit 1; }
+	@pkg-config --exists openssl 2>/dev/null || { command -v apt-get >/dev/null && apt-get update && apt-get install -y pkg-config libssl-dev; } || \
+		{ echo "pkg-config and OpenSSL's headers are needed: install them (Debian/Ubuntu: apt-get install pkg-config libssl-dev)"; exit 1; }
+
+## deps: install what a fresh Debian/Ubuntu machine lacks for the whole test
+## suite, the drills and the GPU builds (idempotent)
+deps: demo-deps
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 	@command -v $(PYTHON) >/dev/null || { apt-get update && apt-get install -y python3 python3-pip; }
 	@$(PYTHON) -c "import safetensors, numpy" 2>/dev/null || $(PYTHON) -m pip install --quiet safetensors numpy
-	@dpkg -s libssl-dev pkg-config >/dev/null 2>&1 || { apt-get update && apt-get install -y libssl-dev pkg-config; }
 	@dpkg -s librocm-smi-dev libclang-dev >/dev/null 2>&1 || { apt-get update && apt-get install -y librocm-smi-dev libclang-dev; }
 	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; } || \
 		echo "*** WARNING: cannot install chromium: tests/it/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"
@@ -41,16 +53,11 @@ deps:
 build:
 	$(CARGO) build --release
 
-## demo: train configs/tiny.toml, stop it half-way, resume it, verify the checkpoints
-demo: deps build
-	rm -rf runs/tiny
-	./target/release/rekindle run --config configs/tiny.toml --stop-at-step 100; test $$? -eq 75
-	./target/release/rekindle run --config configs/tiny.toml
-	./target/release/rekindle checkpoints runs/tiny
-	./target/release/rekindle verify runs/tiny
-	./target/release/rekindle status runs/tiny
-	./target/release/rekindle report runs/tiny
-	@echo "open runs/tiny/report.html to see the run"
+## demo: build, then scripts/demo.sh: train the built-in GPT on Shakespeare's
+## sonnets (configs/demo.toml), SIGTERM it past half way, resume it, show its
+## checkpoints, verify them, its status and its report (runs/demo/report.html)
+demo: demo-deps build
+	scripts/demo.sh --bin $(or $(CARGO_TARGET_DIR),target)/release/rekindle
 
 # The features the tests build with: `mpi` (data-parallel ranks through the
 # system's OpenMPI, which `deps` installs), so that its tests run in CI.

@@ -1006,6 +1006,30 @@ lr = 1
         assert_eq!(tiny.checkpoint.every_steps, 50);
     }
 
+    #[test]
+    fn demo_toml_trains_the_gpt_on_the_shipped_text() {
+        let text = include_str!("../../configs/demo.toml");
+        let demo = from_str(text, "configs/demo.toml", &[]).unwrap().config;
+        assert_eq!((demo.run.name.as_str(), &demo.model.kind), ("demo", &ModelKind::Gpt));
+        assert_eq!(demo.data.kind, DataKind::Text);
+        let path = demo.data.path.expect("a text file");
+        // Relative to the working directory: `make demo` runs from the root.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        assert!(root.join(&path).is_file(), "{} is missing", path.display());
+    }
+
+    #[test]
+    fn data_kind_names_are_those_a_config_file_writes() {
+        for kind in [DataKind::Synthetic, DataKind::Jsonl, DataKind::Text] {
+            let mut config = Config::default();
+            config.data.kind = kind;
+            let written = to_toml(&config);
+            assert!(written.contains(&format!("kind = \"{}\"", kind.name())), "{written}");
+            let set = format!("data.kind={}", kind.name());
+            assert_eq!(load_text("", &["model.kind=gpt", "data.path=d", &set]).unwrap().data.kind, kind);
+        }
+    }
+
     /// Property tests over arbitrary and mutated config files and
     /// overrides; see `crate::fuzz`. Every input loads or gives problems
     /// that name what is wrong, never a panic.

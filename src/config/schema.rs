@@ -143,11 +143,27 @@ impl Default for ModelSection {
     }
 }
 
+/// Where the samples of `[data]` come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DataKind {
+    /// Generated from `[run] seed`.
     Synthetic,
+    /// A JSONL file, its text in the field `[data] field` of each record.
     Jsonl,
+    /// A plain UTF-8 text file, trained on as it is (byte-level).
+    Text,
+}
+
+impl DataKind {
+    /// The name as written in `[data] kind`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataKind::Synthetic => "synthetic",
+            DataKind::Jsonl => "jsonl",
+            DataKind::Text => "text",
+        }
+    }
 }
 
 /// What to do with invalid records of a JSONL dataset.
@@ -165,7 +181,7 @@ pub enum OnInvalid {
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
     pub kind: DataKind,
-    /// JSONL file (required for `kind = "jsonl"`).
+    /// The JSONL or text file (required for `kind = "jsonl"` and `kind = "text"`).
     pub path: Option<PathBuf>,
     /// Name of the text field of each JSONL record.
     pub field: String,

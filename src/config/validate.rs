@@ -138,7 +138,8 @@ fn model(f: &mut Findings, model: &ModelSection) {
 fn data(f: &mut Findings, data: &DataSection, model: &ModelKind) {
     // The mlp classifies feature vectors: text has none to give it.
     f.require_with(*model != ModelKind::Mlp || data.kind == DataKind::Synthetic, "data.kind", &["model.kind"], || {
-        "the mlp model trains on synthetic data only: use kind = \"synthetic\", or model.kind = \"gpt\" for JSONL text"
+        "the mlp model trains on synthetic data only: use kind = \"synthetic\", or model.kind = \"gpt\" for text \
+         (kind = \"jsonl\" or \"text\")"
             .to_string()
     });
     match data.kind {
@@ -148,6 +149,11 @@ fn data(f: &mut Findings, data: &DataSection, model: &ModelKind) {
             });
             f.require(!data.field.is_empty(), "data.field", || {
                 "must name the text field of each JSONL record (got \"\")".to_string()
+            });
+        }
+        DataKind::Text => {
+            f.require_with(data.path.is_some(), "data.path", &["data.kind"], || {
+                "is required when data.kind = \"text\"".to_string()
             });
         }
         DataKind::Synthetic => f.at_least("data.synthetic_samples", data.synthetic_samples, 1),
@@ -456,6 +462,21 @@ mod tests {
         assert_eq!(keys(&c), ["data.path"]);
         c.data.path = Some("data/x.jsonl".into());
         assert!(keys(&c).is_empty());
+    }
+
+    #[test]
+    fn text_data_requires_a_path_and_no_jsonl_field() {
+        let mut c = Config::default();
+        c.model.kind = ModelKind::Gpt;
+        c.data.kind = DataKind::Text;
+        assert_eq!(keys(&c), ["data.path"]);
+        assert!(findings(&c)[0].message.contains("data.kind = \"text\""));
+        c.data.path = Some("configs/sonnets.txt".into());
+        // `field` names a JSONL record's field: a text file has none.
+        c.data.field = String::new();
+        assert!(keys(&c).is_empty());
+        c.model.kind = ModelKind::Mlp;
+        assert_eq!(keys(&c), ["data.kind"]);
     }
 
     #[test]

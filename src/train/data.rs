@@ -2,8 +2,9 @@
 //!
 //! - [`Classification`]: synthetic Gaussian clusters for the `mlp` model.
 //! - [`TokenSequences`]: byte-level sequences for the `gpt` model, from a
-//!   synthetic structured corpus or a JSONL file (one object per line, text
-//!   in a named field), packed to the context length.
+//!   synthetic structured corpus, a JSONL file (one object per line, text
+//!   in a named field) or a plain UTF-8 text file, packed to the context
+//!   length.
 //! - [`DataCursor`] and [`Sampler`]: which training samples come next. An
 //!   epoch visits every training sample once in a permutation derived only
 //!   from the seed and the epoch number, so the cursor (epoch, position) is
@@ -29,6 +30,7 @@ use crate::config::{DataSection, OnInvalid};
 /// sets and files do not share decisions).
 const SPLIT_SAMPLES: u64 = 0x5350_4c49_5401;
 const SPLIT_RECORDS: u64 = 0x5350_4c49_5402;
+const SPLIT_WINDOWS: u64 = 0x5350_4c49_5403;
 
 /// The seeded split rule: item `index` is held out for validation when its
 /// hash falls below `val_fraction`.
@@ -289,6 +291,58 @@ impl TokenSequences {
         Ok(seqs)
     }
 
+    /// Sequences from a plain text file (`[data] kind = "text"`): its bytes
+    /// as they are, cut into consecutive windows of `context + 1` bytes (a
+    /// window's last byte is the next one's first, so every pair of
+    /// neighbouring bytes is a target once), each window assigned to a split
+    /// by the seeded rule on its index. The bytes after the last whole
+    /// window are not used.
+    ///
+    /// The file must be UTF-8 text without NUL characters ([`text_problem`]):
+    /// the model would train on any bytes, but a file that is not text is
+    /// almost always the wrong file (a checkpoint, an archive, a JSONL file's
+    /// compressed copy), and training on it would only waste the allocation.
+    pub fn from_text(path: &Path, seed: u64, context: usize, val_fraction: f64) -> Result<Self, TrainError> {
+        let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
+        if let Some(problem) = text_problem(&bytes) {
+            return Err(TrainError::config(
+                "data.path",
+                format!(
+                    "{} is not a UTF-8 text file: {problem}; data.kind = \"text\" trains on plain text \
+                     (JSONL records: kind = \"jsonl\")",
+                    path.display()
+                ),
+            ));
+        }
+        let windows = bytes.len().saturating_sub(1) / context;
+        let mut seqs = TokenSequences { context, train: Vec::new(), val: Vec::new() };
+        for i in 0..windows {
+            let dst = if is_validation(seed, SPLIT_WINDOWS, i as u64, val_fraction) {
+                &mut seqs.val
+            } else {
+                &mut seqs.train
+            };
+            dst.extend_from_slice(&bytes[i * context..i * context + context + 1]);
+        }
+        if seqs.train.is_empty() {
+            let reason = if windows == 0 {
+                format!(
+                    "it holds {} bytes, too few for one sequence of model.context + 1 = {} bytes",
+                    bytes.len(),
+                    context + 1
+                )
+            } else {
+                format!(
+                    "none of its {windows} sequences of {} bytes fell in the training split (data.val_fraction \
+                     {val_fraction}): give more text or lower data.val_fraction",
+                    context + 1
+                )
+            };
+            return Err(empty(&path.display().to_string(), reason));
+        }
+        Ok(seqs)
+    }
+
     /// Sequences in `split`.
     pub fn len(&self, split: Split) -> usize {
         self.part(split).len() / (self.context + 1)
@@ -325,6 +379,20 @@ impl TokenSequences {
         let shape = (indices.len(), t);
         Ok((Tensor::from_vec(inputs, shape, device)?, Tensor::from_vec(targets, shape, device)?))
     }
+}
+
+/// Why `bytes` is not UTF-8 text without NUL characters, with the 1-based
+/// line and column (in bytes) and the byte offset of the first offence;
+/// `None` when it is.
+pub fn text_problem(bytes: &[u8]) -> Option<String> {
+    let (at, what) = match std::str::from_utf8(bytes) {
+        Err(e) => (e.valid_up_to(), "invalid UTF-8"),
+        Ok(text) => (text.find('\0')?, "a NUL character"),
+    };
+    let before = &bytes[..at];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = at - before.iter().rposition(|&b| b == b'\n').map_or(0, |nl| nl + 1) + 1;
+    Some(format!("{what} at line {line}, column {column} (byte offset {at})"))
 }
 
 #[cfg(test)]
@@ -391,6 +459,78 @@ mod tests {
         assert!(seq.iter().all(|b| b.is_ascii()));
         let (inp, tgt) = t.batch(Split::Train, &[0], &Device::Cpu).unwrap();
         assert_eq!(inp.to_vec2::<u32>().unwrap()[0][1..], tgt.to_vec2::<u32>().unwrap()[0][..7]);
+    }
+
+    #[test]
+    fn text_is_cut_into_overlapping_windows_and_split_by_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.txt");
+        let text: String = (0..200).map(|i| format!("line {i}: shall I compare thee?\n")).collect();
+        std::fs::write(&path, &text).unwrap();
+        let seqs = TokenSequences::from_text(&path, 3, 16, 0.2).unwrap();
+        let windows = (text.len() - 1) / 16;
+        assert_eq!(seqs.len(Split::Train) + seqs.len(Split::Validation), windows);
+        assert!(seqs.len(Split::Validation) > windows / 10 && seqs.len(Split::Validation) < windows / 3);
+        // Each window is the text at its own offset, so every split holds
+        // the file's bytes in order; the split decision is per window index.
+        let (mut train, mut val) = (0, 0);
+        for i in 0..windows {
+            let window = &text.as_bytes()[i * 16..i * 16 + 17];
+            if is_validation(3, SPLIT_WINDOWS, i as u64, 0.2) {
+                assert_eq!(seqs.sequence(Split::Validation, val), window);
+                val += 1;
+            } else {
+                assert_eq!(seqs.sequence(Split::Train, train), window);
+                train += 1;
+            }
+        }
+        let other_seed = TokenSequences::from_text(&path, 4, 16, 0.2).unwrap();
+        assert_ne!(other_seed.val, seqs.val, "the split follows the seed");
+        let again = TokenSequences::from_text(&path, 3, 16, 0.2).unwrap();
+        assert_eq!((seqs.train, seqs.val), (again.train, again.val));
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_or_too_short_is_refused_with_where_and_why() {
+        assert_eq!(text_problem("Shall I compare thee\nto a summer's day?\n".as_bytes()), None);
+        assert_eq!(text_problem(b""), None);
+        assert_eq!(
+            text_problem(b"ok\nfine \xff here").as_deref(),
+            Some("invalid UTF-8 at line 2, column 6 (byte offset 8)")
+        );
+        assert_eq!(text_problem(b"\0abc").as_deref(), Some("a NUL character at line 1, column 1 (byte offset 0)"));
+        // A multi-byte character cut short at the end of the file.
+        assert_eq!(text_problem("caf\u{e9}".as_bytes()), None);
+        assert!(text_problem(&"caf\u{e9}".as_bytes()[..4]).unwrap().starts_with("invalid UTF-8 at line 1, column 4"));
+
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("model.safetensors");
+        std::fs::write(&binary, [8u8, 0, 0, 0, 0, 0, 0, 0, b'{', b'}']).unwrap();
+        let err = TokenSequences::from_text(&binary, 0, 4, 0.1).unwrap_err();
+        let TrainError::Config { key, reason } = &err else { panic!("{err}") };
+        assert_eq!(key, "data.path");
+        assert!(
+            reason.contains("model.safetensors is not a UTF-8 text file: a NUL character at line 1, column 2"),
+            "{reason}"
+        );
+
+        let short = dir.path().join("short.txt");
+        std::fs::write(&short, "four").unwrap();
+        let err = TokenSequences::from_text(&short, 0, 4, 0.1).unwrap_err();
+        assert!(
+            matches!(&err, TrainError::EmptyData { reason, .. } if reason.contains("holds 4 bytes, too few for one sequence of model.context + 1 = 5 bytes")),
+            "{err}"
+        );
+        std::fs::write(&short, "fives").unwrap();
+        assert_eq!(TokenSequences::from_text(&short, 0, 4, 0.0).unwrap().len(Split::Train), 1);
+        let err = TokenSequences::from_text(&short, 0, 4, 0.999_999).unwrap_err();
+        assert!(
+            matches!(&err, TrainError::EmptyData { reason, .. } if reason.contains("none of its 1 sequences")),
+            "{err}"
+        );
+
+        let missing = dir.path().join("missing.txt");
+        assert!(matches!(TokenSequences::from_text(&missing, 0, 4, 0.1), Err(TrainError::Io { .. })));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The built-in `gpt` workload: a small decoder-only byte-level language
-//! model (vocabulary: the 256 byte values) on the synthetic corpus or a
-//! JSONL file.
+//! model (vocabulary: the 256 byte values) on the synthetic corpus, a JSONL
+//! file or a plain text file.
 //!
 //! Architecture (pre-norm): token + position embeddings, `layers` blocks of
 //! causal multi-head self-attention and a 4x MLP (GELU), each with layer norm
@@ -132,7 +132,7 @@ pub struct GptWorkload {
 }
 
 impl GptWorkload {
-    /// The workload of `[model]` (kind `gpt`) and `[data]` (synthetic or jsonl).
+    /// The workload of `[model]` (kind `gpt`) and `[data]` (synthetic, jsonl or text).
     pub fn from_config(cfg: &Config) -> Result<Self, TrainError> {
         let m = &cfg.model;
         if m.layers == 0 || m.width == 0 || m.heads == 0 || m.context == 0 {
@@ -144,24 +144,25 @@ impl GptWorkload {
                 format!("width {} is not divisible by heads {}", m.width, m.heads),
             ));
         }
+        let (seed, val_fraction) = (cfg.run.seed, cfg.data.val_fraction);
+        let path = || {
+            cfg.data.path.as_deref().ok_or_else(|| {
+                TrainError::config("data.path", format!("required for kind = \"{}\"", cfg.data.kind.name()))
+            })
+        };
+        // A file that cannot be read is the config's to fix: say which key.
+        let unreadable = |e: TrainError| match e {
+            TrainError::Io { path, source } => {
+                TrainError::config("data.path", format!("cannot read {}: {source}", path.display()))
+            }
+            other => other,
+        };
         let data = match cfg.data.kind {
             DataKind::Synthetic => {
-                TokenSequences::synthetic(cfg.run.seed, cfg.data.synthetic_samples, m.context, cfg.data.val_fraction)?
+                TokenSequences::synthetic(seed, cfg.data.synthetic_samples, m.context, val_fraction)?
             }
-            DataKind::Jsonl => {
-                let path = cfg
-                    .data
-                    .path
-                    .as_ref()
-                    .ok_or_else(|| TrainError::config("data.path", "required for kind = \"jsonl\""))?;
-                // A file that cannot be read is the config's to fix: say which key.
-                TokenSequences::from_jsonl(path, &cfg.data, cfg.run.seed, m.context).map_err(|e| match e {
-                    TrainError::Io { path, source } => {
-                        TrainError::config("data.path", format!("cannot read {}: {source}", path.display()))
-                    }
-                    other => other,
-                })?
-            }
+            DataKind::Jsonl => TokenSequences::from_jsonl(path()?, &cfg.data, seed, m.context).map_err(unreadable)?,
+            DataKind::Text => TokenSequences::from_text(path()?, seed, m.context, val_fraction).map_err(unreadable)?,
         };
         let shape =
             GptShape { layers: m.layers, width: m.width, heads: m.heads, context: m.context, dropout: m.dropout };

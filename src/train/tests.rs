@@ -491,6 +491,30 @@ fn jsonl_gpt_trains_and_refuses_invalid_data() {
 }
 
 #[test]
+fn text_gpt_trains_on_a_text_file_and_refuses_one_that_is_not_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("verse.txt");
+    std::fs::write(&path, "Shall I compare thee to a summer's day?\n".repeat(20)).unwrap();
+    let mut cfg = tiny_gpt();
+    cfg.data.kind = DataKind::Text;
+    cfg.data.path = Some(path.clone());
+    let mut trainer = Trainer::new(&cfg).unwrap();
+    let m = completed(trainer.train_step(&never).unwrap());
+    assert_eq!(m.tokens, Some(32));
+    assert!(trainer.evaluate().unwrap().is_finite());
+
+    std::fs::write(&path, b"PK\x03\x04\x14\0\0\0\x08\0").unwrap();
+    let err = Trainer::new(&cfg).unwrap_err();
+    assert!(matches!(&err, TrainError::Config { key, .. } if key == "data.path"), "{err}");
+    assert!(err.to_string().contains("is not a UTF-8 text file: a NUL character at line 1, column 6"), "{err}");
+    std::fs::remove_file(&path).unwrap();
+    let err = Trainer::new(&cfg).unwrap_err();
+    assert!(
+        matches!(&err, TrainError::Config { key, reason } if key == "data.path" && reason.starts_with("cannot read "))
+    );
+}
+
+#[test]
 fn bad_configs_are_reported_with_their_key() {
     let mut cfg = tiny_gpt();
     cfg.model.heads = 3;

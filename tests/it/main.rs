@@ -19,6 +19,7 @@ mod boundary;
 mod claims;
 mod cli;
 mod corruption;
+mod demo;
 mod distributed;
 mod documented;
 mod documented_commands;
