@@ -117,7 +117,7 @@ fn assert_follows_from_its_inputs(chosen: &Value) {
 fn assert_saves_follow_the_interval(run: &std::path::Path) -> usize {
     // The interval in force may drift from the last one recorded by up to
     // this fraction before a new `checkpoint_interval` is written
-    // (NOTICEABLE_CHANGE in src/orchestrate/interval.rs).
+    // (NOTICEABLE_CHANGE in src/checkpoint/interval.rs).
     const UNRECORDED_DRIFT: f64 = 0.2;
     // Event and metrics times are truncated to the millisecond.
     const TICK: f64 = 0.002;
