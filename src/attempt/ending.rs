@@ -20,7 +20,7 @@ use super::error::RunError;
 use super::records::recorded_events;
 use super::stop::{StopFlag, StopIntent, StopReason};
 
-/// Step 2 of a stop path ([`Attempt::stop_in_order`], and `rekindle
+/// Step 2 of a stop path (`run`'s `Attempt::stop_in_order`, and `rekindle
 /// exec`'s): the requeue decision, skipped when it is time to exit at once
 /// (a third signal, or the deadline passed), and what publishing (step 4)
 /// may then do.

@@ -248,15 +248,16 @@ impl StopFlag {
     }
 }
 
-/// The sending process of a signal, when `info` names one: `si_code` ≤ 0
-/// is a signal from user space (`kill`, `sigqueue`, `tgkill`), whose
-/// `si_pid` is set (0 when the sender is outside our pid namespace).
-/// Reading the struct is async-signal-safe.
+/// The sending process of a signal, when `info` names one: a signal sent
+/// from user space (`kill`, `sigqueue`, `tgkill`, a message queue), whose
+/// `si_pid` is set (0 when the sender is outside our pid namespace). Timer,
+/// asynchronous I/O and kernel signals name no sender. Reading the struct
+/// is async-signal-safe.
 fn sender_of(info: &libc::siginfo_t) -> Option<u32> {
-    if info.si_code > 0 {
+    if ![libc::SI_USER, libc::SI_QUEUE, libc::SI_TKILL, libc::SI_MESGQ].contains(&info.si_code) {
         return None;
     }
-    // SAFETY: for si_code ≤ 0 the kernel fills the kill/rt union member,
+    // SAFETY: for these codes the kernel fills the kill/rt union member,
     // whose first field is si_pid.
     let pid = unsafe { info.si_pid() };
     u32::try_from(pid).ok().filter(|&p| p != 0)

@@ -141,8 +141,9 @@ pub struct Parts<'a> {
 /// Asked right before each commit (and before rotation deletes anything):
 /// `Ok` when this process may still write into the checkpoints directory,
 /// else why not. The store knows nothing of who decides: the run passes a
-/// check of its run-directory lock, whose typed error the store records as
-/// the reason of [`CheckpointError::NotOwner`].
+/// check of its run-directory lock; the store records that check's error,
+/// as text, as the reason of [`CheckpointError::NotOwner`] (a record: it
+/// must stay cloneable and serializable).
 #[derive(Clone)]
 pub struct CommitGuard(Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
 

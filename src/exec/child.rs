@@ -39,7 +39,7 @@ use crate::attempt::budget;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::ending::{instant_to_rfc3339, record_or_log};
 use crate::attempt::error::RunError;
-use crate::attempt::stop::{SignalStop, StopFlag, StopReason, StopSignal};
+use crate::attempt::stop::{SignalStop, StopFlag, StopReason};
 use crate::rundir::lock::LockOwnership;
 
 /// Lines of the child's stderr kept for the `child_exit` event.
@@ -127,9 +127,13 @@ pub fn supervise(
                 kill_group(group, Signal::SIGKILL);
             }
             let count = stop.count();
-            if count > forwarded {
-                if taken.is_none() {
-                    taken = Some(take_stop(stop, cfg, env, events));
+            // The first handler publishes its signal right after claiming
+            // it: a second signal counted in between waits for the next
+            // tick, so the stop is taken with the signal that came first.
+            let first = if taken.is_none() { stop.signal() } else { None };
+            if count > forwarded && (taken.is_some() || first.is_some()) {
+                if let Some(first) = first {
+                    taken = Some(take_stop(first, cfg, env, events));
                 }
                 tracing::warn!(pid, signals = count, "forwarding the stop to the program's process group (SIGTERM)");
                 for _ in forwarded..count {
@@ -197,11 +201,7 @@ fn spawn(command: &[OsString], env: &ChildEnv) -> std::io::Result<tokio::process
 /// The first stop: its deadline, the stop file (written before the first
 /// SIGTERM, so a program that checks the file on the signal finds it) and
 /// the `signal` event.
-fn take_stop(stop: &StopFlag, cfg: &Config, env: &ChildEnv, events: &mut EventLog) -> StopTaken {
-    // A second handler may count its signal before the first one's is
-    // published: then it is a SIGTERM arrived now.
-    let signal =
-        stop.signal().unwrap_or_else(|| SignalStop { signal: StopSignal::Term, arrival: Instant::now(), sender: None });
+fn take_stop(signal: SignalStop, cfg: &Config, env: &ChildEnv, events: &mut EventLog) -> StopTaken {
     let (reason, arrival) = (StopReason::Signal(signal), signal.arrival);
     let deadline = budget::stop_deadline(reason, cfg.signals.grace, cfg.signals.safety_margin);
     let left = budget::seconds_left(deadline, Instant::now());

@@ -31,7 +31,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{CheckpointKind, CheckpointStore, CommitGuard, MANIFEST_FILE, VerifyLevel, read_manifest};
+use crate::checkpoint::{CheckpointKind, CheckpointStore, MANIFEST_FILE, VerifyLevel, read_manifest};
 use crate::config::{self, Config};
 use crate::exit::Outcome;
 use crate::slurm::SlurmEnv;
@@ -89,10 +89,7 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
     tracing::info!(dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");
     let ownership = lock.ownership();
-    let guard = {
-        let lock = ownership.clone();
-        CommitGuard::new(move || lock.confirm())
-    };
+    let guard = ownership.commit_guard();
     // The supervisor commits nothing itself (`rekindle seal` does), but it
     // quarantines and removes staged leftovers: only as the lock's owner.
     let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);

@@ -69,8 +69,7 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
         None => {
             let slurm = SlurmEnv::from_process();
             let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
-            let ownership = lock.ownership();
-            (CommitGuard::new(move || ownership.confirm()), Some(lock))
+            (lock.ownership().commit_guard(), Some(lock))
         }
     };
     let checkpoints = checkpoints_dir(&root, &cfg);

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use crate::checkpoint::{CheckpointStore, CommitGuard, LoadOutcome, Loaded, TensorSet};
+use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Resume, Start, attempts};
@@ -56,10 +56,7 @@ impl Attempt {
     ) -> Result<Started, RunError> {
         let ownership = lock.ownership();
         // Every commit first confirms the run directory is still ours.
-        let guard = {
-            let lock = ownership.clone();
-            CommitGuard::new(move || lock.confirm())
-        };
+        let guard = ownership.commit_guard();
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
         // The interruption history is read before this attempt's `start`.
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));

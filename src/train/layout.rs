@@ -11,7 +11,7 @@
 //! the layout: layouts differ only in float summation order.
 //!
 //! Pure arithmetic, unit-tested here; the trainer executes it
-//! (`trainer.rs`) and the out-of-memory back-off halves it (`oom.rs`).
+//! (`trainer/`) and the out-of-memory back-off halves it (`oom.rs`).
 
 use std::fmt;
 

@@ -41,26 +41,67 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The code of a line: what comes before a `//` comment.
+fn code(line: &str) -> &str {
+    line.split("//").next().unwrap_or("")
+}
+
 /// The top-level modules a line of code names through `crate::`, also in
-/// groups (`use crate::{a, b::c}`); comments are not code.
+/// groups, nested ones included (`use crate::{a, b::{c, d}}` names `a` and
+/// `b`); comments are not code.
 fn crate_modules(line: &str) -> Vec<String> {
-    let code = line.split("//").next().unwrap_or("");
+    let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
+    let code = code(line);
     let mut found = Vec::new();
     let mut rest = code;
     while let Some(i) = rest.find("crate::") {
         rest = &rest[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = group.split('}').next().unwrap_or("");
-            for item in inner.split(',') {
-                let name: String = item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                if !name.is_empty() {
-                    found.push(name);
+        let Some(group) = rest.strip_prefix('{') else {
+            found.push(ident(rest));
+            continue;
+        };
+        // The items of the group at its own depth: the first name of each.
+        let (mut depth, mut start) = (0usize, 0usize);
+        for (at, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    found.push(ident(group[start..at].trim()));
+                    break;
                 }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    found.push(ident(group[start..at].trim()));
+                    start = at + 1;
+                }
+                _ => {}
             }
-        } else {
-            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            found.push(name);
         }
+    }
+    found.retain(|name| !name.is_empty());
+    found
+}
+
+/// The modules a file's text names through `crate::`, with the line of each.
+/// A `use crate::{` group may span lines: each group (of code, comments
+/// dropped) is joined until its braces balance.
+fn text_imports(text: &str) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    let mut pending: Option<(String, usize)> = None;
+    for (n, line) in text.lines().enumerate() {
+        let (joined, at) = match pending.take() {
+            Some((mut acc, at)) => {
+                acc.push_str(code(line).trim());
+                (acc, at)
+            }
+            None => (code(line).to_string(), n + 1),
+        };
+        let open = |s: &str| s.matches('{').count() > s.matches('}').count();
+        if joined.find("crate::{").is_some_and(|i| open(&joined[i..])) {
+            pending = Some((joined, at));
+            continue;
+        }
+        found.extend(crate_modules(&joined).into_iter().map(|m| (m, at)));
     }
     found
 }
@@ -75,23 +116,8 @@ fn imports() -> BTreeMap<String, Vec<(String, PathBuf, usize)>> {
     for file in files {
         let module = module_of(&src, &file);
         let text = std::fs::read_to_string(&file).unwrap();
-        // A `use crate::{` group may span lines: join each group into one.
-        let mut pending: Option<(String, usize)> = None;
-        for (n, line) in text.lines().enumerate() {
-            let (joined, at) = match pending.take() {
-                Some((mut acc, at)) => {
-                    acc.push_str(line.trim());
-                    (acc, at)
-                }
-                None => (line.to_string(), n + 1),
-            };
-            if joined.contains("crate::{") && !joined.contains('}') {
-                pending = Some((joined, at));
-                continue;
-            }
-            for imported in crate_modules(&joined) {
-                by_module.entry(module.clone()).or_default().push((imported, file.clone(), at));
-            }
+        for (imported, line) in text_imports(&text) {
+            by_module.entry(module.clone()).or_default().push((imported, file.clone(), line));
         }
     }
     by_module
@@ -120,8 +146,13 @@ fn modules_import_only_what_docs_architecture_allows() {
 fn the_checker_sees_imports_in_every_form() {
     assert_eq!(crate_modules("use crate::run::ending::Ending;"), ["run"]);
     assert_eq!(crate_modules("use crate::{exec, rundir::status};"), ["exec", "rundir"]);
+    assert_eq!(crate_modules("use crate::{exec::{A, B}, run::C};"), ["exec", "run"]);
+    assert_eq!(crate_modules("use crate::{attempt::ending::{self, X}, rundir};"), ["attempt", "rundir"]);
     assert_eq!(crate_modules("    let x = crate::attempt::records::context(&s); // crate::cli"), ["attempt"]);
     assert!(crate_modules("// use crate::run;").is_empty());
+    // rustfmt's layout of a long group, with a comment that names a group.
+    let text = "use crate::{\n    // crate::{cli} is not code\n    exec::{A, B},\n    run::C,\n};\nuse crate::units;\n";
+    assert_eq!(text_imports(text), [("exec".to_string(), 1), ("run".to_string(), 1), ("units".to_string(), 6)]);
     // And the real tree: the drivers import what they share.
     let imports = imports();
     assert!(imports["run"].iter().any(|(m, _, _)| m == "attempt"));

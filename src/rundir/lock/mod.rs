@@ -496,6 +496,13 @@ impl LockOwnership {
         self.0.confirm()
     }
 
+    /// The guard a checkpoint store asks before each commit: this lock is
+    /// still ours ([`confirm`](Self::confirm)).
+    pub fn commit_guard(&self) -> crate::checkpoint::CommitGuard {
+        let lock = self.clone();
+        crate::checkpoint::CommitGuard::new(move || lock.confirm())
+    }
+
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.0.path
