@@ -7,16 +7,14 @@
 //! a newcomer's first try.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde_json::Value;
 
 use crate::support::cli::exe;
+use crate::support::run_as_user;
 
 /// Longest the script may take with the debug binary (it bounds a hang).
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -40,29 +38,8 @@ fn demo(args: &[&str], run_dir: &Path) -> (Option<i32>, String, String) {
     cmd.arg(root.join("scripts/demo.sh")).args(["--bin", exe()]).args(args).arg("--run-dir").arg(run_dir);
     // configs/demo.toml names its text relative to the working directory,
     // as `make demo` runs it: from the repository's root.
-    cmd.current_dir(root).stdin(Stdio::null());
-    cmd.stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
-    for (key, _) in std::env::vars_os() {
-        let name = key.to_string_lossy();
-        if name.starts_with("SLURM") || name == "FAILPOINTS" || name == "RUST_LOG" {
-            cmd.env_remove(&key);
-        }
-    }
-    // Its own process group, so that a timeout ends the run it started too.
-    cmd.process_group(0);
-    let mut child = cmd.spawn().expect("start sh scripts/demo.sh");
-    let started = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status.code();
-        }
-        if started.elapsed() > TIMEOUT {
-            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    cmd.current_dir(root);
+    let code = run_as_user(cmd, &out, &err, TIMEOUT).and_then(|status| status.code());
     (code, fs::read_to_string(&out).unwrap_or_default(), fs::read_to_string(&err).unwrap_or_default())
 }
 

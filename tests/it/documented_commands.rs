@@ -30,16 +30,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use rekindle::exit::Outcome;
 
 use crate::support::cli::exe;
+use crate::support::run_as_user;
 
 /// How long one documented command may take in a debug build.
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -401,29 +399,8 @@ fn write_my_config(dir: &Path, line: usize) {
 fn run_in(dir: &Path, logs: &Path, n: usize, command: &str) -> (Option<i32>, String) {
     let (out, err) = (logs.join(format!("{n}.out")), logs.join(format!("{n}.err")));
     let mut cmd = Command::new("sh");
-    cmd.arg("-c").arg(command).current_dir(dir).stdin(Stdio::null());
-    cmd.stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
-    for (key, _) in std::env::vars_os() {
-        let key_str = key.to_string_lossy();
-        if key_str.starts_with("SLURM") || key_str == "FAILPOINTS" || key_str == "RUST_LOG" {
-            cmd.env_remove(&key);
-        }
-    }
-    // Its own process group, so that a timeout ends everything it started.
-    cmd.process_group(0);
-    let mut child = cmd.spawn().expect("start sh");
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break Some(status);
-        }
-        if t0.elapsed() > TIMEOUT {
-            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    cmd.arg("-c").arg(command).current_dir(dir);
+    let status = run_as_user(cmd, &out, &err, TIMEOUT);
     let stderr = fs::read_to_string(&err).unwrap_or_default();
     match status {
         Some(status) => (status.code(), stderr),

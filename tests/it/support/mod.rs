@@ -17,7 +17,12 @@ pub mod scontrol;
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
 
 use sha2::{Digest, Sha256};
 
@@ -151,6 +156,36 @@ pub fn truncate_half(path: &Path) {
 /// An example binary (`examples/<name>.rs`), built next to the test
 /// binaries by `cargo test` (or `cargo build --examples`):
 /// target/debug/deps/it-… → target/debug/examples/<name>.
+/// Runs `cmd` as a user's shell would run it: stdin closed, stdout and
+/// stderr into the files `out` and `err`, without the test environment's
+/// SLURM, failpoint and log-level variables, and in a process group of its
+/// own, so that `timeout` ends everything it started. `None` when it was
+/// killed at the timeout.
+pub fn run_as_user(mut cmd: Command, out: &Path, err: &Path, timeout: Duration) -> Option<ExitStatus> {
+    cmd.stdin(Stdio::null());
+    cmd.stdout(fs::File::create(out).unwrap()).stderr(fs::File::create(err).unwrap());
+    for (key, _) in std::env::vars_os() {
+        let name = key.to_string_lossy();
+        if name.starts_with("SLURM") || name == "FAILPOINTS" || name == "RUST_LOG" {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd.process_group(0);
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if started.elapsed() > timeout {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn example_exe(name: &str) -> PathBuf {
     let me = std::env::current_exe().expect("current_exe");
     let profile_dir = me.parent().and_then(Path::parent).expect("test binary lives in <target>/<profile>/deps");
