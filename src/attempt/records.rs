@@ -129,7 +129,42 @@ pub(crate) fn resume_record(
         restart_count: slurm.restart_count,
         steps_lost: last_logged.map(|s| s.saturating_sub(step)).unwrap_or(0),
         seconds_since_checkpoint: since_checkpoint,
+        tier: None,
+        source_node: None,
+        fallback_reason: None,
     }
+}
+
+/// How the attempt before this one ended, when it ended in a fault: what
+/// (`rank_lost`, `error`, `hang`, or `killed` when it recorded no end at
+/// all), when the fault happened (a lost rank's last heartbeat, the
+/// record's time, or a killed attempt's last record) and in which allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PreviousFault {
+    pub kind: String,
+    pub at: Option<DateTime<Utc>>,
+    pub job_id: Option<String>,
+    pub restart_count: Option<u64>,
+}
+
+/// The fault that ended the last attempt recorded in `events`, if it ended
+/// in one (a graceful stop or a finish is no fault).
+pub(crate) fn previous_fault(events: &[crate::telemetry::RecordedEvent]) -> Option<PreviousFault> {
+    let last_start = events.iter().rposition(|e| e.name == "start")?;
+    let attempt = &events[last_start..];
+    let fault = attempt.iter().rev().find(|e| matches!(e.name.as_str(), "rank_lost" | "error" | "hang"))?;
+    let at = match &fault.event {
+        Event::RankLost(lost) => {
+            fault.time.map(|t| t - chrono::Duration::milliseconds((lost.silent_seconds * 1000.0) as i64))
+        }
+        _ => fault.time,
+    };
+    Some(PreviousFault {
+        kind: fault.name.clone(),
+        at,
+        job_id: attempt[0].job_id.clone(),
+        restart_count: attempt[0].slurm_attempt,
+    })
 }
 
 pub(crate) fn previous_summary(dir: &RunDir) -> Option<Summary> {

@@ -18,6 +18,7 @@ mod files;
 mod hashed_io;
 pub mod interval;
 mod layout;
+pub mod local;
 mod manifest;
 mod parts;
 #[cfg(test)]

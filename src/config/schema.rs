@@ -25,6 +25,7 @@ pub struct Config {
     pub watchdog: WatchdogSection,
     pub lock: LockSection,
     pub distributed: DistributedSection,
+    pub recovery: RecoverySection,
     pub telemetry: TelemetrySection,
 }
 
@@ -651,6 +652,50 @@ pub struct DistributedSection {
 impl Default for DistributedSection {
     fn default() -> Self {
         DistributedSection { timeout: Duration::from_secs(180), shard_optimizer: false }
+    }
+}
+
+/// `[recovery]`: the node-local checkpoint tier and restarts inside the
+/// running job (docs/recovery.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoverySection {
+    /// Keep a second, node-local checkpoint tier besides the durable one:
+    /// every node writes a whole copy of the state to its own storage, and
+    /// a restart inside the job resumes from the newest complete one.
+    pub local: bool,
+    /// Where on each node (`{node}` and `{job}` are replaced by the node's
+    /// name and the SLURM job id). Default: `$SLURM_TMPDIR`, else
+    /// `$TMPDIR`, else `/dev/shm`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_dir: Option<String>,
+    /// Write a local checkpoint every this many steps (0: by time only).
+    pub local_every_steps: u64,
+    /// ... and at most this long apart (`"auto"`: as often as costs at most
+    /// 1 % of the training time, measured).
+    pub local_interval: AutoDuration,
+    /// Local checkpoints to keep on each node (1 or 2).
+    pub local_keep: usize,
+    /// A local checkpoint is skipped (with an event) when it would take more
+    /// than this share of its filesystem's free space.
+    pub local_max_share: f64,
+    /// When the batch shell offers it (`slurm/orchestrator.slurm`), a world
+    /// that lost a rank or a node continues in a new job step on the nodes
+    /// left instead of requeueing the job.
+    pub in_job: bool,
+}
+
+impl Default for RecoverySection {
+    fn default() -> Self {
+        RecoverySection {
+            local: false,
+            local_dir: None,
+            local_every_steps: 0,
+            local_interval: AutoDuration::Auto,
+            local_keep: 2,
+            local_max_share: 0.5,
+            in_job: true,
+        }
     }
 }
 

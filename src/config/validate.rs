@@ -81,6 +81,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     watchdog(&mut f, &config.watchdog);
     lock(&mut f, &config.lock);
     distributed(&mut f, &config.distributed);
+    recovery(&mut f, &config.recovery, config.distributed.shard_optimizer);
     telemetry(&mut f, &config.telemetry);
     f.0
 }
@@ -309,6 +310,29 @@ fn lock(f: &mut Findings, l: &LockSection) {
 /// every tenth of it (at least every 100 ms), and a shorter timeout would
 /// make a filesystem hiccup look like a lost rank and abort a healthy world.
 const MIN_DISTRIBUTED_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn recovery(f: &mut Findings, r: &RecoverySection, shard_optimizer: bool) {
+    f.require(r.local_interval != AutoDuration::Fixed(Duration::ZERO), "recovery.local_interval", || {
+        "must be \"auto\" or longer than 0, e.g. \"30s\"".to_string()
+    });
+    f.require((1..=2).contains(&r.local_keep), "recovery.local_keep", || {
+        format!("must be 1 or 2 (got {}): older local checkpoints only take a node's memory or disk", r.local_keep)
+    });
+    let share = r.local_max_share;
+    f.require(share > 0.0 && share <= 1.0, "recovery.local_max_share", || {
+        format!("must be greater than 0 and at most 1 (got {share})")
+    });
+    if let Some(dir) = &r.local_dir {
+        f.require(!dir.trim().is_empty(), "recovery.local_dir", || {
+            "is empty; leave it out for $SLURM_TMPDIR, $TMPDIR or /dev/shm, or name a node-local directory".into()
+        });
+    }
+    f.require_with(!(r.local && shard_optimizer), "recovery.local", &["distributed.shard_optimizer"], || {
+        "cannot be used with distributed.shard_optimizer = true: each rank then holds only its slice of the \
+         optimizer, so no node has a whole copy to write; turn one of them off"
+            .to_string()
+    });
+}
 
 fn distributed(f: &mut Findings, d: &DistributedSection) {
     f.require(d.timeout >= MIN_DISTRIBUTED_TIMEOUT, "distributed.timeout", || {

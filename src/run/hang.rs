@@ -42,7 +42,7 @@ use crate::attempt::deadline::Deadline;
 use crate::attempt::error::RunError;
 use crate::attempt::records::context;
 use crate::attempt::watchdog::{Beats, Hang, Worker};
-use crate::run::lost::{lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang};
+use crate::run::lost::{continue_in_job, lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang};
 use crate::run::rank_watch::Lost;
 use crate::rundir::EVENTS_FILE;
 use crate::rundir::atomic::write_atomically;
@@ -243,7 +243,11 @@ impl HangHandler {
         // nothing to requeue; exit 75 all the same (a rerun publishes).
         // Hangs count toward `[run] max_crash_requeues` like transient
         // crashes: a job that hangs at the same place every time must stop.
-        let requeue = requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, kept);
+        let in_job = match &cause {
+            Cause::RanksLost { lost, .. } => continue_in_job(&self.cfg, &self.slurm, lost, kept, 0),
+            Cause::Hang(_) => None,
+        };
+        let requeue = in_job.unwrap_or_else(|| requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, kept));
         record(&mut events, &Event::Requeue(requeue.clone()));
         let outcome = match kept {
             Some(step) => {

@@ -40,6 +40,7 @@
 pub(crate) mod ending;
 mod envelope;
 mod hang;
+mod local;
 mod lost;
 mod rank_watch;
 mod ranks;
@@ -112,8 +113,18 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     // Still before anything is written: checkpoints `rekindle exec` sealed
     // are continued by it, not by `run`.
     rundir::refuse_other_command(&root, &cfg, CheckpointKind::Native)?;
+    // The node-local tier ([recovery] local): this node's root, and the
+    // local checkpoints it holds that verify (told to the other ranks at hello).
+    let local_root = match local::local_root(&cfg, &slurm, &root) {
+        Ok(root) => root,
+        Err(e) => {
+            tracing::warn!(error = %e, "[recovery] local is on, but this node has no place for it; the durable tier is unaffected");
+            None
+        }
+    };
+    let held = local_root.as_deref().map(held_here).unwrap_or_default();
     let Some(world) = world else {
-        return lead(opts, cfg, workload, stop, slurm, root, None);
+        return lead(opts, cfg, workload, stop, slurm, root, None, local_root);
     };
     // Rank 0 leads, the others follow; every rank beats and watches the
     // others' beats (rank_watch.rs).
@@ -142,9 +153,19 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     if !info.is_leader() {
         // A follower builds its own trainer when the leader begins (ranks.rs).
         drop(workload);
-        let session = ranks::follower_hello(&world, &node, &stop)?;
+        let (session, nodes) = ranks::follower_hello(&world, &node, &stop, held)?;
         let watch = watch(session)?;
-        let result = ranks::follow(&cfg, &opts.registry, store, world, node, &stop, &watch.pulse());
+        let follower_local = local_root.map(|root| {
+            let writes = local::writers(&nodes).contains(&info.rank);
+            let writer = writes.then(|| local::LocalWriter::open(&root, &cfg)).and_then(|w| {
+                w.map_err(
+                    |e| tracing::warn!(error = %e, "this node keeps no local copies; the durable tier is unaffected"),
+                )
+                .ok()
+            });
+            ranks::FollowerLocal { root, writer }
+        });
+        let result = ranks::follow(&cfg, &opts.registry, store, world, node, &stop, &watch.pulse(), follower_local);
         // Only a follower that heard the end may say it ended normally.
         if result.is_ok() {
             watch.finish();
@@ -154,14 +175,27 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     tracing::info!(ranks = info.size, launcher = %info.launcher, "leading a data-parallel run");
     let session = new_session(&node);
     let watch = watch(session.clone())?;
-    let (leader, nodes) = Leader::hello(world, node, &stop, session, watch.pulse())?;
-    let result = lead(opts, cfg, workload, stop.clone(), slurm, root, Some((leader.clone(), nodes, &watch)));
+    let (leader, nodes) = Leader::hello(world, node, &stop, session, watch.pulse(), held)?;
+    let result =
+        lead(opts, cfg, workload, stop.clone(), slurm, root, Some((leader.clone(), nodes, &watch)), local_root);
     leader.end(&stop, result.as_ref().map_or_else(RunError::outcome, |o| *o));
     watch.finish();
     result
 }
 
+/// The local checkpoints under this node's `root` that verify; the copies
+/// that do not are logged (a restart resumes from another node's or the
+/// durable tier).
+fn held_here(root: &std::path::Path) -> Vec<crate::checkpoint::local::HeldStep> {
+    let (held, unusable) = crate::checkpoint::local::held(root);
+    for u in unusable {
+        tracing::warn!(step = u.step, root = %root.display(), reason = %u.reason, "a local copy on this node is not used");
+    }
+    held
+}
+
 /// Everything a one-process run (or a data-parallel run's leader) does.
+#[allow(clippy::too_many_arguments)]
 fn lead(
     opts: &RunOptions,
     cfg: Config,
@@ -170,6 +204,7 @@ fn lead(
     slurm: SlurmEnv,
     root: PathBuf,
     world: Option<(Leader, Vec<String>, &RankWatch)>,
+    local_root: Option<PathBuf>,
 ) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
@@ -185,8 +220,19 @@ fn lead(
     // What a failed start records (its own `error` event) needs these after
     // the attempt has taken its own.
     let (kept_cfg, kept_dir, kept_slurm) = (cfg.clone(), dir.clone(), slurm.clone());
-    let started =
-        Attempt::start(cfg, &opts.registry, workload, dir, stop, opts.stop_at_step, slurm, &lock, world, allow);
+    let started = Attempt::start(
+        cfg,
+        &opts.registry,
+        workload,
+        dir,
+        stop,
+        opts.stop_at_step,
+        slurm,
+        &lock,
+        world,
+        allow,
+        local_root,
+    );
     match started {
         Ok(Started::Ready(attempt)) => attempt.train(),
         Ok(Started::StoppedEarly(outcome)) => Ok(outcome),
@@ -247,6 +293,11 @@ struct Attempt {
     /// The other ranks' parts of the checkpoint the persister is writing
     /// (a sharded optimizer's), as they report them.
     parts_inbox: Option<ranks::PartsInbox>,
+    /// The node-local tier (`[recovery] local`), when this node has one.
+    local: Option<local::LocalTier>,
+    /// After a fault: the `recovery` event, written after the first step
+    /// this attempt trains, and when the fault happened.
+    recovering: Option<(crate::telemetry::Recovery, Option<chrono::DateTime<chrono::Utc>>)>,
     /// The other ranks of a data-parallel run, which this attempt leads.
     leader: Option<Leader>,
     /// The node of each rank of that run, in rank order.
@@ -416,6 +467,14 @@ impl Attempt {
         let due = self.save_due_since.is_some() || self.periodic_checkpoint_due(m.step);
         if due && m.step < max_steps && self.stop_reason().is_none() {
             self.periodic_checkpoint()?;
+        }
+        self.local_tick(m.step)?;
+        if let Some((mut recovery, fault_at)) = self.recovering.take() {
+            let now = chrono::Utc::now();
+            recovery.step = m.step;
+            recovery.recovery_seconds = fault_at.map(|at| (now - at).num_milliseconds() as f64 / 1000.0);
+            tracing::info!(step = m.step, tier = %recovery.tier, steps_lost = recovery.steps_lost, recovery_s = ?recovery.recovery_seconds, in_job = recovery.in_job, "training again after {}", recovery.fault);
+            self.events.record(&crate::telemetry::Event::Recovery(recovery))?;
         }
         Ok(())
     }

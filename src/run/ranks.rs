@@ -33,6 +33,7 @@
 //! and either way the job comes back from the last committed checkpoint.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -47,8 +48,10 @@ use crate::train::{Registry, StepResult, Trainer};
 
 use crate::attempt::error::RunError;
 use crate::attempt::stop::{StopFlag, StopSignal};
+use crate::checkpoint::local::{HeldStep, WorldRecord};
 use crate::checkpoint::persist::panic_message;
 use crate::run::envelope::StateEnvelope;
+use crate::run::local::{LocalDone, LocalWriter, share};
 use crate::run::rank_watch::Pulse;
 
 /// What the leader says in a round.
@@ -58,8 +61,13 @@ pub enum Lead {
     /// The first round: the launch's identity, which every rank writes in
     /// its heartbeat (`rank_watch.rs`).
     Hello { session: String },
-    /// Training begins: restore this step's checkpoint (none: step 0).
-    Begin { resume_step: Option<u64> },
+    /// Training begins: restore this step's checkpoint (none: step 0),
+    /// from the node-local tier when `local` (`run/local.rs`).
+    Begin {
+        resume_step: Option<u64>,
+        #[serde(default)]
+        local: bool,
+    },
     /// A step boundary: whether the leader would train one more step.
     Tick { train: bool },
     /// The run is over: exit with this code.
@@ -69,6 +77,16 @@ pub enum Lead {
     /// moments into the staging directory `staging` (of the checkpoints
     /// directory) and reports it ([`Report::parts`]).
     Snapshot { step: u64, staging: String },
+    /// A local checkpoint of `step` (`[recovery] local`): every node's
+    /// writer saves a whole copy with this `state.json` and reports it
+    /// ([`Report::local`]).
+    LocalSave { step: u64, state: serde_json::Value },
+    /// Every writer reported the same copy: each adds this record to its
+    /// copy, which makes it a local checkpoint.
+    LocalCommit { record: WorldRecord },
+    /// A new world resumes from the local checkpoint of `step`: rank
+    /// `holder` sends it to the nodes without it (`local::share`).
+    LocalRestore { step: u64, holder: usize },
 }
 
 /// A rank's part of a checkpoint, written (or not).
@@ -96,13 +114,27 @@ pub struct Report {
     /// The checkpoint parts this rank finished since its last report.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<PartDone>,
+    /// The local copies this rank wrote since its last report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local: Vec<LocalDone>,
+    /// At hello: the local checkpoints this rank's node holds that verify.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldStep>,
 }
 
 impl Report {
     fn of(node: &str, stop: &StopFlag, lead: Option<Lead>) -> Report {
         let first = stop.signal();
         let age = first.map_or(0.0, |s| s.arrival.elapsed().as_secs_f64());
-        Report { node: node.to_string(), signal: first.map(|s| s.signal), signal_age_s: age, lead, parts: Vec::new() }
+        Report {
+            node: node.to_string(),
+            signal: first.map(|s| s.signal),
+            signal_age_s: age,
+            lead,
+            parts: Vec::new(),
+            local: Vec::new(),
+            held: Vec::new(),
+        }
     }
 }
 
@@ -143,6 +175,10 @@ pub struct Leader {
     session: String,
     /// Parts the followers reported in any round, until taken.
     parts: Arc<Mutex<Vec<(usize, PartDone)>>>,
+    /// Local copies the followers reported in any round, until taken.
+    local: Arc<Mutex<Vec<(usize, LocalDone)>>>,
+    /// What every rank's node held of the local tier at hello, in rank order.
+    held: Arc<Vec<Vec<HeldStep>>>,
 }
 
 impl Leader {
@@ -154,18 +190,50 @@ impl Leader {
         stop: &StopFlag,
         session: String,
         pulse: Pulse,
+        held: Vec<HeldStep>,
     ) -> Result<(Leader, Vec<String>), RunError> {
-        let reports = round(&world, &Report::of(&node, stop, Some(Lead::Hello { session: session.clone() })))?;
-        let leader = Leader { world, node, pulse, session, parts: Arc::default() };
+        let mut mine = Report::of(&node, stop, Some(Lead::Hello { session: session.clone() }));
+        mine.held = held;
+        let reports = round(&world, &mine)?;
+        let held = Arc::new(reports.iter().map(|r| r.held.clone()).collect());
+        let leader = Leader { world, node, pulse, session, parts: Arc::default(), local: Arc::default(), held };
         Ok((leader, reports.into_iter().map(|r| r.node).collect()))
+    }
+
+    /// What every rank's node held of the local tier at hello.
+    pub fn held(&self) -> &[Vec<HeldStep>] {
+        &self.held
+    }
+
+    /// The local copies the followers reported and nobody took yet.
+    pub fn take_local(&self) -> Vec<(usize, LocalDone)> {
+        std::mem::take(&mut *self.local.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Every node's writer saves a copy of `step` with `state`.
+    pub fn local_save(&self, stop: &StopFlag, step: u64, state: serde_json::Value) -> Result<(), RunError> {
+        self.round(stop, Lead::LocalSave { step, state }).map(drop)
+    }
+
+    /// Every writer commits its copy of `record.step`.
+    pub fn local_commit(&self, stop: &StopFlag, record: WorldRecord) -> Result<(), RunError> {
+        self.round(stop, Lead::LocalCommit { record }).map(drop)
+    }
+
+    /// The world resumes from the local checkpoint of `step`, which rank
+    /// `holder` shares next (`local::share`).
+    pub fn local_restore(&self, stop: &StopFlag, step: u64, holder: usize) -> Result<(), RunError> {
+        self.round(stop, Lead::LocalRestore { step, holder }).map(drop)
     }
 
     /// One round of the leader's, keeping the parts the followers report.
     fn round(&self, stop: &StopFlag, lead: Lead) -> Result<Vec<Report>, RunError> {
         let mut reports = round(&self.world, &Report::of(&self.node, stop, Some(lead)))?;
         let mut parts = self.parts.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
         for (rank, report) in reports.iter_mut().enumerate() {
             parts.extend(report.parts.drain(..).map(|p| (rank, p)));
+            local.extend(report.local.drain(..).map(|d| (rank, d)));
         }
         Ok(reports)
     }
@@ -184,8 +252,8 @@ impl Leader {
         &self.world
     }
 
-    pub fn begin(&self, stop: &StopFlag, resume_step: Option<u64>) -> Result<(), RunError> {
-        self.round(stop, Lead::Begin { resume_step }).map(drop)
+    pub fn begin(&self, stop: &StopFlag, resume_step: Option<u64>, local: bool) -> Result<(), RunError> {
+        self.round(stop, Lead::Begin { resume_step, local }).map(drop)
     }
 
     /// A step boundary after `step` completed steps: returns whether every
@@ -233,17 +301,34 @@ fn lead_of(reports: &[Report]) -> Result<Lead, RunError> {
         .ok_or_else(|| RunError::Ranks { what: "rank 0 sent no instruction: are all ranks the same rekindle?".into() })
 }
 
-/// A follower's hello round: returns the launch's session, from the leader.
-pub fn follower_hello(world: &SharedWorld, node: &str, stop: &StopFlag) -> Result<String, RunError> {
-    match lead_of(&round(world, &Report::of(node, stop, None))?)? {
-        Lead::Hello { session } => Ok(session),
+/// A follower's hello round, telling the local checkpoints its node holds:
+/// returns the launch's session, from the leader, and every rank's node.
+pub fn follower_hello(
+    world: &SharedWorld,
+    node: &str,
+    stop: &StopFlag,
+    held: Vec<HeldStep>,
+) -> Result<(String, Vec<String>), RunError> {
+    let mut mine = Report::of(node, stop, None);
+    mine.held = held;
+    let reports = round(world, &mine)?;
+    match lead_of(&reports)? {
+        Lead::Hello { session } => Ok((session, reports.into_iter().map(|r| r.node).collect())),
         other => Err(RunError::Ranks { what: format!("rank 0 began with {other:?} instead of hello") }),
     }
 }
 
+/// A follower's part in the local tier: its node's root, and the writer of
+/// its node's copies when it is that node's lowest rank.
+pub struct FollowerLocal {
+    pub root: PathBuf,
+    pub writer: Option<LocalWriter>,
+}
+
 /// A follower after its hello: trains in lockstep with the leader, writes
-/// nothing but its heartbeat (through `pulse`), and exits with the leader's
-/// code.
+/// nothing but its heartbeat (through `pulse`) and its node's local copies,
+/// and exits with the leader's code.
+#[allow(clippy::too_many_arguments)]
 pub fn follow(
     cfg: &Config,
     registry: &Registry,
@@ -252,12 +337,14 @@ pub fn follow(
     node: String,
     stop: &StopFlag,
     pulse: &Pulse,
+    mut local: Option<FollowerLocal>,
 ) -> Result<Outcome, RunError> {
     let mut trainer: Option<Trainer> = None;
     let mut writer = PartWriter::new(checkpoints.clone());
     loop {
         let mut report = Report::of(&node, stop, None);
         report.parts = writer.finished();
+        report.local = local.as_mut().and_then(|l| l.writer.as_mut()).map(LocalWriter::finished).unwrap_or_default();
         let reports = round(&world, &report)?;
         match lead_of(&reports)? {
             Lead::Hello { .. } => return Err(RunError::Ranks { what: "rank 0 said hello twice".into() }),
@@ -285,10 +372,41 @@ pub fn follow(
                 };
                 writer.start(PartJob { step, staging, rank, world: world_size }, part);
             }
-            Lead::Begin { resume_step } => {
+            Lead::LocalSave { step, state } => {
+                if let (Some(t), Some(w)) = (&trainer, local.as_mut().and_then(|l| l.writer.as_mut())) {
+                    let mut snapshot = t.snapshot_part(w.take_spare())?;
+                    if snapshot.step != step {
+                        return Err(RunError::Ranks {
+                            what: format!("rank 0 saves step {step} locally, this rank is at step {}", snapshot.step),
+                        });
+                    }
+                    snapshot.state = state;
+                    w.start(snapshot);
+                }
+            }
+            Lead::LocalCommit { record } => {
+                if let Some(w) = local.as_ref().and_then(|l| l.writer.as_ref())
+                    && let Err(e) = w.commit(&record)
+                {
+                    tracing::warn!(step = record.step, error = %e, "this node's local copy is not committed");
+                }
+            }
+            Lead::LocalRestore { step, holder } => {
+                let Some(l) = &local else {
+                    return Err(RunError::Ranks {
+                        what: "rank 0 resumes from the local tier, which this rank's config does not keep".into(),
+                    });
+                };
+                let write = l.writer.is_some() && tier_holds(&l.root, step).is_err();
+                share(&world, holder, &l.root, step, write);
+            }
+            Lead::Begin { resume_step, local: from_local } => {
                 let mut t = Trainer::from_registry(cfg, registry)?;
                 if let Some(step) = resume_step {
-                    let dir = checkpoints.step_dir(step);
+                    let dir = match (&local, from_local) {
+                        (Some(l), true) => l.root.join(crate::checkpoint::step_dir_name(step)),
+                        _ => checkpoints.step_dir(step),
+                    };
                     let loaded = load_dir(&dir).map_err(|failures| RunError::Ranks {
                         what: format!(
                             "checkpoint {} that rank 0 resumes from does not verify here ({}): is the run \
@@ -326,6 +444,11 @@ pub fn follow(
             }
         }
     }
+}
+
+/// Whether the local root holds a verified local checkpoint of `step`.
+pub fn tier_holds(root: &std::path::Path, step: u64) -> Result<(), String> {
+    crate::checkpoint::local::check_copy(&root.join(crate::checkpoint::step_dir_name(step)), step).map(drop)
 }
 
 /// What a follower writes for one checkpoint written in parts.
@@ -480,7 +603,15 @@ mod tests {
     use super::*;
 
     fn report(signal: Option<StopSignal>, age: f64, lead: Option<Lead>) -> Report {
-        Report { node: "n".into(), signal, signal_age_s: age, lead, parts: Vec::new() }
+        Report {
+            node: "n".into(),
+            signal,
+            signal_age_s: age,
+            lead,
+            parts: Vec::new(),
+            local: Vec::new(),
+            held: Vec::new(),
+        }
     }
 
     #[test]
@@ -513,7 +644,7 @@ mod tests {
         assert!(!trains(&[report(None, 0.0, tick(false)), report(None, 0.0, None)]));
         assert!(!trains(&[report(None, 0.0, tick(true)), report(Some(StopSignal::Term), 0.2, None)]));
         assert!(!trains(&[report(Some(StopSignal::Usr1), 0.1, tick(true)), report(None, 0.0, None)]));
-        assert!(!trains(&[report(None, 0.0, Some(Lead::Begin { resume_step: None }))]));
+        assert!(!trains(&[report(None, 0.0, Some(Lead::Begin { resume_step: None, local: false }))]));
         assert!(!trains(&[]));
     }
 
@@ -532,7 +663,7 @@ mod tests {
     fn reports_round_trip_through_json() {
         for lead in [
             Lead::Hello { session: "n1-7-1".into() },
-            Lead::Begin { resume_step: Some(4) },
+            Lead::Begin { resume_step: Some(4), local: true },
             Lead::Tick { train: false },
             Lead::End { code: 75 },
         ] {

@@ -9,10 +9,11 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet};
+use crate::checkpoint::local::{self as local_tier, LocalChoice};
+use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet, load_dir};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
-use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Resume, Start, attempts};
+use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Recovery, Resume, Start, attempts};
 use crate::train::{Registry, Trainer, Workload};
 
 use super::envelope::StateEnvelope;
@@ -23,12 +24,13 @@ use crate::attempt::devices::Devices;
 use crate::attempt::ending::early_stop;
 use crate::attempt::error::RunError;
 use crate::attempt::records::{
-    context, fresh_start, last_logged_step, previous_summary, recorded, resume_record, set_aside_rejected,
-    takeover_event, truncate_metrics,
+    context, fresh_start, last_logged_step, previous_fault, previous_summary, recorded, resume_record,
+    set_aside_rejected, takeover_event, truncate_metrics,
 };
 use crate::attempt::stop::StopFlag;
 use crate::attempt::watchdog::{Beats, Progress, Watchdog};
 use crate::checkpoint::persist::Persister;
+use crate::run::local::{LocalTier, LocalWriter, share};
 use crate::run::rank_watch::RankWatch;
 use crate::run::ranks::Leader;
 use crate::run::settings;
@@ -53,6 +55,7 @@ impl Attempt {
         lock: &RunLock,
         world: Option<(Leader, Vec<String>, &RankWatch)>,
         allow_config_change: bool,
+        local_root: Option<PathBuf>,
     ) -> Result<Started, RunError> {
         let ownership = lock.ownership();
         // Every commit first confirms the run directory is still ours.
@@ -60,9 +63,15 @@ impl Attempt {
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
         // The interruption history is read before this attempt's `start`.
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
+        let fault = previous_fault(&recorded(&dir.path(EVENTS_FILE)));
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
         let Some(mut outcome) = newest_unfinished(&cfg, &dir, &store, allow_config_change)? else {
             return Ok(Started::AlreadyFinished);
+        };
+        let world_leader = world.as_ref().map(|(l, nodes, _)| (l, nodes.as_slice()));
+        let source = match &local_root {
+            Some(root) => restore_local(&cfg, root, &mut outcome, world_leader, &stop, &slurm, allow_config_change)?,
+            None => ResumeSource::default(),
         };
         let initial = outcome.loaded.as_mut().map(|l| Arc::new(std::mem::take(&mut l.snapshot.model)));
         let (leader, rank_nodes, watch) =
@@ -79,13 +88,14 @@ impl Attempt {
         if let Some(early) = early_stop(&stop, &mut events, last_durable_step, cfg.run.max_steps, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
+        let steps_before = last_logged_step(&dir.path(METRICS_FILE));
         let (start_step, resumes) =
-            resume_or_fresh(&mut trainer, &outcome, initial.as_deref(), &dir, &slurm, &mut events)?;
+            resume_or_fresh(&mut trainer, &outcome, initial.as_deref(), &dir, &slurm, &mut events, &source)?;
         if let Some(early) = early_stop(&stop, &mut events, last_durable_step, cfg.run.max_steps, &cfg, &slurm)? {
             return Ok(Started::StoppedEarly(early));
         }
         if let Some(leader) = &leader {
-            leader.begin(&stop, outcome.loaded.as_ref().map(|l| l.snapshot.step))?;
+            leader.begin(&stop, outcome.loaded.as_ref().map(|l| l.snapshot.step), source.tier == Some(Tier::Local))?;
         }
         // Steps logged after the checkpoint we resumed from were lost with the
         // previous attempt; they are trained again, so drop their lines to keep
@@ -147,12 +157,37 @@ impl Attempt {
             lock: ownership,
             spare: None,
             parts_inbox: None,
+            local: None,
+            recovering: None,
             leader,
             rank_nodes,
             beats,
             _watchdog: watchdog,
             hang,
         });
+        attempt.recovering = outcome.loaded.as_ref().and(fault).map(|fault| {
+            let in_job = fault.job_id.is_some()
+                && fault.job_id == attempt.slurm.job_id
+                && fault.restart_count == Some(u64::from(attempt.slurm.restart_count));
+            let recovery = Recovery {
+                resumed_from: start_step,
+                tier: source.tier.unwrap_or(Tier::Durable).name().into(),
+                steps_lost: steps_before.map_or(0, |s| s.saturating_sub(start_step)),
+                fault: fault.kind,
+                in_job,
+                ..Recovery::default()
+            };
+            (recovery, fault.at)
+        });
+        if let Some(root) = local_root {
+            let nodes = attempt.rank_nodes.clone().unwrap_or_else(|| vec![attempt.slurm.node_name()]);
+            match LocalWriter::open(&root, &attempt.cfg) {
+                Ok(writer) => attempt.local = Some(LocalTier::new(writer, nodes)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no node-local checkpoint tier on this node; the durable tier is unaffected")
+                }
+            }
+        }
         attempt.choose_interval(start_step)?;
         Ok(Started::Ready(attempt))
     }
@@ -189,6 +224,82 @@ fn newest_unfinished(
     Ok(Some(outcome))
 }
 
+/// Which tier a resume comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tier {
+    Durable,
+    Local,
+}
+
+impl Tier {
+    fn name(self) -> &'static str {
+        match self {
+            Tier::Durable => "durable",
+            Tier::Local => "local",
+        }
+    }
+}
+
+/// Where the checkpoint resumed from came from, for the `resume` event.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ResumeSource {
+    tier: Option<Tier>,
+    source_node: Option<String>,
+    fallback_reason: Option<String>,
+}
+
+/// With `[recovery] local`: replaces the durable checkpoint in `outcome`
+/// with the newest local one when one is newer (`checkpoint::local::choose`
+/// over what every rank's node holds), after it was shared with the nodes
+/// that lack it; says why not otherwise. Every rank takes part in the same
+/// rounds (`ranks.rs`).
+fn restore_local(
+    cfg: &Config,
+    root: &std::path::Path,
+    outcome: &mut LoadOutcome,
+    world: Option<(&Leader, &[String])>,
+    stop: &StopFlag,
+    slurm: &SlurmEnv,
+    allow_config_change: bool,
+) -> Result<ResumeSource, RunError> {
+    let held = match world {
+        Some((leader, _)) => leader.held().to_vec(),
+        None => vec![local_tier::held(root).0],
+    };
+    let durable = outcome.loaded.as_ref().map(|l| l.snapshot.step);
+    let fallback = |reason: String| {
+        tracing::info!(%reason, durable = ?durable, "resuming from the durable tier");
+        Ok(ResumeSource { tier: Some(Tier::Durable), source_node: None, fallback_reason: Some(reason) })
+    };
+    let (step, holder) = match local_tier::choose(&held, durable) {
+        LocalChoice::Local { step, holder } => (step, holder),
+        LocalChoice::Durable { reason } => return fallback(reason),
+    };
+    let holder_node = world.and_then(|(_, nodes)| nodes.get(holder).cloned()).unwrap_or_else(|| slurm.node_name());
+    if let Some((leader, _)) = world {
+        leader.local_restore(stop, step, holder)?;
+        let write = super::ranks::tier_holds(root, step).is_err();
+        if !share(leader.world(), holder, root, step, write) {
+            return fallback(format!(
+                "the local checkpoint of step {step} on {holder_node} could not be copied to every node"
+            ));
+        }
+    }
+    let dir = root.join(crate::checkpoint::step_dir_name(step));
+    match load_dir(&dir) {
+        Ok(loaded) => {
+            settings::check(cfg, &loaded, allow_config_change)?;
+            tracing::info!(step, from = %holder_node, durable = ?durable, "resuming from the node-local tier");
+            outcome.loaded = Some(loaded);
+            Ok(ResumeSource { tier: Some(Tier::Local), source_node: Some(holder_node), fallback_reason: None })
+        }
+        Err(failures) => {
+            let first = failures.first().map(ToString::to_string).unwrap_or_default();
+            fallback(format!("the local checkpoint of step {step} does not load here: {first}"))
+        }
+    }
+}
+
 /// Builds the trainer (from `initial` when resuming) and places it on its
 /// devices; in a world of ranks, joins it to the world and shards its
 /// optimizer when the config says so.
@@ -222,6 +333,7 @@ fn resume_or_fresh(
     dir: &RunDir,
     slurm: &SlurmEnv,
     events: &mut EventLog,
+    source: &ResumeSource,
 ) -> Result<(u64, u64), RunError> {
     let resumes = previous_summary(dir).map(|s| s.resumes).unwrap_or(0);
     match (&outcome.loaded, initial) {
@@ -231,8 +343,11 @@ fn resume_or_fresh(
                 .restore(model, &snap.optimizer, &StateEnvelope::of(snap).train)
                 .map_err(|source| RunError::Restore { dir: loaded.dir.clone(), source })?;
             let last_logged = last_logged_step(&dir.path(METRICS_FILE));
-            let resume = resume_event(loaded, last_logged, slurm, Utc::now());
-            tracing::info!(step = snap.step, dir = %loaded.dir.display(), steps_lost = resume.steps_lost, "resumed from checkpoint");
+            let mut resume = resume_event(loaded, last_logged, slurm, Utc::now());
+            resume.tier = Some(source.tier.unwrap_or(Tier::Durable).name().into());
+            resume.source_node = source.source_node.clone();
+            resume.fallback_reason = source.fallback_reason.clone();
+            tracing::info!(step = snap.step, dir = %loaded.dir.display(), steps_lost = resume.steps_lost, tier = ?resume.tier, "resumed from checkpoint");
             events.record(&Event::Resume(resume))?;
             Ok((snap.step, resumes + 1))
         }
@@ -327,6 +442,7 @@ pub(super) fn start_record(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, placeme
         world_size: None,
         rank_nodes: None,
         optimizer_sharded: None,
+        in_job_restart: crate::slurm::injob::InJobOffer::from_process().map(|offer| offer.restarts),
     })
 }
 

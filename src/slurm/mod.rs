@@ -1,9 +1,11 @@
 //! SLURM: what the allocation says about this job (environment), the pure
 //! requeue decision, the requeue step that asks and carries it out, and the
-//! thin `scontrol` interface behind the `SlurmControl` trait.
+//! thin `scontrol` interface behind the `SlurmControl` trait, and the batch
+//! shell's offer of restarts inside the running job (`injob`).
 
 mod control;
 mod env;
+pub mod injob;
 mod requeue;
 mod requeue_job;
 

@@ -78,6 +78,12 @@ pub enum Event {
     /// Another rank of a data-parallel run stopped beating past
     /// `[distributed] timeout` (stopped, dead, its node gone).
     RankLost(RankLost),
+    /// A node-local checkpoint (`[recovery] local`) was committed by the
+    /// world, skipped (no room) or failed.
+    LocalCheckpoint(LocalCheckpoint),
+    /// The first step trained after a fault (a lost rank or node, a crash,
+    /// a hang): how long it took and where the state came from.
+    Recovery(Recovery),
     /// An event this version does not know (or whose fields do not fit):
     /// the whole object, `event` included. Never written by this version.
     #[serde(untagged)]
@@ -85,7 +91,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 25] = [
+pub const EVENT_NAMES: [&str; 27] = [
     "start",
     "lock_takeover",
     "checkpoint_rejected",
@@ -111,6 +117,8 @@ pub const EVENT_NAMES: [&str; 25] = [
     "child_start",
     "child_exit",
     "rank_lost",
+    "local_checkpoint",
+    "recovery",
 ];
 
 impl Event {
@@ -142,6 +150,8 @@ impl Event {
             Event::ChildStart(_) => "child_start",
             Event::ChildExit(_) => "child_exit",
             Event::RankLost(_) => "rank_lost",
+            Event::LocalCheckpoint(_) => "local_checkpoint",
+            Event::Recovery(_) => "recovery",
             Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
         }
     }
@@ -167,6 +177,8 @@ impl Event {
             Event::ChildStart(e) => e.resume_step,
             Event::ChildExit(e) => e.last_sealed_step,
             Event::RankLost(e) => e.step,
+            Event::LocalCheckpoint(e) => Some(e.step),
+            Event::Recovery(e) => Some(e.step),
             Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
             Event::Start(_)
             | Event::LockTakeover(_)
@@ -203,6 +215,10 @@ pub struct Start {
     /// the optimizer state (`[distributed] shard_optimizer`, ZeRO-1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub optimizer_sharded: Option<bool>,
+    /// Under a batch shell that restarts in the job: how many in-job
+    /// restarts came before this attempt in its allocation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_job_restart: Option<u32>,
 }
 
 /// `lock_takeover`: the run-directory lock this attempt took over, and why
@@ -271,6 +287,15 @@ pub struct Resume {
     pub steps_lost: u64,
     /// Age of the checkpoint in seconds.
     pub seconds_since_checkpoint: Option<f64>,
+    /// `local` (the node-local tier) or `durable`; absent before 0.2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// For the local tier: the node whose copy was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_node: Option<String>,
+    /// With `[recovery] local`: why the durable tier was used instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
 }
 
 /// `fresh_start`: no checkpoint verifies.
@@ -603,6 +628,51 @@ pub struct RankLost {
     pub world_size: usize,
 }
 
+/// `local_checkpoint`: one save of the node-local tier (`[recovery] local`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LocalCheckpoint {
+    pub step: u64,
+    /// `committed` (every node wrote a copy with the same files, and each
+    /// now holds `WORLD.json`), `skipped` (a node had no room) or `failed`.
+    pub outcome: String,
+    /// The nodes holding a copy (committed only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<String>,
+    /// Bytes of one copy.
+    pub bytes: u64,
+    /// The training thread's pause to snapshot the state.
+    pub stall_seconds: f64,
+    /// The slowest node's write, in the background.
+    pub write_seconds: f64,
+    /// Why it was skipped or failed, naming the rank and node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `recovery`: written after the first step an attempt trains when the
+/// attempt before it ended in a fault (not a graceful stop).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Recovery {
+    /// The step just trained.
+    pub step: u64,
+    /// The checkpoint step this attempt resumed from.
+    pub resumed_from: u64,
+    /// `local` or `durable`.
+    pub tier: String,
+    /// Steps the attempt before had trained past that checkpoint (trained again).
+    pub steps_lost: u64,
+    /// What ended the attempt before: `rank_lost`, `error`, `hang`.
+    pub fault: String,
+    /// From the fault (a lost rank's last heartbeat, or the failure's
+    /// record) to this step, in seconds.
+    pub recovery_seconds: Option<f64>,
+    /// Whether this attempt runs in the same SLURM allocation as the one
+    /// that failed (a restart inside the job), not after a requeue.
+    pub in_job: bool,
+}
+
 /// `checkpoint_interval`: the periodic checkpoint interval `"auto"` chose,
 /// why, and from what (see `checkpoint::interval`). Recorded at the start
 /// and whenever a new measurement changes the choice noticeably.
@@ -909,7 +979,13 @@ mod tests {
                 failures: json!([{"file": "model.safetensors", "problem": "sha256_mismatch"}]),
                 ..Default::default()
             }),
-            Event::Resume(Resume { step: 3, previous_node: Some("n0".into()), ..Default::default() }),
+            Event::Resume(Resume {
+                step: 3,
+                previous_node: Some("n0".into()),
+                tier: Some("local".into()),
+                source_node: Some("n1".into()),
+                ..Default::default()
+            }),
             Event::FreshStart(FreshStart { reason: "no checkpoint verifies".into(), rejected: 2 }),
             Event::GpuFallback(GpuFallback { reason: "r".into(), ..Default::default() }),
             Event::OomRetry(OomRetry { step: 2, retry: 1, error: "oom".into(), ..Default::default() }),
@@ -1025,6 +1101,22 @@ mod tests {
                 noticed_by: 0,
                 world_size: 2,
             }),
+            Event::LocalCheckpoint(LocalCheckpoint {
+                step: 5,
+                outcome: "committed".into(),
+                holders: vec!["n1".into(), "n3".into()],
+                bytes: 10,
+                ..Default::default()
+            }),
+            Event::Recovery(Recovery {
+                step: 6,
+                resumed_from: 5,
+                tier: "local".into(),
+                fault: "rank_lost".into(),
+                recovery_seconds: Some(12.5),
+                in_job: true,
+                ..Default::default()
+            }),
         ];
         assert_eq!(events.len(), EVENT_NAMES.len());
         for (event, name) in events.iter().zip(EVENT_NAMES) {
@@ -1064,7 +1156,9 @@ mod tests {
             | Event::CheckpointInterval(_)
             | Event::ChildStart(_)
             | Event::ChildExit(_)
-            | Event::RankLost(_) => EVENT_NAMES.contains(&event.name()),
+            | Event::RankLost(_)
+            | Event::LocalCheckpoint(_)
+            | Event::Recovery(_) => EVENT_NAMES.contains(&event.name()),
             Event::Other(_) => false,
         }
     }

@@ -22,9 +22,9 @@ pub use attempts::{Attempt, AttemptEnd, attempts};
 pub use event::{
     CheckpointFailed, CheckpointIntervalChosen, CheckpointQuarantined, CheckpointRejected, CheckpointSaved,
     CheckpointStarted, ChildExit, ChildStart, CrashClass, EVENT_NAMES, ErrorEvent, Event, EventContext, Finish,
-    FreshStart, GpuFallback, HangEvent, LockTakeover, MonitorOutcome, Nonfinite, OomRetry, PersisterDied,
-    PublishOutcome, RankLost, RecordedEvent, RefusedFile, RequeueAnswer, RequeueDecision, RequeueRecord, Resume,
-    Signal, Start, Stop, events_from,
+    FreshStart, GpuFallback, HangEvent, LocalCheckpoint, LockTakeover, MonitorOutcome, Nonfinite, OomRetry,
+    PersisterDied, PublishOutcome, RankLost, RecordedEvent, Recovery, RefusedFile, RequeueAnswer, RequeueDecision,
+    RequeueRecord, Resume, Signal, Start, Stop, events_from,
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
 pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};

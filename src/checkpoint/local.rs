@@ -1,0 +1,350 @@
+//! The node-local checkpoint tier (docs/recovery.md): beside the durable
+//! checkpoints on shared storage, every node of a run keeps a whole copy of
+//! the newest one or two states on its own storage (`[recovery] local`),
+//! from which a restart inside the job resumes without the queue and
+//! without losing more than a local interval.
+//!
+//! A node's copy of step S is an ordinary checkpoint directory
+//! (`step-<S>` with its `MANIFEST.json`, written by the same commit
+//! protocol) under the node's local root. It counts as a *local
+//! checkpoint* only once it also holds `WORLD.json` ([`WorldRecord`]):
+//! written after every node of the world reported a copy with the same
+//! files (name, size, SHA-256), so a copy that no other node could confirm
+//! — a save cut short by the fault — is never resumed from. In a
+//! data-parallel run every rank holds the whole model and optimizer state,
+//! so each node writes a whole copy of its own and the agreement of their
+//! hashes is the replication check; no node depends on one other node.
+//!
+//! Here: the record, where a node's root is ([`resolve_root`]), which
+//! local checkpoints a node holds and verify ([`held`]), which one a new
+//! world resumes from ([`choose`], pure), and whether one more fits
+//! ([`room_for`]). The copying between ranks is the driver's (`run/local.rs`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::layout::{parse_step_dir_name, step_dir_name};
+use super::manifest::ManifestEntry;
+use super::verify::{VerifyLevel, read_manifest, verify_checkpoint_dir};
+
+/// The record that makes a node's copy a local checkpoint of the world.
+pub const WORLD_FILE: &str = "WORLD.json";
+/// The folder under the local directory that holds every run's local tier.
+pub const LOCAL_DIR_NAME: &str = "rekindle-local";
+const WORLD_FORMAT: u64 = 1;
+
+/// `WORLD.json`: the world agreed on this step's files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorldRecord {
+    pub format_version: u64,
+    pub step: u64,
+    /// The checkpoint's files as every holder's manifest lists them.
+    pub files: Vec<ManifestEntry>,
+    /// The nodes that wrote a copy, in the order of their writers' ranks.
+    pub holders: Vec<String>,
+    /// Ranks of the world that wrote it.
+    pub world_size: usize,
+    /// RFC 3339, UTC.
+    pub committed_at: String,
+}
+
+impl WorldRecord {
+    pub fn new(step: u64, files: Vec<ManifestEntry>, holders: Vec<String>, world_size: usize) -> WorldRecord {
+        WorldRecord {
+            format_version: WORLD_FORMAT,
+            step,
+            files,
+            holders,
+            world_size,
+            committed_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        }
+    }
+
+    /// Writes the record into the copy `dir` atomically (a synced temporary
+    /// file renamed into place): the copy becomes a local checkpoint.
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        let mut file = tempfile::Builder::new().prefix(".tmp-world-").tempfile_in(dir)?;
+        file.write_all(&bytes)?;
+        file.as_file().sync_all()?;
+        file.persist(dir.join(WORLD_FILE)).map_err(|e| e.error)?;
+        std::fs::File::open(dir)?.sync_all()
+    }
+
+    /// The record of the copy `dir`, or why there is none usable.
+    pub fn read(dir: &Path) -> Result<WorldRecord, String> {
+        let path = dir.join(WORLD_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err("no WORLD.json: the world never agreed on this copy".into());
+            }
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let record: WorldRecord =
+            serde_json::from_slice(&bytes).map_err(|e| format!("WORLD.json is unreadable: {e}"))?;
+        if record.format_version != WORLD_FORMAT {
+            return Err(format!(
+                "WORLD.json has format {} (this rekindle reads {WORLD_FORMAT})",
+                record.format_version
+            ));
+        }
+        Ok(record)
+    }
+}
+
+/// Why the local tier has no place on this node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LocalPlaceError {
+    #[error(
+        "no node-local directory: [recovery] local_dir is not set, and neither $SLURM_TMPDIR, $TMPDIR nor /dev/shm \
+         exists; set [recovery] local_dir to a directory on this node's own storage"
+    )]
+    NoDirectory,
+    #[error("[recovery] local_dir `{template}` uses {{job}} outside a SLURM job; use {{node}} only, or a fixed path")]
+    NoJob { template: String },
+}
+
+/// The local root of the run whose directory is `run_dir` on node `node`:
+/// `<dir>/rekindle-local/<run key>`, where `<dir>` is `template` with
+/// `{node}` and `{job}` replaced, else the first of `$SLURM_TMPDIR`,
+/// `$TMPDIR` and `/dev/shm` that `exists`.
+pub fn resolve_root(
+    template: Option<&str>,
+    env: impl Fn(&str) -> Option<String>,
+    exists: impl Fn(&Path) -> bool,
+    node: &str,
+    job: Option<&str>,
+    run_dir: &Path,
+) -> Result<PathBuf, LocalPlaceError> {
+    let base = match template {
+        Some(template) => {
+            if template.contains("{job}") && job.is_none() {
+                return Err(LocalPlaceError::NoJob { template: template.to_string() });
+            }
+            PathBuf::from(template.replace("{node}", node).replace("{job}", job.unwrap_or_default()))
+        }
+        None => ["SLURM_TMPDIR", "TMPDIR"]
+            .iter()
+            .filter_map(|var| env(var).filter(|v| !v.trim().is_empty()).map(PathBuf::from))
+            .chain([PathBuf::from("/dev/shm")])
+            .find(|p| exists(p))
+            .ok_or(LocalPlaceError::NoDirectory)?,
+    };
+    Ok(base.join(LOCAL_DIR_NAME).join(run_key(run_dir)))
+}
+
+/// A run's name in the local tier: the first 16 hex digits of the SHA-256
+/// of its run directory's path, so two runs on one node never share copies.
+pub fn run_key(run_dir: &Path) -> String {
+    let digest = Sha256::digest(run_dir.as_os_str().as_encoded_bytes());
+    hex::encode(&digest[..8])
+}
+
+/// A local checkpoint this node holds whose files all verify.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldStep {
+    pub step: u64,
+    pub files: Vec<ManifestEntry>,
+}
+
+/// A copy under the root that is no usable local checkpoint, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unusable {
+    pub step: u64,
+    pub reason: String,
+}
+
+/// The local checkpoints under `root` that verify in full (every file's
+/// SHA-256), newest first, and the copies that do not, with why. A missing
+/// root holds nothing.
+pub fn held(root: &Path) -> (Vec<HeldStep>, Vec<Unusable>) {
+    let mut steps: Vec<u64> = match std::fs::read_dir(root) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .filter_map(|e| parse_step_dir_name(&e.file_name().to_string_lossy()))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    steps.sort_unstable_by(|a, b| b.cmp(a));
+    let (mut good, mut bad) = (Vec::new(), Vec::new());
+    for step in steps {
+        match check_copy(&root.join(step_dir_name(step)), step) {
+            Ok(files) => good.push(HeldStep { step, files }),
+            Err(reason) => bad.push(Unusable { step, reason }),
+        }
+    }
+    (good, bad)
+}
+
+/// The files of the copy `dir` of `step` when it is a local checkpoint
+/// whose every file verifies.
+pub fn check_copy(dir: &Path, step: u64) -> Result<Vec<ManifestEntry>, String> {
+    let world = WorldRecord::read(dir)?;
+    let manifest = read_manifest(dir).map_err(|f| f.to_string())?;
+    if world.step != step || manifest.step != step {
+        return Err(format!("WORLD.json says step {}, MANIFEST.json step {}", world.step, manifest.step));
+    }
+    if world.files != manifest.files {
+        return Err("its files are not the ones the world agreed on".into());
+    }
+    let failures = verify_checkpoint_dir(dir, VerifyLevel::Full);
+    if let Some(first) = failures.first() {
+        return Err(format!("does not verify: {first}"));
+    }
+    Ok(world.files)
+}
+
+/// Where a new world resumes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LocalChoice {
+    /// The local checkpoint of `step`, copied from rank `holder`'s node.
+    Local { step: u64, holder: usize },
+    /// The durable tier, and why not a local checkpoint.
+    Durable { reason: String },
+}
+
+/// The newest local checkpoint any rank holds (`held[r]`: rank `r`'s),
+/// when it is newer than the newest durable one (`durable`); its holder is
+/// the lowest rank holding it. Copies of one step whose files differ
+/// between ranks cannot both be right: that step is passed over.
+pub fn choose(held: &[Vec<HeldStep>], durable: Option<u64>) -> LocalChoice {
+    let mut steps: Vec<u64> = held.iter().flatten().map(|h| h.step).collect();
+    steps.sort_unstable_by(|a, b| b.cmp(a));
+    steps.dedup();
+    let Some(&newest) = steps.first() else {
+        return LocalChoice::Durable { reason: "no node holds a local checkpoint that verifies".into() };
+    };
+    let mut skipped = Vec::new();
+    for step in steps.into_iter().filter(|s| durable.is_none_or(|d| *s > d)) {
+        let copies: Vec<(usize, &HeldStep)> = held
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, steps)| steps.iter().find(|h| h.step == step).map(|h| (rank, h)))
+            .collect();
+        if copies.windows(2).all(|w| w[0].1.files == w[1].1.files) {
+            return LocalChoice::Local { step, holder: copies[0].0 };
+        }
+        skipped.push(step);
+    }
+    let reason = match (skipped.first(), durable) {
+        (Some(step), _) => format!("the local copies of step {step} differ between nodes"),
+        (None, Some(d)) => {
+            format!("the newest local checkpoint (step {newest}) is not newer than the durable one (step {d})")
+        }
+        (None, None) => unreachable!("a step newer than no durable checkpoint is always tried"),
+    };
+    LocalChoice::Durable { reason }
+}
+
+/// Whether a copy of `bytes` fits on `root`'s filesystem: at most `share`
+/// of its free space. `Err` says why not (or why it cannot tell).
+pub fn room_for(root: &Path, bytes: u64, share: f64) -> Result<(), String> {
+    let probe = root.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let stat = nix::sys::statvfs::statvfs(probe)
+        .map_err(|e| format!("cannot tell the free space of {}: {e}", probe.display()))?;
+    let free = (stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64);
+    fits(bytes, free, share)
+}
+
+/// [`room_for`]'s rule: `bytes` ≤ `share` × `free`.
+pub fn fits(bytes: u64, free: u64, share: f64) -> Result<(), String> {
+    let allowed = (free as f64 * share) as u64;
+    if bytes <= allowed {
+        return Ok(());
+    }
+    Err(format!(
+        "a copy needs {} but [recovery] local_max_share = {share} of the {} free allows {}",
+        crate::units::human_bytes(bytes),
+        crate::units::human_bytes(free),
+        crate::units::human_bytes(allowed)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, sha: &str) -> ManifestEntry {
+        ManifestEntry { name: name.into(), bytes: 4, sha256: sha.into() }
+    }
+
+    fn held_step(step: u64, sha: &str) -> HeldStep {
+        HeldStep { step, files: vec![entry("model.safetensors", sha)] }
+    }
+
+    #[test]
+    fn the_newest_local_copy_newer_than_the_durable_one_wins_from_its_lowest_holder() {
+        let held = vec![vec![held_step(40, "a"), held_step(30, "b")], vec![], vec![held_step(40, "a")]];
+        assert_eq!(choose(&held, Some(20)), LocalChoice::Local { step: 40, holder: 0 });
+        let spare_holds_it = vec![vec![], vec![held_step(40, "a")]];
+        assert_eq!(choose(&spare_holds_it, None), LocalChoice::Local { step: 40, holder: 1 });
+    }
+
+    #[test]
+    fn a_durable_checkpoint_as_new_as_the_local_one_is_used_instead() {
+        let held = vec![vec![held_step(40, "a")]];
+        let LocalChoice::Durable { reason } = choose(&held, Some(40)) else { panic!() };
+        assert!(reason.contains("not newer than the durable one (step 40)"), "{reason}");
+    }
+
+    #[test]
+    fn nothing_held_falls_back_to_the_durable_tier_and_says_so() {
+        let LocalChoice::Durable { reason } = choose(&[vec![], vec![]], Some(3)) else { panic!() };
+        assert!(reason.contains("no node holds"), "{reason}");
+    }
+
+    #[test]
+    fn copies_of_a_step_that_differ_are_passed_over_for_an_older_agreed_one() {
+        let held = vec![vec![held_step(40, "a"), held_step(30, "c")], vec![held_step(40, "b"), held_step(30, "c")]];
+        assert_eq!(choose(&held, Some(20)), LocalChoice::Local { step: 30, holder: 0 });
+        let LocalChoice::Durable { reason } = choose(&held, Some(30)) else { panic!() };
+        assert!(reason.contains("step 40 differ between nodes"), "{reason}");
+    }
+
+    #[test]
+    fn the_root_is_the_template_with_node_and_job_or_the_first_tmp_that_exists() {
+        let run = Path::new("/shared/runs/a");
+        let none = |_: &str| None;
+        let root = resolve_root(Some("/scratch/{node}/{job}"), none, |_| true, "n2", Some("77"), run).unwrap();
+        assert_eq!(root, Path::new("/scratch/n2/77/rekindle-local").join(run_key(run)));
+        let env = |v: &str| (v == "TMPDIR").then(|| "/tmp/job".to_string());
+        let root = resolve_root(None, env, |_| true, "n1", None, run).unwrap();
+        assert!(root.starts_with("/tmp/job/rekindle-local"), "{}", root.display());
+        let root = resolve_root(None, env, |p| p == Path::new("/dev/shm"), "n1", None, run).unwrap();
+        assert!(root.starts_with("/dev/shm"), "a $TMPDIR that does not exist is passed over: {}", root.display());
+        assert_eq!(resolve_root(None, none, |_| false, "n1", None, run), Err(LocalPlaceError::NoDirectory));
+        assert!(matches!(
+            resolve_root(Some("/x/{job}"), none, |_| true, "n1", None, run),
+            Err(LocalPlaceError::NoJob { .. })
+        ));
+        assert_ne!(run_key(run), run_key(Path::new("/shared/runs/b")));
+    }
+
+    #[test]
+    fn a_copy_fits_only_within_its_share_of_the_free_space() {
+        assert_eq!(fits(50, 100, 0.5), Ok(()));
+        let why = fits(51, 100, 0.5).unwrap_err();
+        assert!(why.contains("local_max_share = 0.5"), "{why}");
+        assert!(room_for(Path::new("/definitely/not/here"), 1, 1.0).is_ok(), "the nearest existing ancestor is asked");
+    }
+
+    #[test]
+    fn a_copy_without_world_record_or_with_other_files_is_no_local_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = dir.path().join(step_dir_name(5));
+        std::fs::create_dir(&step).unwrap();
+        let (good, bad) = held(dir.path());
+        assert!(good.is_empty());
+        assert!(bad[0].reason.contains("no WORLD.json"), "{:?}", bad);
+        WorldRecord::new(5, vec![entry("x", "y")], vec!["n1".into()], 1).write(&step).unwrap();
+        let (_, bad) = held(dir.path());
+        assert!(bad[0].reason.contains("MANIFEST.json"), "no manifest is named: {:?}", bad);
+        std::fs::write(step.join(WORLD_FILE), b"{").unwrap();
+        assert!(WorldRecord::read(&step).unwrap_err().contains("unreadable"));
+    }
+}

@@ -1,0 +1,544 @@
+//! The node-local checkpoint tier in a run (`[recovery] local`,
+//! docs/recovery.md; the format and the choice are `checkpoint::local`'s).
+//!
+//! ```text
+//! leader, when a local save is due:  snapshot (the stall) ─ LocalSave round
+//!     (its state.json to every rank) ─ its own copy written in the background
+//! every node's writer (its lowest rank): snapshot ─ copy in the background ─
+//!     reports LocalDone (files, SHA-256) in a later round
+//! leader, once every writer reported the same files: LocalCommit round ─
+//!     every writer adds WORLD.json to its copy: a local checkpoint
+//! a new world (in-job restart): every rank reports the local checkpoints
+//!     its node holds at hello; the leader picks the newest newer than the
+//!     durable one (checkpoint::local::choose), LocalRestore round, the holder
+//!     sends it to the nodes without it ([`share`]), Begin { local: true }
+//! ```
+//!
+//! Nothing here waits on another rank outside a round, and a node that
+//! fails to write (no room, an I/O error) only costs that step its local
+//! checkpoint: the durable tier and training go on.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::local::{self as tier, LocalPlaceError, WorldRecord};
+use crate::checkpoint::{CheckpointStore, ManifestEntry, Snapshot, TensorSet, read_manifest, reusable, step_dir_name};
+use crate::config::{AutoDuration, Config};
+use crate::distributed::Collective;
+use crate::slurm::SlurmEnv;
+use crate::telemetry::{Event, LocalCheckpoint};
+
+use super::Attempt;
+use crate::attempt::error::RunError;
+use crate::checkpoint::persist::panic_message;
+
+/// The shortest and longest interval `local_interval = "auto"` chooses.
+const AUTO_MIN: Duration = Duration::from_secs(5);
+const AUTO_MAX: Duration = Duration::from_secs(300);
+/// `"auto"` keeps a local save's cost to this share of the training time.
+const AUTO_COST_SHARE: f64 = 0.01;
+/// How much of a file one round of [`share`] carries.
+const SHARE_CHUNK: usize = 64 << 20;
+
+/// This node's local root for the run in `run_root`, when `[recovery]
+/// local` is on.
+pub fn local_root(cfg: &Config, slurm: &SlurmEnv, run_root: &Path) -> Result<Option<PathBuf>, LocalPlaceError> {
+    if !cfg.recovery.local {
+        return Ok(None);
+    }
+    let absolute = std::path::absolute(run_root).unwrap_or_else(|_| run_root.to_path_buf());
+    tier::resolve_root(
+        cfg.recovery.local_dir.as_deref(),
+        |var| std::env::var(var).ok(),
+        Path::is_dir,
+        &slurm.node_name(),
+        slurm.job_id.as_deref(),
+        &absolute,
+    )
+    .map(Some)
+}
+
+/// The ranks that write a node's copy: the lowest rank on each node.
+pub fn writers(nodes: &[String]) -> Vec<usize> {
+    (0..nodes.len()).filter(|&r| !nodes[..r].contains(&nodes[r])).collect()
+}
+
+/// One node's save of a local copy, as its writer reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LocalDone {
+    pub step: u64,
+    /// The copy's files (empty when it was not written).
+    #[serde(default)]
+    pub files: Vec<ManifestEntry>,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Why it was not written.
+    pub error: Option<String>,
+    /// Not written for want of room (or a save still in flight): no failure.
+    #[serde(default)]
+    pub skipped: bool,
+}
+
+/// A copy being written: its report, and its buffers back for reuse.
+type Writing = JoinHandle<(LocalDone, Option<Snapshot>)>;
+
+/// Writes this node's copies on a thread of its own, one at a time.
+pub struct LocalWriter {
+    store: CheckpointStore,
+    share: f64,
+    in_flight: Option<(u64, Writing)>,
+    done: Vec<LocalDone>,
+    spare: Option<(TensorSet, TensorSet)>,
+}
+
+impl LocalWriter {
+    /// The writer of the local root `root` (made if missing).
+    pub fn open(root: &Path, cfg: &Config) -> Result<LocalWriter, String> {
+        std::fs::create_dir_all(root).map_err(|e| format!("cannot make the local root {}: {e}", root.display()))?;
+        let store = CheckpointStore::open(root, cfg.recovery.local_keep).map_err(|e| e.to_string())?;
+        Ok(LocalWriter { store, share: cfg.recovery.local_max_share, in_flight: None, done: Vec::new(), spare: None })
+    }
+
+    /// Host buffers of the last copy written, for the next snapshot.
+    pub fn take_spare(&mut self) -> Option<(TensorSet, TensorSet)> {
+        self.spare.take()
+    }
+
+    /// Starts writing `snapshot`'s copy, or reports at once why not.
+    pub fn start(&mut self, snapshot: Snapshot) {
+        let step = snapshot.step;
+        let skip = |error: String| LocalDone {
+            step,
+            files: Vec::new(),
+            bytes: 0,
+            seconds: 0.0,
+            error: Some(error),
+            skipped: true,
+        };
+        if let Some((busy, _)) = self.in_flight.as_ref().filter(|(_, h)| !h.is_finished()) {
+            return self.done.push(skip(format!("the local copy of step {busy} is still being written")));
+        }
+        self.collect();
+        let bytes = snapshot.payload_bytes();
+        if let Err(why) = tier::room_for(self.store.dir(), bytes, self.share) {
+            return self.done.push(skip(why));
+        }
+        fail::fail_point!("local::write", |arg| {
+            self.done.push(LocalDone {
+                error: Some(format!("failpoint local::write: {arg:?}")),
+                skipped: false,
+                ..skip(String::new())
+            })
+        });
+        let store = self.store.clone();
+        let spawned = std::thread::Builder::new().name("rekindle-local".into()).spawn(move || {
+            let t0 = Instant::now();
+            let saved = store.save(&snapshot);
+            let seconds = t0.elapsed().as_secs_f64();
+            let read_back =
+                |report| read_manifest(&store.step_dir(step)).map(|m| (report, m)).map_err(|f| f.to_string());
+            let done = match saved.map_err(|e| e.to_string()).and_then(read_back) {
+                Ok((report, manifest)) => {
+                    LocalDone { step, files: manifest.files, bytes: report.bytes, seconds, error: None, skipped: false }
+                }
+                Err(e) => LocalDone { step, files: Vec::new(), bytes, seconds, error: Some(e), skipped: false },
+            };
+            (done, Some(snapshot))
+        });
+        match spawned {
+            Ok(handle) => self.in_flight = Some((step, handle)),
+            Err(e) => self.done.push(LocalDone { skipped: false, ..skip(format!("cannot start its thread: {e}")) }),
+        }
+    }
+
+    fn collect(&mut self) {
+        if let Some((step, handle)) = self.in_flight.take_if(|(_, h)| h.is_finished()) {
+            let (done, snapshot) = handle.join().unwrap_or_else(|panic| {
+                let error = format!("the thread writing it panicked: {}", panic_message(&panic));
+                (
+                    LocalDone { step, files: Vec::new(), bytes: 0, seconds: 0.0, error: Some(error), skipped: false },
+                    None,
+                )
+            });
+            if let Some(s) = snapshot {
+                self.spare = Some((reusable(s.model), reusable(s.optimizer)));
+            }
+            self.done.push(done);
+        }
+    }
+
+    /// The saves finished since the last call (without waiting).
+    pub fn finished(&mut self) -> Vec<LocalDone> {
+        self.collect();
+        std::mem::take(&mut self.done)
+    }
+
+    /// Makes this node's copy of `record.step` a local checkpoint, when its
+    /// files are the ones the world agreed on.
+    pub fn commit(&self, record: &WorldRecord) -> Result<(), String> {
+        let dir = self.store.step_dir(record.step);
+        let manifest = read_manifest(&dir).map_err(|f| f.to_string())?;
+        if manifest.files != record.files {
+            return Err(format!("this node's copy of step {} is not the one the world agreed on", record.step));
+        }
+        record.write(&dir).map_err(|e| format!("cannot write {}: {e}", dir.join(tier::WORLD_FILE).display()))
+    }
+}
+
+/// The leader's collection of one local save: complete once every writer
+/// reported.
+#[derive(Debug)]
+pub struct LocalInbox {
+    pub step: u64,
+    pub stall: f64,
+    writers: Vec<usize>,
+    got: BTreeMap<usize, LocalDone>,
+}
+
+/// What a complete [`LocalInbox`] comes to.
+#[derive(Debug, PartialEq)]
+pub enum InboxVerdict {
+    /// Every writer wrote the same files.
+    Agreed {
+        files: Vec<ManifestEntry>,
+        bytes: u64,
+        seconds: f64,
+    },
+    /// A writer skipped it (no room, a save still in flight).
+    Skipped {
+        reason: String,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+impl LocalInbox {
+    pub fn new(step: u64, stall: f64, writers: Vec<usize>) -> LocalInbox {
+        LocalInbox { step, stall, writers, got: BTreeMap::new() }
+    }
+
+    /// Takes writer `rank`'s report (others, and other steps', are stale).
+    pub fn add(&mut self, rank: usize, done: LocalDone) {
+        if done.step == self.step && self.writers.contains(&rank) {
+            self.got.insert(rank, done);
+        }
+    }
+
+    /// The verdict once every writer reported; `nodes[r]` names rank `r`'s node.
+    pub fn verdict(&self, nodes: &[String]) -> Option<InboxVerdict> {
+        if self.writers.iter().any(|r| !self.got.contains_key(r)) {
+            return None;
+        }
+        let at = |rank: &usize| format!("rank {rank} on {}", nodes.get(*rank).map_or("?", String::as_str));
+        if let Some((rank, d)) = self.got.iter().find(|(_, d)| d.error.is_some() && !d.skipped) {
+            return Some(InboxVerdict::Failed {
+                reason: format!("{}: {}", at(rank), d.error.as_deref().unwrap_or("")),
+            });
+        }
+        if let Some((rank, d)) = self.got.iter().find(|(_, d)| d.skipped) {
+            return Some(InboxVerdict::Skipped {
+                reason: format!("{}: {}", at(rank), d.error.as_deref().unwrap_or("")),
+            });
+        }
+        let mut copies = self.got.iter();
+        let (_, first) = copies.next()?;
+        if let Some((rank, _)) = copies.find(|(_, d)| d.files != first.files) {
+            let reason = format!(
+                "{}'s copy differs from rank {}'s: the ranks' states are not identical",
+                at(rank),
+                self.writers[0]
+            );
+            return Some(InboxVerdict::Failed { reason });
+        }
+        let seconds = self.got.values().map(|d| d.seconds).fold(0.0, f64::max);
+        Some(InboxVerdict::Agreed { files: first.files.clone(), bytes: first.bytes, seconds })
+    }
+}
+
+/// The leader's local tier in an attempt.
+pub(super) struct LocalTier {
+    pub(super) writer: LocalWriter,
+    /// The writers' ranks (rank 0 first) and every rank's node.
+    writers: Vec<usize>,
+    nodes: Vec<String>,
+    last: Instant,
+    /// `"auto"`: the interval in force.
+    auto: Duration,
+    pending: Option<LocalInbox>,
+}
+
+impl LocalTier {
+    pub(super) fn new(writer: LocalWriter, nodes: Vec<String>) -> LocalTier {
+        let writers = writers(&nodes);
+        LocalTier { writer, writers, nodes, last: Instant::now(), auto: AUTO_MIN, pending: None }
+    }
+
+    fn due(&self, step: u64, cfg: &Config) -> bool {
+        let r = &cfg.recovery;
+        let by_steps = r.local_every_steps > 0 && step.is_multiple_of(r.local_every_steps);
+        let interval = match r.local_interval {
+            AutoDuration::Fixed(d) => d,
+            AutoDuration::Auto => self.auto,
+        };
+        // With a step count set, time is only a ceiling for very slow steps.
+        let by_time =
+            self.last.elapsed() >= interval && (r.local_every_steps == 0 || r.local_interval != AutoDuration::Auto);
+        by_steps || by_time
+    }
+
+    /// `"auto"`: as often as keeps the save's cost (its stall, and the
+    /// slowest node's background write, which competes with training for
+    /// the node's cores and memory bandwidth) at 1 % of the time.
+    fn measured(&mut self, stall: f64, write: f64) {
+        let cost = stall + write;
+        self.auto = Duration::from_secs_f64(cost / AUTO_COST_SHARE).clamp(AUTO_MIN, AUTO_MAX);
+    }
+}
+
+impl Attempt {
+    /// After a completed step: takes in the writers' reports (committing a
+    /// save every node wrote), then starts a local save when one is due.
+    pub(super) fn local_tick(&mut self, step: u64) -> Result<(), RunError> {
+        if self.local.is_none() {
+            return Ok(());
+        }
+        self.local_collect()?;
+        let max_steps = self.cfg.run.max_steps;
+        let Some(local) = &self.local else { return Ok(()) };
+        if local.pending.is_some() || !local.due(step, &self.cfg) || step >= max_steps || self.stop_reason().is_some() {
+            return Ok(());
+        }
+        self.local_save()
+    }
+
+    fn local_save(&mut self) -> Result<(), RunError> {
+        let t0 = Instant::now();
+        let Some(local) = &mut self.local else { return Ok(()) };
+        let mut snapshot = self.trainer.snapshot_part(local.writer.take_spare())?;
+        let train = std::mem::take(&mut snapshot.state);
+        let losses = super::envelope::Losses { best_loss: self.best_loss, last_loss: self.last_loss };
+        snapshot.state =
+            super::envelope::StateEnvelope::new(snapshot.step, train, losses, &self.slurm, &self.cfg).to_value();
+        let step = snapshot.step;
+        if let Some(leader) = &self.leader {
+            leader.local_save(&self.stop, step, snapshot.state.clone())?;
+        }
+        let stall = t0.elapsed().as_secs_f64();
+        local.writer.start(snapshot);
+        local.last = Instant::now();
+        local.pending = Some(LocalInbox::new(step, stall, local.writers.clone()));
+        Ok(())
+    }
+
+    /// Takes the finished saves in; a complete one is committed (every
+    /// writer adds WORLD.json) or recorded as skipped or failed.
+    fn local_collect(&mut self) -> Result<(), RunError> {
+        let Some(local) = &mut self.local else { return Ok(()) };
+        let mine = local.writer.finished();
+        let theirs = self.leader.as_ref().map(|l| l.take_local()).unwrap_or_default();
+        let Some(inbox) = &mut local.pending else { return Ok(()) };
+        for done in mine {
+            inbox.add(0, done);
+        }
+        for (rank, done) in theirs {
+            inbox.add(rank, done);
+        }
+        let Some(verdict) = inbox.verdict(&local.nodes) else { return Ok(()) };
+        let inbox = local.pending.take().expect("checked above");
+        let holders: Vec<String> = local.writers.iter().map(|r| local.nodes[*r].clone()).collect();
+        let mut event = LocalCheckpoint { step: inbox.step, stall_seconds: inbox.stall, ..LocalCheckpoint::default() };
+        match verdict {
+            InboxVerdict::Agreed { files, bytes, seconds } => {
+                let record = WorldRecord::new(inbox.step, files, holders.clone(), local.nodes.len());
+                if let Some(leader) = &self.leader {
+                    leader.local_commit(&self.stop, record.clone())?;
+                }
+                match local.writer.commit(&record) {
+                    Ok(()) => {
+                        local.measured(inbox.stall, seconds);
+                        event.outcome = "committed".into();
+                        event.holders = holders;
+                    }
+                    Err(e) => {
+                        event.outcome = "failed".into();
+                        event.reason = Some(format!("rank 0 on {}: {e}", local.nodes[0]));
+                    }
+                }
+                (event.bytes, event.write_seconds) = (bytes, seconds);
+                tracing::debug!(
+                    step = inbox.step,
+                    stall_s = inbox.stall,
+                    write_s = seconds,
+                    "local checkpoint committed"
+                );
+            }
+            InboxVerdict::Skipped { reason } => {
+                tracing::warn!(step = inbox.step, %reason, "local checkpoint skipped; the durable tier is unaffected");
+                (event.outcome, event.reason) = ("skipped".into(), Some(reason));
+            }
+            InboxVerdict::Failed { reason } => {
+                tracing::warn!(step = inbox.step, %reason, "local checkpoint failed; the durable tier is unaffected");
+                (event.outcome, event.reason) = ("failed".into(), Some(reason));
+            }
+        }
+        self.events.record(&Event::LocalCheckpoint(event))?;
+        Ok(())
+    }
+}
+
+/// Sends the local checkpoint of `step` from rank `holder`'s node to every
+/// node without it: a collective every rank of `world` calls alike. Rank
+/// `me` writes the copy into `root` when `write` (its node's writer, which
+/// does not already hold it). Returns whether every rank ended with a
+/// verified copy (agreed over the world, so every rank decides alike).
+pub fn share(world: &dyn Collective, holder: usize, root: &Path, step: u64, write: bool) -> bool {
+    let me = world.rank();
+    let dir = root.join(step_dir_name(step));
+    let names: Vec<String> = if me == holder {
+        let mut names: Vec<String> =
+            read_manifest(&dir).map(|m| m.files.into_iter().map(|f| f.name).collect()).unwrap_or_default();
+        names.extend([crate::checkpoint::MANIFEST_FILE.to_string(), tier::WORLD_FILE.to_string()]);
+        names
+    } else {
+        Vec::new()
+    };
+    let mut failure: Option<String> = None;
+    let names = match gather_from(world, holder, serde_json::to_vec(&names).unwrap_or_default()) {
+        Ok(bytes) => serde_json::from_slice::<Vec<String>>(&bytes).unwrap_or_default(),
+        Err(e) => return agree_failed(world, Some(e)),
+    };
+    let incoming = root.join(format!(".incoming-{}", step_dir_name(step)));
+    if write {
+        let _ = std::fs::remove_dir_all(&incoming);
+        if let Err(e) = std::fs::create_dir_all(&incoming) {
+            failure = Some(format!("cannot make {}: {e}", incoming.display()));
+        }
+    }
+    for name in &names {
+        // Every rank takes part in every round, also after a failure of its
+        // own: the rounds must stay in step across the world.
+        let mut source = (me == holder).then(|| std::fs::File::open(dir.join(name)));
+        let mut sink = (write && failure.is_none()).then(|| std::fs::File::create(incoming.join(name)));
+        loop {
+            let chunk = match source.as_mut() {
+                Some(Ok(file)) => read_chunk(file).unwrap_or_default(),
+                _ => Vec::new(),
+            };
+            let more = u64::from(chunk.len() == SHARE_CHUNK);
+            let got = match gather_from(world, holder, chunk) {
+                Ok(got) => got,
+                Err(e) => return agree_failed(world, Some(e)),
+            };
+            if let Some(Ok(file)) = sink.as_mut()
+                && let Err(e) = std::io::Write::write_all(file, &got)
+            {
+                failure.get_or_insert(format!("cannot write {}: {e}", incoming.join(name).display()));
+            }
+            match world.max_u64(more) {
+                Ok(1) => continue,
+                Ok(_) => break,
+                Err(e) => return agree_failed(world, Some(e.to_string())),
+            }
+        }
+        if let Some(Err(e)) = sink {
+            failure.get_or_insert(format!("cannot create {}: {e}", incoming.join(name).display()));
+        }
+    }
+    if write && failure.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+        match std::fs::rename(&incoming, &dir) {
+            Ok(()) => {
+                if let Err(e) = tier::check_copy(&dir, step) {
+                    failure = Some(format!("the copy received does not verify: {e}"));
+                }
+            }
+            Err(e) => failure = Some(format!("cannot move the copy into place: {e}")),
+        }
+    }
+    if write && failure.is_some() {
+        let _ = std::fs::remove_dir_all(&incoming);
+    }
+    agree_failed(world, failure)
+}
+
+/// Every rank's verdict on [`share`]: true when no rank failed.
+fn agree_failed(world: &dyn Collective, failure: Option<String>) -> bool {
+    if let Some(why) = &failure {
+        tracing::warn!(rank = world.rank(), %why, "could not take the local checkpoint from its holder");
+    }
+    matches!(world.max_u64(u64::from(failure.is_some())), Ok(0))
+}
+
+/// What rank `holder` sends, as every rank receives it.
+fn gather_from(world: &dyn Collective, holder: usize, mine: Vec<u8>) -> Result<Vec<u8>, String> {
+    let send = if world.rank() == holder { mine } else { Vec::new() };
+    let mut all = world.all_gather_bytes(&send).map_err(|e| e.to_string())?;
+    if holder >= all.len() {
+        return Err(format!("rank {holder} is not in a world of {}", all.len()));
+    }
+    Ok(all.swap_remove(holder))
+}
+
+fn read_chunk(file: &mut std::fs::File) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut chunk = Vec::with_capacity(SHARE_CHUNK);
+    file.take(SHARE_CHUNK as u64).read_to_end(&mut chunk)?;
+    Ok(chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(step: u64, sha: &str) -> LocalDone {
+        let files = vec![ManifestEntry { name: "model.safetensors".into(), bytes: 8, sha256: sha.into() }];
+        LocalDone { step, files, bytes: 8, seconds: 0.5, error: None, skipped: false }
+    }
+
+    fn nodes(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_lowest_rank_on_each_node_writes_its_copy() {
+        assert_eq!(writers(&nodes(&["a", "a", "b", "b", "c"])), vec![0, 2, 4]);
+        assert_eq!(writers(&nodes(&["a"])), vec![0]);
+    }
+
+    #[test]
+    fn a_local_save_commits_once_every_writer_reported_the_same_files() {
+        let ns = nodes(&["a", "b"]);
+        let mut inbox = LocalInbox::new(10, 0.001, vec![0, 1]);
+        inbox.add(0, done(10, "x"));
+        inbox.add(1, done(9, "x"));
+        assert_eq!(inbox.verdict(&ns), None, "a stale report of another step does not count");
+        inbox.add(1, done(10, "x"));
+        assert!(matches!(inbox.verdict(&ns), Some(InboxVerdict::Agreed { .. })));
+    }
+
+    #[test]
+    fn copies_that_differ_fail_and_name_the_rank_and_node() {
+        let mut inbox = LocalInbox::new(10, 0.0, vec![0, 1]);
+        inbox.add(0, done(10, "x"));
+        inbox.add(1, done(10, "y"));
+        let Some(InboxVerdict::Failed { reason }) = inbox.verdict(&nodes(&["a", "b"])) else { panic!() };
+        assert!(reason.contains("rank 1 on b's copy differs from rank 0's"), "{reason}");
+    }
+
+    #[test]
+    fn a_writer_without_room_skips_the_save_and_one_that_failed_fails_it() {
+        let ns = nodes(&["a", "b"]);
+        let mut inbox = LocalInbox::new(10, 0.0, vec![0, 1]);
+        inbox.add(0, done(10, "x"));
+        inbox.add(1, LocalDone { error: Some("no room".into()), skipped: true, ..done(10, "x") });
+        let Some(InboxVerdict::Skipped { reason }) = inbox.verdict(&ns) else { panic!() };
+        assert_eq!(reason, "rank 1 on b: no room");
+        inbox.add(0, LocalDone { error: Some("EIO".into()), ..done(10, "x") });
+        assert!(matches!(inbox.verdict(&ns), Some(InboxVerdict::Failed { .. })));
+    }
+}

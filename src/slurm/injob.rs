@@ -1,0 +1,196 @@
+//! Restarts inside the running job (docs/recovery.md): the batch shell
+//! (`slurm/orchestrator.slurm`, submitted with `--no-kill`) offers them by
+//! exporting where rekindle may ask for one, and how many it has done; when
+//! a step ends because a rank or its node was lost, rekindle writes a
+//! [`RestartRequest`] there instead of requeueing the job, and the shell
+//! launches a new step on the nodes left, without the ones named.
+//!
+//! ```text
+//! REKINDLE_INJOB_REQUEST   the file to write the request to (shared storage)
+//! REKINDLE_INJOB_RESTARTS  in-job restarts done so far in this allocation
+//! REKINDLE_INJOB_MAX       how many the shell allows (default 3)
+//! ```
+//!
+//! The request is `key=value` lines, so that a shell script reads it
+//! without a JSON parser; unknown keys are ignored and `#` starts a comment.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The variables the batch shell exports to every step it launches.
+pub const REQUEST_VAR: &str = "REKINDLE_INJOB_REQUEST";
+pub const RESTARTS_VAR: &str = "REKINDLE_INJOB_RESTARTS";
+pub const MAX_VAR: &str = "REKINDLE_INJOB_MAX";
+
+/// The batch shell's offer, read from the step's environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InJobOffer {
+    /// Where to write the request.
+    pub file: PathBuf,
+    /// In-job restarts already done in this allocation.
+    pub restarts: u32,
+    /// The most the shell does.
+    pub max: u32,
+}
+
+impl InJobOffer {
+    /// The offer in the process environment, if the batch shell made one.
+    pub fn from_process() -> Option<InJobOffer> {
+        InJobOffer::from_env(|name| std::env::var(name).ok())
+    }
+
+    /// The offer in an environment (`None` without one, or when a count is
+    /// not a number: a shell that says nothing clear offers nothing).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Option<InJobOffer> {
+        let file = get(REQUEST_VAR).filter(|f| !f.trim().is_empty())?;
+        let number = |name: &str, default: u32| match get(name) {
+            None => Some(default),
+            Some(text) => text.trim().parse().ok(),
+        };
+        Some(InJobOffer { file: PathBuf::from(file), restarts: number(RESTARTS_VAR, 0)?, max: number(MAX_VAR, 3)? })
+    }
+
+    /// Whether another restart fits the shell's bound.
+    pub fn available(&self) -> bool {
+        self.restarts < self.max
+    }
+
+    /// Why this offer cannot be taken, when it cannot.
+    pub fn refusal(&self) -> Option<String> {
+        (!self.available()).then(|| {
+            format!(
+                "{} in-job restarts already in this allocation (the batch shell allows {}, {MAX_VAR})",
+                self.restarts, self.max
+            )
+        })
+    }
+}
+
+/// What the step asks of the batch shell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartRequest {
+    /// What ended the step: `rank_lost`, ...
+    pub reason: String,
+    /// Nodes the next step must not use.
+    pub exclude: Vec<String>,
+    /// The checkpoint step the next step is expected to resume from (the
+    /// newest durable one; the node-local tier may hold a newer one).
+    pub step: Option<u64>,
+    /// `<rank>@<node>` of the writer.
+    pub written_by: String,
+}
+
+impl RestartRequest {
+    /// The file's text.
+    pub fn to_text(&self) -> String {
+        let mut text = String::from("# rekindle in-job restart request (docs/recovery.md)\naction=restart\n");
+        text.push_str(&format!("reason={}\n", one_line(&self.reason)));
+        text.push_str(&format!("exclude={}\n", self.exclude.iter().map(|n| one_line(n)).collect::<Vec<_>>().join(",")));
+        if let Some(step) = self.step {
+            text.push_str(&format!("step={step}\n"));
+        }
+        text.push_str(&format!("written_by={}\n", one_line(&self.written_by)));
+        text
+    }
+
+    /// Reads a request back (for tests and `status`): `None` when the text
+    /// is not one (no `action=restart`).
+    pub fn parse(text: &str) -> Option<RestartRequest> {
+        let mut request =
+            RestartRequest { reason: String::new(), exclude: Vec::new(), step: None, written_by: String::new() };
+        let mut restart = false;
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let Some((key, value)) = line.split_once('=') else { continue };
+            match key.trim() {
+                "action" => restart = value.trim() == "restart",
+                "reason" => request.reason = value.trim().to_string(),
+                "exclude" => {
+                    request.exclude =
+                        value.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect()
+                }
+                "step" => request.step = value.trim().parse().ok(),
+                "written_by" => request.written_by = value.trim().to_string(),
+                _ => {}
+            }
+        }
+        restart.then_some(request)
+    }
+
+    /// Writes the request to `path` atomically (a temporary file beside it,
+    /// synced, renamed), so the shell never reads half of one.
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let mut file = tempfile::Builder::new().prefix(".rekindle-injob-").tempfile_in(dir)?;
+        file.write_all(self.to_text().as_bytes())?;
+        file.as_file().sync_all()?;
+        file.persist(path).map_err(|e| e.error)?;
+        Ok(())
+    }
+}
+
+/// Node names and reasons come from the environment and other ranks: a
+/// newline or a comma in one must not make a second key or node.
+fn one_line(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() || c == ',' { ' ' } else { c }).collect::<String>().trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn no_request_file_means_no_offer() {
+        assert_eq!(InJobOffer::from_env(env(&[(RESTARTS_VAR, "0")])), None);
+        assert_eq!(InJobOffer::from_env(env(&[(REQUEST_VAR, " ")])), None);
+    }
+
+    #[test]
+    fn the_offer_counts_restarts_against_the_shells_bound() {
+        let offer = InJobOffer::from_env(env(&[(REQUEST_VAR, "/shared/r"), (RESTARTS_VAR, "2")])).unwrap();
+        assert_eq!((offer.restarts, offer.max, offer.available()), (2, 3, true));
+        let spent = InJobOffer::from_env(env(&[(REQUEST_VAR, "/r"), (RESTARTS_VAR, "3"), (MAX_VAR, "3")])).unwrap();
+        assert!(!spent.available());
+        assert!(spent.refusal().unwrap().contains("3 in-job restarts already"), "{:?}", spent.refusal());
+        let none = InJobOffer::from_env(env(&[(REQUEST_VAR, "/r"), (MAX_VAR, "0")])).unwrap();
+        assert!(!none.available(), "REKINDLE_INJOB_MAX=0 turns in-job restarts off");
+    }
+
+    #[test]
+    fn a_count_that_is_not_a_number_is_no_offer() {
+        assert_eq!(InJobOffer::from_env(env(&[(REQUEST_VAR, "/r"), (RESTARTS_VAR, "one")])), None);
+    }
+
+    #[test]
+    fn a_request_round_trips_and_cannot_smuggle_keys_or_nodes() {
+        let request = RestartRequest {
+            reason: "rank_lost: rank 1\nexclude=n1".into(),
+            exclude: vec!["n2".into(), "n3,n4".into()],
+            step: Some(120),
+            written_by: "0@n1".into(),
+        };
+        let text = request.to_text();
+        assert!(text.contains("action=restart\n"), "{text}");
+        assert!(text.contains("exclude=n2,n3 n4\n"), "{text}");
+        let back = RestartRequest::parse(&text).unwrap();
+        assert_eq!(back.exclude, vec!["n2", "n3 n4"]);
+        assert_eq!((back.step, back.written_by.as_str()), (Some(120), "0@n1"));
+        assert_eq!(back.reason, "rank_lost: rank 1 exclude=n1");
+        assert_eq!(RestartRequest::parse("reason=x\n"), None, "no action=restart, no request");
+    }
+
+    #[test]
+    fn the_request_is_written_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("req");
+        let request =
+            RestartRequest { reason: "rank_lost".into(), exclude: vec![], step: None, written_by: "1@n2".into() };
+        request.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(RestartRequest::parse(&text), Some(request));
+        assert!(text.contains("exclude=\n"), "an empty exclusion is written as such: {text}");
+    }
+}
