@@ -152,19 +152,19 @@ pub(crate) struct PreviousFault {
 pub(crate) fn previous_fault(events: &[crate::telemetry::RecordedEvent]) -> Option<PreviousFault> {
     let last_start = events.iter().rposition(|e| e.name == "start")?;
     let attempt = &events[last_start..];
-    let fault = attempt.iter().rev().find(|e| matches!(e.name.as_str(), "rank_lost" | "error" | "hang"))?;
-    let at = match &fault.event {
-        Event::RankLost(lost) => {
-            fault.time.map(|t| t - chrono::Duration::milliseconds((lost.silent_seconds * 1000.0) as i64))
-        }
-        _ => fault.time,
+    let fault = attempt.iter().rev().find(|e| matches!(e.name.as_str(), "rank_lost" | "error" | "hang"));
+    let (kind, at) = match fault {
+        Some(fault) => match &fault.event {
+            Event::RankLost(lost) => {
+                let silent = chrono::Duration::milliseconds((lost.silent_seconds * 1000.0) as i64);
+                (fault.name.clone(), fault.time.map(|t| t - silent))
+            }
+            _ => (fault.name.clone(), fault.time),
+        },
+        None if attempt.iter().any(|e| matches!(e.name.as_str(), "stop" | "finish")) => return None,
+        None => ("killed".to_string(), attempt.last().and_then(|e| e.time)),
     };
-    Some(PreviousFault {
-        kind: fault.name.clone(),
-        at,
-        job_id: attempt[0].job_id.clone(),
-        restart_count: attempt[0].slurm_attempt,
-    })
+    Some(PreviousFault { kind, at, job_id: attempt[0].job_id.clone(), restart_count: attempt[0].slurm_attempt })
 }
 
 pub(crate) fn previous_summary(dir: &RunDir) -> Option<Summary> {

@@ -275,6 +275,14 @@ pub(super) struct LocalTier {
 impl LocalTier {
     pub(super) fn new(writer: LocalWriter, nodes: Vec<String>) -> LocalTier {
         let writers = writers(&nodes);
+        if nodes.len() > 1 && writers.len() == 1 {
+            tracing::warn!(
+                node = %nodes[0],
+                ranks = nodes.len(),
+                "every rank runs on one node: the local tier has no copy on another node, so a lost node loses it \
+                 (the durable tier is unaffected); spread the ranks over nodes for cross-node redundancy"
+            );
+        }
         LocalTier { writer, writers, nodes, last: Instant::now(), auto: AUTO_MIN, pending: None }
     }
 

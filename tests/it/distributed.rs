@@ -42,7 +42,7 @@ fn mpirun_command(ranks: usize, cmd: Command, args: &[&str]) -> Command {
 }
 
 /// `mpirun` with `cmd`'s environment, as root, without core binding.
-fn mpirun_with_env(cmd: &Command) -> Command {
+pub(crate) fn mpirun_with_env(cmd: &Command) -> Command {
     let mut mpi = Command::new("mpirun");
     mpi.args(["--bind-to", "none", "--oversubscribe"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")

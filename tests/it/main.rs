@@ -36,6 +36,7 @@ mod logging;
 mod own_model;
 mod publish;
 mod python_interop;
+mod recovery;
 mod report;
 mod report_browser;
 mod resume;

@@ -1,0 +1,251 @@
+//! The node-local checkpoint tier (`[recovery] local`, docs/recovery.md),
+//! driven for real: ranks under `mpirun`, each told its node by
+//! `SLURMD_NODENAME` (so two "nodes" on this machine keep two local roots,
+//! `<tmp>/local/<node>`), killed with SIGKILL between durable checkpoints
+//! and started again as a restart inside a job would start them.
+//!
+//! - A node lost and a spare in its place: the new world resumes from the
+//!   newest local checkpoint (newer than the durable one), copied from the
+//!   surviving node to the spare, and ends byte-identical to a world never
+//!   stopped.
+//! - A damaged copy (caught by SHA-256): the other node's copy is used.
+//! - No node holds a copy: the durable tier, and the `resume` event says why.
+//! - One process alone keeps a local tier too, and resumes from it.
+//! - No room for a copy: `local_checkpoint` skipped, training goes on.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use support::requires;
+use support::runs::{EXIT_DONE, Training, assert_same_checkpoint, events_named, last_logged_step};
+
+const MAX_STEPS: u64 = 200;
+
+/// The tiny mlp with durable checkpoints every 50 steps and a local one
+/// every 5, kept under `<local>/<node>`.
+fn training(local: &Path) -> Training {
+    Training::tiny_mlp(MAX_STEPS)
+        .set("checkpoint.every_steps=50")
+        .set("checkpoint.interval=\"1h\"")
+        .set("train.log_every=1")
+        // The killed leader ran "on" another node name than this host's, so
+        // its lock is taken over by age, not by a pid check.
+        .set("lock.stale_after=\"2s\"")
+        .set("recovery.local=true")
+        .set("recovery.local_every_steps=5")
+        .set(&format!("recovery.local_dir=\"{}/{{node}}\"", local.display()))
+}
+
+/// `cmd` with one rank per entry of `nodes`, each told that node.
+fn on_nodes(cmd: &Command, nodes: &[&str]) -> Command {
+    let mut mpi = crate::distributed::mpirun_with_env(cmd);
+    for (r, node) in nodes.iter().enumerate() {
+        if r > 0 {
+            mpi.arg(":");
+        }
+        mpi.args(["-n", "1", "-x", &format!("SLURMD_NODENAME={node}")]);
+        mpi.arg(cmd.get_program()).args(cmd.get_args());
+    }
+    mpi
+}
+
+/// Runs `cmd` on `nodes` (one process alone when `nodes` has one entry) to
+/// its end; asserts exit 0.
+fn run_to_end(cmd: Command, nodes: &[&str]) {
+    let mut cmd = if nodes.len() == 1 {
+        let mut c = cmd;
+        c.env("SLURMD_NODENAME", nodes[0]);
+        c
+    } else {
+        on_nodes(&cmd, nodes)
+    };
+    let out = cmd.output().expect("start the run");
+    assert_eq!(
+        out.status.code(),
+        Some(EXIT_DONE),
+        "{:?}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The newest committed local checkpoint's step.
+fn newest_local(run_dir: &Path) -> Option<u64> {
+    events_named(run_dir, "local_checkpoint")
+        .iter()
+        .filter(|e| e["outcome"] == "committed")
+        .filter_map(|e| e["step"].as_u64())
+        .max()
+}
+
+fn newest_durable(run_dir: &Path) -> Option<u64> {
+    events_named(run_dir, "checkpoint_saved").iter().filter_map(|e| e["step"].as_u64()).max()
+}
+
+/// Starts the run (its steps slowed by a failpoint, so it can be caught
+/// between checkpoints), waits until a local checkpoint newer than every
+/// durable one is committed, and SIGKILLs every process of it. Returns that
+/// local checkpoint's step.
+fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path) -> u64 {
+    let mut cmd = if nodes.len() == 1 {
+        let mut c = cmd;
+        c.env("SLURMD_NODENAME", nodes[0]);
+        c
+    } else {
+        on_nodes(&cmd, nodes)
+    };
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .env("FAILPOINTS", "train::step=sleep(15)")
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the run");
+    let t0 = Instant::now();
+    loop {
+        if let Some(local) = newest_local(run_dir)
+            && local >= 60
+            && newest_durable(run_dir).is_none_or(|d| local > d)
+        {
+            // OpenMPI starts ranks outside mpirun's process group: each
+            // rank is killed by the pid its heartbeat names.
+            for beat in std::fs::read_dir(run_dir.join("ranks")).into_iter().flatten().flatten() {
+                let pid = std::fs::read(beat.path())
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                    .and_then(|b| b["pid"].as_i64());
+                if let Some(pid) = pid {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+            let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait();
+            // The lock of a holder "on another node" is taken over once its
+            // heartbeat is older than lock.stale_after (2 s): outside a
+            // SLURM job a younger one is refused, not waited for.
+            std::thread::sleep(Duration::from_millis(2500));
+            return newest_local(run_dir).expect("checked above");
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed between checkpoints");
+        assert!(t0.elapsed() < Duration::from_secs(120), "no local checkpoint past step 60 in 2 minutes");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn resume_event(run_dir: &Path) -> Value {
+    events_named(run_dir, "resume").pop().expect("a resume event")
+}
+
+/// The reference: the same training on `nodes` never stopped.
+fn reference(tmp: &Path, nodes: &[&str]) -> PathBuf {
+    let dir = tmp.join("reference");
+    run_to_end(training(&tmp.join("reference-local")).command(&dir, &[]), nodes);
+    dir
+}
+
+fn local_copy(local: &Path, node: &str, step: u64) -> PathBuf {
+    let root = local.join(node).join("rekindle-local");
+    let run = std::fs::read_dir(&root).expect("a run folder").next().expect("one run").expect("entry").path();
+    run.join(rekindle::checkpoint::step_dir_name(step))
+}
+
+#[test]
+fn a_spare_node_takes_a_lost_nodes_place_from_the_local_tier_bit_exact() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path(), &["a", "b"]);
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run);
+    let before = last_logged_step(&run).unwrap();
+    let committed = events_named(&run, "local_checkpoint");
+    let last = committed.iter().rfind(|e| e["outcome"] == "committed").unwrap();
+    assert_eq!(last["holders"], serde_json::json!(["a", "b"]), "every node holds a copy: {last}");
+    assert!(local_copy(&local, "b", killed_at).join("WORLD.json").is_file());
+    // Node b is gone: the new world runs on a and on the spare c.
+    std::fs::remove_dir_all(local.join("b")).unwrap();
+    run_to_end(training(&local).command(&run, &[]), &["a", "c"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
+    assert_eq!(resume["source_node"], "a", "{resume}");
+    // The spare loaded the copy a sent it (else it could not have trained
+    // in step, and the end would differ), and writes copies of its own now.
+    let last_commit = events_named(&run, "local_checkpoint").pop().unwrap();
+    assert_eq!(last_commit["holders"], serde_json::json!(["a", "c"]), "{last_commit}");
+    let recovery = events_named(&run, "recovery").pop().expect("a recovery event");
+    assert_eq!((recovery["fault"].as_str(), recovery["tier"].as_str()), (Some("killed"), Some("local")), "{recovery}");
+    assert_eq!(recovery["steps_lost"].as_u64(), Some(before - killed_at), "{recovery}");
+    assert!(
+        before - killed_at < 5 + 3,
+        "at most a local interval lost (plus steps in flight): {before} vs {killed_at}"
+    );
+    assert_same_checkpoint(&run, &reference, MAX_STEPS);
+}
+
+#[test]
+fn a_damaged_copy_is_caught_by_its_sha256_and_the_other_nodes_copy_is_used() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path(), &["a", "b"]);
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run);
+    let model = local_copy(&local, "a", killed_at).join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&model, bytes).unwrap();
+    run_to_end(training(&local).command(&run, &[]), &["a", "b"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
+    assert_eq!(resume["source_node"], "b", "a's copy does not verify, b's does: {resume}");
+    assert_same_checkpoint(&run, &reference, MAX_STEPS);
+}
+
+#[test]
+fn without_a_copy_on_any_node_the_durable_tier_is_used_and_the_resume_says_why() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path(), &["a", "b"]);
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run);
+    let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
+    // Both nodes lost: the new world runs on two spares.
+    run_to_end(training(&local).command(&run, &[]), &["c", "d"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(durable), Some("durable")), "{resume}");
+    assert!(resume["fallback_reason"].as_str().is_some_and(|r| r.contains("no node holds")), "{resume}");
+    assert_same_checkpoint(&run, &reference, MAX_STEPS);
+}
+
+#[test]
+fn one_process_resumes_from_its_own_local_tier_bit_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path(), &["solo"]);
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["solo"], &run);
+    run_to_end(training(&local).command(&run, &[]), &["solo"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
+    assert_same_checkpoint(&run, &reference, MAX_STEPS);
+}
+
+#[test]
+fn a_node_without_room_skips_its_local_checkpoints_and_training_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let training = training(&local).set("recovery.local_max_share=1e-15");
+    run_to_end(training.command(&run, &[]), &["solo"]);
+    let saves = events_named(&run, "local_checkpoint");
+    assert!(!saves.is_empty() && saves.iter().all(|e| e["outcome"] == "skipped"), "{saves:?}");
+    assert!(saves[0]["reason"].as_str().is_some_and(|r| r.contains("local_max_share")), "{}", saves[0]);
+    assert_eq!(events_named(&run, "finish").len(), 1);
+}
