@@ -9,6 +9,7 @@
 //! REKINDLE_INJOB_REQUEST   the file to write the request to (shared storage)
 //! REKINDLE_INJOB_RESTARTS  in-job restarts done so far in this allocation
 //! REKINDLE_INJOB_MAX       how many the shell allows (default 3)
+//! REKINDLE_INJOB_EXCLUDED  nodes excluded so far (lost), comma-separated
 //! ```
 //!
 //! The request is `key=value` lines, so that a shell script reads it
@@ -21,6 +22,8 @@ use std::path::{Path, PathBuf};
 pub const REQUEST_VAR: &str = "REKINDLE_INJOB_REQUEST";
 pub const RESTARTS_VAR: &str = "REKINDLE_INJOB_RESTARTS";
 pub const MAX_VAR: &str = "REKINDLE_INJOB_MAX";
+/// Nodes the shell excluded so far, comma-separated (lost nodes).
+pub const EXCLUDED_VAR: &str = "REKINDLE_INJOB_EXCLUDED";
 
 /// The batch shell's offer, read from the step's environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +34,8 @@ pub struct InJobOffer {
     pub restarts: u32,
     /// The most the shell does.
     pub max: u32,
+    /// Nodes the shell excluded from this allocation's steps so far.
+    pub excluded: Vec<String>,
 }
 
 impl InJobOffer {
@@ -47,7 +52,15 @@ impl InJobOffer {
             None => Some(default),
             Some(text) => text.trim().parse().ok(),
         };
-        Some(InJobOffer { file: PathBuf::from(file), restarts: number(RESTARTS_VAR, 0)?, max: number(MAX_VAR, 3)? })
+        let excluded = get(EXCLUDED_VAR)
+            .map(|list| list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default();
+        Some(InJobOffer {
+            file: PathBuf::from(file),
+            restarts: number(RESTARTS_VAR, 0)?,
+            max: number(MAX_VAR, 3)?,
+            excluded,
+        })
     }
 
     /// Whether another restart fits the shell's bound.
@@ -150,8 +163,11 @@ mod tests {
 
     #[test]
     fn the_offer_counts_restarts_against_the_shells_bound() {
-        let offer = InJobOffer::from_env(env(&[(REQUEST_VAR, "/shared/r"), (RESTARTS_VAR, "2")])).unwrap();
+        let offer =
+            InJobOffer::from_env(env(&[(REQUEST_VAR, "/shared/r"), (RESTARTS_VAR, "2"), (EXCLUDED_VAR, "n2, n4,")]))
+                .unwrap();
         assert_eq!((offer.restarts, offer.max, offer.available()), (2, 3, true));
+        assert_eq!(offer.excluded, vec!["n2", "n4"]);
         let spent = InJobOffer::from_env(env(&[(REQUEST_VAR, "/r"), (RESTARTS_VAR, "3"), (MAX_VAR, "3")])).unwrap();
         assert!(!spent.available());
         assert!(spent.refusal().unwrap().contains("3 in-job restarts already"), "{:?}", spent.refusal());

@@ -224,6 +224,8 @@ pub struct LockRequest {
     pub restart_count: u32,
     pub step_id: Option<String>,
     pub stale_after: Duration,
+    /// Nodes the batch shell excluded from this allocation's steps (lost).
+    pub excluded: Vec<String>,
 }
 
 impl LockRequest {
@@ -235,6 +237,7 @@ impl LockRequest {
             restart_count: slurm.restart_count,
             step_id: slurm.step_id.clone(),
             stale_after,
+            excluded: crate::slurm::injob::InJobOffer::from_process().map(|o| o.excluded).unwrap_or_default(),
         }
     }
 
@@ -641,6 +644,8 @@ impl<'a> Contender<'a> {
                 job_id: self.req.job_id.clone(),
                 host: self.req.host.clone(),
                 restart_count: self.req.restart_count,
+                step_id: self.req.step_id.clone(),
+                excluded: self.req.excluded.clone(),
                 now: unix_now(),
             };
             let verdict = match &held {

@@ -59,6 +59,11 @@ pub struct Claimant {
     pub job_id: Option<String>,
     pub host: String,
     pub restart_count: u32,
+    /// The job step this process runs in (`SLURM_STEP_ID`).
+    pub step_id: Option<String>,
+    /// Nodes the batch shell excluded from this allocation's steps after
+    /// they were lost (in-job restarts, `slurm::injob`).
+    pub excluded: Vec<String>,
     /// Unix seconds by this host's clock.
     pub now: f64,
 }
@@ -111,6 +116,29 @@ pub fn takeover(
         ));
     }
     let same_job = held.job_id.is_some() && held.job_id == me.job_id;
+    // An earlier step of this very allocation (an in-job restart): its node
+    // was lost when the batch shell excluded it, and a heartbeat that stopped
+    // moving for two beats confirms the holder is gone with it.
+    let earlier_step = held.step_id.is_some() && held.step_id != me.step_id;
+    if same_job && held.restart_count == Some(me.restart_count) && earlier_step {
+        let beats = 2 * heartbeat_every(limit);
+        if me.excluded.contains(&held.host) && unchanged_for >= beats {
+            return Verdict::TakeOver(format!(
+                "its node {} was lost: the batch shell excluded it from this job's steps, and its heartbeat has not \
+                 moved for {:.0}s (two beats)",
+                held.host,
+                unchanged_for.as_secs_f64()
+            ));
+        }
+        return Verdict::Wait(format!(
+            "it belongs to an earlier step ({}) of this job on {}, whose heartbeat is {age:.0}s old; waiting up to \
+             {:.0}s for it to go stale{}",
+            held.step_id.as_deref().unwrap_or_default(),
+            held.host,
+            limit.as_secs_f64(),
+            if me.excluded.contains(&held.host) { " or to stop moving for two beats" } else { "" }
+        ));
+    }
     // An old lock file has no restart count: it may be an earlier attempt.
     let earlier = held.restart_count.is_none_or(|theirs| theirs < me.restart_count);
     if same_job && earlier {
@@ -157,7 +185,14 @@ mod tests {
     }
 
     fn me(host: &str, job: Option<&str>, now: f64) -> Claimant {
-        Claimant { job_id: job.map(Into::into), host: host.into(), restart_count: 0, now }
+        Claimant {
+            job_id: job.map(Into::into),
+            host: host.into(),
+            restart_count: 0,
+            step_id: Some("0".into()),
+            excluded: Vec::new(),
+            now,
+        }
     }
 
     fn requeued(host: &str, job: &str, now: f64) -> Claimant {
@@ -319,5 +354,38 @@ mod tests {
                 check(&bytes);
             }
         }
+    }
+
+    fn in_earlier_step(host: &str, job: &str, heartbeat: f64) -> LockInfo {
+        LockInfo { step_id: Some("0".into()), ..held(host, 10, Some(job), heartbeat) }
+    }
+
+    fn next_step(host: &str, job: &str, now: f64, excluded: &[&str]) -> Claimant {
+        Claimant {
+            step_id: Some("1".into()),
+            excluded: excluded.iter().map(|s| s.to_string()).collect(),
+            ..me(host, Some(job), now)
+        }
+    }
+
+    #[test]
+    fn an_earlier_step_on_a_node_the_batch_shell_excluded_is_taken_over_once_its_beat_stops() {
+        let lock = in_earlier_step("n1", "7", 100.0);
+        let me = next_step("n3", "7", 105.0, &["n1"]);
+        let two_beats = 2 * heartbeat_every(STALE);
+        assert!(matches!(takeover(&lock, &me, alive, STALE, two_beats / 2), Verdict::Wait(_)));
+        let v = takeover(&lock, &me, alive, STALE, two_beats);
+        assert!(matches!(&v, Verdict::TakeOver(why) if why.contains("node n1 was lost")), "{v:?}");
+    }
+
+    #[test]
+    fn an_earlier_step_on_a_node_still_in_the_job_is_waited_for_not_refused() {
+        let lock = in_earlier_step("n1", "7", 100.0);
+        let me = next_step("n3", "7", 105.0, &["n2"]);
+        let v = takeover(&lock, &me, alive, STALE, STALE / 2);
+        assert!(matches!(&v, Verdict::Wait(why) if why.contains("earlier step (0)")), "{v:?}");
+        assert!(takes_over(&takeover(&lock, &me, alive, STALE, STALE)), "it goes stale like any holder");
+        let other_job = next_step("n3", "8", 105.0, &["n1"]);
+        assert_eq!(takeover(&lock, &other_job, alive, STALE, STALE / 2), Verdict::Live);
     }
 }

@@ -54,7 +54,14 @@ fn this_process_is_alive_and_a_reused_pid_or_another_boot_is_not() {
 }
 
 fn request(host: &str) -> LockRequest {
-    LockRequest { job_id: None, host: host.into(), restart_count: 0, step_id: None, stale_after: STALE }
+    LockRequest {
+        job_id: None,
+        host: host.into(),
+        restart_count: 0,
+        step_id: None,
+        stale_after: STALE,
+        excluded: Vec::new(),
+    }
 }
 
 #[test]
