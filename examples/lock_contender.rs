@@ -63,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
         restart_count: 0,
         step_id: None,
         stale_after: Duration::from_secs(60),
+        excluded: Vec::new(),
     };
     let (mut start_at, mut hold) = (None, Hold::For(Duration::from_millis(500)));
     let seconds = |flag: &str, v: String| -> Result<f64, String> {
