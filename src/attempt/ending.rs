@@ -10,6 +10,7 @@ use std::time::Instant;
 use crate::config::Config;
 use crate::exit::Outcome;
 use crate::publish::{self, PublishRequest};
+use crate::slurm::injob::{InJobOffer, RestartRequest};
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
 use crate::telemetry::{CrashClass, ErrorEvent, Event, EventLog, Finish, PublishOutcome, RequeueRecord, Signal, Stop};
 
@@ -311,6 +312,11 @@ fn requeue_after_failure(
 ) -> (RequeueRecord, Option<u64>, Option<String>) {
     let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(events_path));
     match crash::decide(class, in_a_row, cfg.run.max_crash_requeues, stop_path) {
+        CrashAction::Requeue { .. }
+            if let Some(in_job) = ask_for_in_job_restart(cfg, alloc, "crash: transient", &[], None) =>
+        {
+            (in_job, None, None)
+        }
         CrashAction::Requeue { hold } => {
             let req = RequeueRequest {
                 policy: cfg.signals.requeue,
@@ -328,6 +334,55 @@ fn requeue_after_failure(
         CrashAction::NoRequeue { reason } => {
             tracing::error!(%reason, "not requeueing after this failure");
             (RequeueRecord::skip(reason), None, None)
+        }
+    }
+}
+
+/// With `[recovery] in_job` and a batch shell that offers restarts inside
+/// the job (`slurm::injob`): asks it for a new step without the nodes in
+/// `exclude`, instead of requeueing the job; the `requeue` record that says
+/// so. `None` (requeue as before) without an offer, once the shell's bound
+/// is spent, or when the request cannot be written.
+pub(crate) fn ask_for_in_job_restart(
+    cfg: &Config,
+    alloc: &SlurmEnv,
+    reason: &str,
+    exclude: &[String],
+    step: Option<u64>,
+) -> Option<RequeueRecord> {
+    if !cfg.recovery.in_job {
+        return None;
+    }
+    let offer = InJobOffer::from_process()?;
+    if let Some(why) = offer.refusal() {
+        tracing::warn!(%why, "not restarting in the job; requeueing");
+        return None;
+    }
+    let rank = std::env::var("SLURM_PROCID").unwrap_or_else(|_| "0".into());
+    let request = RestartRequest {
+        reason: reason.to_string(),
+        exclude: exclude.to_vec(),
+        step,
+        written_by: format!("{rank}@{}", alloc.node_name()),
+    };
+    match request.write(&offer.file) {
+        Ok(()) => {
+            let without = if exclude.is_empty() {
+                "no node excluded".to_string()
+            } else {
+                format!("without {}", exclude.join(", "))
+            };
+            let reason = format!(
+                "continuing in the job: in-job restart {} of {} ({without}); the batch shell launches the next step",
+                offer.restarts + 1,
+                offer.max
+            );
+            tracing::warn!("{reason}");
+            Some(RequeueRecord::skip(reason))
+        }
+        Err(e) => {
+            tracing::error!(file = %offer.file.display(), error = %e, "cannot ask the batch shell for an in-job restart; requeueing");
+            None
         }
     }
 }

@@ -244,7 +244,7 @@ impl HangHandler {
         // Hangs count toward `[run] max_crash_requeues` like transient
         // crashes: a job that hangs at the same place every time must stop.
         let in_job = match &cause {
-            Cause::RanksLost { lost, .. } => continue_in_job(&self.cfg, &self.slurm, lost, kept, 0),
+            Cause::RanksLost { lost, .. } => continue_in_job(&self.cfg, &self.slurm, lost, kept),
             Cause::Hang(_) => None,
         };
         let requeue = in_job.unwrap_or_else(|| requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, kept));

@@ -22,12 +22,12 @@ use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config::Config;
 use crate::distributed::abort_world;
 use crate::exit::Outcome;
-use crate::slurm::injob::{InJobOffer, RestartRequest};
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
 use crate::telemetry::{CrashClass, ErrorEvent, Event, EventContext, EventLog, RankLost, RequeueRecord, Stop};
 
 use crate::attempt::budget::{self, SCONTROL_TIMEOUT};
 use crate::attempt::crash::{self, CrashAction};
+use crate::attempt::ending::ask_for_in_job_restart;
 use crate::run::rank_watch::{Lost, recorder};
 
 /// The `rank_lost` events of `lost`, as rank `me` of `size` noticed them.
@@ -101,55 +101,18 @@ pub fn requeue_like_a_hang(
     }
 }
 
-/// With `[recovery] in_job` and a batch shell that offers it
-/// (`slurm::injob`): asks the shell for a new step on the nodes left,
-/// without the lost ranks' nodes, instead of requeueing the job. `None`
-/// (requeue as before) without an offer, once the shell's bound is spent,
-/// or when the request cannot be written.
+/// A world that lost ranks asks the batch shell for a new step without
+/// their nodes (`attempt::ending::ask_for_in_job_restart`).
 pub fn continue_in_job(
     cfg: &Config,
     slurm_env: &SlurmEnv,
     lost: &[Lost],
     newest: Option<u64>,
-    me: usize,
 ) -> Option<RequeueRecord> {
-    if !cfg.recovery.in_job {
-        return None;
-    }
-    let offer = InJobOffer::from_process()?;
-    if let Some(why) = offer.refusal() {
-        tracing::warn!(%why, "not restarting in the job; requeueing");
-        return None;
-    }
     let mut exclude: Vec<String> = lost.iter().map(|l| l.node.clone()).filter(|n| !n.is_empty()).collect();
     exclude.sort();
     exclude.dedup();
-    let request = RestartRequest {
-        reason: lost_reason(lost),
-        exclude: exclude.clone(),
-        step: newest,
-        written_by: format!("{me}@{}", slurm_env.node_name()),
-    };
-    match request.write(&offer.file) {
-        Ok(()) => {
-            let without = if exclude.is_empty() {
-                "no node excluded".to_string()
-            } else {
-                format!("without {}", exclude.join(", "))
-            };
-            let reason = format!(
-                "continuing in the job: in-job restart {} of {} ({without}); the batch shell launches the next step",
-                offer.restarts + 1,
-                offer.max
-            );
-            tracing::warn!("{reason}");
-            Some(RequeueRecord::skip(reason))
-        }
-        Err(e) => {
-            tracing::error!(file = %offer.file.display(), error = %e, "cannot ask the batch shell for an in-job restart; requeueing");
-            None
-        }
-    }
+    ask_for_in_job_restart(cfg, slurm_env, &lost_reason(lost), &exclude, newest)
 }
 
 fn read_events(path: &std::path::Path) -> Vec<Event> {
@@ -216,7 +179,7 @@ impl WorldEnd {
         for event in rank_lost_events(&lost, self.rank, self.size, timeout) {
             record(&event);
         }
-        let requeue = continue_in_job(&self.cfg, &self.slurm, &lost, newest, self.rank)
+        let requeue = continue_in_job(&self.cfg, &self.slurm, &lost, newest)
             .unwrap_or_else(|| requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, newest));
         record(&Event::Requeue(requeue.clone()));
         let outcome = match newest {

@@ -249,3 +249,44 @@ fn a_node_without_room_skips_its_local_checkpoints_and_training_goes_on() {
     assert!(saves[0]["reason"].as_str().is_some_and(|r| r.contains("local_max_share")), "{}", saves[0]);
     assert_eq!(events_named(&run, "finish").len(), 1);
 }
+
+/// A run under (pretend) SLURM job 77 whose step fails after 25 passed (a
+/// device error: transient), under a batch shell that offers in-job restarts.
+fn crashing_under_a_shell(
+    dir: &Path,
+    fake: &support::scontrol::FakeScontrol,
+    request: &Path,
+    restarts: u32,
+) -> support::cli::RunCmd {
+    support::cli::RunCmd::new(dir)
+        .set("run.max_steps=1000")
+        .set("checkpoint.every_steps=10")
+        .env("PATH", fake.path())
+        .env("SLURM_JOB_ID", "77")
+        .env("SLURMD_NODENAME", "n1")
+        .env("FAILPOINTS", "train::step_error=25*off->return")
+        .env("REKINDLE_INJOB_REQUEST", request)
+        .env("REKINDLE_INJOB_RESTARTS", restarts.to_string())
+        .env("REKINDLE_INJOB_MAX", "2")
+}
+
+#[test]
+fn a_transient_crash_under_a_shell_that_offers_it_asks_for_an_in_job_restart_not_a_requeue() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, request) = (tmp.path().join("run"), tmp.path().join("request"));
+    let fake = support::scontrol::FakeScontrol::running_job(tmp.path());
+    crashing_under_a_shell(&dir, &fake, &request, 0).run(Duration::from_secs(120)).assert_code(1);
+    let text = std::fs::read_to_string(&request).expect("a request for the batch shell");
+    let asked = rekindle::slurm::injob::RestartRequest::parse(&text).expect("a restart request");
+    assert_eq!((asked.reason.as_str(), asked.exclude.len()), ("crash: transient", 0), "{text}");
+    assert_eq!(asked.written_by, "0@n1");
+    assert!(fake.calls().is_empty(), "no scontrol requeue, no hold: {:?}", fake.calls());
+    let error = events_named(&dir, "error").pop().unwrap();
+    assert_eq!(error["requeue"]["decision"], "skip", "{error}");
+    assert!(error["requeue"]["reason"].as_str().unwrap().contains("in-job restart 1 of 2"), "{error}");
+    // The shell's bound spent: requeued with a hold, as without a shell.
+    std::fs::remove_file(&request).unwrap();
+    crashing_under_a_shell(&dir, &fake, &request, 2).run(Duration::from_secs(120)).assert_code(1);
+    assert!(!request.exists(), "no request once the bound is spent");
+    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77", "update JobId=77 StartTime=now+60"]);
+}
