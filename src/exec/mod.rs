@@ -135,6 +135,9 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     // The program logged steps past the checkpoint before it was stopped:
     // it trains them again, so their lines go (every step exactly once).
     truncate_metrics(&dir.path(METRICS_FILE), start_step.unwrap_or(0))?;
+    // Follows what the program logs (log_metrics) into TensorBoard and the
+    // textfile; dropped after the attempt's last records (attempt/exports.rs).
+    let _exports = crate::attempt::exports::start(&cfg, &dir, &slurm, start_step.unwrap_or(0));
     for leftover in store.reset_staging()? {
         tracing::warn!(path = %leftover.display(), "removed a staged checkpoint that was never sealed");
     }

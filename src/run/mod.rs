@@ -188,7 +188,14 @@ fn lead(
     let started =
         Attempt::start(cfg, &opts.registry, workload, dir, stop, opts.stop_at_step, slurm, &lock, world, allow);
     match started {
-        Ok(Started::Ready(attempt)) => attempt.train(),
+        Ok(Started::Ready(mut attempt)) => {
+            // metrics.jsonl is trimmed to the step resumed from and no step
+            // has run: the exports fill in up to it, then follow. Dropped
+            // after the attempt's last records (attempt/exports.rs).
+            let exports = crate::attempt::exports::start(&kept_cfg, &kept_dir, &kept_slurm, attempt.start_step);
+            attempt.exports = exports.rewinder();
+            attempt.train()
+        }
         Ok(Started::StoppedEarly(outcome)) => Ok(outcome),
         Ok(Started::AlreadyFinished) => Ok(Outcome::Done),
         Err(e) => {
@@ -251,6 +258,8 @@ struct Attempt {
     leader: Option<Leader>,
     /// The node of each rank of that run, in rank order.
     rank_nodes: Option<Vec<String>>,
+    /// Tells the exports (TensorBoard, Prometheus) of a rollback.
+    exports: crate::telemetry::Rewinder,
     /// What this thread and the persister are doing, for the watchdog.
     beats: Beats,
     /// The watchdog thread (`None` with `[watchdog] enabled = false`).

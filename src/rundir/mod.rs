@@ -39,6 +39,8 @@ pub const EVENTS_FILE: &str = "events.jsonl";
 pub const METRICS_FILE: &str = "metrics.jsonl";
 pub const SUMMARY_FILE: &str = "summary.json";
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
+/// TensorBoard event files (`[telemetry] tensorboard = true`).
+pub const TENSORBOARD_DIR: &str = "tensorboard";
 
 /// The largest `config.toml` copied aside (configs are a few KiB).
 const MAX_CONFIG_BYTES: u64 = 16 << 20;

@@ -180,7 +180,8 @@ struct Mirror {
     tensorboard: Option<TensorBoard>,
     tensorboard_dir: Option<PathBuf>,
     prometheus: Option<(PathBuf, PromState)>,
-    prometheus_failed: Option<String>,
+    /// The kind of the last error writing the textfile (warned once per kind).
+    prometheus_failed: Option<std::io::ErrorKind>,
     prometheus_written: Option<Instant>,
     changed: bool,
     metrics: Follow,
@@ -331,11 +332,11 @@ impl Mirror {
                 }
             }
             Err(e) => {
-                let error = e.to_string();
-                if self.prometheus_failed.as_deref() != Some(error.as_str()) {
-                    tracing::warn!(file = %path.display(), error = %error, "cannot write the Prometheus textfile (training goes on; retried)");
+                if self.prometheus_failed != Some(e.kind()) {
+                    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+                    tracing::warn!(file = %path.display(), error = %e.kind(), "cannot write the Prometheus textfile into {} (training goes on; retried every {}s)", dir.display(), PROM_REFRESH.as_secs());
                 }
-                self.prometheus_failed = Some(error);
+                self.prometheus_failed = Some(e.kind());
             }
         }
         self.changed = false;
