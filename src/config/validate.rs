@@ -418,7 +418,9 @@ fn check_placeholders(path: &str) -> Result<(), String> {
         };
         let name = &after[..close];
         if name != "run" && name != "job" {
-            return Err(format!("{path:?} has an unknown placeholder {{{name}}}: the placeholders are {{run}} and {{job}}"));
+            return Err(format!(
+                "{path:?} has an unknown placeholder {{{name}}}: the placeholders are {{run}} and {{job}}"
+            ));
         }
         rest = &after[close + 1..];
     }

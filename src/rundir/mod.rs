@@ -24,6 +24,7 @@ pub mod atomic;
 mod error;
 pub mod lock;
 pub(crate) mod status;
+mod sweep;
 
 pub use atomic::write_atomically;
 pub use error::{RunDirError, RunDirRefusal};
@@ -32,6 +33,7 @@ pub use lock::{
     Takeover, Verdict, check_every, heartbeat_every, marker_break_after, takeover,
 };
 pub use status::{CheckpointLine, RunStatus, status};
+pub use sweep::{ROW_STATES, RunRow, SortBy, row, row_of, sort_rows};
 
 /// File names inside a run directory.
 pub const CONFIG_FILE: &str = "config.toml";

@@ -368,7 +368,8 @@ mod tests {
     #[test]
     fn metric_lines_become_scalars_of_their_own_names() {
         let (step, values) =
-            metric_scalars(&json!({"step": 3, "loss": 0.5, "lr": null, "clipped": false, "acc": 1, "time": "t"})).unwrap();
+            metric_scalars(&json!({"step": 3, "loss": 0.5, "lr": null, "clipped": false, "acc": 1, "time": "t"}))
+                .unwrap();
         assert_eq!(step, 3);
         assert_eq!(values, vec![("acc".to_string(), 1.0), ("loss".to_string(), 0.5)]);
         assert_eq!(metric_scalars(&json!({"loss": 1.0})), None);
@@ -389,18 +390,22 @@ mod tests {
         };
         let line = |step: u64, loss: f64| json!({"step": step, "loss": loss, "time": "2026-11-01T10:00:00Z"});
         append(&opts.metrics, &[line(1, 1.0), line(2, 2.0)]);
-        append(&opts.events, &[
-            json!({"event": "start", "max_steps": 10}),
-            json!({"event": "stop", "step": 2, "reason": "SIGTERM"}),
-            // A checkpoint beyond the resume (it did not verify): not history.
-            json!({"event": "checkpoint_saved", "step": 4, "persist_seconds": 0.5}),
-            json!({"event": "resume", "step": 2, "steps_lost": 0}),
-        ]);
+        append(
+            &opts.events,
+            &[
+                json!({"event": "start", "max_steps": 10}),
+                json!({"event": "stop", "step": 2, "reason": "SIGTERM"}),
+                // A checkpoint beyond the resume (it did not verify): not history.
+                json!({"event": "checkpoint_saved", "step": 4, "persist_seconds": 0.5}),
+                json!({"event": "resume", "step": 2, "steps_lost": 0}),
+            ],
+        );
         let exporter = Exporter::start(opts.clone());
         append(&opts.metrics, &[line(3, 3.0), line(4, 4.0)]);
         std::thread::sleep(Duration::from_millis(100));
         // A rollback to step 3: metrics.jsonl is trimmed by a rename, then the rewind.
-        std::fs::write(tmp.path().join("m"), format!("{}\n{}\n{}\n", line(1, 1.0), line(2, 2.0), line(3, 3.0))).unwrap();
+        std::fs::write(tmp.path().join("m"), format!("{}\n{}\n{}\n", line(1, 1.0), line(2, 2.0), line(3, 3.0)))
+            .unwrap();
         std::fs::rename(tmp.path().join("m"), &opts.metrics).unwrap();
         exporter.rewinder().rewind(3);
         append(&opts.metrics, &[line(4, 40.0)]);

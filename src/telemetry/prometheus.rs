@@ -105,7 +105,8 @@ impl PromState {
                 self.checkpoint_persist_seconds = c.persist_seconds.or(self.checkpoint_persist_seconds);
             }
             Event::Stop(stop) => {
-                self.last_stop_reason = Some(if stop.reason.is_empty() { "unknown".into() } else { stop.reason.clone() });
+                self.last_stop_reason =
+                    Some(if stop.reason.is_empty() { "unknown".into() } else { stop.reason.clone() });
                 self.ended = Some("stopped");
             }
             Event::Finish(_) => self.ended = Some("finished"),
@@ -130,17 +131,18 @@ impl PromState {
 
     /// The file's text at Unix time `now`.
     pub fn render(&self, now: f64) -> String {
-        let mut out = Out { text: String::new(), labels: label_text(&[("run", &self.labels.run), ("job", &self.labels.job)]) };
+        let mut out =
+            Out { text: String::new(), labels: label_text(&[("run", &self.labels.run), ("job", &self.labels.job)]) };
         let l = &self.labels;
-        let info = label_text(&[
-            ("run", &l.run),
-            ("job", &l.job),
-            ("node", &l.node),
-            ("version", env!("CARGO_PKG_VERSION")),
-        ]);
+        let info =
+            label_text(&[("run", &l.run), ("job", &l.job), ("node", &l.node), ("version", env!("CARGO_PKG_VERSION"))]);
         out.help("rekindle_info", "The run, its SLURM job and the node of its current (or last) attempt.");
         let _ = writeln!(out.text, "rekindle_info{info} 1");
-        out.gauge("rekindle_running", "1 while an attempt runs, 0 once it ended.", Some(if self.running { 1.0 } else { 0.0 }));
+        out.gauge(
+            "rekindle_running",
+            "1 while an attempt runs, 0 once it ended.",
+            Some(if self.running { 1.0 } else { 0.0 }),
+        );
         out.help("rekindle_state", "How the run stands: one of running, stopped, finished, failed is 1.");
         let state = if self.running { "running" } else { self.ended.unwrap_or("failed") };
         for s in ["running", "stopped", "finished", "failed"] {
@@ -148,10 +150,22 @@ impl PromState {
             let _ = writeln!(out.text, "rekindle_state{labels} {}", u8::from(s == state));
         }
         out.gauge("rekindle_step", "Steps completed (the newest metrics.jsonl line).", self.step.map(|s| s as f64));
-        out.gauge("rekindle_max_steps", "[run] max_steps (absent for an exec run that does not set it).", self.max_steps.map(|s| s as f64));
+        out.gauge(
+            "rekindle_max_steps",
+            "[run] max_steps (absent for an exec run that does not set it).",
+            self.max_steps.map(|s| s as f64),
+        );
         out.gauge("rekindle_loss", "The loss of the newest metrics line with a finite loss.", self.loss);
-        out.gauge("rekindle_steps_per_second", "Training speed over the recent metrics lines of this attempt.", self.steps_per_second());
-        out.gauge("rekindle_last_checkpoint_step", "Step of the newest durable checkpoint.", self.last_checkpoint_step.map(|s| s as f64));
+        out.gauge(
+            "rekindle_steps_per_second",
+            "Training speed over the recent metrics lines of this attempt.",
+            self.steps_per_second(),
+        );
+        out.gauge(
+            "rekindle_last_checkpoint_step",
+            "Step of the newest durable checkpoint.",
+            self.last_checkpoint_step.map(|s| s as f64),
+        );
         out.gauge(
             "rekindle_last_checkpoint_timestamp_seconds",
             "Unix time the newest checkpoint became durable (alert on time() minus this).",
@@ -162,8 +176,16 @@ impl PromState {
             "Age of the newest durable checkpoint when this file was written.",
             self.last_checkpoint_time.map(|t| (now - t).max(0.0)),
         );
-        out.gauge("rekindle_checkpoint_stall_seconds", "Training stall of the newest checkpoint (its snapshot).", self.checkpoint_stall_seconds);
-        out.gauge("rekindle_checkpoint_persist_seconds", "Time to write, fsync and commit the newest checkpoint.", self.checkpoint_persist_seconds);
+        out.gauge(
+            "rekindle_checkpoint_stall_seconds",
+            "Training stall of the newest checkpoint (its snapshot).",
+            self.checkpoint_stall_seconds,
+        );
+        out.gauge(
+            "rekindle_checkpoint_persist_seconds",
+            "Time to write, fsync and commit the newest checkpoint.",
+            self.checkpoint_persist_seconds,
+        );
         out.gauge("rekindle_attempts", "Attempts of the run so far, this one included.", Some(self.attempts as f64));
         out.gauge("rekindle_resumes", "Attempts that resumed from a checkpoint.", Some(self.resumes as f64));
         if let Some(reason) = &self.last_stop_reason {
@@ -177,8 +199,12 @@ impl PromState {
                 .gpus
                 .iter()
                 .filter_map(|d| {
-                    let labels =
-                        label_text(&[("run", &l.run), ("job", &l.job), ("gpu", &d.index.to_string()), ("vendor", &d.vendor)]);
+                    let labels = label_text(&[
+                        ("run", &l.run),
+                        ("job", &l.job),
+                        ("gpu", &d.index.to_string()),
+                        ("vendor", &d.vendor),
+                    ]);
                     Some((labels, value(d)?))
                 })
                 .collect();
@@ -189,9 +215,24 @@ impl PromState {
                 }
             }
         };
-        gpu("rekindle_gpu_utilization_ratio", "GPU busy fraction, 0 to 1 (the newest gpu_stats.jsonl sample).", &|d| d.utilization_pct.map(|p| p as f64 / 100.0), &mut out);
-        gpu("rekindle_gpu_memory_used_bytes", "GPU memory in use.", &|d| Some(d.memory_used_mib as f64 * 1048576.0), &mut out);
-        gpu("rekindle_gpu_memory_total_bytes", "GPU memory in all.", &|d| Some(d.memory_total_mib as f64 * 1048576.0), &mut out);
+        gpu(
+            "rekindle_gpu_utilization_ratio",
+            "GPU busy fraction, 0 to 1 (the newest gpu_stats.jsonl sample).",
+            &|d| d.utilization_pct.map(|p| p as f64 / 100.0),
+            &mut out,
+        );
+        gpu(
+            "rekindle_gpu_memory_used_bytes",
+            "GPU memory in use.",
+            &|d| Some(d.memory_used_mib as f64 * 1048576.0),
+            &mut out,
+        );
+        gpu(
+            "rekindle_gpu_memory_total_bytes",
+            "GPU memory in all.",
+            &|d| Some(d.memory_total_mib as f64 * 1048576.0),
+            &mut out,
+        );
         out.gauge("rekindle_textfile_timestamp_seconds", "Unix time this file was written.", Some(now));
         out.text
     }
@@ -301,7 +342,8 @@ mod tests {
             r#"rekindle_state{run="sweep \"a\"",job="77_3",state="running"} 1"#.to_string(),
             r#"rekindle_last_stop{run="sweep \"a\"",job="77_3",reason="SIGTERM"} 1"#.to_string(),
             r#"rekindle_gpu_utilization_ratio{run="sweep \"a\"",job="77_3",gpu="0",vendor="nvidia"} 0.9"#.to_string(),
-            r#"rekindle_gpu_memory_used_bytes{run="sweep \"a\"",job="77_3",gpu="0",vendor="nvidia"} 1073741824"#.to_string(),
+            r#"rekindle_gpu_memory_used_bytes{run="sweep \"a\"",job="77_3",gpu="0",vendor="nvidia"} 1073741824"#
+                .to_string(),
             "# TYPE rekindle_step gauge".to_string(),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
