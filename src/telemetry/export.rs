@@ -418,7 +418,7 @@ mod tests {
         assert!(all.contains(&(2, "rekindle/resume".into(), 0.0)), "{all:?}");
         assert!(!all.iter().any(|(_, t, _)| t.starts_with("checkpoint/")), "{all:?}");
         let prom = std::fs::read_to_string(tmp.path().join("run.prom")).unwrap();
-        assert!(prom.contains("rekindle_step{run=\"r\",job=\"\"} 4\n"), "{prom}");
+        assert!(prom.contains("rekindle_step{run=\"r\"} 4\n"), "no job label outside SLURM: {prom}");
         assert!(prom.contains("state=\"finished\"} 1"), "{prom}");
     }
 

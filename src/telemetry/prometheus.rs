@@ -25,7 +25,8 @@ use super::records::time_field;
 pub struct PromLabels {
     /// `[run] name`.
     pub run: String,
-    /// The SLURM job (`<array job>_<task>` for an array task; empty outside SLURM).
+    /// The SLURM job (`<array job>_<task>` for an array task; empty outside
+    /// SLURM, and then no `job` label is written).
     pub job: String,
     /// The node this attempt runs on (only on `rekindle_info`).
     pub node: String,
@@ -269,10 +270,12 @@ fn number(v: f64) -> String {
     }
 }
 
-/// `{a="x",b="y"}` with the text format's escapes (`\\`, `\"`, `\n`).
+/// `{a="x",b="y"}` with the text format's escapes (`\\`, `\"`, `\n`); a
+/// `job` without a value is left out (outside SLURM).
 fn label_text(pairs: &[(&str, &str)]) -> String {
     let body: Vec<String> = pairs
         .iter()
+        .filter(|(k, v)| !(*k == "job" && v.is_empty()))
         .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
         .collect();
     format!("{{{}}}", body.join(","))
