@@ -8,7 +8,8 @@
 //!              checkpoints ─ lock it ─ prepare it ─ `start`
 //!              ─ newest files checkpoint that verifies (newer damaged ones
 //!              recorded and quarantined; a native one refused) ─ `resume` or
-//!              fresh start ─ trim metrics ─ empty the staging dir ─ monitor
+//!              fresh start ─ trim metrics ─ exports (TensorBoard,
+//!              Prometheus: attempt/exports.rs) ─ empty the staging dir ─ monitor
 //! child.rs     spawn (own process group, parent-death signal, contract
 //!              environment: contract.rs) ─ `child_start` ─ wait on exit,
 //!              stop signals (stop file + SIGTERM to the group), the deadline

@@ -10,7 +10,8 @@
 //!              0, nothing written ─ place on devices (devices.rs) ─ `start`
 //!              event ─ resume from the newest checkpoint that verifies (or
 //!              start at step 0) ─ trim metrics ─ start the GPU/host monitor;
-//!              a start that fails records `error` (ending.rs), exit 1
+//!              a start that fails records `error` (ending.rs), exit 1;
+//!              then the exports (TensorBoard, Prometheus: attempt/exports.rs)
 //! train_loop   steps (out of memory: retry with half the micro-batch, at most
 //!              5 times) ─ metrics ─ periodic checkpoints persisted in the
 //!              background (saving.rs)

@@ -1,6 +1,8 @@
 //! The Prometheus text-format file of a run (`[telemetry]
 //! prometheus_textfile`), in the form node_exporter's textfile collector
-//! reads: gauges labelled by `run` and `job`, rewritten whole by a rename
+//! reads: gauges labelled by `run` and `slurm_job` (not `job`: Prometheus
+//! gives every scraped sample the `job` of its scrape target, and would
+//! rename ours `exported_job`), rewritten whole by a rename
 //! so that a scrape never sees half a file. [`PromState`] folds the run's
 //! records into the values (pure, tested without a disk); the exporter
 //! (`export.rs`) feeds it and writes [`PromState::render`].
@@ -26,7 +28,7 @@ pub struct PromLabels {
     /// `[run] name`.
     pub run: String,
     /// The SLURM job (`<array job>_<task>` for an array task; empty outside
-    /// SLURM, and then no `job` label is written).
+    /// SLURM, and then no `slurm_job` label is written).
     pub job: String,
     /// The node this attempt runs on (only on `rekindle_info`).
     pub node: String,
@@ -132,11 +134,17 @@ impl PromState {
 
     /// The file's text at Unix time `now`.
     pub fn render(&self, now: f64) -> String {
-        let mut out =
-            Out { text: String::new(), labels: label_text(&[("run", &self.labels.run), ("job", &self.labels.job)]) };
+        let mut out = Out {
+            text: String::new(),
+            labels: label_text(&[("run", &self.labels.run), ("slurm_job", &self.labels.job)]),
+        };
         let l = &self.labels;
-        let info =
-            label_text(&[("run", &l.run), ("job", &l.job), ("node", &l.node), ("version", env!("CARGO_PKG_VERSION"))]);
+        let info = label_text(&[
+            ("run", &l.run),
+            ("slurm_job", &l.job),
+            ("node", &l.node),
+            ("version", env!("CARGO_PKG_VERSION")),
+        ]);
         out.help("rekindle_info", "The run, its SLURM job and the node of its current (or last) attempt.");
         let _ = writeln!(out.text, "rekindle_info{info} 1");
         out.gauge(
@@ -147,7 +155,7 @@ impl PromState {
         out.help("rekindle_state", "How the run stands: one of running, stopped, finished, failed is 1.");
         let state = if self.running { "running" } else { self.ended.unwrap_or("failed") };
         for s in ["running", "stopped", "finished", "failed"] {
-            let labels = label_text(&[("run", &l.run), ("job", &l.job), ("state", s)]);
+            let labels = label_text(&[("run", &l.run), ("slurm_job", &l.job), ("state", s)]);
             let _ = writeln!(out.text, "rekindle_state{labels} {}", u8::from(s == state));
         }
         out.gauge("rekindle_step", "Steps completed (the newest metrics.jsonl line).", self.step.map(|s| s as f64));
@@ -191,7 +199,7 @@ impl PromState {
         out.gauge("rekindle_resumes", "Attempts that resumed from a checkpoint.", Some(self.resumes as f64));
         if let Some(reason) = &self.last_stop_reason {
             out.help("rekindle_last_stop", "Why the last stopped attempt stopped (the signal, or stop_at_step).");
-            let labels = label_text(&[("run", &l.run), ("job", &l.job), ("reason", reason)]);
+            let labels = label_text(&[("run", &l.run), ("slurm_job", &l.job), ("reason", reason)]);
             let _ = writeln!(out.text, "rekindle_last_stop{labels} 1");
         }
         out.gauge("rekindle_world_size", "Ranks of the attempt (1: one process).", self.world_size.map(|w| w as f64));
@@ -202,7 +210,7 @@ impl PromState {
                 .filter_map(|d| {
                     let labels = label_text(&[
                         ("run", &l.run),
-                        ("job", &l.job),
+                        ("slurm_job", &l.job),
                         ("gpu", &d.index.to_string()),
                         ("vendor", &d.vendor),
                     ]);
@@ -239,7 +247,7 @@ impl PromState {
     }
 }
 
-/// The text being rendered, and the `{run=…,job=…}` of plain gauges.
+/// The text being rendered, and the `{run=…,slurm_job=…}` of plain gauges.
 struct Out {
     text: String,
     labels: String,
@@ -271,11 +279,11 @@ fn number(v: f64) -> String {
 }
 
 /// `{a="x",b="y"}` with the text format's escapes (`\\`, `\"`, `\n`); a
-/// `job` without a value is left out (outside SLURM).
+/// `slurm_job` without a value is left out (outside SLURM).
 fn label_text(pairs: &[(&str, &str)]) -> String {
     let body: Vec<String> = pairs
         .iter()
-        .filter(|(k, v)| !(*k == "job" && v.is_empty()))
+        .filter(|(k, v)| !(*k == "slurm_job" && v.is_empty()))
         .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
         .collect();
     format!("{{{}}}", body.join(","))
@@ -334,7 +342,7 @@ mod tests {
         let mut s = state();
         let t0 = 1_793_527_800.0; // 2026-11-01T10:10:00Z
         let text = s.render(t0 + 60.0);
-        let labels = r#"{run="sweep \"a\"",job="77_3"}"#;
+        let labels = r#"{run="sweep \"a\"",slurm_job="77_3"}"#;
         for line in [
             format!("rekindle_step{labels} 41"),
             format!("rekindle_max_steps{labels} 100"),
@@ -342,10 +350,11 @@ mod tests {
             format!("rekindle_seconds_since_last_checkpoint{labels} 60"),
             format!("rekindle_checkpoint_persist_seconds{labels} 0.5"),
             format!("rekindle_running{labels} 1"),
-            r#"rekindle_state{run="sweep \"a\"",job="77_3",state="running"} 1"#.to_string(),
-            r#"rekindle_last_stop{run="sweep \"a\"",job="77_3",reason="SIGTERM"} 1"#.to_string(),
-            r#"rekindle_gpu_utilization_ratio{run="sweep \"a\"",job="77_3",gpu="0",vendor="nvidia"} 0.9"#.to_string(),
-            r#"rekindle_gpu_memory_used_bytes{run="sweep \"a\"",job="77_3",gpu="0",vendor="nvidia"} 1073741824"#
+            r#"rekindle_state{run="sweep \"a\"",slurm_job="77_3",state="running"} 1"#.to_string(),
+            r#"rekindle_last_stop{run="sweep \"a\"",slurm_job="77_3",reason="SIGTERM"} 1"#.to_string(),
+            r#"rekindle_gpu_utilization_ratio{run="sweep \"a\"",slurm_job="77_3",gpu="0",vendor="nvidia"} 0.9"#
+                .to_string(),
+            r#"rekindle_gpu_memory_used_bytes{run="sweep \"a\"",slurm_job="77_3",gpu="0",vendor="nvidia"} 1073741824"#
                 .to_string(),
             "# TYPE rekindle_step gauge".to_string(),
         ] {
