@@ -44,10 +44,10 @@ pub enum Tail {
 /// stopped there. Only an I/O error of `reader` is an error.
 pub fn read_records(mut reader: impl Read, mut each: impl FnMut(u64, &[u8])) -> io::Result<(u64, Tail)> {
     let mut offset = 0u64;
-    let mut payload = Vec::new();
+    let (mut header, mut payload) = (Vec::with_capacity(12), Vec::new());
     loop {
-        let mut header = [0u8; 12];
-        match read_full(&mut reader, &mut header)? {
+        header.clear();
+        match (&mut reader).take(12).read_to_end(&mut header)? {
             0 => return Ok((offset, Tail::Clean)),
             12 => {}
             _ => return Ok((offset, Tail::Torn)),
@@ -61,8 +61,8 @@ pub fn read_records(mut reader: impl Read, mut each: impl FnMut(u64, &[u8])) -> 
         if len > MAX_RECORD_BYTES {
             return Ok((offset, Tail::Damaged));
         }
-        payload.resize(len as usize + 4, 0);
-        if read_full(&mut reader, &mut payload)? < payload.len() {
+        payload.clear();
+        if (&mut reader).take(len + 4).read_to_end(&mut payload)? < len as usize + 4 {
             return Ok((offset, Tail::Torn));
         }
         let (data, crc) = payload.split_at(len as usize);
@@ -72,20 +72,6 @@ pub fn read_records(mut reader: impl Read, mut each: impl FnMut(u64, &[u8])) -> 
         each(offset, data);
         offset += 12 + len + 4;
     }
-}
-
-/// Reads until `buf` is full or the input ends; the bytes read.
-fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match reader.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 #[cfg(test)]

@@ -121,13 +121,19 @@ fn record_skip(line: &str) {
 
 /// `Some(())` when `python3` imports `safetensors` and `numpy`; otherwise see [`unmet`].
 pub fn python() -> Option<()> {
-    let probe = Command::new("python3").args(["-c", "import safetensors, numpy"]).output();
+    python_imports("safetensors, numpy", Need::Python)
+}
+
+/// `Some(())` when `python3` imports `modules` (`import {modules}`);
+/// otherwise see [`unmet`] for `need`.
+fn python_imports(modules: &str, need: Need) -> Option<()> {
+    let probe = Command::new("python3").args(["-c", &format!("import {modules}")]).output();
     let problem = match probe {
         Ok(out) if out.status.success() => return Some(()),
         Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
         Err(e) => format!("cannot run python3: {e}"),
     };
-    unmet(Need::Python, format_args!("python3 cannot import safetensors and numpy ({problem})"))
+    unmet(need, format_args!("python3 cannot import {modules} ({problem})"))
 }
 
 /// The Chromium binary: `REKINDLE_CHROMIUM`, else `chromium` or
@@ -146,13 +152,7 @@ pub fn chromium() -> Option<PathBuf> {
 
 /// `Some(())` when `python3` imports `tensorboard` and `numpy`; otherwise see [`unmet`].
 pub fn tensorboard() -> Option<()> {
-    let probe = Command::new("python3").args(["-c", "import tensorboard, numpy"]).output();
-    let problem = match probe {
-        Ok(out) if out.status.success() => return Some(()),
-        Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
-        Err(e) => format!("cannot run python3: {e}"),
-    };
-    unmet(Need::TensorBoard, format_args!("python3 cannot import tensorboard and numpy ({problem})"))
+    python_imports("tensorboard, numpy", Need::TensorBoard)
 }
 
 /// `Some(())` when `promtool` and `prometheus-node-exporter` are on PATH;
