@@ -41,6 +41,8 @@ deps: demo-deps
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 	@command -v $(PYTHON) >/dev/null || { apt-get update && apt-get install -y python3 python3-pip; }
 	@$(PYTHON) -c "import safetensors, numpy" 2>/dev/null || $(PYTHON) -m pip install --quiet safetensors numpy
+	@$(PYTHON) -c "import tensorboard" 2>/dev/null || $(PYTHON) -m pip install --quiet tensorboard
+	@command -v promtool >/dev/null && command -v prometheus-node-exporter >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus prometheus-node-exporter; }
 	@dpkg -s librocm-smi-dev libclang-dev >/dev/null 2>&1 || { apt-get update && apt-get install -y librocm-smi-dev libclang-dev; }
 	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; } || \
 		echo "*** WARNING: cannot install chromium: tests/it/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"

@@ -173,6 +173,9 @@ def _start_seal(argv):
 def log_metrics(step, **values):
     """Appends a metrics.jsonl line for `step`, which `rekindle report` plots.
 
+    rekindle exec follows the file: every number of the line also becomes a
+    TensorBoard scalar of the same name at `step` (docs/telemetry.md).
+
     Keys of the metrics schema (docs/run-directory.md): loss (a step line
     needs it), lr, grad_norm, samples, tokens, samples_per_s, tokens_per_s,
     epoch, elapsed_s; val_loss goes on a line of its own. Other keys are

@@ -4,8 +4,9 @@
 //! [`budget`]), what a crash means ([`crash`]), the watchdog that turns a
 //! stuck step, save or publish into a requeue ([`watchdog`]), progress
 //! reporting ([`progress`]), the devices it runs on ([`devices`]), its
-//! error ([`error`]), what it records ([`records`]) and the steps of its end
-//! that both drivers take ([`ending`]). It never imports a driver.
+//! error ([`error`]), what it records ([`records`]) and exports
+//! ([`exports`]), and the steps of its end that both drivers take
+//! ([`ending`]). It never imports a driver.
 
 pub mod budget;
 pub mod crash;
@@ -13,6 +14,7 @@ pub mod deadline;
 pub mod devices;
 pub mod ending;
 pub mod error;
+pub mod exports;
 pub mod progress;
 pub mod records;
 pub mod stop;

@@ -133,11 +133,46 @@ pub struct CheckpointsArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(mut_arg("json", |a| a.help("Print JSON on stdout: the run's object for one directory, an array of one object per directory with several (or --table); with --watch one line of JSON per refresh")))]
 pub struct StatusArgs {
-    #[command(flatten)]
-    pub dir: RunDirArg,
+    /// One run directory (one screen about it), or several, e.g. `runs/*`
+    /// (one line each: run, job, state, step, loss, newest checkpoint and
+    /// its age, attempts, last stop, node).
+    #[arg(required = true, value_name = "DIR")]
+    pub run_dirs: Vec<PathBuf>,
+    /// One line per directory even for one.
+    #[arg(long)]
+    pub table: bool,
+    /// Only the runs in these states (comma-separated or repeated); a
+    /// directory that is not a run is `foreign`, one whose run cannot be
+    /// read `damaged`.
+    #[arg(long, value_delimiter = ',', value_name = "STATE",
+          value_parser = clap::builder::PossibleValuesParser::new(crate::rundir::ROW_STATES))]
+    pub state: Vec<String>,
+    /// Order of the lines: by directory, state, progress (least first), or
+    /// checkpoint-age (the oldest newest checkpoint first: runs at risk on top).
+    #[arg(long, value_enum, default_value_t = StatusSort::Dir)]
+    pub sort: StatusSort,
+    /// Refresh in place until interrupted (Ctrl-C), like watch(1).
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: time between refreshes.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration, requires = "watch")]
+    pub interval: Duration,
+    /// With --watch: stop after this many refreshes (default: never).
+    #[arg(long, value_name = "N", requires = "watch")]
+    pub count: Option<u64>,
     #[command(flatten)]
     pub output: JsonFlag,
+}
+
+/// `rekindle status --sort`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusSort {
+    Dir,
+    State,
+    Progress,
+    CheckpointAge,
 }
 
 #[derive(Debug, Args)]

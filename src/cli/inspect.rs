@@ -1,8 +1,8 @@
-//! `rekindle verify`, `checkpoints`, `status` and `report`: the commands that
+//! `rekindle verify`, `checkpoints` and `report`: the commands that
 //! look at a run directory and change nothing in it (a report writes only
 //! its HTML). Together because verify and checkpoints resolve a PATH and list
-//! its checkpoints, quarantined ones and strays the same way, and status and
-//! report are the other two views of the same directory.
+//! its checkpoints, quarantined ones and strays the same way, and the report
+//! is the other view of the same directory (`status.rs` the third).
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +10,6 @@ use serde::Serialize;
 
 use super::CliError;
 use super::args::ReportArgs;
-use super::output::emit;
 use crate::checkpoint::{
     CheckpointInfo, CheckpointStore, MANIFEST_FILE, QUARANTINE_DIR, VerifyLevel, parse_quarantine_name,
     parse_step_dir_name,
@@ -19,15 +18,6 @@ use crate::config;
 use crate::exit::Outcome;
 use crate::rundir;
 use crate::units::human_bytes;
-
-pub(super) fn status(dir: &Path, json: bool) -> Result<Outcome, CliError> {
-    if !dir.join(rundir::CONFIG_FILE).is_file() {
-        return Err(CliError::NotARunDir { path: dir.to_path_buf(), file: rundir::CONFIG_FILE });
-    }
-    let st = rundir::status(dir);
-    emit(&st, json);
-    Ok(Outcome::Done)
-}
 
 pub(super) fn report(args: &ReportArgs) -> Result<Outcome, CliError> {
     let path = crate::report::write_report(&args.dir.run_dir, args.out.as_deref())?;

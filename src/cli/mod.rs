@@ -11,7 +11,8 @@
 //! - `output`: stdout/stderr writing that never panics, and `--json` output;
 //! - handlers, one file per concept, each turning flags into library calls
 //!   and user-facing output: `run` (run, exec, seal: the drivers), `inspect`
-//!   (verify, checkpoints, status, report: reading a run directory),
+//!   (verify, checkpoints, report: reading a run directory), `status`
+//!   (one run, or a line per run over many),
 //!   `data` (data validate), `preflight` (gpus, doctor: what a machine
 //!   offers before submitting) and `bench` (bench ...).
 
@@ -23,6 +24,7 @@ mod data;
 mod inspect;
 mod preflight;
 mod run;
+mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -121,7 +123,13 @@ pub enum Command {
     /// then the quarantined ones, with why they failed.
     Checkpoints(CheckpointsArgs),
     /// One screen about a run: state, progress, loss, checkpoints, last stop,
-    /// requeue and publish (reads only the run directory).
+    /// requeue and publish; or, over many run directories (`rekindle status
+    /// runs/*`), one line per run, filtered by state and sorted, with
+    /// `--watch` to refresh in place (reads only the run directories).
+    ///
+    /// A directory that is not a run (another program's, a file) is shown
+    /// as `foreign`, one whose run cannot be read (config.toml missing or
+    /// damaged) as `damaged`, each with the reason; neither is an error.
     Status(StatusArgs),
     /// Write one self-contained HTML report of a run: loss, learning rate,
     /// throughput and GPU charts with every checkpoint, signal, requeue and
@@ -228,7 +236,7 @@ pub fn execute(cli: Cli, registry: &Registry) -> Result<Outcome, CliError> {
         Command::Seal(args) => run::seal(args),
         Command::Verify(args) => inspect::verify(&args.path, args.output.json),
         Command::Checkpoints(args) => inspect::checkpoints(&args.dir.run_dir, args.output.json),
-        Command::Status(args) => inspect::status(&args.dir.run_dir, args.output.json),
+        Command::Status(args) => status::status(&args),
         Command::Report(args) => inspect::report(&args),
         Command::Data(DataCommand::Validate(args)) => data::validate(&args),
         Command::Gpus(args) => preflight::gpus(&args, registry),

@@ -45,6 +45,12 @@ pub(super) fn write_out(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Whether writing to stdout has failed (a reader gone, a full disk): a
+/// command that would go on writing (`status --watch`) stops.
+pub(super) fn stdout_lost() -> bool {
+    STDOUT_ERROR.get().is_some()
+}
+
 /// Writes a message to stderr, never panicking (as `eprintln!` does when
 /// stderr cannot be written): a message that cannot be written is dropped.
 pub(super) fn write_err(args: std::fmt::Arguments<'_>) {

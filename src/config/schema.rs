@@ -730,6 +730,16 @@ pub struct TelemetrySection {
     /// (`child_start`, the `start` placement, error messages), and so
     /// publish it with `events.jsonl`. The stderr tail is redacted anyway.
     pub record_raw_command: bool,
+    /// TensorBoard event files of the run's scalars (docs/telemetry.md):
+    /// `true` (into `<run dir>/tensorboard`), `false`, or a directory
+    /// (relative to the working directory; `{run}` and `{job}` are
+    /// replaced by the run's name and SLURM job).
+    pub tensorboard: TensorBoardSetting,
+    /// A Prometheus textfile for node_exporter's textfile collector, kept up
+    /// to date while the run trains (unset: none). A path ending in `.prom`;
+    /// `{run}` and `{job}` are replaced as for `tensorboard`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prometheus_textfile: Option<String>,
 }
 
 impl Default for TelemetrySection {
@@ -737,7 +747,51 @@ impl Default for TelemetrySection {
         TelemetrySection {
             secret_words: DEFAULT_SECRET_WORDS.iter().map(|w| w.to_string()).collect(),
             record_raw_command: false,
+            tensorboard: TensorBoardSetting::Enabled(true),
+            prometheus_textfile: None,
         }
+    }
+}
+
+/// `[telemetry] tensorboard`: on or off, or the directory to write into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorBoardSetting {
+    /// `true`: into `<run dir>/tensorboard`; `false`: none.
+    Enabled(bool),
+    /// A directory (may hold `{run}` and `{job}`).
+    Dir(String),
+}
+
+impl Serialize for TensorBoardSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TensorBoardSetting::Enabled(on) => s.serialize_bool(*on),
+            TensorBoardSetting::Dir(dir) => s.serialize_str(dir),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TensorBoardSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TensorBoardVisitor;
+
+        impl serde::de::Visitor<'_> for TensorBoardVisitor {
+            type Value = TensorBoardSetting;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("true, false or a directory such as \"tb/{run}\"")
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<TensorBoardSetting, E> {
+                Ok(TensorBoardSetting::Enabled(on))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, dir: &str) -> Result<TensorBoardSetting, E> {
+                Ok(TensorBoardSetting::Dir(dir.to_string()))
+            }
+        }
+
+        d.deserialize_any(TensorBoardVisitor)
     }
 }
 

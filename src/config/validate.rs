@@ -398,6 +398,25 @@ fn publish(f: &mut Findings, p: &PublishSection) {
 }
 
 fn telemetry(f: &mut Findings, t: &TelemetrySection) {
+    if let TensorBoardSetting::Dir(dir) = &t.tensorboard {
+        f.require(!dir.trim().is_empty(), "telemetry.tensorboard", || {
+            "must be true, false or a directory, not an empty string".to_string()
+        });
+        if let Err(why) = check_placeholders(dir) {
+            f.require(false, "telemetry.tensorboard", || why);
+        }
+    }
+    if let Some(path) = &t.prometheus_textfile {
+        f.require(path.ends_with(".prom") && path.len() > ".prom".len(), "telemetry.prometheus_textfile", || {
+            format!(
+                "{path:?} must end in `.prom`: node_exporter's textfile collector reads only *.prom files (e.g. \
+                 \"/var/lib/prometheus/node-exporter/rekindle-{{run}}.prom\")"
+            )
+        });
+        if let Err(why) = check_placeholders(path) {
+            f.require(false, "telemetry.prometheus_textfile", || why);
+        }
+    }
     for (i, word) in t.secret_words.iter().enumerate() {
         f.require(
             !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric()),
@@ -411,6 +430,25 @@ fn telemetry(f: &mut Findings, t: &TelemetrySection) {
             },
         );
     }
+}
+
+/// The `{…}` of a telemetry path must be `{run}` or `{job}`.
+fn check_placeholders(path: &str) -> Result<(), String> {
+    let mut rest = path;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            return Err(format!("{path:?} has a `{{` without its `}}`: the placeholders are {{run}} and {{job}}"));
+        };
+        let name = &after[..close];
+        if name != "run" && name != "job" {
+            return Err(format!(
+                "{path:?} has an unknown placeholder {{{name}}}: the placeholders are {{run}} and {{job}}"
+            ));
+        }
+        rest = &after[close + 1..];
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -677,6 +715,27 @@ mod tests {
         assert!(found[0].message.starts_with("entry 2 (\"api_key\")"), "{}", found[0].message);
         c.telemetry.secret_words.clear();
         assert!(keys(&c).is_empty(), "no words: only URL credentials and bearer tokens are redacted");
+    }
+
+    #[test]
+    fn telemetry_paths_name_known_placeholders_and_a_prom_file() {
+        let mut c = Config::default();
+        c.telemetry.tensorboard = TensorBoardSetting::Dir("/scratch/tb/{run}-{job}".into());
+        c.telemetry.prometheus_textfile = Some("/var/lib/node-exporter/{run}.prom".into());
+        assert!(keys(&c).is_empty());
+        for (tb, prom, wrong) in [
+            ("", "x.prom", vec!["telemetry.tensorboard"]),
+            ("tb/{name}", "x.prom", vec!["telemetry.tensorboard"]),
+            ("tb/{run", "x.txt", vec!["telemetry.tensorboard", "telemetry.prometheus_textfile"]),
+            ("tb", ".prom", vec!["telemetry.prometheus_textfile"]),
+            ("tb", "{node}.prom", vec!["telemetry.prometheus_textfile"]),
+        ] {
+            c.telemetry.tensorboard = TensorBoardSetting::Dir(tb.into());
+            c.telemetry.prometheus_textfile = Some(prom.into());
+            assert_eq!(keys(&c), wrong, "{tb:?} {prom:?}");
+        }
+        let found = findings(&c);
+        assert!(found[0].message.contains("unknown placeholder {node}"), "{}", found[0].message);
     }
 
     #[test]

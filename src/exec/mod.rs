@@ -8,7 +8,8 @@
 //!              checkpoints ─ lock it ─ prepare it ─ `start`
 //!              ─ newest files checkpoint that verifies (newer damaged ones
 //!              recorded and quarantined; a native one refused) ─ `resume` or
-//!              fresh start ─ trim metrics ─ empty the staging dir ─ monitor
+//!              fresh start ─ trim metrics ─ exports (TensorBoard,
+//!              Prometheus: attempt/exports.rs) ─ empty the staging dir ─ monitor
 //! child.rs     spawn (own process group, parent-death signal, contract
 //!              environment: contract.rs) ─ `child_start` ─ wait on exit,
 //!              stop signals (stop file + SIGTERM to the group), the deadline
@@ -135,6 +136,9 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     // The program logged steps past the checkpoint before it was stopped:
     // it trains them again, so their lines go (every step exactly once).
     truncate_metrics(&dir.path(METRICS_FILE), start_step.unwrap_or(0))?;
+    // Follows what the program logs (log_metrics) into TensorBoard and the
+    // textfile; dropped after the attempt's last records (attempt/exports.rs).
+    let _exports = crate::attempt::exports::start(&cfg, &dir, &slurm, start_step.unwrap_or(0));
     for leftover in store.reset_staging()? {
         tracing::warn!(path = %leftover.display(), "removed a staged checkpoint that was never sealed");
     }

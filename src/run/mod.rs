@@ -10,7 +10,8 @@
 //!              0, nothing written ─ place on devices (devices.rs) ─ `start`
 //!              event ─ resume from the newest checkpoint that verifies (or
 //!              start at step 0) ─ trim metrics ─ start the GPU/host monitor;
-//!              a start that fails records `error` (ending.rs), exit 1
+//!              a start that fails records `error` (ending.rs), exit 1;
+//!              then the exports (TensorBoard, Prometheus: attempt/exports.rs)
 //! train_loop   steps (out of memory: retry with half the micro-batch, at most
 //!              5 times) ─ metrics ─ periodic checkpoints persisted in the
 //!              background (saving.rs)
@@ -234,7 +235,14 @@ fn lead(
         local_root,
     );
     match started {
-        Ok(Started::Ready(attempt)) => attempt.train(),
+        Ok(Started::Ready(mut attempt)) => {
+            // metrics.jsonl is trimmed to the step resumed from and no step
+            // has run: the exports fill in up to it, then follow. Dropped
+            // after the attempt's last records (attempt/exports.rs).
+            let exports = crate::attempt::exports::start(&kept_cfg, &kept_dir, &kept_slurm, attempt.start_step);
+            attempt.exports = exports.rewinder();
+            attempt.train()
+        }
         Ok(Started::StoppedEarly(outcome)) => Ok(outcome),
         Ok(Started::AlreadyFinished) => Ok(Outcome::Done),
         Err(e) => {
@@ -302,6 +310,8 @@ struct Attempt {
     leader: Option<Leader>,
     /// The node of each rank of that run, in rank order.
     rank_nodes: Option<Vec<String>>,
+    /// Tells the exports (TensorBoard, Prometheus) of a rollback.
+    exports: crate::telemetry::Rewinder,
     /// What this thread and the persister are doing, for the watchdog.
     beats: Beats,
     /// The watchdog thread (`None` with `[watchdog] enabled = false`).

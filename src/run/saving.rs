@@ -502,6 +502,7 @@ impl Attempt {
         }))?;
         truncate_metrics(&self.dir.path(METRICS_FILE), snap.step)?;
         self.metrics = JsonlWriter::open(self.dir.path(METRICS_FILE))?;
+        self.exports.rewind(snap.step);
         Ok(())
     }
 }

@@ -148,6 +148,7 @@ impl Attempt {
             started: Instant::now(),
             start_step,
             checkpoints_written: 0,
+            exports: crate::telemetry::Rewinder::none(),
             consecutive_failures: 0,
             last_checkpoint: Instant::now(),
             auto_interval,

@@ -24,6 +24,7 @@ pub mod atomic;
 mod error;
 pub mod lock;
 pub(crate) mod status;
+mod sweep;
 
 pub use atomic::write_atomically;
 pub use error::{RunDirError, RunDirRefusal};
@@ -32,6 +33,7 @@ pub use lock::{
     Takeover, Verdict, check_every, heartbeat_every, marker_break_after, takeover,
 };
 pub use status::{CheckpointLine, RunStatus, status};
+pub use sweep::{ROW_STATES, RunRow, SortBy, row, row_of, sort_rows};
 
 /// File names inside a run directory.
 pub const CONFIG_FILE: &str = "config.toml";
@@ -39,6 +41,8 @@ pub const EVENTS_FILE: &str = "events.jsonl";
 pub const METRICS_FILE: &str = "metrics.jsonl";
 pub const SUMMARY_FILE: &str = "summary.json";
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
+/// TensorBoard event files (`[telemetry] tensorboard = true`).
+pub const TENSORBOARD_DIR: &str = "tensorboard";
 
 /// The largest `config.toml` copied aside (configs are a few KiB).
 const MAX_CONFIG_BYTES: u64 = 16 << 20;

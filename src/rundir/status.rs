@@ -40,6 +40,11 @@ pub struct RunStatus {
     pub last_ended_attempt: Option<Attempt>,
     /// Who holds the run directory now.
     pub lock: Option<LockInfo>,
+    /// The SLURM job of the newest attempt (`<array job>_<task>` for an
+    /// array task; `null` outside SLURM).
+    pub job: Option<String>,
+    /// The node the run runs on (while running) or last ran on.
+    pub node: Option<String>,
     /// Estimated seconds to max_steps from the recent step rate.
     pub eta_seconds: Option<f64>,
 }
@@ -107,6 +112,9 @@ pub fn status(dir: &Path) -> RunStatus {
         .and_then(|c| chrono::DateTime::parse_from_rfc3339(c.created_at.as_deref()?).ok())
         .map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0);
     let eta_seconds = eta(&metrics, max_steps);
+    let last_start = events.iter().rev().find(|e| e.name == "start");
+    let job = last_start.and_then(job_of);
+    let node = live_lock.as_ref().map(|l| l.host.clone()).or_else(|| events.iter().rev().find_map(|e| e.node.clone()));
     let mut attempts = telemetry::attempts(&events);
     if live_lock.is_some() {
         attempts.pop();
@@ -129,7 +137,20 @@ pub fn status(dir: &Path) -> RunStatus {
         last_requeue: last_of("requeue"),
         last_ended_attempt: attempts.pop(),
         lock: live_lock,
+        job,
+        node,
         eta_seconds,
+    }
+}
+
+/// The job a `start` event ran in: the array task as `scontrol` names it
+/// (`<array job>_<task>`), else the job id of its envelope.
+fn job_of(start: &RecordedEvent) -> Option<String> {
+    let alloc = start.raw.get("allocation");
+    let field = |k: &str| alloc.and_then(|a| a.get(k)).and_then(|v| v.as_str()).map(str::to_string);
+    match (field("array_job_id"), field("array_task_id")) {
+        (Some(array), Some(task)) => Some(format!("{array}_{task}")),
+        _ => start.job_id.clone(),
     }
 }
 

@@ -1,22 +1,28 @@
 //! Telemetry: log set-up (`tracing`), the run's structured records as types
 //! (`events.jsonl`, `metrics.jsonl`, `gpu_stats.jsonl`, `summary.json`; the
 //! format is documented in docs/run-directory.md), writing and reading them
-//! back, and the attempts they describe. This module is the records'
-//! vocabulary: it depends on no other part of rekindle.
+//! back, and the attempts they describe; and their exports where people
+//! already look (`export.rs`: TensorBoard event files, `tensorboard/`, and
+//! a Prometheus textfile, `prometheus.rs`; docs/telemetry.md). This module
+//! is the records' vocabulary: it depends on no other part of rekindle.
 
 mod attempts;
 mod event;
 mod events;
+mod export;
+mod follow;
 mod gpu_sample;
 mod key_order;
 mod logging;
 mod metrics;
+mod prometheus;
 mod rank_beat;
 mod records;
 mod redact;
 #[cfg(test)]
 mod release_fixture;
 mod summary;
+pub mod tensorboard;
 
 pub use attempts::{Attempt, AttemptEnd, attempts};
 pub use event::{
@@ -27,10 +33,13 @@ pub use event::{
     RequeueRecord, Resume, Signal, Start, Stop, events_from,
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
+pub use export::{ExportOptions, Exporter, Rewinder, event_scalars, metric_scalars};
+pub use follow::Follow;
 pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
 pub use key_order::first_unsorted_key;
 pub use logging::{LogFormat, LogOptions, Lossy, LossyWriter, init_logging, lost_log_lines, report_lost_log_lines};
 pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics_from, metrics_step};
+pub use prometheus::{PromLabels, PromState, write_textfile};
 pub use rank_beat::{RankBeat, rank_beat_file};
 pub use records::{Jsonl, parse_jsonl, read_jsonl, time_field};
 pub use redact::{MASK, Redactor};

@@ -62,6 +62,11 @@ const NOT_RUN: &[NotRun] = &[
         why: "shows the run that the SLURM job submitted just above it trained (needs SLURM)",
     },
     NotRun {
+        file: "docs/telemetry.md",
+        needle: "--watch",
+        why: "refreshes until Ctrl-C; tests/it/telemetry.rs runs it with --count 2",
+    },
+    NotRun {
         file: "docs/performance.md",
         needle: "/work/benchdir/sig",
         why: "trains in the background until `kill -TERM $!` (max_steps 100000): a signal measurement, not a \

@@ -42,6 +42,7 @@ mod report_browser;
 mod resume;
 mod sigkill;
 mod signals;
+mod telemetry;
 mod watchdog;
 
 use std::fs;

@@ -6,6 +6,8 @@
 //! | root (mount a tmpfs) | `failpoints`: `disk_full::saving_until_the_disk_is_full…`, `disk_full::disk_filling_up_during_the_write…` | skipped |
 //! | `python3` with `safetensors` and `numpy` | `it`: `python_interop::numpy_loads_…`, `python_interop::bf16_tensors_…`, `exec::*` (numpy programs) | fails, unless `REKINDLE_SKIP_PYTHON=1` |
 //! | Chromium (`REKINDLE_CHROMIUM` or on PATH) | `it`: `report_browser::*` | fails, unless `REKINDLE_SKIP_CHROMIUM=1` |
+//! | `python3` with `tensorboard` (and `numpy` for the exec test) | `it`: `telemetry::*tensorboard*` | fails, unless `REKINDLE_SKIP_TENSORBOARD=1` |
+//! | `promtool` and `prometheus-node-exporter` (Debian `prometheus`, `prometheus-node-exporter`) | `it`: `telemetry::the_prometheus_textfile_*` | skipped |
 //! | SLURM, or root and apt-get to install it | `it`: `drills::*` | skipped |
 //! | a build with `--features mpi`, and OpenMPI's `mpirun` | `it`: `distributed::*` (those launching ranks) | skipped |
 //! | an NVIDIA GPU, its driver, and a build with `--features cuda` | `it`: `gpu_check::*` | `#[ignore]`d everywhere; `make gpu-check` runs them (docs/gpus.md) |
@@ -34,6 +36,10 @@ pub enum Need {
     Slurm,
     /// This build has the `mpi` feature, and `mpirun` is on PATH.
     Mpi,
+    /// `python3` that imports `tensorboard` (TensorBoard's own event reader).
+    TensorBoard,
+    /// Prometheus' `promtool` and node_exporter (`prometheus-node-exporter`).
+    Prometheus,
 }
 
 impl Need {
@@ -41,7 +47,8 @@ impl Need {
     /// where skipping needs no permission.
     fn opt_out(self) -> Option<&'static str> {
         match self {
-            Need::Root | Need::Slurm | Need::Mpi => None,
+            Need::Root | Need::Slurm | Need::Mpi | Need::Prometheus => None,
+            Need::TensorBoard => Some("REKINDLE_SKIP_TENSORBOARD"),
             Need::Python => Some("REKINDLE_SKIP_PYTHON"),
             Need::Chromium => Some("REKINDLE_SKIP_CHROMIUM"),
         }
@@ -59,6 +66,8 @@ impl Need {
             Need::Chromium => {
                 "run `make deps` (apt-get install chromium) or set REKINDLE_CHROMIUM to a Chromium binary"
             }
+            Need::TensorBoard => "run `make deps` (pip install tensorboard numpy)",
+            Need::Prometheus => "run `make deps` (apt-get install prometheus prometheus-node-exporter)",
         }
     }
 }
@@ -112,13 +121,19 @@ fn record_skip(line: &str) {
 
 /// `Some(())` when `python3` imports `safetensors` and `numpy`; otherwise see [`unmet`].
 pub fn python() -> Option<()> {
-    let probe = Command::new("python3").args(["-c", "import safetensors, numpy"]).output();
+    python_imports("safetensors, numpy", Need::Python)
+}
+
+/// `Some(())` when `python3` imports `modules` (`import {modules}`);
+/// otherwise see [`unmet`] for `need`.
+fn python_imports(modules: &str, need: Need) -> Option<()> {
+    let probe = Command::new("python3").args(["-c", &format!("import {modules}")]).output();
     let problem = match probe {
         Ok(out) if out.status.success() => return Some(()),
         Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
         Err(e) => format!("cannot run python3: {e}"),
     };
-    unmet(Need::Python, format_args!("python3 cannot import safetensors and numpy ({problem})"))
+    unmet(need, format_args!("python3 cannot import {modules} ({problem})"))
 }
 
 /// The Chromium binary: `REKINDLE_CHROMIUM`, else `chromium` or
@@ -133,6 +148,22 @@ pub fn chromium() -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     found.or_else(|| unmet(Need::Chromium, "chromium not found on PATH; the report was not opened in a browser"))
+}
+
+/// `Some(())` when `python3` imports `tensorboard` and `numpy`; otherwise see [`unmet`].
+pub fn tensorboard() -> Option<()> {
+    python_imports("tensorboard, numpy", Need::TensorBoard)
+}
+
+/// `Some(())` when `promtool` and `prometheus-node-exporter` are on PATH;
+/// otherwise see [`unmet`].
+pub fn prometheus() -> Option<()> {
+    for tool in ["promtool", "prometheus-node-exporter"] {
+        if !on_path(tool) {
+            return unmet(Need::Prometheus, format_args!("{tool} is not on PATH"));
+        }
+    }
+    Some(())
 }
 
 fn on_path(tool: &str) -> bool {
