@@ -115,6 +115,7 @@ fn checkpoint_class(e: &CheckpointError) -> (CrashClass, String) {
         | CheckpointError::Injected(_) => (Transient, "an I/O error writing a checkpoint"),
         CheckpointError::NoSpace { .. } => (Transient, "no space for a checkpoint (space may be freed)"),
         CheckpointError::Parts { .. } => (Transient, "another rank could not write its part of a checkpoint"),
+        CheckpointError::World { .. } => (Transient, "a rank of the program did not seal its part of a checkpoint"),
         CheckpointError::BadTensor { .. } => (Deterministic, "a tensor that cannot be saved"),
         CheckpointError::NotOwner { .. } => (Deterministic, "another process took the run directory over"),
         CheckpointError::WrongKind { .. } => (Deterministic, "a checkpoint of the other lifecycle (run or exec)"),

@@ -288,8 +288,14 @@ fn the_pytorch_example_and_the_helper_compile() {
     let Some(()) = requires::python() else { return };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
-    for file in ["python/examples/train_torch.py", "python/examples/train_numpy.py", "python/rekindle_client.py"] {
-        // Compiled, not run: torch is too heavy to install for the tests.
+    let files = [
+        "python/examples/train_torch.py",
+        "python/examples/train_ddp.py",
+        "python/examples/train_numpy.py",
+        "python/rekindle_client.py",
+    ];
+    for file in files {
+        // By the system's python3 too (torch_exec.rs runs them with torch).
         let out = Command::new("python3")
             .args(["-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"])
             .arg(root.join(file))

@@ -41,6 +41,7 @@ mod report_browser;
 mod resume;
 mod sigkill;
 mod signals;
+mod torch_exec;
 mod watchdog;
 
 use std::fs;
