@@ -88,6 +88,7 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
         RunError::ChildFailed { class, why, .. } => return (*class, why.clone()),
         RunError::ExecRuntime { .. } => (Transient, "the supervisor's event loop could not start (a resource limit)"),
         RunError::Seal { .. } => (Deterministic, "`rekindle seal` was called wrongly"),
+        RunError::World { .. } => (Transient, "the tasks of the job step could not meet (a task failed or its node)"),
     };
     (class, why.to_string())
 }

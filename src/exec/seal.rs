@@ -24,7 +24,7 @@ use crate::config::{self, AnyKind};
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, EventLog};
 
-use super::contract::{ENV_EXEC_PID, ENV_RUN_DIR};
+use super::contract::{ENV_EXEC_HOST, ENV_EXEC_PID, ENV_RUN_DIR};
 use crate::attempt::ending::record_or_log;
 use crate::attempt::error::RunError;
 use crate::attempt::records::context;
@@ -221,14 +221,17 @@ fn seal_lock(checkpoints: &Path) -> Result<std::fs::File, RunError> {
 }
 
 /// A commit guard for a seal under `rekindle exec`: the lock file names the
-/// supervisor (`pid` on this node, named as the lock names it: the SLURM
-/// node name, else the host name) now, and still does (same token) right
-/// before the rename.
+/// supervisor (`pid` on `REKINDLE_EXEC_HOST`, else on this node, named as
+/// the lock names it: the SLURM node name, else the host name) now, and
+/// still does (same token) right before the rename.
 fn supervisor_guard(root: &Path, pid: &str) -> Result<CommitGuard, RunError> {
     let lock_path = root.join(LOCK_FILE);
     let pid: u32 =
         pid.parse().map_err(|_| RunError::Seal { reason: format!("{ENV_EXEC_PID}={pid} is not a process id") })?;
-    let host = SlurmEnv::from_process().node_name();
+    // In a job step of several tasks the supervisor of record (task 0's)
+    // may run on another node: it is named.
+    let host = std::env::var(ENV_EXEC_HOST).ok().filter(|h| !h.is_empty());
+    let host = host.unwrap_or_else(|| SlurmEnv::from_process().node_name());
     let info = LockInfo::read(&lock_path).filter(|i| i.pid == pid && i.host == host).ok_or_else(|| RunError::Seal {
         reason: format!(
             "the lock {} does not name the supervising `rekindle exec` (pid {pid} on {host}): it has exited, or \

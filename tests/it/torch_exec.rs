@@ -16,6 +16,7 @@ use nix::sys::signal::Signal;
 
 use crate::support::cli::{RunCmd, checkpoint_steps, events_named, last_event, verify};
 use crate::support::requires;
+use crate::support::scontrol::FakeScontrol;
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -170,4 +171,81 @@ fn a_rank_that_dies_mid_save_leaves_no_world_checkpoint_and_the_resume_from_the_
     assert!(resumed.stderr.contains("rank 1 of 2 starting at step 20"), "{}", resumed.tail());
     assert_eq!(events_named(&run, "checkpoint_rejected").len(), 0, "nothing half-sealed was ever a checkpoint");
     assert_torch_equal(&python, &expected, &out);
+}
+
+/// Task `task` of a job step of two under `rekindle exec` (as `sbatch -N1
+/// -n2 slurm/orchestrator.slurm --exec …` starts them through `srun`), its
+/// program one DDP rank: `python train_ddp.py`, no torchrun.
+fn task_of_two(
+    python: &Path,
+    run: &Path,
+    out: &Path,
+    task: u32,
+    restart: u32,
+    fake: &FakeScontrol,
+    extra: &[&str],
+) -> RunCmd {
+    let (python, program, out) = (python.to_string_lossy(), example("train_ddp.py"), out.to_string_lossy());
+    let mut command = vec![&*python, &*program, "--steps", "60", "--every", "20", "--out", &*out];
+    command.extend_from_slice(extra);
+    let (task, restart) = (task.to_string(), restart.to_string());
+    let slurm = [
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
+        ("SLURM_PROCID", task.as_str()),
+        ("SLURM_LOCALID", task.as_str()),
+        ("SLURM_NODEID", "0"),
+        ("SLURM_STEP_NUM_NODES", "1"),
+        ("SLURM_STEP_TASKS_PER_NODE", "2"),
+        ("SLURM_RESTART_COUNT", restart.as_str()),
+    ];
+    let mut cmd = exec(run, &command).env("PATH", fake.path());
+    for (k, v) in slurm {
+        cmd = cmd.env(k, v);
+    }
+    cmd
+}
+
+#[test]
+fn two_tasks_of_a_job_step_run_one_rank_each_stop_at_one_step_and_resume_equal() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    ddp(&tmp.path().join("reference-run"), &expected, &[]).run(TIMEOUT).assert_code(0);
+    let fake = FakeScontrol::running_job(tmp.path());
+
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    let slow = ["--step-seconds", "0.05"];
+    let mut leader = task_of_two(&python, &run, &out, 0, 0, &fake, &slow).spawn();
+    let follower = task_of_two(&python, &run, &out, 1, 0, &fake, &slow).spawn();
+    leader.wait_for_step(25, TIMEOUT);
+    // SLURM signals every task of the step.
+    leader.signal(Signal::SIGTERM);
+    follower.signal(Signal::SIGTERM);
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(75);
+    followed.assert_code(75);
+    let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
+    let both = format!("{}{}", led.stderr, followed.stderr);
+    for rank in 0..2 {
+        let line = format!("rank {rank} stopped at step {stopped_at}");
+        assert!(both.contains(&line), "no `{line}` in\n{}\n{}", led.tail(), followed.tail());
+    }
+    assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at));
+    let tasks: Vec<u64> = events_named(&run, "child_start").iter().filter_map(|e| e["task"].as_u64()).collect();
+    assert_eq!(tasks.len(), 2, "each task records its program's start: {tasks:?}");
+    assert_eq!(last_event(&run, "start")["world_size"].as_u64(), Some(2));
+    assert!(fake.calls().iter().any(|c| c == "requeue 77"), "task 0 requeued the job: {:?}", fake.calls());
+
+    // The requeued job: both tasks again, the next restart.
+    let leader = task_of_two(&python, &run, &out, 0, 1, &fake, &[]).spawn();
+    let follower = task_of_two(&python, &run, &out, 1, 1, &fake, &[]).spawn();
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(0);
+    followed.assert_code(0);
+    let line = format!("rank 1 of 2 starting at step {stopped_at}");
+    assert!(followed.stderr.contains(&line), "no `{line}` in\n{}", followed.tail());
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
 }
