@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 17] = [
+const DRILLS: [&str; 18] = [
     "term",
     "term-batch",
     "term-full",
@@ -33,6 +33,7 @@ const DRILLS: [&str; 17] = [
     "dp-nodeloss",
     "own",
     "exec",
+    "exec-ddp",
 ];
 
 fn repo() -> PathBuf {

@@ -49,30 +49,11 @@ fn ddp(run: &Path, out: &Path, extra: &[&str]) -> RunCmd {
 }
 
 /// Asserts that every torch object saved in `a` equals the one of the same
-/// name in `b` (`torch.equal` on every tensor, `==` on everything else,
-/// recursively): files, or directories of files.
+/// name in `b` (slurm/torch_equal.py: `torch.equal` on every tensor, `==`
+/// on everything else): files, or directories of files.
 fn assert_torch_equal(python: &Path, a: &Path, b: &Path) {
-    const COMPARE: &str = r#"
-import os, sys, torch
-def same(x, y, at):
-    if isinstance(x, torch.Tensor):
-        assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), at
-    elif isinstance(x, dict):
-        assert isinstance(y, dict) and x.keys() == y.keys(), at
-        for k in x: same(x[k], y[k], "%s/%s" % (at, k))
-    elif isinstance(x, (list, tuple)):
-        assert len(x) == len(y), at
-        for i, (p, q) in enumerate(zip(x, y)): same(p, q, "%s[%d]" % (at, i))
-    else:
-        assert x == y, "%s: %r != %r" % (at, x, y)
-a, b = sys.argv[1:]
-names = sorted(os.listdir(a)) if os.path.isdir(a) else [""]
-assert not os.path.isdir(a) or names == sorted(os.listdir(b)), (names, os.listdir(b))
-for n in names:
-    same(torch.load(os.path.join(a, n) if n else a), torch.load(os.path.join(b, n) if n else b), n or a)
-print("equal:", len(names))
-"#;
-    let out = Command::new(python).args(["-c", COMPARE]).arg(a).arg(b).output().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/slurm/torch_equal.py");
+    let out = Command::new(python).arg(script).arg(a).arg(b).output().unwrap();
     assert!(
         out.status.success(),
         "{} and {} differ: {}",
