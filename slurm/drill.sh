@@ -77,6 +77,13 @@
 #               with model, optimizer and generators torch.equal to two ranks
 #               never stopped. Needs torch in the project's .venv (make deps)
 #               on every node. Judged by this script.
+#   exec-torchrun
+#               the same two ranks as `sbatch -N2 --ntasks-per-node=1
+#               slurm/orchestrator.slurm --exec ... -- torchrun
+#               --nproc-per-node 1 train_ddp.py`: one rekindle and one
+#               torchrun per node (its rendezvous from rekindle's PET_*
+#               variables), stopped by preemption (a high-priority job of
+#               30 s on the first node): as exec-ddp. Judged by this script.
 #   dp          `sbatch -N2 -n2 slurm/orchestrator.slurm ...`: one data-parallel
 #               run over two ranks on two nodes (srun --mpi=pmix; needs a
 #               rekindle built with --features mpi), then plain
@@ -145,7 +152,7 @@ set -uo pipefail
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss own exec exec-ddp)
+    dp-nodeloss own exec exec-ddp exec-torchrun)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -290,7 +297,7 @@ DDP_PROGRAM=$repo_root/python/examples/train_ddp.py
 DDP_ARGS=(--steps "${DRILL_DDP_STEPS:-240}" --every 40)
 REF_DDP=$WORK/reference-exec-ddp
 ref_ddp_pid=
-if [[ " ${drills[*]} " == *" exec-ddp "* ]]; then
+if [[ " ${drills[*]} " == *" exec-ddp "* || " ${drills[*]} " == *" exec-torchrun "* ]]; then
     "$VENV/bin/python" -c 'import torch' 2>/dev/null ||
         die "the exec-ddp drill needs torch in $VENV (make deps makes it; DRILL_VENV points elsewhere)"
     export OMP_NUM_THREADS=1
@@ -758,8 +765,40 @@ drill_exec-ddp() {
     exec_drill exec-ddp ref_ddp_pid "$REF_DDP.log" torch_equal
 }
 
+# The same two ranks as one task per node, each running torchrun (its
+# rendezvous from rekindle's PET_* variables), stopped by preemption: a
+# high-priority job of 30 s on the first node; judged as exec-ddp.
+drill_exec-torchrun() {
+    wd=$WORK/exec-torchrun
+    EXEC_SBATCH=(-N2 --ntasks-per-node=1)
+    EXEC_CMD=("$VENV/bin/torchrun" --nproc-per-node 1 "$DDP_PROGRAM" "${DDP_ARGS[@]}"
+        --step-seconds "${DRILL_DDP_STEP_SECONDS:-0.05}" --out "$wd/out")
+    EXEC_SAME=("$VENV/bin/python" "$script_dir/torch_equal.py" "$wd/out" "$REF_DDP/out")
+    EXEC_STOP=exec_stop_preempt
+    exec_drill exec-torchrun ref_ddp_pid "$REF_DDP.log" torch_equal
+    local rc=$?
+    EXEC_STOP=exec_stop_term
+    return $rc
+}
+
+# How exec_drill stops its job: a plain scancel -s TERM, or preemption by a
+# high-priority job of 30 s on the job's first node.
+EXEC_STOP=exec_stop_term
+exec_stop_term() {
+    log "$name: scancel -s TERM $job"
+    scancel -s TERM "$job"
+}
+exec_stop_preempt() {
+    local node
+    node=$(scontrol show hostnames "$(job_field "$job" NodeList)" | head -n1)
+    high=$(sbatch --parsable -J rekindle-drill-high -p "$HIGH" -w "$node" -o /dev/null "${EXTRA_OPTS[@]}" \
+        "${HIGH_OPTS[@]}" --wrap 'sleep 30')
+    high=${high%%;*}
+    log "$name: high-priority job $high on $node (30 s): preempts job $job"
+}
+
 # A program under `sbatch ${EXEC_SBATCH[@]} slurm/orchestrator.slurm --exec
-# ... -- ${EXEC_CMD[@]}`, stopped by a plain scancel -s TERM; judged here: the
+# ... -- ${EXEC_CMD[@]}`, stopped by $EXEC_STOP; judged here: the
 # job ends COMPLETED after at least one requeue, the run has a `stop`, a
 # `resume` and a `finish`, every checkpoint verifies, and EXEC_SAME (the
 # final state against the uninterrupted reference's) succeeds.
@@ -779,12 +818,11 @@ exec_drill() {
     under_way || ok=0
     if ((ok)); then
         action=$(now)
-        log "$drill: scancel -s TERM $job"
-        scancel -s TERM "$job"
+        "$EXEC_STOP"
         wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || ok=0
     fi
     ((ok)) && { wait_until "the job to finish" "$TIMEOUT" job_final "$job" || ok=0; }
-    cleanup_jobs "$job"
+    cleanup_jobs "$job" "$high"
     if [[ -n $ref_rc ]]; then
         ended_ok "$ref_rc" || note "the $drill reference failed: $(tail -n 5 "$ref_log")"
         ref_rc=

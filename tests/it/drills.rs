@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 18] = [
+const DRILLS: [&str; 19] = [
     "term",
     "term-batch",
     "term-full",
@@ -34,6 +34,7 @@ const DRILLS: [&str; 18] = [
     "own",
     "exec",
     "exec-ddp",
+    "exec-torchrun",
 ];
 
 fn repo() -> PathBuf {

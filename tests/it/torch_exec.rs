@@ -230,3 +230,29 @@ fn two_tasks_of_a_job_step_run_one_rank_each_stop_at_one_step_and_resume_equal()
     assert_torch_equal(&python, &expected, &out);
     assert_eq!(verify(&run).0, Some(0));
 }
+
+#[test]
+fn a_task_whose_rank_dies_mid_save_ends_at_once_and_leaves_no_world_checkpoint_of_that_step() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    // Task 1's rank writes half of its part of step 40 and dies; task 0's
+    // rank waits for that part (at most [distributed] timeout), then fails.
+    let die = ["--die-mid-save", "1:40"];
+    let leader = task_of_two(&python, &run, &out, 0, 0, &fake, &die).set("distributed.timeout=5s").spawn();
+    let follower = task_of_two(&python, &run, &out, 1, 0, &fake, &die).set("distributed.timeout=5s").spawn();
+    let followed = follower.wait(TIMEOUT);
+    assert_eq!(followed.code(), Some(1), "its program failed unasked: {}", followed.tail());
+    assert!(followed.stderr.contains("ending this task, and with it the job step"), "{}", followed.tail());
+    let led = leader.wait(TIMEOUT);
+    assert_eq!(led.code(), Some(1), "{}", led.tail());
+    assert!(led.stderr.contains("rank(s) 1 sealed no part within 5 s"), "{}", led.tail());
+    assert_eq!(checkpoint_steps(&run), vec![20], "no world checkpoint of step 40");
+    let exits: Vec<(Option<u64>, Option<String>)> = events_named(&run, "child_exit")
+        .iter()
+        .map(|e| (e["task"].as_u64(), e["verdict"].as_str().map(String::from)))
+        .collect();
+    assert!(exits.contains(&(Some(1), Some("crashed".into()))), "{exits:?}");
+    assert_eq!(last_event(&run, "error")["class"].as_str(), Some("transient"), "it had sealed step 20 in this attempt");
+}
