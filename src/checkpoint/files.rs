@@ -316,11 +316,12 @@ pub(super) fn staged_files(dir: &Path, may_be_empty: bool) -> Result<Vec<String>
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::checkpoint::{Snapshot, TensorSet};
 
-    fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    /// A directory `name` under the staging directory holding `files`.
+    pub(in crate::checkpoint) fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
         let dir = store.staging_dir().join(name);
         fs::create_dir_all(&dir).unwrap();
         for (file, bytes) in files {

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::CheckpointError;
 use super::files::{staged_files, sync_and_hash};
-use super::hashed_io::fsync_dir;
+use super::hashed_io::{fsync_dir, write_hashed};
 use super::layout::step_dir_name;
 use super::manifest::ManifestEntry;
 use super::store::{CheckpointStore, PartsWritten, SaveReport, TMP_PREFIX};
@@ -133,12 +133,11 @@ impl CheckpointStore {
         // later is read.
         fs::rename(&staged_real, &part_dir)
             .map_err(|e| refuse(format!("cannot move it into {}: {e}", part_dir.display())))?;
-        let sealed = self.hash_part(&part_dir, step, who).map_err(|e| {
+        let sealed = self.hash_part(&part_dir, step, who).inspect_err(|e| {
             let failed = world_dir.join(format!("{}.failed", rank_name(who.rank)));
-            if let Err(w) = crate::rundir::write_atomically(&failed, e.to_string().as_bytes()) {
+            if let Err(w) = write_whole(&failed, e.to_string().as_bytes()) {
                 tracing::warn!(path = %failed.display(), error = %w, "could not tell rank 0 that this part failed; it waits until its timeout");
             }
-            e
         })?;
         Ok(PartSealed { dir: final_dir, ..sealed })
     }
@@ -161,11 +160,7 @@ impl CheckpointStore {
         let bytes = serde_json::to_vec(&record).expect("a part record serialises");
         // Tests make a rank die between its files and its record here.
         fail::fail_point!("checkpoint::world::before_record");
-        crate::rundir::write_atomically(&path, &bytes).map_err(|source| CheckpointError::Write {
-            step,
-            path: path.clone(),
-            source,
-        })?;
+        write_whole(&path, &bytes).map_err(|source| CheckpointError::Write { step, path: path.clone(), source })?;
         let total = record.files.iter().map(|f| f.bytes).sum();
         Ok(PartSealed { step, who, files: record.files, bytes: total, dir: PathBuf::new() })
     }
@@ -213,6 +208,17 @@ impl CheckpointStore {
             }
         }
     }
+}
+
+/// Writes `path` so that it appears whole or not at all: a temporary file
+/// of this process, fsynced, renamed into place, the directory fsynced.
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    write_hashed(&tmp, &[bytes])?;
+    fs::rename(&tmp, path)?;
+    fsync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
 /// Every rank's record, by rank, once all are in; why not otherwise (a
@@ -324,16 +330,8 @@ fn gather(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::files::tests::stage;
     use crate::checkpoint::{MANIFEST_FILE, VerifyLevel, read_manifest, verify_checkpoint_dir};
-
-    fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
-        let dir = store.staging_dir().join(name);
-        fs::create_dir_all(&dir).unwrap();
-        for (file, bytes) in files {
-            fs::write(dir.join(file), bytes).unwrap();
-        }
-        dir
-    }
 
     fn store(dir: &Path) -> CheckpointStore {
         let store = CheckpointStore::open(dir.join("checkpoints"), 3).unwrap();

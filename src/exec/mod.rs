@@ -264,25 +264,7 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
     let ran = child::supervise(&opts.command, &env, &cfg, stop, None, &mut events, on_spawn)?;
     let end = ChildEnd::from_status(ran.status);
     let verdict = verdict::verdict(end, ran.stop.is_some(), false, 0);
-    let (exit_code, signal) = match end {
-        ChildEnd::Exited(code) => (Some(code), None),
-        ChildEnd::Signaled(sig) => (None, Some(verdict::signal_name(sig))),
-    };
-    record_or_log(
-        &mut events,
-        &Event::ChildExit(ChildExit {
-            pid: ran.pid,
-            exit_code,
-            signal,
-            seconds: ran.seconds,
-            stop_requested: ran.stop.is_some(),
-            killed_at_deadline: ran.killed_at_deadline,
-            verdict: verdict.name().into(),
-            stderr_tail: ran.stderr_tail.clone(),
-            task,
-            ..ChildExit::default()
-        }),
-    );
+    record_or_log(&mut events, &child_exit(&ran, end, &verdict, None, 0, task));
     let _ = events.sync();
     if let Verdict::Crashed { class, why } = verdict {
         tracing::error!(task = launch.rank, how = %end.describe(), "the program failed: ending this task, and with it the job step");
@@ -290,6 +272,34 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
     }
     tracing::info!(task = launch.rank, how = %end.describe(), "the program ended; waiting for task 0 to end the attempt");
     Ok(Outcome::from_code(world::wait_for_end(&staging, &launch.id, timeout + grace)?))
+}
+
+/// `child_exit` for the program that ran as `ran` and ended as `end`.
+fn child_exit(
+    ran: &Supervised,
+    end: ChildEnd,
+    verdict: &Verdict,
+    last_sealed_step: Option<u64>,
+    sealed_this_attempt: u64,
+    task: Option<u32>,
+) -> Event {
+    let (exit_code, signal) = match end {
+        ChildEnd::Exited(code) => (Some(code), None),
+        ChildEnd::Signaled(sig) => (None, Some(verdict::signal_name(sig))),
+    };
+    Event::ChildExit(ChildExit {
+        pid: ran.pid,
+        exit_code,
+        signal,
+        seconds: ran.seconds,
+        stop_requested: ran.stop.is_some(),
+        killed_at_deadline: ran.killed_at_deadline,
+        last_sealed_step,
+        sealed_this_attempt,
+        verdict: verdict.name().into(),
+        stderr_tail: ran.stderr_tail.clone(),
+        task,
+    })
 }
 
 /// torch's variables for `launch` that this process's environment lacks.
@@ -421,31 +431,12 @@ impl ExecAttempt {
         let sealed = seals.this_attempt;
         let newest = self.newest_step();
         let verdict = verdict::verdict(end, ran.stop.is_some(), ran.lock_lost, sealed);
-        let (exit_code, signal) = match end {
-            ChildEnd::Exited(code) => (Some(code), None),
-            ChildEnd::Signaled(sig) => (None, Some(verdict::signal_name(sig))),
-        };
         tracing::info!(pid = ran.pid, how = %end.describe(), verdict = verdict.name(), sealed, "the program ended");
         if verdict == Verdict::LockLost {
             // Another process owns the run directory: nothing more is written.
             return Err(RunError::LockLost { dir: self.dir.root.clone() });
         }
-        record_or_log(
-            events,
-            &Event::ChildExit(ChildExit {
-                pid: ran.pid,
-                exit_code,
-                signal,
-                seconds: ran.seconds,
-                stop_requested: ran.stop.is_some(),
-                killed_at_deadline: ran.killed_at_deadline,
-                last_sealed_step: newest,
-                sealed_this_attempt: sealed,
-                verdict: verdict.name().into(),
-                stderr_tail: ran.stderr_tail.clone(),
-                task,
-            }),
-        );
+        record_or_log(events, &child_exit(&ran, end, &verdict, newest, sealed, task));
         match verdict {
             Verdict::Finished => self.finish(events, newest, sealed),
             Verdict::Stopped => {

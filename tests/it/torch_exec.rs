@@ -76,7 +76,7 @@ fn the_pytorch_example_stopped_by_sigterm_and_resumed_ends_equal_to_an_uninterru
     first.signal(Signal::SIGTERM);
     first.wait(TIMEOUT).assert_code(75);
     let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
-    assert!(stopped_at >= 25 && stopped_at % 20 != 0, "a stop checkpoint of its own: {stopped_at}");
+    assert!(stopped_at >= 25, "the stop checkpoint is of the step it reached: {stopped_at}");
     assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at));
     assert!(!out.exists(), "not finished");
 
