@@ -13,6 +13,13 @@ Standard library only: copy this file next to your training script, or put
         if rk.should_stop():
             break                                           # rekindle exits 75 and requeues
 
+In a distributed program (torchrun, or one task per rank: RANK and
+WORLD_SIZE set) every rank calls checkpoint() at the same steps, also one
+with nothing to save; rank 0 commits one checkpoint for the whole world once
+every rank's part is in. With torch.distributed initialized, should_stop()
+agrees across ranks (one all-reduce of one integer per call), so every rank
+stops at the same step.
+
 Importing this module under `rekindle exec` makes SIGTERM set the stop flag
 instead of ending the program (only when no handler of your own is installed
 for it), so a step or a save in progress completes. Outside `rekindle exec`
@@ -27,6 +34,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 
 #: The contract version this helper speaks.
@@ -92,12 +100,72 @@ def install_stop_handler(signals=(signal.SIGTERM,)):
         signal.signal(sig, _on_stop_signal)
 
 
-def should_stop():
-    """True once rekindle asked the program to stop: checkpoint now and exit."""
+def stop_requested():
+    """True once this process was asked to stop (the stop file, or SIGTERM); no collective."""
     if _stop_signalled:
         return True
     stop_file = _env("REKINDLE_STOP_FILE")
     return stop_file is not None and os.path.exists(stop_file)
+
+
+_agreed_stop = False
+
+
+def should_stop():
+    """True once rekindle asked the program to stop: checkpoint now and exit.
+
+    With torch.distributed initialized (world size > 1) the answer is agreed
+    by every rank: one all-reduce (MAX) of one integer, on every call, so
+    call it at the same points on every rank (as any collective). The stop
+    reaches the ranks at different moments; agreed, they all stop at the
+    same step instead of one leaving the others waiting in the next
+    all-reduce. Once True it stays True without further collectives.
+    """
+    global _agreed_stop
+    if _agreed_stop:
+        return True
+    local = stop_requested()
+    dist = _torch_distributed()
+    if dist is None:
+        return local
+    torch = sys.modules["torch"]
+    # NCCL reduces only device tensors; gloo (and "cpu:gloo,cuda:nccl") host ones.
+    backend = str(dist.get_backend())
+    on_device = "nccl" in backend and "gloo" not in backend
+    device = torch.device("cuda", torch.cuda.current_device()) if on_device else torch.device("cpu")
+    flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    _agreed_stop = bool(flag.item())
+    return _agreed_stop
+
+
+def _torch_distributed():
+    """torch.distributed when the program initialized it with several ranks, else None.
+
+    Never imports torch: a program that did not is not distributed by torch.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return dist
+    except (RuntimeError, ValueError):
+        pass
+    return None
+
+
+def world():
+    """(rank, world size) of a distributed program from RANK and WORLD_SIZE, or None.
+
+    torchrun sets them for each rank; so does `rekindle exec` for a job of
+    several SLURM tasks (when not already set).
+    """
+    try:
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    return (rank, size) if size > 1 and 0 <= rank < size else None
 
 
 def deadline():
@@ -127,6 +195,13 @@ def checkpoint(step, save_fn):
     Returns the sealed checkpoint's directory. Raises RekindleError when the
     seal is refused (e.g. a step not newer than the last one); save_fn's own
     exceptions propagate, and in both cases nothing is sealed.
+
+    In a distributed program (world() is not None) every rank must call it
+    for the same steps: what save_fn writes is this rank's part (it may write
+    nothing, e.g. every rank but 0 when only rank 0 saves the model; names
+    must differ between ranks, e.g. `rng-{rank}.pt`). A rank other than 0
+    returns once its part is sealed; rank 0 returns once every rank's part is
+    in and the world's checkpoint is committed (or raises: then none is).
     """
     if not under_rekindle():
         scratch = tempfile.mkdtemp(prefix="rekindle-unsealed-")
@@ -139,7 +214,11 @@ def checkpoint(step, save_fn):
     staged = tempfile.mkdtemp(prefix="step-%d-" % step, dir=staging)
     save_fn(staged)
     binary = _env("REKINDLE_BIN") or "rekindle"
-    seal = _start_seal([binary, "-q", "seal", staged, "--step", str(int(step))])
+    argv = [binary, "-q", "seal", staged, "--step", str(int(step))]
+    ranks = world()
+    if ranks is not None:
+        argv += ["--rank", str(ranks[0]), "--world-size", str(ranks[1])]
+    seal = _start_seal(argv)
     stdout, stderr = seal.communicate()
     if seal.returncode < 0:
         raise RekindleError("rekindle seal was killed by signal %d" % -seal.returncode)

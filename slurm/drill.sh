@@ -68,6 +68,22 @@
 #               byte-identical to the same program's uninterrupted run under
 #               `rekindle exec` without SLURM. Needs python3 with numpy on the
 #               nodes. Judged by this script (not drill_check.py).
+#   exec-ddp    two DDP ranks of PyTorch (python/examples/train_ddp.py, gloo on
+#               the CPU) as the users' literal `sbatch -N2 -n2
+#               slurm/orchestrator.slurm --exec ... -- python train_ddp.py`:
+#               one rekindle and one rank per task, on two nodes; then plain
+#               `scancel -s TERM JOB`: both ranks stop at one step with one
+#               world checkpoint, the job is requeued, resumes and finishes
+#               with model, optimizer and generators torch.equal to two ranks
+#               never stopped. Needs torch in the project's .venv (make deps)
+#               on every node. Judged by this script.
+#   exec-torchrun
+#               the same two ranks as `sbatch -N2 --ntasks-per-node=1
+#               slurm/orchestrator.slurm --exec ... -- torchrun
+#               --nproc-per-node 1 train_ddp.py`: one rekindle and one
+#               torchrun per node (its rendezvous from rekindle's PET_*
+#               variables), stopped by preemption (a high-priority job of
+#               30 s on the first node): as exec-ddp. Judged by this script.
 #   dp          `sbatch -N2 -n2 slurm/orchestrator.slurm ...`: one data-parallel
 #               run over two ranks on two nodes (srun --mpi=pmix; needs a
 #               rekindle built with --features mpi), then plain
@@ -124,6 +140,10 @@
 #                         `cargo build --examples` builds it)
 #   DRILL_EXEC_STEPS      steps of the exec drill's program (default 400, at
 #                         DRILL_EXEC_STEP_SECONDS each, default 0.03)
+#   DRILL_VENV            the virtual environment with torch of the exec-ddp
+#                         drill (default .venv of this checkout: make deps)
+#   DRILL_DDP_STEPS       steps of its program (default 240, at
+#                         DRILL_DDP_STEP_SECONDS each, default 0.05)
 #   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss and
 #                         preempt-nosignal (default: ask slurm/local-cluster.sh
 #                         when SLURM_CONF is its config)
@@ -132,7 +152,7 @@ set -uo pipefail
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss own exec)
+    dp-nodeloss own exec exec-ddp exec-torchrun)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -225,7 +245,7 @@ ended_ok() {
 # run (ref_pid, and the other ref_*_pid below: the file of its exit status).
 REF=$WORK/reference
 ref_pid=
-needs_reference() { local d; for d in "${drills[@]}"; do [[ $d != cancel && $d != exec ]] && return 0; done; return 1; }
+needs_reference() { local d; for d in "${drills[@]}"; do [[ $d != cancel && $d != exec* ]] && return 0; done; return 1; }
 if needs_reference; then
     ref_pid=$REF.rc
     in_background "$ref_pid" without_slurm "$BIN" run --config "$CONFIG" --run-dir "$REF" "${TRAIN[@]}" >"$REF.log" 2>&1
@@ -266,6 +286,25 @@ if [[ " ${drills[*]} " == *" exec "* ]]; then
     ref_exec_pid=$REF_EXEC.rc
     in_background "$ref_exec_pid" without_slurm "$BIN" exec --run-dir "$REF_EXEC/run" -- python3 "$EXEC_PROGRAM" \
         "${EXEC_ARGS[@]}" --out "$REF_EXEC/w.npy" >"$REF_EXEC.log" 2>&1
+fi
+# The `exec-ddp` drill: two DDP ranks of PyTorch from the project's virtual
+# environment (make deps); its reference is two ranks under torchrun
+# --standalone under `rekindle exec`, without SLURM. One CPU thread per
+# process (OMP_NUM_THREADS, exported to the jobs): torch on the CPU is
+# bit-identical from process to process at the same thread count.
+VENV=${DRILL_VENV:-$repo_root/.venv}
+DDP_PROGRAM=$repo_root/python/examples/train_ddp.py
+DDP_ARGS=(--steps "${DRILL_DDP_STEPS:-240}" --every 40)
+REF_DDP=$WORK/reference-exec-ddp
+ref_ddp_pid=
+if [[ " ${drills[*]} " == *" exec-ddp "* || " ${drills[*]} " == *" exec-torchrun "* ]]; then
+    "$VENV/bin/python" -c 'import torch' 2>/dev/null ||
+        die "the exec-ddp drill needs torch in $VENV (make deps makes it; DRILL_VENV points elsewhere)"
+    export OMP_NUM_THREADS=1
+    mkdir -p "$REF_DDP"
+    ref_ddp_pid=$REF_DDP.rc
+    in_background "$ref_ddp_pid" without_slurm "$BIN" exec --run-dir "$REF_DDP/run" -- "$VENV/bin/torchrun" \
+        --standalone --nproc-per-node 2 "$DDP_PROGRAM" "${DDP_ARGS[@]}" --out "$REF_DDP/out" >"$REF_DDP.log" 2>&1
 fi
 # The hang and crash drills inject their failure with a failpoint of the
 # binary (FAILPOINTS), which only a build with failpoints compiled in honours:
@@ -701,34 +740,92 @@ drill_own() {
 }
 
 # A numpy program under `rekindle exec`, stopped by a plain scancel -s TERM;
-# judged here: the job ends COMPLETED after at least one requeue, the run
-# has a `stop`, a `resume` and a `finish`, every checkpoint verifies, and the
-# final weights equal the uninterrupted reference's byte for byte.
+# judged here (exec_drill): byte-identical final weights.
 drill_exec() {
     wd=$WORK/exec
+    EXEC_SBATCH=()
+    EXEC_CMD=(python3 "$EXEC_PROGRAM" "${EXEC_ARGS[@]}" --step-seconds "${DRILL_EXEC_STEP_SECONDS:-0.03}"
+        --out "$wd/w.npy")
+    EXEC_SAME=(cmp -s "$wd/w.npy" "$REF_EXEC/w.npy")
+    exec_drill exec ref_exec_pid "$REF_EXEC.log" byte_identical
+}
+
+# Two DDP ranks of PyTorch (python/examples/train_ddp.py, gloo) as two tasks
+# on two nodes, the users' literal `sbatch -N2 -n2 slurm/orchestrator.slurm
+# --exec ... -- python train_ddp.py`, stopped by a plain scancel -s TERM;
+# judged here (exec_drill): the final model, optimizer and generators
+# torch.equal to two ranks never stopped (torchrun --standalone under
+# rekindle exec, without SLURM).
+drill_exec-ddp() {
+    wd=$WORK/exec-ddp
+    EXEC_SBATCH=(-N2 -n2)
+    EXEC_CMD=("$VENV/bin/python" "$DDP_PROGRAM" "${DDP_ARGS[@]}" --step-seconds "${DRILL_DDP_STEP_SECONDS:-0.05}"
+        --out "$wd/out")
+    EXEC_SAME=("$VENV/bin/python" "$script_dir/torch_equal.py" "$wd/out" "$REF_DDP/out")
+    exec_drill exec-ddp ref_ddp_pid "$REF_DDP.log" torch_equal
+}
+
+# The same two ranks as one task per node, each running torchrun (its
+# rendezvous from rekindle's PET_* variables), stopped by preemption: a
+# high-priority job of 30 s on the first node; judged as exec-ddp.
+drill_exec-torchrun() {
+    wd=$WORK/exec-torchrun
+    EXEC_SBATCH=(-N2 --ntasks-per-node=1)
+    EXEC_CMD=("$VENV/bin/torchrun" --nproc-per-node 1 "$DDP_PROGRAM" "${DDP_ARGS[@]}"
+        --step-seconds "${DRILL_DDP_STEP_SECONDS:-0.05}" --out "$wd/out")
+    EXEC_SAME=("$VENV/bin/python" "$script_dir/torch_equal.py" "$wd/out" "$REF_DDP/out")
+    EXEC_STOP=exec_stop_preempt
+    exec_drill exec-torchrun ref_ddp_pid "$REF_DDP.log" torch_equal
+    local rc=$?
+    EXEC_STOP=exec_stop_term
+    return $rc
+}
+
+# How exec_drill stops its job: a plain scancel -s TERM, or preemption by a
+# high-priority job of 30 s on the job's first node.
+EXEC_STOP=exec_stop_term
+exec_stop_term() {
+    log "$name: scancel -s TERM $job"
+    scancel -s TERM "$job"
+}
+exec_stop_preempt() {
+    local node
+    node=$(scontrol show hostnames "$(job_field "$job" NodeList)" | head -n1)
+    high=$(sbatch --parsable -J rekindle-drill-high -p "$HIGH" -w "$node" -o /dev/null "${EXTRA_OPTS[@]}" \
+        "${HIGH_OPTS[@]}" --wrap 'sleep 30')
+    high=${high%%;*}
+    log "$name: high-priority job $high on $node (30 s): preempts job $job"
+}
+
+# A program under `sbatch ${EXEC_SBATCH[@]} slurm/orchestrator.slurm --exec
+# ... -- ${EXEC_CMD[@]}`, stopped by $EXEC_STOP; judged here: the
+# job ends COMPLETED after at least one requeue, the run has a `stop`, a
+# `resume` and a `finish`, every checkpoint verifies, and EXEC_SAME (the
+# final state against the uninterrupted reference's) succeeds.
+# Usage: exec_drill NAME REFERENCE_RC_VARIABLE REFERENCE_LOG SAME_KEY
+exec_drill() {
+    local drill=$1 ref_log=$3 key=$4
+    local -n ref_rc=$2
     run=$wd/run
     mkdir -p "$wd"
-    job=$(sbatch --parsable -J rekindle-drill-exec -o "$wd/slurm-%j.out" -D "$wd" ${LOW:+-p "$LOW"} \
-        "${EXTRA_OPTS[@]}" "$script_dir/orchestrator.slurm" --exec --run-dir "$run" \
-        --set "signals.grace=\"${GRACE}s\"" --set 'signals.safety_margin="5s"' \
-        -- python3 "$EXEC_PROGRAM" "${EXEC_ARGS[@]}" --step-seconds "${DRILL_EXEC_STEP_SECONDS:-0.03}" \
-        --out "$wd/w.npy")
+    job=$(sbatch --parsable -J "rekindle-drill-$drill" -o "$wd/slurm-%j.out" -D "$wd" ${LOW:+-p "$LOW"} \
+        "${EXTRA_OPTS[@]}" "${EXEC_SBATCH[@]}" "$script_dir/orchestrator.slurm" --exec --run-dir "$run" \
+        --set "signals.grace=\"${GRACE}s\"" --set 'signals.safety_margin="5s"' -- "${EXEC_CMD[@]}")
     job=${job%%;*}
     [[ $job =~ ^[0-9]+$ ]] || { note "sbatch failed: $job"; return 1; }
-    log "exec: submitted job $job"
+    log "$drill: submitted job $job"
     local ok=1 state restarts stops resumes finishes attempts same=false verify_rc
     under_way || ok=0
     if ((ok)); then
         action=$(now)
-        log "exec: scancel -s TERM $job"
-        scancel -s TERM "$job"
+        "$EXEC_STOP"
         wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || ok=0
     fi
     ((ok)) && { wait_until "the job to finish" "$TIMEOUT" job_final "$job" || ok=0; }
-    cleanup_jobs "$job"
-    if [[ -n $ref_exec_pid ]]; then
-        ended_ok "$ref_exec_pid" || note "the exec reference failed: $(tail -n 5 "$REF_EXEC.log")"
-        ref_exec_pid=
+    cleanup_jobs "$job" "$high"
+    if [[ -n $ref_rc ]]; then
+        ended_ok "$ref_rc" || note "the $drill reference failed: $(tail -n 5 "$ref_log")"
+        ref_rc=
     fi
     state=$(job_field "$job" JobState)
     restarts=$(job_field "$job" Restarts)
@@ -736,20 +833,21 @@ drill_exec() {
     resumes=$(count_events "$run" resume)
     finishes=$(count_events "$run" finish)
     attempts=$(count_events "$run" start)
-    cmp -s "$wd/w.npy" "$REF_EXEC/w.npy" && same=true
+    "${EXEC_SAME[@]}" >"$wd/same.log" 2>&1 && same=true
     "$BIN" verify "$run" >"$wd/verify.log" 2>&1
     verify_rc=$?
     [[ $state == COMPLETED ]] || { ok=0; note "job state $state, expected COMPLETED"; }
     ((${restarts:-0} >= 1)) || { ok=0; note "Restarts=${restarts:-?}: the job was never requeued"; }
     ((stops >= 1 && resumes >= 1 && finishes == 1)) ||
         { ok=0; note "events: $stops stop, $resumes resume, $finishes finish (expected >=1, >=1, 1)"; }
-    [[ $same == true ]] || { ok=0; note "final weights differ from the uninterrupted run's ($wd/w.npy vs $REF_EXEC/w.npy)"; }
+    [[ $same == true ]] || { ok=0; note "the final state differs from the uninterrupted run's: $(tail -n 2 "$wd/same.log")"; }
     ((verify_rc == 0)) || { ok=0; note "rekindle verify failed: $(tail -n 3 "$wd/verify.log")"; }
     local result=PASS
     ((ok)) || result=FAIL
-    echo "$result exec: job $job $state, restarts ${restarts:-?}, $stops stop / $resumes resume / $finishes finish, byte-identical $same (${NOTES[*]:-})"
-    printf '{"drill":"exec","result":"%s","job":"%s","state":"%s","restarts":%s,"attempts":%s,"stops":%s,"resumes":%s,"finishes":%s,"byte_identical":%s,"seconds":%s}\n' \
-        "$result" "$job" "$state" "${restarts:-null}" "$attempts" "$stops" "$resumes" "$finishes" "$same" "$(elapsed "$t_start")"
+    echo "$result $drill: job $job $state, restarts ${restarts:-?}, $stops stop / $resumes resume / $finishes finish, $key $same (${NOTES[*]:-})"
+    printf '{"drill":"%s","result":"%s","job":"%s","state":"%s","restarts":%s,"attempts":%s,"stops":%s,"resumes":%s,"finishes":%s,"%s":%s,"seconds":%s}\n' \
+        "$drill" "$result" "$job" "$state" "${restarts:-null}" "$attempts" "$stops" "$resumes" "$finishes" "$key" "$same" \
+        "$(elapsed "$t_start")"
     ((ok)) && return 3
     return 4
 }
@@ -851,5 +949,6 @@ done
 [[ -n $ref_dp_pid ]] && ended_ok "$ref_dp_pid"
 [[ -n $ref_own_pid ]] && ended_ok "$ref_own_pid"
 [[ -n $ref_exec_pid ]] && ended_ok "$ref_exec_pid"
+[[ -n $ref_ddp_pid ]] && ended_ok "$ref_ddp_pid"
 log "work folder: $WORK"
 exit $failed

@@ -88,6 +88,7 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
         RunError::ChildFailed { class, why, .. } => return (*class, why.clone()),
         RunError::ExecRuntime { .. } => (Transient, "the supervisor's event loop could not start (a resource limit)"),
         RunError::Seal { .. } => (Deterministic, "`rekindle seal` was called wrongly"),
+        RunError::World { .. } => (Transient, "the tasks of the job step could not meet (a task failed or its node)"),
     };
     (class, why.to_string())
 }
@@ -115,6 +116,7 @@ fn checkpoint_class(e: &CheckpointError) -> (CrashClass, String) {
         | CheckpointError::Injected(_) => (Transient, "an I/O error writing a checkpoint"),
         CheckpointError::NoSpace { .. } => (Transient, "no space for a checkpoint (space may be freed)"),
         CheckpointError::Parts { .. } => (Transient, "another rank could not write its part of a checkpoint"),
+        CheckpointError::World { .. } => (Transient, "a rank of the program did not seal its part of a checkpoint"),
         CheckpointError::BadTensor { .. } => (Deterministic, "a tensor that cannot be saved"),
         CheckpointError::NotOwner { .. } => (Deterministic, "another process took the run directory over"),
         CheckpointError::WrongKind { .. } => (Deterministic, "a checkpoint of the other lifecycle (run or exec)"),

@@ -113,6 +113,9 @@ pub enum RunError {
     ExecRuntime { source: io::Error },
     #[error("rekindle seal: {reason}")]
     Seal { reason: String },
+    /// A task of a job step of several under `rekindle exec` (exec/world.rs).
+    #[error("rekindle exec, a task of several: {reason}")]
+    World { reason: String },
 }
 
 impl RunError {

@@ -113,6 +113,11 @@ pub enum CheckpointError {
          staging directory every rank wrote into is removed) and earlier checkpoints are untouched"
     )]
     Parts { step: u64, reason: String },
+    #[error(
+        "world checkpoint of step {step}: {reason}; nothing was committed (every rank's part is removed) and \
+         earlier checkpoints are untouched"
+    )]
+    World { step: u64, reason: String },
     #[error("failpoint {0} injected an error")]
     Injected(String),
     #[error(

@@ -86,24 +86,7 @@ impl CheckpointStore {
         let started = Instant::now();
         let refuse = |reason: String| CheckpointError::Seal { dir: staged.to_path_buf(), step, reason };
         let staged_real = self.check_staged(staged, step)?;
-        let newest = self.list(VerifyLevel::Quick)?.into_iter().find(|i| i.valid);
-        if let Some(newest) = &newest {
-            refuse_other_kind(&newest.dir, CheckpointKind::Files)?;
-            if step <= newest.step {
-                return Err(refuse(format!(
-                    "step {step} is not newer than the newest checkpoint (step {}, {}); seal a later step",
-                    newest.step,
-                    newest.dir.display()
-                )));
-            }
-        }
-        let final_dir = self.step_dir(step);
-        if fs::symlink_metadata(&final_dir).is_ok() {
-            return Err(refuse(format!(
-                "{} exists and does not verify; move it away (or run `rekindle exec` again, which quarantines it)",
-                final_dir.display()
-            )));
-        }
+        let final_dir = self.check_newer(staged, step)?;
         // The program owns the staged name and may change what it points to
         // at any moment: move the directory under a name of rekindle's first,
         // then check that what was moved is a real directory, and work only
@@ -142,24 +125,28 @@ impl CheckpointStore {
     /// again on a failure.
     fn seal_moved(&self, sealing: &Path, final_dir: &Path, step: u64) -> Result<(u64, Vec<PathBuf>), CheckpointError> {
         let refuse = |reason: String| CheckpointError::Seal { dir: sealing.to_path_buf(), step, reason };
-        let entries = staged_files(sealing).map_err(refuse)?;
+        let entries = staged_files(sealing, false).map_err(refuse)?;
         // Tests swap a listed file for a FIFO here.
         fail::fail_point!("checkpoint::seal::after_list");
+        let files = sync_and_hash(sealing, entries, step)?;
+        self.commit_files(sealing, final_dir, step, files)
+    }
+
+    /// Steps 3 to 6 of the module header on `sealing`, a directory of
+    /// rekindle's own name holding exactly `files`, each fsynced and hashed
+    /// already: the bytes committed and the checkpoints rotated out. Shared
+    /// by a seal and by the commit of a world's parts (`world.rs`).
+    pub(super) fn commit_files(
+        &self,
+        sealing: &Path,
+        final_dir: &Path,
+        step: u64,
+        files: Vec<ManifestEntry>,
+    ) -> Result<(u64, Vec<PathBuf>), CheckpointError> {
         let werr = |path: &Path| {
             let path = path.to_path_buf();
             move |source| CheckpointError::Write { step, path, source }
         };
-        let mut files = Vec::new();
-        for name in entries {
-            let path = sealing.join(&name);
-            // The program wrote the file; its data reaches the disk here.
-            // Opened without following a link or blocking on a FIFO swapped in.
-            crate::confine::open_regular(&path)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| refuse(format!("`{name}`: {e}")))?;
-            let (bytes, sha256, _) = read_hashed(&path, false).map_err(werr(&path))?;
-            files.push(ManifestEntry { name, bytes, sha256 });
-        }
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             kind: CheckpointKind::Files,
@@ -198,9 +185,35 @@ impl CheckpointStore {
         Ok((manifest.total_bytes() + manifest_bytes, rotated_out))
     }
 
+    /// The directory the checkpoint of `step` will be committed to, when
+    /// `step` is newer than the newest valid checkpoint (a files checkpoint)
+    /// and nothing is in its way; a refusal to seal `dir` otherwise.
+    pub(super) fn check_newer(&self, dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
+        let refuse = |reason: String| CheckpointError::Seal { dir: dir.to_path_buf(), step, reason };
+        let newest = self.list(VerifyLevel::Quick)?.into_iter().find(|i| i.valid);
+        if let Some(newest) = &newest {
+            refuse_other_kind(&newest.dir, CheckpointKind::Files)?;
+            if step <= newest.step {
+                return Err(refuse(format!(
+                    "step {step} is not newer than the newest checkpoint (step {}, {}); seal a later step",
+                    newest.step,
+                    newest.dir.display()
+                )));
+            }
+        }
+        let final_dir = self.step_dir(step);
+        if fs::symlink_metadata(&final_dir).is_ok() {
+            return Err(refuse(format!(
+                "{} exists and does not verify; move it away (or run `rekindle exec` again, which quarantines it)",
+                final_dir.display()
+            )));
+        }
+        Ok(final_dir)
+    }
+
     /// `staged`, resolved, when it is a real directory directly under the
     /// staging directory.
-    fn check_staged(&self, staged: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
+    pub(super) fn check_staged(&self, staged: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
         let refuse = |reason: String| CheckpointError::Seal { dir: staged.to_path_buf(), step, reason };
         let meta = fs::symlink_metadata(staged).map_err(|e| refuse(format!("cannot read it: {e}")))?;
         if meta.file_type().is_symlink() || !meta.is_dir() {
@@ -251,9 +264,31 @@ impl CheckpointStore {
     }
 }
 
+/// Fsyncs each of the files `names` of `dir` (the program wrote them: their
+/// data reaches the disk here) and hashes it as it reads it back: their
+/// manifest entries. A file opened without following a link or blocking
+/// on a FIFO swapped in; one that is no longer a plain file is refused.
+pub(super) fn sync_and_hash(dir: &Path, names: Vec<String>, step: u64) -> Result<Vec<ManifestEntry>, CheckpointError> {
+    let mut files = Vec::new();
+    for name in names {
+        let path = dir.join(&name);
+        crate::confine::open_regular(&path).and_then(|f| f.sync_all()).map_err(|e| CheckpointError::Seal {
+            dir: dir.to_path_buf(),
+            step,
+            reason: format!("`{name}`: {e}"),
+        })?;
+        let (bytes, sha256, _) =
+            read_hashed(&path, false).map_err(|source| CheckpointError::Write { step, path: path.clone(), source })?;
+        files.push(ManifestEntry { name, bytes, sha256 });
+    }
+    Ok(files)
+}
+
 /// The names of the files of a staged directory, sorted, or why it cannot be
-/// sealed: empty, or holding anything but plain files with plain names.
-fn staged_files(dir: &Path) -> Result<Vec<String>, String> {
+/// sealed: holding anything but plain files with plain names, or empty
+/// (unless `may_be_empty`: a rank's part of a world checkpoint, where only
+/// some ranks write files).
+pub(super) fn staged_files(dir: &Path, may_be_empty: bool) -> Result<Vec<String>, String> {
     let mut names = Vec::new();
     let entries = fs::read_dir(dir).map_err(|e| format!("cannot list it: {e}"))?;
     for entry in entries {
@@ -273,7 +308,7 @@ fn staged_files(dir: &Path) -> Result<Vec<String>, String> {
         }
         names.push(name);
     }
-    if names.is_empty() {
+    if names.is_empty() && !may_be_empty {
         return Err("it is empty: write the checkpoint's files into it first".into());
     }
     names.sort();
@@ -281,11 +316,12 @@ fn staged_files(dir: &Path) -> Result<Vec<String>, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::checkpoint::{Snapshot, TensorSet};
 
-    fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    /// A directory `name` under the staging directory holding `files`.
+    pub(in crate::checkpoint) fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
         let dir = store.staging_dir().join(name);
         fs::create_dir_all(&dir).unwrap();
         for (file, bytes) in files {

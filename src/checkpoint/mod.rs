@@ -9,6 +9,7 @@
 //! - `quarantine.rs`: where checkpoints that fail verification at resume are moved.
 //! - `verify.rs`: what makes a checkpoint valid; reading one through those checks.
 //! - `hashed_io.rs`: writes and reads hashed on the same pass; fsyncs.
+//! - `world.rs`: a files checkpoint written in parts by the ranks of a distributed program.
 //! - `parts.rs`: optimizer state written in parts, one per rank (ZeRO-1), and reassembled at load.
 //! - `manifest.rs`, `safetensors_io.rs`, `tensor.rs`: the file formats and host tensors.
 //! - `error.rs`: [`CheckpointError`] and per-file failures.
@@ -30,6 +31,7 @@ mod safetensors_io;
 mod store;
 mod tensor;
 mod verify;
+mod world;
 
 pub use error::{CheckpointError, FileFailure, Problem};
 pub use files::{FilesOutcome, STAGING_DIR};
@@ -46,3 +48,4 @@ pub use tensor::{
     DType, HostTensor, SharedBytes, TensorBytes, TensorError, TensorSet, copy_parallel, payload_bytes, reusable,
 };
 pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};
+pub use world::{PartSealed, WorldRank};

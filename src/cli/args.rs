@@ -110,6 +110,15 @@ pub struct SealArgs {
     /// The run directory (default: REKINDLE_RUN_DIR, set by `rekindle exec`).
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
+    /// This process's rank in a distributed program (torch's RANK): DIR is
+    /// its part of the world's checkpoint of step N, maybe empty; rank 0
+    /// waits for every rank's part ([distributed] timeout) and commits them
+    /// under one manifest. Needs --world-size.
+    #[arg(long, value_name = "R", requires = "world_size")]
+    pub rank: Option<usize>,
+    /// The number of ranks of the program (torch's WORLD_SIZE); needs --rank.
+    #[arg(long, value_name = "W", requires = "rank")]
+    pub world_size: Option<usize>,
 }
 
 // --- verify, checkpoints, status, report (cli/inspect.rs) ---

@@ -109,6 +109,11 @@ pub enum Command {
     /// `rekindle exec` the run directory comes from REKINDLE_RUN_DIR. Prints the
     /// checkpoint's directory; exit 1 (nothing sealed, DIR left as it was) with
     /// the reason otherwise.
+    ///
+    /// In a distributed program every rank seals each checkpoint's step with
+    /// `--rank R --world-size W`: its DIR (maybe empty) is its part; rank 0
+    /// commits the world's checkpoint once every part is in, under one
+    /// manifest (docs/exec.md, "Distributed programs").
     Seal(SealArgs),
     /// Verify checkpoints: every file's size and SHA-256 against its manifest.
     ///

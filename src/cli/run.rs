@@ -34,7 +34,12 @@ pub(super) fn exec(args: ExecArgs) -> Result<Outcome, CliError> {
 }
 
 pub(super) fn seal(args: SealArgs) -> Result<Outcome, CliError> {
-    let opts = exec::SealOptions { staged: args.dir, step: args.step, run_dir: args.run_dir };
+    let opts = exec::SealOptions {
+        staged: args.dir,
+        step: args.step,
+        run_dir: args.run_dir,
+        rank: args.rank.zip(args.world_size),
+    };
     let dir = exec::seal(&opts)?;
     outln!("{}", dir.display());
     Ok(Outcome::Done)

@@ -83,7 +83,7 @@ pub fn supervise(
     env: &ChildEnv,
     cfg: &Config,
     stop: &StopFlag,
-    lock: &LockOwnership,
+    lock: Option<&LockOwnership>,
     events: &mut EventLog,
     on_spawn: impl FnOnce(u32, &mut EventLog),
 ) -> Result<Supervised, RunError> {
@@ -121,7 +121,7 @@ pub fn supervise(
                 _ = usr2.recv() => {}
                 _ = tick.tick() => {}
             }
-            if !lock_lost && lock.is_lost() {
+            if !lock_lost && lock.is_some_and(LockOwnership::is_lost) {
                 lock_lost = true;
                 tracing::error!(pid, "the run directory's lock was lost: killing the program's process group");
                 kill_group(group, Signal::SIGKILL);
@@ -179,7 +179,7 @@ pub fn supervise(
 fn spawn(command: &[OsString], env: &ChildEnv) -> std::io::Result<tokio::process::Child> {
     let (program, args) = command.split_first().ok_or_else(|| std::io::Error::other("no command given"))?;
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).envs(env.vars()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    cmd.args(args).envs(env.all_vars()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
     for var in env.unset() {
         cmd.env_remove(var);
     }
@@ -203,13 +203,26 @@ fn spawn(command: &[OsString], env: &ChildEnv) -> std::io::Result<tokio::process
 /// the `signal` event.
 fn take_stop(signal: SignalStop, cfg: &Config, env: &ChildEnv, events: &mut EventLog) -> StopTaken {
     let (reason, arrival) = (StopReason::Signal(signal), signal.arrival);
-    let deadline = budget::stop_deadline(reason, cfg.signals.grace, cfg.signals.safety_margin);
-    let left = budget::seconds_left(deadline, Instant::now());
+    let mut deadline = budget::stop_deadline(reason, cfg.signals.grace, cfg.signals.safety_margin);
     let unix_now = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
-    let notice = StopNotice { signal: reason.name(), deadline: unix_now + left.unwrap_or(0.0) };
-    if let Err(e) = crate::rundir::write_atomically(&env.stop_file, &notice.to_bytes()) {
-        tracing::error!(error = %e, path = %env.stop_file.display(), "could not write the stop file; the program still gets SIGTERM");
+    let notice = StopNotice {
+        signal: reason.name(),
+        deadline: unix_now + budget::seconds_left(deadline, Instant::now()).unwrap_or(0.0),
+    };
+    match publish_stop(&env.stop_file, &notice) {
+        Ok(None) => {}
+        // Another task's supervisor wrote it first (a job step of several,
+        // one stop file): its deadline is the world's.
+        Ok(Some(first)) => {
+            let ahead = Duration::from_secs_f64((first.deadline - unix_now).max(0.0));
+            deadline = Some(Deadline { at: Instant::now() + ahead });
+            tracing::info!(signal = %first.signal, deadline = first.deadline, "another task's stop came first: its deadline holds for this one too");
+        }
+        Err(e) => {
+            tracing::error!(error = %e, path = %env.stop_file.display(), "could not write the stop file; the program still gets SIGTERM");
+        }
     }
+    let left = budget::seconds_left(deadline, Instant::now());
     tracing::warn!(reason = %reason.name(), seconds_left = ?left, "stop requested: the program has until the deadline to seal a checkpoint and exit");
     record_or_log(
         events,
@@ -222,6 +235,27 @@ fn take_stop(signal: SignalStop, cfg: &Config, env: &ChildEnv, events: &mut Even
         }),
     );
     StopTaken { reason, deadline }
+}
+
+/// Writes the stop file unless it exists: `Ok(None)` when this notice is
+/// the stop file now, `Ok(Some(first))` with the notice another process
+/// wrote first. The file appears whole or not at all (a temporary file,
+/// hard-linked into place: the link fails if the name exists), so that the
+/// supervisors of one job step agree on one deadline.
+fn publish_stop(path: &std::path::Path, notice: &StopNotice) -> std::io::Result<Option<StopNotice>> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let tmp = dir.join(format!(".stop-{}.tmp", std::process::id()));
+    std::fs::write(&tmp, notice.to_bytes()).and_then(|()| std::fs::File::open(&tmp)?.sync_all())?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => std::fs::File::open(dir)?.sync_all().map(|()| None),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let bytes = crate::confine::read_bounded(path, 1 << 16)?;
+            serde_json::from_slice(&bytes).map(Some).map_err(std::io::Error::other)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Sends `sig` to the whole group; a group already gone is fine.

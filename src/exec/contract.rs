@@ -31,12 +31,17 @@ pub const ENV_BIN: &str = "REKINDLE_BIN";
 /// `rekindle seal` commits under.
 pub const ENV_EXEC_PID: &str = "REKINDLE_EXEC_PID";
 
+/// `REKINDLE_EXEC_HOST`: the node of that supervisor, as its lock names it;
+/// set only for a task of a job step of several (exec/world.rs), whose
+/// supervisor of record (task 0's) may run on another node.
+pub const ENV_EXEC_HOST: &str = "REKINDLE_EXEC_HOST";
+
 /// The stop file's name in the run directory.
 pub const STOP_FILE: &str = "stop-requested.json";
 
 /// Every variable of the contract (each is set, or removed from what the
 /// program inherits, so that nothing of an outer run leaks in).
-pub const ALL_VARS: [&str; 8] = [
+pub const ALL_VARS: [&str; 9] = [
     ENV_PROTOCOL,
     ENV_RUN_DIR,
     ENV_RESUME_FROM,
@@ -45,6 +50,7 @@ pub const ALL_VARS: [&str; 8] = [
     ENV_DEADLINE,
     ENV_BIN,
     ENV_EXEC_PID,
+    ENV_EXEC_HOST,
 ];
 
 /// What the program is told.
@@ -57,6 +63,11 @@ pub struct ChildEnv {
     pub deadline: Option<i64>,
     pub bin: PathBuf,
     pub exec_pid: u32,
+    /// The supervisor of record's node, in a job step of several tasks.
+    pub exec_host: Option<String>,
+    /// Variables of the program's own launcher (torch's `env://` ones, from
+    /// SLURM's: exec/world.rs) that its environment lacked: set as they are.
+    pub launcher: Vec<(&'static str, String)>,
 }
 
 impl ChildEnv {
@@ -76,6 +87,16 @@ impl ChildEnv {
         if let Some(deadline) = self.deadline {
             vars.push((ENV_DEADLINE, OsString::from(deadline.to_string())));
         }
+        if let Some(host) = &self.exec_host {
+            vars.push((ENV_EXEC_HOST, OsString::from(host)));
+        }
+        vars
+    }
+
+    /// [`vars`](Self::vars) and the launcher's variables: all the program is given.
+    pub fn all_vars(&self) -> Vec<(&'static str, OsString)> {
+        let mut vars = self.vars();
+        vars.extend(self.launcher.iter().map(|(k, v)| (*k, OsString::from(v))));
         vars
     }
 
@@ -124,6 +145,8 @@ mod tests {
             deadline,
             bin: "/usr/bin/rekindle".into(),
             exec_pid: 7,
+            exec_host: None,
+            launcher: Vec::new(),
         }
     }
 
@@ -132,7 +155,7 @@ mod tests {
         let e = env(None, None);
         let names: Vec<&str> = e.vars().iter().map(|(k, _)| *k).collect();
         assert!(!names.contains(&ENV_RESUME_FROM) && !names.contains(&ENV_DEADLINE));
-        assert_eq!(e.unset(), vec![ENV_RESUME_FROM, ENV_DEADLINE]);
+        assert_eq!(e.unset(), vec![ENV_RESUME_FROM, ENV_DEADLINE, ENV_EXEC_HOST]);
         assert!(e.vars().contains(&(ENV_PROTOCOL, "1".into())));
         assert!(e.vars().contains(&(ENV_STOP_FILE, "runs/x/stop-requested.json".into())));
     }
@@ -142,8 +165,11 @@ mod tests {
         let e = env(Some("runs/x/checkpoints/step-0000000040"), Some(1_790_000_000));
         assert!(e.vars().contains(&(ENV_RESUME_FROM, "runs/x/checkpoints/step-0000000040".into())));
         assert!(e.vars().contains(&(ENV_DEADLINE, "1790000000".into())));
-        assert!(e.unset().is_empty());
-        assert_eq!(e.vars().len(), ALL_VARS.len());
+        assert_eq!(e.unset(), vec![ENV_EXEC_HOST], "one task: its own supervisor, on its own node");
+        let task = ChildEnv { exec_host: Some("n1".into()), launcher: vec![("RANK", "1".into())], ..e };
+        assert!(task.unset().is_empty());
+        assert_eq!(task.vars().len(), ALL_VARS.len());
+        assert!(task.all_vars().contains(&("RANK", "1".into())) && !task.vars().iter().any(|(k, _)| *k == "RANK"));
     }
 
     #[test]

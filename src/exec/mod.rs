@@ -20,13 +20,20 @@
 //!              durable checkpoint, else 1 ─ crashed: requeue when transient
 //!              (bounded), `error`, exit 1
 //! seal.rs      `rekindle seal DIR --step N`: a staged directory becomes a
-//!              checkpoint (checkpoint/files.rs) under the supervisor's lock
+//!              checkpoint (checkpoint/files.rs) under the supervisor's lock;
+//!              with `--rank R --world-size W` one rank's part of the
+//!              world's checkpoint (checkpoint/world.rs)
+//! world.rs     a job step of several tasks: task 0 runs all of the above
+//!              and publishes what the others need; they run their copy of
+//!              the program with the same contract and torch's env://
+//!              variables, and exit with task 0's code
 //! ```
 
 mod child;
 mod contract;
 mod seal;
 mod verdict;
+mod world;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -56,10 +63,11 @@ use crate::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use child::{StopTaken, Supervised};
 use contract::ChildEnv;
 use verdict::{ChildEnd, Verdict};
+use world::{Launch, Role, WorldRecord};
 
 pub use contract::{
-    ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STOP_FILE,
-    PROTOCOL, STOP_FILE,
+    ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_HOST, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR,
+    ENV_STOP_FILE, PROTOCOL, STOP_FILE,
 };
 pub use seal::{SealOptions, seal};
 
@@ -77,10 +85,41 @@ pub struct ExecOptions {
 
 /// Runs the program under the lifecycle (module header); `Done` when it
 /// finished, `StoppedWithCheckpoint` after a stop with a durable checkpoint.
+/// In a job step of several tasks, task 0 does so and tells the others how
+/// it ended; the others follow it (world.rs).
 pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     let stop = StopFlag::install().map_err(|source| RunError::RunDir { path: PathBuf::from("<signals>"), source })?;
-    let (cfg, max_steps) = load_config(opts)?;
     let slurm = SlurmEnv::from_process();
+    let leader = match Role::of(&slurm) {
+        Role::Follower(launch) => return follow(opts, &stop, slurm, &launch),
+        Role::Leader(launch) => Some(launch),
+        Role::Alone => None,
+    };
+    let mut staging = None;
+    let result = lead(opts, &stop, slurm, leader.as_ref(), &mut staging);
+    if let (Some(launch), Some(staging)) = (&leader, &staging) {
+        let code = match &result {
+            Ok(outcome) => outcome.code(),
+            Err(e) => e.outcome().code(),
+        };
+        world::publish_end(staging, &launch.id, code);
+    }
+    result
+}
+
+/// The lifecycle of one `rekindle exec` (the module header), for a step of
+/// one task or as task 0 of several (`leader`: then the world record is
+/// published before the program starts). `staging` is set once the staging
+/// directory is known, for the leader's end record.
+fn lead(
+    opts: &ExecOptions,
+    stop: &StopFlag,
+    slurm: SlurmEnv,
+    leader: Option<&Launch>,
+    staging: &mut Option<PathBuf>,
+) -> Result<Outcome, RunError> {
+    let stop = stop.clone();
+    let (cfg, max_steps) = load_config(opts)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     rundir::claim(&root, &cfg)?;
     // Before anything is written: rekindle's own checkpoints are continued
@@ -94,6 +133,7 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     // The supervisor commits nothing itself (`rekindle seal` does), but it
     // quarantines and removes staged leftovers: only as the lock's owner.
     let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
+    *staging = Some(store.staging_dir());
     let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
     // Secrets redacted unless `[telemetry] record_raw_command`.
     let recorded = child::recorded_command(&cfg, &opts.command);
@@ -104,6 +144,7 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
         allocation: serde_json::to_value(&slurm).unwrap_or_default(),
         max_steps,
         placement: serde_json::json!({"exec": recorded.join(" ")}),
+        world_size: leader.map(|l| l.size as usize),
         ..Start::default()
     }))?;
     if let Some(takeover) = ownership.takeover() {
@@ -144,33 +185,43 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
     }
     let _ = std::fs::remove_file(contract::stop_file(&dir.root));
     let monitor = devices::start_job_monitor(&cfg, &dir);
-    let env = ChildEnv {
+    let mut env = ChildEnv {
         run_dir: absolute(&dir.root),
         resume_from: resumed.as_ref().map(|c| absolute(&c.dir)),
         checkpoint_dir: absolute(&store.staging_dir()),
         stop_file: absolute(&contract::stop_file(&dir.root)),
         deadline: slurm.end_time,
-        bin: std::env::current_exe().map_err(|source| RunError::RunDir { path: "<current exe>".into(), source })?,
+        bin: current_exe()?,
         exec_pid: std::process::id(),
+        exec_host: None,
+        launcher: Vec::new(),
     };
+    if let Some(launch) = leader {
+        // The other tasks start their programs only now, with what this one
+        // decided: the checkpoint to resume from, the lock seals commit under.
+        let record = WorldRecord {
+            launch: launch.id.clone(),
+            exec_pid: env.exec_pid,
+            exec_host: slurm.node_name(),
+            master_addr: crate::slurm::hostname(),
+            master_port: world::free_port()?,
+            resume_from: env.resume_from.clone(),
+            resume_step: start_step,
+            checkpoint_dir: env.checkpoint_dir.clone(),
+            stop_file: env.stop_file.clone(),
+            deadline: env.deadline,
+        };
+        env.exec_host = Some(record.exec_host.clone());
+        env.launcher = launcher_vars(launch, &record);
+        world::publish(&store.staging_dir(), &record)?;
+        tracing::info!(tasks = launch.size, master = %format!("{}:{}", record.master_addr, record.master_port), "task 0 of the job step: the other tasks start their programs");
+    }
+    let task = leader.map(|l| l.rank);
     let attempt =
         ExecAttempt { cfg, max_steps, dir, store, slurm, started: Instant::now(), start_step, resumes, monitor };
-    let supervised = child::supervise(&opts.command, &env, &attempt.cfg, &stop, &ownership, &mut events, |pid, ev| {
-        tracing::info!(pid, command = %recorded.join(" "), "the program started");
-        record_or_log(
-            ev,
-            &Event::ChildStart(ChildStart {
-                command: recorded.clone(),
-                pid,
-                protocol: PROTOCOL,
-                resume_from: env.resume_from.clone(),
-                resume_step: start_step,
-                checkpoint_dir: env.checkpoint_dir.clone(),
-                stop_file: env.stop_file.clone(),
-                deadline: env.deadline,
-            }),
-        );
-    });
+    let on_spawn = |pid, ev: &mut EventLog| record_child_start(ev, &recorded, pid, &env, start_step, task);
+    let supervised =
+        child::supervise(&opts.command, &env, &attempt.cfg, &stop, Some(&ownership), &mut events, on_spawn);
     let supervised = match supervised {
         Ok(s) => s,
         Err(e) => {
@@ -179,7 +230,118 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
             return Err(e);
         }
     };
-    attempt.end(&mut events, supervised, &stop, &opts.command)
+    attempt.end(&mut events, supervised, &stop, &opts.command, task)
+}
+
+/// A task other than 0 of a job step of several (world.rs): waits for task
+/// 0's world record, runs its own copy of the program with the same
+/// contract, and exits with task 0's code; at once with 1 when its program
+/// failed unasked (`srun --kill-on-bad-exit` then ends the other tasks).
+/// It takes no lock and writes only its `child_start` and `child_exit`.
+fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch) -> Result<Outcome, RunError> {
+    let (cfg, _) = load_config(opts)?;
+    let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    let staging = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg)).staging_dir();
+    // Task 0 may take the lock over from a dead holder or verify a large
+    // checkpoint first: as long as a rank may be silent.
+    let (timeout, grace) = (cfg.distributed.timeout, cfg.signals.grace);
+    tracing::info!(task = launch.rank, tasks = launch.size, "waiting for task 0 of the job step to start");
+    let Some(record) = world::wait_for_record(&staging, &launch.id, timeout, stop)? else {
+        tracing::warn!("stopped before the program started: task 0 decides what comes next");
+        return Ok(Outcome::from_code(world::wait_for_end(&staging, &launch.id, timeout + grace)?));
+    };
+    let mut events = EventLog::open(root.join(EVENTS_FILE), context(&slurm))?;
+    let env = ChildEnv {
+        run_dir: absolute(&root),
+        resume_from: record.resume_from.clone(),
+        checkpoint_dir: record.checkpoint_dir.clone(),
+        stop_file: record.stop_file.clone(),
+        deadline: record.deadline,
+        bin: current_exe()?,
+        exec_pid: record.exec_pid,
+        exec_host: Some(record.exec_host.clone()),
+        launcher: launcher_vars(launch, &record),
+    };
+    let recorded = child::recorded_command(&cfg, &opts.command);
+    let task = Some(launch.rank);
+    let on_spawn = |pid, ev: &mut EventLog| record_child_start(ev, &recorded, pid, &env, record.resume_step, task);
+    let ran = child::supervise(&opts.command, &env, &cfg, stop, None, &mut events, on_spawn)?;
+    let end = ChildEnd::from_status(ran.status);
+    let verdict = verdict::verdict(end, ran.stop.is_some(), false, 0);
+    record_or_log(&mut events, &child_exit(&ran, end, &verdict, None, 0, task));
+    let _ = events.sync();
+    if let Verdict::Crashed { class, why } = verdict {
+        tracing::error!(task = launch.rank, how = %end.describe(), "the program failed: ending this task, and with it the job step");
+        return Err(RunError::ChildFailed { command: recorded.join(" "), how: end.describe(), class, why });
+    }
+    tracing::info!(task = launch.rank, how = %end.describe(), "the program ended; waiting for task 0 to end the attempt");
+    Ok(Outcome::from_code(world::wait_for_end(&staging, &launch.id, timeout + grace)?))
+}
+
+/// `child_exit` for the program that ran as `ran` and ended as `end`.
+fn child_exit(
+    ran: &Supervised,
+    end: ChildEnd,
+    verdict: &Verdict,
+    last_sealed_step: Option<u64>,
+    sealed_this_attempt: u64,
+    task: Option<u32>,
+) -> Event {
+    let (exit_code, signal) = match end {
+        ChildEnd::Exited(code) => (Some(code), None),
+        ChildEnd::Signaled(sig) => (None, Some(verdict::signal_name(sig))),
+    };
+    Event::ChildExit(ChildExit {
+        pid: ran.pid,
+        exit_code,
+        signal,
+        seconds: ran.seconds,
+        stop_requested: ran.stop.is_some(),
+        killed_at_deadline: ran.killed_at_deadline,
+        last_sealed_step,
+        sealed_this_attempt,
+        verdict: verdict.name().into(),
+        stderr_tail: ran.stderr_tail.clone(),
+        task,
+    })
+}
+
+/// torch's variables for `launch` that this process's environment lacks.
+fn launcher_vars(launch: &Launch, record: &WorldRecord) -> Vec<(&'static str, String)> {
+    world::torch_vars(launch, &record.master_addr, record.master_port)
+        .into_iter()
+        .filter(|(k, _)| std::env::var_os(k).is_none_or(|v| v.is_empty()))
+        .collect()
+}
+
+fn current_exe() -> Result<PathBuf, RunError> {
+    std::env::current_exe().map_err(|source| RunError::RunDir { path: "<current exe>".into(), source })
+}
+
+/// `child_start` for the program `pid` started with `env`.
+fn record_child_start(
+    events: &mut EventLog,
+    recorded: &[String],
+    pid: u32,
+    env: &ChildEnv,
+    resume_step: Option<u64>,
+    task: Option<u32>,
+) {
+    tracing::info!(pid, command = %recorded.join(" "), "the program started");
+    record_or_log(
+        events,
+        &Event::ChildStart(ChildStart {
+            command: recorded.to_vec(),
+            pid,
+            protocol: PROTOCOL,
+            resume_from: env.resume_from.clone(),
+            resume_step,
+            checkpoint_dir: env.checkpoint_dir.clone(),
+            stop_file: env.stop_file.clone(),
+            deadline: env.deadline,
+            task,
+        }),
+    );
 }
 
 /// The config of `opts`, or every default with the overrides.
@@ -266,36 +428,19 @@ impl ExecAttempt {
         ran: Supervised,
         stop: &StopFlag,
         command: &[OsString],
+        task: Option<u32>,
     ) -> Result<Outcome, RunError> {
         let end = ChildEnd::from_status(ran.status);
         let seals = self.sealed();
         let sealed = seals.this_attempt;
         let newest = self.newest_step();
         let verdict = verdict::verdict(end, ran.stop.is_some(), ran.lock_lost, sealed);
-        let (exit_code, signal) = match end {
-            ChildEnd::Exited(code) => (Some(code), None),
-            ChildEnd::Signaled(sig) => (None, Some(verdict::signal_name(sig))),
-        };
         tracing::info!(pid = ran.pid, how = %end.describe(), verdict = verdict.name(), sealed, "the program ended");
         if verdict == Verdict::LockLost {
             // Another process owns the run directory: nothing more is written.
             return Err(RunError::LockLost { dir: self.dir.root.clone() });
         }
-        record_or_log(
-            events,
-            &Event::ChildExit(ChildExit {
-                pid: ran.pid,
-                exit_code,
-                signal,
-                seconds: ran.seconds,
-                stop_requested: ran.stop.is_some(),
-                killed_at_deadline: ran.killed_at_deadline,
-                last_sealed_step: newest,
-                sealed_this_attempt: sealed,
-                verdict: verdict.name().into(),
-                stderr_tail: ran.stderr_tail.clone(),
-            }),
-        );
+        record_or_log(events, &child_exit(&ran, end, &verdict, newest, sealed, task));
         match verdict {
             Verdict::Finished => self.finish(events, newest, sealed),
             Verdict::Stopped => {

@@ -9,15 +9,22 @@
 //! again right before the rename. Outside `exec` the seal takes the lock
 //! itself, like any writer of a run directory. Seals of one run run one at
 //! a time (an exclusive lock on `checkpoints/.seal.lock`).
+//!
+//! With `--rank R --world-size W` (a distributed program) the staged
+//! directory is rank R's part of the world's checkpoint (checkpoint/world.rs):
+//! a rank other than 0 seals its part and returns, taking no lock (it
+//! commits nothing); rank 0 seals its own, waits for every other rank's
+//! (`[distributed] timeout`) and commits them under one manifest, as a
+//! plain seal commits.
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{CheckpointStore, CommitGuard};
+use crate::checkpoint::{CheckpointStore, CommitGuard, WorldRank};
 use crate::config::{self, AnyKind};
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, EventLog};
 
-use super::contract::{ENV_EXEC_PID, ENV_RUN_DIR};
+use super::contract::{ENV_EXEC_HOST, ENV_EXEC_PID, ENV_RUN_DIR};
 use crate::attempt::ending::record_or_log;
 use crate::attempt::error::RunError;
 use crate::attempt::records::context;
@@ -33,6 +40,9 @@ pub struct SealOptions {
     pub step: u64,
     /// The run directory (default: `REKINDLE_RUN_DIR`).
     pub run_dir: Option<PathBuf>,
+    /// `(rank, world size)` of a distributed program: the staged directory
+    /// is this rank's part of the world's checkpoint (checkpoint/world.rs).
+    pub rank: Option<(usize, usize)>,
 }
 
 /// Seals the staged directory; returns the checkpoint's directory.
@@ -63,6 +73,33 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
             })
         })?
         .config;
+    let who = opts
+        .rank
+        .map(|(rank, world)| WorldRank::new(rank, world).map_err(|reason| RunError::Seal { reason }))
+        .transpose()?;
+    if let Some(who) = who.filter(|w| w.rank != 0) {
+        // A part commits nothing: no lock of its own (rank 0 commits under
+        // the supervisor's), no wait for the others.
+        let store = CheckpointStore::open_read_only(checkpoints_dir(&root, &cfg));
+        let mut events = EventLog::open(root.join(EVENTS_FILE), context(&SlurmEnv::from_process()))?;
+        return match store.seal_part(&opts.staged, opts.step, who) {
+            Ok(part) => {
+                tracing::info!(
+                    step = part.step,
+                    rank = who.rank,
+                    world = who.world,
+                    files = part.files.len(),
+                    bytes = part.bytes,
+                    "part sealed; rank 0 commits the world's checkpoint"
+                );
+                Ok(part.dir)
+            }
+            Err(e) => {
+                record_or_log(&mut events, &failed(opts.step, who, &e));
+                Err(e.into())
+            }
+        };
+    }
     // Held until the seal returns when this process had to take it.
     let (guard, _own_lock) = match std::env::var(ENV_EXEC_PID).ok() {
         Some(pid) => (supervisor_guard(&root, &pid)?, None),
@@ -76,7 +113,13 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
     let _one_at_a_time = seal_lock(&checkpoints)?;
     let store = CheckpointStore::open(&checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
     let mut events = EventLog::open(root.join(EVENTS_FILE), context(&SlurmEnv::from_process()))?;
-    match store.seal(&opts.staged, opts.step) {
+    let sealed = match who {
+        None => store.seal(&opts.staged, opts.step),
+        Some(who) => store
+            .seal_part(&opts.staged, opts.step, who)
+            .and_then(|_| store.commit_world(opts.step, who.world, cfg.distributed.timeout)),
+    };
+    match sealed {
         Ok(report) => {
             tracing::info!(step = report.step, dir = %report.dir.display(), bytes = report.bytes, seconds = report.seconds, "sealed");
             record_or_log(&mut events, &saved(&report, None));
@@ -112,6 +155,16 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
     }
 }
 
+/// The `checkpoint_failed` of a rank's part that could not be sealed.
+fn failed(step: u64, who: WorldRank, e: &crate::checkpoint::CheckpointError) -> Event {
+    Event::CheckpointFailed(CheckpointFailed {
+        step,
+        kind: "sealed".into(),
+        error: format!("rank {} of {}: {e}", who.rank, who.world),
+        consecutive_failures: None,
+    })
+}
+
 fn saved(report: &crate::checkpoint::SaveReport, warning: Option<String>) -> Event {
     Event::CheckpointSaved(CheckpointSaved {
         step: report.step,
@@ -121,6 +174,7 @@ fn saved(report: &crate::checkpoint::SaveReport, warning: Option<String>) -> Eve
         gb_per_s: (report.seconds > 0.0).then(|| report.bytes as f64 / report.seconds / 1e9),
         dir: Some(report.dir.clone()),
         rotated_out: Some(report.rotated_out.clone()),
+        parts_wait_seconds: report.parts.map(|p| p.wait_seconds),
         warning,
         ..CheckpointSaved::default()
     })
@@ -167,14 +221,17 @@ fn seal_lock(checkpoints: &Path) -> Result<std::fs::File, RunError> {
 }
 
 /// A commit guard for a seal under `rekindle exec`: the lock file names the
-/// supervisor (`pid` on this node, named as the lock names it: the SLURM
-/// node name, else the host name) now, and still does (same token) right
-/// before the rename.
+/// supervisor (`pid` on `REKINDLE_EXEC_HOST`, else on this node, named as
+/// the lock names it: the SLURM node name, else the host name) now, and
+/// still does (same token) right before the rename.
 fn supervisor_guard(root: &Path, pid: &str) -> Result<CommitGuard, RunError> {
     let lock_path = root.join(LOCK_FILE);
     let pid: u32 =
         pid.parse().map_err(|_| RunError::Seal { reason: format!("{ENV_EXEC_PID}={pid} is not a process id") })?;
-    let host = SlurmEnv::from_process().node_name();
+    // In a job step of several tasks the supervisor of record (task 0's)
+    // may run on another node: it is named.
+    let host = std::env::var(ENV_EXEC_HOST).ok().filter(|h| !h.is_empty());
+    let host = host.unwrap_or_else(|| SlurmEnv::from_process().node_name());
     let info = LockInfo::read(&lock_path).filter(|i| i.pid == pid && i.host == host).ok_or_else(|| RunError::Seal {
         reason: format!(
             "the lock {} does not name the supervising `rekindle exec` (pid {pid} on {host}): it has exited, or \

@@ -29,6 +29,17 @@ pub struct SlurmEnv {
     /// Tasks of this job step (`SLURM_STEP_NUM_TASKS`): how many copies of
     /// this program `srun` started. `None` outside a step (the batch shell).
     pub tasks: Option<u32>,
+    /// This task's rank in the step (`SLURM_PROCID`), inside a step.
+    pub procid: Option<u32>,
+    /// This task's rank on its node (`SLURM_LOCALID`).
+    pub localid: Option<u32>,
+    /// The index of this task's node in the step (`SLURM_NODEID`).
+    pub nodeid: Option<u32>,
+    /// Nodes of the step (`SLURM_STEP_NUM_NODES`, else `SLURM_NNODES`).
+    pub nodes: Option<u32>,
+    /// Tasks on each node of the step, compressed (`SLURM_STEP_TASKS_PER_NODE`,
+    /// else `SLURM_TASKS_PER_NODE`): `2(x3),1`.
+    pub tasks_per_node: Option<String>,
 }
 
 impl SlurmEnv {
@@ -56,6 +67,11 @@ impl SlurmEnv {
             end_time: get("SLURM_JOB_END_TIME").and_then(|v| v.parse().ok()),
             step_id: get("SLURM_STEP_ID").or_else(|| get("SLURM_STEPID")),
             tasks: get("SLURM_STEP_NUM_TASKS").and_then(|v| v.parse().ok()),
+            procid: get("SLURM_PROCID").and_then(|v| v.parse().ok()),
+            localid: get("SLURM_LOCALID").and_then(|v| v.parse().ok()),
+            nodeid: get("SLURM_NODEID").and_then(|v| v.parse().ok()),
+            nodes: get("SLURM_STEP_NUM_NODES").or_else(|| get("SLURM_NNODES")).and_then(|v| v.parse().ok()),
+            tasks_per_node: get("SLURM_STEP_TASKS_PER_NODE").or_else(|| get("SLURM_TASKS_PER_NODE")),
         }
     }
 

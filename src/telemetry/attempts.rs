@@ -154,7 +154,9 @@ pub fn attempts(events: &[RecordedEvent]) -> Vec<Attempt> {
                 }
             }
             Event::CheckpointSaved(_) => cur.checkpoints_saved += 1,
-            Event::ChildExit(exit) => {
+            // In a job step of several tasks, task 0's program is the
+            // attempt's (the others' may end after it).
+            Event::ChildExit(exit) if exit.task.is_none_or(|t| t == 0) => {
                 cur.program = Some(match (exit.exit_code, &exit.signal) {
                     (Some(code), _) => format!("exited with code {code}"),
                     (None, Some(signal)) => format!("was killed by {signal}"),
@@ -293,8 +295,9 @@ mod tests {
             ev(json!({"event": "child_exit", "exit_code": 0, "verdict": "finished", "last_sealed_step": 60})),
             ev(json!({"event": "finish", "step": 60})),
             ev(json!({"event": "start"})),
-            ev(json!({"event": "child_exit", "signal": "SIGKILL", "verdict": "stopped"})),
+            ev(json!({"event": "child_exit", "signal": "SIGKILL", "verdict": "stopped", "task": 0})),
             ev(json!({"event": "stop", "step": 40, "reason": "SIGTERM"})),
+            ev(json!({"event": "child_exit", "exit_code": 1, "verdict": "stopped", "task": 1})),
         ]);
         assert_eq!(a[0].because(), "the program finished at step 60");
         assert_eq!(a[0].program.as_deref(), Some("exited with code 0"));

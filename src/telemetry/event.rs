@@ -512,6 +512,10 @@ pub struct ChildStart {
     pub stop_file: PathBuf,
     /// `REKINDLE_DEADLINE` at the start (the job's end time), Unix seconds.
     pub deadline: Option<i64>,
+    /// In a job step of several tasks, the task (`SLURM_PROCID`) whose
+    /// supervisor started this copy of the program (absent for one task).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<u32>,
 }
 
 /// `child_exit`: how the program ended and what rekindle made of it.
@@ -537,6 +541,9 @@ pub struct ChildExit {
     /// Its last lines on stderr (at most 20, each at most 500 bytes),
     /// secrets redacted ([`Redactor::text`](super::Redactor::text)).
     pub stderr_tail: Vec<String>,
+    /// As in [`ChildStart::task`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<u32>,
 }
 
 /// `finish`.
@@ -1079,6 +1086,7 @@ mod tests {
                 checkpoint_dir: "runs/x/checkpoints/.staging".into(),
                 stop_file: "runs/x/stop-requested.json".into(),
                 deadline: Some(1_790_000_000),
+                task: Some(1),
             }),
             Event::ChildExit(ChildExit {
                 pid: 42,

@@ -72,6 +72,12 @@ const NOT_RUN: &[NotRun] = &[
         why: "trains in the background until `kill -TERM $!` (max_steps 100000): a signal measurement, not a \
               command that ends",
     },
+    NotRun {
+        file: "docs/exec.md",
+        needle: "torchrun --standalone",
+        why: "two DDP ranks of PyTorch (from the project's .venv, not on PATH) for 2000 steps: \
+              tests/it/torch_exec.rs runs this very program under `rekindle exec`, shortened",
+    },
 ];
 
 /// A word of the documentation that stands for something of the reader's own,

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 17] = [
+const DRILLS: [&str; 19] = [
     "term",
     "term-batch",
     "term-full",
@@ -33,6 +33,8 @@ const DRILLS: [&str; 17] = [
     "dp-nodeloss",
     "own",
     "exec",
+    "exec-ddp",
+    "exec-torchrun",
 ];
 
 fn repo() -> PathBuf {

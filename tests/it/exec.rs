@@ -262,7 +262,7 @@ fn seal_outside_exec_takes_the_lock_and_refuses_what_is_not_staged() {
 }
 
 #[test]
-fn the_orchestrator_script_runs_exec_outside_slurm_and_refuses_several_tasks() {
+fn the_orchestrator_script_runs_exec_outside_slurm_and_once_per_task_in_a_job_of_several() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let run_arg = run.to_str().unwrap();
@@ -272,13 +272,21 @@ fn the_orchestrator_script_runs_exec_outside_slurm_and_refuses_several_tasks() {
     assert!(!stderr.contains("srun"), "no job step outside SLURM: {stderr}");
     assert_eq!(last_event(&run, "child_exit")["verdict"], "finished");
 
+    // Several tasks: accepted (one rekindle per task), launched with srun,
+    // which this PATH lacks: the script says so before it starts anything.
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let bash = Command::new("sh").args(["-c", "command -v bash"]).output().unwrap();
+    std::os::unix::fs::symlink(String::from_utf8_lossy(&bash.stdout).trim(), bin.join("bash")).unwrap();
+    let path = bin.to_string_lossy();
     let out = crate::cli::orchestrator_script(
         &["--exec", "--run-dir", run_arg, "--", "true"],
-        &[("SLURM_JOB_ID", "7"), ("SLURM_NTASKS", "2")],
+        &[("SLURM_JOB_ID", "7"), ("SLURM_NTASKS", "2"), ("PATH", &path)],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("supervises one program per job"), "{stderr}");
+    assert!(stderr.contains("rekindle exec runs the program once per task, task 0 leading"), "{stderr}");
+    assert!(stderr.contains("srun not found on PATH inside the job"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     let out = crate::cli::orchestrator_script(&["--exec", "--run-dir", run_arg, "true"], &[]);
     assert_eq!(out.status.code(), Some(2), "no `--` before the command: usage");
 }
@@ -288,8 +296,14 @@ fn the_pytorch_example_and_the_helper_compile() {
     let Some(()) = requires::python() else { return };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
-    for file in ["python/examples/train_torch.py", "python/examples/train_numpy.py", "python/rekindle_client.py"] {
-        // Compiled, not run: torch is too heavy to install for the tests.
+    let files = [
+        "python/examples/train_torch.py",
+        "python/examples/train_ddp.py",
+        "python/examples/train_numpy.py",
+        "python/rekindle_client.py",
+    ];
+    for file in files {
+        // By the system's python3 too (torch_exec.rs runs them with torch).
         let out = Command::new("python3")
             .args(["-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"])
             .arg(root.join(file))

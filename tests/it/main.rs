@@ -43,6 +43,7 @@ mod resume;
 mod sigkill;
 mod signals;
 mod telemetry;
+mod torch_exec;
 mod watchdog;
 
 use std::fs;

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | root (mount a tmpfs) | `failpoints`: `disk_full::saving_until_the_disk_is_full…`, `disk_full::disk_filling_up_during_the_write…` | skipped |
 //! | `python3` with `safetensors` and `numpy` | `it`: `python_interop::numpy_loads_…`, `python_interop::bf16_tensors_…`, `exec::*` (numpy programs) | fails, unless `REKINDLE_SKIP_PYTHON=1` |
+//! | PyTorch in the project's virtual environment (`.venv`, made by `make deps`) | `it`: `torch_exec::*` | fails, unless `REKINDLE_SKIP_TORCH=1` |
 //! | Chromium (`REKINDLE_CHROMIUM` or on PATH) | `it`: `report_browser::*` | fails, unless `REKINDLE_SKIP_CHROMIUM=1` |
 //! | `python3` with `tensorboard` (and `numpy` for the exec test) | `it`: `telemetry::*tensorboard*` | fails, unless `REKINDLE_SKIP_TENSORBOARD=1` |
 //! | `promtool` and `prometheus-node-exporter` (Debian `prometheus`, `prometheus-node-exporter`) | `it`: `telemetry::the_prometheus_textfile_*` | skipped |
@@ -30,6 +31,8 @@ pub enum Need {
     Root,
     /// `python3` that imports `safetensors` and `numpy`.
     Python,
+    /// `.venv/bin/python` (the project's virtual environment) that imports `torch`.
+    Torch,
     /// A headless Chromium.
     Chromium,
     /// SLURM's daemons and clients, or root and apt-get to install them.
@@ -50,6 +53,7 @@ impl Need {
             Need::Root | Need::Slurm | Need::Mpi | Need::Prometheus => None,
             Need::TensorBoard => Some("REKINDLE_SKIP_TENSORBOARD"),
             Need::Python => Some("REKINDLE_SKIP_PYTHON"),
+            Need::Torch => Some("REKINDLE_SKIP_TORCH"),
             Need::Chromium => Some("REKINDLE_SKIP_CHROMIUM"),
         }
     }
@@ -59,6 +63,7 @@ impl Need {
         match self {
             Need::Root => "run the tests as root",
             Need::Python => "run `pip install safetensors numpy`",
+            Need::Torch => "run `make deps` (it makes .venv with torch and numpy from PyPI)",
             Need::Slurm => "run as root on Debian/Ubuntu, or apt-get install slurmctld slurmd slurm-client munge",
             Need::Mpi => {
                 "apt-get install libopenmpi-dev openmpi-bin, and run `cargo test --features mpi` (as `make test` does)"
@@ -134,6 +139,24 @@ fn python_imports(modules: &str, need: Need) -> Option<()> {
         Err(e) => format!("cannot run python3: {e}"),
     };
     unmet(need, format_args!("python3 cannot import {modules} ({problem})"))
+}
+
+/// The project's virtual environment, `.venv` (`make deps` installs torch there).
+pub fn venv() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv")
+}
+
+/// `Some(python)`, the virtual environment's interpreter, when it imports
+/// `torch`; otherwise see [`unmet`].
+pub fn torch() -> Option<PathBuf> {
+    let python = venv().join("bin/python");
+    let probe = Command::new(&python).args(["-c", "import torch, numpy"]).output();
+    let problem = match probe {
+        Ok(out) if out.status.success() => return Some(python),
+        Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
+        Err(e) => format!("cannot run {}: {e}", python.display()),
+    };
+    unmet(Need::Torch, format_args!("{} cannot import torch and numpy ({problem})", python.display()))
 }
 
 /// The Chromium binary: `REKINDLE_CHROMIUM`, else `chromium` or

@@ -1,0 +1,258 @@
+//! `rekindle exec` with real PyTorch (the project's `.venv`, made by `make
+//! deps`; CPU only, `OMP_NUM_THREADS=1` so runs are bit-identical across
+//! processes): python/examples/train_torch.py stopped by SIGTERM and resumed
+//! ends `torch.equal` to an uninterrupted run (model, optimizer, RNG);
+//! python/examples/train_ddp.py as two DDP ranks (gloo) under `torchrun
+//! --standalone` stops at one agreed step with one world checkpoint and
+//! resumes equal to an uninterrupted two-rank run; a rank that dies in the
+//! middle of a save leaves no world checkpoint of that step, and the resume
+//! from the one before still ends equal.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::support::cli::{RunCmd, checkpoint_steps, events_named, last_event, verify};
+use crate::support::requires;
+use crate::support::scontrol::FakeScontrol;
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+fn example(name: &str) -> String {
+    format!("{}/python/examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `rekindle exec --run-dir RUN -- COMMAND…` with one CPU thread per process.
+fn exec(run: &Path, command: &[&str]) -> RunCmd {
+    RunCmd::exec(run, command).env("OMP_NUM_THREADS", "1")
+}
+
+/// `.venv/bin/python train_torch.py --steps 60 --every 20 --out OUT EXTRA…`.
+fn single(python: &Path, run: &Path, out: &Path, extra: &[&str]) -> RunCmd {
+    let (python, program, out) = (python.to_string_lossy(), example("train_torch.py"), out.to_string_lossy());
+    let mut command = vec![&*python, &*program, "--steps", "60", "--every", "20", "--out", &*out];
+    command.extend_from_slice(extra);
+    exec(run, &command)
+}
+
+/// `torchrun --standalone --nproc-per-node 2 train_ddp.py --steps 60 --every 20 --out OUT EXTRA…`.
+fn ddp(run: &Path, out: &Path, extra: &[&str]) -> RunCmd {
+    let torchrun = requires::venv().join("bin/torchrun");
+    let (torchrun, program, out) = (torchrun.to_string_lossy(), example("train_ddp.py"), out.to_string_lossy());
+    let mut command =
+        vec![&*torchrun, "--standalone", "--nproc-per-node", "2", &*program, "--steps", "60", "--every", "20"];
+    command.extend_from_slice(&["--out", &*out]);
+    command.extend_from_slice(extra);
+    exec(run, &command)
+}
+
+/// Asserts that every torch object saved in `a` equals the one of the same
+/// name in `b` (slurm/torch_equal.py: `torch.equal` on every tensor, `==`
+/// on everything else): files, or directories of files.
+fn assert_torch_equal(python: &Path, a: &Path, b: &Path) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/slurm/torch_equal.py");
+    let out = Command::new(python).arg(script).arg(a).arg(b).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} and {} differ: {}",
+        a.display(),
+        b.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_pytorch_example_stopped_by_sigterm_and_resumed_ends_equal_to_an_uninterrupted_run() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference.pt");
+    single(&python, &tmp.path().join("reference"), &expected, &[]).run(TIMEOUT).assert_code(0);
+
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final.pt"));
+    let mut first = single(&python, &run, &out, &["--step-seconds", "0.05"]).spawn();
+    first.wait_for_step(25, TIMEOUT);
+    first.signal(Signal::SIGTERM);
+    first.wait(TIMEOUT).assert_code(75);
+    let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
+    assert!(stopped_at >= 25, "the stop checkpoint is of the step it reached: {stopped_at}");
+    assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at));
+    assert!(!out.exists(), "not finished");
+
+    let second = single(&python, &run, &out, &[]).run(TIMEOUT);
+    second.assert_code(0);
+    assert!(second.stderr.contains(&format!("starting at step {stopped_at}")), "{}", second.tail());
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_resume_equal() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    let reference = tmp.path().join("reference-run");
+    ddp(&reference, &expected, &[]).run(TIMEOUT).assert_code(0);
+    assert_eq!(checkpoint_steps(&reference), vec![20, 40, 60]);
+
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    let mut first = ddp(&run, &out, &["--step-seconds", "0.05"]).spawn();
+    first.wait_for_step(25, TIMEOUT);
+    first.signal(Signal::SIGTERM);
+    let stopped = first.wait(TIMEOUT);
+    stopped.assert_code(75);
+    // The signal reached the ranks at different moments; they agreed on one step.
+    let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
+    for rank in 0..2 {
+        let line = format!("rank {rank} stopped at step {stopped_at}");
+        assert!(stopped.stderr.contains(&line), "no `{line}` in\n{}", stopped.tail());
+    }
+    // One checkpoint for the world: rank 0's model and every rank's generator.
+    let newest = run.join(format!("checkpoints/step-{stopped_at:010}"));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(newest.join("MANIFEST.json")).unwrap()).unwrap();
+    let names: Vec<&str> = manifest["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["model.pt", "rng-0.pt", "rng-1.pt"]);
+    let saved = last_event(&run, "checkpoint_saved");
+    assert_eq!(saved["step"].as_u64(), Some(stopped_at), "{saved}");
+    assert!(saved["parts_wait_seconds"].as_f64().is_some(), "rank 0 committed the world's parts: {saved}");
+
+    let second = ddp(&run, &out, &[]).run(TIMEOUT);
+    second.assert_code(0);
+    for rank in 0..2 {
+        let line = format!("rank {rank} of 2 starting at step {stopped_at}");
+        assert!(second.stderr.contains(&line), "no `{line}` in\n{}", second.tail());
+    }
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn a_rank_that_dies_mid_save_leaves_no_world_checkpoint_and_the_resume_from_the_one_before_ends_equal() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    ddp(&tmp.path().join("reference-run"), &expected, &[]).run(TIMEOUT).assert_code(0);
+
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    // Rank 1 writes half of its part of step 40 and dies; rank 0 has sealed
+    // its own part and waits for rank 1's (at most [distributed] timeout).
+    let died = ddp(&run, &out, &["--die-mid-save", "1:40"]).set("distributed.timeout=5s").run(TIMEOUT);
+    assert_eq!(died.code(), Some(1), "{}", died.tail());
+    assert!(died.stderr.contains("rank 1 dying in the middle of a save at step 40"), "{}", died.tail());
+    assert_eq!(checkpoint_steps(&run), vec![20], "no world checkpoint of step 40");
+    let exit = last_event(&run, "child_exit");
+    assert_eq!(exit["verdict"].as_str(), Some("crashed"), "{exit}");
+    let error = last_event(&run, "error");
+    assert_eq!(error["class"].as_str(), Some("transient"), "it had sealed step 20 in this attempt: {error}");
+
+    let resumed = ddp(&run, &out, &[]).run(TIMEOUT);
+    resumed.assert_code(0);
+    assert!(resumed.stderr.contains("rank 1 of 2 starting at step 20"), "{}", resumed.tail());
+    assert_eq!(events_named(&run, "checkpoint_rejected").len(), 0, "nothing half-sealed was ever a checkpoint");
+    assert_torch_equal(&python, &expected, &out);
+}
+
+/// Task `task` of a job step of two under `rekindle exec` (as `sbatch -N1
+/// -n2 slurm/orchestrator.slurm --exec …` starts them through `srun`), its
+/// program one DDP rank: `python train_ddp.py`, no torchrun.
+fn task_of_two(
+    python: &Path,
+    run: &Path,
+    out: &Path,
+    task: u32,
+    restart: u32,
+    fake: &FakeScontrol,
+    extra: &[&str],
+) -> RunCmd {
+    let (python, program, out) = (python.to_string_lossy(), example("train_ddp.py"), out.to_string_lossy());
+    let mut command = vec![&*python, &*program, "--steps", "60", "--every", "20", "--out", &*out];
+    command.extend_from_slice(extra);
+    let (task, restart) = (task.to_string(), restart.to_string());
+    let slurm = [
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
+        ("SLURM_PROCID", task.as_str()),
+        ("SLURM_LOCALID", task.as_str()),
+        ("SLURM_NODEID", "0"),
+        ("SLURM_STEP_NUM_NODES", "1"),
+        ("SLURM_STEP_TASKS_PER_NODE", "2"),
+        ("SLURM_RESTART_COUNT", restart.as_str()),
+    ];
+    let mut cmd = exec(run, &command).env("PATH", fake.path());
+    for (k, v) in slurm {
+        cmd = cmd.env(k, v);
+    }
+    cmd
+}
+
+#[test]
+fn two_tasks_of_a_job_step_run_one_rank_each_stop_at_one_step_and_resume_equal() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    ddp(&tmp.path().join("reference-run"), &expected, &[]).run(TIMEOUT).assert_code(0);
+    let fake = FakeScontrol::running_job(tmp.path());
+
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    let slow = ["--step-seconds", "0.05"];
+    let mut leader = task_of_two(&python, &run, &out, 0, 0, &fake, &slow).spawn();
+    let follower = task_of_two(&python, &run, &out, 1, 0, &fake, &slow).spawn();
+    leader.wait_for_step(25, TIMEOUT);
+    // SLURM signals every task of the step.
+    leader.signal(Signal::SIGTERM);
+    follower.signal(Signal::SIGTERM);
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(75);
+    followed.assert_code(75);
+    let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
+    let both = format!("{}{}", led.stderr, followed.stderr);
+    for rank in 0..2 {
+        let line = format!("rank {rank} stopped at step {stopped_at}");
+        assert!(both.contains(&line), "no `{line}` in\n{}\n{}", led.tail(), followed.tail());
+    }
+    assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at));
+    let tasks: Vec<u64> = events_named(&run, "child_start").iter().filter_map(|e| e["task"].as_u64()).collect();
+    assert_eq!(tasks.len(), 2, "each task records its program's start: {tasks:?}");
+    assert_eq!(last_event(&run, "start")["world_size"].as_u64(), Some(2));
+    assert!(fake.calls().iter().any(|c| c == "requeue 77"), "task 0 requeued the job: {:?}", fake.calls());
+
+    // The requeued job: both tasks again, the next restart.
+    let leader = task_of_two(&python, &run, &out, 0, 1, &fake, &[]).spawn();
+    let follower = task_of_two(&python, &run, &out, 1, 1, &fake, &[]).spawn();
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(0);
+    followed.assert_code(0);
+    let line = format!("rank 1 of 2 starting at step {stopped_at}");
+    assert!(followed.stderr.contains(&line), "no `{line}` in\n{}", followed.tail());
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn a_task_whose_rank_dies_mid_save_ends_at_once_and_leaves_no_world_checkpoint_of_that_step() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    // Task 1's rank writes half of its part of step 40 and dies; task 0's
+    // rank waits for that part (at most [distributed] timeout), then fails.
+    let die = ["--die-mid-save", "1:40"];
+    let leader = task_of_two(&python, &run, &out, 0, 0, &fake, &die).set("distributed.timeout=5s").spawn();
+    let follower = task_of_two(&python, &run, &out, 1, 0, &fake, &die).set("distributed.timeout=5s").spawn();
+    let followed = follower.wait(TIMEOUT);
+    assert_eq!(followed.code(), Some(1), "its program failed unasked: {}", followed.tail());
+    assert!(followed.stderr.contains("ending this task, and with it the job step"), "{}", followed.tail());
+    let led = leader.wait(TIMEOUT);
+    assert_eq!(led.code(), Some(1), "{}", led.tail());
+    assert!(led.stderr.contains("rank(s) 1 sealed no part within 5 s"), "{}", led.tail());
+    assert_eq!(checkpoint_steps(&run), vec![20], "no world checkpoint of step 40");
+    let exits: Vec<(Option<u64>, Option<String>)> = events_named(&run, "child_exit")
+        .iter()
+        .map(|e| (e["task"].as_u64(), e["verdict"].as_str().map(String::from)))
+        .collect();
+    assert!(exits.contains(&(Some(1), Some("crashed".into()))), "{exits:?}");
+    assert_eq!(last_event(&run, "error")["class"].as_str(), Some("transient"), "it had sealed step 20 in this attempt");
+}
