@@ -96,9 +96,13 @@ pub struct LocalWriter {
 }
 
 impl LocalWriter {
-    /// The writer of the local root `root` (made if missing).
+    /// The writer of the local root `root` (made if missing). Copies there
+    /// that the world never committed (no `WORLD.json`: a save the fault
+    /// cut short) are removed: never resumed from, they would stand in for
+    /// this world's copy of the same step (the store keeps a step it has).
     pub fn open(root: &Path, cfg: &Config) -> Result<LocalWriter, String> {
         std::fs::create_dir_all(root).map_err(|e| format!("cannot make the local root {}: {e}", root.display()))?;
+        remove_uncommitted(root);
         let store = CheckpointStore::open(root, cfg.recovery.local_keep).map_err(|e| e.to_string())?;
         Ok(LocalWriter { store, share: cfg.recovery.local_max_share, in_flight: None, done: Vec::new(), spare: None })
     }
@@ -189,6 +193,21 @@ impl LocalWriter {
     }
 }
 
+/// Removes the copies under `root` without `WORLD.json`.
+fn remove_uncommitted(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_copy = crate::checkpoint::parse_step_dir_name(&entry.file_name().to_string_lossy()).is_some();
+        if is_copy && !path.join(tier::WORLD_FILE).exists() {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => tracing::info!(copy = %path.display(), "removed a local copy the world never committed"),
+                Err(e) => tracing::warn!(copy = %path.display(), error = %e, "cannot remove an uncommitted local copy"),
+            }
+        }
+    }
+}
+
 /// The leader's collection of one local save: complete once every writer
 /// reported.
 #[derive(Debug)]
@@ -247,11 +266,14 @@ impl LocalInbox {
         }
         let mut copies = self.got.iter();
         let (_, first) = copies.next()?;
-        if let Some((rank, _)) = copies.find(|(_, d)| d.files != first.files) {
+        if let Some((rank, other)) = copies.find(|(_, d)| d.files != first.files) {
+            let differ: Vec<&str> =
+                other.files.iter().filter(|f| !first.files.contains(f)).map(|f| f.name.as_str()).collect();
             let reason = format!(
-                "{}'s copy differs from rank {}'s: the ranks' states are not identical",
+                "{}'s copy differs from rank {}'s in {}: the ranks' states are not identical",
                 at(rank),
-                self.writers[0]
+                self.writers[0],
+                if differ.is_empty() { "its list of files".to_string() } else { differ.join(", ") }
             );
             return Some(InboxVerdict::Failed { reason });
         }
@@ -548,5 +570,17 @@ mod tests {
         assert_eq!(reason, "rank 1 on b: no room");
         inbox.add(0, LocalDone { error: Some("EIO".into()), ..done(10, "x") });
         assert!(matches!(inbox.verdict(&ns), Some(InboxVerdict::Failed { .. })));
+    }
+
+    #[test]
+    fn a_copy_the_world_never_committed_is_removed_when_a_writer_opens_and_a_committed_one_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cut_short, committed) = (dir.path().join(step_dir_name(275)), dir.path().join(step_dir_name(270)));
+        std::fs::create_dir_all(&cut_short).unwrap();
+        std::fs::create_dir_all(&committed).unwrap();
+        WorldRecord::new(270, Vec::new(), vec!["a".into()], 1).write(&committed).unwrap();
+        let _writer = LocalWriter::open(dir.path(), &Config::default()).unwrap();
+        assert!(!cut_short.exists(), "it would stand in for this world's copy of step 275");
+        assert!(committed.join(tier::WORLD_FILE).is_file());
     }
 }

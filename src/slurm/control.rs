@@ -104,14 +104,29 @@ pub fn parse_show_job(output: &str) -> Option<JobView> {
     })
 }
 
+/// Runs `scontrol ARGS`, ending it after `timeout`.
+///
+/// It runs with the stop signals ignored: a requeue (or the hold right
+/// after it) makes SLURM signal the job's processes, and the batch shell
+/// forwards its own copy to the step, so an `scontrol` of ours would be
+/// killed by the very requeue it asked for, before it reports (or makes)
+/// the hold. The timeout still ends it (SIGKILL).
 fn run_scontrol(args: &[&str], timeout: Duration) -> Result<String, SlurmError> {
+    use std::os::unix::process::CommandExt;
     let joined = args.join(" ");
-    let mut child = match Command::new("scontrol")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let mut command = Command::new("scontrol");
+    // SAFETY: between fork and exec only sigaction(2), which is
+    // async-signal-safe, is called.
+    unsafe {
+        command.pre_exec(|| {
+            use nix::sys::signal::{SigHandler, Signal, signal};
+            for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR1, Signal::SIGUSR2] {
+                signal(sig, SigHandler::SigIgn).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+    let mut child = match command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
     {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SlurmError::NotFound),

@@ -90,8 +90,11 @@ fn newest_durable(run_dir: &Path) -> Option<u64> {
 /// Starts the run (its steps slowed by a failpoint, so it can be caught
 /// between checkpoints), waits until a local checkpoint newer than every
 /// durable one is committed, and SIGKILLs every process of it. Returns that
-/// local checkpoint's step.
-fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path) -> u64 {
+/// local checkpoint's step. Every node must hold its copy committed (it
+/// writes `WORLD.json` when it hears rank 0's commit, in step with the
+/// world, not when rank 0 records it), or the test would not know which
+/// copies a restart finds.
+fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path, local_base: &Path) -> u64 {
     let mut cmd = if nodes.len() == 1 {
         let mut c = cmd;
         c.env("SLURMD_NODENAME", nodes[0]);
@@ -112,6 +115,7 @@ fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path) -> u64
         if let Some(local) = newest_local(run_dir)
             && local >= 60
             && newest_durable(run_dir).is_none_or(|d| local > d)
+            && nodes.iter().all(|node| committed_on(local_base, node, local))
         {
             // OpenMPI starts ranks outside mpirun's process group: each
             // rank is killed by the pid its heartbeat names.
@@ -142,6 +146,13 @@ fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path) -> u64
     }
 }
 
+/// Whether `node`'s local root under `local` holds a committed copy of `step`.
+fn committed_on(local: &Path, node: &str, step: u64) -> bool {
+    let root = local.join(node).join("rekindle-local");
+    let runs = std::fs::read_dir(root).into_iter().flatten().flatten();
+    runs.into_iter().any(|run| run.path().join(rekindle::checkpoint::step_dir_name(step)).join("WORLD.json").is_file())
+}
+
 fn resume_event(run_dir: &Path) -> Value {
     events_named(run_dir, "resume").pop().expect("a resume event")
 }
@@ -165,7 +176,7 @@ fn a_spare_node_takes_a_lost_nodes_place_from_the_local_tier_bit_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = reference(tmp.path(), &["a", "b"]);
     let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
-    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run);
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run, &local);
     let before = last_logged_step(&run).unwrap();
     let committed = events_named(&run, "local_checkpoint");
     let last = committed.iter().rfind(|e| e["outcome"] == "committed").unwrap();
@@ -197,7 +208,7 @@ fn a_damaged_copy_is_caught_by_its_sha256_and_the_other_nodes_copy_is_used() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = reference(tmp.path(), &["a", "b"]);
     let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
-    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run);
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run, &local);
     let model = local_copy(&local, "a", killed_at).join("model.safetensors");
     let mut bytes = std::fs::read(&model).unwrap();
     let last = bytes.len() - 1;
@@ -216,7 +227,7 @@ fn without_a_copy_on_any_node_the_durable_tier_is_used_and_the_resume_says_why()
     let tmp = tempfile::tempdir().unwrap();
     let reference = reference(tmp.path(), &["a", "b"]);
     let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
-    kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run);
+    kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run, &local);
     let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
     // Both nodes lost: the new world runs on two spares.
     run_to_end(training(&local).command(&run, &[]), &["c", "d"]);
@@ -231,7 +242,7 @@ fn one_process_resumes_from_its_own_local_tier_bit_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = reference(tmp.path(), &["solo"]);
     let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
-    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["solo"], &run);
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["solo"], &run, &local);
     run_to_end(training(&local).command(&run, &[]), &["solo"]);
     let resume = resume_event(&run);
     assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
