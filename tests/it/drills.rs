@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use crate::support::cluster::{LocalCluster, repo};
 
-const DRILLS: [&str; 17] = [
+const DRILLS: [&str; 19] = [
     "term",
     "term-batch",
     "term-full",
@@ -32,6 +32,8 @@ const DRILLS: [&str; 17] = [
     "dp",
     "dp-preempt",
     "dp-nodeloss",
+    "dp-nodeloss-injob",
+    "dp-nodeloss-injob-nospare",
     "own",
     "exec",
 ];

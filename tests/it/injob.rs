@@ -192,11 +192,20 @@ struct Task {
     node: String,
     max: String,
     request: String,
+    /// Unix seconds the task started.
+    time: f64,
+}
+
+/// When the fake wrote its restart request (Unix seconds), if it did.
+fn request_time(log: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix("request time=")).map(|t| t.parse().expect("a time"))
 }
 
 fn tasks(log: &Path) -> Vec<Task> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     text.lines()
+        .filter(|line| line.starts_with("task "))
         .map(|line| {
             let field = |key: &str| {
                 line.split(' ')
@@ -212,6 +221,7 @@ fn tasks(log: &Path) -> Vec<Task> {
                 node: field("node"),
                 max: field("max"),
                 request: field("request"),
+                time: field("time").parse().unwrap(),
             }
         })
         .collect()
@@ -375,6 +385,16 @@ fn the_batch_shell_restarts_in_the_job_falls_back_to_the_queue_or_exits_on_a_rea
         context("spare")
     );
     ended("spare", "COMPLETED", "0:0", "0");
+    // The hung step is ended REQUEST_WAIT (3 s) after the request, srun 2 s
+    // after its SIGTERM at most; the next step's tasks start at once.
+    let requested = request_time(&submitted["spare"].log()).expect("the fake logged its request");
+    let restarted = second.iter().map(|t| t.time).fold(f64::INFINITY, f64::min) - requested;
+    eprintln!("injob: spare: the next step's tasks started {restarted:.1} s after the restart request");
+    assert!(
+        (0.0..15.0).contains(&restarted),
+        "the next step started {restarted:.1} s after the request{}",
+        context("spare")
+    );
     let output = submitted["spare"].output();
     for want in [
         "holds 1 of its 3 nodes in reserve: 2 task(s) on 2 node(s)",

@@ -7,8 +7,10 @@
 #   fake-rekindle.sh run --config SCENARIO [ignored...]
 #
 # Each task appends one line to $FAKE_LOG:
-#   task step=K restart=R rank=P size=N node=NODE nodes=LIST max=M request=FILE
-# (K: REKINDLE_INJOB_RESTARTS, R: SLURM_RESTART_COUNT), then acts:
+#   task step=K restart=R rank=P size=N node=NODE nodes=LIST max=M request=FILE time=UNIX
+# (K: REKINDLE_INJOB_RESTARTS, R: SLURM_RESTART_COUNT), and one line
+#   request time=UNIX
+# when it has written a restart request; then it acts:
 #   exclude-rank1   in the job's first step, rank 1 writes a restart request
 #                   excluding its own node (atomically, with a comment and an
 #                   unknown key), then every task hangs: the batch shell must
@@ -26,7 +28,8 @@ restart=${SLURM_RESTART_COUNT:-0}
 rank=${SLURM_PROCID:-0}
 node=${SLURMD_NODENAME:-$(hostname)}
 echo "task step=$k restart=$restart rank=$rank size=${SLURM_STEP_NUM_TASKS:-1} node=$node" \
-    "nodes=${SLURM_STEP_NODELIST:-} max=${REKINDLE_INJOB_MAX:-unset} request=${REKINDLE_INJOB_REQUEST:-unset}" >>"$FAKE_LOG"
+    "nodes=${SLURM_STEP_NODELIST:-} max=${REKINDLE_INJOB_MAX:-unset} request=${REKINDLE_INJOB_REQUEST:-unset}" \
+    "time=$(date +%s.%N)" >>"$FAKE_LOG"
 
 # Writes the restart request excluding $1, as rekindle does: a temporary
 # file renamed over the final name.
@@ -42,6 +45,7 @@ unknown_key=ignored
 written_by=$rank@$node
 EOF
     mv "$tmp" "$REKINDLE_INJOB_REQUEST"
+    echo "request time=$(date +%s.%N)" >>"$FAKE_LOG"
 }
 
 case $scenario in
