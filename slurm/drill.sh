@@ -436,10 +436,18 @@ cleanup_jobs() {
     done
 }
 
+# N checkpoints in the run $1, or the job ended without them (a config
+# error): nothing more to wait for. Usage: checkpoints_or_ended RUN N
+checkpoints_or_ended() { has_checkpoints "$1" "$2" || [[ $(job_field "$job" JobState) =~ $TERMINAL ]]; }
+
 # Waits until the job's training has written two checkpoints and is still
 # going, so the drill acts mid-training. Usage: under_way [SECONDS to sleep first]
 under_way() {
-    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
+    wait_until "2 checkpoints" 120 checkpoints_or_ended "$run" 2 || return 1
+    if ! has_checkpoints "$run" 2; then
+        note "the job ended ($(job_field "$job" JobState), ExitCode $(job_field "$job" ExitCode)) before 2 checkpoints: see $wd/slurm-$job.out"
+        return 1
+    fi
     [[ -z ${1:-} ]] || sleep "$1"
     if finished_training "$run"; then
         note "training finished before the drill acted: raise DRILL_SECONDS"
