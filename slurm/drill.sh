@@ -882,9 +882,9 @@ injob_drill() {
         echo "{\"drill\":\"$name\",\"result\":\"SKIP\"}"
         return 3
     fi
-    RUN_EXTRA=(--set 'distributed.timeout="3s"' --set checkpoint.local.enabled=true
-        --set "checkpoint.local.every_steps=$INJOB_LOCAL_EVERY"
-        --set "checkpoint.local.dir=\"$CLUSTER_DIR/tmp/{node}/local\"")
+    RUN_EXTRA=(--set 'distributed.timeout="3s"' --set recovery.local=true
+        --set "recovery.local_every_steps=$INJOB_LOCAL_EVERY"
+        --set "recovery.local_dir=\"$CLUSTER_DIR/tmp/{node}/local\"")
     submit "$name" "$@" || return 1
     RUN_EXTRA=()
     under_way 0.$((RANDOM % 10)) || return 1

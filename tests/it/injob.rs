@@ -192,6 +192,8 @@ struct Task {
     node: String,
     max: String,
     request: String,
+    /// REKINDLE_INJOB_EXCLUDED as the task saw it.
+    excluded: String,
     /// Unix seconds the task started.
     time: f64,
 }
@@ -221,6 +223,7 @@ fn tasks(log: &Path) -> Vec<Task> {
                 node: field("node"),
                 max: field("max"),
                 request: field("request"),
+                excluded: field("excluded"),
                 time: field("time").parse().unwrap(),
             }
         })
@@ -374,6 +377,11 @@ fn the_batch_shell_restarts_in_the_job_falls_back_to_the_queue_or_exits_on_a_rea
     assert!(
         first.len() == 2 && first.iter().all(|t| t.size == 2) && nodes_of(&first).len() == 2,
         "{}",
+        context("spare")
+    );
+    assert!(
+        first.iter().all(|t| t.excluded.is_empty()) && second.iter().all(|t| t.excluded == lost),
+        "REKINDLE_INJOB_EXCLUDED: empty, then {lost}{}",
         context("spare")
     );
     assert!(

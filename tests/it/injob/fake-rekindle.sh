@@ -7,7 +7,7 @@
 #   fake-rekindle.sh run --config SCENARIO [ignored...]
 #
 # Each task appends one line to $FAKE_LOG:
-#   task step=K restart=R rank=P size=N node=NODE nodes=LIST max=M request=FILE time=UNIX
+#   task step=K restart=R rank=P size=N node=NODE nodes=LIST max=M request=FILE excluded=LIST time=UNIX
 # (K: REKINDLE_INJOB_RESTARTS, R: SLURM_RESTART_COUNT), and one line
 #   request time=UNIX
 # when it has written a restart request; then it acts:
@@ -29,7 +29,7 @@ rank=${SLURM_PROCID:-0}
 node=${SLURMD_NODENAME:-$(hostname)}
 echo "task step=$k restart=$restart rank=$rank size=${SLURM_STEP_NUM_TASKS:-1} node=$node" \
     "nodes=${SLURM_STEP_NODELIST:-} max=${REKINDLE_INJOB_MAX:-unset} request=${REKINDLE_INJOB_REQUEST:-unset}" \
-    "time=$(date +%s.%N)" >>"$FAKE_LOG"
+    "excluded=${REKINDLE_INJOB_EXCLUDED-unset}" "time=$(date +%s.%N)" >>"$FAKE_LOG"
 
 # Writes the restart request excluding $1, as rekindle does: a temporary
 # file renamed over the final name.
