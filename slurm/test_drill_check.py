@@ -129,27 +129,31 @@ KILLED = "n2"
 
 
 def injob_run(last=203, resumed_from=200, restart_after=8.0, spare=True, tier="local", in_job=1,
-              silent=4.0, rank_nodes1=None):
+              silent=4.0, rank_nodes1=None, counted=None):
     """events and metrics of an in-job drill: attempt 0 trains two ranks on
     n1 and n2 at RATE up to step `last`, n2 is killed at KILL s, rank 0 finds
     rank 1 silent `silent` s later; attempt 1 (in-job restart `in_job`)
     starts, resumes from `resumed_from` of `tier` and trains its first step
     `restart_after` s after the kill, over two ranks on n1 and n3 (one on n1
-    without a spare)."""
+    without a spare: a world of one records neither world_size nor
+    rank_nodes). rekindle's events count `counted` steps lost (default: as
+    the metrics say)."""
     ev = [{"event": "start", "time": at(0), "node": "n1", "world_size": 2, "rank_nodes": ["n1", KILLED]}]
     metrics = [{"step": step, "time": at(step / RATE)} for step in range(1, last + 1)]
     ev.append({"event": "rank_lost", "time": at(KILL + silent), "rank": 1, "rank_node": KILLED, "noticed_by": 0,
                "silent_seconds": silent, "timeout_seconds": 3.0})
     begin = KILL + restart_after - 2
     ranks = rank_nodes1 or (["n1", "n3"] if spare else ["n1"])
-    ev.append({"event": "start", "time": at(begin), "node": "n1", "world_size": len(ranks), "rank_nodes": ranks,
-               "in_job_restart": in_job})
-    ev.append({"event": "resume", "time": at(begin + 1), "step": resumed_from, "tier": tier,
-               "steps_lost": last - resumed_from})
+    start = {"event": "start", "time": at(begin), "node": ranks[0], "in_job_restart": in_job}
+    if len(ranks) > 1:
+        start.update(world_size=len(ranks), rank_nodes=ranks)
+    ev.append(start)
+    lost = last - resumed_from if counted is None else counted
+    ev.append({"event": "resume", "time": at(begin + 1), "step": resumed_from, "tier": tier, "steps_lost": lost})
     for i, step in enumerate(range(resumed_from + 1, 1001)):
         metrics.append({"step": step, "time": at(KILL + restart_after + i / RATE)})
     ev.append({"event": "recovery", "time": at(KILL + restart_after), "step": resumed_from + 1, "tier": tier,
-               "recovery_seconds": restart_after, "steps_lost": last - resumed_from, "in_job": True})
+               "recovery_seconds": restart_after, "steps_lost": lost, "in_job": True})
     return ev, metrics
 
 
@@ -170,7 +174,8 @@ class InJob(unittest.TestCase):
     def test_a_spare_taking_over_from_the_local_tier_passes(self):
         checks = injob_checks_of(*injob_run())
         self.assertEqual(self.failed(checks), [], checks)
-        self.assertIn("3 lost (last step trained 203, resumed from 200) <= 10", checks[LOST][1])
+        self.assertIn("3 lost (metrics: last step logged 203, resumed from 200: 3; resume event 3; "
+                      "recovery event 3) <= 10", checks[LOST][1])
 
     def test_without_a_spare_one_rank_goes_on(self):
         self.assertEqual(self.failed(injob_checks_of(*injob_run(spare=False), spare=False)), [])
@@ -185,6 +190,14 @@ class InJob(unittest.TestCase):
         failed = self.failed(injob_checks_of(*injob_run(resumed_from=100, tier="durable")))
         self.assertIn(LOST, failed)
         self.assertIn("resumed from the node-local tier", failed)
+
+    def test_the_largest_count_of_steps_lost_is_bounded(self):
+        # Metrics lines of the last steps lost with the aborted step: rekindle's
+        # own count is the larger one, and it is what the bound judges.
+        self.assertNotIn(LOST, self.failed(injob_checks_of(*injob_run(last=203, counted=10))))
+        checks = injob_checks_of(*injob_run(last=203, counted=11))
+        self.assertIn(LOST, self.failed(checks))
+        self.assertIn("11 lost (metrics: last step logged 203, resumed from 200: 3; resume event 11", checks[LOST][1])
 
     def test_training_again_later_than_30_s_fails(self):
         self.assertNotIn(AGAIN, self.failed(injob_checks_of(*injob_run(restart_after=29.5))))
