@@ -48,8 +48,9 @@
 #               PENDING with Restarts=1; the next attempt resumes from the
 #               newest checkpoint and finishes.
 #   crash       the first attempt's training step fails (a failpoint: an
-#               error after it trained others, so transient): rekindle
-#               requeues the job and holds it back (scontrol update
+#               error after it trained others, so transient); submitted with
+#               REKINDLE_INJOB_MAX=0 (else it would restart in the job):
+#               rekindle requeues the job and holds it back (scontrol update
 #               StartTime=now+60); SLURM shows it PENDING, Restarts=1, with
 #               that StartTime; the next attempt starts no earlier, resumes
 #               from the newest checkpoint and finishes.
@@ -720,6 +721,9 @@ drill_crash() {
     [[ -n $FAILPOINTS_WORK ]] || { note "$BIN ignores FAILPOINTS (no failpoints compiled in): build it with cargo test --no-run (make drill does); see $WORK/failpoints.log"; return 1; }
     local -x REKINDLE_BIN
     REKINDLE_BIN=$(first_attempt_failpoints crash "train::step_error=$at*off->return")
+    # No in-job restart: this drill keeps the requeue with a hold drilled (a
+    # transient crash under a batch shell that offers one restarts in the job).
+    local -x REKINDLE_INJOB_MAX=0
     submit crash || return 1
     # A crashed attempt exits 1 without publishing.
     EXTRA_JSON=$(requeued_view "{\"fail_after_step\":$at,\"unpublished_attempts\":1}" error) ||
