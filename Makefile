@@ -172,7 +172,7 @@ clean:
 	$(CARGO) clean
 	rm -rf runs
 
-## drill: the SLURM drills (docs/drills.md) on the local two-node cluster, with
+## drill: the SLURM drills (docs/drills.md) on the local three-node cluster, with
 ## the debug binary; DRILLS="term cancel" picks some. Leaves the cluster as found.
 # The binary is the one the tests build (`cargo test --no-run`, with
 # $(FEATURES)): the dp drills need `mpi`, and the hang and crash drills a

@@ -5,7 +5,7 @@
 # outcome.
 #
 #   slurm/drill.sh [DRILL...]           (all by default)
-#   make drill                        the same on the local two-node cluster
+#   make drill                        the same on the local three-node cluster
 #
 # Every drill submits `sbatch slurm/orchestrator.slurm ...` as a user would
 # (rekindle runs as a job step) and stops it the way users and clusters do:
@@ -48,8 +48,9 @@
 #               PENDING with Restarts=1; the next attempt resumes from the
 #               newest checkpoint and finishes.
 #   crash       the first attempt's training step fails (a failpoint: an
-#               error after it trained others, so transient): rekindle
-#               requeues the job and holds it back (scontrol update
+#               error after it trained others, so transient); submitted with
+#               REKINDLE_INJOB_MAX=0 (else it would restart in the job):
+#               rekindle requeues the job and holds it back (scontrol update
 #               StartTime=now+60); SLURM shows it PENDING, Restarts=1, with
 #               that StartTime; the next attempt starts no earlier, resumes
 #               from the newest checkpoint and finishes.
@@ -100,11 +101,30 @@
 #               joined.
 #   dp-nodeloss two ranks on two nodes; the node of rank 1 loses its slurmd and
 #               its processes (SIGKILL). Rank 0 finds rank 1 silent within
-#               `[distributed] timeout` (10 s here), records `rank_lost` and
-#               requeues; the lost node is brought back once the job is
-#               requeued (the job needs both nodes), and the run resumes from
-#               the last periodic checkpoint over two ranks, byte-identical to
-#               two ranks never stopped. Needs the local cluster.
+#               `[distributed] timeout` (10 s here), records `rank_lost`, and
+#               the job is requeued: submitted with REKINDLE_INJOB_MAX=0, so
+#               no in-job restart (the requeue path stays drilled); the lost
+#               node is brought back once the job is requeued, and the run
+#               resumes from the last periodic checkpoint over two ranks
+#               (on the two nodes left), byte-identical to two ranks never
+#               stopped. Needs the local cluster.
+#   dp-nodeloss-injob
+#               two ranks on two of three nodes, the third held as a spare
+#               (REKINDLE_SPARE_NODES=1 sbatch -N3 --ntasks-per-node=1: SLURM
+#               shrinks `-N3 -n2` to two nodes), the node-local checkpoint
+#               tier every 5 steps, `[distributed] timeout = "3s"`; rank 1's
+#               node is lost as in dp-nodeloss. rekindle asks the batch shell
+#               for an in-job restart; the job is never requeued (Restarts=0),
+#               goes on over two ranks on the two nodes left from the local
+#               tier, loses at most 10 steps, trains again within 30 s of the
+#               kill and finishes byte-identical to two ranks never stopped.
+#               Needs the local cluster.
+#   dp-nodeloss-injob-nospare
+#               the same with two ranks on two nodes (`-N2 -n2`, no spare):
+#               the run goes on in the job at one rank and, at the end, has
+#               seen every sample of the epoch once (data cursor, counters
+#               and step equal to two ranks never stopped). Needs the local
+#               cluster.
 #
 # Each drill prints one PASS/FAIL line and a one-line JSON summary (attempts,
 # node of each attempt, steps lost, seconds from signal to durable checkpoint,
@@ -147,12 +167,17 @@
 #   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss and
 #                         preempt-nosignal (default: ask slurm/local-cluster.sh
 #                         when SLURM_CONF is its config)
+#
+# REKINDLE_INJOB_MAX and REKINDLE_SPARE_NODES (orchestrator.slurm's in-job
+# restart knobs) are the drills' to set: they are removed from the
+# environment, so every other drill runs with the defaults users get.
 set -uo pipefail
+unset REKINDLE_INJOB_MAX REKINDLE_SPARE_NODES
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss own exec exec-ddp exec-torchrun)
+    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare own exec exec-ddp exec-torchrun)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -182,6 +207,8 @@ BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 export REKINDLE_BIN=$BIN
 
 CONFIG=${DRILL_CONFIG:-$repo_root/configs/tiny.toml}
+[[ -f $CONFIG ]] || die "no config $CONFIG (DRILL_CONFIG)"
+CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG") # submit() runs sbatch from the drill's folder
 LOW=${DRILL_PARTITION:-}
 HIGH=${DRILL_HIGH_PARTITION:-high}
 GRACE=${DRILL_GRACE:-20}
@@ -398,7 +425,9 @@ submit() {
     mkdir -p "$wd"
     git init -q --bare -b main "$wd/results.git"
     git clone -q "$wd/results.git" "$wd/clone" 2>/dev/null
-    job=$(sbatch --parsable -J "rekindle-drill-$name" -o "$wd/slurm-%j.out" -D "$wd" \
+    # From the drill's folder: the job's submit directory, where the batch
+    # shell keeps its in-job restart request.
+    job=$(cd "$wd" && sbatch --parsable -J "rekindle-drill-$name" -o "$wd/slurm-%j.out" -D "$wd" \
         ${LOW:+-p "$LOW"} "${EXTRA_OPTS[@]}" "$@" "$script_dir/orchestrator.slurm" "$CONFIG" \
         --run-dir "$run" "${TRAIN[@]}" \
         --set "signals.grace=\"${GRACE}s\"" --set 'signals.safety_margin="5s"' \
@@ -447,10 +476,18 @@ cleanup_jobs() {
     done
 }
 
+# N checkpoints in the run $1, or the job ended without them (a config
+# error): nothing more to wait for. Usage: checkpoints_or_ended RUN N
+checkpoints_or_ended() { has_checkpoints "$1" "$2" || [[ $(job_field "$job" JobState) =~ $TERMINAL ]]; }
+
 # Waits until the job's training has written two checkpoints and is still
 # going, so the drill acts mid-training. Usage: under_way [SECONDS to sleep first]
 under_way() {
-    wait_until "2 checkpoints" 120 has_checkpoints "$run" 2 || return 1
+    wait_until "2 checkpoints" 120 checkpoints_or_ended "$run" 2 || return 1
+    if ! has_checkpoints "$run" 2; then
+        note "the job ended ($(job_field "$job" JobState), ExitCode $(job_field "$job" ExitCode)) before 2 checkpoints: see $wd/slurm-$job.out"
+        return 1
+    fi
     [[ -z ${1:-} ]] || sleep "$1"
     if finished_training "$run"; then
         note "training finished before the drill acted: raise DRILL_SECONDS"
@@ -723,6 +760,9 @@ drill_crash() {
     [[ -n $FAILPOINTS_WORK ]] || { note "$BIN ignores FAILPOINTS (no failpoints compiled in): build it with cargo test --no-run (make drill does); see $WORK/failpoints.log"; return 1; }
     local -x REKINDLE_BIN
     REKINDLE_BIN=$(first_attempt_failpoints crash "train::step_error=$at*off->return")
+    # No in-job restart: this drill keeps the requeue with a hold drilled (a
+    # transient crash under a batch shell that offers one restarts in the job).
+    local -x REKINDLE_INJOB_MAX=0
     submit crash || return 1
     # A crashed attempt exits 1 without publishing.
     EXTRA_JSON=$(requeued_view "{\"fail_after_step\":$at,\"unpublished_attempts\":1}" error) ||
@@ -877,6 +917,33 @@ PY
 
 job_requeued() { (($(job_field "$job" Restarts) >= 1)); }
 
+# Brings the lost node $1 back (slurm/local-cluster.sh up) as after a
+# reboot, with nothing of the killed steps left in its spool or its /tmp: the
+# PMIx socket and directories of a SIGKILLed stepd would make a later step of
+# the same job id (after a requeue) fail to create them again.
+node_back() {
+    rm -rf "$CLUSTER_DIR/spool/$1/stepd.slurm.pmix.$job."* "$CLUSTER_DIR/spool/$1/pmix.$job."* \
+        "$CLUSTER_DIR/tmp/$1/spmix_appdir_"*"_$job."*
+    "$script_dir/local-cluster.sh" up >"$wd/node-back.log" 2>&1
+}
+
+# SIGKILL to the slurmd of rank 1's node and to the job's processes there;
+# sets `action` (the time of the kill) and `lost_node`. Not the batch host:
+# the batch shell must survive to restart the run.
+kill_rank1_node() {
+    local slurmd_pid pids batch_host
+    lost_node=$(rank_node "$run" 1)
+    batch_host=$(job_field "$job" BatchHost)
+    slurmd_pid=$(cat "$CLUSTER_DIR/run/slurmd-$lost_node.pid" 2>/dev/null)
+    pids=$(job_pids "$lost_node" | tr '\n' ' ')
+    [[ -n $lost_node && -n $slurmd_pid && -n $pids ]] ||
+        { note "cannot find rank 1's node ($lost_node), its slurmd or its processes"; return 1; }
+    [[ $lost_node != "$batch_host" ]] || { note "rank 1 runs on the batch host $batch_host"; return 1; }
+    action=$(now)
+    log "$name: SIGKILL to slurmd $lost_node (pid $slurmd_pid) and rank 1's processes there ($pids)"
+    kill -KILL "$slurmd_pid" $pids
+}
+
 # Two ranks on two nodes; the node of rank 1 is lost.
 drill_dp-nodeloss() {
     if [[ -z $CLUSTER_DIR ]]; then
@@ -885,36 +952,62 @@ drill_dp-nodeloss() {
         return 3
     fi
     RUN_EXTRA=(--set 'distributed.timeout="10s"')
+    # No in-job restart: this drill keeps the requeue path drilled
+    # (dp-nodeloss-injob drills the other).
+    local -x REKINDLE_INJOB_MAX=0
     submit dp-nodeloss -N2 -n2 || return 1
     RUN_EXTRA=()
     under_way 0.$((RANDOM % 10)) || return 1
-    local node pids slurmd_pid
-    node=$(rank_node "$run" 1)
-    slurmd_pid=$(cat "$CLUSTER_DIR/run/slurmd-$node.pid" 2>/dev/null)
-    pids=$(job_pids "$node" | tr '\n' ' ')
-    [[ -n $node && -n $slurmd_pid && -n $pids ]] ||
-        { note "cannot find rank 1's node ($node), its slurmd or its processes"; return 1; }
-    action=$(now)
-    log "dp-nodeloss: SIGKILL to slurmd $node (pid $slurmd_pid) and rank 1's processes there ($pids)"
-    kill -KILL "$slurmd_pid" $pids
-    # The job needs both nodes: it can come back only once the lost one is.
+    local lost_node back=false
+    kill_rank1_node || return 1
     wait_until "the job to be requeued" "$TIMEOUT" job_requeued || return 1
-    log "dp-nodeloss: requeued; bringing $node back"
-    # A lost node comes back rebooted, with nothing of the killed steps left in
-    # its spool or its /tmp: the PMIx socket and directories of a SIGKILLed
-    # stepd would make the next step of the same job (the same step id after a
-    # requeue) fail to create them again.
-    rm -rf "$CLUSTER_DIR/spool/$node/stepd.slurm.pmix.$job."* "$CLUSTER_DIR/spool/$node/pmix.$job."* \
-        "$CLUSTER_DIR/tmp/$node/spmix_appdir_"*"_$job."*
-    local back=false
-    "$script_dir/local-cluster.sh" up >"$wd/node-back.log" 2>&1 && back=true
+    log "dp-nodeloss: requeued; bringing $lost_node back"
+    node_back "$lost_node" && back=true
     # The attempt that lost a rank ends like a hung one: records, requeue and
     # MPI_Abort, no publish (the next attempt publishes): counted as killed.
     EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":%s,"node_state":"%s","killed_node":"%s","lost_rank":1}' \
-        "$back" "$(sinfo -h -n "$node" -o %t | head -n1)" "$node")
+        "$back" "$(sinfo -h -n "$lost_node" -o %t | head -n1)" "$lost_node")
     wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
+
+# The node-local checkpoint tier's interval in the in-job drills (steps), and
+# the per-node folder that stands for each node's local storage (the local
+# cluster's nodes share one filesystem; `{node}` is the node's name).
+INJOB_LOCAL_EVERY=5
+
+# Rank 1's node is lost under a run with the node-local tier; the batch
+# shell restarts the run in the job. Usage: injob_drill [sbatch options...]
+injob_drill() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        echo "SKIP $name: needs the local cluster (it kills a slurmd); see docs/drills.md"
+        echo "{\"drill\":\"$name\",\"result\":\"SKIP\"}"
+        return 3
+    fi
+    RUN_EXTRA=(--set 'distributed.timeout="3s"' --set recovery.local=true
+        --set "recovery.local_every_steps=$INJOB_LOCAL_EVERY"
+        --set "recovery.local_dir=\"$CLUSTER_DIR/tmp/{node}/local\"")
+    submit "$name" "$@" || return 1
+    RUN_EXTRA=()
+    under_way 0.$((RANDOM % 10)) || return 1
+    local lost_node back=false ok=0
+    kill_rank1_node || return 1
+    wait_until "the run to go on in the job" "$TIMEOUT" attempts_started "$run" 2 &&
+        log "$name: a new step started; waiting for the job to finish" &&
+        wait_until "the job to finish" "$TIMEOUT" job_final "$job" && ok=1
+    # Back in any case: the drills after this one need every node.
+    node_back "$lost_node" && back=true
+    # The attempt that lost a rank ends like dp-nodeloss's (records, the
+    # restart request, MPI_Abort) and does not publish: counted as killed.
+    EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":%s,"node_state":"%s","killed_node":"%s","lost_rank":1,"local_every":%s,"kill_time":%s}' \
+        "$back" "$(sinfo -h -n "$lost_node" -o %t | head -n1)" "$lost_node" "$INJOB_LOCAL_EVERY" "$action")
+    ((ok))
+}
+drill_dp-nodeloss-injob() {
+    local -x REKINDLE_SPARE_NODES=1
+    injob_drill -N3 --ntasks-per-node=1
+}
+drill_dp-nodeloss-injob-nospare() { injob_drill -N2 -n2; }
 
 # Interrupted (Ctrl-C, a CI timeout): leave no drill job behind.
 on_exit() {

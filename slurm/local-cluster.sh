@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# A real two-node SLURM cluster on this one machine, for the drills and for
+# A real three-node SLURM cluster on this one machine, for the drills and for
 # trying rekindle by hand.
 #
 #   slurm/local-cluster.sh up       install the packages if missing, start munged,
-#                                   slurmctld and two slurmd (n1, n2); wait until
-#                                   both nodes are idle. Idempotent.
+#                                   slurmctld and three slurmd (n1, n2, n3); wait
+#                                   until every node is idle. Idempotent.
 #   slurm/local-cluster.sh down     cancel this cluster's jobs, stop the daemons
 #                                   this script started (by their pid files only)
 #   slurm/local-cluster.sh status   which daemons run, sinfo, squeue
@@ -27,13 +27,15 @@
 # several checkouts can each run their own cluster side by side.
 #
 # The cluster (see write_conf below):
-#   nodes n1, n2 (1 CPU each, so a second job on a node needs preemption)
+#   nodes n1, n2, n3 (1 CPU each, so a second job on a node needs preemption;
+#     the third lets a two-node run hold a spare: REKINDLE_SPARE_NODES=1
+#     sbatch -N3 --ntasks-per-node=1, orchestrator.slurm)
 #   partition low  (default, PriorityTier=1, PreemptMode=REQUEUE, GraceTime)
 #   partition high (PriorityTier=10, PreemptMode=OFF): a `high` job on a node
 #     running a `low` job preempts it: SIGTERM at once, SIGKILL after GraceTime,
 #     then SLURM requeues the low job.
 #   AuthInfo cred_expire=10: a requeued job may run again after ~20 s, not 120 s.
-#   TmpFS=<folder>/tmp/<node>: a two-node MPI step (`srun -N2 -n2 --mpi=pmix`)
+#   TmpFS=<folder>/tmp/<node>: a multi-node MPI step (`srun -N2 -n2 --mpi=pmix`)
 #     runs on this one machine (PMIx makes a directory per node in TmpFS).
 #   SlurmdTimeout=10, MessageTimeout=5: a node whose slurmd dies is marked down
 #     (and its --requeue jobs requeued) within ~20 s; ReturnToService=2 lets it
@@ -44,7 +46,8 @@
 #
 # Knobs (environment):
 #   REKINDLE_SLURM_DIR        the private folder
-#   REKINDLE_SLURM_PORT       first of 4 TCP ports (default derived from the folder)
+#   REKINDLE_SLURM_PORT       first of 4 TCP ports: slurmctld, then one slurmd per
+#                             node (default derived from the folder)
 #   REKINDLE_SLURM_GRACE      GraceTime of partition low, seconds (default 20)
 #   REKINDLE_SLURM_KILLWAIT   KillWait, seconds (default 20)
 set -euo pipefail
@@ -58,7 +61,7 @@ GRACE=${REKINDLE_SLURM_GRACE:-20}
 KILLWAIT=${REKINDLE_SLURM_KILLWAIT:-20}
 CONF=$DIR/slurm.conf
 MUNGE_SOCKET=$DIR/munge/munge.socket
-NODES=(n1 n2)
+NODES=(n1 n2 n3)
 
 log() { printf 'local-cluster: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -92,6 +95,15 @@ install_packages() {
     } || die "apt-get install ${missing[*]} failed"
 }
 
+# One NodeName line per node: all on this host, each slurmd on its own port.
+node_lines() {
+    local i
+    for i in "${!NODES[@]}"; do
+        echo "NodeName=${NODES[i]} NodeHostname=$1 NodeAddr=127.0.0.1 Port=$((PORT + 1 + i)) CPUs=1 RealMemory=1000 State=UNKNOWN"
+    done
+}
+nodes_csv() { local IFS=,; echo "${NODES[*]}"; }
+
 # Writes slurm.conf: the usual config, or the variant named in $1.
 # Returns 0 when the file changed, 1 when it was already so.
 write_conf() {
@@ -102,7 +114,8 @@ write_conf() {
     *) die "unknown config variant '$variant' (known: no-preempt-user-signal)" ;;
     esac
     host=$(hostname -s)
-    mkdir -p "$DIR"/{state,log,run,munge} "$DIR"/spool/{n1,n2} "$DIR"/tmp/{n1,n2}
+    mkdir -p "$DIR"/{state,log,run,munge}
+    for n in "${NODES[@]}"; do mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"; done
     cat >"$CONF.tmp" <<EOF
 # Written by slurm/local-cluster.sh; rewritten on every \`up\`.
 # Variant: ${variant:-none}
@@ -143,10 +156,9 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 ${ctld_params:+SlurmctldParameters=$ctld_params}
-NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 1)) CPUs=1 RealMemory=1000 State=UNKNOWN
-NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 2)) CPUs=1 RealMemory=1000 State=UNKNOWN
-PartitionName=low Nodes=n1,n2 Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE MaxTime=INFINITE State=UP
-PartitionName=high Nodes=n1,n2 PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+$(node_lines "$host")
+PartitionName=low Nodes=$(nodes_csv) Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE MaxTime=INFINITE State=UP
+PartitionName=high Nodes=$(nodes_csv) PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 EOF
     if cmp -s "$CONF.tmp" "$CONF"; then
         rm -f "$CONF.tmp"
@@ -210,7 +222,7 @@ wait_idle() {
     local deadline=$((SECONDS + ${1:-60})) out
     while ((SECONDS < deadline)); do
         out=$(clients sinfo -h -N -p low -o '%N %t' 2>/dev/null || true)
-        if [[ $(grep -cE '^n[12] idle$' <<<"$out") == 2 ]]; then return 0; fi
+        if [[ $(grep -cE '^n[0-9]+ idle$' <<<"$out") == "${#NODES[@]}" ]]; then return 0; fi
         # A node that was down and came back may need a nudge.
         for n in "${NODES[@]}"; do
             if grep -qE "^$n (down|drain|drng|fail)" <<<"$out"; then
@@ -236,7 +248,7 @@ cmd_up() {
     start_slurmctld
     for n in "${NODES[@]}"; do start_slurmd "$n"; done
     wait_idle 90 || die "see the logs in $DIR/log"
-    log "up: nodes n1 n2 idle; partitions low (default), high; folder $DIR"
+    log "up: nodes ${NODES[*]} idle; partitions low (default), high; folder $DIR"
     log "use it from a shell with: eval \"\$($0 env)\""
 }
 
@@ -276,8 +288,9 @@ cmd_down() {
 }
 
 cmd_status() {
-    local rc=0 f name pid
-    for f in "$DIR/munge/munged.pid" "$DIR/run/slurmctld.pid" "$DIR/run/slurmd-n1.pid" "$DIR/run/slurmd-n2.pid"; do
+    local rc=0 f name pid n pidfiles=("$DIR/munge/munged.pid" "$DIR/run/slurmctld.pid")
+    for n in "${NODES[@]}"; do pidfiles+=("$DIR/run/slurmd-$n.pid"); done
+    for f in "${pidfiles[@]}"; do
         name=$(basename "$f" .pid)
         if pid=$(live_pid "$f"); then echo "$name: running (pid $pid)"; else echo "$name: stopped"; rc=1; fi
     done

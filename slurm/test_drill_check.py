@@ -124,5 +124,125 @@ class NodeLossBound(unittest.TestCase):
             self.assertIn(BOUND, results[900])
 
 
+KILL = 2.03  # seconds after T0 the made-up node was killed
+KILLED = "n2"
+
+
+def injob_run(last=203, resumed_from=200, restart_after=8.0, spare=True, tier="local", in_job=1,
+              silent=4.0, rank_nodes1=None, counted=None):
+    """events and metrics of an in-job drill: attempt 0 trains two ranks on
+    n1 and n2 at RATE up to step `last`, n2 is killed at KILL s, rank 0 finds
+    rank 1 silent `silent` s later; attempt 1 (in-job restart `in_job`)
+    starts, resumes from `resumed_from` of `tier` and trains its first step
+    `restart_after` s after the kill, over two ranks on n1 and n3 (one on n1
+    without a spare: a world of one records neither world_size nor
+    rank_nodes). rekindle's events count `counted` steps lost (default: as
+    the metrics say)."""
+    ev = [{"event": "start", "time": at(0), "node": "n1", "world_size": 2, "rank_nodes": ["n1", KILLED]}]
+    metrics = [{"step": step, "time": at(step / RATE)} for step in range(1, last + 1)]
+    ev.append({"event": "rank_lost", "time": at(KILL + silent), "rank": 1, "rank_node": KILLED, "noticed_by": 0,
+               "silent_seconds": silent, "timeout_seconds": 3.0})
+    begin = KILL + restart_after - 2
+    ranks = rank_nodes1 or (["n1", "n3"] if spare else ["n1"])
+    start = {"event": "start", "time": at(begin), "node": ranks[0], "in_job_restart": in_job}
+    if len(ranks) > 1:
+        start.update(world_size=len(ranks), rank_nodes=ranks)
+    ev.append(start)
+    lost = last - resumed_from if counted is None else counted
+    ev.append({"event": "resume", "time": at(begin + 1), "step": resumed_from, "tier": tier, "steps_lost": lost})
+    for i, step in enumerate(range(resumed_from + 1, 1001)):
+        metrics.append({"step": step, "time": at(KILL + restart_after + i / RATE)})
+    ev.append({"event": "recovery", "time": at(KILL + restart_after), "step": resumed_from + 1, "tier": tier,
+               "recovery_seconds": restart_after, "steps_lost": lost, "in_job": True})
+    return ev, metrics
+
+
+def injob_checks_of(events, metrics, restarts=0, spare=True, output="rekindle: in-job restart 1/3: ..."):
+    extra = {"killed_node": KILLED, "kill_time": drill_check.iso_to_unix(at(KILL)), "local_every": 5}
+    return {name: (ok, detail) for name, ok, detail in
+            drill_check.injob_checks(drill_check.split_attempts(events), metrics, extra, restarts, spare, output)}
+
+
+LOST = "steps lost at most two local intervals"
+AGAIN = "trained again within 30 s of the kill"
+
+
+class InJob(unittest.TestCase):
+    def failed(self, checks):
+        return [name for name, (ok, _) in checks.items() if not ok]
+
+    def test_a_spare_taking_over_from_the_local_tier_passes(self):
+        checks = injob_checks_of(*injob_run())
+        self.assertEqual(self.failed(checks), [], checks)
+        self.assertIn("3 lost (metrics: last step logged 203, resumed from 200: 3; resume event 3; "
+                      "recovery event 3) <= 10", checks[LOST][1])
+
+    def test_without_a_spare_one_rank_goes_on(self):
+        self.assertEqual(self.failed(injob_checks_of(*injob_run(spare=False), spare=False)), [])
+        # Two ranks where only one node was left cannot be.
+        self.assertIn("it went on over 1 rank(s) on 1 node(s) other than the killed one",
+                      self.failed(injob_checks_of(*injob_run(spare=True), spare=False)))
+
+    def test_the_steps_lost_bound_just_above_and_below(self):
+        self.assertNotIn(LOST, self.failed(injob_checks_of(*injob_run(last=210))))
+        self.assertIn(LOST, self.failed(injob_checks_of(*injob_run(last=211))))
+        # Resumed from the durable checkpoint of step 100: 103 lost, and not from the local tier.
+        failed = self.failed(injob_checks_of(*injob_run(resumed_from=100, tier="durable")))
+        self.assertIn(LOST, failed)
+        self.assertIn("resumed from the node-local tier", failed)
+
+    def test_the_largest_count_of_steps_lost_is_bounded(self):
+        # Metrics lines of the last steps lost with the aborted step: rekindle's
+        # own count is the larger one, and it is what the bound judges.
+        self.assertNotIn(LOST, self.failed(injob_checks_of(*injob_run(last=203, counted=10))))
+        checks = injob_checks_of(*injob_run(last=203, counted=11))
+        self.assertIn(LOST, self.failed(checks))
+        self.assertIn("11 lost (metrics: last step logged 203, resumed from 200: 3; resume event 11", checks[LOST][1])
+
+    def test_training_again_later_than_30_s_fails(self):
+        self.assertNotIn(AGAIN, self.failed(injob_checks_of(*injob_run(restart_after=29.5))))
+        self.assertIn(AGAIN, self.failed(injob_checks_of(*injob_run(restart_after=30.5))))
+
+    def test_a_requeue_fails(self):
+        # SLURM requeued it (Restarts=1) and the next attempt is not an in-job restart.
+        failed = self.failed(injob_checks_of(*injob_run(in_job=0), restarts=1))
+        self.assertIn("never requeued: SLURM's Restarts=0", failed)
+        self.assertIn("the next attempt is in-job restart 1 of the same allocation", failed)
+
+    def test_the_killed_node_in_the_next_world_fails(self):
+        failed = self.failed(injob_checks_of(*injob_run(rank_nodes1=["n1", KILLED])))
+        self.assertIn("it went on over 2 rank(s) on 2 node(s) other than the killed one", failed)
+
+    def test_a_loss_noticed_after_three_timeouts_fails(self):
+        failed = self.failed(injob_checks_of(*injob_run(silent=9.5)))
+        self.assertIn("rank 0 found rank 1 lost on the killed node within the timeout", failed)
+
+    def test_no_second_attempt_fails_and_says_so(self):
+        ev, metrics = injob_run()
+        first_attempt = ev[:2]
+        checks = injob_checks_of(first_attempt, metrics[:203])
+        self.assertEqual(self.failed(checks), ["the run went on in the job"])
+
+    def test_the_batch_shell_must_have_logged_the_restart(self):
+        self.assertIn("the batch shell logged the in-job restart",
+                      self.failed(injob_checks_of(*injob_run(), output="rekindle: job 1 restart 0 ...")))
+
+
+class EverySampleOnce(unittest.TestCase):
+    TRAIN = {"step": 1000, "epoch": 8, "cursor": {"epoch": 8, "position": 1120}, "optimizer_step": 1000,
+             "counters": {"samples": 16000, "batches": 1000, "tokens": 0, "clipped": 53}}
+
+    def test_the_same_position_passes_whatever_the_clipping(self):
+        other = json.loads(json.dumps(self.TRAIN))
+        other["counters"]["clipped"] = 54  # another summation order
+        self.assertEqual(drill_check.sample_position(self.TRAIN), drill_check.sample_position(other))
+
+    def test_a_sample_seen_twice_or_skipped_differs(self):
+        for key, value in (("cursor", {"epoch": 8, "position": 1136}), ("counters", {"samples": 16016,
+                                                                                     "batches": 1000, "tokens": 0})):
+            other = dict(self.TRAIN, **{key: value})
+            self.assertNotEqual(drill_check.sample_position(self.TRAIN), drill_check.sample_position(other), key)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,4 +1,4 @@
-//! The SLURM drills against a real SLURM: brings the local two-node cluster up
+//! The SLURM drills against a real SLURM: brings the local three-node cluster up
 //! (`slurm/local-cluster.sh`, which installs the Debian packages when they are
 //! missing), runs every drill of `slurm/drill.sh` with the binary under
 //! test, asserts each printed PASS, and brings the cluster down again.
@@ -12,10 +12,11 @@
 //! `slurm/drill_check.py`, the judge, on made-up records
 //! (`slurm/test_drill_check.py`): its bounds must be able to fail.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DRILLS: [&str; 19] = [
+use crate::support::cluster::{LocalCluster, repo};
+
+const DRILLS: [&str; 21] = [
     "term",
     "term-batch",
     "term-full",
@@ -31,35 +32,13 @@ const DRILLS: [&str; 19] = [
     "dp",
     "dp-preempt",
     "dp-nodeloss",
+    "dp-nodeloss-injob",
+    "dp-nodeloss-injob-nospare",
     "own",
     "exec",
     "exec-ddp",
     "exec-torchrun",
 ];
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn cluster(arg: &str) -> std::process::Output {
-    Command::new(repo().join("slurm/local-cluster.sh"))
-        .arg(arg)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run slurm/local-cluster.sh {arg}: {e}"))
-}
-
-/// Stops the cluster when the test ends, also when an assertion fails.
-struct ClusterUp;
-
-impl Drop for ClusterUp {
-    fn drop(&mut self) {
-        let out = cluster("down");
-        if !out.status.success() {
-            eprintln!("slurm/local-cluster.sh down failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-    }
-}
 
 /// The JSON summary printed on the line after `<RESULT> <drill>:`.
 fn summary_of<'a>(stdout: &'a str, drill: &str) -> Option<(&'a str, serde_json::Value)> {
@@ -75,25 +54,16 @@ fn summary_of<'a>(stdout: &'a str, drill: &str) -> Option<(&'a str, serde_json::
 }
 
 #[test]
-fn every_drill_passes_on_a_local_two_node_slurm_cluster() {
+fn every_drill_passes_on_the_local_slurm_cluster() {
     if crate::support::requires::slurm().is_none() {
         return;
     }
-    let up = cluster("up");
-    let _down = ClusterUp;
-    assert!(
-        up.status.success(),
-        "slurm/local-cluster.sh up failed:\n{}{}",
-        String::from_utf8_lossy(&up.stdout),
-        String::from_utf8_lossy(&up.stderr)
-    );
-    let dir = String::from_utf8(cluster("dir").stdout).expect("utf-8 path");
-    let conf = Path::new(dir.trim()).join("slurm.conf");
+    let cluster = LocalCluster::up();
     let work = tempfile::tempdir().expect("temp dir");
 
     let out = Command::new(repo().join("slurm/drill.sh"))
         .args(DRILLS)
-        .env("SLURM_CONF", &conf)
+        .env("SLURM_CONF", cluster.conf())
         .env("REKINDLE_BIN", env!("CARGO_BIN_EXE_rekindle"))
         .env("DRILL_OWN_BIN", crate::support::example_exe("own_model"))
         .env("DRILL_DIR", work.path())

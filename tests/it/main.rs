@@ -29,6 +29,7 @@ mod failed_start;
 mod gpu_check;
 mod gpu_run;
 mod hostile;
+mod injob;
 mod interval;
 mod kill_chain;
 mod lock;

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests: deterministic snapshots, a look at
 //! what lies on disk (leftovers, file bytes, manifests), file damage, the real
 //! `rekindle` binary as a child process ([`cli`]), finished runs and what they
-//! leave behind ([`runs`]), git repositories on disk ([`git`]), a stand-in `scontrol` ([`scontrol`]), and what some
+//! leave behind ([`runs`]), git repositories on disk ([`git`]), a stand-in `scontrol` ([`scontrol`]), the local SLURM cluster
+//! ([`cluster`]), and what some
 //! tests need from the machine ([`requires`]).
 //!
 //! Both test binaries (`tests/it/`, `tests/failpoints/`) include this module,
@@ -9,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod cluster;
 pub mod deterministic;
 pub mod git;
 pub mod requires;
