@@ -102,8 +102,10 @@ impl LocalWriter {
     /// this world's copy of the same step (the store keeps a step it has).
     pub fn open(root: &Path, cfg: &Config) -> Result<LocalWriter, String> {
         std::fs::create_dir_all(root).map_err(|e| format!("cannot make the local root {}: {e}", root.display()))?;
-        remove_uncommitted(root);
+        // Opening the store first refuses a directory rekindle did not make:
+        // nothing is removed from one.
         let store = CheckpointStore::open(root, cfg.recovery.local_keep).map_err(|e| e.to_string())?;
+        remove_uncommitted(root);
         Ok(LocalWriter { store, share: cfg.recovery.local_max_share, in_flight: None, done: Vec::new(), spare: None })
     }
 

@@ -54,17 +54,19 @@ fn on_nodes(cmd: &Command, nodes: &[&str]) -> Command {
     mpi
 }
 
+/// `cmd` as one process on `nodes[0]`, or as one rank per node.
+fn launch(mut cmd: Command, nodes: &[&str]) -> Command {
+    if nodes.len() == 1 {
+        cmd.env("SLURMD_NODENAME", nodes[0]);
+        return cmd;
+    }
+    on_nodes(&cmd, nodes)
+}
+
 /// Runs `cmd` on `nodes` (one process alone when `nodes` has one entry) to
 /// its end; asserts exit 0.
 fn run_to_end(cmd: Command, nodes: &[&str]) {
-    let mut cmd = if nodes.len() == 1 {
-        let mut c = cmd;
-        c.env("SLURMD_NODENAME", nodes[0]);
-        c
-    } else {
-        on_nodes(&cmd, nodes)
-    };
-    let out = cmd.output().expect("start the run");
+    let out = launch(cmd, nodes).output().expect("start the run");
     assert_eq!(
         out.status.code(),
         Some(EXIT_DONE),
@@ -95,15 +97,8 @@ fn newest_durable(run_dir: &Path) -> Option<u64> {
 /// world, not when rank 0 records it), or the test would not know which
 /// copies a restart finds.
 fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path, local_base: &Path) -> u64 {
-    let mut cmd = if nodes.len() == 1 {
-        let mut c = cmd;
-        c.env("SLURMD_NODENAME", nodes[0]);
-        c
-    } else {
-        on_nodes(&cmd, nodes)
-    };
     use std::os::unix::process::CommandExt;
-    let mut child = cmd
+    let mut child = launch(cmd, nodes)
         .env("FAILPOINTS", "train::step=sleep(15)")
         .process_group(0)
         .stdout(Stdio::null())
