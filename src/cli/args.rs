@@ -303,7 +303,7 @@ pub struct BenchIntervalArgs {
 #[derive(Debug, Args)]
 pub struct BenchCollectiveArgs {
     /// Size of the summed vector (f32): bytes, or with a unit (64MiB, 1GiB).
-    #[arg(long, value_parser = parse_size, default_value = "16MiB")]
+    #[arg(long, value_parser = crate::units::parse_size, default_value = "16MiB")]
     pub bytes: u64,
     /// Timed repetitions (the median is reported).
     #[arg(long, default_value_t = 10)]
@@ -336,7 +336,7 @@ pub struct BenchTrainArgs {
 #[derive(Debug, Args)]
 pub struct BenchCheckpointArgs {
     /// State size: bytes, or with a unit (256MiB, 1GiB, 4GiB).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = crate::units::parse_size)]
     pub bytes: u64,
     /// Directory on the filesystem to measure.
     #[arg(long, default_value = ".")]
@@ -349,23 +349,4 @@ pub struct BenchCheckpointArgs {
     pub cold: bool,
     #[command(flatten)]
     pub output: JsonFlag,
-}
-
-/// Parses `1GiB`, `256MiB`, `512k`, `1000000`.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("`{text}` is not a size: write e.g. 1GiB, 256MiB or 1048576"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "kb" => 1000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        other => return Err(format!("unknown size unit `{other}`: use B, KiB, MiB, GiB, KB, MB or GB")),
-    };
-    Ok((n * mult as f64) as u64)
 }

@@ -462,18 +462,18 @@ fn run_parts_case(fault: Fault) {
     let dir = store.dir().to_path_buf();
     let staging = store.new_shared_staging(NEW_STEP, "test").unwrap();
     let staging = staging.as_str();
-    let part = small_snapshot(NEW_STEP).optimizer;
+    let share = small_snapshot(NEW_STEP);
     fail::cfg(COVERED_PARTS[0], if fault == Fault::Crash { "panic" } else { "return" }).unwrap();
     let follower = CheckpointStore::open_read_only(&dir);
     let mut collect = || {
-        let written = std::thread::scope(|s| s.spawn(|| follower.write_part(staging, 1, 2, NEW_STEP, &part)).join());
+        let written = std::thread::scope(|s| s.spawn(|| follower.write_share(staging, 1, 2, &share, true)).join());
         match written {
-            Ok(entry) => entry.map(|e| vec![e]).map_err(|e| PartsError::RankFailed { rank: 1, error: e.to_string() }),
+            Ok(entries) => entries.map_err(|e| PartsError::RankFailed { rank: 1, error: e.to_string() }),
             // Rank 1 died: the launcher ends rank 0 too, in the middle of its save.
             Err(panic) => std::panic::resume_unwind(panic),
         }
     };
-    let parts = Parts { staging: staging.into(), world: 2, collect: &mut collect };
+    let parts = Parts { staging: staging.into(), world: 2, optimizer_in_parts: true, collect: &mut collect };
     let outcome = catch_unwind(AssertUnwindSafe(|| store.save_with(&small_snapshot(NEW_STEP), Some(parts))));
     fail::remove(COVERED_PARTS[0]);
     match (fault, outcome) {
