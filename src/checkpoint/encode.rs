@@ -38,6 +38,12 @@ pub(super) struct PlannedFile<'a> {
     pub rank: usize,
 }
 
+/// A tensor set is cut among the ranks of a world only where each rank's
+/// share is at least this (or one shard, where the shard size is smaller):
+/// a smaller share saves less time than its files cost, and rank 0 writes
+/// it alone, as before shares existed.
+pub(super) const MIN_RANK_SHARE: u64 = 16 << 20;
+
 /// How the tensor sets of a save are cut into files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Sharding {
@@ -65,13 +71,16 @@ pub(super) fn safetensors_metadata(content: &str, step: u64) -> BTreeMap<String,
 pub(super) fn tensor_files<'a>(stem: &str, set: &'a TensorSet, step: u64, sharding: Sharding) -> Vec<PlannedFile<'a>> {
     let tensors: Vec<(&String, &HostTensor)> = set.iter().collect();
     let sizes: Vec<u64> = tensors.iter().map(|(_, t)| t.data.len() as u64).collect();
-    let ranges = shards::plan(&sizes, sharding.shard_bytes, sharding.world);
+    let total: u64 = sizes.iter().sum();
+    let world = sharding.world.max(1);
+    let shared = world > 1 && total >= world as u64 * MIN_RANK_SHARE.min(sharding.shard_bytes);
+    let ranges = shards::plan(&sizes, sharding.shard_bytes, if shared { world } else { 1 });
     if ranges.len() <= 1 {
         let name = format!("{stem}.safetensors");
         return vec![safetensors_file(name, tensors, safetensors_metadata(stem, step), 0)];
     }
     let shard_sizes: Vec<u64> = ranges.iter().map(|r| sizes[r.clone()].iter().sum()).collect();
-    let owners = shards::assign(&shard_sizes, sharding.world);
+    let owners = shards::assign(&shard_sizes, if shared { world } else { 1 });
     let n = ranges.len();
     let index = ShardIndex::of(stem, &tensors, &ranges).to_bytes();
     let mut files: Vec<PlannedFile<'a>> = ranges
@@ -201,7 +210,10 @@ mod tests {
                 ("model.safetensors.index.json".into(), 0),
             ]
         );
+        // Two ranks: shares only where each is worth it (a shard here).
         let two = Sharding { shard_bytes: 1 << 20, world: 2 };
+        assert_eq!(names(&tensor_files("model", &model, 3, two)), [("model.safetensors".into(), 0)]);
+        let two = Sharding { shard_bytes: 800, world: 2 };
         let files = tensor_files("optimizer", &model, 3, two);
         assert_eq!(
             names(&files),

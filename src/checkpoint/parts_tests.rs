@@ -15,6 +15,7 @@ use super::persist::PartsError;
 use super::store::{CheckpointStore, Parts};
 use super::tensor::{HostTensor, TensorSet};
 use super::verify::{VerifyLevel, verify_checkpoint_dir};
+use super::write_mode::WriteSettings;
 
 /// Parameters a (2×2) and b (3): flattened a0..a3 b0..b2, cut for three
 /// ranks as 3 + 2 + 2 (what `distributed::chunk_bounds` gives for 7).
@@ -59,10 +60,25 @@ fn snapshot(step: u64, optimizer: TensorSet) -> Snapshot {
     Snapshot { step, model: model(), optimizer, state: serde_json::json!({"step": step}) }
 }
 
-/// Ranks 1 and 2 writing their parts from their own view of the
-/// checkpoints directory, as followers do.
+/// Shards of at most 8 bytes: the model's two tensors are cut among the
+/// ranks (rank 0 and rank 2 write one each).
+fn tiny_shards() -> WriteSettings {
+    WriteSettings { shard_bytes: Some(8), ..WriteSettings::default() }
+}
+
+/// Ranks 1 and 2 writing their shares from their own view of the
+/// checkpoints directory, as followers do, with the default shard size.
 fn other_ranks(dir: &Path, staging: &str, step: u64) -> Result<Vec<ManifestEntry>, PartsError> {
-    let follower = CheckpointStore::open_read_only(dir);
+    other_ranks_with(dir, staging, step, WriteSettings::default())
+}
+
+fn other_ranks_with(
+    dir: &Path,
+    staging: &str,
+    step: u64,
+    settings: WriteSettings,
+) -> Result<Vec<ManifestEntry>, PartsError> {
+    let follower = CheckpointStore::open_read_only(dir).with_write_settings(settings);
     std::thread::scope(|s| {
         let writers: Vec<_> = (1..3)
             .map(|r| {
@@ -90,10 +106,10 @@ fn leftovers(dir: &Path) -> Vec<String> {
 #[test]
 fn three_ranks_parts_commit_as_one_checkpoint_that_loads_as_the_whole_state() {
     let tmp = tempfile::tempdir().unwrap();
-    let store = CheckpointStore::open(tmp.path(), 3).unwrap();
+    let store = CheckpointStore::open(tmp.path(), 3).unwrap().with_write_settings(tiny_shards());
     let staging = store.new_shared_staging(12, "test").unwrap();
     let staging = staging.as_str();
-    let mut collect = || other_ranks(tmp.path(), staging, 12);
+    let mut collect = || other_ranks_with(tmp.path(), staging, 12, tiny_shards());
     let parts = Parts { staging: staging.into(), world: 3, optimizer_in_parts: true, collect: &mut collect };
     store.save_with(&snapshot(12, part(0)), Some(parts)).unwrap();
 
@@ -103,7 +119,7 @@ fn three_ranks_parts_commit_as_one_checkpoint_that_loads_as_the_whole_state() {
     names.sort_unstable();
     // The model's two tensors are two shards (one per rank where there
     // are tensors enough), written by the ranks whose share of the bytes
-    // holds them: 0 and 2.
+    // holds them: 0 and 2. Rank 0 also writes the index.
     let expected = [
         "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors",

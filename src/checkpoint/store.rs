@@ -342,6 +342,16 @@ impl CheckpointStore {
         Ok(written.into_iter().map(|(entry, _)| entry).collect())
     }
 
+    /// Whether ranks other than 0 of a world of `world` write part of the
+    /// checkpoint of `snapshot` (rank 0's, [`save_with`](Self::save_with)):
+    /// always with the optimizer in parts, otherwise where the model or the
+    /// optimizer is large enough to be cut into shares (`encode.rs`).
+    pub fn shared_by_ranks(&self, snapshot: &Snapshot, world: usize, optimizer_in_parts: bool) -> bool {
+        let optimizer = (!optimizer_in_parts).then_some(&snapshot.optimizer);
+        world > 1
+            && (optimizer_in_parts || !names_from_others(&snapshot.model, optimizer, self.sharding(world)).is_empty())
+    }
+
     /// Directories left by interrupted saves, seals and deletes, by the
     /// names rekindle gives them ([`LEFTOVER_PREFIXES`]). Anything else by
     /// such a name (a file, a symlink) is not rekindle's: it is reported and

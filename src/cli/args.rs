@@ -347,6 +347,30 @@ pub struct BenchCheckpointArgs {
     /// Drop the page cache before reads (root only) to measure cold loads.
     #[arg(long)]
     pub cold: bool,
+    /// How the saves write, as `[checkpoint] write_mode`: auto (measured
+    /// here first, as a run measures at its first large save), direct or
+    /// buffered.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub write_mode: WriteModeArg,
+    /// Bytes per write, as `[checkpoint] write_block` (e.g. 1MiB); measured
+    /// with --write-mode auto when left out.
+    #[arg(long, value_parser = crate::units::parse_size)]
+    pub write_block: Option<u64>,
+    /// Writes in flight per file, as `[checkpoint] write_queue_depth`.
+    #[arg(long)]
+    pub write_queue_depth: Option<usize>,
+    /// Largest model or optimizer file, as `[checkpoint] shard_size`
+    /// (default 512MiB): the state is written in shards of at most this.
+    #[arg(long, value_parser = crate::units::parse_size)]
+    pub shard_size: Option<u64>,
     #[command(flatten)]
     pub output: JsonFlag,
+}
+
+/// `--write-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriteModeArg {
+    Auto,
+    Direct,
+    Buffered,
 }

@@ -413,7 +413,7 @@ pub struct CheckpointSection {
     /// The largest model or optimizer file: bigger state is split into
     /// shards (`model-00001-of-00004.safetensors` and an index, the Hugging
     /// Face layout) that are hashed, written, verified and loaded on every
-    /// core. `"auto"` (512 MiB) or a size of at least 1 MiB.
+    /// core. `"auto"` (512 MiB) or a size of at least 4 KiB.
     pub shard_size: AutoSize,
 }
 

@@ -260,7 +260,9 @@ fn checkpoint(f: &mut Findings, c: &CheckpointSection) {
         format!("must be 0 (automatic) or 1 to 64 (got {})", c.write_queue_depth)
     });
     if let AutoSize::Fixed(shard) = c.shard_size {
-        f.at_least("checkpoint.shard_size", shard, 1 << 20);
+        f.require(shard >= 4096, "checkpoint.shard_size", || {
+            format!("must be \"auto\" or at least 4 KiB, e.g. \"2GiB\" (got {shard} bytes)")
+        });
     }
 }
 

@@ -359,18 +359,18 @@ impl Attempt {
     /// state is this rank's part).
     fn snapshot(&mut self) -> Result<(Snapshot, Option<InParts>), RunError> {
         let step = self.trainer.step();
+        let mut snapshot = self.trainer.snapshot_part(self.spare.take())?;
+        // The other ranks snapshot the same step when told below (nothing
+        // trains in between), and write their shares only where they have
+        // one (a state too small to share is rank 0's alone).
+        let (world, optimizer_in_parts) = (self.trainer.rank_and_size().1, self.trainer.optimizer_shard().is_some());
         let parts = match &self.leader {
-            Some(leader) if self.trainer.rank_and_size().1 > 1 => {
+            Some(leader) if world > 1 && self.store.shared_by_ranks(&snapshot, world, optimizer_in_parts) => {
                 let staging = leader.snapshot(&self.stop, &self.store, step)?;
-                Some(InParts {
-                    staging,
-                    world: self.trainer.rank_and_size().1,
-                    optimizer_in_parts: self.trainer.optimizer_shard().is_some(),
-                })
+                Some(InParts { staging, world, optimizer_in_parts })
             }
             _ => None,
         };
-        let mut snapshot = self.trainer.snapshot_part(self.spare.take())?;
         let losses = Losses { best_loss: self.best_loss, last_loss: self.last_loss };
         // The engine's own state becomes the envelope's `train` object.
         let train = std::mem::take(&mut snapshot.state);
