@@ -246,6 +246,10 @@ type Started = (SyncSender<Job>, Receiver<Persisted>, JoinHandle<()>);
 
 /// The thread and its two channels: jobs in (capacity 1), finished saves out.
 fn start_thread(store: CheckpointStore, watch: Watch) -> std::io::Result<Started> {
+    // Background saves may measure the write path (`write_mode.rs`): the
+    // first large one pays for it, off the training thread; synchronous
+    // saves (a stop's, inside its grace time) reuse what was measured.
+    let store = store.with_write_measurement();
     {
         let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel();

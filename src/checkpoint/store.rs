@@ -189,6 +189,9 @@ pub struct CheckpointStore {
     /// How the files are written and cut into shards (`[checkpoint]
     /// write_mode`, `write_block`, `write_queue_depth`, `shard_size`).
     write: WriteSettings,
+    /// Saves through this store may measure the write path where nothing
+    /// was measured yet ([`with_write_measurement`](Self::with_write_measurement)).
+    measure: bool,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -209,6 +212,7 @@ impl CheckpointStore {
             known_bad: Arc::default(),
             guard: None,
             write: WriteSettings::default(),
+            measure: false,
         };
         for leftover in store.leftovers()? {
             tracing::warn!(path = %leftover.display(), "removing leftover of an interrupted checkpoint save or delete");
@@ -229,6 +233,7 @@ impl CheckpointStore {
             known_bad: Arc::default(),
             guard: None,
             write: WriteSettings::default(),
+            measure: false,
         }
     }
 
@@ -243,9 +248,18 @@ impl CheckpointStore {
         Sharding { shard_bytes: self.write.shard_bytes.unwrap_or(DEFAULT_SHARD_BYTES), world: world.max(1) }
     }
 
+    /// The same store, whose saves measure the write path on this
+    /// filesystem where nothing was measured yet (`write_mode.rs`): the
+    /// background persister's. Other saves take what was measured, else the
+    /// default, so that a stop checkpoint inside its grace time never pays
+    /// for a measurement.
+    pub fn with_write_measurement(self) -> CheckpointStore {
+        CheckpointStore { measure: true, ..self }
+    }
+
     /// The write plan of a save of `payload` tensor bytes (`write_mode.rs`).
     fn write_choice(&self, payload: u64) -> WriteChoice {
-        plan_for(&self.dir, &self.write, payload)
+        plan_for(&self.dir, &self.write, payload, self.measure)
     }
 
     /// The same store, asking `guard` right before each commit and rotation.

@@ -5,10 +5,13 @@
 //! filesystem and the device — direct I/O was 1.0–1.5× buffered on the VM
 //! the save path was first tuned on and 0.8× on another
 //! (docs/performance.md) — so with `[checkpoint] write_mode = "auto"` it is
-//! measured, not assumed: the first save large enough to matter writes a
-//! few short trial files with each candidate ([`candidates`]), keeps the
-//! fastest ([`choose`]), and every later save in the process on the same
-//! filesystem reuses the choice. The config can fix any part of it.
+//! measured, not assumed: the first background save large enough to
+//! matter writes a few short trial files with each candidate
+//! ([`candidates`]), keeps the fastest ([`choose`]), and every later save
+//! in the process on the same filesystem reuses the choice (a synchronous
+//! save, such as a stop's inside its grace time, never measures: before a
+//! measurement it writes through the page cache). The config can fix any
+//! part of it.
 //!
 //! The decisions are pure functions with table tests; the trial writes
 //! (`probe`) go through the very write path a save takes
@@ -214,10 +217,12 @@ static CHOSEN: Mutex<Vec<((u64, WriteSettings), WriteChoice)>> = Mutex::new(Vec:
 
 /// The plan for a save of `payload` tensor bytes into the checkpoints
 /// directory `dir`: fixed by `settings`, measured before on this
-/// filesystem, measured now (a save of at least [`MEASURE_FROM_BYTES`]),
-/// or the default. A measurement that fails (a full disk) is logged and
-/// the default taken: the save itself then reports the error, if any.
-pub fn plan_for(dir: &Path, settings: &WriteSettings, payload: u64) -> WriteChoice {
+/// filesystem, measured now (with `measure`, a save of at least
+/// [`MEASURE_FROM_BYTES`]), or the default. A measurement that fails (a
+/// full disk) is logged and the default taken: the save itself then
+/// reports the error, if any. Measurements of the process wait for each
+/// other (one at a time measures the disk, not the others).
+pub fn plan_for(dir: &Path, settings: &WriteSettings, payload: u64, measure: bool) -> WriteChoice {
     let chosen = |plan, chosen_by| WriteChoice {
         plan,
         chosen_by,
@@ -235,7 +240,7 @@ pub fn plan_for(dir: &Path, settings: &WriteSettings, payload: u64) -> WriteChoi
     if let Some((_, known)) = cache.iter().find(|(k, _)| *k == key) {
         return chosen(known.plan, ChosenBy::Measured);
     }
-    if payload < MEASURE_FROM_BYTES {
+    if !measure || payload < MEASURE_FROM_BYTES {
         return chosen(list[0], ChosenBy::Default);
     }
     let started = Instant::now();
@@ -388,16 +393,18 @@ mod tests {
     }
 
     #[test]
-    fn a_measurement_is_made_once_per_filesystem_and_small_saves_never_measure() {
+    fn a_measurement_is_made_once_per_filesystem_and_small_or_synchronous_saves_never_measure() {
         forget_choices();
         let tmp = tempfile::tempdir().unwrap();
         let settings = WriteSettings { block_bytes: Some(1 << 20), ..WriteSettings::default() };
-        let small = plan_for(tmp.path(), &settings, 1 << 20);
+        let small = plan_for(tmp.path(), &settings, 1 << 20, true);
         assert_eq!((small.chosen_by, small.plan.mode), (ChosenBy::Default, IoMode::Buffered));
         assert!(small.trials.is_empty());
         let configured = WriteSettings { mode: ModeSetting::Direct, queue_depth: Some(2), ..settings };
-        assert_eq!(plan_for(tmp.path(), &configured, 1 << 40).chosen_by, ChosenBy::Configured);
-        assert_eq!(plan_for(tmp.path(), &configured, 1 << 40).plan, plan(IoMode::Direct, 1, 2));
+        let unmeasured = plan_for(tmp.path(), &settings, 1 << 40, false);
+        assert_eq!((unmeasured.chosen_by, unmeasured.trials.len()), (ChosenBy::Default, 0), "not asked to measure");
+        assert_eq!(plan_for(tmp.path(), &configured, 1 << 40, true).chosen_by, ChosenBy::Configured);
+        assert_eq!(plan_for(tmp.path(), &configured, 1 << 40, true).plan, plan(IoMode::Direct, 1, 2));
         // Measured with small trial files (the probe itself, not plan_for's
         // 128 MiB trials, so the test stays quick).
         let trials = probe(tmp.path(), &candidates(&settings), 2 << 20, 1).unwrap();
