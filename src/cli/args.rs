@@ -254,8 +254,11 @@ pub struct DoctorArgs {
 pub enum BenchCommand {
     /// Save, load+verify, verify and snapshot stall of synthetic state of SIZE
     /// (parameters in candle variables and AdamW moments, as between two
-    /// training steps), beside `dd bs=8M conv=fsync` of the same bytes on the
-    /// same filesystem.
+    /// training steps), beside `dd bs=8M conv=fsync` and `dd oflag=direct` of
+    /// the same bytes on the same filesystem; the write path (direct or
+    /// buffered, block size, writes in flight) is measured there first, as a
+    /// run measures it, and printed with the candidates' speeds; and SHA-256
+    /// of the state on 1, 2, … threads.
     Checkpoint(BenchCheckpointArgs),
     /// Training throughput of a config with checkpoints off and every N steps,
     /// the stall per checkpoint, and a synchronous save of the same state.
@@ -352,9 +355,10 @@ pub struct BenchCheckpointArgs {
     /// buffered.
     #[arg(long, value_enum, default_value = "auto")]
     pub write_mode: WriteModeArg,
-    /// Bytes per write, as `[checkpoint] write_block` (e.g. 1MiB); measured
-    /// with --write-mode auto when left out.
-    #[arg(long, value_parser = crate::units::parse_size)]
+    /// Bytes per write, as `[checkpoint] write_block` (a multiple of 4 KiB
+    /// from 64KiB to 256MiB, e.g. 1MiB); measured with --write-mode auto
+    /// when left out.
+    #[arg(long, value_parser = parse_write_block)]
     pub write_block: Option<u64>,
     /// Writes in flight per file, as `[checkpoint] write_queue_depth`.
     #[arg(long)]
@@ -365,6 +369,15 @@ pub struct BenchCheckpointArgs {
     pub shard_size: Option<u64>,
     #[command(flatten)]
     pub output: JsonFlag,
+}
+
+/// `--write-block`: a size that direct I/O can use.
+fn parse_write_block(text: &str) -> Result<u64, String> {
+    let block = crate::units::parse_size(text)?;
+    if block % 4096 != 0 || !(64 << 10..=256 << 20).contains(&block) {
+        return Err(format!("{block} bytes: a block is a multiple of 4 KiB from 64KiB to 256MiB, e.g. 8MiB"));
+    }
+    Ok(block)
 }
 
 /// `--write-mode`.
