@@ -25,6 +25,27 @@ pub fn mib_or_gib(n: u64) -> String {
     if n >= gib { format!("{:.1} GiB", n / gib) } else { format!("{:.1} MiB", n / MIB as f64) }
 }
 
+/// Parses a size as people write it: `1GiB`, `256MiB`, `512k`, `1000000`
+/// (binary units for `k`/`KiB`/`m`/`MiB`/`g`/`GiB`, decimal for `KB`/`MB`/`GB`).
+/// The command line's `--bytes` and the config's sizes read this way.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("`{text}` is not a size: write e.g. 1GiB, 256MiB or 1048576"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => return Err(format!("unknown size unit `{other}`: use B, KiB, MiB, GiB, KB, MB or GB")),
+    };
+    Ok((n * mult as f64) as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,5 +62,17 @@ mod tests {
         assert_eq!(mib_or_gib(300 << 20), "300.0 MiB");
         assert_eq!(mib_or_gib((1 << 30) - 1), "1024.0 MiB");
         assert_eq!(mib_or_gib(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn sizes_read_with_binary_and_decimal_units() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert_eq!(parse_size("1.5m"), Ok(3 << 19));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("1000000"), Ok(1_000_000));
+        assert!(parse_size("lots").unwrap_err().contains("not a size"));
+        assert!(parse_size("3 parsecs").unwrap_err().contains("unknown size unit `parsecs`"));
     }
 }

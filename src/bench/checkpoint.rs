@@ -1,6 +1,8 @@
 //! `rekindle bench checkpoint`: save, load+verify, verify and snapshot stall
-//! of synthetic state of a given size, beside a same-run `dd conv=fsync`
-//! baseline on the same filesystem.
+//! of synthetic state of a given size, beside same-run `dd conv=fsync` and
+//! `dd oflag=direct` baselines on the same filesystem, the write path the
+//! save chose there (`checkpoint::write_mode`, measured once before the
+//! timed saves), and SHA-256 of the state on 1, 2, … threads.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,8 +12,9 @@ use serde::Serialize;
 
 use candle_core::{Device, Var};
 
+use crate::checkpoint::write_mode::{WriteChoice, plan_for};
 use crate::checkpoint::{
-    CheckpointError, CheckpointStore, DType, HostTensor, Snapshot, TensorSet, VerifyLevel, reusable,
+    CheckpointError, CheckpointStore, DType, HostTensor, Snapshot, TensorSet, VerifyLevel, WriteSettings, reusable,
 };
 use crate::train::{AdamW, AdamWConfig, Params, TrainError, from_host, snapshot_tensors};
 
@@ -25,6 +28,8 @@ pub struct CheckpointBenchOptions {
     pub repeat: usize,
     /// Drop the page cache before each load (needs root), for cold reads.
     pub cold: bool,
+    /// What the write path may choose (`[checkpoint] write_mode`, …).
+    pub write: WriteSettings,
 }
 
 /// Medians (and spreads) of one benchmark run.
@@ -39,6 +44,17 @@ pub struct CheckpointBench {
     pub stall_seconds: f64,
     pub sync_save_seconds: f64,
     pub dd_fsync_gbps: Option<f64>,
+    /// `dd bs=8M oflag=direct conv=fsync` of the same bytes: what direct
+    /// I/O gives on this filesystem (absent where it refuses `O_DIRECT`).
+    pub dd_direct_gbps: Option<f64>,
+    /// How the saves wrote (measured before the first timed save, or
+    /// configured), with the measurement's candidates.
+    pub write: WriteChoice,
+    /// Files in each checkpoint (the shards, their indexes, `state.json`).
+    pub files: usize,
+    /// SHA-256 of the state in memory on 1, 2, … threads (up to the cores
+    /// this process may use), each thread hashing its own tensors.
+    pub sha256_threads: Vec<HashThreads>,
     /// The same bytes written from memory with plain `write` + one fsync, no
     /// hashing, no manifest: what the filesystem allows.
     pub raw_write_fsync_gbps: f64,
@@ -50,6 +66,7 @@ pub struct CheckpointBench {
     pub verify_seconds: Stats,
     pub stall: Stats,
     pub dd_fsync_seconds: Option<Stats>,
+    pub dd_direct_seconds: Option<Stats>,
     /// `--cold` was asked for.
     pub cold_reads: bool,
     /// Every read ran after the page cache was dropped. `false` when
@@ -60,6 +77,13 @@ pub struct CheckpointBench {
     /// Why the reads were not cold; absent when they were.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cold_cache_reason: Option<String>,
+}
+
+/// SHA-256 throughput on a number of threads.
+#[derive(Debug, Clone, Serialize)]
+pub struct HashThreads {
+    pub threads: usize,
+    pub gbps: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -172,16 +196,20 @@ impl LiveState {
     }
 }
 
-fn dd_fsync(dir: &Path, bytes: u64) -> Option<f64> {
+/// `dd bs=8M conv=fsync` of `bytes` into `dir` (with `direct`, also
+/// `oflag=direct`), timed; `None` when dd fails (or the filesystem refuses
+/// direct I/O).
+fn dd_fsync(dir: &Path, bytes: u64, direct: bool) -> Option<f64> {
     let path = dir.join("dd.bin");
     let count = bytes.div_ceil(8 << 20);
     let t0 = Instant::now();
-    let ok = Command::new("dd")
-        .args(["if=/dev/zero", &format!("of={}", path.display()), "bs=8M", &format!("count={count}"), "conv=fsync"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .ok()?
-        .success();
+    let of = format!("of={}", path.display());
+    let count = format!("count={count}");
+    let mut args = vec!["if=/dev/zero", &of, "bs=8M", &count, "conv=fsync"];
+    if direct {
+        args.push("oflag=direct");
+    }
+    let ok = Command::new("dd").args(args).stderr(std::process::Stdio::null()).status().ok()?.success();
     let secs = t0.elapsed().as_secs_f64();
     let _ = std::fs::remove_file(&path);
     ok.then_some(secs)
@@ -200,6 +228,26 @@ fn raw_write(dir: &Path, snap: &Snapshot) -> std::io::Result<f64> {
     let secs = t0.elapsed().as_secs_f64();
     std::fs::remove_file(&path)?;
     Ok(secs)
+}
+
+/// SHA-256 of `snap`'s tensors on `threads` threads, each hashing every
+/// `threads`-th tensor as its own stream (as the files of a checkpoint
+/// are hashed), in GB/s.
+fn hash_on_threads(snap: &Snapshot, threads: usize) -> f64 {
+    let tensors: Vec<&HostTensor> = snap.model.values().chain(snap.optimizer.values()).collect();
+    let bytes: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        for i in 0..threads {
+            let tensors = &tensors;
+            scope.spawn(move || {
+                for t in tensors.iter().skip(i).step_by(threads) {
+                    let _ = <sha2::Sha256 as sha2::Digest>::digest(&t.data[..]);
+                }
+            });
+        }
+    });
+    bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
 }
 
 /// The kernel's page-cache control file.
@@ -237,7 +285,12 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
     // (buffers it had to allocate are reused by the later ones).
     let mut staging = live.snapshot(0, None)?;
     let bytes = staging.payload_bytes();
+    // The measurement a run makes at its first large save, made here before
+    // the timed saves (which then reuse it, as a run's later saves do).
+    let write = plan_for(work.path(), &opts.write, bytes, true);
     let (mut save, mut load, mut verify, mut stall, mut dd) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut dd_direct = vec![];
+    let mut files = 0;
     let mut raw = vec![];
     let mut drop_failure: Option<String> = None;
     let cold = |failure: &mut Option<String>| {
@@ -257,10 +310,11 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         stall.push(t0.elapsed().as_secs_f64());
 
         let dir = work.path().join(format!("run{i}"));
-        let store = CheckpointStore::open(&dir, 1)?;
+        let store = CheckpointStore::open(&dir, 1)?.with_write_settings(opts.write);
         let t0 = Instant::now();
         let report = store.save(&staging)?;
         save.push(t0.elapsed().as_secs_f64());
+        files = crate::checkpoint::read_manifest(&report.dir).map_or(0, |m| m.files.len());
 
         // Saves write with direct I/O where the filesystem allows it, so the
         // page cache may not hold the checkpoint now: read it once, untimed,
@@ -284,8 +338,11 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
             return Err(BenchError::Invalid { step, reason: format!("{failures:?}") });
         }
         std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
-        if let Some(s) = dd_fsync(work.path(), bytes) {
+        if let Some(s) = dd_fsync(work.path(), bytes, false) {
             dd.push(s);
+        }
+        if let Some(s) = dd_fsync(work.path(), bytes, true) {
+            dd_direct.push(s);
         }
         raw.push(raw_write(work.path(), &staging).map_err(io(work.path()))?);
     }
@@ -298,9 +355,13 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
     }
     let _ = sha2::Digest::finalize(h);
     let sha256_one_core_gbps = bytes as f64 / t0.elapsed().as_secs_f64() / 1e9;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sha256_threads =
+        (1..=cores.min(8)).map(|threads| HashThreads { threads, gbps: hash_on_threads(&staging, threads) }).collect();
     let gbps = |s: &Stats| bytes as f64 / s.median / 1e9;
     let (save, load, verify, stall) = (Stats::of(&save), Stats::of(&load), Stats::of(&verify), Stats::of(&stall));
     let dd = (!dd.is_empty()).then(|| Stats::of(&dd));
+    let dd_direct = (!dd_direct.is_empty()).then(|| Stats::of(&dd_direct));
     let raw = Stats::of(&raw);
     let (cold_cache, cold_cache_reason) = cold_cache(opts.cold, drop_failure);
     if let (true, false, Some(why)) = (opts.cold, cold_cache, &cold_cache_reason) {
@@ -316,6 +377,10 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         stall_seconds: stall.median,
         sync_save_seconds: save.median,
         dd_fsync_gbps: dd.as_ref().map(gbps),
+        dd_direct_gbps: dd_direct.as_ref().map(gbps),
+        write,
+        files,
+        sha256_threads,
         sha256_one_core_gbps,
         raw_write_fsync_gbps: gbps(&raw),
         raw_write_fsync_seconds: raw,
@@ -324,6 +389,7 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
         verify_seconds: verify,
         stall,
         dd_fsync_seconds: dd,
+        dd_direct_seconds: dd_direct,
         cold_reads: opts.cold,
         cold_cache,
         cold_cache_reason,
@@ -367,7 +433,23 @@ impl std::fmt::Display for CheckpointBench {
         if let Some(dd) = &self.dd_fsync_seconds {
             row(f, "dd bs=8M conv=fsync", dd)?;
         }
-        writeln!(f, "{:<22} {:>39.2}", "sha256, 1 core, memory", self.sha256_one_core_gbps)
+        if let Some(dd) = &self.dd_direct_seconds {
+            row(f, "dd ... oflag=direct", dd)?;
+        }
+        writeln!(f, "{:<22} {:>39.2}", "sha256, 1 core, memory", self.sha256_one_core_gbps)?;
+        for h in &self.sha256_threads {
+            writeln!(f, "{:<22} {:>39.2}", format!("sha256, {} thread(s)", h.threads), h.gbps)?;
+        }
+        let how = match self.write.chosen_by {
+            crate::checkpoint::write_mode::ChosenBy::Measured => "measured",
+            crate::checkpoint::write_mode::ChosenBy::Configured => "configured",
+            crate::checkpoint::write_mode::ChosenBy::Default => "default (too small to measure)",
+        };
+        writeln!(f, "write path: {} ({how}), {} files per checkpoint", self.write.plan, self.files)?;
+        for t in &self.write.trials {
+            writeln!(f, "  measured {:<40} {:>6.2} GB/s", t.plan.to_string(), t.gbps)?;
+        }
+        Ok(())
     }
 }
 
@@ -398,6 +480,16 @@ mod tests {
             stall_seconds: 0.1,
             sync_save_seconds: 1.0,
             dd_fsync_gbps: None,
+            dd_direct_gbps: None,
+            write: WriteChoice {
+                plan: crate::checkpoint::write_mode::WritePlan::DEFAULT,
+                chosen_by: crate::checkpoint::write_mode::ChosenBy::Default,
+                trials: Vec::new(),
+                measure_seconds: None,
+                direct_refused: false,
+            },
+            files: 3,
+            sha256_threads: vec![HashThreads { threads: 1, gbps: 1.0 }],
             raw_write_fsync_gbps: 1.0,
             raw_write_fsync_seconds: stats(),
             sha256_one_core_gbps: 1.0,
@@ -406,6 +498,7 @@ mod tests {
             verify_seconds: stats(),
             stall: stats(),
             dd_fsync_seconds: None,
+            dd_direct_seconds: None,
             cold_reads: true,
             cold_cache: false,
             cold_cache_reason: Some("cannot drop the page cache through /proc/sys/vm/drop_caches: denied".into()),

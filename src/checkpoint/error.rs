@@ -27,7 +27,7 @@ pub enum Problem {
     ManifestUnreadable { reason: String },
     #[error("manifest invalid: {reason}")]
     ManifestInvalid { reason: String },
-    #[error("unknown format version {found} (this rekindle reads version {supported}); use a newer rekindle")]
+    #[error("unknown format version {found} (this rekindle reads versions 1 to {supported}); use a newer rekindle")]
     UnknownFormatVersion { found: u64, supported: u64 },
     #[error("invalid content: {reason}")]
     InvalidContent { reason: String },

@@ -108,7 +108,9 @@ impl CheckpointStore {
             Err(e) => return Err(back(format!("it was swapped while it was sealed: {e}"))),
         }
         match self.seal_moved(&sealing, &final_dir, step) {
-            Ok((bytes, rotated_out)) => Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, None)),
+            Ok((bytes, rotated_out)) => {
+                Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, None, None))
+            }
             Err(e) if e.committed() => Err(e),
             Err(CheckpointError::Seal { reason, .. }) => Err(back(reason)),
             Err(e) => {

@@ -1,5 +1,5 @@
 //! Hashed file I/O: every byte of a checkpoint is hashed on the same pass
-//! that writes or reads it, with the I/O on a second thread, so a save or a
+//! that writes or reads it, with the I/O on other threads, so a save or a
 //! load costs the longer of I/O and SHA-256 rather than their sum. Also the
 //! fsyncs and the free-space query of the commit protocol, and the
 //! failpoints inside its I/O (`checkpoint::before_fsync::<file>`,
@@ -12,15 +12,24 @@
 //! process: the first save allocates and touches them, later saves reuse
 //! them (fresh memory is slow to touch, docs/performance.md). A block is
 //! filled from the tensors' memory and hashed while it is hot in the cache,
-//! then handed to one of two writer threads, so block *n* is copied and
-//! hashed while the blocks before it are on their way to the disk. The
-//! writers use `O_DIRECT` where the filesystem accepts it (no page-cache
-//! copy, no dirty pages left for the final fsync to flush, so the disk works
-//! while the CPU hashes); where it does not (the flag or an aligned write is
-//! refused with `EINVAL`), the file is written through the page cache with the writeback
-//! started block by block. Which one was used is detected per file, never
-//! assumed.
+//! then handed to one of the file's writer threads, so block *n* is copied
+//! and hashed while the blocks before it are on their way to the disk. How
+//! the writers write is the file's [`WritePlan`] (`write_mode.rs`: measured
+//! per filesystem, or configured): its block size, its writers (the queue
+//! depth), and direct I/O or the page cache.
+//!
+//! - Direct: `O_DIRECT` for the aligned blocks (no page-cache copy, no dirty
+//!   pages left for the final fsync); where the filesystem refuses the flag
+//!   or an aligned write (`EINVAL`), the file falls back to buffered writes.
+//!   Which one was used is detected per file, never assumed.
+//! - Buffered: each block's writeback is started as soon as it is written
+//!   (`sync_file_range(WRITE)`), so the disk works while the next blocks
+//!   are hashed, and blocks a few behind are waited for and dropped from
+//!   the page cache (`sync_file_range(WAIT)` + `posix_fadvise(DONTNEED)`):
+//!   a checkpoint of any size keeps at most [`DIRTY_BEHIND`] bytes per
+//!   file in the cache, and the final fsync has almost nothing left to do.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -34,79 +43,94 @@ use sha2::{Digest, Sha256};
 
 use super::safetensors_io;
 use super::tensor::{HostTensor, SharedBytes, TensorSet};
+use super::write_mode::{IoMode, WritePlan};
 
-/// Bytes per write or read call, and the size of a pooled block.
+/// Bytes per read call, and the size of the pooled blocks reads use.
 const IO_BUFFER: usize = 8 << 20;
 
 /// Alignment of direct I/O: buffers, file offsets and lengths. 4096 covers
 /// every logical block size in use (512 and 4096).
 const DIRECT_ALIGN: usize = 4096;
 
-/// Threads writing one file's blocks (its queue depth with direct I/O).
-const WRITERS_PER_FILE: usize = 2;
+/// Blocks one file's write keeps in flight beyond its writers' (one being
+/// filled and hashed, one queued).
+const BLOCKS_BESIDE_WRITERS: usize = 2;
 
-/// Blocks one file's write keeps in flight (one being filled and hashed,
-/// one queued, one inside each writer's `write`).
-const BLOCKS_PER_FILE: usize = 2 + WRITERS_PER_FILE;
-
-/// Most blocks the pool keeps between saves (a checkpoint writes its files in
-/// parallel, each with [`BLOCKS_PER_FILE`]); more are freed when returned.
-const POOL_MAX_BLOCKS: usize = 4 * BLOCKS_PER_FILE;
+/// Bytes the pool keeps between saves; blocks returned beyond it are freed.
+const POOL_MAX_BYTES: usize = 256 << 20;
 
 /// Bytes copied and hashed at a time inside a block: small enough that the
 /// hash reads what the copy just wrote from the cache.
 const HASH_CHUNK: usize = 256 << 10;
 
-/// One [`IO_BUFFER`]-sized, [`DIRECT_ALIGN`]-aligned block of memory.
+/// Buffered writes: bytes per file whose writeback may still be running
+/// before a writer waits for the oldest and drops it from the page cache.
+/// Enough to keep a disk's queue full (a few of its largest requests), far
+/// below what would crowd the cache.
+const DIRTY_BEHIND: usize = 64 << 20;
+
+/// One `len`-byte, [`DIRECT_ALIGN`]-aligned block of memory.
 struct Block {
     ptr: NonNull<u8>,
+    len: usize,
 }
 
 // SAFETY: a `Block` owns its allocation exclusively (like a `Box<[u8]>`).
 unsafe impl Send for Block {}
 
 impl Block {
-    fn layout() -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(IO_BUFFER, DIRECT_ALIGN).expect("valid block layout")
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len, DIRECT_ALIGN).expect("valid block layout")
     }
 
-    fn new() -> Block {
-        let layout = Block::layout();
-        // SAFETY: the layout has a non-zero size. Zeroed so that the bytes
-        // are initialised (and the pages touched once, here).
+    fn new(len: usize) -> Block {
+        let layout = Block::layout(len);
+        // SAFETY: the layout has a non-zero size (blocks are at least one
+        // aligned page). Zeroed so that the bytes are initialised (and the
+        // pages touched once, here).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Block { ptr }
+        Block { ptr, len }
     }
 
     fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` points to IO_BUFFER initialised bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), IO_BUFFER) }
+        // SAFETY: `ptr` points to `len` initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), IO_BUFFER) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
         // SAFETY: allocated in `Block::new` with the same layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Block::layout()) }
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Block::layout(self.len)) }
     }
 }
 
-/// Blocks kept between saves.
+/// Blocks kept between saves (of any size; a plan's block size is fixed
+/// for the process once measured, so they are nearly always one size).
 static POOL: Mutex<Vec<Block>> = Mutex::new(Vec::new());
 
-fn take_block() -> Block {
-    POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop().unwrap_or_else(Block::new)
+fn take_block(len: usize) -> Block {
+    let len = len.next_multiple_of(DIRECT_ALIGN).max(DIRECT_ALIGN);
+    let mut pool = POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match pool.iter().rposition(|b| b.len == len) {
+        Some(i) => pool.swap_remove(i),
+        None => {
+            drop(pool);
+            Block::new(len)
+        }
+    }
 }
 
 fn return_block(block: Block) {
     let mut pool = POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if pool.len() < POOL_MAX_BLOCKS {
+    let kept: usize = pool.iter().map(|b| b.len).sum();
+    if kept + block.len <= POOL_MAX_BYTES {
         pool.push(block);
     }
 }
@@ -116,8 +140,8 @@ fn return_block(block: Block) {
 pub(super) enum WriteMode {
     /// `O_DIRECT` for the aligned blocks, the page cache for the tail.
     Direct,
-    /// Through the page cache (small files, or a filesystem that refused
-    /// `O_DIRECT`).
+    /// Through the page cache (small files, a buffered plan, or a
+    /// filesystem that refused `O_DIRECT`).
     Buffered,
 }
 
@@ -130,13 +154,19 @@ pub(super) struct Written {
     pub mode: WriteMode,
 }
 
-/// Creates `path`, writes the concatenation of `parts` into it, hashing the
-/// bytes on the way (nothing is read back), and fsyncs it once.
-///
-/// Files of at least one aligned block are written through the block pool
-/// with direct I/O where the filesystem allows it (module doc); smaller ones
-/// (`state.json`, the manifest) with one buffered write.
+/// [`write_hashed_with`] the default plan (buffered): for the small files
+/// of a checkpoint and everything not worth a measured plan.
 pub(super) fn write_hashed(path: &Path, parts: &[&[u8]]) -> io::Result<Written> {
+    write_hashed_with(path, parts, &WritePlan::DEFAULT)
+}
+
+/// Creates `path`, writes the concatenation of `parts` into it as `plan`
+/// says, hashing the bytes on the way (nothing is read back), and fsyncs it
+/// once.
+///
+/// Files of at least one aligned page go through the block pipeline (module
+/// doc); smaller ones (`state.json`, the manifest) with one buffered write.
+pub(super) fn write_hashed_with(path: &Path, parts: &[&[u8]], plan: &WritePlan) -> io::Result<Written> {
     let mut file = File::options().write(true).create_new(true).open(path)?;
     let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -148,13 +178,26 @@ pub(super) fn write_hashed(path: &Path, parts: &[&[u8]]) -> io::Result<Written> 
         }
         (hex::encode(h.finalize()), WriteMode::Buffered)
     } else {
-        let direct = fail_io("fs::direct_io_unsupported").and_then(|()| set_direct(&file, true)).is_ok();
-        write_pipelined(&file, parts, direct)?
+        let direct = plan.mode == IoMode::Direct
+            && fail_io("fs::direct_io_unsupported").and_then(|()| set_direct(&file, true)).is_ok();
+        write_pipelined(&file, parts, plan, direct)?
     };
     fail_io(&format!("checkpoint::before_fsync::{name}"))?;
     file.sync_all()?;
     fail_io(&format!("checkpoint::after_fsync::{name}"))?;
+    if plan.mode == IoMode::Buffered {
+        // Durable now: the pages the writers did not drop yet go too.
+        drop_cache_range(&file, 0, 0);
+    }
     Ok(Written { bytes: total, sha256, mode })
+}
+
+/// Drops what the page cache holds of the file at `path` (clean pages
+/// only: call it after an fsync). Advice: errors are ignored.
+pub(super) fn drop_cached(path: &Path) {
+    if let Ok(file) = File::open(path) {
+        drop_cache_range(&file, 0, 0);
+    }
 }
 
 /// Turns `O_DIRECT` on or off for an open file; an error (`EINVAL`) where
@@ -182,23 +225,28 @@ struct Filled {
     offset: u64,
 }
 
-/// The block pipeline of [`write_hashed`]: this thread copies each part into
-/// pooled blocks and hashes every chunk right after copying it; a writer
-/// thread writes the filled blocks in order and hands them back. Returns the
-/// hex SHA-256 and how the data was written.
-fn write_pipelined(file: &File, parts: &[&[u8]], direct: bool) -> io::Result<(String, WriteMode)> {
-    let (to_writer, filled_rx) = mpsc::sync_channel::<Filled>(BLOCKS_PER_FILE);
+/// The block pipeline of [`write_hashed_with`]: this thread copies each part
+/// into pooled blocks of the plan's size and hashes every chunk right after
+/// copying it; the plan's writer threads write the filled blocks and hand
+/// them back. Returns the hex SHA-256 and how the data was written.
+fn write_pipelined(file: &File, parts: &[&[u8]], plan: &WritePlan, direct: bool) -> io::Result<(String, WriteMode)> {
+    let block_len = plan.block_bytes.next_multiple_of(DIRECT_ALIGN).max(DIRECT_ALIGN);
+    let writers_n = plan.queue_depth.max(1);
+    let blocks_per_file = writers_n + BLOCKS_BESIDE_WRITERS;
+    let (to_writer, filled_rx) = mpsc::sync_channel::<Filled>(blocks_per_file);
     let (free_tx, free_rx) = mpsc::channel::<Block>();
+    // Buffered: each writer keeps its share of DIRTY_BEHIND in flight.
+    let behind = (DIRTY_BEHIND / block_len / writers_n).max(1);
     std::thread::scope(|scope| {
-        // Writers share the queue of filled blocks: with two, one block is
-        // in the device's queue while the next write is being issued. The
-        // queue goes away with the last of them, so the filler's `send`
+        // Writers share the queue of filled blocks: with several, blocks
+        // are in the device's queue while the next write is being issued.
+        // The queue goes away with the last of them, so the filler's `send`
         // fails instead of waiting forever when they all stopped on errors.
         let filled = std::sync::Arc::new(Mutex::new(filled_rx));
-        let writers: Vec<_> = (0..WRITERS_PER_FILE)
+        let writers: Vec<_> = (0..writers_n)
             .map(|_| {
                 let (filled, free_tx) = (std::sync::Arc::clone(&filled), free_tx.clone());
-                scope.spawn(move || write_blocks(file, &filled, free_tx, direct))
+                scope.spawn(move || write_blocks(file, &filled, free_tx, direct, behind))
             })
             .collect();
         drop((filled, free_tx));
@@ -208,9 +256,9 @@ fn write_pipelined(file: &File, parts: &[&[u8]], direct: bool) -> io::Result<(St
         let mut pieces = parts.iter().flat_map(|p| p.chunks(HASH_CHUNK)).peekable();
         let mut sent_all = true;
         while pieces.peek().is_some() {
-            let mut block = if allocated < BLOCKS_PER_FILE {
+            let mut block = if allocated < blocks_per_file {
                 allocated += 1;
-                take_block()
+                take_block(block_len)
             } else {
                 match free_rx.recv() {
                     Ok(block) => block,
@@ -224,7 +272,7 @@ fn write_pipelined(file: &File, parts: &[&[u8]], direct: bool) -> io::Result<(St
             let mut len = 0;
             let buf = block.as_mut_slice();
             while let Some(piece) = pieces.peek_mut() {
-                let n = piece.len().min(IO_BUFFER - len);
+                let n = piece.len().min(block_len - len);
                 if n == 0 {
                     break;
                 }
@@ -260,21 +308,24 @@ fn write_pipelined(file: &File, parts: &[&[u8]], direct: bool) -> io::Result<(St
     })
 }
 
-/// A writer of [`write_pipelined`] (one of [`WRITERS_PER_FILE`]). With
+/// A writer of [`write_pipelined`] (one per unit of queue depth). With
 /// `direct`, aligned lengths go out with `O_DIRECT` and a file's unaligned
 /// tail through the page cache (`O_DIRECT` is turned off for it: the flag
 /// belongs to the open file, so a block another writer issues after that is
 /// buffered too, which changes nothing on disk). A direct write refused with
 /// `EINVAL` (a filesystem that accepts the flag but not the I/O) switches the
-/// file to buffered writes, whose writeback is started after each block so
-/// that the final fsync does not have the whole file to flush.
+/// file to buffered writes. Buffered blocks have their writeback started at
+/// once; once more than `behind` of this writer's are in flight, the oldest
+/// is waited for and dropped from the page cache.
 fn write_blocks(
     file: &File,
     filled: &Mutex<mpsc::Receiver<Filled>>,
     free: mpsc::Sender<Block>,
     direct: bool,
+    behind: usize,
 ) -> io::Result<WriteMode> {
     let mut mode = if direct { WriteMode::Direct } else { WriteMode::Buffered };
+    let mut in_flight: VecDeque<(u64, usize)> = VecDeque::new();
     loop {
         let next = filled.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
         let Ok(Filled { block, len, offset }) = next else { break };
@@ -299,6 +350,12 @@ fn write_blocks(
         } else {
             file.write_all_at(bytes, offset)?;
             start_writeback(file, offset, len);
+            in_flight.push_back((offset, len));
+            if in_flight.len() > behind
+                && let Some((old, old_len)) = in_flight.pop_front()
+            {
+                finish_writeback(file, old, old_len);
+            }
         }
         if free.send(block).is_err() {
             break;
@@ -314,6 +371,28 @@ fn start_writeback(file: &File, offset: u64, len: usize) {
     // SAFETY: a plain syscall on a descriptor this function borrows.
     let _ = unsafe {
         nix::libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, nix::libc::SYNC_FILE_RANGE_WRITE)
+    };
+}
+
+/// Waits until the writeback of `len` bytes at `offset` (started by
+/// [`start_writeback`]) is done, then drops those pages from the page
+/// cache: the write throttles itself to the disk's pace with a bounded
+/// window instead of filling the cache with the whole checkpoint. Only
+/// advice and waiting: durability comes from the fsync.
+fn finish_writeback(file: &File, offset: u64, len: usize) {
+    use nix::libc::{SYNC_FILE_RANGE_WAIT_AFTER, SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE};
+    let flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: a plain syscall on a descriptor this function borrows.
+    let _ = unsafe { nix::libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, flags) };
+    drop_cache_range(file, offset, len);
+}
+
+/// `posix_fadvise(DONTNEED)` of `len` bytes at `offset` (0: to the end):
+/// the kernel drops those pages if they are clean.
+fn drop_cache_range(file: &File, offset: u64, len: usize) {
+    // SAFETY: a plain syscall on a descriptor this function borrows.
+    let _ = unsafe {
+        nix::libc::posix_fadvise(file.as_raw_fd(), offset as i64, len as i64, nix::libc::POSIX_FADV_DONTNEED)
     };
 }
 
@@ -596,7 +675,7 @@ fn prefault(buf: &mut [u8]) {
 /// `total` plus the bytes read.
 fn hash_rest(file: &mut File, mut hasher: Sha256, mut total: u64) -> io::Result<(Sha256, u64)> {
     // Pooled blocks: verifying allocates nothing after the first save or check.
-    let mut bufs = [take_block(), take_block()];
+    let mut bufs = [take_block(IO_BUFFER), take_block(IO_BUFFER)];
     let result = (|| {
         let mut current = 0;
         let mut pending: Option<usize> = None;
@@ -656,36 +735,49 @@ mod tests {
     }
 
     #[test]
-    fn written_files_hold_exactly_the_parts_and_their_hash_at_every_size_and_alignment() {
+    fn written_files_hold_exactly_the_parts_and_their_hash_at_every_size_alignment_and_plan() {
         let tmp = tempfile::tempdir().unwrap();
-        // Empty, tiny, one aligned block, around the pool's block size, and
-        // parts that end mid-block and mid-page.
+        // Empty, tiny, one aligned page, around the block size, and parts
+        // that end mid-block and mid-page.
+        const B: usize = 1 << 20;
         let cases: Vec<Vec<usize>> = vec![
             vec![],
             vec![1],
             vec![4095],
             vec![4096],
-            vec![IO_BUFFER],
-            vec![IO_BUFFER + 1],
-            vec![48, 3 * IO_BUFFER / 2 + 7, 0, 4096 * 3 + 5],
-            vec![IO_BUFFER - 1, 2, IO_BUFFER + 4093],
+            vec![B],
+            vec![B + 1],
+            vec![48, 3 * B / 2 + 7, 0, 4096 * 3 + 5],
+            vec![B - 1, 2, B + 4093],
         ];
-        for (i, sizes) in cases.iter().enumerate() {
-            let parts: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(j, &n)| pattern(n, (i * 7 + j) as u8)).collect();
-            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-            let path = tmp.path().join(format!("f{i}"));
-            let written = write_hashed(&path, &refs).unwrap();
-            let expected = parts.concat();
-            let on_disk = std::fs::read(&path).unwrap();
-            assert!(on_disk == expected, "case {sizes:?}: the file differs from its parts");
-            assert_eq!(written.bytes, expected.len() as u64);
-            assert_eq!(written.sha256, hex::encode(Sha256::digest(&expected)), "case {sizes:?}");
-            if expected.len() < DIRECT_ALIGN {
-                assert_eq!(written.mode, WriteMode::Buffered);
+        // Every mode, a block size and queue depth each way (the small
+        // blocks make the buffered writers drop pages behind them).
+        let plans = [
+            WritePlan::DEFAULT,
+            WritePlan { mode: IoMode::Buffered, block_bytes: 64 << 10, queue_depth: 3 },
+            WritePlan { mode: IoMode::Direct, block_bytes: B, queue_depth: 2 },
+            WritePlan { mode: IoMode::Direct, block_bytes: 64 << 10, queue_depth: 5 },
+            WritePlan { mode: IoMode::Direct, block_bytes: 8 << 20, queue_depth: 1 },
+        ];
+        for (p, plan) in plans.iter().enumerate() {
+            for (i, sizes) in cases.iter().enumerate() {
+                let parts: Vec<Vec<u8>> =
+                    sizes.iter().enumerate().map(|(j, &n)| pattern(n, (i * 7 + j + p) as u8)).collect();
+                let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                let path = tmp.path().join(format!("f{p}-{i}"));
+                let written = write_hashed_with(&path, &refs, plan).unwrap();
+                let expected = parts.concat();
+                let on_disk = std::fs::read(&path).unwrap();
+                assert!(on_disk == expected, "{plan:?}, case {sizes:?}: the file differs from its parts");
+                assert_eq!(written.bytes, expected.len() as u64);
+                assert_eq!(written.sha256, hex::encode(Sha256::digest(&expected)), "{plan:?}, case {sizes:?}");
+                if expected.len() < DIRECT_ALIGN || plan.mode == IoMode::Buffered {
+                    assert_eq!(written.mode, WriteMode::Buffered);
+                }
+                assert_eq!(read_hashed(&path, false).unwrap().1, written.sha256);
             }
-            assert_eq!(read_hashed(&path, false).unwrap().1, written.sha256);
         }
-        assert!(write_hashed(&tmp.path().join("f0"), &[b"again"]).is_err(), "never overwrites a file");
+        assert!(write_hashed(&tmp.path().join("f0-0"), &[b"again"]).is_err(), "never overwrites a file");
     }
 
     fn safetensors_file(path: &Path) -> (TensorSet, Vec<u8>) {

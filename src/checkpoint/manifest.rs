@@ -12,10 +12,20 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{FileFailure, Problem};
 use super::layout::{CheckpointKind, MODEL_FILE, STATE_FILE};
-use super::parts::optimizer_layout;
+use super::parts::{optimizer_layout, parse_optimizer_part_name};
+use super::shards::shard_layout;
 
-/// The format version this build writes and reads.
+/// The format version of checkpoints without shards: what this build
+/// writes unless a checkpoint needs [`SHARDED_FORMAT_VERSION`], so that
+/// earlier versions of rekindle read them.
 pub const FORMAT_VERSION: u64 = 1;
+/// Format 2: format 1 plus the model or optimizer state in shards with
+/// their index (`shards.rs`). Written only by a checkpoint that has them;
+/// an earlier rekindle then says *unknown format version* instead of
+/// taking the checkpoint for a damaged one.
+pub const SHARDED_FORMAT_VERSION: u64 = 2;
+/// The newest format version this build reads (it reads every one from 1).
+pub const NEWEST_FORMAT_VERSION: u64 = SHARDED_FORMAT_VERSION;
 /// File name of the manifest inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "MANIFEST.json";
 
@@ -53,19 +63,50 @@ impl Manifest {
     }
 
     /// What the manifest lacks of what a checkpoint of its kind must list,
-    /// if anything. A native one: `model.safetensors`, `state.json`, and the
-    /// optimizer state either whole (`optimizer.safetensors`) or as the
-    /// parts of every rank of one world (`parts.rs`). A files one: nothing
-    /// in particular (it must list at least one file, see [`Manifest::parse`]).
+    /// if anything. A native one: the model (`model.safetensors`, or every
+    /// shard of it with its index, `shards.rs`), `state.json`, and the
+    /// optimizer state whole (`optimizer.safetensors`), in shards with
+    /// their index, or as the parts of every rank of one world
+    /// (`parts.rs`). A files one: nothing in particular (it must list at
+    /// least one file, see [`Manifest::parse`]). Shards need format 2.
     pub fn missing_required(&self) -> Option<String> {
         if self.kind == CheckpointKind::Files {
             return None;
         }
         let names = || self.files.iter().map(|f| f.name.as_str());
-        if let Some(required) = [MODEL_FILE, STATE_FILE].into_iter().find(|r| !names().any(|n| n == *r)) {
-            return Some(format!("does not list `{required}`"));
+        let model = match shard_layout("model", names()) {
+            Err(reason) => return Some(reason),
+            Ok(shards) => shards,
+        };
+        if model.is_none() && !names().any(|n| n == MODEL_FILE) {
+            return Some(format!("does not list `{MODEL_FILE}`"));
         }
-        optimizer_layout(names()).err()
+        if !names().any(|n| n == STATE_FILE) {
+            return Some(format!("does not list `{STATE_FILE}`"));
+        }
+        let optimizer = match shard_layout("optimizer", names()) {
+            Err(reason) => return Some(reason),
+            Ok(Some(_)) if names().any(|n| parse_optimizer_part_name(n).is_some()) => {
+                return Some("lists both optimizer shards and optimizer parts of ranks".into());
+            }
+            Ok(Some(n)) => Some(n),
+            Ok(None) => {
+                if let Err(reason) = optimizer_layout(names()) {
+                    return Some(reason);
+                }
+                None
+            }
+        };
+        if (model.is_some() || optimizer.is_some()) && self.format_version < SHARDED_FORMAT_VERSION {
+            return Some(format!("lists shards, which need format version {SHARDED_FORMAT_VERSION}"));
+        }
+        None
+    }
+
+    /// How many shards the tensor set `stem` (`"model"`, `"optimizer"`) is
+    /// in: `None` as one file (or optimizer parts of ranks).
+    pub fn shards(&self, stem: &str) -> Option<usize> {
+        shard_layout(stem, self.files.iter().map(|f| f.name.as_str())).ok().flatten()
     }
 
     /// How the optimizer state is stored: `None` as one
@@ -87,8 +128,8 @@ impl Manifest {
             .get("format_version")
             .and_then(|v| v.as_u64())
             .ok_or_else(|| fail(Problem::ManifestInvalid { reason: "no numeric `format_version`".into() }))?;
-        if version != FORMAT_VERSION {
-            return Err(fail(Problem::UnknownFormatVersion { found: version, supported: FORMAT_VERSION }));
+        if !(FORMAT_VERSION..=NEWEST_FORMAT_VERSION).contains(&version) {
+            return Err(fail(Problem::UnknownFormatVersion { found: version, supported: NEWEST_FORMAT_VERSION }));
         }
         let manifest: Manifest =
             serde_json::from_value(value).map_err(|e| fail(Problem::ManifestInvalid { reason: e.to_string() }))?;
@@ -198,10 +239,62 @@ mod tests {
     }
 
     #[test]
+    fn a_native_manifest_lists_the_model_and_optimizer_whole_or_in_shards_of_format_2() {
+        let with = |version: u64, names: &[&str]| {
+            let files =
+                names.iter().map(|n| ManifestEntry { name: n.to_string(), bytes: 1, sha256: "a".repeat(64) }).collect();
+            Manifest {
+                format_version: version,
+                kind: CheckpointKind::Native,
+                step: 1,
+                created_at: String::new(),
+                rekindle_version: String::new(),
+                files,
+            }
+        };
+        let sharded = [
+            "model.safetensors.index.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "optimizer.safetensors.index.json",
+            "optimizer-00001-of-00001.safetensors",
+            "state.json",
+        ];
+        let m = with(2, &sharded);
+        assert_eq!(m.missing_required(), None);
+        assert_eq!((m.shards("model"), m.shards("optimizer"), m.optimizer_parts()), (Some(2), Some(1), None));
+        assert!(with(1, &sharded).missing_required().unwrap().contains("need format version 2"));
+        let whole = ["model.safetensors", "optimizer.safetensors", "state.json"];
+        assert_eq!((with(1, &whole).missing_required(), with(2, &whole).missing_required()), (None, None));
+        let cases: Vec<(Vec<&str>, &str)> = vec![
+            (vec!["state.json", "optimizer.safetensors"], "does not list `model.safetensors`"),
+            (vec!["model.safetensors", "optimizer.safetensors"], "does not list `state.json`"),
+            (vec!["model-00001-of-00001.safetensors", "state.json", "optimizer.safetensors"], "index"),
+            (vec!["model.safetensors", "state.json"], "optimizer"),
+            (
+                vec![
+                    "model.safetensors",
+                    "state.json",
+                    "optimizer.safetensors.index.json",
+                    "optimizer-00001-of-00001.safetensors",
+                    "optimizer.rank-00000-of-00001.safetensors",
+                ],
+                "both optimizer shards and optimizer parts",
+            ),
+        ];
+        for (names, why) in cases {
+            let missing = with(2, &names).missing_required().unwrap_or_default();
+            assert!(missing.contains(why), "{names:?}: {missing}");
+        }
+    }
+
+    #[test]
     fn unknown_format_version_is_reported_as_such() {
-        let bytes = br#"{"format_version": 2, "whatever": true}"#;
+        let bytes = br#"{"format_version": 3, "whatever": true}"#;
         let err = Manifest::parse(bytes).unwrap_err();
-        assert_eq!(err.problem, Problem::UnknownFormatVersion { found: 2, supported: 1 });
+        assert_eq!(err.problem, Problem::UnknownFormatVersion { found: 3, supported: 2 });
+        let err = Manifest::parse(br#"{"format_version": 0}"#).unwrap_err();
+        assert_eq!(err.problem, Problem::UnknownFormatVersion { found: 0, supported: 2 });
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The checkpoint store: format version 1 (safetensors + `state.json` +
+//! The checkpoint store: format versions 1 and 2 (safetensors + `state.json` +
 //! `MANIFEST.json` with SHA-256 of every file), the crash-consistent commit
 //! protocol, rotation, verification and loading. See docs/checkpoint-format.md.
 //!
@@ -11,9 +11,14 @@
 //! - `hashed_io.rs`: writes and reads hashed on the same pass; fsyncs.
 //! - `world.rs`: a files checkpoint written in parts by the ranks of a distributed program.
 //! - `parts.rs`: optimizer state written in parts, one per rank (ZeRO-1), and reassembled at load.
+//! - `shards.rs`: the model and optimizer in shards with an index (the Hugging Face layout), and
+//!   which rank writes which shard.
+//! - `write_mode.rs`: direct or buffered writes, block size and queue depth, measured per filesystem.
+//! - `parallel.rs`: files written, verified and loaded on every core.
 //! - `manifest.rs`, `safetensors_io.rs`, `tensor.rs`: the file formats and host tensors.
 //! - `error.rs`: [`CheckpointError`] and per-file failures.
 
+mod encode;
 mod error;
 mod files;
 mod hashed_io;
@@ -21,6 +26,7 @@ pub mod interval;
 mod layout;
 pub mod local;
 mod manifest;
+mod parallel;
 mod parts;
 #[cfg(test)]
 mod parts_tests;
@@ -28,10 +34,12 @@ pub(crate) mod persist;
 mod quarantine;
 pub mod rotation;
 mod safetensors_io;
+pub mod shards;
 mod store;
 mod tensor;
 mod verify;
 mod world;
+pub mod write_mode;
 
 pub use error::{CheckpointError, FileFailure, Problem};
 pub use files::{FilesOutcome, STAGING_DIR};
@@ -39,7 +47,10 @@ pub use layout::{
     CheckpointKind, MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, claim_dir, parse_step_dir_name,
     step_dir_name,
 };
-pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
+pub use manifest::{
+    FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, NEWEST_FORMAT_VERSION, SHARDED_FORMAT_VERSION,
+    is_plain_name,
+};
 pub use parts::{optimizer_part_name, parse_optimizer_part_name};
 pub use persist::{PartsError, Persisted, Persister, PersisterDied, SaveWatch, Unwatched};
 pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
@@ -49,3 +60,4 @@ pub use tensor::{
 };
 pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};
 pub use world::{PartSealed, WorldRank};
+pub use write_mode::{WriteChoice, WriteSettings};

@@ -89,11 +89,13 @@ pub enum PartsError {
 }
 
 /// Where the ranks write a checkpoint in parts: the staging directory they
-/// share and their number.
+/// share, their number, and whether the optimizer state is in parts of
+/// ranks (`store::Parts`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InParts {
     pub staging: String,
     pub world: usize,
+    pub optimizer_in_parts: bool,
 }
 
 struct Job {
@@ -244,6 +246,10 @@ type Started = (SyncSender<Job>, Receiver<Persisted>, JoinHandle<()>);
 
 /// The thread and its two channels: jobs in (capacity 1), finished saves out.
 fn start_thread(store: CheckpointStore, watch: Watch) -> std::io::Result<Started> {
+    // Background saves may measure the write path (`write_mode.rs`): the
+    // first large one pays for it, off the training thread; synchronous
+    // saves (a stop's, inside its grace time) reuse what was measured.
+    let store = store.with_write_measurement();
     {
         let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel();
@@ -259,7 +265,12 @@ fn start_thread(store: CheckpointStore, watch: Watch) -> std::io::Result<Started
                     None => store.save(&job.snapshot),
                     Some((spec, entries)) => {
                         let mut collect = || entries.recv().unwrap_or(Err(PartsError::Abandoned));
-                        let parts = Parts { staging: spec.staging, world: spec.world, collect: &mut collect };
+                        let parts = Parts {
+                            staging: spec.staging,
+                            world: spec.world,
+                            optimizer_in_parts: spec.optimizer_in_parts,
+                            collect: &mut collect,
+                        };
                         store.save_with(&job.snapshot, Some(parts))
                     }
                 };

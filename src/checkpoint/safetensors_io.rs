@@ -10,11 +10,21 @@
 use std::collections::BTreeMap;
 
 #[cfg(test)]
-use super::tensor::HostTensor;
-use super::tensor::{DType, TensorSet};
+use super::tensor::TensorSet;
+use super::tensor::{DType, HostTensor};
 
 /// The header bytes (length prefix + padded JSON) for `tensors` with `metadata`.
+#[cfg(test)]
 pub fn header(tensors: &TensorSet, metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    header_of(tensors, metadata)
+}
+
+/// [`header`] of any tensors, in the order given (a shard's: a run of a
+/// set's tensors in name order).
+pub fn header_of<'a>(
+    tensors: impl IntoIterator<Item = (&'a String, &'a HostTensor)>,
+    metadata: &BTreeMap<String, String>,
+) -> Vec<u8> {
     let mut map = serde_json::Map::new();
     if !metadata.is_empty() {
         map.insert("__metadata__".into(), serde_json::to_value(metadata).expect("string map"));
@@ -43,9 +53,13 @@ pub fn header(tensors: &TensorSet, metadata: &BTreeMap<String, String>) -> Vec<u
     out
 }
 
-/// Exact size of the file [`write`] produces.
-pub fn file_size(tensors: &TensorSet, metadata: &BTreeMap<String, String>) -> u64 {
-    header(tensors, metadata).len() as u64 + tensors.values().map(|t| t.data.len() as u64).sum::<u64>()
+/// Exact size of the file [`write`] produces of `tensors` (in that order).
+pub fn file_size<'a>(
+    tensors: impl IntoIterator<Item = (&'a String, &'a HostTensor)> + Clone,
+    metadata: &BTreeMap<String, String>,
+) -> u64 {
+    header_of(tensors.clone(), metadata).len() as u64
+        + tensors.into_iter().map(|(_, t)| t.data.len() as u64).sum::<u64>()
 }
 
 /// Streams `tensors` (in name order) as a safetensors file into `out`
@@ -91,14 +105,14 @@ pub fn checked_header_len(prefix: &[u8; 8], file_len: u64) -> Result<usize, Stri
 /// prefix is untrusted: it is checked against `file_len` and
 /// [`MAX_HEADER_BYTES`] before anything is allocated for it, so a header
 /// claiming 2^60 bytes is an error, not an allocation.
-pub fn read_layout<R: std::io::Read>(r: &mut R, file_len: u64) -> Result<(), LayoutError> {
+pub fn read_layout<R: std::io::Read>(r: &mut R, file_len: u64) -> Result<Vec<TensorLayout>, LayoutError> {
     let mut prefix = [0u8; 8];
     r.read_exact(&mut prefix)
         .map_err(|_| LayoutError::Invalid(format!("shorter than a safetensors header ({file_len} bytes)")))?;
     let n = checked_header_len(&prefix, file_len).map_err(LayoutError::Invalid)?;
     let mut header = vec![0u8; n];
     r.read_exact(&mut header).map_err(LayoutError::Io)?;
-    check_layout(&header, file_len).map_err(LayoutError::Invalid)
+    parse_layout(&header, file_len).map_err(LayoutError::Invalid)
 }
 
 /// Why [`read_layout`] refused a file.
@@ -114,6 +128,7 @@ pub enum LayoutError {
 /// tensor data: every dtype known, every tensor's byte range matching its
 /// shape, ranges contiguous from 0 and ending exactly at the end of the file.
 /// This is what parsing checks, so a file that passes loads.
+#[cfg(test)]
 pub fn check_layout(header: &[u8], file_len: u64) -> Result<(), String> {
     parse_layout(header, file_len).map(|_| ())
 }

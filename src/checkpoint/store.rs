@@ -36,7 +36,7 @@
 //! A directory without a valid manifest is never a checkpoint; leftovers of
 //! interrupted saves and deletes are removed when the store is opened.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,19 +45,18 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::encode::{Content, PlannedFile, Sharding, names_from_others, part_file, tensor_files, write_files};
 use super::error::{CheckpointError, FileFailure};
-use super::hashed_io::{Written, available_space, fail_io, fsync_dir, write_hashed};
+use super::hashed_io::{WriteMode, available_space, fail_io, fsync_dir, write_hashed};
 use super::layout::CheckpointKind;
-use super::layout::{
-    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, STEP_PREFIX, Snapshot, claim_dir, parse_step_dir_name, step_dir_name,
-};
-use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
-use super::parts::optimizer_part_name;
+use super::layout::{STATE_FILE, STEP_PREFIX, Snapshot, claim_dir, parse_step_dir_name, step_dir_name};
+use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, SHARDED_FORMAT_VERSION, is_plain_name};
 use super::quarantine::{self, Quarantined};
 use super::rotation::{self, Action, Candidate};
-use super::safetensors_io;
+use super::shards::{DEFAULT_SHARD_BYTES, parse_shard_name};
 use super::tensor::TensorSet;
 use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect, load_dir, verify_checkpoint_dir};
+use super::write_mode::{IoMode, WriteChoice, WriteSettings, plan_for};
 
 pub(super) const TMP_PREFIX: &str = ".tmp-";
 const TRASH_PREFIX: &str = ".trash-";
@@ -88,6 +87,9 @@ pub struct SaveReport {
     /// many ranks wrote one, and how long this process waited for the
     /// other ranks' after writing its own files.
     pub parts: Option<PartsWritten>,
+    /// How this process wrote its files (`write_mode.rs`); `None` when
+    /// nothing was written.
+    pub write: Option<WriteChoice>,
 }
 
 impl SaveReport {
@@ -100,9 +102,10 @@ impl SaveReport {
         started: std::time::Instant,
         rotated_out: Vec<PathBuf>,
         parts: Option<PartsWritten>,
+        write: Option<WriteChoice>,
     ) -> SaveReport {
         let seconds = started.elapsed().as_secs_f64();
-        SaveReport { step, dir, bytes, seconds, already_existed: false, rotated_out, parts }
+        SaveReport { step, dir, bytes, seconds, already_existed: false, rotated_out, parts, write }
     }
 }
 
@@ -111,6 +114,9 @@ impl SaveReport {
 pub struct PartsWritten {
     pub ranks: usize,
     pub wait_seconds: f64,
+    /// Bytes this process wrote of the checkpoint's files (the others
+    /// wrote the rest).
+    pub own_bytes: u64,
 }
 
 /// The result of looking for the newest valid checkpoint.
@@ -122,17 +128,24 @@ pub struct LoadOutcome {
     pub rejected: Vec<CheckpointInfo>,
 }
 
-/// The other ranks' parts of a checkpoint whose optimizer state is written
-/// in parts (ZeRO-1, `parts.rs`), for [`CheckpointStore::save_with`].
+/// The other ranks' shares of a checkpoint that every rank of a world
+/// writes part of, for [`CheckpointStore::save_with`]: the model's shards
+/// (`shards.rs`) cut among the ranks, and the optimizer state's either the
+/// same way or, when it is itself in parts (ZeRO-1, `parts.rs`), each
+/// rank's own part.
 pub struct Parts<'a> {
     /// The staging directory every rank writes into: a `.tmp-…` name inside
     /// the checkpoints directory, the same on every rank.
     pub staging: String,
     /// Ranks in the world; this process is rank 0.
     pub world: usize,
-    /// Waits until every other rank has written its part
-    /// ([`CheckpointStore::write_part`]) and returns their manifest
-    /// entries in rank order (ranks 1, 2, …), or why they will not come.
+    /// The optimizer state is in parts (`[distributed] shard_optimizer`):
+    /// the snapshot's optimizer is this rank's part. Otherwise every rank
+    /// holds all of it, and it is cut into shards like the model.
+    pub optimizer_in_parts: bool,
+    /// Waits until every other rank has written its share
+    /// ([`CheckpointStore::write_share`]) and returns their manifest
+    /// entries (ranks 1, 2, …), or why they will not come.
     /// Called exactly once per save, also when the save failed before it
     /// needed them (the staging directory is removed after it returns).
     pub collect: &'a mut dyn FnMut() -> Result<Vec<ManifestEntry>, super::persist::PartsError>,
@@ -173,6 +186,12 @@ pub struct CheckpointStore {
     /// replaces them. Shared by the clones (the persister's among them).
     known_bad: Arc<Mutex<BTreeSet<u64>>>,
     guard: Option<CommitGuard>,
+    /// How the files are written and cut into shards (`[checkpoint]
+    /// write_mode`, `write_block`, `write_queue_depth`, `shard_size`).
+    write: WriteSettings,
+    /// Saves through this store may measure the write path where nothing
+    /// was measured yet ([`with_write_measurement`](Self::with_write_measurement)).
+    measure: bool,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -187,7 +206,14 @@ impl CheckpointStore {
     pub fn open(dir: impl Into<PathBuf>, keep: usize) -> Result<CheckpointStore, CheckpointError> {
         let dir = dir.into();
         claim_dir(&dir, false)?;
-        let store = CheckpointStore { dir, keep: keep.max(1), known_bad: Arc::default(), guard: None };
+        let store = CheckpointStore {
+            dir,
+            keep: keep.max(1),
+            known_bad: Arc::default(),
+            guard: None,
+            write: WriteSettings::default(),
+            measure: false,
+        };
         for leftover in store.leftovers()? {
             tracing::warn!(path = %leftover.display(), "removing leftover of an interrupted checkpoint save or delete");
             fs::remove_dir_all(&leftover)
@@ -201,7 +227,39 @@ impl CheckpointStore {
 
     /// A read-only view of a checkpoints directory: nothing is created or removed.
     pub fn open_read_only(dir: impl Into<PathBuf>) -> CheckpointStore {
-        CheckpointStore { dir: dir.into(), keep: usize::MAX, known_bad: Arc::default(), guard: None }
+        CheckpointStore {
+            dir: dir.into(),
+            keep: usize::MAX,
+            known_bad: Arc::default(),
+            guard: None,
+            write: WriteSettings::default(),
+            measure: false,
+        }
+    }
+
+    /// The same store, writing as `settings` say (from `[checkpoint]`,
+    /// [`WriteSettings::of`]).
+    pub fn with_write_settings(self, settings: WriteSettings) -> CheckpointStore {
+        CheckpointStore { write: settings, ..self }
+    }
+
+    /// How the tensor sets of a save by a world of `world` are cut into files.
+    fn sharding(&self, world: usize) -> Sharding {
+        Sharding { shard_bytes: self.write.shard_bytes.unwrap_or(DEFAULT_SHARD_BYTES), world: world.max(1) }
+    }
+
+    /// The same store, whose saves measure the write path on this
+    /// filesystem where nothing was measured yet (`write_mode.rs`): the
+    /// background persister's. Other saves take what was measured, else the
+    /// default, so that a stop checkpoint inside its grace time never pays
+    /// for a measurement.
+    pub fn with_write_measurement(self) -> CheckpointStore {
+        CheckpointStore { measure: true, ..self }
+    }
+
+    /// The write plan of a save of `payload` tensor bytes (`write_mode.rs`).
+    fn write_choice(&self, payload: u64) -> WriteChoice {
+        plan_for(&self.dir, &self.write, payload, self.measure)
     }
 
     /// The same store, asking `guard` right before each commit and rotation.
@@ -255,23 +313,29 @@ impl CheckpointStore {
         Ok(name)
     }
 
-    /// Writes `part`, this rank's part of the optimizer state of the
-    /// checkpoint of `step` (ranks of `world`), into the staging directory
-    /// `staging` that every rank of the save shares, hashed as it is
-    /// written and fsynced; returns its manifest entry for rank 0, which
-    /// lists it and commits ([`save_with`](Self::save_with)). Rank 0
-    /// removes the staging directory if the save fails, so nothing written
-    /// here counts unless the whole checkpoint is committed.
-    pub fn write_part(
+    /// Writes this rank's share of the checkpoint of `snapshot.step`
+    /// (rank `rank` of `world`) into the staging directory `staging` that
+    /// every rank of the save shares: the model shards (and, unless
+    /// `optimizer_in_parts`, the optimizer shards) that the plan every rank
+    /// computes alike gives this rank (`encode.rs`), and with
+    /// `optimizer_in_parts` its part of the optimizer state, which
+    /// `snapshot.optimizer` then is. Each file is hashed as it is written
+    /// and fsynced; returns their manifest entries for rank 0, which lists
+    /// them and commits ([`save_with`](Self::save_with)). Rank 0 removes the
+    /// staging directory if the save fails, so nothing written here counts
+    /// unless the whole checkpoint is committed.
+    pub fn write_share(
         &self,
         staging: &str,
         rank: usize,
         world: usize,
-        step: u64,
-        part: &TensorSet,
-    ) -> Result<ManifestEntry, CheckpointError> {
+        snapshot: &Snapshot,
+        optimizer_in_parts: bool,
+    ) -> Result<Vec<ManifestEntry>, CheckpointError> {
+        let step = snapshot.step;
         let dir = self.shared_staging_dir(step, staging)?;
-        check_tensors(step, part)?;
+        check_tensors(step, &snapshot.model)?;
+        check_tensors(step, &snapshot.optimizer)?;
         if !dir.is_dir() {
             return Err(CheckpointError::Parts {
                 step,
@@ -283,18 +347,23 @@ impl CheckpointStore {
         }
         // Tests make one rank's part fail (`=return`) or hang (`=sleep(…)`) here.
         failpoint("checkpoint::part::before_write")?;
-        let name = optimizer_part_name(rank, world);
-        let path = dir.join(&name);
-        let mut meta = safetensors_metadata(&name, step);
-        meta.insert("rank".into(), rank.to_string());
-        meta.insert("world_size".into(), world.to_string());
-        let written = write_tensors(&path, part, &meta).map_err(|source| CheckpointError::Write {
-            step,
-            path: path.clone(),
-            source,
-        })?;
-        tracing::debug!(file = %name, bytes = written.bytes, mode = ?written.mode, "optimizer part written");
-        Ok(ManifestEntry { name, bytes: written.bytes, sha256: written.sha256 })
+        let files = share_files(snapshot, optimizer_in_parts, self.sharding(world), rank);
+        let choice = self.write_choice(files.iter().map(|f| f.size).sum());
+        let written = write_files(&dir, &files, &choice.plan, step)?;
+        for (entry, w) in &written {
+            tracing::debug!(file = %entry.name, bytes = w.bytes, mode = ?w.mode, "this rank's share written");
+        }
+        Ok(written.into_iter().map(|(entry, _)| entry).collect())
+    }
+
+    /// Whether ranks other than 0 of a world of `world` write part of the
+    /// checkpoint of `snapshot` (rank 0's, [`save_with`](Self::save_with)):
+    /// always with the optimizer in parts, otherwise where the model or the
+    /// optimizer is large enough to be cut into shares (`encode.rs`).
+    pub fn shared_by_ranks(&self, snapshot: &Snapshot, world: usize, optimizer_in_parts: bool) -> bool {
+        let optimizer = (!optimizer_in_parts).then_some(&snapshot.optimizer);
+        world > 1
+            && (optimizer_in_parts || !names_from_others(&snapshot.model, optimizer, self.sharding(world)).is_empty())
     }
 
     /// Directories left by interrupted saves, seals and deletes, by the
@@ -408,11 +477,25 @@ impl CheckpointStore {
                 already_existed: true,
                 rotated_out: Vec::new(),
                 parts: None,
+                write: None,
             });
         }
 
-        let optimizer_file = parts.as_ref().map_or(OPTIMIZER_FILE.to_string(), |p| optimizer_part_name(0, p.world));
-        let files = self.encode(snapshot, &optimizer_file)?;
+        check_tensors(step, &snapshot.model)?;
+        check_tensors(step, &snapshot.optimizer)?;
+        let (world, in_parts) = parts.as_ref().map_or((1, false), |p| (p.world, p.optimizer_in_parts));
+        let mut files = share_files(snapshot, in_parts, self.sharding(world), 0);
+        let state = serde_json::to_vec_pretty(&snapshot.state).map_err(|e| CheckpointError::BadTensor {
+            step,
+            name: STATE_FILE.into(),
+            reason: e.to_string(),
+        })?;
+        files.push(PlannedFile {
+            name: STATE_FILE.to_string(),
+            size: state.len() as u64,
+            content: Content::Bytes(state),
+            rank: 0,
+        });
         let needed: u64 = files.iter().map(|f| f.size).sum::<u64>() + SPACE_SLACK;
         let available = available_space(&self.dir).map_err(|source| CheckpointError::Write {
             step,
@@ -439,7 +522,7 @@ impl CheckpointStore {
             )),
         };
         match self.write_and_commit(snapshot, &files, &tmp, &final_dir, parts, collected) {
-            Ok((bytes, parts)) => {
+            Ok((bytes, parts, write)) => {
                 self.known_bad().remove(&step);
                 let rotated_out = self.may_write(step).and_then(|()| self.rotate(step)).map_err(|e| {
                     CheckpointError::AfterCommit {
@@ -449,7 +532,7 @@ impl CheckpointStore {
                         source: Box::new(e),
                     }
                 })?;
-                Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, parts))
+                Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, parts, Some(write)))
             }
             Err(e) => {
                 if tmp.exists()
@@ -462,32 +545,6 @@ impl CheckpointStore {
         }
     }
 
-    /// Sizes and encoders of the files of a snapshot, in write order.
-    fn encode<'a>(
-        &self,
-        snapshot: &'a Snapshot,
-        optimizer_file: &str,
-    ) -> Result<Vec<PlannedFile<'a>>, CheckpointError> {
-        let state = serde_json::to_vec_pretty(&snapshot.state).map_err(|e| CheckpointError::BadTensor {
-            step: snapshot.step,
-            name: STATE_FILE.into(),
-            reason: e.to_string(),
-        })?;
-        let mut planned = Vec::new();
-        for (name, set) in [(MODEL_FILE, &snapshot.model), (optimizer_file, &snapshot.optimizer)] {
-            check_tensors(snapshot.step, set)?;
-            let meta = safetensors_metadata(name, snapshot.step);
-            let size = safetensors_io::file_size(set, &meta);
-            planned.push(PlannedFile { name: name.to_string(), size, content: Content::Tensors(set, meta) });
-        }
-        planned.push(PlannedFile {
-            name: STATE_FILE.to_string(),
-            size: state.len() as u64,
-            content: Content::Bytes(state),
-        });
-        Ok(planned)
-    }
-
     fn write_and_commit(
         &self,
         snapshot: &Snapshot,
@@ -496,7 +553,7 @@ impl CheckpointStore {
         final_dir: &Path,
         parts: Option<&mut Parts<'_>>,
         collected: &mut bool,
-    ) -> Result<(u64, Option<PartsWritten>), CheckpointError> {
+    ) -> Result<(u64, Option<PartsWritten>, WriteChoice), CheckpointError> {
         let step = snapshot.step;
         let werr = |path: &Path| {
             let path = path.to_path_buf();
@@ -507,46 +564,38 @@ impl CheckpointStore {
             Err(e) if parts.is_some() && e.kind() == std::io::ErrorKind::AlreadyExists => {}
             other => other.map_err(werr(tmp))?,
         }
-        // Files are written (and hashed) in parallel: SHA-256 of one stream
-        // runs on one core, so separate files are what lets hashing use more.
-        let results: Vec<Result<ManifestEntry, CheckpointError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = files
-                .iter()
-                .map(|file| {
-                    let path = tmp.join(&file.name);
-                    scope.spawn(move || -> Result<ManifestEntry, CheckpointError> {
-                        failpoint(&format!("checkpoint::before_write::{}", file.name))?;
-                        let written = match &file.content {
-                            Content::Tensors(set, meta) => write_tensors(&path, set, meta),
-                            Content::Bytes(b) => write_hashed(&path, &[b]),
-                        }
-                        .map_err(werr(&path))?;
-                        tracing::debug!(file = file.name, bytes = written.bytes, mode = ?written.mode, "checkpoint file written");
-                        Ok(ManifestEntry { name: file.name.clone(), bytes: written.bytes, sha256: written.sha256 })
-                    })
-                })
-                .collect();
-            // A panic in a writer (a simulated crash) propagates like one.
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-        });
-        let mut entries = Vec::new();
-        for r in results {
-            entries.push(r?);
-        }
+        // How to write, measured at the first large save on this
+        // filesystem (`write_mode.rs`); the files on every core: SHA-256 of
+        // one stream runs on one core, so separate files (shards) are what
+        // lets hashing use more.
+        let tensor_bytes = files.iter().filter(|f| matches!(f.content, Content::Tensors(..))).map(|f| f.size).sum();
+        let mut choice = self.write_choice(tensor_bytes);
+        let written = write_files(tmp, files, &choice.plan, step)?;
+        choice.direct_refused = choice.plan.mode == IoMode::Direct
+            && written.iter().any(|(e, w)| {
+                w.mode == WriteMode::Buffered
+                    && w.bytes >= choice.plan.block_bytes as u64
+                    && e.name.ends_with(".safetensors")
+            });
+        let own_bytes: u64 = written.iter().map(|(e, _)| e.bytes).sum();
+        let mut entries: Vec<ManifestEntry> = written.into_iter().map(|(e, _)| e).collect();
         let mut written_in_parts = None;
         if let Some(parts) = parts {
-            // Every other rank's part, written and hashed by that rank.
+            // Every other rank's share, written and hashed by that rank.
             *collected = true;
             let waiting = Instant::now();
             let theirs = (parts.collect)().map_err(|e| CheckpointError::Parts { step, reason: e.to_string() })?;
-            written_in_parts = Some(PartsWritten { ranks: parts.world, wait_seconds: waiting.elapsed().as_secs_f64() });
+            written_in_parts =
+                Some(PartsWritten { ranks: parts.world, wait_seconds: waiting.elapsed().as_secs_f64(), own_bytes });
+            let optimizer = (!parts.optimizer_in_parts).then_some(&snapshot.optimizer);
+            let expected = names_from_others(&snapshot.model, optimizer, self.sharding(parts.world));
             entries.extend(
-                check_part_entries(tmp, theirs, parts.world)
-                    .map_err(|reason| CheckpointError::Parts { step, reason })?,
+                check_part_entries(tmp, theirs, &expected).map_err(|reason| CheckpointError::Parts { step, reason })?,
             );
         }
+        let sharded = entries.iter().any(|e| parse_shard_name(&e.name).is_some());
         let manifest = Manifest {
-            format_version: FORMAT_VERSION,
+            format_version: if sharded { SHARDED_FORMAT_VERSION } else { FORMAT_VERSION },
             kind: CheckpointKind::Native,
             step,
             created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -601,7 +650,7 @@ impl CheckpointStore {
             fsync_dir(&self.dir).map_err(sync_err).map_err(after("syncing the checkpoints directory"))?;
         }
         failpoint("checkpoint::after_commit").map_err(after("the commit's last step"))?;
-        Ok((manifest.total_bytes() + manifest_bytes, written_in_parts))
+        Ok((manifest.total_bytes() + manifest_bytes, written_in_parts, choice))
     }
 
     fn trash_path(&self, step: u64) -> PathBuf {
@@ -734,23 +783,19 @@ pub(super) fn refuse_other_kind(dir: &Path, wanted: CheckpointKind) -> Result<()
     }
 }
 
-enum Content<'a> {
-    Tensors(&'a TensorSet, BTreeMap<String, String>),
-    Bytes(Vec<u8>),
-}
-
-struct PlannedFile<'a> {
-    name: String,
-    size: u64,
-    content: Content<'a>,
-}
-
-/// A safetensors file of `set`, hashed as it is written.
-fn write_tensors(path: &Path, set: &TensorSet, meta: &BTreeMap<String, String>) -> std::io::Result<Written> {
-    let header = safetensors_io::header(set, meta);
-    let mut parts: Vec<&[u8]> = vec![&header];
-    parts.extend(set.values().map(|t| &t.data[..]));
-    write_hashed(path, &parts)
+/// The files rank `rank` writes of `snapshot`'s tensors, cut by
+/// `sharding` (`encode.rs`): its model shards, and its optimizer shards or,
+/// with `optimizer_in_parts`, its optimizer part (the snapshot's optimizer).
+/// A world of one writes every file.
+fn share_files(snapshot: &Snapshot, optimizer_in_parts: bool, sharding: Sharding, rank: usize) -> Vec<PlannedFile<'_>> {
+    let mut files = tensor_files("model", &snapshot.model, snapshot.step, sharding);
+    if optimizer_in_parts {
+        files.push(part_file(&snapshot.optimizer, snapshot.step, rank, sharding.world));
+    } else {
+        files.extend(tensor_files("optimizer", &snapshot.optimizer, snapshot.step, sharding));
+    }
+    files.retain(|f| f.rank == rank);
+    files
 }
 
 /// Every tensor's data has the size its shape and dtype say.
@@ -768,41 +813,41 @@ fn check_tensors(step: u64, set: &TensorSet) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// The entries the other ranks reported for their parts: one per rank 1..world,
-/// in rank order, each naming that rank's part, which is in `staging` with
-/// the size reported (its hash was computed as it was written and fsynced).
-fn check_part_entries(staging: &Path, theirs: Vec<ManifestEntry>, world: usize) -> Result<Vec<ManifestEntry>, String> {
-    if theirs.len() + 1 != world {
-        return Err(format!("{} of the {} other ranks reported a part", theirs.len(), world - 1));
-    }
-    for (i, entry) in theirs.iter().enumerate() {
-        let expected = optimizer_part_name(i + 1, world);
-        if entry.name != expected {
-            return Err(format!("rank {} reported `{}` instead of `{expected}`", i + 1, entry.name));
+/// The entries the other ranks reported for their shares: exactly the
+/// files `expected` of them (name → the rank that writes it), each once,
+/// each in `staging` as a plain file of the size reported (its hash was
+/// computed as it was written and fsynced).
+fn check_part_entries(
+    staging: &Path,
+    theirs: Vec<ManifestEntry>,
+    expected: &std::collections::BTreeMap<String, usize>,
+) -> Result<Vec<ManifestEntry>, String> {
+    let mut seen = BTreeSet::new();
+    for entry in &theirs {
+        let Some(rank) = expected.get(&entry.name) else {
+            return Err(format!("another rank reported `{}`, which no rank but 0 writes", entry.name));
+        };
+        if !seen.insert(entry.name.as_str()) {
+            return Err(format!("rank {rank}'s `{}` was reported twice", entry.name));
         }
         match fs::symlink_metadata(staging.join(&entry.name)) {
             Ok(m) if m.file_type().is_file() && m.len() == entry.bytes => {}
             Ok(m) => {
                 return Err(format!(
-                    "rank {}'s part in {} is not the plain file of {} bytes it reported ({} bytes)",
-                    i + 1,
+                    "rank {rank}'s `{}` in {} is not the plain file of {} bytes it reported ({} bytes)",
+                    entry.name,
                     staging.display(),
                     entry.bytes,
                     m.len()
                 ));
             }
-            Err(e) => return Err(format!("rank {}'s part is not in {}: {e}", i + 1, staging.display())),
+            Err(e) => return Err(format!("rank {rank}'s `{}` is not in {}: {e}", entry.name, staging.display())),
         }
     }
+    if let Some((missing, rank)) = expected.iter().find(|(n, _)| !seen.contains(n.as_str())) {
+        return Err(format!("rank {rank} did not report `{missing}`"));
+    }
     Ok(theirs)
-}
-
-fn safetensors_metadata(file: &str, step: u64) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("format".to_string(), "rekindle".to_string()),
-        ("content".to_string(), file.trim_end_matches(".safetensors").to_string()),
-        ("step".to_string(), step.to_string()),
-    ])
 }
 
 fn failpoint(name: &str) -> Result<(), CheckpointError> {
@@ -825,6 +870,7 @@ fn join(failures: &[FileFailure]) -> String {
 mod tests {
     use super::*;
     use crate::checkpoint::error::Problem;
+    use crate::checkpoint::layout::MODEL_FILE;
     use crate::checkpoint::tensor::HostTensor;
 
     fn snapshot(step: u64) -> Snapshot {

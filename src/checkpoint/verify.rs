@@ -15,8 +15,10 @@ use super::hashed_io::{map_tensors_hashed, read_hashed};
 use super::layout::CheckpointKind;
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Snapshot, parse_step_dir_name};
 use super::manifest::{MANIFEST_FILE, Manifest, ManifestEntry};
+use super::parallel::{file_threads, in_parallel, largest_first};
 use super::parts::{assemble, optimizer_part_name};
 use super::safetensors_io;
+use super::shards::{ShardIndex, index_name, parse_index_name, shard_name};
 use super::tensor::TensorSet;
 
 /// How thoroughly [`CheckpointStore::list`](super::CheckpointStore::list) checks each checkpoint.
@@ -146,15 +148,52 @@ fn load_entry(dir: &Path, entry: &ManifestEntry) -> Result<Content, FileFailure>
         .map_err(|reason| FileFailure { file: entry.name.clone(), problem: Problem::InvalidContent { reason } })
 }
 
+/// The tensors of the safetensors file `file`, taken out of `contents`.
+fn take_tensors(contents: &mut BTreeMap<String, Content>, file: &str) -> Result<TensorSet, Vec<FileFailure>> {
+    match contents.remove(file) {
+        Some(Content::Tensors(set)) => Ok(set),
+        _ => Err(vec![FileFailure {
+            file: file.into(),
+            problem: Problem::InvalidContent { reason: "not read as a safetensors file".into() },
+        }]),
+    }
+}
+
+/// The tensors of `stem`'s `n` shards (taken out of `contents`), joined
+/// into one set once the index says each is where it is.
+fn join_shards(contents: &mut BTreeMap<String, Content>, stem: &str, n: usize) -> Result<TensorSet, Vec<FileFailure>> {
+    let name = index_name(stem);
+    let invalid =
+        |reason: String| vec![FileFailure { file: name.clone(), problem: Problem::InvalidContent { reason } }];
+    let index = match contents.remove(&name) {
+        Some(Content::Bytes(bytes)) => ShardIndex::parse(&bytes).map_err(invalid)?,
+        _ => return Err(invalid("not read".into())),
+    };
+    let mut shards = Vec::with_capacity(n);
+    for k in 1..=n {
+        let shard = shard_name(stem, k, n);
+        let set = take_tensors(contents, &shard)?;
+        shards.push((shard, set));
+    }
+    let held: Vec<(String, Vec<(String, u64)>)> = shards
+        .iter()
+        .map(|(file, set)| (file.clone(), set.iter().map(|(t, v)| (t.clone(), v.data.len() as u64)).collect()))
+        .collect();
+    index.check(&held).map_err(invalid)?;
+    Ok(shards.into_iter().flat_map(|(_, set)| set).collect())
+}
+
 /// Verifies one checkpoint directory; an empty list means it is valid.
 ///
 /// `Full` checks exactly what loading checks (every hash, and that the
 /// safetensors and JSON files parse), so a checkpoint that verifies is one
 /// that resume would load.
 ///
-/// Files are checked in parallel (at most [`MAX_PARALLEL_FILES`] at once),
-/// each hashed while it is read, without keeping the bytes (nothing is
-/// allocated for the tensor data).
+/// Files are checked in parallel, on as many threads as the process has
+/// cores (`parallel.rs`, largest first), each hashed while it is read,
+/// without keeping the bytes (nothing is allocated for the tensor data).
+/// A checkpoint in shards has its index checked against the shards'
+/// headers too, as loading checks it against their tensors.
 pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure> {
     let manifest = match read_manifest(dir) {
         Err(f) => return vec![f],
@@ -164,43 +203,54 @@ pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure>
         return manifest.files.iter().filter_map(|e| check_entry(dir, e, level, false).err()).collect();
     }
     let kind = manifest.kind;
-    let results = in_parallel(&manifest.files, |entry| verify_entry_fully(dir, entry, kind));
-    results.into_iter().filter_map(Result::err).collect()
-}
-
-/// Most files checked at once. The manifest is untrusted: a thread for each
-/// file it lists would let a manifest of 100 000 names exhaust the kernel's
-/// threads and mappings (and a failed spawn aborts). A checkpoint has three
-/// files, so this costs real checkpoints nothing.
-const MAX_PARALLEL_FILES: usize = 8;
-
-/// `f` of every item, in order, on at most [`MAX_PARALLEL_FILES`] threads
-/// that take the next item as they finish one.
-fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let next = AtomicUsize::new(0);
-    let mut slots: Vec<Option<R>> = std::iter::repeat_with(|| None).take(items.len()).collect();
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..items.len().min(MAX_PARALLEL_FILES))
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(item) = items.get(i) else { return done };
-                        done.push((i, f(item)));
-                    }
-                })
-            })
-            .collect();
-        for worker in workers {
-            for (i, result) in worker.join().expect("file check thread does not panic") {
-                slots[i] = Some(result);
+    let results = for_each_file(&manifest, |entry| verify_entry_fully(dir, entry, kind));
+    let mut failures: Vec<FileFailure> = results.into_iter().filter_map(Result::err).collect();
+    if failures.is_empty() && kind == CheckpointKind::Native {
+        for stem in super::shards::SHARDED_STEMS {
+            if let Some(n) = manifest.shards(stem)
+                && let Err(f) = check_index_against_headers(dir, stem, n)
+            {
+                failures.push(f);
             }
         }
-    });
-    slots.into_iter().map(|r| r.expect("every item was checked")).collect()
+    }
+    failures
 }
+
+/// `f` of every file of `manifest`, in manifest order, the largest files
+/// taken first, on [`file_threads`] threads.
+fn for_each_file<R: Send>(manifest: &Manifest, f: impl Fn(&ManifestEntry) -> R + Sync) -> Vec<R> {
+    let sizes: Vec<u64> = manifest.files.iter().map(|e| e.bytes).collect();
+    in_parallel(&manifest.files, &largest_first(&sizes), file_threads(), f)
+}
+
+/// The index of `stem`'s `n` shards against what the shards' headers hold
+/// (their hashes matched already): *invalid content* of the index when a
+/// tensor is not where it says.
+fn check_index_against_headers(dir: &Path, stem: &str, n: usize) -> Result<(), FileFailure> {
+    let name = index_name(stem);
+    let invalid = |reason: String| FileFailure { file: name.clone(), problem: Problem::InvalidContent { reason } };
+    let bytes = crate::confine::read_bounded(&dir.join(&name), MAX_INDEX_BYTES)
+        .map_err(|e| FileFailure { file: name.clone(), problem: Problem::Unreadable { reason: e.to_string() } })?;
+    let index = ShardIndex::parse(&bytes).map_err(invalid)?;
+    let mut held = Vec::with_capacity(n);
+    for k in 1..=n {
+        let shard = shard_name(stem, k, n);
+        let fail = |problem| FileFailure { file: shard.clone(), problem };
+        let mut file = crate::confine::open_regular(&dir.join(&shard))
+            .map_err(|e| fail(Problem::Unreadable { reason: e.to_string() }))?;
+        let len = file.metadata().map_err(|e| fail(Problem::Unreadable { reason: e.to_string() }))?.len();
+        let layout = safetensors_io::read_layout(&mut file, len).map_err(|e| match e {
+            safetensors_io::LayoutError::Invalid(reason) => fail(Problem::InvalidContent { reason }),
+            safetensors_io::LayoutError::Io(e) => fail(Problem::Unreadable { reason: e.to_string() }),
+        })?;
+        held.push((shard.clone(), layout.into_iter().map(|t| (t.name, t.end - t.start)).collect()));
+    }
+    index.check(&held).map_err(invalid)
+}
+
+/// The largest shard index read (about 100 bytes a tensor).
+const MAX_INDEX_BYTES: u64 = 64 << 20;
 
 /// Hash, size, and the content check loading would make (layout of a
 /// safetensors file, JSON of state.json). A files checkpoint's files are
@@ -209,11 +259,14 @@ fn verify_entry_fully(dir: &Path, entry: &ManifestEntry, kind: CheckpointKind) -
     if kind == CheckpointKind::Files {
         return check_entry(dir, entry, VerifyLevel::Full, false).map(drop);
     }
-    let small = entry.name == STATE_FILE;
+    let index = parse_index_name(&entry.name).is_some();
+    let small = entry.name == STATE_FILE || index;
     let kept = check_entry(dir, entry, VerifyLevel::Full, small)?;
     let invalid =
         |reason: String| FileFailure { file: entry.name.clone(), problem: Problem::InvalidContent { reason } };
-    if small {
+    if index {
+        ShardIndex::parse(&kept).map_err(invalid)?;
+    } else if small {
         serde_json::from_slice::<serde_json::Value>(&kept).map_err(|e| invalid(e.to_string()))?;
     } else if entry.name.ends_with(".safetensors") {
         let unreadable = |e: io::Error| FileFailure {
@@ -257,7 +310,7 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
     let mut failures = Vec::new();
     // Files in parallel, each hashed while it is read into its final buffers.
     let results: Vec<(String, Result<Content, FileFailure>)> =
-        in_parallel(&manifest.files, |entry| (entry.name.clone(), load_entry(dir, entry)));
+        for_each_file(&manifest, |entry| (entry.name.clone(), load_entry(dir, entry)));
     for (name, result) in results {
         match result {
             Ok(content) => {
@@ -272,23 +325,25 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
     let invalid = |file: &str, reason: String| {
         vec![FileFailure { file: file.into(), problem: Problem::InvalidContent { reason } }]
     };
-    let mut tensors = |file: &str| match contents.remove(file) {
-        Some(Content::Tensors(set)) => Ok(set),
-        _ => Err(invalid(file, "not read as a safetensors file".into())),
-    };
-    let model = tensors(MODEL_FILE)?;
-    let optimizer = match manifest.optimizer_parts() {
-        None => tensors(OPTIMIZER_FILE)?,
-        Some(world) => {
-            // Rank order: each moment is its pieces joined in that order.
-            let parts = (0..world).map(|r| tensors(&optimizer_part_name(r, world))).collect::<Result<Vec<_>, _>>()?;
-            assemble(&model, &parts)
-                .map_err(|reason| invalid(&format!("optimizer.rank-*-of-{world:05}.safetensors"), reason))?
-        }
-    };
     let state: serde_json::Value = match contents.get(STATE_FILE) {
         Some(Content::Bytes(bytes)) => serde_json::from_slice(bytes).map_err(|e| invalid(STATE_FILE, e.to_string()))?,
         _ => return Err(invalid(STATE_FILE, "not read".into())),
+    };
+    let model = match manifest.shards("model") {
+        None => take_tensors(&mut contents, MODEL_FILE)?,
+        Some(n) => join_shards(&mut contents, "model", n)?,
+    };
+    let optimizer = match (manifest.optimizer_parts(), manifest.shards("optimizer")) {
+        (Some(world), _) => {
+            // Rank order: each moment is its pieces joined in that order.
+            let parts = (0..world)
+                .map(|r| take_tensors(&mut contents, &optimizer_part_name(r, world)))
+                .collect::<Result<Vec<_>, _>>()?;
+            assemble(&model, &parts)
+                .map_err(|reason| invalid(&format!("optimizer.rank-*-of-{world:05}.safetensors"), reason))?
+        }
+        (None, Some(n)) => join_shards(&mut contents, "optimizer", n)?,
+        (None, None) => take_tensors(&mut contents, OPTIMIZER_FILE)?,
     };
     let step = manifest.step;
     Ok(Loaded { dir: dir.to_path_buf(), manifest, snapshot: Snapshot { step, model, optimizer, state } })

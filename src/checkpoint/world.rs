@@ -190,12 +190,13 @@ impl CheckpointStore {
             abandon(reason)
         });
         let entries = gathered?;
+        let own_bytes = records.get(&0).map_or(0, |r| r.files.iter().map(|f| f.bytes).sum());
         let committed = self.commit_files(&sealing, &final_dir, step, entries);
         match committed {
             Ok((bytes, rotated_out)) => {
                 let _ = fs::remove_dir_all(&world_dir);
-                let parts = PartsWritten { ranks: world, wait_seconds: waited };
-                Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, Some(parts)))
+                let parts = PartsWritten { ranks: world, wait_seconds: waited, own_bytes };
+                Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, Some(parts), None))
             }
             Err(e) if e.committed() => {
                 let _ = fs::remove_dir_all(&world_dir);

@@ -254,8 +254,11 @@ pub struct DoctorArgs {
 pub enum BenchCommand {
     /// Save, load+verify, verify and snapshot stall of synthetic state of SIZE
     /// (parameters in candle variables and AdamW moments, as between two
-    /// training steps), beside `dd bs=8M conv=fsync` of the same bytes on the
-    /// same filesystem.
+    /// training steps), beside `dd bs=8M conv=fsync` and `dd oflag=direct` of
+    /// the same bytes on the same filesystem; the write path (direct or
+    /// buffered, block size, writes in flight) is measured there first, as a
+    /// run measures it, and printed with the candidates' speeds; and SHA-256
+    /// of the state on 1, 2, … threads.
     Checkpoint(BenchCheckpointArgs),
     /// Training throughput of a config with checkpoints off and every N steps,
     /// the stall per checkpoint, and a synchronous save of the same state.
@@ -303,7 +306,7 @@ pub struct BenchIntervalArgs {
 #[derive(Debug, Args)]
 pub struct BenchCollectiveArgs {
     /// Size of the summed vector (f32): bytes, or with a unit (64MiB, 1GiB).
-    #[arg(long, value_parser = parse_size, default_value = "16MiB")]
+    #[arg(long, value_parser = crate::units::parse_size, default_value = "16MiB")]
     pub bytes: u64,
     /// Timed repetitions (the median is reported).
     #[arg(long, default_value_t = 10)]
@@ -336,7 +339,7 @@ pub struct BenchTrainArgs {
 #[derive(Debug, Args)]
 pub struct BenchCheckpointArgs {
     /// State size: bytes, or with a unit (256MiB, 1GiB, 4GiB).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = crate::units::parse_size)]
     pub bytes: u64,
     /// Directory on the filesystem to measure.
     #[arg(long, default_value = ".")]
@@ -347,25 +350,40 @@ pub struct BenchCheckpointArgs {
     /// Drop the page cache before reads (root only) to measure cold loads.
     #[arg(long)]
     pub cold: bool,
+    /// How the saves write, as `[checkpoint] write_mode`: auto (measured
+    /// here first, as a run measures at its first large save), direct or
+    /// buffered.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub write_mode: WriteModeArg,
+    /// Bytes per write, as `[checkpoint] write_block` (a multiple of 4 KiB
+    /// from 64KiB to 256MiB, e.g. 1MiB); measured with --write-mode auto
+    /// when left out.
+    #[arg(long, value_parser = parse_write_block)]
+    pub write_block: Option<u64>,
+    /// Writes in flight per file, as `[checkpoint] write_queue_depth`.
+    #[arg(long)]
+    pub write_queue_depth: Option<usize>,
+    /// Largest model or optimizer file, as `[checkpoint] shard_size`
+    /// (default 512MiB): the state is written in shards of at most this.
+    #[arg(long, value_parser = crate::units::parse_size)]
+    pub shard_size: Option<u64>,
     #[command(flatten)]
     pub output: JsonFlag,
 }
 
-/// Parses `1GiB`, `256MiB`, `512k`, `1000000`.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("`{text}` is not a size: write e.g. 1GiB, 256MiB or 1048576"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "kb" => 1000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        other => return Err(format!("unknown size unit `{other}`: use B, KiB, MiB, GiB, KB, MB or GB")),
-    };
-    Ok((n * mult as f64) as u64)
+/// `--write-block`: a size that direct I/O can use.
+fn parse_write_block(text: &str) -> Result<u64, String> {
+    let block = crate::units::parse_size(text)?;
+    if block % 4096 != 0 || !(64 << 10..=256 << 20).contains(&block) {
+        return Err(format!("{block} bytes: a block is a multiple of 4 KiB from 64KiB to 256MiB, e.g. 8MiB"));
+    }
+    Ok(block)
+}
+
+/// `--write-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriteModeArg {
+    Auto,
+    Direct,
+    Buffered,
 }

@@ -2,7 +2,7 @@
 //! its result printed (the numbers of docs/performance.md).
 
 use super::CliError;
-use super::args::{BenchCheckpointArgs, BenchCollectiveArgs, BenchIntervalArgs, BenchTrainArgs};
+use super::args::{BenchCheckpointArgs, BenchCollectiveArgs, BenchIntervalArgs, BenchTrainArgs, WriteModeArg};
 use super::output::emit;
 use crate::config;
 use crate::exit::Outcome;
@@ -14,10 +14,26 @@ pub(super) fn checkpoint(args: &BenchCheckpointArgs) -> Result<Outcome, CliError
         dir: args.dir.clone(),
         repeat: args.repeat,
         cold: args.cold,
+        write: write_settings(args),
     };
     let result = crate::bench::run_checkpoint_bench(&opts)?;
     emit(&result, args.output.json);
     Ok(Outcome::Done)
+}
+
+/// The write settings of `bench checkpoint`'s flags.
+fn write_settings(args: &BenchCheckpointArgs) -> crate::checkpoint::WriteSettings {
+    use crate::checkpoint::write_mode::ModeSetting;
+    crate::checkpoint::WriteSettings {
+        mode: match args.write_mode {
+            WriteModeArg::Auto => ModeSetting::Auto,
+            WriteModeArg::Direct => ModeSetting::Direct,
+            WriteModeArg::Buffered => ModeSetting::Buffered,
+        },
+        block_bytes: args.write_block.map(|b| b as usize),
+        queue_depth: args.write_queue_depth,
+        shard_bytes: args.shard_size,
+    }
 }
 
 pub(super) fn train(args: &BenchTrainArgs, registry: &Registry) -> Result<Outcome, CliError> {

@@ -670,7 +670,7 @@ lr = 1
         assert_eq!(
             found[0].message,
             "unknown key; did you mean `keep`? allowed: interval, mtbf, every_steps, keep, async, dir, \
-             max_consecutive_failures"
+             max_consecutive_failures, write_mode, write_block, write_queue_depth, shard_size"
         );
     }
 

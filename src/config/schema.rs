@@ -398,6 +398,23 @@ pub struct CheckpointSection {
     pub dir: Option<PathBuf>,
     /// Stop the run after this many background saves fail in a row.
     pub max_consecutive_failures: u32,
+    /// How a checkpoint's large files reach the disk: `"auto"` (measured
+    /// once per filesystem, `checkpoint::write_mode`), `"direct"`
+    /// (`O_DIRECT`) or `"buffered"` (the page cache, flushed and dropped
+    /// behind the writes).
+    pub write_mode: CheckpointWriteMode,
+    /// Bytes per write call: `"auto"` (measured with `write_mode = "auto"`,
+    /// else 8 MiB) or a size such as `"4MiB"` (a multiple of 4 KiB, 64 KiB
+    /// to 256 MiB).
+    pub write_block: AutoSize,
+    /// Writes in flight per file: 0 for automatic (measured with
+    /// `write_mode = "auto"`, else 2), or 1 to 64.
+    pub write_queue_depth: u32,
+    /// The largest model or optimizer file: bigger state is split into
+    /// shards (`model-00001-of-00004.safetensors` and an index, the Hugging
+    /// Face layout) that are hashed, written, verified and loaded on every
+    /// core. `"auto"` (512 MiB) or a size of at least 4 KiB.
+    pub shard_size: AutoSize,
 }
 
 impl Default for CheckpointSection {
@@ -410,7 +427,72 @@ impl Default for CheckpointSection {
             async_save: true,
             dir: None,
             max_consecutive_failures: 3,
+            write_mode: CheckpointWriteMode::Auto,
+            write_block: AutoSize::Auto,
+            write_queue_depth: 0,
+            shard_size: AutoSize::Auto,
         }
+    }
+}
+
+/// `[checkpoint] write_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointWriteMode {
+    Auto,
+    Direct,
+    Buffered,
+}
+
+/// A size that may be left to rekindle: `"auto"` or a size such as
+/// `"8MiB"` (`units::parse_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoSize {
+    Auto,
+    Fixed(u64),
+}
+
+impl AutoSize {
+    /// The size, unless left to rekindle.
+    pub fn fixed(self) -> Option<u64> {
+        match self {
+            AutoSize::Auto => None,
+            AutoSize::Fixed(n) => Some(n),
+        }
+    }
+}
+
+impl Serialize for AutoSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            AutoSize::Auto => s.serialize_str("auto"),
+            AutoSize::Fixed(n) => s.serialize_str(&format!("{n}B")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AutoSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct AutoSizeVisitor;
+
+        impl serde::de::Visitor<'_> for AutoSizeVisitor {
+            type Value = AutoSize;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"auto\" or a size such as \"8MiB\"")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<AutoSize, E> {
+                if text == "auto" {
+                    return Ok(AutoSize::Auto);
+                }
+                crate::units::parse_size(text).map(AutoSize::Fixed).map_err(|e| {
+                    E::custom(format!("`{text}` is neither \"auto\" nor a size ({e}); write e.g. \"auto\" or \"8MiB\""))
+                })
+            }
+        }
+
+        d.deserialize_str(AutoSizeVisitor)
     }
 }
 

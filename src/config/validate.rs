@@ -251,6 +251,19 @@ fn checkpoint(f: &mut Findings, c: &CheckpointSection) {
     );
     f.at_least("checkpoint.keep", c.keep, 1);
     f.at_least("checkpoint.max_consecutive_failures", c.max_consecutive_failures, 1);
+    if let AutoSize::Fixed(block) = c.write_block {
+        f.require(block % 4096 == 0 && (64 << 10..=256 << 20).contains(&block), "checkpoint.write_block", || {
+            format!("must be \"auto\" or a multiple of 4 KiB from 64 KiB to 256 MiB, e.g. \"8MiB\" (got {block} bytes)")
+        });
+    }
+    f.require(c.write_queue_depth <= 64, "checkpoint.write_queue_depth", || {
+        format!("must be 0 (automatic) or 1 to 64 (got {})", c.write_queue_depth)
+    });
+    if let AutoSize::Fixed(shard) = c.shard_size {
+        f.require(shard >= 4096, "checkpoint.shard_size", || {
+            format!("must be \"auto\" or at least 4 KiB, e.g. \"2GiB\" (got {shard} bytes)")
+        });
+    }
 }
 
 fn signals(f: &mut Findings, s: &SignalsSection) {

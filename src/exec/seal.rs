@@ -136,6 +136,7 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
                 already_existed: false,
                 rotated_out: Vec::new(),
                 parts: None,
+                write: None,
             };
             record_or_log(&mut events, &saved(&report, Some(e.to_string())));
             Ok(dir)

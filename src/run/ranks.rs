@@ -12,10 +12,11 @@
 //! Begin          leader: the step to resume from (or none)
 //! Tick × steps   leader: whether it would train; every rank: its signal.
 //!                A signal on any rank stops every rank at this boundary.
-//! Snapshot       leader: it checkpoints a sharded optimizer (ZeRO-1): every
-//!                rank writes its part of the moments into the staging
+//! Snapshot       leader: it checkpoints: every rank writes its share (its
+//!                model shards, and its optimizer shards or, with a sharded
+//!                optimizer, its part of the moments) into the staging
 //!                directory named, in the background, and reports the
-//!                part's manifest entry in a later round (`parts`)
+//!                files' manifest entries in a later round (`parts`)
 //! End            leader: the exit code; followers exit with it
 //! ```
 //!
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{CheckpointStore, ManifestEntry, PartsError, TensorSet, load_dir};
+use crate::checkpoint::{CheckpointStore, ManifestEntry, PartsError, Snapshot, WriteSettings, load_dir};
 use crate::config::Config;
 use crate::distributed::{Collective, SharedWorld};
 use crate::exit::Outcome;
@@ -72,10 +73,10 @@ pub enum Lead {
     Tick { train: bool },
     /// The run is over: exit with this code.
     End { code: u8 },
-    /// The leader checkpoints step `step` with a sharded optimizer
-    /// (`[distributed] shard_optimizer`): every rank writes its part of the
-    /// moments into the staging directory `staging` (of the checkpoints
-    /// directory) and reports it ([`Report::parts`]).
+    /// The leader checkpoints step `step`: every rank writes its share of
+    /// the checkpoint (`CheckpointStore::write_share`) into the staging
+    /// directory `staging` (of the checkpoints directory) and reports it
+    /// ([`Report::parts`]).
     Snapshot { step: u64, staging: String },
     /// A local checkpoint of `step` (`[recovery] local`): every node's
     /// writer saves a whole copy with this `state.json` and reports it
@@ -96,8 +97,10 @@ pub struct PartDone {
     /// step may be saved twice, by a save abandoned and the one after).
     pub staging: String,
     pub step: u64,
-    /// The part's manifest entry, when it was written.
-    pub entry: Option<ManifestEntry>,
+    /// The manifest entries of the files of this rank's share, when they
+    /// were written.
+    #[serde(default)]
+    pub entries: Vec<ManifestEntry>,
     /// Why it was not.
     pub error: Option<String>,
 }
@@ -339,6 +342,7 @@ pub fn follow(
     pulse: &Pulse,
     mut local: Option<FollowerLocal>,
 ) -> Result<Outcome, RunError> {
+    let checkpoints = checkpoints.with_write_settings(WriteSettings::of(&cfg.checkpoint));
     let mut trainer: Option<Trainer> = None;
     let mut writer = PartWriter::new(checkpoints.clone());
     loop {
@@ -356,21 +360,19 @@ pub fn follow(
                 return Ok(Outcome::from_code(code));
             }
             Lead::Snapshot { step, staging } => {
-                // This rank's part of the checkpoint, written in the
-                // background: it shares the moments, which no step writes
-                // into (each replaces them).
+                // This rank's share of the checkpoint, written in the
+                // background: the snapshot shares the parameters and
+                // moments, which no step writes into (each replaces them).
+                // The share is cut by the same plan on every rank, from
+                // the same tensors and [checkpoint] shard_size; a sharded
+                // optimizer's part is this rank's own.
                 let t = trainer.as_ref().ok_or_else(|| RunError::Ranks {
                     what: "rank 0 asked for a snapshot before training began".into(),
                 })?;
                 let (rank, world_size) = t.rank_and_size();
-                let part = match t.optimizer_part() {
-                    Ok(Some(part)) => Ok(part),
-                    Ok(None) => Err("this rank's optimizer is not sharded, rank 0's is: are all ranks the same \
-                                     rekindle, with the same [distributed] shard_optimizer?"
-                        .to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
-                writer.start(PartJob { step, staging, rank, world: world_size }, part);
+                let snapshot = t.snapshot_part(None).map_err(|e| e.to_string());
+                let in_parts = t.optimizer_shard().is_some();
+                writer.start(PartJob { step, staging, rank, world: world_size }, snapshot, in_parts);
             }
             Lead::LocalSave { step, state } => {
                 if let (Some(t), Some(w)) = (&trainer, local.as_mut().and_then(|l| l.writer.as_mut())) {
@@ -474,16 +476,18 @@ impl PartWriter {
         PartWriter { store, in_flight: Vec::new(), done: Vec::new() }
     }
 
-    /// Starts writing `part` (or reports at once why there is none).
-    fn start(&mut self, job: PartJob, part: Result<TensorSet, String>) {
+    /// Starts writing this rank's share of `snapshot` (or reports at once
+    /// why there is none); `optimizer_in_parts`: its optimizer is this
+    /// rank's part of a sharded optimizer.
+    fn start(&mut self, job: PartJob, snapshot: Result<Snapshot, String>, optimizer_in_parts: bool) {
         let failed = |job: &PartJob, error: String| PartDone {
             staging: job.staging.clone(),
             step: job.step,
-            entry: None,
+            entries: Vec::new(),
             error: Some(error),
         };
-        let part = match part {
-            Ok(part) => part,
+        let snapshot = match snapshot {
+            Ok(snapshot) => snapshot,
             Err(error) => return self.done.push(failed(&job, error)),
         };
         // Rank 0 starts a save once every rank reported the last one, unless
@@ -495,15 +499,15 @@ impl PartWriter {
         let store = self.store.clone();
         let (staging, step, rank, world) = (job.staging.clone(), job.step, job.rank, job.world);
         let spawned = std::thread::Builder::new().name("rekindle-part".into()).spawn(move || {
-            let written = store.write_part(&staging, rank, world, step, &part);
+            let written = store.write_share(&staging, rank, world, &snapshot, optimizer_in_parts);
             if let Err(e) = &written {
-                tracing::error!(step, error = %e, "could not write this rank's part of the checkpoint");
+                tracing::error!(step, error = %e, "could not write this rank's share of the checkpoint");
             }
-            let (entry, error) = match written {
-                Ok(entry) => (Some(entry), None),
-                Err(e) => (None, Some(e.to_string())),
+            let (entries, error) = match written {
+                Ok(entries) => (entries, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
             };
-            PartDone { staging, step, entry, error }
+            PartDone { staging, step, entries, error }
         });
         match spawned {
             Ok(handle) => self.in_flight.push((job, handle)),
@@ -522,7 +526,7 @@ impl PartWriter {
             let done = handle.join().unwrap_or_else(|panic| PartDone {
                 staging: job.staging,
                 step: job.step,
-                entry: None,
+                entries: Vec::new(),
                 error: Some(format!("the thread writing it panicked: {}", panic_message(&panic))),
             });
             self.done.push(done);
@@ -572,8 +576,8 @@ impl PartsInbox {
 
     /// Takes the reports of this save's parts (others are stale: a save
     /// that was abandoned, even of the same step); returns, once every
-    /// follower reported, their entries in rank order, or the first rank's
-    /// error.
+    /// follower reported, their entries in rank order (each rank's files
+    /// in the order it listed them), or the first rank's error.
     pub fn add(&mut self, parts: Vec<(usize, PartDone)>) -> Option<Result<Vec<ManifestEntry>, PartsError>> {
         for (rank, part) in parts {
             if part.staging == self.staging && (1..self.world).contains(&rank) {
@@ -583,18 +587,14 @@ impl PartsInbox {
         if self.got.len() + 1 < self.world {
             return None;
         }
-        Some(
-            self.got
-                .iter()
-                .map(|(rank, part)| match (&part.entry, &part.error) {
-                    (Some(entry), None) => Ok(entry.clone()),
-                    (_, error) => Err(PartsError::RankFailed {
-                        rank: *rank,
-                        error: error.as_deref().unwrap_or("it reported neither an entry nor an error").to_string(),
-                    }),
-                })
-                .collect(),
-        )
+        let mut entries = Vec::new();
+        for (rank, part) in &self.got {
+            if let Some(error) = &part.error {
+                return Some(Err(PartsError::RankFailed { rank: *rank, error: error.clone() }));
+            }
+            entries.extend(part.entries.iter().cloned());
+        }
+        Some(Ok(entries))
     }
 }
 
@@ -621,15 +621,20 @@ mod tests {
             bytes: 10,
             sha256: "a".repeat(64),
         };
-        let done =
-            |staging: &str, rank| PartDone { staging: staging.into(), step: 20, entry: Some(entry(rank)), error: None };
+        let done = |staging: &str, rank| PartDone {
+            staging: staging.into(),
+            step: 20,
+            entries: vec![entry(rank)],
+            error: None,
+        };
         let mut inbox = PartsInbox::new(".tmp-b", 3);
         // A part of an abandoned save of the same step does not count.
         assert_eq!(inbox.add(vec![(2, done(".tmp-b", 2)), (1, done(".tmp-a", 1))]), None);
         assert_eq!(inbox.add(vec![(1, done(".tmp-b", 1))]), Some(Ok(vec![entry(1), entry(2)])), "in rank order");
 
         let mut failed = PartsInbox::new(".tmp-b", 3);
-        let broken = PartDone { staging: ".tmp-b".into(), step: 20, entry: None, error: Some("disk full".into()) };
+        let broken =
+            PartDone { staging: ".tmp-b".into(), step: 20, entries: Vec::new(), error: Some("disk full".into()) };
         let verdict = failed.add(vec![(1, done(".tmp-b", 1)), (2, broken)]).unwrap().unwrap_err();
         assert_eq!(verdict, PartsError::RankFailed { rank: 2, error: "disk full".into() });
         assert_eq!(verdict.to_string(), "rank 2 could not write its part: disk full");

@@ -174,7 +174,12 @@ impl Attempt {
         let mut collect = || collect_parts(leader, &self.stop, snapshot.step, &parts.staging, parts.world, timeout);
         self.store.save_with(
             snapshot,
-            Some(Parts { staging: parts.staging.clone(), world: parts.world, collect: &mut collect }),
+            Some(Parts {
+                staging: parts.staging.clone(),
+                world: parts.world,
+                optimizer_in_parts: parts.optimizer_in_parts,
+                collect: &mut collect,
+            }),
         )
     }
 
@@ -348,19 +353,24 @@ impl Attempt {
         Ok(())
     }
 
-    /// The snapshot of a checkpoint of the current step; with a sharded
-    /// optimizer, its optimizer state is this rank's part, and every other
-    /// rank writes its own into the staging directory of [`InParts`].
+    /// The snapshot of a checkpoint of the current step; with other ranks,
+    /// every rank writes its share into the staging directory of
+    /// [`InParts`] (and with a sharded optimizer, this snapshot's optimizer
+    /// state is this rank's part).
     fn snapshot(&mut self) -> Result<(Snapshot, Option<InParts>), RunError> {
         let step = self.trainer.step();
+        let mut snapshot = self.trainer.snapshot_part(self.spare.take())?;
+        // The other ranks snapshot the same step when told below (nothing
+        // trains in between), and write their shares only where they have
+        // one (a state too small to share is rank 0's alone).
+        let (world, optimizer_in_parts) = (self.trainer.rank_and_size().1, self.trainer.optimizer_shard().is_some());
         let parts = match &self.leader {
-            Some(leader) if self.trainer.optimizer_shard().is_some() => {
+            Some(leader) if world > 1 && self.store.shared_by_ranks(&snapshot, world, optimizer_in_parts) => {
                 let staging = leader.snapshot(&self.stop, &self.store, step)?;
-                Some(InParts { staging, world: self.trainer.rank_and_size().1 })
+                Some(InParts { staging, world, optimizer_in_parts })
             }
             _ => None,
         };
-        let mut snapshot = self.trainer.snapshot_part(self.spare.take())?;
         let losses = Losses { best_loss: self.best_loss, last_loss: self.last_loss };
         // The engine's own state becomes the envelope's `train` object.
         let train = std::mem::take(&mut snapshot.state);
@@ -449,6 +459,7 @@ impl Attempt {
                 already_existed: false,
                 rotated_out: Vec::new(),
                 parts: None,
+                write: None,
             }),
             Err(e) => Err(e.into()),
         }
@@ -557,6 +568,8 @@ fn saved_event(r: &SaveReport, kind: &str, payload: u64, stall: f64) -> Checkpoi
         rotated_out: Some(r.rotated_out.clone()),
         optimizer_parts: r.parts.map(|p| p.ranks as u64),
         parts_wait_seconds: r.parts.map(|p| p.wait_seconds),
+        own_bytes: r.parts.map(|p| p.own_bytes),
+        write: r.write.clone(),
         warning: None,
     }
 }
@@ -585,6 +598,7 @@ mod tests {
             already_existed: false,
             rotated_out: vec!["ckpt/step-25".into()],
             parts: None,
+            write: None,
         };
         let e = saved_event(&r, "periodic", 1_900_000_000, 0.25);
         assert_eq!(
@@ -595,8 +609,10 @@ mod tests {
         assert_eq!(e.rotated_out, Some(vec!["ckpt/step-25".into()]));
         assert_eq!(e.warning, None);
         assert_eq!((e.optimizer_parts, e.parts_wait_seconds), (None, None), "one process wrote it all");
-        let in_parts =
-            SaveReport { parts: Some(crate::checkpoint::PartsWritten { ranks: 2, wait_seconds: 0.5 }), ..r.clone() };
+        let in_parts = SaveReport {
+            parts: Some(crate::checkpoint::PartsWritten { ranks: 2, wait_seconds: 0.5, own_bytes: 1 }),
+            ..r.clone()
+        };
         let e = saved_event(&in_parts, "periodic", 1, 0.0);
         assert_eq!((e.optimizer_parts, e.parts_wait_seconds), (Some(2), Some(0.5)));
         let instant = SaveReport { seconds: 0.0, ..r };

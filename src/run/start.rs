@@ -10,7 +10,7 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 
 use crate::checkpoint::local::{self as local_tier, LocalChoice};
-use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet, load_dir};
+use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet, WriteSettings, load_dir};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Recovery, Resume, Start, attempts};
@@ -60,7 +60,9 @@ impl Attempt {
         let ownership = lock.ownership();
         // Every commit first confirms the run directory is still ours.
         let guard = ownership.commit_guard();
-        let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
+        let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?
+            .with_commit_guard(guard)
+            .with_write_settings(WriteSettings::of(&cfg.checkpoint));
         // The interruption history is read before this attempt's `start`.
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
         let fault = previous_fault(&recorded(&dir.path(EVENTS_FILE)));

@@ -383,6 +383,15 @@ pub struct CheckpointSaved {
     /// files, for the other ranks' parts (they report at step boundaries).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parts_wait_seconds: Option<f64>,
+    /// With parts: the bytes rank 0 wrote itself (the other ranks wrote
+    /// the rest of `bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own_bytes: Option<u64>,
+    /// How the files were written: direct or buffered I/O, block size,
+    /// writes in flight, and whether that was measured (with the
+    /// measurement, at the save that made it), configured or the default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write: Option<crate::checkpoint::WriteChoice>,
     /// Committed and loadable, but the directory sync or rotation failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,

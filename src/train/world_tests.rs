@@ -191,15 +191,24 @@ fn the_parts_of_sharded_ranks_saved_as_one_checkpoint_load_as_the_unsharded_stat
         let follower = CheckpointStore::open_read_only(tmp.path());
         (1..3)
             .map(|rank| {
+                let (_, snap, part) = &sharded[rank];
+                let share =
+                    Snapshot { step: 2, model: snap.model.clone(), optimizer: part.clone(), state: snap.state.clone() };
                 follower
-                    .write_part(staging, rank, 3, 2, &sharded[rank].2)
+                    .write_share(staging, rank, 3, &share, true)
                     .map_err(|e| crate::checkpoint::PartsError::RankFailed { rank, error: e.to_string() })
             })
-            .collect()
+            .collect::<Result<Vec<Vec<_>>, _>>()
+            .map(|shares| shares.concat())
     };
     let (_, snap, part) = &sharded[0];
     let snapshot = Snapshot { step: 2, model: snap.model.clone(), optimizer: part.clone(), state: snap.state.clone() };
-    store.save_with(&snapshot, Some(Parts { staging: staging.into(), world: 3, collect: &mut collect })).unwrap();
+    store
+        .save_with(
+            &snapshot,
+            Some(Parts { staging: staging.into(), world: 3, optimizer_in_parts: true, collect: &mut collect }),
+        )
+        .unwrap();
     let loaded = load_dir(&store.step_dir(2)).unwrap().snapshot;
     assert!(loaded.optimizer == reference.optimizer, "the parts reassemble into the unsharded moments");
     assert!(loaded.model == reference.model);

@@ -11,14 +11,19 @@
 //! The same for the branch that replaces an invalid checkpoint of the same
 //! step (a resumed run reaching a step saved before whose files were damaged
 //! since): starting from 20, 30 and a damaged 40 (keep = 3), we save 40 again.
+//!
+//! The small checkpoints of these cases go through the page cache (the
+//! buffered write path); the sharded cases write the model and optimizer
+//! in 4 KiB shards with direct I/O, and crash or fail between the shards.
 
 use crate::support;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use rekindle::checkpoint::write_mode::ModeSetting;
 use rekindle::checkpoint::{
     CheckpointError, CheckpointStore, MANIFEST_FILE, OPTIMIZER_FILE, Parts, PartsError, REQUIRED_FILES, STATE_FILE,
-    SaveReport, VerifyLevel,
+    SaveReport, VerifyLevel, WriteSettings,
 };
 
 use support::{
@@ -60,9 +65,20 @@ fn attempt_save(store: &CheckpointStore, step: u64) -> std::thread::Result<Resul
     catch_unwind(AssertUnwindSafe(|| store.save(&small_snapshot(step))))
 }
 
+/// Shards of at most 4 KiB written with direct I/O: the small snapshot's
+/// model is two shards, its optimizer three.
+fn sharded_direct() -> WriteSettings {
+    WriteSettings { mode: ModeSetting::Direct, shard_bytes: Some(4096), ..WriteSettings::default() }
+}
+
 fn run_case(failpoint: &str, fault: Fault, reached: Reached) {
+    run_case_with(WriteSettings::default(), failpoint, fault, reached);
+}
+
+fn run_case_with(settings: WriteSettings, failpoint: &str, fault: Fault, reached: Reached) {
     let scenario = fail::FailScenario::setup();
     let (_tmp, store) = temp_store(KEEP);
+    let store = store.with_write_settings(settings);
     save_steps(&store, &COMMITTED);
     let dir = store.dir().to_path_buf();
 
@@ -124,7 +140,7 @@ fn run_case(failpoint: &str, fault: Fault, reached: Reached) {
     let before_reopen = CheckpointStore::open_read_only(&dir).load_latest().unwrap();
     assert_eq!(before_reopen.loaded.map(|l| l.snapshot.step), Some(newest), "before reopen, {failpoint}");
 
-    let store = CheckpointStore::open(&dir, KEEP).unwrap();
+    let store = CheckpointStore::open(&dir, KEEP).unwrap().with_write_settings(settings);
     assert_eq!(leftovers(&dir), Vec::<String>::new(), "leftovers after reopen, {failpoint}");
 
     let outcome = store.load_latest().unwrap();
@@ -141,7 +157,7 @@ fn run_case(failpoint: &str, fault: Fault, reached: Reached) {
         Reached::Trashed => vec![40, 30, 20],
     };
     assert_eq!(valid_steps(&store), expected, "{failpoint}");
-    let reference = Reference::new(&expected);
+    let reference = Reference::with(&expected, settings);
     for &step in &expected {
         assert_holds_small_snapshot(&store, step);
         assert_same_checkpoint_on_disk(&store.step_dir(step), &reference.dir(step));
@@ -231,6 +247,53 @@ failpoint_cases! {
     crash_after_rotation_trash_rename_leaves_only_a_removable_leftover,
     error_after_rotation_trash_rename_leaves_only_a_removable_leftover:
         "checkpoint::rotation_trashed" => Trashed;
+}
+
+macro_rules! sharded_failpoint_cases {
+    ($($crash:ident, $error:ident: $point:literal;)*) => {
+        /// The failpoints between the shards of a sharded save (per-file
+        /// names the source forms with `{}` or `{name}`).
+        const COVERED_SHARDED: &[&str] = &[$($point),*];
+        $(
+            #[test]
+            fn $crash() {
+                run_case_with(sharded_direct(), $point, Fault::Crash, Reached::BeforeRename);
+            }
+            #[test]
+            fn $error() {
+                run_case_with(sharded_direct(), $point, Fault::IoError, Reached::BeforeRename);
+            }
+        )*
+    };
+}
+
+sharded_failpoint_cases! {
+    crash_before_the_second_model_shard_leaves_no_checkpoint,
+    error_before_the_second_model_shard_is_reported_and_leaves_no_checkpoint:
+        "checkpoint::before_write::model-00002-of-00002.safetensors";
+    crash_after_the_first_optimizer_shard_is_synced_leaves_no_checkpoint,
+    error_after_the_first_optimizer_shard_is_synced_is_reported_and_leaves_no_checkpoint:
+        "checkpoint::after_fsync::optimizer-00001-of-00003.safetensors";
+    crash_before_the_last_optimizer_shard_is_synced_leaves_no_checkpoint,
+    error_before_the_last_optimizer_shard_is_synced_is_reported_and_leaves_no_checkpoint:
+        "checkpoint::before_fsync::optimizer-00003-of-00003.safetensors";
+    crash_before_the_model_index_leaves_no_checkpoint,
+    error_before_the_model_index_is_reported_and_leaves_no_checkpoint:
+        "checkpoint::before_write::model.safetensors.index.json";
+}
+
+#[test]
+fn the_sharded_cases_cut_the_small_snapshot_as_they_name_it() {
+    let (_tmp, store) = temp_store(KEEP);
+    let store = store.with_write_settings(sharded_direct());
+    let report = store.save(&support::small_snapshot(NEW_STEP)).unwrap();
+    let names: Vec<String> = support::manifest_entries(&report.dir).into_iter().map(|e| e.name).collect();
+    for point in COVERED_SHARDED {
+        let file = point.rsplit("::").next().unwrap();
+        assert!(names.iter().any(|n| n == file), "{file} is not among {names:?}");
+    }
+    let write = report.write.unwrap();
+    assert_eq!(write.plan.mode, rekindle::checkpoint::write_mode::IoMode::Direct, "{write:?}");
 }
 
 /// How far the replacement of the damaged step 40 got when its failpoint fired.
@@ -410,8 +473,11 @@ replace_cases! {
 /// store forms them: `{}` in the loop over the data files, `{name}` in
 /// `write_hashed`, which also writes the manifest.
 fn failpoints_in_store_source() -> Vec<String> {
-    let source =
-        concat!(include_str!("../../src/checkpoint/store.rs"), include_str!("../../src/checkpoint/hashed_io.rs"));
+    let source = concat!(
+        include_str!("../../src/checkpoint/store.rs"),
+        include_str!("../../src/checkpoint/encode.rs"),
+        include_str!("../../src/checkpoint/hashed_io.rs")
+    );
     let mut with_manifest = REQUIRED_FILES.to_vec();
     with_manifest.push(MANIFEST_FILE);
     let expand = |prefix: &str, files: &[&str]| files.iter().map(|f| format!("{prefix}{f}")).collect::<Vec<_>>();
@@ -444,6 +510,11 @@ fn every_failpoint_in_the_store_is_exercised() {
     covered.dedup();
     let cases = COVERED_COMMIT.len() + COVERED_REPLACE.len() + COVERED_PARTS.len();
     assert_eq!(covered.len(), cases, "a failpoint is covered twice");
+    // The sharded cases are the per-file points of other files.
+    for point in COVERED_SHARDED {
+        let prefix = point.rsplit_once("::").unwrap().0;
+        assert!(in_source.iter().any(|p| p.starts_with(prefix)), "{point} is no failpoint of the store");
+    }
 }
 
 /// The failpoints of a checkpoint written in parts by several ranks (rank
@@ -462,18 +533,18 @@ fn run_parts_case(fault: Fault) {
     let dir = store.dir().to_path_buf();
     let staging = store.new_shared_staging(NEW_STEP, "test").unwrap();
     let staging = staging.as_str();
-    let part = small_snapshot(NEW_STEP).optimizer;
+    let share = small_snapshot(NEW_STEP);
     fail::cfg(COVERED_PARTS[0], if fault == Fault::Crash { "panic" } else { "return" }).unwrap();
     let follower = CheckpointStore::open_read_only(&dir);
     let mut collect = || {
-        let written = std::thread::scope(|s| s.spawn(|| follower.write_part(staging, 1, 2, NEW_STEP, &part)).join());
+        let written = std::thread::scope(|s| s.spawn(|| follower.write_share(staging, 1, 2, &share, true)).join());
         match written {
-            Ok(entry) => entry.map(|e| vec![e]).map_err(|e| PartsError::RankFailed { rank: 1, error: e.to_string() }),
+            Ok(entries) => entries.map_err(|e| PartsError::RankFailed { rank: 1, error: e.to_string() }),
             // Rank 1 died: the launcher ends rank 0 too, in the middle of its save.
             Err(panic) => std::panic::resume_unwind(panic),
         }
     };
-    let parts = Parts { staging: staging.into(), world: 2, collect: &mut collect };
+    let parts = Parts { staging: staging.into(), world: 2, optimizer_in_parts: true, collect: &mut collect };
     let outcome = catch_unwind(AssertUnwindSafe(|| store.save_with(&small_snapshot(NEW_STEP), Some(parts))));
     fail::remove(COVERED_PARTS[0]);
     match (fault, outcome) {
@@ -596,13 +667,19 @@ fn a_filesystem_refusing_direct_io_gets_the_same_checkpoint_through_the_page_cac
     // blocks and with an unaligned tail.
     let scenario = fail::FailScenario::setup();
     let snapshot = support::snapshot_for_step(NEW_STEP, (18 << 20) + 4 * 1000);
+    let direct_io = WriteSettings { mode: ModeSetting::Direct, ..WriteSettings::default() };
     let (_direct_tmp, direct) = temp_store(KEEP);
-    direct.save(&snapshot).unwrap();
+    let direct = direct.with_write_settings(direct_io);
+    let first = direct.save(&snapshot).unwrap().write.unwrap();
     fail::cfg("fs::direct_io_unsupported", "return").unwrap();
     let (_buffered_tmp, buffered) = temp_store(KEEP);
+    let buffered = buffered.with_write_settings(direct_io);
     let saved = buffered.save(&snapshot);
     fail::remove("fs::direct_io_unsupported");
-    saved.unwrap();
+    let refused = saved.unwrap().write.unwrap();
+    // The event says the plan was direct and that the filesystem refused it
+    // (the first store's is refused only where /tmp refuses O_DIRECT).
+    assert!(refused.direct_refused, "{first:?} / {refused:?}");
     assert_same_checkpoint_on_disk(&buffered.step_dir(NEW_STEP), &direct.step_dir(NEW_STEP));
     for store in [&direct, &buffered] {
         assert!(store.list(VerifyLevel::Full).unwrap()[0].valid);

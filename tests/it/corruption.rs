@@ -220,9 +220,9 @@ fn deleted_manifest_falls_back_with_manifest_missing() {
 
 #[test]
 fn manifest_from_a_newer_format_falls_back_with_unknown_format_version() {
-    let (_tmp, store) = store_with_damaged_newest(|dir| rewrite_manifest(dir, |m| m["format_version"] = 2.into()));
+    let (_tmp, store) = store_with_damaged_newest(|dir| rewrite_manifest(dir, |m| m["format_version"] = 3.into()));
     assert_falls_back(&store, MANIFEST_FILE, "unknown_format_version", |p| {
-        *p == Problem::UnknownFormatVersion { found: 2, supported: 1 }
+        *p == Problem::UnknownFormatVersion { found: 3, supported: 2 }
     });
 }
 

@@ -465,6 +465,51 @@ fn a_sharded_optimizer_run_equals_the_unsharded_one_and_resumes_across_world_siz
     assert_same_checkpoint(&dir("3-to-2-sharded"), &dir("3-to-2-plain"), 30);
 }
 
+#[test]
+fn two_ranks_each_write_about_half_of_a_sharded_checkpoint_and_it_resumes_exactly_at_any_world_size() {
+    let Some(()) = requires::mpi() else { return };
+    // Four hidden layers of 48: weights of 3–9 KiB, cut into 4 KiB shards
+    // among the ranks (issue 31: every rank writes its share).
+    let plain = training(30).set("model.hidden=[48,48,48,48]");
+    let shared = plain.clone().set("checkpoint.shard_size=\"4KiB\"");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str| tmp.path().join(name);
+
+    // Two ranks, stopped and resumed: the same values as two ranks writing
+    // whole files, never stopped.
+    run_ranks(&plain, 2, &dir("reference"), &[], EXIT_DONE);
+    run_ranks(&shared, 2, &dir("shared"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    run_ranks(&shared, 2, &dir("shared"), &[], EXIT_DONE);
+    let last = step_dir(&dir("shared"), 30);
+    let names: Vec<String> =
+        std::fs::read_dir(&last).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    for index in ["model.safetensors.index.json", "optimizer.safetensors.index.json"] {
+        assert!(names.iter().any(|n| n == index), "{index} in {names:?}");
+    }
+    assert!(!names.iter().any(|n| n == "model.safetensors"), "{names:?}");
+    assert_eq!(verify(&last).0, Some(0), "{}", verify(&last).1);
+    for step in checkpoint_steps(&dir("shared")).into_iter().filter(|s| step_dir(&dir("reference"), *s).is_dir()) {
+        assert_same_checkpoint(&dir("shared"), &dir("reference"), step);
+    }
+    assert_same_metrics(&dir("shared"), &dir("reference"), 30);
+
+    // Each rank wrote about half of every checkpoint's bytes.
+    let saved = events_named(&dir("shared"), "checkpoint_saved");
+    assert!(saved.len() >= 3, "{saved:?}");
+    for event in &saved {
+        let (own, all) = (event["own_bytes"].as_f64().unwrap(), event["bytes"].as_f64().unwrap());
+        assert!((0.3..0.7).contains(&(own / all)), "rank 0 wrote {own} of {all} bytes: {event}");
+        assert_eq!(event["optimizer_parts"], 2, "{event}");
+    }
+
+    // Two ranks → one process: the same as two ranks writing whole files → one.
+    run_ranks(&shared, 2, &dir("2-to-1"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    shared.run_to_end(&dir("2-to-1"));
+    run_ranks(&plain, 2, &dir("2-to-1-plain"), &["--stop-at-step", "15"], EXIT_STOPPED);
+    plain.run_to_end(&dir("2-to-1-plain"));
+    assert_same_checkpoint(&dir("2-to-1"), &dir("2-to-1-plain"), 30);
+}
+
 /// The `.tmp-…` staging directories left in `run_dir`'s checkpoints directory.
 fn staging_dirs(run_dir: &Path) -> Vec<String> {
     std::fs::read_dir(run_dir.join("checkpoints"))

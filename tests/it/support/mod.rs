@@ -116,8 +116,10 @@ pub struct Reference {
 }
 
 impl Reference {
-    pub fn new(steps: &[u64]) -> Reference {
+    /// Saved by a store writing as `settings` say (shards, write mode).
+    pub fn with(steps: &[u64], settings: rekindle::checkpoint::WriteSettings) -> Reference {
         let (tmp, store) = temp_store(usize::MAX);
+        let store = store.with_write_settings(settings);
         save_steps(&store, steps);
         Reference { _tmp: tmp, store }
     }

@@ -363,16 +363,17 @@ pub fn assert_same_checkpoint(resumed: &Path, reference: &Path, step: u64) {
     let (dir, ref_dir) = (step_dir(resumed, step), step_dir(reference, step));
     for name in WEIGHT_FILES {
         if !dir.join(name).exists() || !ref_dir.join(name).exists() {
-            // A sharded optimizer's state, written in one part per rank: the
-            // moments reassembled at load must be the same, value for value.
-            assert_eq!(name, "optimizer.safetensors", "{name} of step {step} missing");
-            let optimizer = |d: &Path| match rekindle::checkpoint::load_dir(d) {
-                Ok(loaded) => loaded.snapshot.optimizer,
+            // Written in shards (`[checkpoint] shard_size`, every rank its
+            // share), or a sharded optimizer's state in one part per rank:
+            // the tensors joined at load must be the same, value for value.
+            let set = |d: &Path| match rekindle::checkpoint::load_dir(d) {
+                Ok(loaded) if name == "optimizer.safetensors" => loaded.snapshot.optimizer,
+                Ok(loaded) => loaded.snapshot.model,
                 Err(failures) => panic!("{} does not load: {failures:?}", d.display()),
             };
             assert!(
-                optimizer(&dir) == optimizer(&ref_dir),
-                "the optimizer state of step {step} in {} differs from the uninterrupted run's",
+                set(&dir) == set(&ref_dir),
+                "{name} of step {step} in {} differs from the uninterrupted run's",
                 resumed.display()
             );
             continue;
