@@ -522,7 +522,7 @@ fn staging_dirs(run_dir: &Path) -> Vec<String> {
 #[test]
 fn a_rank_that_cannot_write_its_part_fails_that_checkpoint_alone_and_the_run_goes_on() {
     let Some(()) = requires::mpi() else { return };
-    let sharded = training(30).set("distributed.shard_optimizer=true");
+    let sharded = training(50).set("distributed.shard_optimizer=true");
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     // Rank 1's first part fails; rank 0 writes its files as usual.
@@ -534,18 +534,19 @@ fn a_rank_that_cannot_write_its_part_fails_that_checkpoint_alone_and_the_run_goe
     let error = failed[0]["error"].as_str().unwrap();
     assert_eq!(failed[0]["step"], 10);
     assert!(error.contains("rank 1 could not write its part") && error.contains("nothing was committed"), "{error}");
-    // The next periodic save commits: at step 20, or a little later when
-    // rank 0's persister is still busy then (a loaded machine defers it).
+    // A later periodic save commits: at step 20, or later when rank 0's
+    // persister is still busy then (a loaded machine defers saves; in CI
+    // one was deferred past step 29).
     let kept = checkpoint_steps(&run_dir);
-    let periodic_after = kept.iter().any(|s| (20..30).contains(s));
-    assert!(!kept.contains(&10) && periodic_after && kept.contains(&30), "{kept:?}");
+    let periodic_after = kept.iter().any(|s| (20..50).contains(s));
+    assert!(!kept.contains(&10) && periodic_after && kept.contains(&50), "{kept:?}");
     assert!(staging_dirs(&run_dir).is_empty(), "{:?}", staging_dirs(&run_dir));
     let (code, out) = verify(&run_dir);
     assert_eq!(code, Some(0), "{out}");
     // What was committed is the unsharded run's state.
     let reference = tmp.path().join("reference");
-    run_ranks(&training(30), 2, &reference, &[], EXIT_DONE);
-    assert_same_checkpoint(&run_dir, &reference, 30);
+    run_ranks(&training(50), 2, &reference, &[], EXIT_DONE);
+    assert_same_checkpoint(&run_dir, &reference, 50);
 }
 
 #[test]
