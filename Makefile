@@ -38,6 +38,8 @@ demo-deps:
 # run PyTorch programs under `rekindle exec` (tests/it/torch_exec.rs, the
 # exec-ddp drill). PyPI's Linux wheel brings its CUDA libraries (torch 2.15.0
 # +cu132: 5.4 GB installed, 1m09s here); it trains on the CPU without a GPU.
+# Hugging Face's sharded loader (huggingface_hub, with safetensors) reads our
+# sharded checkpoints there (tests/it/python_interop.rs).
 # pip is upgraded first: the venv's own pip 23.2 crashed on a half-installed
 # site-packages.
 VENV ?= $(CURDIR)/.venv
@@ -54,6 +56,7 @@ deps: demo-deps
 	@$(VENV)/bin/python -c "import torch, numpy" 2>/dev/null || { \
 		{ $(PYTHON) -m venv $(VENV) || { apt-get update && apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }; } && \
 		$(VENV)/bin/pip install --quiet --upgrade pip && $(VENV)/bin/pip install --quiet torch numpy; }
+	@$(VENV)/bin/python -c "import huggingface_hub, safetensors" 2>/dev/null || $(VENV)/bin/pip install --quiet huggingface_hub safetensors
 	@dpkg -s librocm-smi-dev libclang-dev >/dev/null 2>&1 || { apt-get update && apt-get install -y librocm-smi-dev libclang-dev; }
 	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; } || \
 		echo "*** WARNING: cannot install chromium: tests/it/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"

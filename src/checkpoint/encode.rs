@@ -55,10 +55,15 @@ pub(super) struct Sharding {
 }
 
 /// The `__metadata__` of a checkpoint's safetensors file holding `content`
-/// (`model`, `optimizer`, or a part's file stem) of `step`.
+/// (`model`, `optimizer`, or a part's file stem) of `step`. `format` is
+/// `"pt"`, as `safetensors.torch.save_file` writes it: Hugging Face's
+/// loaders (`transformers`, `huggingface_hub.load_torch_model`) refuse a
+/// file whose `format` is not a framework they know; `writer` says who
+/// wrote it.
 pub(super) fn safetensors_metadata(content: &str, step: u64) -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("format".to_string(), "rekindle".to_string()),
+        ("format".to_string(), "pt".to_string()),
+        ("writer".to_string(), "rekindle".to_string()),
         ("content".to_string(), content.to_string()),
         ("step".to_string(), step.to_string()),
     ])

@@ -1,6 +1,9 @@
 //! Python reads our checkpoints: `safetensors.numpy.load_file` loads
 //! `model.safetensors` and `optimizer.safetensors` with exactly the dtypes,
 //! shapes and values we saved, and `sha256sum` agrees with every manifest hash.
+//! A sharded checkpoint (format 2) loads through its index, and Hugging
+//! Face's own sharded loader (`huggingface_hub.load_torch_model`, in the
+//! project's `.venv` with torch) fills a torch module from it.
 //!
 //! Needs `python3` with `safetensors` and `numpy` (`pip install safetensors
 //! numpy`; CI installs them). Without them the tests fail, unless
@@ -173,7 +176,7 @@ fn numpy_loads_saved_tensors_with_identical_dtypes_shapes_and_values() {
     assert_numpy_matches(OPTIMIZER_FILE, &loaded[key(&optimizer)], &snapshot.optimizer);
     assert_eq!(
         loaded[key(&model)]["metadata"],
-        serde_json::json!({"format": "rekindle", "content": "model", "step": "7"}),
+        serde_json::json!({"format": "pt", "writer": "rekindle", "content": "model", "step": "7"}),
         "safetensors metadata as Python sees it"
     );
     assert_eq!(loaded[key(&optimizer)]["metadata"]["content"], "optimizer");
@@ -283,5 +286,94 @@ fn a_sharded_checkpoint_reads_whole_through_its_index_and_file_by_file_with_safe
     let verified = support::runs::rekindle().arg("verify").arg(&dir).output().unwrap();
     assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stdout));
     assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot);
+    drop(tmp);
+}
+
+/// A model and optimizer named as a PyTorch module's state dict is
+/// (`layers.0.mlp.weight`, `….exp_avg`), in the dtypes torch users keep,
+/// bfloat16 included (numpy has none, torch has).
+fn torch_like_snapshot() -> Snapshot {
+    let mut snapshot = interop_snapshot();
+    let mut model = TensorSet::new();
+    let ramp = |n: usize, scale: f32| (0..n).map(|i| i as f32 * scale - 1.0).collect::<Vec<_>>();
+    model.insert("embed.weight".into(), f32s(&[4, 3], &ramp(12, 0.25)));
+    let bf16 = |v: &[f32]| v.iter().flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes()).collect::<Vec<u8>>();
+    model.insert("layers.0.mlp.weight".into(), tensor(DType::BF16, &[3, 3], bf16(&ramp(9, 0.5))));
+    model.insert(
+        "layers.0.norm.weight".into(),
+        tensor(DType::F16, &[3], le_bytes(&[0x3c00u16, 0xc000, 0x7bff], u16::to_le_bytes)),
+    );
+    model.insert("layers.1.mlp.weight".into(), f32s(&[3, 3], &ramp(9, -0.125)));
+    model.insert("head.bias".into(), tensor(DType::F64, &[2], le_bytes(&[0.1f64, -1e300], f64::to_le_bytes)));
+    model.insert("head.tokens_seen".into(), tensor(DType::I64, &[], i64::MAX.to_le_bytes().to_vec()));
+    model.insert("mask".into(), tensor(DType::U8, &[2, 2], vec![0, 1, 128, 255]));
+    let mut optimizer = TensorSet::new();
+    for (name, t) in &model {
+        if matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64) {
+            optimizer.insert(format!("{name}.exp_avg"), t.clone());
+        }
+    }
+    optimizer.insert("step".into(), tensor(DType::I64, &[1], 7i64.to_le_bytes().to_vec()));
+    (snapshot.model, snapshot.optimizer) = (model, optimizer);
+    snapshot
+}
+
+/// Builds a `torch.nn.Module` whose parameters have the names, dtypes and
+/// shapes of the checkpoint's tensors (all zeros, as a user's freshly made
+/// model), fills it with Hugging Face's own sharded loader
+/// (`huggingface_hub.load_torch_model`, strict: every key once, no key
+/// missing) from the directory, once for `model` and once for `optimizer`,
+/// and prints every tensor's raw bytes.
+const LOAD_WITH_HF_HUB: &str = r#"
+import json, os, sys
+import torch
+from huggingface_hub import load_torch_model
+from safetensors import safe_open
+d = sys.argv[1]
+out = {}
+for stem in ("model", "optimizer"):
+    index = json.load(open(os.path.join(d, stem + ".safetensors.index.json")))
+    root = torch.nn.Module()
+    for name, shard in index["weight_map"].items():
+        with safe_open(os.path.join(d, shard), framework="pt") as f:
+            like = f.get_tensor(name)
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, torch.nn.Module())
+            module = getattr(module, part)
+        module.register_buffer(leaf, torch.zeros_like(like))
+    result = load_torch_model(root, d, strict=True, filename_pattern=stem + "{suffix}.safetensors")
+    state = root.state_dict()
+    out[stem] = {
+        "missing": list(result.missing_keys), "unexpected": list(result.unexpected_keys),
+        "hex": {k: v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes().hex() for k, v in state.items()},
+    }
+print(json.dumps(out))
+"#;
+
+#[test]
+fn hugging_face_hubs_sharded_loader_fills_a_torch_module_from_a_sharded_checkpoint() {
+    let Some(python) = support::requires::hf_hub() else { return };
+    let (tmp, store) = temp_store(3);
+    let settings = rekindle::checkpoint::WriteSettings { shard_bytes: Some(64), ..Default::default() };
+    let store = store.with_write_settings(settings);
+    let snapshot = torch_like_snapshot();
+    store.save(&snapshot).unwrap();
+    let dir = store.step_dir(snapshot.step);
+    let out = Command::new(&python).arg("-c").arg(LOAD_WITH_HF_HUB).arg(&dir).output().expect("run the venv's python");
+    assert!(out.status.success(), "huggingface_hub failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let read: Value = serde_json::from_slice(&out.stdout).expect("python printed JSON");
+    for (stem, saved) in [("model", &snapshot.model), ("optimizer", &snapshot.optimizer)] {
+        let got = &read[stem];
+        assert_eq!(got["missing"], serde_json::json!([]), "{stem}: keys the loader did not fill");
+        assert_eq!(got["unexpected"], serde_json::json!([]), "{stem}: keys the module does not have");
+        let hex = got["hex"].as_object().expect("hex per tensor");
+        assert_eq!(hex.len(), saved.len(), "{stem}: tensors loaded");
+        for (name, t) in saved {
+            assert_eq!(hex[name].as_str().unwrap(), hex::encode(&t.data), "{stem}.{name}: bytes");
+        }
+    }
     drop(tmp);
 }

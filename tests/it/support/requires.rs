@@ -159,6 +159,20 @@ pub fn torch() -> Option<PathBuf> {
     unmet(Need::Torch, format_args!("{} cannot import torch and numpy ({problem})", python.display()))
 }
 
+/// `Some(python)`, the virtual environment's interpreter, when it imports
+/// `torch`, `huggingface_hub` and `safetensors` (`make deps` installs them
+/// there); otherwise see [`unmet`].
+pub fn hf_hub() -> Option<PathBuf> {
+    let python = torch()?;
+    let probe = Command::new(&python).args(["-c", "import huggingface_hub, safetensors"]).output();
+    let problem = match probe {
+        Ok(out) if out.status.success() => return Some(python),
+        Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
+        Err(e) => format!("cannot run {}: {e}", python.display()),
+    };
+    unmet(Need::Torch, format_args!("{} cannot import huggingface_hub and safetensors ({problem})", python.display()))
+}
+
 /// The Chromium binary: `REKINDLE_CHROMIUM`, else `chromium` or
 /// `chromium-browser` on PATH; otherwise see [`unmet`].
 pub fn chromium() -> Option<PathBuf> {
