@@ -4,17 +4,18 @@
 #
 #   [REKINDLE_BIN=path] bench/compare.sh [SIZE_BYTES=1073741824] [ROUNDS=3] [DIR=bench/.scratch]
 #
-# Creates bench/.venv with torch, safetensors and numpy from pip (torch is
-# large: not part of CI). Prints each round and the median ratios.
+# The peers run in the project's virtualenv, .venv (`make deps` installs
+# torch, safetensors and numpy there). Prints each round and the median ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BYTES=${1:-1073741824}
 ROUNDS=${2:-3}
 DIR=${3:-bench/.scratch}
 mkdir -p "$DIR"
-if [ ! -x bench/.venv/bin/python ]; then
-    python3 -m venv bench/.venv
-    bench/.venv/bin/pip install --quiet torch safetensors numpy
+PY=.venv/bin/python
+if ! "$PY" -c "import torch, safetensors, numpy" 2>/dev/null; then
+    echo "bench/compare.sh: $PY cannot import torch, safetensors and numpy: run \`make deps\` first" >&2
+    exit 2
 fi
 # REKINDLE_BIN: a rekindle already built (e.g. with --features mpi); else
 # the release build of this checkout.
@@ -26,7 +27,7 @@ fi
 results=()
 for round in $(seq "$ROUNDS"); do
     r=$("$BIN" -q bench checkpoint --bytes "$BYTES" --dir "$DIR" --repeat 1 --json)
-    p=$(bench/.venv/bin/python bench/peers.py --bytes "$BYTES" --dir "$DIR")
+    p=$("$PY" bench/peers.py --bytes "$BYTES" --dir "$DIR")
     line=$(python3 - "$r" "$p" <<'PY'
 import json, sys
 r, p = json.loads(sys.argv[1]), json.loads(sys.argv[2])

@@ -21,7 +21,7 @@
 //! so a skip is never hidden in a passing test's captured output.
 
 use std::fmt::Display;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// What a test needs from the machine.
@@ -126,19 +126,19 @@ fn record_skip(line: &str) {
 
 /// `Some(())` when `python3` imports `safetensors` and `numpy`; otherwise see [`unmet`].
 pub fn python() -> Option<()> {
-    python_imports("safetensors, numpy", Need::Python)
+    python_imports(Path::new("python3"), "safetensors, numpy", Need::Python)
 }
 
-/// `Some(())` when `python3` imports `modules` (`import {modules}`);
+/// `Some(())` when `python` imports `modules` (`import {modules}`);
 /// otherwise see [`unmet`] for `need`.
-fn python_imports(modules: &str, need: Need) -> Option<()> {
-    let probe = Command::new("python3").args(["-c", &format!("import {modules}")]).output();
+fn python_imports(python: &Path, modules: &str, need: Need) -> Option<()> {
+    let probe = Command::new(python).args(["-c", &format!("import {modules}")]).output();
     let problem = match probe {
         Ok(out) if out.status.success() => return Some(()),
         Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
-        Err(e) => format!("cannot run python3: {e}"),
+        Err(e) => format!("cannot run {}: {e}", python.display()),
     };
-    unmet(need, format_args!("python3 cannot import {modules} ({problem})"))
+    unmet(need, format_args!("{} cannot import {modules} ({problem})", python.display()))
 }
 
 /// The project's virtual environment, `.venv` (`make deps` installs torch there).
@@ -150,13 +150,7 @@ pub fn venv() -> PathBuf {
 /// `torch`; otherwise see [`unmet`].
 pub fn torch() -> Option<PathBuf> {
     let python = venv().join("bin/python");
-    let probe = Command::new(&python).args(["-c", "import torch, numpy"]).output();
-    let problem = match probe {
-        Ok(out) if out.status.success() => return Some(python),
-        Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
-        Err(e) => format!("cannot run {}: {e}", python.display()),
-    };
-    unmet(Need::Torch, format_args!("{} cannot import torch and numpy ({problem})", python.display()))
+    python_imports(&python, "torch, numpy", Need::Torch).map(|()| python)
 }
 
 /// `Some(python)`, the virtual environment's interpreter, when it imports
@@ -164,13 +158,7 @@ pub fn torch() -> Option<PathBuf> {
 /// there); otherwise see [`unmet`].
 pub fn hf_hub() -> Option<PathBuf> {
     let python = torch()?;
-    let probe = Command::new(&python).args(["-c", "import huggingface_hub, safetensors"]).output();
-    let problem = match probe {
-        Ok(out) if out.status.success() => return Some(python),
-        Ok(out) => String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string(),
-        Err(e) => format!("cannot run {}: {e}", python.display()),
-    };
-    unmet(Need::Torch, format_args!("{} cannot import huggingface_hub and safetensors ({problem})", python.display()))
+    python_imports(&python, "huggingface_hub, safetensors", Need::Torch).map(|()| python)
 }
 
 /// The Chromium binary: `REKINDLE_CHROMIUM`, else `chromium` or
@@ -189,7 +177,7 @@ pub fn chromium() -> Option<PathBuf> {
 
 /// `Some(())` when `python3` imports `tensorboard` and `numpy`; otherwise see [`unmet`].
 pub fn tensorboard() -> Option<()> {
-    python_imports("tensorboard, numpy", Need::TensorBoard)
+    python_imports(Path::new("python3"), "tensorboard, numpy", Need::TensorBoard)
 }
 
 /// `Some(())` when `promtool` and `prometheus-node-exporter` are on PATH;
