@@ -3,7 +3,8 @@
 //! the stop that ends it ([`stop`]) and the time it leaves ([`deadline`],
 //! [`budget`]), what a crash means ([`crash`]), the watchdog that turns a
 //! stuck step, save or publish into a requeue ([`watchdog`]), progress
-//! reporting ([`progress`]), the devices it runs on ([`devices`]), its
+//! reporting ([`progress`]), the stragglers it notices ([`straggler`]),
+//! the devices it runs on ([`devices`]), its
 //! error ([`error`]), what it records ([`records`]) and exports
 //! ([`exports`]), and the steps of its end that both drivers take
 //! ([`ending`]). It never imports a driver.
@@ -18,6 +19,7 @@ pub mod exports;
 pub mod progress;
 pub mod records;
 pub mod stop;
+pub mod straggler;
 pub mod watchdog;
 
 pub use budget::{

@@ -26,6 +26,7 @@ pub struct Config {
     pub lock: LockSection,
     pub distributed: DistributedSection,
     pub recovery: RecoverySection,
+    pub health: HealthSection,
     pub telemetry: TelemetrySection,
 }
 
@@ -778,6 +779,30 @@ impl Default for RecoverySection {
             local_max_share: 0.5,
             in_job: true,
         }
+    }
+}
+
+/// `[health]`: what rekindle notices about the nodes a run trains on
+/// (docs/distributed.md#stragglers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthSection {
+    /// A rank whose own work in a step (forward and backward) takes more
+    /// than this many times the median of the other ranks', or one process
+    /// whose step takes more than this many times its own earlier median,
+    /// is slow in that step.
+    pub straggler_factor: f64,
+    /// Slow for this many steps in a row: a `straggler` event names the
+    /// rank and its node, once per rank per attempt (0: never looked for).
+    pub straggler_steps: u64,
+    /// A straggler's event says it is blamed: its node is to be left out
+    /// of the job's next start.
+    pub straggler_blame: bool,
+}
+
+impl Default for HealthSection {
+    fn default() -> Self {
+        HealthSection { straggler_factor: 1.5, straggler_steps: 20, straggler_blame: false }
     }
 }
 

@@ -82,6 +82,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     lock(&mut f, &config.lock);
     distributed(&mut f, &config.distributed);
     recovery(&mut f, &config.recovery, config.distributed.shard_optimizer);
+    health(&mut f, &config.health);
     telemetry(&mut f, &config.telemetry);
     f.0
 }
@@ -344,6 +345,16 @@ fn recovery(f: &mut Findings, r: &RecoverySection, shard_optimizer: bool) {
         "cannot be used with distributed.shard_optimizer = true: each rank then holds only its slice of the \
          optimizer, so no node has a whole copy to write; turn one of them off"
             .to_string()
+    });
+}
+
+fn health(f: &mut Findings, h: &HealthSection) {
+    let factor = h.straggler_factor;
+    f.require(factor.is_finite() && factor > 1.0, "health.straggler_factor", || {
+        format!(
+            "must be a number above 1 (got {factor}): a rank is a straggler when its step takes more than this many \
+             times the median of the others', e.g. 1.5"
+        )
     });
 }
 

@@ -310,6 +310,9 @@ struct Attempt {
     leader: Option<Leader>,
     /// The node of each rank of that run, in rank order.
     rank_nodes: Option<Vec<String>>,
+    /// Finds the ranks (or this process alone) slow for `[health]
+    /// straggler_steps` steps in a row (`None`: turned off).
+    stragglers: Option<crate::attempt::straggler::Detector>,
     /// Tells the exports (TensorBoard, Prometheus) of a rollback.
     exports: crate::telemetry::Rewinder,
     /// What this thread and the persister are doing, for the watchdog.
@@ -452,6 +455,33 @@ impl Attempt {
         }
         progress.update(m.step, m.loss);
         self.beats.progressed(WatchedProgress { step: m.step, last_loss: self.last_loss, best_loss: self.best_loss });
+        self.notice_stragglers(m)
+    }
+
+    /// Gives the step's seconds to the straggler detector (each rank's own
+    /// work, or this process's step) and records a `straggler` event for
+    /// each rank it finds.
+    fn notice_stragglers(&mut self, m: &StepMetrics) -> Result<(), RunError> {
+        let Some(detector) = &mut self.stragglers else { return Ok(()) };
+        let seconds = if m.rank_compute_s.is_empty() { std::slice::from_ref(&m.elapsed_s) } else { &m.rank_compute_s };
+        for found in detector.observe(m.step, seconds) {
+            let node = match &self.rank_nodes {
+                Some(nodes) => nodes.get(found.rank).cloned().unwrap_or_default(),
+                None => self.slurm.node_name(),
+            };
+            let event = found.event(node, detector.rule(), self.cfg.health.straggler_blame, detector.size());
+            tracing::warn!(
+                rank = event.rank,
+                node = %event.rank_node,
+                step = event.step,
+                "a straggler: {:.3} s per step against a median of {:.3} s for {} steps{}",
+                event.step_seconds,
+                event.median_seconds,
+                event.steps,
+                if event.blamed { "; its node is blamed" } else { "" }
+            );
+            self.events.record(&crate::telemetry::Event::Straggler(event))?;
+        }
         Ok(())
     }
 
@@ -506,6 +536,7 @@ fn step_line(m: &StepMetrics) -> StepLine {
         skipped_nonfinite: m.skipped_nonfinite,
         epoch: m.epoch,
         elapsed_s: Some(m.elapsed_s),
+        rank_compute_s: m.rank_compute_s.clone(),
         time: now_rfc3339(),
     }
 }

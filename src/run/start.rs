@@ -28,6 +28,7 @@ use crate::attempt::records::{
     set_aside_rejected, takeover_event, truncate_metrics,
 };
 use crate::attempt::stop::StopFlag;
+use crate::attempt::straggler::{Detector, Rule};
 use crate::attempt::watchdog::{Beats, Progress, Watchdog};
 use crate::checkpoint::persist::Persister;
 use crate::run::local::{LocalTier, LocalWriter, share};
@@ -132,7 +133,9 @@ impl Attempt {
         }
         beats.progressed(Progress { step: start_step, last_loss, best_loss });
         let monitor = devices.start_monitor(&cfg, &dir, trainer.param_count());
+        let stragglers = Rule::of(&cfg.health).map(|rule| Detector::new(rule, ranks));
         let mut attempt = Box::new(Attempt {
+            stragglers,
             last_loss,
             best_loss,
             cfg,

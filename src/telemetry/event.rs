@@ -84,6 +84,10 @@ pub enum Event {
     /// The first step trained after a fault (a lost rank or node, a crash,
     /// a hang): how long it took and where the state came from.
     Recovery(Recovery),
+    /// A rank slower than the others' median (or a process alone slower
+    /// than its own earlier steps) for `[health] straggler_steps` steps in a
+    /// row; once per rank per attempt.
+    Straggler(Straggler),
     /// An event this version does not know (or whose fields do not fit):
     /// the whole object, `event` included. Never written by this version.
     #[serde(untagged)]
@@ -91,7 +95,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 27] = [
+pub const EVENT_NAMES: [&str; 28] = [
     "start",
     "lock_takeover",
     "checkpoint_rejected",
@@ -119,6 +123,7 @@ pub const EVENT_NAMES: [&str; 27] = [
     "rank_lost",
     "local_checkpoint",
     "recovery",
+    "straggler",
 ];
 
 impl Event {
@@ -152,6 +157,7 @@ impl Event {
             Event::RankLost(_) => "rank_lost",
             Event::LocalCheckpoint(_) => "local_checkpoint",
             Event::Recovery(_) => "recovery",
+            Event::Straggler(_) => "straggler",
             Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
         }
     }
@@ -179,6 +185,7 @@ impl Event {
             Event::RankLost(e) => e.step,
             Event::LocalCheckpoint(e) => Some(e.step),
             Event::Recovery(e) => Some(e.step),
+            Event::Straggler(e) => Some(e.step),
             Event::Other(raw) => raw.get("step").and_then(Value::as_u64),
             Event::Start(_)
             | Event::LockTakeover(_)
@@ -641,6 +648,37 @@ pub struct RankLost {
     /// The rank that noticed and writes this event.
     pub noticed_by: usize,
     /// How many ranks the world has.
+    pub world_size: usize,
+}
+
+/// `straggler`: a rank of a data-parallel run whose own work in a step
+/// (forward and backward, not its wait for the others) took more than
+/// `[health] straggler_factor` times the median of the other ranks' for
+/// `[health] straggler_steps` steps in a row; or, for a process alone, a
+/// step time that grew past that factor of the attempt's first steps'.
+/// Written by rank 0, once per rank per attempt.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Straggler {
+    /// The slow rank (0 for a process alone).
+    pub rank: usize,
+    /// Its node (the envelope's `node` is the writer's, rank 0's).
+    pub rank_node: String,
+    /// The step that made it a straggler (the last of the slow run).
+    pub step: u64,
+    /// The median of its seconds per step over the slow run.
+    pub step_seconds: f64,
+    /// The median it was compared with: the other ranks' (median over the
+    /// run of each step's median), or a process alone's first steps'.
+    pub median_seconds: f64,
+    /// `[health] straggler_factor`.
+    pub factor: f64,
+    /// `[health] straggler_steps`: slow steps in a row.
+    pub steps: u64,
+    /// `[health] straggler_blame`: its node is to be left out when the job
+    /// starts again.
+    pub blamed: bool,
+    /// Ranks in the world (1: a process alone, compared with itself).
     pub world_size: usize,
 }
 
@@ -1134,6 +1172,17 @@ mod tests {
                 in_job: true,
                 ..Default::default()
             }),
+            Event::Straggler(Straggler {
+                rank: 1,
+                rank_node: "n2".into(),
+                step: 240,
+                step_seconds: 0.31,
+                median_seconds: 0.1,
+                factor: 1.5,
+                steps: 20,
+                blamed: true,
+                world_size: 2,
+            }),
         ];
         assert_eq!(events.len(), EVENT_NAMES.len());
         for (event, name) in events.iter().zip(EVENT_NAMES) {
@@ -1175,7 +1224,8 @@ mod tests {
             | Event::ChildExit(_)
             | Event::RankLost(_)
             | Event::LocalCheckpoint(_)
-            | Event::Recovery(_) => EVENT_NAMES.contains(&event.name()),
+            | Event::Recovery(_)
+            | Event::Straggler(_) => EVENT_NAMES.contains(&event.name()),
             Event::Other(_) => false,
         }
     }

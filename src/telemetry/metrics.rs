@@ -42,6 +42,10 @@ pub struct StepLine {
     pub epoch: u64,
     /// Wall-clock seconds of the step.
     pub elapsed_s: Option<f64>,
+    /// A run of several ranks: each rank's seconds of its own forward and
+    /// backward in the step (not its wait for the others), in rank order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rank_compute_s: Vec<f64>,
     /// RFC 3339, UTC.
     pub time: String,
 }
@@ -91,6 +95,10 @@ pub struct MetricPoint {
     pub lr: Option<f64>,
     pub samples_per_s: Option<f64>,
     pub tokens_per_s: Option<f64>,
+    /// Seconds per step of each rank: its own work (`rank_compute_s`) in a
+    /// run of several ranks, the step's wall time (`elapsed_s`) for one
+    /// process; `None` where a rank's time is missing or not finite.
+    pub rank_step_s: Vec<Option<f64>>,
 }
 
 /// A validation line of `metrics.jsonl`, for plotting.
@@ -121,6 +129,11 @@ pub fn metrics_from(records: &[Value]) -> (Vec<MetricPoint>, Vec<ValPoint>) {
                 lr: finite(s.lr),
                 samples_per_s: finite(s.samples_per_s),
                 tokens_per_s: finite(s.tokens_per_s),
+                rank_step_s: if s.rank_compute_s.is_empty() {
+                    vec![finite(s.elapsed_s)]
+                } else {
+                    s.rank_compute_s.iter().map(|t| finite(Some(*t))).collect()
+                },
             }),
             None => {}
         }

@@ -49,7 +49,7 @@ use super::workload::{ForwardCtx, Split, Workload};
 use crate::checkpoint::{Snapshot, TensorSet};
 use crate::config::{Config, OnNonFinite};
 use crate::distributed::Collective;
-use reduce::{all_gather_f32, average_across_ranks, average_replicas, gather_losses};
+use reduce::{Gathered, all_gather_f32, average_across_ranks, average_replicas, gather_losses};
 
 /// Version of the JSON training state; a restore refuses any other.
 pub const STATE_FORMAT: u32 = 1;
@@ -101,6 +101,11 @@ pub struct StepMetrics {
     pub epoch: u64,
     /// Wall-clock seconds of the step.
     pub elapsed_s: f64,
+    /// In a world of ranks: each rank's seconds of its own forward and
+    /// backward passes in this step (before it waits for the others in the
+    /// step's collectives), in rank order; what tells a straggler
+    /// (`attempt::straggler`). Empty for a process alone.
+    pub rank_compute_s: Vec<f64>,
 }
 
 /// A step whose loss or gradient was not finite and whose policy is stop or rollback.
@@ -678,7 +683,9 @@ impl Trainer {
         let Some(work) = self.forward_backward(step_no, &indices, scale, &mut dropout, should_stop)? else {
             return Ok(StepResult::Interrupted);
         };
-        let Combined { mut grads, micro_losses, tokens } = self.combine(step_no, work)?;
+        // This rank's own work, before it waits for any other rank.
+        let compute_s = started.elapsed().as_secs_f64();
+        let Combined { mut grads, micro_losses, tokens, rank_compute_s } = self.combine(step_no, work, compute_s)?;
         // Summed in step order, as one process adds its micro-batches.
         let loss_sum: f64 = micro_losses.iter().fold(0.0, |acc, l| acc + l);
         let loss_finite = micro_losses.iter().all(|l| l.is_finite());
@@ -699,13 +706,15 @@ impl Trainer {
             }
             let lr = self.schedule.lr_at(self.step);
             self.commit(cursor, dropout, samples, tokens);
-            return Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, false, samples, tokens, true)));
+            let m = self.metrics(started, loss, lr, grad_norm, false, samples, tokens, true);
+            return Ok(StepResult::Completed(StepMetrics { rank_compute_s, ..m }));
         }
 
         let (clipped, lr) = self.apply(step_no, &mut grads, grad_norm)?;
         self.scaler.update(true);
         self.commit(cursor, dropout, samples, tokens);
-        Ok(StepResult::Completed(self.metrics(started, loss, lr, grad_norm, clipped, samples, tokens, false)))
+        let m = self.metrics(started, loss, lr, grad_norm, clipped, samples, tokens, false);
+        Ok(StepResult::Completed(StepMetrics { rank_compute_s, ..m }))
     }
 
     /// Forward and backward over the step's micro-batches (`indices`, in data
@@ -728,6 +737,9 @@ impl Trainer {
         let mut tokens: Option<u64> = None;
         let mine = self.world.as_ref().map(|w| w.rank());
         self.prepare_replicas(layout.replicas, step_no)?;
+        // Tests make this rank's own work in a step slow here
+        // (`train::compute=sleep(…)`: a straggler).
+        fail::fail_point!("train::compute");
 
         for (replica, shard) in indices.chunks(layout.per_replica()).enumerate() {
             if mine.is_some_and(|m| m != replica) {
@@ -761,25 +773,27 @@ impl Trainer {
 
     /// The step's gradient, its micro-batch losses and its tokens: the mean
     /// of this process's replicas, or in a world of ranks the mean across
-    /// ranks with every rank's losses and tokens (no gradient when a loss is
-    /// not finite: the step will not be applied, so there is no sum to agree on).
-    fn combine(&self, step_no: u64, work: StepWork) -> Result<Combined, TrainError> {
+    /// ranks with every rank's losses, tokens and `compute_s` (no gradient
+    /// when a loss is not finite: the step will not be applied, so there is
+    /// no sum to agree on).
+    fn combine(&self, step_no: u64, work: StepWork, compute_s: f64) -> Result<Combined, TrainError> {
         let StepWork { mut replica_grads, micro_losses, tokens } = work;
         match &self.world {
             None => {
                 let grads =
                     average_replicas(replica_grads).map_err(oom_or(step_no, self.layout, "averaging replicas"))?;
-                Ok(Combined { grads, micro_losses, tokens })
+                Ok(Combined { grads, micro_losses, tokens, rank_compute_s: Vec::new() })
             }
             Some(world) => {
-                let (all_losses, all_tokens) = gather_losses(&**world, step_no, &micro_losses, tokens)?;
+                let Gathered { losses: all_losses, tokens: all_tokens, compute_s: rank_compute_s } =
+                    gather_losses(&**world, step_no, &micro_losses, tokens, compute_s)?;
                 let local = replica_grads.pop().unwrap_or_default();
                 let grads = if all_losses.iter().all(|l| l.is_finite()) {
                     average_across_ranks(&**world, step_no, local, &self.device)?
                 } else {
                     BTreeMap::new()
                 };
-                Ok(Combined { grads, micro_losses: all_losses, tokens: all_tokens })
+                Ok(Combined { grads, micro_losses: all_losses, tokens: all_tokens, rank_compute_s })
             }
         }
     }
@@ -946,6 +960,7 @@ impl Trainer {
             skipped_nonfinite,
             epoch: self.cursor.epoch,
             elapsed_s: elapsed,
+            rank_compute_s: Vec::new(),
         }
     }
 
@@ -999,6 +1014,8 @@ struct Combined {
     /// In step order.
     micro_losses: Vec<f64>,
     tokens: Option<u64>,
+    /// In a world: each rank's own seconds ([`StepMetrics::rank_compute_s`]).
+    rank_compute_s: Vec<f64>,
 }
 
 /// Maps a candle error of step `step` outside a micro-batch.

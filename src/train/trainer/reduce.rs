@@ -46,26 +46,42 @@ pub(super) fn all_gather_f32(world: &dyn Collective, mine: Vec<f32>) -> Result<V
     Ok(whole)
 }
 
-/// Every rank's micro-batch losses, in rank order (so in step order), and
-/// the world's token count.
+/// What every rank told of its part of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Gathered {
+    /// Every rank's micro-batch losses, in rank order (so in step order).
+    pub losses: Vec<f64>,
+    /// The world's token count.
+    pub tokens: Option<u64>,
+    /// Each rank's seconds of its own work, in rank order.
+    pub compute_s: Vec<f64>,
+}
+
+/// Every rank's micro-batch losses, tokens and `compute_s` (its own
+/// seconds of work in the step, which rides along for 8 bytes instead of a
+/// collective of its own).
 pub(super) fn gather_losses(
     world: &dyn Collective,
     step: u64,
     mine: &[f64],
     tokens: Option<u64>,
-) -> Result<(Vec<f64>, Option<u64>), TrainError> {
+    compute_s: f64,
+) -> Result<Gathered, TrainError> {
     let agree = |e: crate::distributed::DistributedError| TrainError::Collective {
         step,
         during: "the losses",
         message: e.to_string(),
     };
+    // tokens (u64::MAX: none), compute_s, then the losses.
     let mut bytes: Vec<u8> = tokens.map_or(u64::MAX, |t| t).to_le_bytes().to_vec();
+    bytes.extend(compute_s.to_le_bytes());
     bytes.extend(mine.iter().flat_map(|l| l.to_le_bytes()));
     let all = world.all_gather_bytes(&bytes).map_err(agree)?;
     let mut losses = Vec::with_capacity(mine.len() * all.len());
     let mut total_tokens: Option<u64> = None;
+    let mut all_compute = Vec::with_capacity(all.len());
     for (rank, b) in all.iter().enumerate() {
-        if b.len() < 8 || !b.len().is_multiple_of(8) {
+        if b.len() < 16 || !b.len().is_multiple_of(8) {
             return Err(TrainError::Collective {
                 step,
                 during: "the losses",
@@ -77,9 +93,10 @@ pub(super) fn gather_losses(
         if t != u64::MAX {
             *total_tokens.get_or_insert(0) += t;
         }
-        losses.extend(words[1..].iter().map(|w| f64::from_le_bytes(*w)));
+        all_compute.push(f64::from_le_bytes(words[1]));
+        losses.extend(words[2..].iter().map(|w| f64::from_le_bytes(*w)));
     }
-    Ok((losses, total_tokens))
+    Ok(Gathered { losses, tokens: total_tokens, compute_s: all_compute })
 }
 
 /// The average over ranks of each rank's replica gradient: the rank-order
