@@ -1,6 +1,7 @@
 //! The report's charts, each built from [`RunData`]: loss (train and
-//! validation) and learning rate over steps, throughput over time, and GPU
-//! utilisation and memory over time. Every chart carries the event markers;
+//! validation) and learning rate over steps, throughput over time, each
+//! rank's seconds per step over steps, and GPU utilisation and memory over
+//! time. Every chart carries the event markers;
 //! the loss chart also carries the checkpoint dots.
 
 use plotters::chart::SeriesLabelPosition;
@@ -12,7 +13,7 @@ use super::plot::{DEVICE_COLOURS, LineChart, Series, TRAIN, VAL, XAxis};
 /// One drawn chart and the id of the figure holding it.
 #[derive(Debug, Clone)]
 pub struct Chart {
-    /// `chart-loss`, `chart-lr`, `chart-throughput`, `chart-gpu-util`, `chart-gpu-memory`.
+    /// `chart-loss`, `chart-lr`, `chart-throughput`, `chart-step-time`, `chart-gpu-util`, `chart-gpu-memory`.
     pub id: &'static str,
     pub svg: String,
 }
@@ -26,6 +27,9 @@ pub fn all(data: &RunData) -> Result<Vec<Chart>, ReportError> {
     }
     if let Some(chart) = throughput(data) {
         out.push(Chart { id: "chart-throughput", svg: chart.to_svg("throughput")? });
+    }
+    if let Some(chart) = step_time(data) {
+        out.push(Chart { id: "chart-step-time", svg: chart.to_svg("step time")? });
     }
     if let Some((util, mem)) = gpu(data) {
         out.push(Chart { id: "chart-gpu-util", svg: util.to_svg("GPU utilisation")? });
@@ -125,6 +129,39 @@ fn throughput(data: &RunData) -> Option<LineChart<'_>> {
         x_axis: XAxis::Seconds,
         series: vec![Series::new(unit, TRAIN, by_attempt(data, points))],
         markers: time_markers(data),
+        checkpoints: Vec::new(),
+        y_range: None,
+        legend: SeriesLabelPosition::UpperRight,
+    })
+}
+
+/// Seconds per step of each rank (its own work, `rank_compute_s`), or of
+/// the one process (`elapsed_s`), over steps: a straggler is the line
+/// above the others, a throttled process a line that climbs.
+fn step_time(data: &RunData) -> Option<LineChart<'_>> {
+    let ranks = data.train.iter().map(|m| m.rank_step_s.len()).max().unwrap_or(0);
+    let series: Vec<Series> = (0..ranks)
+        .map(|rank| {
+            let points = data
+                .train
+                .iter()
+                .filter_map(|m| Some((m.step as f64, m.rank_step_s.get(rank).copied().flatten()?)))
+                .collect();
+            let name = if ranks > 1 { format!("rank {rank}") } else { "seconds per step".into() };
+            Series::new(name, DEVICE_COLOURS[rank % DEVICE_COLOURS.len()], vec![points])
+        })
+        .filter(|s| s.segments.iter().any(|p| !p.is_empty()))
+        .collect();
+    if series.is_empty() {
+        return None;
+    }
+    Some(LineChart {
+        caption: if ranks > 1 { "Step time per rank (own work, without waiting for the others)" } else { "Step time" },
+        x_desc: "step",
+        y_desc: "seconds per step",
+        x_axis: XAxis::Steps,
+        series,
+        markers: step_markers(data),
         checkpoints: Vec::new(),
         y_range: None,
         legend: SeriesLabelPosition::UpperRight,

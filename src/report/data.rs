@@ -46,6 +46,8 @@ pub enum MarkerKind {
     Resume,
     /// error, fresh_start (no checkpoint verified), nonfinite.
     Problem,
+    /// A straggler: a rank (or the process alone) slow for many steps.
+    Straggler,
 }
 
 /// A lifecycle event drawn as a vertical line, labelled with node and attempt.
@@ -232,6 +234,12 @@ pub fn checkpoints_and_markers(events: &[RecordedEvent]) -> (Vec<CheckpointMark>
             Event::Error(e) => {
                 let err = or(&e.error, "error");
                 markers.push(marker(MarkerKind::Problem, "error".into(), format!("error{at_step}: {err}")));
+            }
+            Event::Straggler(s) => {
+                let what = if s.world_size > 1 { format!("straggler rank {}", s.rank) } else { "slower".into() };
+                // Labelled with the slow rank's node, not the writer's (rank 0's).
+                let node = Some(s.rank_node.clone()).filter(|n| !n.is_empty()).or_else(|| ev.node.clone());
+                markers.push(Marker { node, ..marker(MarkerKind::Straggler, what, rundir::straggler_line(s)) });
             }
             _ => {}
         }

@@ -130,12 +130,13 @@ fn charts_section(h: &mut String, data: &RunData, charts: &[Chart]) {
         |c, text: &str| format!("<span><i class=\"dot\" style=\"background:{}\"></i>{text}</span>", css_colour(c));
     let _ = writeln!(
         h,
-        "<p class=\"key\">Vertical lines, labelled with node and attempt: {} {} {} {}<br>Numbered dots on the loss: \
-         checkpoints (see the table below) {} {} {}</p>",
+        "<p class=\"key\">Vertical lines, labelled with node and attempt: {} {} {} {} {}<br>Numbered dots on the \
+         loss: checkpoints (see the table below) {} {} {}</p>",
         sw(plot::SIGNAL, "stop signal / preemption"),
         sw(plot::REQUEUE, "requeue decision"),
         sw(plot::RESUME, "resume"),
         sw(plot::PROBLEM, "error / fresh start"),
+        sw(plot::STRAGGLER, "straggler"),
         dot(plot::TRAIN, "periodic"),
         dot(plot::VAL, "on stop"),
         dot(plot::RESUME, "final"),

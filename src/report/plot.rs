@@ -23,6 +23,7 @@ pub const SIGNAL: RGBColor = RGBColor(214, 39, 40);
 pub const REQUEUE: RGBColor = RGBColor(148, 103, 189);
 pub const RESUME: RGBColor = RGBColor(44, 160, 44);
 pub const PROBLEM: RGBColor = RGBColor(20, 20, 20);
+pub const STRAGGLER: RGBColor = RGBColor(188, 189, 34);
 const TEXT: RGBColor = RGBColor(40, 40, 40);
 const GRID: RGBColor = RGBColor(230, 230, 230);
 
@@ -43,6 +44,7 @@ pub fn marker_colour(kind: MarkerKind) -> RGBColor {
         MarkerKind::Requeue => REQUEUE,
         MarkerKind::Resume => RESUME,
         MarkerKind::Problem => PROBLEM,
+        MarkerKind::Straggler => STRAGGLER,
     }
 }
 

@@ -43,6 +43,48 @@ mod tests {
         assert!(!html.contains("<svg"));
     }
 
+    #[test]
+    fn a_run_of_two_ranks_draws_each_ranks_step_time_and_marks_its_straggler() {
+        use serde_json::json;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(crate::rundir::CONFIG_FILE), "[run]\nname = \"dp\"\n").unwrap();
+        let metrics: String = (1..=30)
+            .map(|step| {
+                let slow = if step > 10 { 0.3 } else { 0.1 };
+                let line = json!({"step": step, "loss": 1.0, "lr": 0.1, "elapsed_s": slow + 0.01,
+                                  "rank_compute_s": [0.1, slow], "time": "2026-11-01T10:00:00Z"});
+                format!("{line}\n")
+            })
+            .collect();
+        std::fs::write(tmp.path().join(crate::rundir::METRICS_FILE), metrics).unwrap();
+        let events = [
+            json!({"event": "start", "node": "n1", "time": "2026-11-01T10:00:00Z"}),
+            json!({"event": "straggler", "node": "n1", "time": "2026-11-01T10:00:05Z", "rank": 1, "rank_node": "n2",
+                   "step": 30, "step_seconds": 0.3, "median_seconds": 0.1, "factor": 1.5, "steps": 20,
+                   "blamed": false, "world_size": 2}),
+        ];
+        let text: String = events.iter().map(|e| format!("{e}\n")).collect();
+        std::fs::write(tmp.path().join(crate::rundir::EVENTS_FILE), text).unwrap();
+        let html = render(tmp.path()).unwrap();
+        let figure = html.split("<figure id=\"chart-step-time\">").nth(1).expect("a step-time chart");
+        let figure = figure.split("</figure>").next().unwrap();
+        for wanted in ["Step time per rank", "rank 0", "rank 1", "straggler rank 1"] {
+            assert!(figure.contains(wanted), "{wanted} missing from the chart");
+        }
+        assert!(
+            html.contains("rank 1 on n2 from step 30: 0.300 s a step against the other ranks&#39; median"),
+            "{html}"
+        );
+        // A process alone: its step time, no ranks.
+        let alone = tempfile::tempdir().unwrap();
+        std::fs::write(alone.path().join(crate::rundir::CONFIG_FILE), "[run]\nname = \"one\"\n").unwrap();
+        let line = json!({"step": 1, "loss": 1.0, "lr": 0.1, "elapsed_s": 0.2, "time": "2026-11-01T10:00:00Z"});
+        std::fs::write(alone.path().join(crate::rundir::METRICS_FILE), format!("{line}\n")).unwrap();
+        let html = render(alone.path()).unwrap();
+        let figure = html.split("<figure id=\"chart-step-time\">").nth(1).expect("a step-time chart");
+        assert!(figure.contains("Step time") && !figure.contains("rank 0"));
+    }
+
     mod fuzz {
         use crate::fuzz;
         use crate::rundir::status::tests::fuzz::{damaged_run_dir, write_run_dir};

@@ -35,6 +35,9 @@ pub struct RunStatus {
     pub last_stop: Option<RecordedEvent>,
     pub last_publish: Option<RecordedEvent>,
     pub last_requeue: Option<RecordedEvent>,
+    /// The `straggler` events of the newest attempt (a rank, or a process
+    /// alone, slower than the median for `[health] straggler_steps` steps).
+    pub stragglers: Vec<RecordedEvent>,
     /// The most recent attempt that has ended (the one before the running
     /// one while the run is running), and why it ended.
     pub last_ended_attempt: Option<Attempt>,
@@ -135,12 +138,41 @@ pub fn status(dir: &Path) -> RunStatus {
         last_stop: last_of("stop"),
         last_publish: last_of("publish"),
         last_requeue: last_of("requeue"),
+        stragglers: newest_attempt(&events).iter().filter(|e| e.name == "straggler").cloned().collect(),
         last_ended_attempt: attempts.pop(),
         lock: live_lock,
         job,
         node,
         eta_seconds,
     }
+}
+
+/// The events of the newest attempt: from its `start` on (all of them when
+/// none has one).
+fn newest_attempt(events: &[RecordedEvent]) -> &[RecordedEvent] {
+    let from = events.iter().rposition(|e| e.name == "start").unwrap_or(0);
+    &events[from..]
+}
+
+/// `rank 1 on n2 from step 240: 0.310 s a step against a median of 0.100 s
+/// (3.1×, 20 steps in a row); blamed`.
+pub fn straggler_line(s: &crate::telemetry::Straggler) -> String {
+    let who = if s.world_size > 1 {
+        format!("rank {} on {}", s.rank, if s.rank_node.is_empty() { "?" } else { &s.rank_node })
+    } else {
+        format!("this process on {}", if s.rank_node.is_empty() { "?" } else { &s.rank_node })
+    };
+    let against = if s.world_size > 1 { "the other ranks' median" } else { "its first steps' median" };
+    let ratio =
+        if s.median_seconds > 0.0 { format!("{:.1}×, ", s.step_seconds / s.median_seconds) } else { String::new() };
+    format!(
+        "{who} from step {}: {:.3} s a step against {against} of {:.3} s ({ratio}{} steps in a row){}",
+        s.step,
+        s.step_seconds,
+        s.median_seconds,
+        s.steps,
+        if s.blamed { "; its node is blamed" } else { "" }
+    )
 }
 
 /// The job a `start` event ran in: the array task as `scontrol` names it
@@ -218,6 +250,11 @@ impl std::fmt::Display for RunStatus {
                 secs.map(|s| format!(", durable checkpoint {s:.2}s after the signal")).unwrap_or_default()
             )?;
         }
+        for e in &self.stragglers {
+            if let Event::Straggler(s) = &e.event {
+                writeln!(f, "straggler {}", straggler_line(s))?;
+            }
+        }
         if let Some(Event::Requeue(r)) = self.last_requeue.as_ref().map(|e| &e.event) {
             writeln!(f, "requeue   {}: {}", r.decision.name(), r.decision.reason())?;
         }
@@ -291,6 +328,44 @@ pub(crate) mod tests {
         let tmp = run_dir_with_events(&[]);
         std::fs::write(tmp.path().join(CONFIG_FILE), config::to_toml(&config::Config::default())).unwrap();
         assert_eq!(status(tmp.path()).max_steps, Some(1000));
+    }
+
+    #[test]
+    fn shows_the_stragglers_of_the_newest_attempt_with_their_rank_and_node() {
+        use serde_json::json;
+        let straggler = |rank: u64, node: &str, world: u64, blamed: bool| {
+            json!({"event": "straggler", "node": "n1", "rank": rank, "rank_node": node, "step": 240,
+                   "step_seconds": 0.31, "median_seconds": 0.1, "factor": 1.5, "steps": 20,
+                   "blamed": blamed, "world_size": world})
+        };
+        let mut events = two_attempts();
+        // Attempt 1's straggler is not the newest attempt's.
+        events.insert(1, straggler(2, "n3", 4, false));
+        events.push(straggler(1, "n2", 2, true));
+        let tmp = run_dir_with_events(&events);
+        let st = status(tmp.path());
+        assert_eq!(st.stragglers.len(), 1);
+        let text = st.to_string();
+        assert!(
+            text.contains(
+                "straggler rank 1 on n2 from step 240: 0.310 s a step against the other ranks' median of 0.100 s \
+                 (3.1×, 20 steps in a row); its node is blamed\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("rank 2 on n3"), "{text}");
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["stragglers"][0]["rank_node"], "n2");
+        // A process alone is compared with its own first steps.
+        let tmp = run_dir_with_events(&[json!({"event": "start", "node": "n4"}), straggler(0, "n4", 1, false)]);
+        let text = status(tmp.path()).to_string();
+        assert!(
+            text.contains(
+                "straggler this process on n4 from step 240: 0.310 s a step against its first steps' median of \
+                 0.100 s (3.1×, 20 steps in a row)\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
