@@ -56,22 +56,28 @@ pub(crate) fn mpirun_with_env(cmd: &Command) -> Command {
     mpi
 }
 
-/// `cmd` over `ranks` ranks with the failpoints `failpoints` on rank
-/// `rank` alone: one application context per rank (`mpirun -n 1 … : -n 1
-/// …`), that rank's with `-x FAILPOINTS=…`.
-fn mpirun_failing_on(ranks: usize, cmd: Command, rank: usize, failpoints: &str) -> Command {
+/// `cmd` over `ranks` ranks, one application context per rank (`mpirun -n
+/// 1 … : -n 1 …`), each with the `KEY=VALUE` settings `env(rank)` gives it
+/// (`-x KEY=VALUE`) besides `cmd`'s environment.
+pub(crate) fn mpirun_per_rank(ranks: usize, cmd: Command, env: impl Fn(usize) -> Vec<String>) -> Command {
     let mut mpi = mpirun_with_env(&cmd);
     for r in 0..ranks {
         if r > 0 {
             mpi.arg(":");
         }
         mpi.args(["-n", "1"]);
-        if r == rank {
-            mpi.args(["-x", &format!("FAILPOINTS={failpoints}")]);
+        for setting in env(r) {
+            mpi.args(["-x", &setting]);
         }
         mpi.arg(cmd.get_program()).args(cmd.get_args());
     }
     mpi
+}
+
+/// `cmd` over `ranks` ranks with the failpoints `failpoints` on rank
+/// `rank` alone (`-x FAILPOINTS=…` in its application context).
+fn mpirun_failing_on(ranks: usize, cmd: Command, rank: usize, failpoints: &str) -> Command {
+    mpirun_per_rank(ranks, cmd, |r| if r == rank { vec![format!("FAILPOINTS={failpoints}")] } else { Vec::new() })
 }
 
 /// The tiny mlp for `max_steps`, checkpointing every 10 steps.

@@ -43,6 +43,7 @@ mod report_browser;
 mod resume;
 mod sigkill;
 mod signals;
+mod straggler;
 mod telemetry;
 mod torch_exec;
 mod watchdog;
