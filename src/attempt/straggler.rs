@@ -104,6 +104,32 @@ pub fn median(values: &[f64]) -> Option<f64> {
     }
 }
 
+/// For each rank, the median of the *other* ranks' known times (`None`
+/// when no other rank's is known). One sort for the whole world: a rank's
+/// others are the sorted times without its own entry, so their median is
+/// read off by index (a world of thousands of ranks costs one sort a step,
+/// not one per rank).
+pub fn medians_of_the_others(times: &[Option<f64>]) -> Vec<Option<f64>> {
+    let mut sorted: Vec<(f64, usize)> = times.iter().enumerate().filter_map(|(r, t)| Some(((*t)?, r))).collect();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Where each known rank sits in `sorted`.
+    let mut at = vec![None; times.len()];
+    for (i, (_, rank)) in sorted.iter().enumerate() {
+        at[*rank] = Some(i);
+    }
+    let median_without = |skip: Option<usize>| {
+        let n = sorted.len() - usize::from(skip.is_some());
+        // The i-th of the others: `sorted` with index `skip` left out.
+        let nth = |i: usize| sorted[if skip.is_some_and(|s| i >= s) { i + 1 } else { i }].0;
+        match n {
+            0 => None,
+            _ if !n.is_multiple_of(2) => Some(nth(n / 2)),
+            _ => Some((nth(n / 2 - 1) + nth(n / 2)) / 2.0),
+        }
+    };
+    at.iter().map(|skip| median_without(*skip)).collect()
+}
+
 /// One rank's current run of slow steps: its seconds and the medians it
 /// was compared with.
 #[derive(Debug, Clone, Default)]
@@ -204,11 +230,11 @@ impl Detector {
         let rule = &self.rule;
         match &mut self.kind {
             Kind::World(runs) => {
+                let times: Vec<Option<f64>> = (0..runs.len()).map(|r| known(seconds.get(r))).collect();
+                let medians = medians_of_the_others(&times);
                 let mut found = Vec::new();
                 for (rank, run) in runs.iter_mut().enumerate() {
-                    let others: Vec<f64> =
-                        (0..seconds.len()).filter(|r| *r != rank).filter_map(|r| known(seconds.get(r))).collect();
-                    found.extend(run.step(rule, rank, step, known(seconds.get(rank)), median(&others)));
+                    found.extend(run.step(rule, rank, step, times[rank], medians[rank]));
                 }
                 found
             }
@@ -246,6 +272,28 @@ mod tests {
             [(&[], None), (&[0.3], Some(0.3)), (&[0.5, 0.1, 0.2], Some(0.2)), (&[0.4, 0.1, 0.2, 0.3], Some(0.25))];
         for (values, expected) in cases {
             assert_eq!(median(values), expected, "{values:?}");
+        }
+    }
+
+    #[test]
+    fn the_median_of_the_others_leaves_each_rank_out_and_skips_unknown_times() {
+        let cases: [(&[Option<f64>], &[Option<f64>]); 5] = [
+            (&[Some(0.1), Some(0.3)], &[Some(0.3), Some(0.1)]),
+            (&[Some(0.75), Some(0.25), Some(0.5)], &[Some(0.375), Some(0.625), Some(0.5)]),
+            (&[Some(0.1), None, Some(0.5)], &[Some(0.5), Some(0.3), Some(0.1)]),
+            (&[Some(0.1)], &[None]),
+            (&[None, None], &[None, None]),
+        ];
+        for (times, expected) in cases {
+            assert_eq!(medians_of_the_others(times), expected, "{times:?}");
+        }
+        // The same as leaving each rank out by hand, ties and all.
+        let times: Vec<Option<f64>> =
+            [0.4, 0.1, 0.1, 0.9, 0.3, 0.3, 0.2].iter().map(|t| Some(*t)).chain([None]).collect();
+        for (rank, got) in medians_of_the_others(&times).into_iter().enumerate() {
+            let others: Vec<f64> =
+                times.iter().enumerate().filter(|(r, _)| *r != rank).filter_map(|(_, t)| *t).collect();
+            assert_eq!(got, median(&others), "rank {rank}");
         }
     }
 
