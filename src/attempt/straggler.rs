@@ -277,7 +277,8 @@ mod tests {
 
     #[test]
     fn the_median_of_the_others_leaves_each_rank_out_and_skips_unknown_times() {
-        let cases: [(&[Option<f64>], &[Option<f64>]); 5] = [
+        type Times<'a> = &'a [Option<f64>];
+        let cases: [(Times, Times); 5] = [
             (&[Some(0.1), Some(0.3)], &[Some(0.3), Some(0.1)]),
             (&[Some(0.75), Some(0.25), Some(0.5)], &[Some(0.375), Some(0.625), Some(0.5)]),
             (&[Some(0.1), None, Some(0.5)], &[Some(0.5), Some(0.3), Some(0.1)]),
