@@ -6,6 +6,7 @@
 //! the same way, once.
 
 use std::path::Path;
+use std::process::Output;
 
 use serde_json::Value;
 
@@ -35,6 +36,18 @@ fn status_and_report(run_dir: &Path) -> (String, String) {
     )
 }
 
+/// The run ended normally with exactly one `straggler` event, at least
+/// 50 ms a step and past the factor of its median: that event.
+fn the_one_straggler(out: &Output, run_dir: &Path) -> Value {
+    assert_eq!(out.status.code(), Some(EXIT_DONE), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut found = events_named(run_dir, "straggler");
+    assert_eq!(found.len(), 1, "exactly one straggler event: {found:#?}");
+    let s = found.remove(0);
+    let (mine, median) = (s["step_seconds"].as_f64().unwrap(), s["median_seconds"].as_f64().unwrap());
+    assert!(mine >= 0.05 && mine > 1.5 * median, "{s}");
+    s
+}
+
 #[test]
 fn a_rank_slow_in_every_step_is_reported_once_with_its_rank_and_node() {
     let Some(()) = requires::mpi() else { return };
@@ -46,7 +59,7 @@ fn a_rank_slow_in_every_step_is_reported_once_with_its_rank_and_node() {
         .set("health.straggler_blame=true");
     // Each rank on a node of its own name; rank 1's own work 50 ms longer
     // in every step (a tiny mlp step takes a few ms).
-    let cmd = mpirun_per_rank(2, training.command(&run_dir, &[]), |rank| {
+    let out = mpirun_per_rank(2, training.command(&run_dir, &[]), |rank| {
         let mut env = vec![format!("SLURMD_NODENAME=node{rank}")];
         if rank == 1 {
             env.push("FAILPOINTS=train::compute=sleep(50)".into());
@@ -55,11 +68,7 @@ fn a_rank_slow_in_every_step_is_reported_once_with_its_rank_and_node() {
     })
     .output()
     .unwrap();
-    assert_eq!(cmd.status.code(), Some(EXIT_DONE), "{}", String::from_utf8_lossy(&cmd.stderr));
-
-    let found = events_named(&run_dir, "straggler");
-    assert_eq!(found.len(), 1, "exactly one straggler event: {found:#?}");
-    let s = &found[0];
+    let s = &the_one_straggler(&out, &run_dir);
     assert_eq!((s["rank"].as_u64(), s["rank_node"].as_str()), (Some(1), Some("node1")), "{s}");
     assert_eq!(
         (s["node"].as_str(), s["world_size"].as_u64(), s["blamed"].as_bool()),
@@ -70,8 +79,6 @@ fn a_rank_slow_in_every_step_is_reported_once_with_its_rank_and_node() {
     // that long by the machine in one of them.
     let step = s["step"].as_u64().unwrap();
     assert!((10..=60).contains(&step), "{s}");
-    let (mine, median) = (s["step_seconds"].as_f64().unwrap(), s["median_seconds"].as_f64().unwrap());
-    assert!(mine >= 0.05 && mine > 1.5 * median, "{s}");
 
     // Every step line carries both ranks' own seconds; rank 1's hold the sleep.
     let lines = step_lines(&run_dir);
@@ -103,10 +110,7 @@ fn a_process_whose_steps_become_slower_than_its_first_ones_is_reported_once() {
         .env("FAILPOINTS", "train::compute=20*off->sleep(50)")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(EXIT_DONE), "{}", String::from_utf8_lossy(&out.stderr));
-    let found = events_named(&run_dir, "straggler");
-    assert_eq!(found.len(), 1, "exactly one straggler event: {found:#?}");
-    let s = &found[0];
+    let s = &the_one_straggler(&out, &run_dir);
     assert_eq!(
         (s["rank"].as_u64(), s["rank_node"].as_str(), s["world_size"].as_u64()),
         (Some(0), Some("node7"), Some(1))
@@ -115,8 +119,6 @@ fn a_process_whose_steps_become_slower_than_its_first_ones_is_reported_once() {
     // Its baseline is its first 10 steps; slow from step 21, five in a row.
     let step = s["step"].as_u64().unwrap();
     assert!((25..=60).contains(&step), "{s}");
-    let (mine, median) = (s["step_seconds"].as_f64().unwrap(), s["median_seconds"].as_f64().unwrap());
-    assert!(mine >= 0.05 && mine > 1.5 * median, "{s}");
     let (status, report) = status_and_report(&run_dir);
     assert!(status.contains(&format!("straggler this process on node7 from step {step}: ")), "{status}");
     assert!(report.contains("<figure id=\"chart-step-time\">"), "a step-time chart");
