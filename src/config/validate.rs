@@ -506,6 +506,23 @@ mod tests {
     }
 
     #[test]
+    fn a_straggler_factor_must_be_above_one_and_zero_steps_is_allowed() {
+        for (factor, ok) in
+            [(1.5, true), (1.01, true), (1.0, false), (0.5, false), (f64::NAN, false), (f64::INFINITY, false)]
+        {
+            let mut c = Config::default();
+            c.health.straggler_factor = factor;
+            c.health.straggler_steps = 0;
+            let found = validate(&c);
+            assert_eq!(found.is_empty(), ok, "{factor}: {found:?}");
+            if !ok {
+                assert_eq!(found[0].key, "health.straggler_factor");
+                assert!(found[0].message.starts_with("must be a number above 1"), "{}", found[0].message);
+            }
+        }
+    }
+
+    #[test]
     fn gpt_width_must_divide_by_heads() {
         let mut c = Config::default();
         c.model.kind = ModelKind::Gpt;
