@@ -115,7 +115,10 @@ fn cells(r: &RunRow) -> Vec<String> {
         r.checkpoint_age_seconds.map_or_else(dash, short_age),
         r.attempts.to_string(),
         r.last_stop.clone().unwrap_or_else(dash),
-        r.node.clone().unwrap_or_else(dash),
+        match (&r.node, r.stragglers.is_empty()) {
+            (node, true) => node.clone().unwrap_or_else(dash),
+            (node, false) => format!("{} (straggler: {})", node.as_deref().unwrap_or("-"), r.stragglers.join(", ")),
+        },
     ]);
     cells
 }
@@ -212,13 +215,21 @@ mod tests {
             node: Some("n1".into()),
             ..RunRow::default()
         };
+        let slow = RunRow {
+            dir: "runs/lr-2".into(),
+            state: "stopped".into(),
+            attempts: 1,
+            node: Some("n3".into()),
+            stragglers: vec!["rank 1 on n4".into()],
+            ..RunRow::default()
+        };
         let junk = RunRow {
             dir: "runs/photos".into(),
             state: "foreign".into(),
             problem: Some("not a rekindle run directory (no config.toml)".into()),
             ..RunRow::default()
         };
-        let text = table(&[run, junk], 3);
+        let text = table(&[run, junk, slow], 3);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
@@ -226,6 +237,10 @@ mod tests {
         );
         assert_eq!(lines[1], "runs/lr-1    100_1  running  1200/5000  24.0%  0.4313  1000  3m12s    2  SIGTERM    n1");
         assert_eq!(lines[2], "runs/photos  -      foreign  not a rekindle run directory (no config.toml)");
-        assert_eq!(lines[3], "2 runs (of 3 directories): 1 running, 1 foreign");
+        assert_eq!(
+            lines[3],
+            "runs/lr-2    -      stopped          -      -       -     -      -    1  -          n3 (straggler: rank 1 on n4)"
+        );
+        assert_eq!(lines[4], "3 runs: 1 running, 1 stopped, 1 foreign");
     }
 }

@@ -154,14 +154,16 @@ fn newest_attempt(events: &[RecordedEvent]) -> &[RecordedEvent] {
     &events[from..]
 }
 
+/// `rank 1 on n2`, or `this process on n1` for a process alone.
+pub fn straggler_who(s: &crate::telemetry::Straggler) -> String {
+    let node = if s.rank_node.is_empty() { "?" } else { &s.rank_node };
+    if s.world_size > 1 { format!("rank {} on {node}", s.rank) } else { format!("this process on {node}") }
+}
+
 /// `rank 1 on n2 from step 240: 0.310 s a step against a median of 0.100 s
 /// (3.1×, 20 steps in a row); blamed`.
 pub fn straggler_line(s: &crate::telemetry::Straggler) -> String {
-    let who = if s.world_size > 1 {
-        format!("rank {} on {}", s.rank, if s.rank_node.is_empty() { "?" } else { &s.rank_node })
-    } else {
-        format!("this process on {}", if s.rank_node.is_empty() { "?" } else { &s.rank_node })
-    };
+    let who = straggler_who(s);
     let against = if s.world_size > 1 { "the other ranks' median" } else { "its first steps' median" };
     let ratio =
         if s.median_seconds > 0.0 { format!("{:.1}×, ", s.step_seconds / s.median_seconds) } else { String::new() };

@@ -44,6 +44,10 @@ pub struct RunRow {
     pub last_stop: Option<String>,
     /// Where the run runs (while running) or last ran.
     pub node: Option<String>,
+    /// The stragglers of the newest attempt, as `rank 1 on n2` (`this
+    /// process on n1` for a process alone).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stragglers: Vec<String>,
     /// Why the directory is shown as damaged or foreign.
     pub problem: Option<String>,
 }
@@ -117,6 +121,14 @@ pub fn row_of(st: &RunStatus) -> RunRow {
         attempts: st.attempts,
         last_stop,
         node: st.node.clone(),
+        stragglers: st
+            .stragglers
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::Straggler(s) => Some(super::status::straggler_who(s)),
+                _ => None,
+            })
+            .collect(),
         problem: None,
     }
 }

@@ -92,6 +92,9 @@ fn a_rank_slow_in_every_step_is_reported_once_with_its_rank_and_node() {
     let (status, report) = status_and_report(&run_dir);
     assert!(status.contains(&format!("straggler rank 1 on node1 from step {step}: ")), "{status}");
     assert!(status.contains("; its node is blamed"), "{status}");
+    let table = rekindle().args(["status", "--table"]).arg(&run_dir).output().unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("node0 (straggler: rank 1 on node1)"), "{table}");
     let chart = report.split("<figure id=\"chart-step-time\">").nth(1).expect("a per-rank step-time chart");
     assert!(chart.contains("rank 0") && chart.contains("rank 1"), "both ranks drawn");
     assert!(report.contains("rank 1 on node1 from step"), "the events table names it");
