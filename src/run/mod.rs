@@ -460,11 +460,16 @@ impl Attempt {
 
     /// Gives the step's seconds to the straggler detector (each rank's own
     /// work, or this process's step) and records a `straggler` event for
-    /// each rank it finds.
+    /// each rank it finds. This process's own time is left out (unknown)
+    /// while its background checkpoint write runs: the write shares its
+    /// CPU, memory bus and disk, and a long one would look like a slow rank.
     fn notice_stragglers(&mut self, m: &StepMetrics) -> Result<(), RunError> {
         let Some(detector) = &mut self.stragglers else { return Ok(()) };
-        let seconds = if m.rank_compute_s.is_empty() { std::slice::from_ref(&m.elapsed_s) } else { &m.rank_compute_s };
-        for found in detector.observe(m.step, seconds) {
+        let mut seconds = if m.rank_compute_s.is_empty() { vec![m.elapsed_s] } else { m.rank_compute_s.clone() };
+        if self.persister.busy() {
+            seconds[0] = f64::NAN;
+        }
+        for found in detector.observe(m.step, &seconds) {
             let node = match &self.rank_nodes {
                 Some(nodes) => nodes.get(found.rank).cloned().unwrap_or_default(),
                 None => self.slurm.node_name(),
