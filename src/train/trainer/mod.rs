@@ -683,7 +683,12 @@ impl Trainer {
         let Some(work) = self.forward_backward(step_no, &indices, scale, &mut dropout, should_stop)? else {
             return Ok(StepResult::Interrupted);
         };
-        // This rank's own work, before it waits for any other rank.
+        // This rank's own work, before it waits for any other rank: on a
+        // GPU the backward kernels may still be running, so wait for them
+        // first (the gradient sum reads them right after anyway).
+        if self.world.is_some() {
+            self.device.synchronize().map_err(step_error(step_no, "waiting for the backward pass"))?;
+        }
         let compute_s = started.elapsed().as_secs_f64();
         let Combined { mut grads, micro_losses, tokens, rank_compute_s } = self.combine(step_no, work, compute_s)?;
         // Summed in step order, as one process adds its micro-batches.
