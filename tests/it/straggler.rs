@@ -105,12 +105,13 @@ fn a_process_whose_steps_become_slower_than_its_first_ones_is_reported_once() {
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     let training = Training::tiny_mlp(60).set("health.straggler_steps=5");
-    // The first 20 steps as fast as they are; every later one 50 ms slower
-    // (a node throttled after a while).
+    // The first 20 steps as fast as they are; every later one 100 ms slower
+    // (a node throttled after a while; well past a baseline that a loaded
+    // machine may have made several times slower than idle).
     let out = training
         .command(&run_dir, &[])
         .env("SLURMD_NODENAME", "node7")
-        .env("FAILPOINTS", "train::compute=20*off->sleep(50)")
+        .env("FAILPOINTS", "train::compute=20*off->sleep(100)")
         .output()
         .unwrap();
     let s = &the_one_straggler(&out, &run_dir);
