@@ -795,8 +795,8 @@ pub struct HealthSection {
     /// Slow for this many steps in a row: a `straggler` event names the
     /// rank and its node, once per rank per attempt (0: never looked for).
     pub straggler_steps: u64,
-    /// A straggler's event says it is blamed: its node is to be left out
-    /// of the job's next start.
+    /// A straggler's event blames its node (`blamed = true`): the slowdown
+    /// is the node's, as a failure attributed to it is; false reports it only.
     pub straggler_blame: bool,
 }
 

@@ -675,8 +675,8 @@ pub struct Straggler {
     pub factor: f64,
     /// `[health] straggler_steps`: slow steps in a row.
     pub steps: u64,
-    /// `[health] straggler_blame`: its node is to be left out when the job
-    /// starts again.
+    /// `[health] straggler_blame`: the slowdown is blamed on its node (as a
+    /// failure attributed to a node is); false: reported only.
     pub blamed: bool,
     /// Ranks in the world (1: a process alone, compared with itself).
     pub world_size: usize,
