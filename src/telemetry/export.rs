@@ -139,17 +139,24 @@ impl Rewinder {
 /// keys), at the line's step; `None` without a step.
 pub fn metric_scalars(line: &Value) -> Option<(u64, Vec<(String, f64)>)> {
     let step = line.get("step")?.as_u64()?;
-    let values = line
+    let mut values: Vec<(String, f64)> = line
         .as_object()?
         .iter()
         .filter(|(k, _)| k.as_str() != "step")
         .filter_map(|(k, v)| Some((k.clone(), v.as_number()?.as_f64()?)))
         .collect();
+    // Each rank's own seconds of the step, one scalar per rank: the
+    // per-rank step-time chart in TensorBoard.
+    if let Some(ranks) = line.get("rank_compute_s").and_then(Value::as_array) {
+        let per_rank = ranks.iter().enumerate().filter_map(|(r, v)| Some((format!("rank_compute_s/{r}"), v.as_f64()?)));
+        values.extend(per_rank);
+    }
     Some((step, values))
 }
 
 /// The scalars an event stands for: a checkpoint's stall and persist time,
-/// and a marker at each stop (1) and resume (the steps lost).
+/// and a marker at each stop (1), resume (the steps lost) and straggler
+/// (its rank).
 pub fn event_scalars(e: &RecordedEvent) -> Option<(u64, Vec<(String, f64)>)> {
     match &e.event {
         Event::CheckpointSaved(c) if c.persist_seconds.is_some() => {
@@ -161,6 +168,7 @@ pub fn event_scalars(e: &RecordedEvent) -> Option<(u64, Vec<(String, f64)>)> {
         }
         Event::Stop(stop) => Some((stop.step?, vec![("rekindle/stop".to_string(), 1.0)])),
         Event::Resume(r) => Some((r.step, vec![("rekindle/resume".to_string(), r.steps_lost as f64)])),
+        Event::Straggler(s) => Some((s.step, vec![("rekindle/straggler".to_string(), s.rank as f64)])),
         _ => None,
     }
 }
@@ -373,6 +381,17 @@ mod tests {
         assert_eq!(step, 3);
         assert_eq!(values, vec![("acc".to_string(), 1.0), ("loss".to_string(), 0.5)]);
         assert_eq!(metric_scalars(&json!({"loss": 1.0})), None);
+        let (_, values) = metric_scalars(&json!({"step": 4, "rank_compute_s": [0.1, 0.3]})).unwrap();
+        assert_eq!(values, vec![("rank_compute_s/0".to_string(), 0.1), ("rank_compute_s/1".to_string(), 0.3)]);
+    }
+
+    #[test]
+    fn a_straggler_is_a_marker_of_its_rank_at_its_step() {
+        let e = RecordedEvent::from_value(json!({"event": "straggler", "rank": 3, "rank_node": "n4", "step": 240,
+                                                 "step_seconds": 0.3, "median_seconds": 0.1, "factor": 1.5,
+                                                 "steps": 20, "blamed": false, "world_size": 8}))
+        .unwrap();
+        assert_eq!(event_scalars(&e), Some((240, vec![("rekindle/straggler".to_string(), 3.0)])));
     }
 
     #[test]
