@@ -32,6 +32,7 @@ pub fn section_keys(section: &str) -> Option<&'static [&'static str]> {
         "lock" => fields_of::<LockSection>(),
         "distributed" => fields_of::<DistributedSection>(),
         "recovery" => fields_of::<RecoverySection>(),
+        "health" => fields_of::<HealthSection>(),
         "telemetry" => fields_of::<TelemetrySection>(),
         _ => return None,
     })
@@ -104,7 +105,7 @@ mod tests {
 
     #[test]
     fn every_section_has_a_key_list() {
-        assert_eq!(sections().len(), 15);
+        assert_eq!(sections().len(), 16);
         for section in sections() {
             let keys = section_keys(section).unwrap_or_else(|| panic!("no keys for [{section}]"));
             assert!(!keys.is_empty(), "[{section}] has no keys");

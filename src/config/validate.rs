@@ -82,6 +82,7 @@ pub(crate) fn findings(config: &Config) -> Vec<Finding> {
     lock(&mut f, &config.lock);
     distributed(&mut f, &config.distributed);
     recovery(&mut f, &config.recovery, config.distributed.shard_optimizer);
+    health(&mut f, &config.health);
     telemetry(&mut f, &config.telemetry);
     f.0
 }
@@ -331,6 +332,22 @@ fn recovery(f: &mut Findings, r: &RecoverySection, shard_optimizer: bool) {
         "cannot be used with distributed.shard_optimizer = true: each rank then holds only its slice of the \
          optimizer, so no node has a whole copy to write; turn one of them off"
             .to_string()
+    });
+}
+
+fn health(f: &mut Findings, h: &HealthSection) {
+    if let Some(command) = &h.command {
+        f.require(!command.trim().is_empty(), "health.command", || {
+            "is empty; leave it out for no site check, or give a command for `sh -c`".into()
+        });
+    }
+    f.require(!h.timeout.is_zero(), "health.timeout", || "must be longer than 0, e.g. \"60s\"".into());
+    let share = h.min_free_device_memory;
+    f.require((0.0..=1.0).contains(&share), "health.min_free_device_memory", || {
+        format!("must be a share from 0 to 1 (got {share}); 0 checks nothing")
+    });
+    f.require(!h.max_clock_skew.is_zero(), "health.max_clock_skew", || {
+        "must be longer than 0, e.g. \"60s\" (clocks never agree exactly)".into()
     });
 }
 
