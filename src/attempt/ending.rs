@@ -18,7 +18,7 @@ use super::budget;
 use super::crash::{self, CrashAction};
 use super::deadline::Deadline;
 use super::error::RunError;
-use super::health::{exclude_blamed, in_job_exclusion};
+use super::health::{exclude_blamed, in_job_exclusion, others_left};
 use super::records::recorded_events;
 use super::stop::{StopFlag, StopIntent, StopReason};
 use crate::health::{AttemptEnd, blame};
@@ -321,15 +321,18 @@ fn requeue_after_failure(
     events_path: &std::path::Path,
 ) -> (RequeueRecord, Option<u64>, Option<String>) {
     let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(events_path));
-    // A device error's node is left out of the next step only where
-    // `[health] exclude` allows (a lost node is gone anyway; this one is not).
-    let leave_out: &[String] = if cfg.health.exclude { blamed } else { &[] };
+    // A device error's node is left out of the next in-job step where
+    // `[health] exclude` allows and another node is left to run it (a lost
+    // node is gone anyway; this one is not). A job of one node restarts on
+    // it: the requeue, not the in-job path, is what leaves a node behind.
+    let offer = InJobOffer::from_process();
+    let leave_out: &[String] =
+        if cfg.health.exclude && others_left(alloc, blamed, offer.as_ref()) { blamed } else { &[] };
     match crash::decide(class, in_a_row, cfg.run.max_crash_requeues, stop_path) {
         CrashAction::Requeue { .. }
             if let Some(in_job) = ask_for_in_job_restart(cfg, alloc, CRASH_CAUSE, leave_out, None) =>
         {
             if !leave_out.is_empty() {
-                let offer = InJobOffer::from_process();
                 record_or_log(events, &Event::NodesExcluded(in_job_exclusion(CRASH_CAUSE, leave_out, offer.as_ref())));
             }
             (in_job, None, None)

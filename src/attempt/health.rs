@@ -180,6 +180,14 @@ fn leave_node_behind(
     }
 }
 
+/// Whether the job's allocation has a node besides `blamed` and those the
+/// batch shell already left out: only then can a new in-job step run
+/// without the blamed ones (else the requeue leaves them behind).
+pub(crate) fn others_left(slurm: &SlurmEnv, blamed: &[String], offer: Option<&InJobOffer>) -> bool {
+    let nodes = slurm.nodelist.as_deref().map(expand_hostlist).unwrap_or_default();
+    nodes.into_iter().any(|n| !blamed.contains(&n) && !offer.is_some_and(|o| o.excluded.contains(&n)))
+}
+
 /// Records the nodes an in-job restart request leaves out.
 fn record_in_job_exclusion(events: &mut EventLog, cause: &str, blamed: &[String], offer: Option<&InJobOffer>) {
     record_or_log(events, &Event::NodesExcluded(in_job_exclusion(cause, blamed, offer)));
@@ -457,6 +465,18 @@ mod tests {
         let record = exclude(&Config::default(), &fake, &requeued(), &events).unwrap();
         assert!(record.added.is_empty());
         assert!(record.note.unwrap().contains("max_excluded_nodes = 2 reached (n2, n3"), "{:?}", fake.calls);
+    }
+
+    #[test]
+    fn an_in_job_step_can_leave_a_node_out_only_when_another_is_left() {
+        let two = SlurmEnv { nodelist: Some("n[1-2]".into()), ..slurm() };
+        let n1 = ["n1".to_string()];
+        assert!(others_left(&two, &n1, None));
+        let offer = InJobOffer { file: "/r".into(), restarts: 1, max: 3, excluded: vec!["n2".into()] };
+        assert!(!others_left(&two, &n1, Some(&offer)), "n2 was left out before");
+        let one = SlurmEnv { nodelist: Some("n1".into()), ..slurm() };
+        assert!(!others_left(&one, &n1, None));
+        assert!(!others_left(&slurm(), &n1, None), "no node list: no other node known");
     }
 
     #[test]
