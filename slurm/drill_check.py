@@ -62,14 +62,14 @@ def read_events(run_dir):
 def split_attempts(events):
     """One entry per attempt: its start event and what followed. An attempt
     whose node failed its health check has no `start`: its first
-    `node_unhealthy` starts it (the ranks of one attempt that fail together
-    are one attempt)."""
+    `node_unhealthy` starts it (the ranks of one attempt that fail together,
+    with the same `launch`, are one attempt)."""
     attempts = []
     for ev in events:
         name = ev.get("event")
         unhealthy_again = (name == "node_unhealthy" and attempts
                            and attempts[-1]["start"].get("event") == "node_unhealthy"
-                           and attempts[-1]["start"].get("attempt") == ev.get("attempt"))
+                           and attempts[-1]["start"].get("launch") == ev.get("launch"))
         if name == "start" or (name == "node_unhealthy" and not unhealthy_again):
             attempts.append({"start": ev, "events": []})
         elif attempts:

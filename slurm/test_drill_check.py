@@ -252,7 +252,7 @@ def badnode_events(check_node="n1", exclusion_added=("n1",), later_node="n2"):
     """A badnode run: n1 fails its site check, the job is requeued with n1
     excluded and trains on `later_node`."""
     return [
-        {"event": "node_unhealthy", "node": check_node, "attempt": 0, "check": "site command",
+        {"event": "node_unhealthy", "node": check_node, "attempt": 0, "check": "site command", "launch": "5.0",
          "detail": "`test` exited 1 after 0.0s; output: drill: n1 fails its site check"},
         {"event": "requeue", "node": check_node, "attempt": 0, "decision": "requeue", "answer": "requeued"},
         {"event": "nodes_excluded", "node": check_node, "attempt": 0, "cause": "node_unhealthy: site command",

@@ -108,6 +108,7 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
             check: failed.name.clone(),
             detail: failed.detail.clone(),
             checks: serde_json::to_value(&list).unwrap_or_default(),
+            launch: launch_of(slurm),
         }),
     );
     let cause = format!("node_unhealthy: {}", failed.name);
@@ -115,6 +116,14 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
     let next = leave_node_behind(cfg, slurm, &cause, &end, offer.as_ref(), newest.map(|(s, _)| s), &mut events);
     let _ = events.sync();
     Err(RunError::Unhealthy { node, check: failed.name, detail: failed.detail, next, resumable: newest.is_some() })
+}
+
+/// What launched this attempt (`NodeUnhealthy::launch`).
+fn launch_of(slurm: &SlurmEnv) -> String {
+    match (&slurm.job_id, &slurm.step_id) {
+        (Some(job), Some(step)) => format!("{job}.{step}"),
+        _ => format!("pid {}", std::process::id()),
+    }
 }
 
 /// The newest checkpoint that verifies (quick) and its size, read only.

@@ -5,7 +5,7 @@
 //!
 //! An attempt begins with its `start` event, or, when the start-of-attempt
 //! check failed, with its `node_unhealthy` (ranks of one attempt that fail
-//! together count once). An attempt killed with its node records no end:
+//! together, with the same `launch`, count once). An attempt killed with its node records no end:
 //! it still counts, which is why the guard reads the records at the start
 //! of the next attempt rather than trusting an end to decide.
 
@@ -14,6 +14,8 @@ use crate::telemetry::{Event, RecordedEvent};
 /// One attempt since the last checkpoint committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptSummary {
+    /// What launched it, for an attempt that began with `node_unhealthy`.
+    launch: Option<String>,
     /// Its node(s).
     pub nodes: Vec<String>,
     pub job_id: Option<String>,
@@ -37,6 +39,7 @@ pub fn attempts_without_progress(events: &[RecordedEvent]) -> Vec<AttemptSummary
             }
             Event::Start(_) => {
                 attempts.push(AttemptSummary {
+                    launch: None,
                     nodes: vec![node],
                     job_id: e.job_id.clone(),
                     restart: e.slurm_attempt,
@@ -45,9 +48,7 @@ pub fn attempts_without_progress(events: &[RecordedEvent]) -> Vec<AttemptSummary
                 unhealthy_open = false;
             }
             Event::NodeUnhealthy(u) => {
-                let same = attempts
-                    .last()
-                    .is_some_and(|a| unhealthy_open && a.job_id == e.job_id && a.restart == e.slurm_attempt);
+                let same = attempts.last().is_some_and(|a| unhealthy_open && a.launch.as_ref() == Some(&u.launch));
                 let ended = format!("node_unhealthy on {}: {}", u.node, u.check);
                 match attempts.last_mut() {
                     Some(a) if same => {
@@ -55,6 +56,7 @@ pub fn attempts_without_progress(events: &[RecordedEvent]) -> Vec<AttemptSummary
                         a.ended.push_str(&format!("; {ended}"));
                     }
                     _ => attempts.push(AttemptSummary {
+                        launch: Some(u.launch.clone()),
                         nodes: vec![u.node.clone()],
                         job_id: e.job_id.clone(),
                         restart: e.slurm_attempt,
@@ -140,8 +142,8 @@ mod tests {
             line(json!({"event": "stop", "reason": "SIGTERM"}), "n1", 0),
             line(json!({"event": "start"}), "n2", 1),
             line(json!({"event": "error", "error": "step 11 failed: device lost\nmore"}), "n2", 1),
-            line(json!({"event": "node_unhealthy", "node": "n1", "check": "site command"}), "n1", 2),
-            line(json!({"event": "node_unhealthy", "node": "n3", "check": "gpu health"}), "n3", 2),
+            line(json!({"event": "node_unhealthy", "node": "n1", "check": "site command", "launch": "7.0"}), "n1", 2),
+            line(json!({"event": "node_unhealthy", "node": "n3", "check": "gpu health", "launch": "7.0"}), "n3", 2),
             line(json!({"event": "start"}), "n3", 3),
         ]
     }
@@ -155,6 +157,15 @@ mod tests {
         assert_eq!(ends[1].0, ["n1", "n3"], "two ranks of one attempt failing count once");
         assert!(ends[1].1.contains("node_unhealthy on n1: site command; node_unhealthy on n3: gpu health"));
         assert_eq!(ends[2].1, "no end recorded (killed, or its node failed)");
+    }
+
+    #[test]
+    fn unhealthy_attempts_of_other_launches_count_apart() {
+        let events = vec![
+            line(json!({"event": "node_unhealthy", "node": "n1", "check": "c", "launch": "pid 10"}), "n1", 0),
+            line(json!({"event": "node_unhealthy", "node": "n1", "check": "c", "launch": "pid 11"}), "n1", 0),
+        ];
+        assert_eq!(attempts_without_progress(&events).len(), 2);
     }
 
     #[test]

@@ -706,6 +706,10 @@ pub struct NodeUnhealthy {
     pub detail: String,
     /// Every check made, as `rekindle doctor --json` lists them.
     pub checks: Value,
+    /// What launched the attempt: its SLURM job step (`<job>.<step>`), or
+    /// this process (`pid <pid>`) outside one. The ranks of one attempt
+    /// share it, so that they count as one attempt.
+    pub launch: String,
 }
 
 /// `nodes_excluded`: the nodes an attempt's end blamed and what came of
@@ -1184,6 +1188,7 @@ mod tests {
                 check: "site command".into(),
                 detail: "`check` exited 1 after 0.1s; output: bad HCA".into(),
                 checks: json!({"checks": []}),
+                launch: "7.0".into(),
             }),
             Event::NodesExcluded(NodesExcluded {
                 cause: "node_unhealthy: site command".into(),
