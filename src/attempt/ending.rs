@@ -202,10 +202,20 @@ pub(crate) fn requeue_and_record(
         restart_count: alloc.restart_count,
         max_restarts: cfg.signals.max_restarts,
     };
-    let record = slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(deadline, Instant::now()));
+    let timeout = || budget::scontrol_timeout(deadline, Instant::now());
+    let record = slurm::requeue_after_stop(&Scontrol, &req, &timeout);
     // A record: failing to write it must not undo a requeue SLURM accepted.
     if let Err(e) = events.record(&Event::Requeue(record.clone())) {
         tracing::error!(error = %e, "could not record the requeue event");
+    }
+    // A stop blames no node by itself (preemption, scancel, the time limit);
+    // nodes blamed by other means come in as `blame`'s extra ones.
+    let blamed = blame(&AttemptEnd::Stopped, &[]);
+    let path = events.path().to_path_buf();
+    if let Some(excluded) =
+        exclude_blamed(cfg, alloc, &Scontrol, reason.name().as_str(), &blamed, &record, &path, &timeout)
+    {
+        record_or_log(events, &Event::NodesExcluded(excluded));
     }
     record
 }

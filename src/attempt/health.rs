@@ -40,29 +40,19 @@ use super::error::RunError;
 use super::records::{context, recorded};
 
 /// The progress guard, then the node check (module docs). `records`: this
-/// process writes the run's records (one process, or rank 0); every rank
-/// checks its own node and records its own failure.
+/// process writes the run's records (one process, or rank 0): it records the
+/// guard's verdict; every rank checks its own node and records its own
+/// failure.
 pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records: bool) -> Result<(), RunError> {
     let events_path = root.join(EVENTS_FILE);
-    if records
-        && let Some(verdict) =
-            progress_guard(cfg.run.max_attempts_without_progress, &attempts_without_progress(&recorded(&events_path)))
+    // Every rank decides (they read the same records) and exits 79 alike,
+    // so the batch shell sees rekindle's own code; one records it.
+    if let Some(verdict) =
+        progress_guard(cfg.run.max_attempts_without_progress, &attempts_without_progress(&recorded(&events_path)))
     {
         tracing::error!(message = %verdict.message, "not training: no progress");
-        match EventLog::open(&events_path, context(slurm)) {
-            Ok(mut events) => record_or_log(
-                &mut events,
-                &Event::Error(ErrorEvent {
-                    step: None,
-                    error: verdict.message.clone(),
-                    class: None,
-                    why: Some("no progress ([run] max_attempts_without_progress)".into()),
-                    requeue: Some(RequeueRecord::skip("no progress: the job is not requeued")),
-                    hold_seconds: None,
-                    hold_error: None,
-                }),
-            ),
-            Err(e) => tracing::error!(error = %e, "could not record the guard's error event"),
+        if records {
+            record_guard(slurm, &events_path, &verdict.message);
         }
         return Err(RunError::NoProgress { message: verdict.message });
     }
@@ -118,6 +108,25 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
     Err(RunError::Unhealthy { node, check: failed.name, detail: failed.detail, next, resumable: newest.is_some() })
 }
 
+/// The guard's `error` event (best effort: the exit code says it anyway).
+fn record_guard(slurm: &SlurmEnv, events_path: &Path, message: &str) {
+    match EventLog::open(events_path, context(slurm)) {
+        Ok(mut events) => record_or_log(
+            &mut events,
+            &Event::Error(ErrorEvent {
+                step: None,
+                error: message.to_string(),
+                class: None,
+                why: Some("no progress ([run] max_attempts_without_progress)".into()),
+                requeue: Some(RequeueRecord::skip("no progress: the job is not requeued")),
+                hold_seconds: None,
+                hold_error: None,
+            }),
+        ),
+        Err(e) => tracing::error!(error = %e, "could not record the guard's error event"),
+    }
+}
+
 /// What launched this attempt (`NodeUnhealthy::launch`).
 fn launch_of(slurm: &SlurmEnv) -> String {
     match (&slurm.job_id, &slurm.step_id) {
@@ -148,15 +157,8 @@ fn leave_node_behind(
     events: &mut EventLog,
 ) -> String {
     let blamed = blame(end, &[]);
-    let others = slurm
-        .nodelist
-        .as_deref()
-        .map(expand_hostlist)
-        .unwrap_or_default()
-        .into_iter()
-        .any(|n| !blamed.contains(&n) && !offer.is_some_and(|o| o.excluded.contains(&n)));
     if cfg.health.exclude
-        && others
+        && others_left(slurm, &blamed, offer)
         && let Some(record) = ask_for_in_job_restart(cfg, slurm, cause, &blamed, newest)
     {
         record_or_log(events, &Event::Requeue(record));

@@ -54,8 +54,8 @@ pub struct NodeInput<'a> {
 pub fn node_checks(input: &NodeInput<'_>) -> Checklist {
     let mut list = Checklist::new();
     let devices = check_devices(&mut list, input);
-    check_device_memory(&mut list, &devices, input.health.min_free_device_memory);
-    check_gpu_health(&mut list, &devices);
+    check_device_memory(&mut list, devices.as_deref(), input.health.min_free_device_memory);
+    check_gpu_health(&mut list, devices.as_deref());
     check_run_dir(&mut list, input.run_dir, input.restarting);
     check_clock_skew(&mut list, input.run_dir, input.health.max_clock_skew);
     check_disk(&mut list, input.checkpoint_dir, input.expected_checkpoint_bytes);
@@ -80,13 +80,14 @@ fn describe(d: &GpuDevice) -> String {
     format!("{} {} {} ({} of {} MiB free)", d.vendor, d.index, d.name, d.memory_free_mib, d.memory_total_mib)
 }
 
-fn check_devices(list: &mut Checklist, input: &NodeInput<'_>) -> Vec<GpuDevice> {
+/// The devices the run may use; `None` under `[gpu] backend = "cpu"`.
+fn check_devices(list: &mut Checklist, input: &NodeInput<'_>) -> Option<Vec<GpuDevice>> {
     let name = "devices";
     let probed = match input.probe.probe() {
         Ok(probed) => probed,
         Err(e) => {
             list.push(name, CheckStatus::Fail, true, format!("the GPU driver did not answer: {e}"));
-            return Vec::new();
+            return Some(Vec::new());
         }
     };
     let (visible, mut notes) = if input.inventory {
@@ -96,8 +97,8 @@ fn check_devices(list: &mut Checklist, input: &NodeInput<'_>) -> Vec<GpuDevice> 
         (v.devices, probed.notes.into_iter().chain(v.notes).collect())
     };
     if input.backend == GpuBackend::Cpu {
-        list.push(name, CheckStatus::Skip, false, "[gpu] backend = \"cpu\": no device is used");
-        return Vec::new();
+        list.push(name, CheckStatus::Skip, false, CPU_BACKEND);
+        return None;
     }
     let found = if visible.is_empty() {
         "no GPU visible".to_string()
@@ -116,11 +117,15 @@ fn check_devices(list: &mut Checklist, input: &NodeInput<'_>) -> Vec<GpuDevice> 
         Some((var, _)) => list.push(name, CheckStatus::Ok, true, format!("{found}, as allotted ({var})")),
         None => list.push(name, CheckStatus::Ok, true, format!("{found}; SLURM allotted no GPU count{notes}")),
     }
-    visible
+    Some(visible)
 }
 
-fn check_device_memory(list: &mut Checklist, devices: &[GpuDevice], min_share: f64) {
+/// Why the device checks are skipped under `[gpu] backend = "cpu"`.
+const CPU_BACKEND: &str = "[gpu] backend = \"cpu\": no device is used";
+
+fn check_device_memory(list: &mut Checklist, devices: Option<&[GpuDevice]>, min_share: f64) {
     let name = "device memory";
+    let Some(devices) = devices else { return list.push(name, CheckStatus::Skip, false, CPU_BACKEND) };
     if devices.is_empty() {
         return list.push(name, CheckStatus::Skip, false, "no GPU to check");
     }
@@ -147,8 +152,9 @@ fn check_device_memory(list: &mut Checklist, devices: &[GpuDevice], min_share: f
     }
 }
 
-fn check_gpu_health(list: &mut Checklist, devices: &[GpuDevice]) {
+fn check_gpu_health(list: &mut Checklist, devices: Option<&[GpuDevice]>) {
     let name = "gpu health";
+    let Some(devices) = devices else { return list.push(name, CheckStatus::Skip, false, CPU_BACKEND) };
     if devices.is_empty() {
         return list.push(
             name,

@@ -101,7 +101,12 @@ fn a_node_that_fails_its_check_trains_nothing_and_says_why() {
         json!([{"vendor": "nvidia", "name": "A100", "memory_total_mib": 40000, "retired_pages_pending": true}]),
     );
     let run2 = tmp.path().join("run2");
-    RunCmd::new(&run2).set("run.max_steps=20").env("REKINDLE_GPU_INVENTORY", &sick).run(TIMEOUT).assert_code(1);
+    RunCmd::new(&run2)
+        .set("run.max_steps=20")
+        .set("gpu.backend=\"auto\"")
+        .env("REKINDLE_GPU_INVENTORY", &sick)
+        .run(TIMEOUT)
+        .assert_code(1);
     let unhealthy = &events_named(&run2, "node_unhealthy")[0];
     assert_eq!(unhealthy["check"], "gpu health", "{unhealthy}");
 }
