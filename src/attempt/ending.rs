@@ -18,7 +18,7 @@ use super::budget;
 use super::crash::{self, CrashAction};
 use super::deadline::Deadline;
 use super::error::RunError;
-use super::health::{exclude_blamed, in_job_exclusion, others_left};
+use super::health::{exclude_blamed, in_job_exclusion, others_left, requeue_exclusion_for_request};
 use super::records::recorded_events;
 use super::stop::{StopFlag, StopIntent, StopReason};
 use crate::health::{AttemptEnd, blame};
@@ -340,7 +340,7 @@ fn requeue_after_failure(
         if cfg.health.exclude && others_left(alloc, blamed, offer.as_ref()) { blamed } else { &[] };
     match crash::decide(class, in_a_row, cfg.run.max_crash_requeues, stop_path) {
         CrashAction::Requeue { .. }
-            if let Some(in_job) = ask_for_in_job_restart(cfg, alloc, CRASH_CAUSE, leave_out, None) =>
+            if let Some(in_job) = ask_for_in_job_restart(cfg, alloc, CRASH_CAUSE, leave_out, None, events_path) =>
         {
             if !leave_out.is_empty() {
                 record_or_log(events, &Event::NodesExcluded(in_job_exclusion(CRASH_CAUSE, leave_out, offer.as_ref())));
@@ -381,12 +381,15 @@ const CRASH_CAUSE: &str = "crash: transient";
 /// `exclude`, instead of requeueing the job; the `requeue` record that says
 /// so. `None` (requeue as before) without an offer, once the shell's bound
 /// is spent, or when the request cannot be written.
+/// `events`: the run's records (what was excluded before counts toward
+/// the bound of the exclusion the request carries for a requeue).
 pub(crate) fn ask_for_in_job_restart(
     cfg: &Config,
     alloc: &SlurmEnv,
     reason: &str,
     exclude: &[String],
     step: Option<u64>,
+    events: &std::path::Path,
 ) -> Option<RequeueRecord> {
     if !cfg.recovery.in_job {
         return None;
@@ -401,6 +404,7 @@ pub(crate) fn ask_for_in_job_restart(
         reason: reason.to_string(),
         exclude: exclude.to_vec(),
         step,
+        requeue_exclude: requeue_exclusion_for_request(cfg, alloc, &Scontrol, exclude, events),
         written_by: format!("{rank}@{}", alloc.node_name()),
     };
     match request.write(&offer.file) {

@@ -159,7 +159,7 @@ fn leave_node_behind(
     let blamed = blame(end, &[]);
     if cfg.health.exclude
         && others_left(slurm, &blamed, offer)
-        && let Some(record) = ask_for_in_job_restart(cfg, slurm, cause, &blamed, newest)
+        && let Some(record) = ask_for_in_job_restart(cfg, slurm, cause, &blamed, newest, events.path())
     {
         record_or_log(events, &Event::Requeue(record));
         record_in_job_exclusion(events, cause, &blamed, offer);
@@ -284,22 +284,18 @@ pub(crate) fn exclude_blamed(
     Some(record)
 }
 
-/// Plans and sets the exclusion of a requeued job.
-fn set_exclusion(
+/// The job's exclusions now and the plan for `blamed` (`show_job`, then
+/// `sinfo` on its partition), or why it could not be made.
+fn plan_for_job(
     cfg: &Config,
     control: &dyn SlurmControl,
     job_id: &str,
     blamed: &[String],
     before: &[String],
-    record: &mut NodesExcluded,
     timeout: &dyn Fn() -> Option<Duration>,
-) {
-    let Some(t) = timeout() else { return record.error = Some(slurm::NO_TIME.into()) };
-    let job = match control.show_job(job_id, t) {
-        Ok(job) => job,
-        Err(e) => return record.error = Some(e.to_string()),
-    };
-    record.excluded = job.excluded.clone();
+) -> Result<(Vec<String>, ExclusionPlan), String> {
+    let t = timeout().ok_or(slurm::NO_TIME)?;
+    let job = control.show_job(job_id, t).map_err(|e| e.to_string())?;
     let partition = job.partition.as_deref().map(|p| p.split(',').next().unwrap_or(p).to_string());
     let (nodes, partition_error) = match (&partition, timeout()) {
         (Some(p), Some(t)) => match control.partition_nodes(p, t) {
@@ -319,6 +315,24 @@ fn set_exclusion(
         partition_error: partition_error.as_deref(),
         nodes_needed: job.num_nodes.unwrap_or(1),
     });
+    Ok((job.excluded, plan))
+}
+
+/// Plans and sets the exclusion of a requeued job.
+fn set_exclusion(
+    cfg: &Config,
+    control: &dyn SlurmControl,
+    job_id: &str,
+    blamed: &[String],
+    before: &[String],
+    record: &mut NodesExcluded,
+    timeout: &dyn Fn() -> Option<Duration>,
+) {
+    let (current, plan) = match plan_for_job(cfg, control, job_id, blamed, before, timeout) {
+        Ok(planned) => planned,
+        Err(e) => return record.error = Some(e),
+    };
+    record.excluded = current;
     match plan {
         ExclusionPlan::Skip { reason } => record.note = Some(reason),
         ExclusionPlan::Exclude { list, added, note } => {
@@ -333,6 +347,35 @@ fn set_exclusion(
                 }
                 Err(e) => record.error = Some(e),
             }
+        }
+    }
+}
+
+/// For an in-job restart request: the exclusion list the batch shell sets
+/// should it requeue the job instead (`RestartRequest::requeue_exclude`),
+/// planned now as after a requeue; empty when nothing is to be set or the
+/// plan could not be made (logged).
+pub(crate) fn requeue_exclusion_for_request(
+    cfg: &Config,
+    slurm: &SlurmEnv,
+    control: &dyn SlurmControl,
+    blamed: &[String],
+    events: &Path,
+) -> Vec<String> {
+    let Some(job_id) = slurm.control_id().filter(|_| cfg.health.exclude && !blamed.is_empty()) else {
+        return Vec::new();
+    };
+    let before = excluded_before(&recorded(events), slurm.job_id.as_deref());
+    let timeout = || budget::scontrol_timeout(None, Instant::now());
+    match plan_for_job(cfg, control, &job_id, blamed, &before, &timeout) {
+        Ok((_, ExclusionPlan::Exclude { list, .. })) => list,
+        Ok((_, ExclusionPlan::Skip { reason })) => {
+            tracing::info!(%reason, "should the batch shell requeue the job, it excludes no node");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot plan the exclusion for a requeue by the batch shell");
+            Vec::new()
         }
     }
 }
@@ -488,6 +531,19 @@ mod tests {
         let one = SlurmEnv { nodelist: Some("n1".into()), ..slurm() };
         assert!(!others_left(&one, &n1, None));
         assert!(!others_left(&slurm(), &n1, None), "no node list: no other node known");
+    }
+
+    #[test]
+    fn an_in_job_request_carries_the_exclusion_a_requeue_would_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("events.jsonl");
+        let fake = Fake::new(&["n9"]);
+        let list = requeue_exclusion_for_request(&Config::default(), &slurm(), &fake, &["n1".into()], &events);
+        assert_eq!(list, ["n1", "n9"]);
+        assert_eq!(*fake.calls.borrow(), ["show 42", "sinfo debug"], "planned, not set: the job still runs");
+        let mut off = Config::default();
+        off.health.exclude = false;
+        assert!(requeue_exclusion_for_request(&off, &slurm(), &fake, &["n1".into()], &events).is_empty());
     }
 
     #[test]

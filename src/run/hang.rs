@@ -247,7 +247,7 @@ impl HangHandler {
         // Hangs count toward `[run] max_crash_requeues` like transient
         // crashes: a job that hangs at the same place every time must stop.
         let in_job = match &cause {
-            Cause::RanksLost { lost, .. } => continue_in_job(&self.cfg, &self.slurm, lost, kept),
+            Cause::RanksLost { lost, .. } => continue_in_job(&self.cfg, &self.slurm, lost, kept, &self.events),
             Cause::Hang(_) => None,
         };
         let (requeue, excluded) = match in_job {

@@ -131,10 +131,11 @@ pub fn continue_in_job(
     slurm_env: &SlurmEnv,
     lost: &[Lost],
     newest: Option<u64>,
+    events: &std::path::Path,
 ) -> Option<(RequeueRecord, NodesExcluded)> {
     let exclude = blame(&lost_end(lost), &[]);
     let reason = lost_reason(lost);
-    let record = ask_for_in_job_restart(cfg, slurm_env, &reason, &exclude, newest)?;
+    let record = ask_for_in_job_restart(cfg, slurm_env, &reason, &exclude, newest, events)?;
     Some((record, in_job_exclusion(&reason, &exclude, InJobOffer::from_process().as_ref())))
 }
 
@@ -202,7 +203,7 @@ impl WorldEnd {
         for event in rank_lost_events(&lost, self.rank, self.size, timeout) {
             record(&event);
         }
-        let (requeue, excluded) = match continue_in_job(&self.cfg, &self.slurm, &lost, newest) {
+        let (requeue, excluded) = match continue_in_job(&self.cfg, &self.slurm, &lost, newest, &self.events) {
             Some((record, excluded)) => (record, Some(excluded)),
             None => {
                 requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, newest, &lost_reason(&lost), &lost_end(&lost))
