@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use crate::config::{Config, GpuBackend, validate};
 pub use crate::health::{Check, CheckStatus, Checklist};
-use crate::health::{NodeInput, node_checks};
+use crate::health::{NodeInput, StorageProbe, node_checks};
 
 use crate::gpu::{
     DeviceKind, EnvMap, Footprint, GpuProbe, InventoryProbe, NO_AMD_BACKEND, PlacementRequest, PlanDevice, SystemProbe,
@@ -78,6 +78,7 @@ pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, p
         run_dir: &run_dir,
         checkpoint_dir: &ckpt_dir,
         expected_checkpoint_bytes: expected,
+        storage: StorageProbe::RoundTrip,
         restarting,
         node: &node,
     }));

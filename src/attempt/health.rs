@@ -25,7 +25,7 @@ use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config::Config;
 use crate::gpu::{EnvMap, GpuProbe, InventoryProbe, SystemProbe};
 use crate::health::{
-    AttemptEnd, ExclusionInput, ExclusionPlan, NodeInput, attempts_without_progress, blame, node_checks,
+    AttemptEnd, ExclusionInput, ExclusionPlan, NodeInput, StorageProbe, attempts_without_progress, blame, node_checks,
     plan_exclusion, progress_guard,
 };
 use crate::rundir::{self, EVENTS_FILE};
@@ -79,6 +79,7 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
         run_dir: root,
         checkpoint_dir: &checkpoints,
         expected_checkpoint_bytes: newest.map(|(_, bytes)| bytes),
+        storage: StorageProbe::Write,
         restarting: slurm.restart_count > 0 || offer.as_ref().is_some_and(|o| o.restarts > 0),
         node: &node,
     });

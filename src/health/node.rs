@@ -9,7 +9,8 @@
 //! | `run directory` | the run directory (or its parent) is not visible from this node, or a look at it hangs |
 //! | `clock skew` | a file written beside the run directory has a time further than `[health] max_clock_skew` from this node's clock |
 //! | `free disk` | no room for one checkpoint of the known size |
-//! | `checkpoint round-trip` | a tiny checkpoint cannot be written, verified and read back beside the checkpoints |
+//! | `checkpoint round-trip` (doctor) | a tiny checkpoint cannot be written, verified and read back beside the checkpoints |
+//! | `checkpoint directory` (an attempt) | a file cannot be written, fsynced, renamed and removed beside the checkpoints |
 //! | `site command` | `[health] command` exits non-zero or runs past `[health] timeout` |
 //!
 //! Devices come from the same probe as detection (`crate::gpu`): NVML, ROCm
@@ -25,7 +26,7 @@ use crate::gpu::{EnvMap, GpuDevice, GpuProbe, nearest_existing, visible_devices}
 
 use super::checklist::{CheckStatus, Checklist};
 use super::command::run_site_command;
-use super::storage::{check_disk, check_round_trip};
+use super::storage::{StorageProbe, check_disk, check_round_trip, check_writable};
 
 /// How long a look at the shared filesystem may take before the mount
 /// counts as hung.
@@ -44,6 +45,8 @@ pub struct NodeInput<'a> {
     pub checkpoint_dir: &'a Path,
     /// Bytes of one checkpoint, when known.
     pub expected_checkpoint_bytes: Option<u64>,
+    /// How the place of the checkpoints is tried.
+    pub storage: StorageProbe,
     /// A later attempt of the run: its directory should already be there.
     pub restarting: bool,
     /// This node's name (given to the site command as `REKINDLE_NODE`).
@@ -59,7 +62,10 @@ pub fn node_checks(input: &NodeInput<'_>) -> Checklist {
     check_run_dir(&mut list, input.run_dir, input.restarting);
     check_clock_skew(&mut list, input.run_dir, input.health.max_clock_skew);
     check_disk(&mut list, input.checkpoint_dir, input.expected_checkpoint_bytes);
-    check_round_trip(&mut list, input.checkpoint_dir);
+    match input.storage {
+        StorageProbe::RoundTrip => check_round_trip(&mut list, input.checkpoint_dir),
+        StorageProbe::Write => check_writable(&mut list, input.checkpoint_dir),
+    }
     check_site_command(&mut list, input);
     list
 }
@@ -280,7 +286,7 @@ fn check_run_dir(list: &mut Checklist, run_dir: &Path, restarting: bool) {
 
 /// Writes a file beside the run directory and compares the time the
 /// filesystem gave it with this node's clock (positive: the filesystem is
-/// ahead). `None` when nothing could be written.
+/// ahead); an error says why nothing could be written or read back.
 fn measure_skew(dir: PathBuf) -> Result<f64, String> {
     let base = nearest_existing(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let before = SystemTime::now();
@@ -348,7 +354,7 @@ fn check_site_command(list: &mut Checklist, input: &NodeInput<'_>) {
 mod tests {
     use super::*;
     use crate::gpu::test_device as device;
-    use crate::gpu::{DeviceHealth, Probed, StaticProbe, Vendor};
+    use crate::gpu::{DeviceHealth, StaticProbe, Vendor};
 
     struct Fixture {
         dir: tempfile::TempDir,
@@ -373,6 +379,7 @@ mod tests {
                 run_dir: &run_dir,
                 checkpoint_dir: &checkpoints,
                 expected_checkpoint_bytes: None,
+                storage: StorageProbe::Write,
                 restarting,
                 node: "n1",
             })
@@ -403,6 +410,7 @@ mod tests {
         assert_eq!(status(&list, "site command"), CheckStatus::Skip);
         assert_eq!(status(&list, "clock skew"), CheckStatus::Ok, "{list}");
         assert_eq!(status(&list, "run directory"), CheckStatus::Ok, "{list}");
+        assert_eq!(status(&list, "checkpoint directory"), CheckStatus::Ok, "{list}");
         // Nothing is left behind, and the run directory was not made.
         assert_eq!(std::fs::read_dir(f.dir.path()).unwrap().count(), 0);
     }
@@ -486,6 +494,16 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_place_that_cannot_be_written_fails() {
+        let f = fixture();
+        let blocker = f.dir.path().join("file");
+        std::fs::write(&blocker, "").unwrap();
+        let mut list = Checklist::new();
+        check_writable(&mut list, &blocker.join("x/checkpoints"));
+        assert_eq!(status(&list, "checkpoint directory"), CheckStatus::Fail, "{list}");
+    }
+
+    #[test]
     fn a_later_attempt_that_cannot_see_the_run_directory_fails() {
         let f = fixture();
         let list = f.check(&no_gpu(), true);
@@ -512,6 +530,5 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let skew = measure_skew(dir.path().join("run")).unwrap();
         assert!(skew.abs() < 2.0, "{skew}");
-        let _ = Probed::default();
     }
 }

@@ -52,15 +52,68 @@ pub(crate) fn check_disk(list: &mut Checklist, dir: &Path, expected: Option<u64>
     }
 }
 
+/// How the place of the checkpoints is tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageProbe {
+    /// `rekindle doctor`: a tiny checkpoint saved, verified and loaded with
+    /// the real store (`checkpoint round-trip`).
+    RoundTrip,
+    /// The start of an attempt: a file written, fsynced, renamed and
+    /// removed beside the checkpoints (`checkpoint directory`); the
+    /// attempt's own first save is the round trip, and a check must not
+    /// cost what a save does.
+    Write,
+}
+
+/// The directory the probes work in: the nearest existing ancestor of the
+/// checkpoint directory's parent (same filesystem as the checkpoints).
+fn probe_base(ckpt_dir: &Path) -> Result<std::path::PathBuf, String> {
+    let parent = ckpt_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    nearest_existing(parent).map_err(|e| format!("{}: {e}", parent.display()))
+}
+
+/// Writes, fsyncs, renames and removes a small file beside the checkpoint
+/// directory: it is writable, and the filesystem answers.
+pub(crate) fn check_writable(list: &mut Checklist, ckpt_dir: &Path) {
+    let name = "checkpoint directory";
+    let base = match probe_base(ckpt_dir) {
+        Ok(base) => base,
+        Err(e) => return list.push(name, CheckStatus::Fail, true, e),
+    };
+    let started = Instant::now();
+    let written = (|| -> std::io::Result<()> {
+        use std::io::Write;
+        let mut file = tempfile::Builder::new().prefix(".rekindle-health-").tempfile_in(&base)?;
+        file.write_all(&[0u8; 64 << 10])?;
+        file.as_file().sync_all()?;
+        let target = base.join(format!(".rekindle-health-{}", std::process::id()));
+        let persisted = file.persist(&target).map_err(|e| e.error)?;
+        drop(persisted);
+        std::fs::remove_file(&target)
+    })();
+    match written {
+        Ok(()) => list.push(
+            name,
+            CheckStatus::Ok,
+            true,
+            format!(
+                "wrote, fsynced, renamed and removed a 64 KiB file in {} in {:.1} ms",
+                base.display(),
+                started.elapsed().as_secs_f64() * 1000.0
+            ),
+        ),
+        Err(e) => list.push(name, CheckStatus::Fail, true, format!("cannot write a file in {}: {e}", base.display())),
+    }
+}
+
 /// Saves, verifies and loads a tiny checkpoint with the real store in a
 /// temporary directory beside the checkpoint directory (same filesystem),
 /// then removes it.
 pub(crate) fn check_round_trip(list: &mut Checklist, ckpt_dir: &Path) {
     let name = "checkpoint round-trip";
-    let parent = ckpt_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let base = match nearest_existing(parent) {
+    let base = match probe_base(ckpt_dir) {
         Ok(base) => base,
-        Err(e) => return list.push(name, CheckStatus::Fail, true, format!("{}: {e}", parent.display())),
+        Err(e) => return list.push(name, CheckStatus::Fail, true, e),
     };
     let tmp = match tempfile::Builder::new().prefix(".rekindle-doctor-").tempdir_in(&base) {
         Ok(tmp) => tmp,
