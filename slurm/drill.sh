@@ -103,11 +103,13 @@
 #               its processes (SIGKILL). Rank 0 finds rank 1 silent within
 #               `[distributed] timeout` (10 s here), records `rank_lost`, and
 #               the job is requeued: submitted with REKINDLE_INJOB_MAX=0, so
-#               no in-job restart (the requeue path stays drilled); the lost
-#               node is brought back once the job is requeued, and the run
-#               resumes from the last periodic checkpoint over two ranks
-#               (on the two nodes left), byte-identical to two ranks never
-#               stopped. Needs the local cluster.
+#               no in-job restart (the requeue path stays drilled) with the
+#               lost node excluded (`nodes_excluded`; `scontrol show job`
+#               shows it in ExcNodeList); the lost node is brought back once
+#               the job is requeued, and the run resumes from the last
+#               periodic checkpoint over two ranks on the two other nodes,
+#               byte-identical to two ranks never stopped. Needs the local
+#               cluster.
 #   dp-nodeloss-injob
 #               two ranks on two of three nodes, the third held as a spare
 #               (REKINDLE_SPARE_NODES=1 sbatch -N3 --ntasks-per-node=1: SLURM
@@ -125,6 +127,21 @@
 #               seen every sample of the epoch once (data cursor, counters
 #               and step equal to two ranks never stopped). Needs the local
 #               cluster.
+#   badnode     a site health check (`[health] command`) that fails on n1 only;
+#               n2 and n3 are kept busy by a short job while the training job
+#               is submitted (no -w: that would forbid the exclusion), so it
+#               starts on n1, the only idle node. Its attempt records
+#               `node_unhealthy` and ends without training; rekindle
+#               requeues the job and sets ExcNodeList=n1 (`scontrol show job`
+#               shows it); the job trains and finishes on another node,
+#               byte-identical to the uninterrupted run, and `rekindle
+#               status` says why n1 was left. Needs the local cluster.
+#   noprogress  every attempt's sixth step fails (a failpoint: transient, before
+#               any checkpoint) under `[run] max_attempts_without_progress =
+#               2`: the batch shell restarts it in the job, and the attempt
+#               after the second does not train: the `error` names both
+#               attempts, the job ends FAILED with ExitCode 79, not after
+#               max_restarts or REKINDLE_INJOB_MAX. Needs a failpoints build.
 #
 # Each drill prints one PASS/FAIL line and a one-line JSON summary (attempts,
 # node of each attempt, steps lost, seconds from signal to durable checkpoint,
@@ -177,7 +194,7 @@ unset REKINDLE_INJOB_MAX REKINDLE_SPARE_NODES
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare own exec exec-ddp exec-torchrun)
+    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare own exec exec-ddp exec-torchrun badnode noprogress)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -337,7 +354,7 @@ fi
 # binary (FAILPOINTS), which only a build with failpoints compiled in honours:
 # one step of a run whose first step is made to fail tells.
 FAILPOINTS_WORK=
-if [[ " ${drills[*]} " == *" hang "* || " ${drills[*]} " == *" crash "* ]]; then
+if [[ " ${drills[*]} " == *" hang "* || " ${drills[*]} " == *" crash "* || " ${drills[*]} " == *" noprogress "* ]]; then
     without_slurm env FAILPOINTS='train::step_error=return' "$BIN" run --config "$CONFIG" --run-dir "$WORK/failpoints" \
         --set run.max_steps=20 --set checkpoint.every_steps=0 >"$WORK/failpoints.log" 2>&1
     grep -q 'failpoint train::step_error' "$WORK/failpoints.log" && FAILPOINTS_WORK=1
@@ -961,12 +978,17 @@ drill_dp-nodeloss() {
     local lost_node back=false
     kill_rank1_node || return 1
     wait_until "the job to be requeued" "$TIMEOUT" job_requeued || return 1
-    log "dp-nodeloss: requeued; bringing $lost_node back"
+    # rekindle excludes the lost node right after its requeue: read the
+    # job's exclusions once its record says so.
+    wait_until "the nodes_excluded event" 30 has_event "$run" nodes_excluded || return 1
+    local excluded
+    excluded=$(scontrol show hostnames "$(job_field "$job" ExcNodeList)" 2>/dev/null | paste -sd, -)
+    log "dp-nodeloss: requeued with ExcNodeList=$excluded; bringing $lost_node back"
     node_back "$lost_node" && back=true
     # The attempt that lost a rank ends like a hung one: records, requeue and
     # MPI_Abort, no publish (the next attempt publishes): counted as killed.
-    EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":%s,"node_state":"%s","killed_node":"%s","lost_rank":1}' \
-        "$back" "$(sinfo -h -n "$lost_node" -o %t | head -n1)" "$lost_node")
+    EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":%s,"node_state":"%s","killed_node":"%s","lost_rank":1,"exc_node_list":"%s"}' \
+        "$back" "$(sinfo -h -n "$lost_node" -o %t | head -n1)" "$lost_node" "$excluded")
     wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
@@ -1008,6 +1030,61 @@ drill_dp-nodeloss-injob() {
     injob_drill -N3 --ntasks-per-node=1
 }
 drill_dp-nodeloss-injob-nospare() { injob_drill -N2 -n2; }
+
+# A site health check that fails on n1 only, and a training job that starts
+# there because n1 is the only idle node when it is submitted (n2 and n3 run
+# a short job): the attempt on n1 ends untrained, the job is requeued with
+# n1 excluded and trains elsewhere.
+BAD_NODE=n1
+drill_badnode() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        echo "SKIP badnode: needs the local cluster (it fills its other nodes); see docs/drills.md"
+        echo '{"drill":"badnode","result":"SKIP"}'
+        return 3
+    fi
+    local others n
+    others=$(sinfo -h -N ${LOW:+-p "$LOW"} -o %N | sort -u | grep -vx "$BAD_NODE" | paste -sd, -)
+    n=$(tr ',' '\n' <<<"$others" | grep -c .)
+    high=$(sbatch --parsable -J rekindle-drill-busy -w "$others" -N "$n" -o /dev/null ${LOW:+-p "$LOW"} \
+        "${EXTRA_OPTS[@]}" --wrap 'sleep 15')
+    high=${high%%;*}
+    log "badnode: job $high keeps $others busy for 15 s"
+    busy_running() { [[ $(job_field "$high" JobState) == RUNNING ]]; }
+    wait_until "the busy job to run" 60 busy_running || return 1
+    RUN_EXTRA=(--set "health.command=\"test \$REKINDLE_NODE != $BAD_NODE || { echo drill: $BAD_NODE fails its site check; exit 1; }\"")
+    submit badnode || return 1
+    RUN_EXTRA=()
+    action=$(now)
+    wait_until "the node_unhealthy event" 120 has_event "$run" node_unhealthy || return 1
+    wait_until "the nodes_excluded event" 30 has_event "$run" nodes_excluded || return 1
+    local excluded first_node
+    excluded=$(scontrol show hostnames "$(job_field "$job" ExcNodeList)" 2>/dev/null | paste -sd, -)
+    log "badnode: requeued; ExcNodeList=$excluded"
+    wait_until "the job to train on another node" "$TIMEOUT" attempts_started "$run" 1 || return 1
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job" || return 1
+    "$BIN" status "$run" >"$wd/status.txt" 2>&1
+    EXTRA_JSON=$(python3 - "$BAD_NODE" "$excluded" "$wd/status.txt" <<'PY'
+import json, sys
+status = open(sys.argv[3], encoding="utf-8", errors="replace").read()
+print(json.dumps({"bad_node": sys.argv[1], "exc_node_list": sys.argv[2], "status": status,
+                  "unpublished_attempts": 1}))
+PY
+    )
+}
+
+# Attempts that crash transiently before any checkpoint, restarted in the
+# job by the batch shell, until the progress guard stops them.
+NOPROGRESS_MAX=2
+drill_noprogress() {
+    [[ -n $FAILPOINTS_WORK ]] || { note "$BIN ignores FAILPOINTS (no failpoints compiled in): build it with cargo test --no-run (make drill does); see $WORK/failpoints.log"; return 1; }
+    local -x FAILPOINTS='train::step_error=5*off->return'
+    RUN_EXTRA=(--set "run.max_attempts_without_progress=$NOPROGRESS_MAX" --set run.max_crash_requeues=10)
+    submit noprogress || return 1
+    RUN_EXTRA=()
+    action=$(now)
+    wait_until "the job to end" "$TIMEOUT" job_final "$job" || return 1
+    EXTRA_JSON=$(printf '{"max_attempts_without_progress":%s,"unpublished_attempts":%s}' "$NOPROGRESS_MAX" "$NOPROGRESS_MAX")
+}
 
 # Interrupted (Ctrl-C, a CI timeout): leave no drill job behind.
 on_exit() {

@@ -60,14 +60,86 @@ def read_events(run_dir):
 
 
 def split_attempts(events):
-    """One entry per `rekindle run` process: its start event and what followed."""
+    """One entry per attempt: its start event and what followed. An attempt
+    whose node failed its health check has no `start`: its first
+    `node_unhealthy` starts it (the ranks of one attempt that fail together,
+    with the same `launch`, are one attempt)."""
     attempts = []
     for ev in events:
-        if ev.get("event") == "start":
+        name = ev.get("event")
+        unhealthy_again = (name == "node_unhealthy" and attempts
+                           and attempts[-1]["start"].get("event") == "node_unhealthy"
+                           and attempts[-1]["start"].get("launch") == ev.get("launch"))
+        if name == "start" or (name == "node_unhealthy" and not unhealthy_again):
             attempts.append({"start": ev, "events": []})
         elif attempts:
             attempts[-1]["events"].append(ev)
     return attempts
+
+
+def excluded_checks(att, node, exc_node_list):
+    """(name, ok, detail) pairs: the attempt's `nodes_excluded` added `node`
+    to the requeued job's exclusions, and scontrol showed it there."""
+    x = first(att, "nodes_excluded") or {}
+    shown = [n for n in (exc_node_list or "").split(",") if n]
+    return [
+        (f"rekindle excluded {node} from the requeued job",
+         x.get("added") == [node] and x.get("how") == "requeue" and node in (x.get("excluded") or [])
+         and not x.get("error"), f"nodes_excluded {json.dumps(x)}"),
+        (f"scontrol show job lists {node} in ExcNodeList", node in shown, f"ExcNodeList={exc_node_list!r}"),
+    ]
+
+
+def badnode_checks(attempts, extra):
+    """(name, ok, detail) pairs of the badnode drill: the attempt on the bad
+    node ended at its health check, untrained; the job was requeued without
+    it, trained elsewhere, and `rekindle status` says why."""
+    bad = extra.get("bad_node")
+    att0 = attempts[0] if attempts else {"start": {}, "events": []}
+    u = att0["start"]
+    out = [("the first attempt ended at the health check of the bad node, untrained",
+            u.get("event") == "node_unhealthy" and u.get("node") == bad and u.get("check") == "site command"
+            and f"{bad} fails its site check" in (u.get("detail") or "")
+            and first(att0["events"], "checkpoint_saved") is None,
+            f"first attempt's first event: {json.dumps({k: u.get(k) for k in ('event', 'node', 'check', 'detail')})}")]
+    req = first(att0["events"], "requeue") or {}
+    out.append(("rekindle requeued the job after the failed check",
+                req.get("decision") == "requeue" and req.get("answer") in ("requeued", "already_pending"),
+                json.dumps(req)))
+    out.extend(excluded_checks(att0["events"], bad, extra.get("exc_node_list")))
+    later = [att["start"].get("node") for att in attempts[1:]]
+    out.append(("every later attempt trained on another node", bool(later) and bad not in later,
+                f"later attempts on {later}"))
+    status = extra.get("status") or ""
+    out.append(("rekindle status says why the node was left",
+                f"unhealthy {bad} failed `site command`" in status and f"excluded  {bad} (" in status,
+                status.strip().replace("\n", " | ")[-300:]))
+    return out
+
+
+def noprogress_checks(attempts, state, exit_code, restarts, extra):
+    """(name, ok, detail) pairs of the noprogress drill: the configured number
+    of attempts trained and crashed before a checkpoint, then the progress
+    guard ended the job with exit 79 instead of another restart."""
+    most = extra.get("max_attempts_without_progress")
+    errors = [first(att["events"], "error") or {} for att in attempts]
+    out = [("the job ended FAILED with the progress guard's exit code 79",
+            state == "FAILED" and exit_code == "79:0", f"JobState={state} ExitCode={exit_code}"),
+           (f"exactly max_attempts_without_progress = {most} attempts trained, each ending in a transient crash",
+            most is not None and len(attempts) == most and all(e.get("class") == "transient" for e in errors),
+            f"{len(attempts)} attempts; errors {[e.get('class') for e in errors]}"),
+           ("no checkpoint was committed", not any(e.get("event") == "checkpoint_saved"
+                                                    for att in attempts for e in att["events"]), "")]
+    last = attempts[-1]["events"][-1] if attempts and attempts[-1]["events"] else {}
+    message = last.get("error") or ""
+    out.append(("the attempt after them did not train: its error names the attempts and is not requeued",
+                last.get("event") == "error" and f"{most} attempts in a row committed no newer checkpoint" in message
+                and message.count("error: ") >= (most or 1)
+                and (last.get("requeue") or {}).get("decision") == "skip",
+                f"last event {json.dumps({k: last.get(k) for k in ('event', 'error', 'requeue')})[:400]}"))
+    out.append(("never requeued (restarted in the job, stopped by the guard, not by max_restarts)",
+                restarts == 0, f"Restarts={restarts}"))
+    return out
 
 
 def first(events, name):
@@ -408,10 +480,11 @@ def main():
     # Attempts that end without publishing: hung (the watchdog exits) or crashed (exit 1).
     unpublished = extra.get("unpublished_attempts", 0)
     expected_commits = len(attempts) - killed - unpublished
-    check("publish: one commit per attempt that exited", len(log) == expected_commits and expected_commits > 0,
+    check("publish: one commit per attempt that exited",
+          len(log) == expected_commits and (expected_commits > 0 or a.drill == "noprogress"),
           f"{len(log)} commits for {len(attempts)} attempts ({killed} killed, {unpublished} ending unpublished)")
 
-    if a.drill != "cancel":
+    if a.drill not in ("cancel", "noprogress"):
         check("finished", finish is not None and finish.get("step") == a.max_steps,
               f"finish event at step {finish.get('step') if finish else None} of {a.max_steps}")
         check("job COMPLETED", a.state == "COMPLETED" and a.exit_code in ("0:0", ""),
@@ -539,8 +612,19 @@ def main():
               f" s after the crash (StartTime {requeued.get('start_time')})")
     if a.drill == "nodeloss":
         check("first attempt was killed (no stop event)", first(att0, "stop") is None, "")
+    if a.drill == "badnode":
+        for name, ok, detail in badnode_checks(attempts, extra):
+            check(name, ok, detail)
+    if a.drill == "noprogress":
+        for name, ok, detail in noprogress_checks(attempts, a.state, a.exit_code, a.restarts, extra):
+            check(name, ok, detail)
     if a.drill == "dp-nodeloss":
         check(*rank_lost_check(att0, extra.get("killed_node")))
+        for name, ok, detail in excluded_checks(att0, extra.get("killed_node"), extra.get("exc_node_list")):
+            check(name, ok, detail)
+        later = [n for att in attempts[1:] for n in (att["start"].get("rank_nodes") or [])]
+        check("no later attempt ran on the lost node", bool(later) and extra.get("killed_node") not in later,
+              f"later rank nodes {later}, lost {extra.get('killed_node')}")
         check("no checkpoint of the current step after the loss (the world cannot agree on one)",
               not any(e.get("event") == "checkpoint_saved" and e.get("kind") == "stop" for e in att0), "")
     if a.drill in ("nodeloss", "dp-nodeloss"):
@@ -594,7 +678,7 @@ def main():
         if a.drill in FORWARDED:
             check("the batch shell forwarded the signal to the step", bool(forwards),
                   f"{forwards} forwarding lines in {a.job_output}")
-    if a.verify_rc is not None:
+    if a.verify_rc is not None and a.drill != "noprogress":  # no checkpoint to verify there
         check("rekindle verify", a.verify_rc == 0, f"exit {a.verify_rc}")
 
     failed = [c for c in checks if not c["ok"]]

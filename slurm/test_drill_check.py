@@ -246,3 +246,73 @@ class EverySampleOnce(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def badnode_events(check_node="n1", exclusion_added=("n1",), later_node="n2"):
+    """A badnode run: n1 fails its site check, the job is requeued with n1
+    excluded and trains on `later_node`."""
+    return [
+        {"event": "node_unhealthy", "node": check_node, "attempt": 0, "check": "site command", "launch": "5.0",
+         "detail": "`test` exited 1 after 0.0s; output: drill: n1 fails its site check"},
+        {"event": "requeue", "node": check_node, "attempt": 0, "decision": "requeue", "answer": "requeued"},
+        {"event": "nodes_excluded", "node": check_node, "attempt": 0, "cause": "node_unhealthy: site command",
+         "blamed": ["n1"], "added": list(exclusion_added), "excluded": list(exclusion_added), "how": "requeue"},
+        {"event": "start", "node": later_node, "attempt": 1},
+        {"event": "finish", "node": later_node, "attempt": 1, "step": 1000},
+    ]
+
+
+STATUS = "unhealthy n1 failed `site command`: ...\nexcluded  n1 (node_unhealthy: site command; from the requeued job)\n"
+
+
+class BadNode(unittest.TestCase):
+    def failed(self, events, exc="n1", status=STATUS):
+        extra = {"bad_node": "n1", "exc_node_list": exc, "status": status}
+        return [name for name, ok, _ in drill_check.badnode_checks(drill_check.split_attempts(events), extra)
+                if not ok]
+
+    def test_the_drills_records_pass(self):
+        self.assertEqual(self.failed(badnode_events()), [])
+        self.assertEqual(len(drill_check.split_attempts(badnode_events())), 2, "the unhealthy attempt counts")
+
+    def test_ranks_of_one_attempt_failing_together_are_one_attempt(self):
+        events = badnode_events()
+        events.insert(1, dict(events[0], node="n3"))
+        self.assertEqual(len(drill_check.split_attempts(events)), 2)
+
+    def test_no_exclusion_or_training_on_the_bad_node_fails(self):
+        self.assertIn("rekindle excluded n1 from the requeued job", self.failed(badnode_events(exclusion_added=())))
+        self.assertIn("scontrol show job lists n1 in ExcNodeList", self.failed(badnode_events(), exc="n9"))
+        self.assertIn("every later attempt trained on another node", self.failed(badnode_events(later_node="n1")))
+        self.assertIn("rekindle status says why the node was left", self.failed(badnode_events(), status="state x"))
+
+
+def noprogress_events(attempts=2, guard=True, klass="transient"):
+    ev = []
+    for i in range(attempts):
+        ev.append({"event": "start", "node": "n1", "attempt": 0, "in_job_restart": i})
+        ev.append({"event": "error", "node": "n1", "error": "step 6 failed", "class": klass})
+    if guard:
+        ev.append({"event": "error", "node": "n1", "requeue": {"decision": "skip", "reason": "no progress"},
+                   "error": "2 attempts in a row committed no newer checkpoint ([run] "
+                            "max_attempts_without_progress = 2): ...; the attempts were on n1 (job 5, restart 0): "
+                            "error: step 6 failed; on n1 (job 5, restart 0): error: step 6 failed."})
+    return ev
+
+
+class NoProgress(unittest.TestCase):
+    def failed(self, events, state="FAILED", exit_code="79:0", restarts=0):
+        extra = {"max_attempts_without_progress": 2}
+        return [name for name, ok, _ in
+                drill_check.noprogress_checks(drill_check.split_attempts(events), state, exit_code, restarts, extra)
+                if not ok]
+
+    def test_the_drills_records_pass(self):
+        self.assertEqual(self.failed(noprogress_events()), [])
+
+    def test_another_exit_or_more_attempts_or_a_requeue_fails(self):
+        self.assertTrue(self.failed(noprogress_events(), exit_code="1:0"))
+        self.assertTrue(self.failed(noprogress_events(attempts=3)))
+        self.assertTrue(self.failed(noprogress_events(guard=False)))
+        self.assertTrue(self.failed(noprogress_events(), restarts=2))
+        self.assertTrue(self.failed(noprogress_events(klass="deterministic")))

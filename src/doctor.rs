@@ -7,105 +7,25 @@
 //! Checks: config valid (with its model built and its data loaded, as
 //! `rekindle run` does before it starts: "ready" means `run` starts); SLURM environment; SLURM commands on PATH; visible
 //! GPUs and driver versions; the placement plan (given a footprint); a tiny
-//! matmul on the CPU and on each device the plan would use; free disk versus
-//! the expected checkpoint size; a write + fsync + rename + verify round-trip
-//! with the real checkpoint store next to the checkpoint directory; and the
-//! publish repository.
+//! matmul on the CPU and on each device the plan would use; then the checks
+//! every attempt makes on its node before it starts (`crate::health`, one
+//! implementation: devices as allotted, free device memory, GPU health
+//! counters, the run directory seen from here, clock skew, free disk versus
+//! the expected checkpoint size, a write + fsync + rename + verify
+//! round-trip with the real checkpoint store next to the checkpoint
+//! directory, the site's `[health] command`); and the publish repository.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::Serialize;
-
-use crate::checkpoint::{CheckpointStore, HostTensor, Snapshot, TensorSet, VerifyLevel};
 use crate::config::{Config, GpuBackend, validate};
+pub use crate::health::{Check, CheckStatus, Checklist};
+use crate::health::{NodeInput, StorageProbe, node_checks};
 
 use crate::gpu::{
     DeviceKind, EnvMap, Footprint, GpuProbe, InventoryProbe, NO_AMD_BACKEND, PlacementRequest, PlanDevice, SystemProbe,
-    choose_devices, free_disk_bytes, nearest_existing, place, visible_devices,
+    choose_devices, place, visible_devices,
 };
-use crate::units::mib_or_gib;
-
-/// The outcome of one check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CheckStatus {
-    Ok,
-    Warn,
-    Fail,
-    /// Not applicable here (e.g. publishing not configured).
-    Skip,
-}
-
-/// One line of the checklist.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Check {
-    pub name: String,
-    pub status: CheckStatus,
-    pub detail: String,
-    /// A failure of a required check means the run should not start.
-    pub required: bool,
-}
-
-/// Every check, in the order they ran. Serialised as
-/// `{"checks": [...], "required_failed": bool}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checklist {
-    pub checks: Vec<Check>,
-}
-
-impl Serialize for Checklist {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        struct View<'a> {
-            checks: &'a [Check],
-            required_failed: bool,
-        }
-        View { checks: &self.checks, required_failed: self.any_required_failed() }.serialize(serializer)
-    }
-}
-
-impl Checklist {
-    /// True when any required check failed (the CLI exits non-zero then).
-    pub fn any_required_failed(&self) -> bool {
-        self.checks.iter().any(|c| c.required && c.status == CheckStatus::Fail)
-    }
-
-    /// The check named `name`, if it ran.
-    pub fn get(&self, name: &str) -> Option<&Check> {
-        self.checks.iter().find(|c| c.name == name)
-    }
-
-    fn push(&mut self, name: &str, status: CheckStatus, required: bool, detail: impl Into<String>) {
-        self.checks.push(Check { name: name.to_string(), status, detail: detail.into(), required });
-    }
-}
-
-impl fmt::Display for Checklist {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let count = |s| self.checks.iter().filter(|c| c.status == s).count();
-        for c in &self.checks {
-            let mark = match c.status {
-                CheckStatus::Ok => " ok ",
-                CheckStatus::Warn => "warn",
-                CheckStatus::Fail => "FAIL",
-                CheckStatus::Skip => "skip",
-            };
-            let required = if c.required && c.status == CheckStatus::Fail { " (required)" } else { "" };
-            writeln!(f, "[{mark}] {}{required}: {}", c.name, c.detail)?;
-        }
-        let verdict = if self.any_required_failed() { "a required check failed" } else { "ready" };
-        writeln!(
-            f,
-            "{} ok, {} warning(s), {} failed, {} skipped: {verdict}",
-            count(CheckStatus::Ok),
-            count(CheckStatus::Warn),
-            count(CheckStatus::Fail),
-            count(CheckStatus::Skip)
-        )
-    }
-}
 
 /// What `doctor` checks against, besides the config.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -145,9 +65,23 @@ pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, p
     let planned = check_gpus_and_plan(&mut list, config, options, env, probe);
     check_matmul(&mut list, config, &planned);
     let ckpt_dir = checkpoint_dir(config);
+    let run_dir = run_dir(config);
     let expected = options.expected_checkpoint_bytes.or(options.footprint.map(|f| f.checkpoint_bytes()));
-    check_disk(&mut list, &ckpt_dir, expected);
-    check_round_trip(&mut list, &ckpt_dir);
+    let restarting = env.get("SLURM_RESTART_COUNT").is_some_and(|n| n.trim() != "0");
+    let node = env.get("SLURMD_NODENAME").cloned().unwrap_or_else(crate::slurm::hostname);
+    list.extend(node_checks(&NodeInput {
+        health: &config.health,
+        backend: config.gpu.backend,
+        env,
+        probe,
+        inventory: options.inventory.is_some(),
+        run_dir: &run_dir,
+        checkpoint_dir: &ckpt_dir,
+        expected_checkpoint_bytes: expected,
+        storage: StorageProbe::RoundTrip,
+        restarting,
+        node: &node,
+    }));
     check_publish(&mut list, config);
     list
 }
@@ -367,101 +301,14 @@ fn device_matmul(device: &candle_core::Device) -> Result<String, String> {
     Ok(format!("{N}×{N} f32 matmul correct in {:.1} ms", elapsed.as_secs_f64() * 1000.0))
 }
 
+/// `[run] dir`, else `runs/<name>`.
+fn run_dir(config: &Config) -> PathBuf {
+    config.run.dir.clone().unwrap_or_else(|| Path::new("runs").join(&config.run.name))
+}
+
 /// `[checkpoint] dir`, else `<run dir>/checkpoints`.
 fn checkpoint_dir(config: &Config) -> PathBuf {
-    config.checkpoint.dir.clone().unwrap_or_else(|| {
-        config.run.dir.clone().unwrap_or_else(|| Path::new("runs").join(&config.run.name)).join("checkpoints")
-    })
-}
-
-fn check_disk(list: &mut Checklist, dir: &Path, expected: Option<u64>) {
-    let free = match free_disk_bytes(dir) {
-        Ok(free) => free,
-        Err(e) => {
-            list.push(
-                "free disk",
-                CheckStatus::Fail,
-                true,
-                format!("cannot read free space for {}: {e}", dir.display()),
-            );
-            return;
-        }
-    };
-    let place = format!("{} free on the filesystem of {}", mib_or_gib(free), dir.display());
-    match expected {
-        None => list.push("free disk", CheckStatus::Ok, true, format!("{place} (checkpoint size unknown)")),
-        Some(need) if free < need => list.push(
-            "free disk",
-            CheckStatus::Fail,
-            true,
-            format!(
-                "{place}, but one checkpoint needs about {}: free space or move [checkpoint] dir",
-                mib_or_gib(need)
-            ),
-        ),
-        // The next checkpoint is written before an old one rotates out.
-        Some(need) if free < need.saturating_mul(2) => list.push(
-            "free disk",
-            CheckStatus::Warn,
-            true,
-            format!("{place}: room for one checkpoint of about {} but not two", mib_or_gib(need)),
-        ),
-        Some(need) => list.push(
-            "free disk",
-            CheckStatus::Ok,
-            true,
-            format!("{place}; a checkpoint needs about {}", mib_or_gib(need)),
-        ),
-    }
-}
-
-/// Saves, verifies and loads a tiny checkpoint with the real store in a
-/// temporary directory beside the checkpoint directory (same filesystem),
-/// then removes it.
-fn check_round_trip(list: &mut Checklist, ckpt_dir: &Path) {
-    let name = "checkpoint round-trip";
-    let parent = ckpt_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let base = match nearest_existing(parent) {
-        Ok(base) => base,
-        Err(e) => return list.push(name, CheckStatus::Fail, true, format!("{}: {e}", parent.display())),
-    };
-    let tmp = match tempfile::Builder::new().prefix(".rekindle-doctor-").tempdir_in(&base) {
-        Ok(tmp) => tmp,
-        Err(e) => {
-            return list.push(
-                name,
-                CheckStatus::Fail,
-                true,
-                format!("cannot create a directory in {}: {e}", base.display()),
-            );
-        }
-    };
-    match round_trip(&tmp.path().join("checkpoints")) {
-        Ok(detail) => list.push(name, CheckStatus::Ok, true, format!("{detail} in {}", base.display())),
-        Err(e) => list.push(name, CheckStatus::Fail, true, format!("in {}: {e}", base.display())),
-    }
-}
-
-fn round_trip(dir: &Path) -> Result<String, String> {
-    let started = Instant::now();
-    let model: TensorSet = [("w".to_string(), HostTensor::from_f32(vec![2, 2], &[1.0, -2.0, 3.5, 0.25]))].into();
-    let optimizer: TensorSet = [("w.m".to_string(), HostTensor::from_f32(vec![2, 2], &[0.0; 4]))].into();
-    let snapshot = Snapshot { step: 1, model, optimizer, state: serde_json::json!({"doctor": true}) };
-    let store = CheckpointStore::open(dir, 1).map_err(|e| e.to_string())?;
-    let report = store.save(&snapshot).map_err(|e| format!("save failed: {e}"))?;
-    let listed = store.list(VerifyLevel::Full).map_err(|e| e.to_string())?;
-    if !listed.iter().any(|c| c.valid && c.step == 1) {
-        return Err("the saved checkpoint does not verify".into());
-    }
-    let loaded = store.load_latest().map_err(|e| e.to_string())?.loaded.ok_or("the saved checkpoint did not load")?;
-    if loaded.snapshot != snapshot {
-        return Err("the loaded checkpoint differs from what was saved".into());
-    }
-    Ok(format!(
-        "wrote, fsynced, renamed, verified and reloaded a {}-byte checkpoint in {:.1} ms",
-        report.bytes,
-        started.elapsed().as_secs_f64() * 1000.0
-    ))
+    config.checkpoint.dir.clone().unwrap_or_else(|| run_dir(config).join("checkpoints"))
 }
 
 fn check_publish(list: &mut Checklist, config: &Config) {

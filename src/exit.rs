@@ -17,6 +17,10 @@ pub enum Outcome {
     ConfigError,
     /// 2: the command line was invalid (clap's own code).
     UsageError,
+    /// 79: `[run] max_attempts_without_progress` attempts in a row committed
+    /// no newer checkpoint: this attempt did not train and the job is not
+    /// requeued (the message names the attempts' nodes and how they ended).
+    NoProgress,
     /// 1: anything else, including a failed verification and a stop that
     /// leaves no durable checkpoint to continue from.
     Failure,
@@ -31,6 +35,7 @@ impl Outcome {
             Outcome::UsageError => 2,
             Outcome::StoppedWithCheckpoint => 75,
             Outcome::ConfigError => 78,
+            Outcome::NoProgress => 79,
         }
     }
 
@@ -42,6 +47,7 @@ impl Outcome {
             2 => Outcome::UsageError,
             75 => Outcome::StoppedWithCheckpoint,
             78 => Outcome::ConfigError,
+            79 => Outcome::NoProgress,
             _ => Outcome::Failure,
         }
     }
@@ -64,7 +70,10 @@ Exit codes:
   75  stopped with a durable checkpoint: run the same command again to continue
   78  configuration error (the config, its model or data, a changed training
       setting, the other command's run directory): nothing was started or
-      changed";
+      changed
+  79  no progress: [run] max_attempts_without_progress attempts in a row
+      committed no newer checkpoint; not trained, not requeued (the message
+      names each attempt's node and how it ended)";
 
 #[cfg(test)]
 mod tests {
@@ -72,9 +81,14 @@ mod tests {
 
     #[test]
     fn every_outcome_round_trips_through_its_code() {
-        for o in
-            [Outcome::Done, Outcome::StoppedWithCheckpoint, Outcome::ConfigError, Outcome::UsageError, Outcome::Failure]
-        {
+        for o in [
+            Outcome::Done,
+            Outcome::StoppedWithCheckpoint,
+            Outcome::ConfigError,
+            Outcome::UsageError,
+            Outcome::Failure,
+            Outcome::NoProgress,
+        ] {
             assert_eq!(Outcome::from_code(o.code()), o);
         }
         assert_eq!(Outcome::from_code(9), Outcome::Failure);

@@ -34,6 +34,7 @@ pub mod doctor;
 pub mod exec;
 pub mod exit;
 pub mod gpu;
+pub mod health;
 pub mod publish;
 pub mod report;
 pub mod run;

@@ -89,6 +89,10 @@ pub fn classify(error: &RunError, steps_this_attempt: u64) -> (CrashClass, Strin
         RunError::ExecRuntime { .. } => (Transient, "the supervisor's event loop could not start (a resource limit)"),
         RunError::Seal { .. } => (Deterministic, "`rekindle seal` was called wrongly"),
         RunError::World { .. } => (Transient, "the tasks of the job step could not meet (a task failed or its node)"),
+        RunError::Unhealthy { .. } => (Transient, "a node failed its health check; its requeue was decided then"),
+        RunError::NoProgress { .. } => {
+            (Deterministic, "attempts in a row made no progress ([run] max_attempts_without_progress)")
+        }
     };
     (class, why.to_string())
 }
@@ -170,6 +174,18 @@ fn gpu_class(e: &GpuError) -> (CrashClass, String) {
         GpuError::StatsWrite { .. } | GpuError::MonitorSpawn(_) => (Transient, "an I/O error of the monitor"),
     };
     (class, why.to_string())
+}
+
+/// Whether a crash classified `class` was a device error on this node (a
+/// step or evaluation failing after others passed, a GPU the driver lost):
+/// what `crate::health::blame` blames the node for. I/O on shared storage
+/// and ranks that could not agree blame nobody.
+pub fn is_device_error(error: &RunError, class: CrashClass) -> bool {
+    class == CrashClass::Transient
+        && matches!(
+            error,
+            RunError::Train(TrainError::Step { .. } | TrainError::Eval { .. }) | RunError::Gpu(GpuError::Probe { .. })
+        )
 }
 
 /// Whether to requeue after a crash of `class`, given the crash requeues in
@@ -337,6 +353,16 @@ mod tests {
             (RunError::OutOfMemory { step: 9, checkpoint: path(), source: step_error() }, Deterministic),
             (RunError::StopWithoutCheckpoint { reason: "SIGTERM".into(), step: 9, error: "e".into() }, Transient),
         ]
+    }
+
+    #[test]
+    fn only_a_transient_step_or_device_failure_is_a_device_error() {
+        assert!(is_device_error(&RunError::Train(step_error()), Transient));
+        assert!(!is_device_error(&RunError::Train(step_error()), Deterministic));
+        let gpu = RunError::Gpu(GpuError::Probe { vendor: "NVIDIA", message: "lost".into() });
+        assert!(is_device_error(&gpu, Transient));
+        let io = RunError::RunDir { path: path(), source: io_error() };
+        assert!(!is_device_error(&io, Transient));
     }
 
     #[test]

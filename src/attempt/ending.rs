@@ -18,8 +18,10 @@ use super::budget;
 use super::crash::{self, CrashAction};
 use super::deadline::Deadline;
 use super::error::RunError;
+use super::health::{exclude_blamed, in_job_exclusion, others_left, requeue_exclusion_for_request};
 use super::records::recorded_events;
 use super::stop::{StopFlag, StopIntent, StopReason};
+use crate::health::{AttemptEnd, blame};
 
 /// Step 2 of a stop path (`run`'s `Attempt::stop_in_order`, and `rekindle
 /// exec`'s): the requeue decision, skipped when it is time to exit at once
@@ -200,10 +202,20 @@ pub(crate) fn requeue_and_record(
         restart_count: alloc.restart_count,
         max_restarts: cfg.signals.max_restarts,
     };
-    let record = slurm::requeue_after_stop(&Scontrol, &req, &|| budget::scontrol_timeout(deadline, Instant::now()));
+    let timeout = || budget::scontrol_timeout(deadline, Instant::now());
+    let record = slurm::requeue_after_stop(&Scontrol, &req, &timeout);
     // A record: failing to write it must not undo a requeue SLURM accepted.
     if let Err(e) = events.record(&Event::Requeue(record.clone())) {
         tracing::error!(error = %e, "could not record the requeue event");
+    }
+    // A stop blames no node by itself (preemption, scancel, the time limit);
+    // nodes blamed by other means come in as `blame`'s extra ones.
+    let blamed = blame(&AttemptEnd::Stopped, &[]);
+    let path = events.path().to_path_buf();
+    if let Some(excluded) =
+        exclude_blamed(cfg, alloc, &Scontrol, reason.name().as_str(), &blamed, &record, &path, &timeout)
+    {
+        record_or_log(events, &Event::NodesExcluded(excluded));
     }
     record
 }
@@ -280,8 +292,13 @@ pub(crate) fn record_failure(
     events: &mut EventLog,
     events_path: &std::path::Path,
 ) {
+    let end = AttemptEnd::TransientCrash {
+        node: alloc.node_name(),
+        device: crash::is_device_error(failure.error, failure.class),
+    };
+    let blamed = blame(&end, &[]);
     let (requeue, hold_seconds, hold_error) =
-        requeue_after_failure(cfg, alloc, failure.class, failure.stop_path, events, events_path);
+        requeue_after_failure(cfg, alloc, failure.class, failure.stop_path, &blamed, events, events_path);
     record_or_log(
         events,
         &Event::Error(ErrorEvent {
@@ -302,19 +319,32 @@ pub(crate) fn record_failure(
 /// `events_path`, each held back longer), a deterministic one never does,
 /// nor one whose stop path already decided (`stop_path`). Records the
 /// `requeue` event when there was one; returns it with the hold.
+/// `blamed`: the nodes the crash blames (a device error: this node), left
+/// out of the next step or the requeued job.
 fn requeue_after_failure(
     cfg: &Config,
     alloc: &SlurmEnv,
     class: CrashClass,
     stop_path: bool,
+    blamed: &[String],
     events: &mut EventLog,
     events_path: &std::path::Path,
 ) -> (RequeueRecord, Option<u64>, Option<String>) {
     let in_a_row = crash::crash_requeues_in_a_row(&recorded_events(events_path));
+    // A device error's node is left out of the next in-job step where
+    // `[health] exclude` allows and another node is left to run it (a lost
+    // node is gone anyway; this one is not). A job of one node restarts on
+    // it: the requeue, not the in-job path, is what leaves a node behind.
+    let offer = InJobOffer::from_process();
+    let leave_out: &[String] =
+        if cfg.health.exclude && others_left(alloc, blamed, offer.as_ref()) { blamed } else { &[] };
     match crash::decide(class, in_a_row, cfg.run.max_crash_requeues, stop_path) {
         CrashAction::Requeue { .. }
-            if let Some(in_job) = ask_for_in_job_restart(cfg, alloc, "crash: transient", &[], None) =>
+            if let Some(in_job) = ask_for_in_job_restart(cfg, alloc, CRASH_CAUSE, leave_out, None, events_path) =>
         {
+            if !leave_out.is_empty() {
+                record_or_log(events, &Event::NodesExcluded(in_job_exclusion(CRASH_CAUSE, leave_out, offer.as_ref())));
+            }
             (in_job, None, None)
         }
         CrashAction::Requeue { hold } => {
@@ -326,9 +356,14 @@ fn requeue_after_failure(
                 restart_count: alloc.restart_count,
                 max_restarts: cfg.signals.max_restarts,
             };
-            let out =
-                slurm::requeue_after_crash(&Scontrol, &req, hold, &|| budget::scontrol_timeout(None, Instant::now()));
+            let timeout = || budget::scontrol_timeout(None, Instant::now());
+            let out = slurm::requeue_after_crash(&Scontrol, &req, hold, &timeout);
             record_or_log(events, &Event::Requeue(out.record.clone()));
+            let excluded =
+                exclude_blamed(cfg, alloc, &Scontrol, CRASH_CAUSE, blamed, &out.record, events_path, &timeout);
+            if let Some(excluded) = excluded {
+                record_or_log(events, &Event::NodesExcluded(excluded));
+            }
             (out.record, out.hold_seconds, out.hold_error)
         }
         CrashAction::NoRequeue { reason } => {
@@ -338,17 +373,23 @@ fn requeue_after_failure(
     }
 }
 
+/// The cause a crash's exclusion records.
+const CRASH_CAUSE: &str = "crash: transient";
+
 /// With `[recovery] in_job` and a batch shell that offers restarts inside
 /// the job (`slurm::injob`): asks it for a new step without the nodes in
 /// `exclude`, instead of requeueing the job; the `requeue` record that says
 /// so. `None` (requeue as before) without an offer, once the shell's bound
 /// is spent, or when the request cannot be written.
+/// `events`: the run's records (what was excluded before counts toward
+/// the bound of the exclusion the request carries for a requeue).
 pub(crate) fn ask_for_in_job_restart(
     cfg: &Config,
     alloc: &SlurmEnv,
     reason: &str,
     exclude: &[String],
     step: Option<u64>,
+    events: &std::path::Path,
 ) -> Option<RequeueRecord> {
     if !cfg.recovery.in_job {
         return None;
@@ -363,6 +404,7 @@ pub(crate) fn ask_for_in_job_restart(
         reason: reason.to_string(),
         exclude: exclude.to_vec(),
         step,
+        requeue_exclude: requeue_exclusion_for_request(cfg, alloc, &Scontrol, exclude, events),
         written_by: format!("{rank}@{}", alloc.node_name()),
     };
     match request.write(&offer.file) {

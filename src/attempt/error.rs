@@ -116,6 +116,16 @@ pub enum RunError {
     /// A task of a job step of several under `rekindle exec` (exec/world.rs).
     #[error("rekindle exec, a task of several: {reason}")]
     World { reason: String },
+    /// The start-of-attempt check failed on this node (`crate::health`);
+    /// the attempt ended untrained, its requeue and exclusion decided.
+    #[error(
+        "node {node} failed its health check `{check}`: {detail}; this attempt did not train (node_unhealthy in \
+         events.jsonl); {next}"
+    )]
+    Unhealthy { node: String, check: String, detail: String, next: String, resumable: bool },
+    /// The progress guard (`[run] max_attempts_without_progress`).
+    #[error("{message}")]
+    NoProgress { message: String },
 }
 
 impl RunError {
@@ -132,6 +142,10 @@ impl RunError {
                 | DistributedError::WorldMismatch { .. },
             ) => Outcome::ConfigError,
             RunError::Claim(e) | RunError::Checkpoint(CheckpointError::Claim(e)) if !e.is_io() => Outcome::ConfigError,
+            RunError::NoProgress { .. } => Outcome::NoProgress,
+            // As a hang: 75 when a checkpoint verifies (the next attempt, on
+            // another node, resumes from it), 1 when there is none.
+            RunError::Unhealthy { resumable: true, .. } => Outcome::StoppedWithCheckpoint,
             _ => Outcome::Failure,
         }
     }

@@ -6,8 +6,9 @@
 //! reporting ([`progress`]), the stragglers it notices ([`straggler`]),
 //! the devices it runs on ([`devices`]), its
 //! error ([`error`]), what it records ([`records`]) and exports
-//! ([`exports`]), and the steps of its end that both drivers take
-//! ([`ending`]). It never imports a driver.
+//! ([`exports`]), the steps of its end that both drivers take
+//! ([`ending`]), and the node check and progress guard at its start, with
+//! the exclusion of blamed nodes ([`health`]). It never imports a driver.
 
 pub mod budget;
 pub mod crash;
@@ -16,6 +17,7 @@ pub mod devices;
 pub mod ending;
 pub mod error;
 pub mod exports;
+pub mod health;
 pub mod progress;
 pub mod records;
 pub mod stop;

@@ -152,8 +152,12 @@ pub enum Command {
     /// {"devices": [{"vendor": "nvidia", "name": "H100", "memory_total_mib": 81559, "memory_free_mib": 80000}]}
     Gpus(GpusArgs),
     /// Pre-flight checks before submitting (or at the top of the sbatch script):
-    /// SLURM, GPUs, a tiny matmul, free disk, a checkpoint round-trip, the config.
-    /// Exit 1 if a required check fails.
+    /// SLURM, GPUs, a tiny matmul, the config; then the node checks every
+    /// attempt makes before it starts: GPUs as allotted, free device memory,
+    /// GPU health counters (ECC, retired pages, remapped rows, throttling),
+    /// the run directory seen from here, clock skew, free disk, a checkpoint
+    /// round-trip and the site's `[health] command`. What the driver does not
+    /// report is listed as not checked. Exit 1 if a required check fails.
     Doctor(DoctorArgs),
     /// Benchmarks (numbers for docs/performance.md).
     #[command(subcommand)]

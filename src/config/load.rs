@@ -883,7 +883,8 @@ lr = 1
         assert_eq!(
             shown,
             [
-                "from --set: run.max_step: unknown key; did you mean `max_steps`? allowed: name, dir, seed, max_steps, max_crash_requeues",
+                "from --set: run.max_step: unknown key; did you mean `max_steps`? allowed: name, dir, seed, max_steps, max_crash_requeues, \
+                 max_attempts_without_progress",
                 "from --set: nosuch.key: unknown section; allowed: run, model, data, train, optimizer, \
                  precision, checkpoint, signals, publish, gpu, watchdog, lock, distributed, recovery, health, telemetry",
                 "from --set: run.seed: expected a non-negative integer, found string \"x\"",

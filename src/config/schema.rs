@@ -46,11 +46,22 @@ pub struct RunSection {
     /// a row without a new checkpoint in between; 0 never requeues after
     /// a crash or a hang.
     pub max_crash_requeues: u32,
+    /// Consecutive attempts, whatever ended them, that may commit no newer
+    /// checkpoint: the attempt after them does not train and the job ends
+    /// (exit 79) instead of being requeued again. 0 turns the guard off.
+    pub max_attempts_without_progress: u32,
 }
 
 impl Default for RunSection {
     fn default() -> Self {
-        RunSection { name: "run".into(), dir: None, seed: 0, max_steps: 1000, max_crash_requeues: 3 }
+        RunSection {
+            name: "run".into(),
+            dir: None,
+            seed: 0,
+            max_steps: 1000,
+            max_crash_requeues: 3,
+            max_attempts_without_progress: 5,
+        }
     }
 }
 
@@ -782,11 +793,34 @@ impl Default for RecoverySection {
     }
 }
 
-/// `[health]`: what rekindle notices about the nodes a run trains on
-/// (docs/distributed.md#stragglers).
+/// `[health]`: the check every node makes at the start of every attempt,
+/// leaving nodes it blames behind (docs/slurm.md, "Bad nodes"), and
+/// stragglers (docs/distributed.md#stragglers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthSection {
+    /// Check the node at the start of every attempt, before the run
+    /// directory is touched; a node that fails ends the attempt untrained.
+    pub check: bool,
+    /// A site's own check, run with `sh -c` on every node; non-zero (or
+    /// past `timeout`) is unhealthy. Its output is recorded (bounded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// How long the site command may run.
+    #[serde(with = "humantime_serde_compat")]
+    pub timeout: Duration,
+    /// Each device the job is given must have at least this share of its
+    /// memory free (another process holding it means a node not cleaned up).
+    pub min_free_device_memory: f64,
+    /// The most this node's clock may differ from the shared filesystem's.
+    #[serde(with = "humantime_serde_compat")]
+    pub max_clock_skew: Duration,
+    /// Exclude the nodes an attempt's end blames from the job's next
+    /// attempt (`scontrol update ExcNodeList`) or next in-job step.
+    pub exclude: bool,
+    /// The most nodes rekindle adds to a job's exclusions, all attempts
+    /// together (the user's own `--exclude` does not count).
+    pub max_excluded_nodes: usize,
     /// A rank whose own work in a step (forward and backward) takes more
     /// than this many times the median of the other ranks', or one process
     /// whose step takes more than this many times its own earlier median,
@@ -802,7 +836,18 @@ pub struct HealthSection {
 
 impl Default for HealthSection {
     fn default() -> Self {
-        HealthSection { straggler_factor: 1.5, straggler_steps: 20, straggler_blame: false }
+        HealthSection {
+            check: true,
+            command: None,
+            timeout: Duration::from_secs(60),
+            min_free_device_memory: 0.5,
+            max_clock_skew: Duration::from_secs(60),
+            exclude: true,
+            max_excluded_nodes: 2,
+            straggler_factor: 1.5,
+            straggler_steps: 20,
+            straggler_blame: false,
+        }
     }
 }
 

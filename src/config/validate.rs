@@ -356,6 +356,19 @@ fn health(f: &mut Findings, h: &HealthSection) {
              times the median of the others', e.g. 1.5"
         )
     });
+    if let Some(command) = &h.command {
+        f.require(!command.trim().is_empty(), "health.command", || {
+            "is empty; leave it out for no site check, or give a command for `sh -c`".into()
+        });
+    }
+    f.require(!h.timeout.is_zero(), "health.timeout", || "must be longer than 0, e.g. \"60s\"".into());
+    let share = h.min_free_device_memory;
+    f.require((0.0..=1.0).contains(&share), "health.min_free_device_memory", || {
+        format!("must be a share from 0 to 1 (got {share}); 0 checks nothing")
+    });
+    f.require(!h.max_clock_skew.is_zero(), "health.max_clock_skew", || {
+        "must be longer than 0, e.g. \"60s\" (clocks never agree exactly)".into()
+    });
 }
 
 fn distributed(f: &mut Findings, d: &DistributedSection) {

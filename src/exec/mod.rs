@@ -4,7 +4,8 @@
 //! ending's requeue, publish and crash decisions):
 //!
 //! ```text
-//! exec         load config ─ claim the run dir ─ refuse `run`'s
+//! exec         load config ─ progress guard and node check
+//!              (attempt/health.rs) ─ claim the run dir ─ refuse `run`'s
 //!              checkpoints ─ lock it ─ prepare it ─ `start`
 //!              ─ newest files checkpoint that verifies (newer damaged ones
 //!              recorded and quarantined; a native one refused) ─ `resume` or
@@ -121,6 +122,9 @@ fn lead(
     let stop = stop.clone();
     let (cfg, max_steps) = load_config(opts)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    // The progress guard and this node's check, before the run directory is
+    // touched (attempt/health.rs).
+    crate::attempt::health::before_start(&cfg, &slurm, &root, true)?;
     rundir::claim(&root, &cfg)?;
     // Before anything is written: rekindle's own checkpoints are continued
     // by `rekindle run`, not by a program.
@@ -241,6 +245,8 @@ fn lead(
 fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch) -> Result<Outcome, RunError> {
     let (cfg, _) = load_config(opts)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    // Every task checks its own node (task 0 keeps the progress guard).
+    crate::attempt::health::before_start(&cfg, &slurm, &root, false)?;
     let staging = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg)).staging_dir();
     // Task 0 may take the lock over from a dead holder or verify a large
     // checkpoint first: as long as a rank may be silent.

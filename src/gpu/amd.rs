@@ -13,15 +13,15 @@ use std::ffi::CStr;
 use std::os::raw::c_char;
 
 use rocm_smi_lib::{
-    rsmi_dev_busy_percent_get, rsmi_dev_memory_total_get, rsmi_dev_memory_usage_get, rsmi_dev_name_get,
-    rsmi_dev_power_ave_get, rsmi_dev_temp_metric_get, rsmi_dev_unique_id_get, rsmi_init,
-    rsmi_memory_type_t_RSMI_MEM_TYPE_VRAM, rsmi_num_monitor_devices, rsmi_shut_down, rsmi_status_t,
-    rsmi_status_t_RSMI_STATUS_SUCCESS, rsmi_sw_component_t_RSMI_SW_COMP_DRIVER,
+    rsmi_dev_busy_percent_get, rsmi_dev_ecc_count_get, rsmi_dev_memory_total_get, rsmi_dev_memory_usage_get,
+    rsmi_dev_name_get, rsmi_dev_power_ave_get, rsmi_dev_temp_metric_get, rsmi_dev_unique_id_get, rsmi_error_count_t,
+    rsmi_gpu_block_t_RSMI_GPU_BLOCK_UMC, rsmi_init, rsmi_memory_type_t_RSMI_MEM_TYPE_VRAM, rsmi_num_monitor_devices,
+    rsmi_shut_down, rsmi_status_t, rsmi_status_t_RSMI_STATUS_SUCCESS, rsmi_sw_component_t_RSMI_SW_COMP_DRIVER,
     rsmi_temperature_metric_t_RSMI_TEMP_CURRENT, rsmi_temperature_type_t_RSMI_TEMP_TYPE_EDGE, rsmi_version_str_get,
 };
 
 use super::error::GpuError;
-use super::probe::{GpuDevice, GpuProbe, Probed, Vendor};
+use super::probe::{DeviceHealth, GpuDevice, GpuProbe, Probed, Vendor};
 
 const MIB: u64 = 1 << 20;
 const TEXT_LEN: usize = 256;
@@ -141,10 +141,21 @@ impl GpuProbe for AmdProbe {
                 temperature_c: temperature,
                 power_w: power,
                 driver_version: driver.clone(),
+                health: health(index),
             });
         }
         Ok(found)
     }
+}
+
+/// The health counters ROCm SMI reports for device `index`: uncorrectable
+/// ECC errors of the memory controller (UMC) block, where ECC is on. ROCm
+/// SMI 5.2 (Debian's) has no retired-page-pending or throttle-reason query.
+fn health(index: u32) -> Option<DeviceHealth> {
+    let mut counts = rsmi_error_count_t { correctable_err: 0, uncorrectable_err: 0 };
+    // SAFETY: `counts` is a valid, writable rsmi_error_count_t.
+    let read = ok(unsafe { rsmi_dev_ecc_count_get(index, rsmi_gpu_block_t_RSMI_GPU_BLOCK_UMC, &mut counts) });
+    read.ok().map(|_| DeviceHealth { ecc_uncorrected: Some(counts.uncorrectable_err), ..DeviceHealth::default() })
 }
 
 #[cfg(test)]

@@ -9,17 +9,20 @@
 //! Required per device: `vendor` (`nvidia` or `amd`), `name`,
 //! `memory_total_mib`. Optional: `memory_free_mib` (default: the total),
 //! `index` (default: position among the devices of that vendor), `uuid`,
-//! `utilization_pct`, `temperature_c`, `power_w`, `driver_version`. Every
-//! error names the file and the JSON path of the bad value.
+//! `utilization_pct`, `temperature_c`, `power_w`, `driver_version`, and the
+//! health counters the start-of-attempt check reads (`crate::health`):
+//! `ecc_uncorrected`, `retired_pages_pending`, `remapped_rows_pending`,
+//! `throttle_reasons` (a list of words). Every error names the file and the
+//! JSON path of the bad value.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
 use super::error::GpuError;
-use super::probe::{GpuDevice, GpuProbe, Probed, Vendor};
+use super::probe::{DeviceHealth, GpuDevice, GpuProbe, Probed, Vendor};
 
-const DEVICE_KEYS: [&str; 10] = [
+const DEVICE_KEYS: [&str; 14] = [
     "vendor",
     "name",
     "memory_total_mib",
@@ -30,6 +33,10 @@ const DEVICE_KEYS: [&str; 10] = [
     "temperature_c",
     "power_w",
     "driver_version",
+    "ecc_uncorrected",
+    "retired_pages_pending",
+    "remapped_rows_pending",
+    "throttle_reasons",
 ];
 
 /// Answers every probe with the devices of an inventory file (read each time,
@@ -137,6 +144,7 @@ pub fn parse_inventory(text: &str, path: &Path) -> Result<Vec<GpuDevice>, GpuErr
             temperature_c: fields.number("temperature_c")?,
             power_w: power,
             driver_version: fields.string("driver_version")?,
+            health: fields.health()?,
         });
     }
     Ok(devices)
@@ -171,6 +179,35 @@ impl<A: Fn(&str) -> String, B: Fn(String, String) -> GpuError> Fields<'_, A, B> 
             None => Ok(None),
             Some(v) => v.as_u64().map(Some).ok_or_else(|| self.wrong(key, "a whole number at least 0", v)),
         }
+    }
+
+    fn boolean(&self, key: &str) -> Result<Option<bool>, GpuError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "true or false", v)),
+        }
+    }
+
+    fn words(&self, key: &str) -> Result<Vec<String>, GpuError> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| self.wrong(key, "a list of strings", v)))
+                .collect(),
+            Some(other) => Err(self.wrong(key, "a list of strings", other)),
+        }
+    }
+
+    /// The health counters, `None` when the device lists none.
+    fn health(&self) -> Result<Option<DeviceHealth>, GpuError> {
+        let health = DeviceHealth {
+            ecc_uncorrected: self.unsigned("ecc_uncorrected")?,
+            retired_pages_pending: self.boolean("retired_pages_pending")?,
+            remapped_rows_pending: self.boolean("remapped_rows_pending")?,
+            throttle_reasons: self.words("throttle_reasons")?,
+        };
+        Ok(health.reports_anything().then_some(health))
     }
 
     fn number(&self, key: &str) -> Result<Option<f64>, GpuError> {

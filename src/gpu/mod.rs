@@ -40,6 +40,6 @@ pub(crate) use overview::{choose_devices, host_available_bytes};
 pub use placement::{DeviceKind, Footprint, Placement, PlacementRequest, Plan, PlanDevice, place};
 #[cfg(test)]
 pub(crate) use probe::tests::device as test_device;
-pub use probe::{DeviceKey, GpuDevice, GpuProbe, Probed, StaticProbe, Vendor};
+pub use probe::{DeviceHealth, DeviceKey, GpuDevice, GpuProbe, Probed, StaticProbe, Vendor};
 pub use system::SystemProbe;
 pub use visible::{EnvMap, VISIBILITY_VARIABLES, Visible, process_env, visible_devices};

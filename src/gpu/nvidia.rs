@@ -8,11 +8,12 @@
 
 use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 
 use super::error::GpuError;
-use super::probe::{GpuDevice, GpuProbe, Probed, Vendor};
+use super::probe::{DeviceHealth, GpuDevice, GpuProbe, Probed, Vendor};
 
 /// NVML reports bytes; devices carry MiB.
 const MIB: u64 = 1 << 20;
@@ -115,7 +116,36 @@ fn describe(device: &Device<'_>, index: u32, mig: bool, driver: Option<&str>) ->
         // NVML reports milliwatts.
         power_w: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
         driver_version: driver.map(str::to_string),
+        health: health(device),
     })
+}
+
+/// The health counters NVML reports for `device` (each left out where the
+/// card, its mode or the driver does not report it). Remapped rows are not
+/// asked: nvml-wrapper 0.13 does not expose `nvmlDeviceGetRemappedRows`.
+fn health(device: &Device<'_>) -> Option<DeviceHealth> {
+    let health = DeviceHealth {
+        ecc_uncorrected: device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
+        retired_pages_pending: device.are_pages_pending_retired().ok(),
+        remapped_rows_pending: None,
+        throttle_reasons: device.current_throttle_reasons().map(throttle_words).unwrap_or_default(),
+    };
+    health.reports_anything().then_some(health)
+}
+
+/// The throttle reasons that make a device slow for a reason of its own
+/// (not idleness or a clock setting someone chose), as words.
+fn throttle_words(reasons: ThrottleReasons) -> Vec<String> {
+    [
+        (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
+        (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
+        (ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake_slowdown"),
+        (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
+    ]
+    .into_iter()
+    .filter(|(flag, _)| reasons.contains(*flag))
+    .map(|(_, word)| word.to_string())
+    .collect()
 }
 
 #[cfg(test)]
@@ -127,6 +157,13 @@ mod tests {
         let note = init_note(&NvmlError::FailedToLoadSymbol("nvmlInit_v2".into()));
         assert!(note.starts_with("NVIDIA: no driver library"), "{note}");
         assert!(init_note(&NvmlError::DriverNotLoaded).contains("kernel driver is not loaded"));
+    }
+
+    #[test]
+    fn only_throttle_reasons_of_the_device_itself_are_kept() {
+        let words = throttle_words(ThrottleReasons::GPU_IDLE | ThrottleReasons::HW_THERMAL_SLOWDOWN);
+        assert_eq!(words, ["hw_thermal_slowdown"]);
+        assert!(throttle_words(ThrottleReasons::APPLICATIONS_CLOCKS_SETTING).is_empty());
     }
 
     #[test]

@@ -67,6 +67,39 @@ pub struct GpuDevice {
     pub power_w: Option<f64>,
     /// Driver (or management library) version.
     pub driver_version: Option<String>,
+    /// What the driver reports about the device's health (`None`: it
+    /// reports nothing, or the backend does not ask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<DeviceHealth>,
+}
+
+/// A device's health counters, each `None` when the driver does not report
+/// it (ECC off, a card or driver without the counter).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceHealth {
+    /// Uncorrected (double-bit) ECC errors since the driver loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_uncorrected: Option<u64>,
+    /// Memory pages waiting to be retired (NVML; the GPU needs a reset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages_pending: Option<bool>,
+    /// Memory rows waiting to be remapped (A100 and later; needs a reset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows_pending: Option<bool>,
+    /// Why the clocks are held down now (hardware slowdown, thermal, power
+    /// brake): a slow device, not a broken one. Empty when none or unknown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throttle_reasons: Vec<String>,
+}
+
+impl DeviceHealth {
+    /// Whether any counter was reported at all.
+    pub fn reports_anything(&self) -> bool {
+        self.ecc_uncorrected.is_some()
+            || self.retired_pages_pending.is_some()
+            || self.remapped_rows_pending.is_some()
+            || !self.throttle_reasons.is_empty()
+    }
 }
 
 impl GpuDevice {
@@ -173,6 +206,7 @@ pub(crate) mod tests {
             temperature_c: None,
             power_w: None,
             driver_version: None,
+            health: None,
         }
     }
 

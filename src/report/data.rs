@@ -241,6 +241,19 @@ pub fn checkpoints_and_markers(events: &[RecordedEvent]) -> (Vec<CheckpointMark>
                 let node = Some(s.rank_node.clone()).filter(|n| !n.is_empty()).or_else(|| ev.node.clone());
                 markers.push(Marker { node, ..marker(MarkerKind::Straggler, what, rundir::straggler_line(s)) });
             }
+            Event::NodeUnhealthy(u) => {
+                let detail = format!("node {} failed its health check `{}`: {}", u.node, u.check, u.detail);
+                markers.push(marker(MarkerKind::Problem, "unhealthy node".into(), detail));
+            }
+            Event::NodesExcluded(x) => {
+                let detail = if x.added.is_empty() {
+                    let why = x.error.as_deref().or(x.note.as_deref()).unwrap_or("?");
+                    format!("{} blamed {}; none excluded: {why}", x.cause, x.blamed.join(", "))
+                } else {
+                    format!("{}: excluded {} (now {})", x.cause, x.added.join(", "), x.excluded.join(", "))
+                };
+                markers.push(marker(MarkerKind::Requeue, "excluded".into(), detail));
+            }
             _ => {}
         }
     }
@@ -314,5 +327,17 @@ mod tests {
         assert_eq!(what, vec!["SIGTERM", "requeue", "resume"]);
         assert_eq!(data.markers[2].whose(), "n2 · attempt 2");
         assert_eq!(data.checkpoints.iter().filter(|c| c.kind == "stop").count(), 1);
+    }
+
+    #[test]
+    fn an_unhealthy_node_and_its_exclusion_are_marked() {
+        let (_, markers) = checkpoints_and_markers(&events(vec![
+            json!({"event": "node_unhealthy", "node": "n1", "check": "site command", "detail": "exited 1"}),
+            json!({"event": "nodes_excluded", "cause": "node_unhealthy: site command", "blamed": ["n1"],
+                   "added": ["n1"], "excluded": ["n1"], "how": "requeue"}),
+        ]));
+        let shown: Vec<(&str, &str)> = markers.iter().map(|m| (m.what.as_str(), m.detail.as_str())).collect();
+        assert_eq!(shown[0], ("unhealthy node", "node n1 failed its health check `site command`: exited 1"));
+        assert_eq!(shown[1], ("excluded", "node_unhealthy: site command: excluded n1 (now n1)"));
     }
 }

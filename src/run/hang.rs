@@ -42,7 +42,10 @@ use crate::attempt::deadline::Deadline;
 use crate::attempt::error::RunError;
 use crate::attempt::records::context;
 use crate::attempt::watchdog::{Beats, Hang, Worker};
-use crate::run::lost::{continue_in_job, lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang};
+use crate::health::AttemptEnd;
+use crate::run::lost::{
+    continue_in_job, lost_end, lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang,
+};
 use crate::run::rank_watch::Lost;
 use crate::rundir::EVENTS_FILE;
 use crate::rundir::atomic::write_atomically;
@@ -244,11 +247,26 @@ impl HangHandler {
         // Hangs count toward `[run] max_crash_requeues` like transient
         // crashes: a job that hangs at the same place every time must stop.
         let in_job = match &cause {
-            Cause::RanksLost { lost, .. } => continue_in_job(&self.cfg, &self.slurm, lost, kept),
+            Cause::RanksLost { lost, .. } => continue_in_job(&self.cfg, &self.slurm, lost, kept, &self.events),
             Cause::Hang(_) => None,
         };
-        let requeue = in_job.unwrap_or_else(|| requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, kept));
+        let (requeue, excluded) = match in_job {
+            Some((record, excluded)) => (record, Some(excluded)),
+            None => {
+                let (reason, end) = match &cause {
+                    Cause::Hang(hang) => (
+                        format!("hang: {}", hang.busy.activity.name()),
+                        AttemptEnd::Hang { node: self.slurm.node_name(), activity: hang.busy.activity.name().into() },
+                    ),
+                    Cause::RanksLost { lost, .. } => (lost_reason(lost), lost_end(lost)),
+                };
+                requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, kept, &reason, &end)
+            }
+        };
         record(&mut events, &Event::Requeue(requeue.clone()));
+        if let Some(excluded) = excluded {
+            record(&mut events, &Event::NodesExcluded(excluded));
+        }
         let outcome = match kept {
             Some(step) => {
                 let stop = match &cause {

@@ -23,12 +23,17 @@ use crate::config::Config;
 use crate::distributed::abort_world;
 use crate::exit::Outcome;
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmEnv, StopKind};
-use crate::telemetry::{CrashClass, ErrorEvent, Event, EventContext, EventLog, RankLost, RequeueRecord, Stop};
+use crate::telemetry::{
+    CrashClass, ErrorEvent, Event, EventContext, EventLog, NodesExcluded, RankLost, RequeueRecord, Stop,
+};
 
 use crate::attempt::budget::{self, SCONTROL_TIMEOUT};
 use crate::attempt::crash::{self, CrashAction};
 use crate::attempt::ending::ask_for_in_job_restart;
+use crate::attempt::health::{exclude_blamed, in_job_exclusion};
+use crate::health::{AttemptEnd, blame};
 use crate::run::rank_watch::{Lost, recorder};
+use crate::slurm::injob::InJobOffer;
 
 /// The `rank_lost` events of `lost`, as rank `me` of `size` noticed them.
 pub fn rank_lost_events(lost: &[Lost], me: usize, size: usize, timeout: Duration) -> Vec<Event> {
@@ -74,14 +79,26 @@ pub fn lost_message(lost: &[Lost], timeout: Duration) -> String {
 }
 
 /// The requeue after an attempt that cannot go on (a hang, lost ranks):
-/// counted toward `[run] max_crash_requeues` like a transient crash.
-/// `newest` is the newest checkpoint that verifies.
+/// counted toward `[run] max_crash_requeues` like a transient crash, then
+/// the nodes `end` blames left behind (`attempt::health::exclude_blamed`;
+/// the `nodes_excluded` record to write, if any). `newest` is the newest
+/// checkpoint that verifies.
 pub fn requeue_like_a_hang(
     cfg: &Config,
     slurm_env: &SlurmEnv,
     events: &std::path::Path,
     newest: Option<u64>,
-) -> RequeueRecord {
+    cause: &str,
+    end: &AttemptEnd,
+) -> (RequeueRecord, Option<NodesExcluded>) {
+    let record = requeue_hang(cfg, slurm_env, events, newest);
+    let timeout = || budget::scontrol_timeout(None, Instant::now());
+    let blamed = blame(end, &[]);
+    let excluded = exclude_blamed(cfg, slurm_env, &Scontrol, cause, &blamed, &record, events, &timeout);
+    (record, excluded)
+}
+
+fn requeue_hang(cfg: &Config, slurm_env: &SlurmEnv, events: &std::path::Path, newest: Option<u64>) -> RequeueRecord {
     let finished = newest.is_some_and(|step| step >= cfg.run.max_steps);
     let req = RequeueRequest {
         policy: cfg.signals.requeue,
@@ -101,18 +118,25 @@ pub fn requeue_like_a_hang(
     }
 }
 
+/// What a loss blames: the lost ranks' nodes (`crate::health::blame`).
+pub fn lost_end(lost: &[Lost]) -> AttemptEnd {
+    AttemptEnd::RanksLost { nodes: lost.iter().map(|l| l.node.clone()).collect() }
+}
+
 /// A world that lost ranks asks the batch shell for a new step without
-/// their nodes (`attempt::ending::ask_for_in_job_restart`).
+/// their nodes (`attempt::ending::ask_for_in_job_restart`); the requeue
+/// record and the `nodes_excluded` one.
 pub fn continue_in_job(
     cfg: &Config,
     slurm_env: &SlurmEnv,
     lost: &[Lost],
     newest: Option<u64>,
-) -> Option<RequeueRecord> {
-    let mut exclude: Vec<String> = lost.iter().map(|l| l.node.clone()).filter(|n| !n.is_empty()).collect();
-    exclude.sort();
-    exclude.dedup();
-    ask_for_in_job_restart(cfg, slurm_env, &lost_reason(lost), &exclude, newest)
+    events: &std::path::Path,
+) -> Option<(RequeueRecord, NodesExcluded)> {
+    let exclude = blame(&lost_end(lost), &[]);
+    let reason = lost_reason(lost);
+    let record = ask_for_in_job_restart(cfg, slurm_env, &reason, &exclude, newest, events)?;
+    Some((record, in_job_exclusion(&reason, &exclude, InJobOffer::from_process().as_ref())))
 }
 
 fn read_events(path: &std::path::Path) -> Vec<Event> {
@@ -179,9 +203,16 @@ impl WorldEnd {
         for event in rank_lost_events(&lost, self.rank, self.size, timeout) {
             record(&event);
         }
-        let requeue = continue_in_job(&self.cfg, &self.slurm, &lost, newest)
-            .unwrap_or_else(|| requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, newest));
+        let (requeue, excluded) = match continue_in_job(&self.cfg, &self.slurm, &lost, newest, &self.events) {
+            Some((record, excluded)) => (record, Some(excluded)),
+            None => {
+                requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, newest, &lost_reason(&lost), &lost_end(&lost))
+            }
+        };
         record(&Event::Requeue(requeue.clone()));
+        if let Some(excluded) = excluded {
+            record(&Event::NodesExcluded(excluded));
+        }
         let outcome = match newest {
             Some(step) => {
                 record(&Event::Stop(Stop {

@@ -2,8 +2,9 @@
 //! phases, each in its own file under `run/`:
 //!
 //! ```text
-//! run          load config ─ build the workload, loading its data ─ claim
-//!              the run dir ─ refuse `exec`'s checkpoints ─ lock ─ prepare
+//! run          load config ─ build the workload, loading its data ─ the
+//!              progress guard and this node's health check (exit 79 or
+//!              `node_unhealthy`: attempt/health.rs) ─ claim the run dir ─ refuse `exec`'s checkpoints ─ lock ─ prepare
 //!              it (everything before the lock writes nothing but a new
 //!              directory: a config or data problem exits 78 there)
 //! start.rs     open records ─ newest checkpoint already of max_steps: exit
@@ -102,6 +103,9 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let slurm = SlurmEnv::from_process();
     let info = WorldInfo::detect().map_err(RunError::Distributed)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
+    // Every rank checks its node before anything is joined or written
+    // (docs/slurm.md, "Bad nodes"); rank 0 also keeps the progress guard.
+    crate::attempt::health::before_start(&cfg, &slurm, &root, info.is_leader())?;
     // A data-parallel run (docs/distributed.md) joins its world first: a
     // launch whose ranks do not make one (exit 78) leaves no run directory.
     let world = match info.size {

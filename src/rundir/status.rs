@@ -38,6 +38,10 @@ pub struct RunStatus {
     /// The `straggler` events of the newest attempt (a rank, or a process
     /// alone, slower than the median for `[health] straggler_steps` steps).
     pub stragglers: Vec<RecordedEvent>,
+    /// The last `node_unhealthy` (a node that failed its start-of-attempt
+    /// check) and the last `nodes_excluded` (what was left behind, or why not).
+    pub last_unhealthy: Option<RecordedEvent>,
+    pub last_exclusion: Option<RecordedEvent>,
     /// The most recent attempt that has ended (the one before the running
     /// one while the run is running), and why it ended.
     pub last_ended_attempt: Option<Attempt>,
@@ -88,8 +92,10 @@ pub fn status(dir: &Path) -> RunStatus {
 
     let step = metrics.last().map(|m| m.step).or_else(|| summary.as_ref().map(|s| s.steps));
     let max_steps = recorded_max_steps(&events).unwrap_or_else(|| cfg.as_ref().map(|c| c.run.max_steps));
-    let last_event =
-        events.iter().rev().find(|e| matches!(e.name.as_str(), "finish" | "stop" | "error" | "start" | "resume"));
+    let last_event = events
+        .iter()
+        .rev()
+        .find(|e| matches!(e.name.as_str(), "finish" | "stop" | "error" | "start" | "resume" | "node_unhealthy"));
     let state = match (live_lock.is_some(), last_event.map(|e| e.name.as_str())) {
         (true, _) => "running",
         (false, Some("finish")) => "finished",
@@ -97,6 +103,9 @@ pub fn status(dir: &Path) -> RunStatus {
         (false, Some("error")) => "failed",
         // Started or resumed, no live lock, no ending event: the process died.
         (false, Some("start" | "resume")) => "failed",
+        // The attempt ended untrained on a bad node; the job was requeued
+        // (or said why not).
+        (false, Some("node_unhealthy")) => "stopped",
         _ => "new",
     }
     .to_string();
@@ -139,6 +148,8 @@ pub fn status(dir: &Path) -> RunStatus {
         last_publish: last_of("publish"),
         last_requeue: last_of("requeue"),
         stragglers: newest_attempt(&events).iter().filter(|e| e.name == "straggler").cloned().collect(),
+        last_unhealthy: last_of("node_unhealthy"),
+        last_exclusion: last_of("nodes_excluded"),
         last_ended_attempt: attempts.pop(),
         lock: live_lock,
         job,
@@ -260,6 +271,25 @@ impl std::fmt::Display for RunStatus {
         if let Some(Event::Requeue(r)) = self.last_requeue.as_ref().map(|e| &e.event) {
             writeln!(f, "requeue   {}: {}", r.decision.name(), r.decision.reason())?;
         }
+        if let Some(Event::NodeUnhealthy(u)) = self.last_unhealthy.as_ref().map(|e| &e.event) {
+            writeln!(f, "unhealthy {} failed `{}`: {}", u.node, u.check, clip(&u.detail, 200))?;
+        }
+        if let Some(Event::NodesExcluded(x)) = self.last_exclusion.as_ref().map(|e| &e.event) {
+            let why = x.error.as_deref().or(x.note.as_deref());
+            if x.added.is_empty() {
+                writeln!(f, "excluded  none: {} blamed {}: {}", x.cause, x.blamed.join(", "), why.unwrap_or("?"))?;
+            } else {
+                writeln!(
+                    f,
+                    "excluded  {} ({}; {}, now excluded: {}){}",
+                    x.added.join(", "),
+                    x.cause,
+                    if x.how == "in_job" { "from the next in-job step" } else { "from the requeued job" },
+                    x.excluded.join(", "),
+                    why.map(|w| format!("; {w}")).unwrap_or_default()
+                )?;
+            }
+        }
         if let Some(Event::Publish(p)) = self.last_publish.as_ref().map(|e| &e.event) {
             let state = match p {
                 PublishOutcome::Done { pushed: true, .. } => "pushed".to_string(),
@@ -281,6 +311,14 @@ impl std::fmt::Display for RunStatus {
             )?;
         }
         Ok(())
+    }
+}
+
+/// `text` cut to about `max` characters.
+fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
     }
 }
 
@@ -380,6 +418,25 @@ pub(crate) mod tests {
         let st = status(tmp.path());
         assert_eq!((st.quarantined, st.checkpoints.len()), (1, 0));
         assert!(st.to_string().contains("; 1 quarantined (see `rekindle checkpoints`)"), "{st}");
+    }
+
+    #[test]
+    fn an_unhealthy_node_and_its_exclusion_are_shown() {
+        let mut lines = two_attempts();
+        lines.push(serde_json::json!({"event": "node_unhealthy", "time": "2026-11-01T10:05:00Z", "node": "n1",
+            "job_id": "7", "attempt": 2, "check": "site command", "detail": "`check` exited 1 after 0.1s; output: bad",
+            "checks": {}}));
+        lines.push(serde_json::json!({"event": "nodes_excluded", "time": "2026-11-01T10:05:01Z", "node": "n1",
+            "job_id": "7", "attempt": 2, "cause": "node_unhealthy: site command", "blamed": ["n1"], "added": ["n1"],
+            "excluded": ["n1", "n9"], "how": "requeue"}));
+        let tmp = run_dir_with_events(&lines);
+        let text = status(tmp.path()).to_string();
+        assert!(text.contains("state     stopped"), "{text}");
+        assert!(text.contains("unhealthy n1 failed `site command`: `check` exited 1"), "{text}");
+        assert!(
+            text.contains("excluded  n1 (node_unhealthy: site command; from the requeued job, now excluded: n1, n9)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::nodes::{PartitionNode, expand_hostlist, parse_sinfo_nodes};
 pub use crate::telemetry::RequeueAnswer;
 
 /// Errors talking to SLURM.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SlurmError {
-    #[error("scontrol not found on PATH (inside a container?)")]
-    NotFound,
+    #[error("{0} not found on PATH (inside a container? see docs/slurm.md, \"Without scontrol\")")]
+    NotFound(String),
     #[error("`scontrol {args}` did not answer within {seconds:.1}s")]
     Timeout { args: String, seconds: f64 },
     #[error("`scontrol {args}` failed (exit {code:?}): {stderr}")]
@@ -42,6 +43,13 @@ pub struct JobView {
     /// PreemptTime: when SLURM began preempting the job (its GraceTime runs
     /// from here); `None` when it is not being preempted.
     pub preempt_time: Option<String>,
+    /// ExcNodeList: the nodes the job may not run on, expanded (the user's
+    /// `--exclude` and what was added since).
+    pub excluded: Vec<String>,
+    /// Partition: where the job runs (a comma list when several were asked).
+    pub partition: Option<String>,
+    /// NumNodes: how many nodes the job needs (the low end of a range).
+    pub num_nodes: Option<u32>,
 }
 
 /// SLURM control operations rekindle uses.
@@ -50,6 +58,11 @@ pub trait SlurmControl {
     fn requeue(&self, job_id: &str, timeout: Duration) -> Result<RequeueAnswer, SlurmError>;
     /// Holds a (requeued) job back: it may not start before `delay` from now.
     fn hold_for(&self, job_id: &str, delay: Duration, timeout: Duration) -> Result<(), SlurmError>;
+    /// Sets a pending job's excluded nodes (`ExcNodeList`) to `nodes`.
+    /// SLURM refuses it while the job runs: call it after the requeue.
+    fn set_excluded(&self, job_id: &str, nodes: &[String], timeout: Duration) -> Result<(), SlurmError>;
+    /// The nodes of `partition` and their states (`sinfo`).
+    fn partition_nodes(&self, partition: &str, timeout: Duration) -> Result<Vec<PartitionNode>, SlurmError>;
 }
 
 /// The real `scontrol` on PATH.
@@ -78,6 +91,16 @@ impl SlurmControl for Scontrol {
     fn hold_for(&self, job_id: &str, delay: Duration, timeout: Duration) -> Result<(), SlurmError> {
         run_scontrol(&["update", &format!("JobId={job_id}"), &start_time_after(delay)], timeout).map(|_| ())
     }
+
+    fn set_excluded(&self, job_id: &str, nodes: &[String], timeout: Duration) -> Result<(), SlurmError> {
+        run_scontrol(&["update", &format!("JobId={job_id}"), &format!("ExcNodeList={}", nodes.join(","))], timeout)
+            .map(|_| ())
+    }
+
+    fn partition_nodes(&self, partition: &str, timeout: Duration) -> Result<Vec<PartitionNode>, SlurmError> {
+        let out = run_slurm("sinfo", &["-h", "-N", "-p", partition, "-o", "%N %t"], timeout)?;
+        Ok(parse_sinfo_nodes(&out))
+    }
 }
 
 /// The `StartTime=` argument of `scontrol update` for a start no earlier
@@ -101,6 +124,9 @@ pub fn parse_show_job(output: &str) -> Option<JobView> {
             .get("PreemptTime")
             .filter(|v| !["None", "Unknown", "(null)"].contains(v))
             .map(|v| v.to_string()),
+        excluded: fields.get("ExcNodeList").map(|v| expand_hostlist(v)).unwrap_or_default(),
+        partition: fields.get("Partition").filter(|v| **v != "(null)").map(|v| v.to_string()),
+        num_nodes: fields.get("NumNodes").and_then(|v| v.split('-').next()?.parse().ok()),
     })
 }
 
@@ -112,9 +138,14 @@ pub fn parse_show_job(output: &str) -> Option<JobView> {
 /// killed by the very requeue it asked for, before it reports (or makes)
 /// the hold. The timeout still ends it (SIGKILL).
 fn run_scontrol(args: &[&str], timeout: Duration) -> Result<String, SlurmError> {
+    run_slurm("scontrol", args, timeout)
+}
+
+/// Runs SLURM's `program ARGS` (as [`run_scontrol`] describes).
+fn run_slurm(program: &str, args: &[&str], timeout: Duration) -> Result<String, SlurmError> {
     use std::os::unix::process::CommandExt;
-    let joined = args.join(" ");
-    let mut command = Command::new("scontrol");
+    let joined = if program == "scontrol" { args.join(" ") } else { format!("{program} {}", args.join(" ")) };
+    let mut command = Command::new(program);
     // SAFETY: between fork and exec only sigaction(2), which is
     // async-signal-safe, is called.
     unsafe {
@@ -129,7 +160,7 @@ fn run_scontrol(args: &[&str], timeout: Duration) -> Result<String, SlurmError> 
     let mut child = match command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
     {
         Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SlurmError::NotFound),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SlurmError::NotFound(program.into())),
         Err(e) => return Err(SlurmError::Spawn(e.to_string())),
     };
     let started = Instant::now();
@@ -179,6 +210,9 @@ mod tests {
                 restarts: 2,
                 node_list: Some("n1".into()),
                 preempt_time: None,
+                excluded: vec![],
+                partition: None,
+                num_nodes: None,
             }
         );
     }
@@ -191,6 +225,16 @@ mod tests {
         assert_eq!(parse_show_job(line).unwrap().preempt_time.as_deref(), Some("2026-11-22T02:42:07"));
         let idle = "JobId=9 JobState=RUNNING PreemptTime=None BatchFlag=1";
         assert_eq!(parse_show_job(idle).unwrap().preempt_time, None);
+    }
+
+    #[test]
+    fn parses_the_exclusions_partition_and_node_count() {
+        let line = "JobId=9 JobState=PENDING Partition=debug NumNodes=2-3 ExcNodeList=n[1-2],n9 BatchFlag=1";
+        let job = parse_show_job(line).unwrap();
+        assert_eq!(job.excluded, ["n1", "n2", "n9"]);
+        assert_eq!((job.partition.as_deref(), job.num_nodes), (Some("debug"), Some(2)));
+        let none = parse_show_job("JobId=9 JobState=PENDING ExcNodeList=(null)").unwrap();
+        assert!(none.excluded.is_empty());
     }
 
     #[test]

@@ -12,6 +12,10 @@
 //! REKINDLE_INJOB_EXCLUDED  nodes excluded so far (lost), comma-separated
 //! ```
 //!
+//! The request also carries `requeue_exclude`, the job's exclusion list
+//! to set should the shell requeue the job instead (`crate::health`'s plan
+//! for the blamed nodes, made when asking).
+//!
 //! The request is `key=value` lines, so that a shell script reads it
 //! without a JSON parser; unknown keys are ignored and `#` starts a comment.
 
@@ -89,6 +93,11 @@ pub struct RestartRequest {
     /// The checkpoint step the next step is expected to resume from (the
     /// newest durable one; the node-local tier may hold a newer one).
     pub step: Option<u64>,
+    /// The job's whole exclusion list (`ExcNodeList`) to set should the
+    /// shell requeue the job instead of restarting in it: rekindle's plan
+    /// for the blamed nodes (bounded, the user's own exclusions kept);
+    /// empty to leave the job's exclusions as they are.
+    pub requeue_exclude: Vec<String>,
     /// `<rank>@<node>` of the writer.
     pub written_by: String,
 }
@@ -102,6 +111,10 @@ impl RestartRequest {
         if let Some(step) = self.step {
             text.push_str(&format!("step={step}\n"));
         }
+        if !self.requeue_exclude.is_empty() {
+            let nodes: Vec<String> = self.requeue_exclude.iter().map(|n| one_line(n)).collect();
+            text.push_str(&format!("requeue_exclude={}\n", nodes.join(",")));
+        }
         text.push_str(&format!("written_by={}\n", one_line(&self.written_by)));
         text
     }
@@ -109,18 +122,24 @@ impl RestartRequest {
     /// Reads a request back (for tests and `status`): `None` when the text
     /// is not one (no `action=restart`).
     pub fn parse(text: &str) -> Option<RestartRequest> {
-        let mut request =
-            RestartRequest { reason: String::new(), exclude: Vec::new(), step: None, written_by: String::new() };
+        let mut request = RestartRequest {
+            reason: String::new(),
+            exclude: Vec::new(),
+            step: None,
+            requeue_exclude: Vec::new(),
+            written_by: String::new(),
+        };
+        let names = |value: &str| -> Vec<String> {
+            value.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect()
+        };
         let mut restart = false;
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
             let Some((key, value)) = line.split_once('=') else { continue };
             match key.trim() {
                 "action" => restart = value.trim() == "restart",
                 "reason" => request.reason = value.trim().to_string(),
-                "exclude" => {
-                    request.exclude =
-                        value.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect()
-                }
+                "exclude" => request.exclude = names(value),
+                "requeue_exclude" => request.requeue_exclude = names(value),
                 "step" => request.step = value.trim().parse().ok(),
                 "written_by" => request.written_by = value.trim().to_string(),
                 _ => {}
@@ -186,6 +205,7 @@ mod tests {
             reason: "rank_lost: rank 1\nexclude=n1".into(),
             exclude: vec!["n2".into(), "n3,n4".into()],
             step: Some(120),
+            requeue_exclude: vec!["n2".into(), "n9".into()],
             written_by: "0@n1".into(),
         };
         let text = request.to_text();
@@ -193,6 +213,8 @@ mod tests {
         assert!(text.contains("exclude=n2,n3 n4\n"), "{text}");
         let back = RestartRequest::parse(&text).unwrap();
         assert_eq!(back.exclude, vec!["n2", "n3 n4"]);
+        assert!(text.contains("requeue_exclude=n2,n9\n"), "{text}");
+        assert_eq!(back.requeue_exclude, vec!["n2", "n9"]);
         assert_eq!((back.step, back.written_by.as_str()), (Some(120), "0@n1"));
         assert_eq!(back.reason, "rank_lost: rank 1 exclude=n1");
         assert_eq!(RestartRequest::parse("reason=x\n"), None, "no action=restart, no request");
@@ -202,11 +224,17 @@ mod tests {
     fn the_request_is_written_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("req");
-        let request =
-            RestartRequest { reason: "rank_lost".into(), exclude: vec![], step: None, written_by: "1@n2".into() };
+        let request = RestartRequest {
+            reason: "rank_lost".into(),
+            exclude: vec![],
+            step: None,
+            requeue_exclude: vec![],
+            written_by: "1@n2".into(),
+        };
         request.write(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(RestartRequest::parse(&text), Some(request));
         assert!(text.contains("exclude=\n"), "an empty exclusion is written as such: {text}");
+        assert!(!text.contains("requeue_exclude"), "nothing to set on a requeue, nothing said: {text}");
     }
 }

@@ -141,6 +141,9 @@ mod tests {
             restarts: 0,
             node_list: None,
             preempt_time: None,
+            excluded: vec![],
+            partition: None,
+            num_nodes: None,
         }
     }
 

@@ -131,7 +131,7 @@ mod tests {
     use std::cell::{Cell, RefCell};
 
     use super::*;
-    use crate::slurm::{JobView, RequeueAnswer, SlurmError};
+    use crate::slurm::{JobView, PartitionNode, RequeueAnswer, SlurmError};
     use crate::telemetry::RequeueDecision;
 
     /// A stand-in for `scontrol`: canned answers, and the calls it received.
@@ -153,6 +153,9 @@ mod tests {
                     restarts: 0,
                     node_list: Some("n1".into()),
                     preempt_time: None,
+                    excluded: vec![],
+                    partition: None,
+                    num_nodes: None,
                 }),
                 requeue: Ok(RequeueAnswer::Requeued),
                 hold: Ok(()),
@@ -179,6 +182,16 @@ mod tests {
         fn hold_for(&self, job_id: &str, delay: Duration, timeout: Duration) -> Result<(), SlurmError> {
             self.calls.borrow_mut().push(format!("hold {job_id} {}s {}s", delay.as_secs(), timeout.as_secs()));
             self.hold.clone()
+        }
+
+        fn set_excluded(&self, job_id: &str, nodes: &[String], _timeout: Duration) -> Result<(), SlurmError> {
+            self.calls.borrow_mut().push(format!("exclude {job_id} {}", nodes.join(",")));
+            Ok(())
+        }
+
+        fn partition_nodes(&self, partition: &str, _timeout: Duration) -> Result<Vec<PartitionNode>, SlurmError> {
+            self.calls.borrow_mut().push(format!("sinfo {partition}"));
+            Ok(vec![])
         }
     }
 

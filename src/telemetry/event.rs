@@ -88,6 +88,12 @@ pub enum Event {
     /// than its own earlier steps) for `[health] straggler_steps` steps in a
     /// row; once per rank per attempt.
     Straggler(Straggler),
+    /// The start-of-attempt check failed on this node: the attempt ends
+    /// without training.
+    NodeUnhealthy(NodeUnhealthy),
+    /// What the end of an attempt blamed, and which nodes the job's next
+    /// attempt (or in-job step) leaves behind, or why none.
+    NodesExcluded(NodesExcluded),
     /// An event this version does not know (or whose fields do not fit):
     /// the whole object, `event` included. Never written by this version.
     #[serde(untagged)]
@@ -95,7 +101,7 @@ pub enum Event {
 }
 
 /// Every `event` name this version writes, in the order of [`Event`].
-pub const EVENT_NAMES: [&str; 28] = [
+pub const EVENT_NAMES: [&str; 30] = [
     "start",
     "lock_takeover",
     "checkpoint_rejected",
@@ -124,6 +130,8 @@ pub const EVENT_NAMES: [&str; 28] = [
     "local_checkpoint",
     "recovery",
     "straggler",
+    "node_unhealthy",
+    "nodes_excluded",
 ];
 
 impl Event {
@@ -158,6 +166,8 @@ impl Event {
             Event::LocalCheckpoint(_) => "local_checkpoint",
             Event::Recovery(_) => "recovery",
             Event::Straggler(_) => "straggler",
+            Event::NodeUnhealthy(_) => "node_unhealthy",
+            Event::NodesExcluded(_) => "nodes_excluded",
             Event::Other(raw) => raw.get("event").and_then(Value::as_str).unwrap_or("?"),
         }
     }
@@ -193,7 +203,9 @@ impl Event {
             | Event::GpuFallback(_)
             | Event::Monitor(_)
             | Event::Publish(_)
-            | Event::Requeue(_) => None,
+            | Event::Requeue(_)
+            | Event::NodeUnhealthy(_)
+            | Event::NodesExcluded(_) => None,
         }
     }
 }
@@ -727,6 +739,52 @@ pub struct Recovery {
     pub in_job: bool,
 }
 
+/// `node_unhealthy`: the start-of-attempt check (`crate::health`) failed
+/// on this node; the attempt ended without training.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeUnhealthy {
+    /// The node that failed.
+    pub node: String,
+    /// The first required check that failed (`devices`, `gpu health`,
+    /// `site command`, …).
+    pub check: String,
+    /// What it found (for the site command: how it ended and its output).
+    pub detail: String,
+    /// Every check made, as `rekindle doctor --json` lists them.
+    pub checks: Value,
+    /// What launched the attempt: its SLURM job step (`<job>.<step>`), or
+    /// this process (`pid <pid>`) outside one. The ranks of one attempt
+    /// share it, so that they count as one attempt.
+    pub launch: String,
+}
+
+/// `nodes_excluded`: the nodes an attempt's end blamed and what came of
+/// excluding them: the job's new `ExcNodeList` (after a requeue), the
+/// nodes the next in-job step leaves out, or why nothing was excluded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodesExcluded {
+    /// What ended the attempt (`node_unhealthy: site command`, `rank_lost:
+    /// rank 1`, `hang: step`, `crash: transient`).
+    pub cause: String,
+    /// The nodes blamed for it.
+    pub blamed: Vec<String>,
+    /// The nodes newly excluded (empty when none were).
+    pub added: Vec<String>,
+    /// The job's whole exclusion list afterwards (the user's own included).
+    pub excluded: Vec<String>,
+    /// `requeue` (`scontrol update ExcNodeList`) or `in_job` (the batch
+    /// shell's next step).
+    pub how: String,
+    /// Why nothing (or not everything) was excluded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// What kept the exclusion from being set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// `checkpoint_interval`: the periodic checkpoint interval `"auto"` chose,
 /// why, and from what (see `checkpoint::interval`). Recorded at the start
 /// and whenever a new measurement changes the choice noticeably.
@@ -1183,6 +1241,21 @@ mod tests {
                 blamed: true,
                 world_size: 2,
             }),
+            Event::NodeUnhealthy(NodeUnhealthy {
+                node: "n1".into(),
+                check: "site command".into(),
+                detail: "`check` exited 1 after 0.1s; output: bad HCA".into(),
+                checks: json!({"checks": []}),
+                launch: "7.0".into(),
+            }),
+            Event::NodesExcluded(NodesExcluded {
+                cause: "node_unhealthy: site command".into(),
+                blamed: vec!["n1".into()],
+                added: vec!["n1".into()],
+                excluded: vec!["n1".into(), "n9".into()],
+                how: "requeue".into(),
+                ..Default::default()
+            }),
         ];
         assert_eq!(events.len(), EVENT_NAMES.len());
         for (event, name) in events.iter().zip(EVENT_NAMES) {
@@ -1225,7 +1298,9 @@ mod tests {
             | Event::RankLost(_)
             | Event::LocalCheckpoint(_)
             | Event::Recovery(_)
-            | Event::Straggler(_) => EVENT_NAMES.contains(&event.name()),
+            | Event::Straggler(_)
+            | Event::NodeUnhealthy(_)
+            | Event::NodesExcluded(_) => EVENT_NAMES.contains(&event.name()),
             Event::Other(_) => false,
         }
     }

@@ -73,6 +73,11 @@ impl EventLog {
         Ok(EventLog { writer: JsonlWriter::open(path)?, context })
     }
 
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        self.writer.path()
+    }
+
     /// Appends `event` with the time and the context.
     pub fn record(&mut self, event: &Event) -> Result<(), TelemetryError> {
         self.writer.append(&EventLine { time: now_rfc3339(), context: &self.context, event })

@@ -28,9 +28,9 @@ pub use attempts::{Attempt, AttemptEnd, attempts};
 pub use event::{
     CheckpointFailed, CheckpointIntervalChosen, CheckpointQuarantined, CheckpointRejected, CheckpointSaved,
     CheckpointStarted, ChildExit, ChildStart, CrashClass, EVENT_NAMES, ErrorEvent, Event, EventContext, Finish,
-    FreshStart, GpuFallback, HangEvent, LocalCheckpoint, LockTakeover, MonitorOutcome, Nonfinite, OomRetry,
-    PersisterDied, PublishOutcome, RankLost, RecordedEvent, Recovery, RefusedFile, RequeueAnswer, RequeueDecision,
-    RequeueRecord, Resume, Signal, Start, Stop, Straggler, events_from,
+    FreshStart, GpuFallback, HangEvent, LocalCheckpoint, LockTakeover, MonitorOutcome, NodeUnhealthy, NodesExcluded,
+    Nonfinite, OomRetry, PersisterDied, PublishOutcome, RankLost, RecordedEvent, Recovery, RefusedFile, RequeueAnswer,
+    RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop, Straggler, events_from,
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
 pub use export::{ExportOptions, Exporter, Rewinder, event_scalars, metric_scalars};

@@ -20,6 +20,11 @@ const RULES: &[(&str, &[&str], &str)] = &[
     ("gpu", &["attempt", "run", "exec", "rundir", "cli"], "detection and placement only decide"),
     ("publish", &["attempt", "run", "exec", "rundir", "cli"], "publishing is handed what to publish"),
     ("distributed", &["attempt", "run", "exec", "rundir", "cli"], "collectives know no lifecycle"),
+    (
+        "health",
+        &["attempt", "run", "exec", "rundir", "cli", "report"],
+        "node checks and blame decide; the attempt acts",
+    ),
     ("bench", &["run", "exec", "cli"], "benchmarks measure parts, not the drivers"),
 ];
 

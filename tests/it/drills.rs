@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use crate::support::cluster::{LocalCluster, repo};
 
-const DRILLS: [&str; 21] = [
+const DRILLS: [&str; 23] = [
     "term",
     "term-batch",
     "term-full",
@@ -38,6 +38,8 @@ const DRILLS: [&str; 21] = [
     "exec",
     "exec-ddp",
     "exec-torchrun",
+    "badnode",
+    "noprogress",
 ];
 
 /// The JSON summary printed on the line after `<RESULT> <drill>:`.

@@ -467,6 +467,14 @@ fn the_batch_shell_restarts_in_the_job_falls_back_to_the_queue_or_exits_on_a_rea
             "{}",
             context(name)
         );
+        // The request's requeue_exclude (the node that asked) became the
+        // requeued job's ExcNodeList, and its next run stayed off it. (Not
+        // judged by the shell's line saying so: SLURM ends the requeued
+        // run's batch shell, and its last lines may not reach the output.)
+        let asked = step_tasks(&all, 0, "0").iter().map(|t| t.node.clone()).collect::<BTreeSet<_>>();
+        let excluded = job_fields(&cluster, &submitted[name].job).get("ExcNodeList").cloned().unwrap_or_default();
+        assert!(asked.contains(&excluded), "ExcNodeList={excluded}, first run on {asked:?}{}", context(name));
+        assert!(!nodes_of(&step_tasks(&all, 1, "0")).contains(&excluded), "{}", context(name));
     }
 
     // A stop signal to the batch shell: the step's death is not a crash.

@@ -28,6 +28,7 @@ mod exec;
 mod failed_start;
 mod gpu_check;
 mod gpu_run;
+mod health;
 mod hostile;
 mod injob;
 mod interval;

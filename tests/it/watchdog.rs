@@ -58,6 +58,15 @@ fn hangs(cmd: RunCmd, dir: &Path, failpoints: &str, code: i32) -> Value {
     hang
 }
 
+/// The last `scontrol` call set the job's ExcNodeList to the node the
+/// `nodes_excluded` event (of `cause`) added.
+fn assert_excluded(dir: &std::path::Path, calls: &[String], cause: &str) {
+    let excluded = last_event(dir, "nodes_excluded");
+    assert_eq!(excluded["cause"], cause, "{excluded}");
+    let node = excluded["added"][0].as_str().unwrap_or_else(|| panic!("nothing added: {excluded}"));
+    assert_eq!(calls.last().unwrap(), &format!("update JobId=77 ExcNodeList={node}"), "{calls:?}");
+}
+
 #[test]
 fn a_stuck_step_is_a_hang_that_requeues_the_job_and_exits_75_with_the_last_checkpoint() {
     let tmp = tempdir();
@@ -74,7 +83,10 @@ fn a_stuck_step_is_a_hang_that_requeues_the_job_and_exits_75_with_the_last_check
     // reports its commits itself, so one that finished while step 31 hung
     // counts).
     assert!(events_named(&dir, "checkpoint_saved").iter().all(|e| e["kind"] == "periodic"));
-    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77"]);
+    // A step that hangs blames its node: excluded from the requeued job.
+    let calls = fake.calls();
+    assert_eq!(calls[..3], ["show job -o 77", "requeue 77", "show job -o 77"]);
+    assert_excluded(&dir, &calls, "hang: step");
     assert_eq!(last_event(&dir, "requeue")["decision"], "requeue");
     let stop = last_event(&dir, "stop");
     let newest = *checkpoint_steps(&dir).last().expect("a checkpoint");
@@ -96,7 +108,7 @@ fn a_stuck_step_is_a_hang_that_requeues_the_job_and_exits_75_with_the_last_check
     let requeue = last_event(&dir, "requeue");
     assert_eq!(requeue["decision"], "skip", "{requeue}");
     assert!(requeue["reason"].as_str().unwrap().contains("max_crash_requeues = 1"), "{requeue}");
-    assert_eq!(fake.calls().len(), 2, "SLURM not asked again: {:?}", fake.calls());
+    assert_eq!(fake.calls().len(), 4, "SLURM not asked again: {:?}", fake.calls());
     // The next attempt resumes there.
     RunCmd::new(&dir)
         .set("run.max_steps=10000000")
@@ -207,7 +219,10 @@ fn a_transient_crash_requeues_with_a_hold_once_then_the_bound_stops_it() {
     let fake = FakeScontrol::running_job(tmp.path());
     // Step 26 fails after 25 passed: a device error, transient.
     crashing_run(&dir, &fake, 25).run(EXIT).assert_code(1);
-    assert_eq!(fake.calls(), ["show job -o 77", "requeue 77", "update JobId=77 StartTime=now+60"]);
+    // A device error blames its node: excluded from the requeued job.
+    let calls = fake.calls();
+    assert_eq!(calls[..4], ["show job -o 77", "requeue 77", "update JobId=77 StartTime=now+60", "show job -o 77"]);
+    assert_excluded(&dir, &calls, "crash: transient");
     let error = last_event(&dir, "error");
     assert_eq!((&error["class"], &error["step"]), (&"transient".into(), &25.into()), "{error}");
     assert_eq!((&error["requeue"]["decision"], &error["requeue"]["answer"]), (&"requeue".into(), &"requeued".into()));
@@ -220,7 +235,7 @@ fn a_transient_crash_requeues_with_a_hold_once_then_the_bound_stops_it() {
     assert_eq!(error["class"], "transient", "{error}");
     assert_eq!(error["requeue"]["decision"], "skip");
     assert!(error["requeue"]["reason"].as_str().unwrap().contains("max_crash_requeues = 1"), "{error}");
-    assert_eq!(fake.calls().len(), 3, "no second requeue: {:?}", fake.calls());
+    assert_eq!(fake.calls().len(), 5, "no second requeue: {:?}", fake.calls());
     assert_eq!(events_named(&dir, "requeue").len(), 1);
 }
 

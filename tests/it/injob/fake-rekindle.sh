@@ -31,7 +31,8 @@ echo "task step=$k restart=$restart rank=$rank size=${SLURM_STEP_NUM_TASKS:-1} n
     "nodes=${SLURM_STEP_NODELIST:-} max=${REKINDLE_INJOB_MAX:-unset} request=${REKINDLE_INJOB_REQUEST:-unset}" \
     "excluded=${REKINDLE_INJOB_EXCLUDED-unset}" "time=$(date +%s.%N)" >>"$FAKE_LOG"
 
-# Writes the restart request excluding $1, as rekindle does: a temporary
+# Writes the restart request excluding $1 (from the next step, and from the
+# job should the shell requeue it instead), as rekindle does: a temporary
 # file renamed over the final name.
 request() {
     local tmp=$REKINDLE_INJOB_REQUEST.tmp.$$
@@ -41,6 +42,7 @@ action=restart
 reason=rank_lost
 exclude=$1
 step=40
+requeue_exclude=$1
 unknown_key=ignored
 written_by=$rank@$node
 EOF

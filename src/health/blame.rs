@@ -1,0 +1,94 @@
+//! Which nodes an attempt's end blames: a pure function from how the
+//! attempt ended to the nodes its next attempt (or in-job step) should
+//! leave behind. A node is blamed only where the end points at it; when
+//! rekindle cannot tell (a preemption, a `scancel`, the time limit, a
+//! shared filesystem error, a bug) it blames nobody.
+//!
+//! | end | blamed |
+//! |---|---|
+//! | ranks lost (their heartbeat stopped, their node gone) | each lost rank's node |
+//! | the training thread hung in a step or an evaluation | its node |
+//! | a save or publish hung | nobody (storage, not the node) |
+//! | a transient device error (a step failing after others passed, a GPU probe error) | its node |
+//! | another transient crash (I/O on the run directory, a rank that could not agree) | nobody |
+//! | a failed health check | the node that failed it |
+//! | a deterministic error | nobody (it fails the same way anywhere) |
+//! | a stop signal (preemption, `scancel`, the time limit), `--stop-at-step` | nobody |
+//!
+//! `extra` adds nodes blamed by other means (a straggler's node): they are
+//! merged in, once each.
+
+/// How an attempt ended, as far as blaming a node goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// Ranks whose heartbeats stopped: their nodes (empty when unknown).
+    RanksLost { nodes: Vec<String> },
+    /// The watchdog found `activity` (`step`, `eval`, `save`, `publish`)
+    /// stuck on `node`.
+    Hang { node: String, activity: String },
+    /// A transient crash on `node`; `device` when it was a device error.
+    TransientCrash { node: String, device: bool },
+    /// The start-of-attempt check failed on `node`.
+    Unhealthy { node: String },
+    /// A deterministic error: the same anywhere.
+    Deterministic,
+    /// A stop signal or `--stop-at-step`: preemption, `scancel`, the time limit.
+    Stopped,
+}
+
+/// The nodes `end` blames, with `extra` merged in: sorted, each once,
+/// empty names dropped.
+pub fn blame(end: &AttemptEnd, extra: &[String]) -> Vec<String> {
+    let mut nodes: Vec<String> = match end {
+        AttemptEnd::RanksLost { nodes } => nodes.clone(),
+        AttemptEnd::Hang { node, activity } if activity == "step" || activity == "eval" => vec![node.clone()],
+        AttemptEnd::TransientCrash { node, device: true } => vec![node.clone()],
+        AttemptEnd::Unhealthy { node } => vec![node.clone()],
+        AttemptEnd::Hang { .. }
+        | AttemptEnd::TransientCrash { device: false, .. }
+        | AttemptEnd::Deterministic
+        | AttemptEnd::Stopped => Vec::new(),
+    };
+    nodes.extend(extra.iter().cloned());
+    nodes.retain(|n| !n.trim().is_empty());
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn each_end_blames_its_node_or_nobody() {
+        let table: Vec<(AttemptEnd, Vec<String>)> = vec![
+            (AttemptEnd::RanksLost { nodes: s(&["n3", "n2", "n3"]) }, s(&["n2", "n3"])),
+            (AttemptEnd::RanksLost { nodes: s(&[""]) }, s(&[])),
+            (AttemptEnd::Hang { node: "n1".into(), activity: "step".into() }, s(&["n1"])),
+            (AttemptEnd::Hang { node: "n1".into(), activity: "eval".into() }, s(&["n1"])),
+            (AttemptEnd::Hang { node: "n1".into(), activity: "save".into() }, s(&[])),
+            (AttemptEnd::Hang { node: "n1".into(), activity: "publish".into() }, s(&[])),
+            (AttemptEnd::TransientCrash { node: "n2".into(), device: true }, s(&["n2"])),
+            (AttemptEnd::TransientCrash { node: "n2".into(), device: false }, s(&[])),
+            (AttemptEnd::Unhealthy { node: "n1".into() }, s(&["n1"])),
+            (AttemptEnd::Deterministic, s(&[])),
+            (AttemptEnd::Stopped, s(&[])),
+        ];
+        for (end, want) in table {
+            assert_eq!(blame(&end, &[]), want, "{end:?}");
+        }
+    }
+
+    #[test]
+    fn extra_blamed_nodes_are_merged_once() {
+        let end = AttemptEnd::Unhealthy { node: "n1".into() };
+        assert_eq!(blame(&end, &s(&["n4", "n1", " "])), s(&["n1", "n4"]));
+        // A straggler's node is blamed even when the end itself blames nobody.
+        assert_eq!(blame(&AttemptEnd::Stopped, &s(&["n2"])), s(&["n2"]));
+    }
+}

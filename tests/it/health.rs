@@ -1,0 +1,134 @@
+//! Bad nodes (#29) through the real binary: `rekindle doctor --json` shows
+//! the node checks every attempt makes, with GPU health counters from an
+//! injected inventory and what could not be checked; a `rekindle run` on a
+//! node that fails its check records `node_unhealthy` and trains nothing;
+//! and attempts that make no progress stop with exit 79.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::cli::{RunCmd, events, events_named, exe};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+const EXIT_NO_PROGRESS: i32 = 79;
+
+fn inventory(dir: &Path, devices: Value) -> std::path::PathBuf {
+    let path = dir.join("inventory.json");
+    std::fs::write(&path, json!({ "devices": devices }).to_string()).unwrap();
+    path
+}
+
+fn doctor_json(dir: &Path, inventory: &Path, command: &str) -> (i32, Value) {
+    let config = dir.join("doctor.toml");
+    std::fs::write(
+        &config,
+        format!("[run]\ndir = {:?}\n[health]\ncommand = {command:?}\n", dir.join("runs/r").display().to_string()),
+    )
+    .unwrap();
+    let out = std::process::Command::new(exe())
+        .args(["doctor", "--json", "--config"])
+        .arg(&config)
+        .arg("--inventory")
+        .arg(inventory)
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let list = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (out.status.code().unwrap_or(-1), list)
+}
+
+fn check<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("{name}: {list}"))
+}
+
+#[test]
+fn doctor_json_shows_the_node_checks_with_gpu_health_and_what_it_could_not_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sick = inventory(
+        tmp.path(),
+        json!([{"vendor": "nvidia", "name": "H100", "memory_total_mib": 81559, "ecc_uncorrected": 3,
+                "throttle_reasons": ["hw_thermal_slowdown"]}]),
+    );
+    let (code, list) = doctor_json(tmp.path(), &sick, "echo 'IB port down'; exit 2");
+    assert_eq!(code, 1, "{list}");
+    let gpu = check(&list, "gpu health");
+    assert_eq!(gpu["status"], "fail", "{gpu}");
+    assert!(gpu["detail"].as_str().unwrap().contains("nvidia 0: 3 uncorrected ECC error(s)"), "{gpu}");
+    assert!(gpu["detail"].as_str().unwrap().contains("not checked: nvidia 0: retired pages, remapped rows"), "{gpu}");
+    let site = check(&list, "site command");
+    assert_eq!(site["status"], "fail", "{site}");
+    let said = site["detail"].as_str().unwrap();
+    assert!(said.contains("exited 2 after") && said.ends_with("output: IB port down"), "{site}");
+    for name in ["devices", "device memory", "run directory", "clock skew", "free disk", "checkpoint round-trip"] {
+        assert_eq!(check(&list, name)["status"], "ok", "{name}: {list}");
+    }
+
+    // A device whose driver reports no counters: said, not passed.
+    let quiet = inventory(tmp.path(), json!([{"vendor": "nvidia", "name": "H100", "memory_total_mib": 81559}]));
+    let (code, list) = doctor_json(tmp.path(), &quiet, "true");
+    assert_eq!(code, 0, "{list}");
+    let gpu = check(&list, "gpu health");
+    assert_eq!(gpu["status"], "skip", "{gpu}");
+    assert!(gpu["detail"].as_str().unwrap().contains("not reported by the driver, so not checked"), "{gpu}");
+    assert_eq!(check(&list, "site command")["status"], "ok");
+}
+
+#[test]
+fn a_node_that_fails_its_check_trains_nothing_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let exited = RunCmd::new(&run)
+        .set("run.max_steps=20")
+        .set("health.command=\"echo bad HCA on $REKINDLE_NODE; exit 3\"")
+        .run(TIMEOUT);
+    exited.assert_code(1);
+    assert!(exited.stderr.contains("failed its health check `site command`"), "{}", exited.tail());
+    let names: Vec<String> = events(&run).iter().map(|e| e["event"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names[0], "node_unhealthy", "{names:?}");
+    assert!(!names.contains(&"start".to_string()), "nothing started: {names:?}");
+    let unhealthy = &events_named(&run, "node_unhealthy")[0];
+    assert_eq!(unhealthy["check"], "site command");
+    assert!(unhealthy["detail"].as_str().unwrap().contains("output: bad HCA on"), "{unhealthy}");
+    assert_eq!(unhealthy["checks"]["required_failed"], true);
+    assert!(!run.join("metrics.jsonl").exists(), "no step trained");
+
+    // A sick GPU of the injected inventory fails the same way.
+    let sick = inventory(
+        tmp.path(),
+        json!([{"vendor": "nvidia", "name": "A100", "memory_total_mib": 40000, "retired_pages_pending": true}]),
+    );
+    let run2 = tmp.path().join("run2");
+    RunCmd::new(&run2)
+        .set("run.max_steps=20")
+        .set("gpu.backend=\"auto\"")
+        .env("REKINDLE_GPU_INVENTORY", &sick)
+        .run(TIMEOUT)
+        .assert_code(1);
+    let unhealthy = &events_named(&run2, "node_unhealthy")[0];
+    assert_eq!(unhealthy["check"], "gpu health", "{unhealthy}");
+}
+
+#[test]
+fn attempts_without_progress_stop_with_exit_79_naming_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let attempt = || {
+        RunCmd::new(&run)
+            .set("run.max_steps=20")
+            .set("run.max_attempts_without_progress=2")
+            .set("health.command=\"exit 1\"")
+            .run(TIMEOUT)
+    };
+    attempt().assert_code(1);
+    attempt().assert_code(1);
+    let third = attempt();
+    third.assert_code(EXIT_NO_PROGRESS);
+    assert!(third.stderr.contains("2 attempts in a row committed no newer checkpoint"), "{}", third.tail());
+    let last = events(&run).pop().unwrap();
+    assert_eq!(last["event"], "error", "{last}");
+    assert!(last["error"].as_str().unwrap().contains("node_unhealthy on"), "{last}");
+    assert_eq!(events_named(&run, "node_unhealthy").len(), 2, "the third attempt checked nothing more");
+}
