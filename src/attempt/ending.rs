@@ -18,7 +18,7 @@ use super::budget;
 use super::crash::{self, CrashAction};
 use super::deadline::Deadline;
 use super::error::RunError;
-use super::health::{exclude_blamed, in_job_exclusion, others_left, requeue_exclusion_for_request};
+use super::health::{exclude_blamed, in_job_exclusion, others_left, requeue_exclusion_for_request, straggler_blame};
 use super::records::recorded_events;
 use super::stop::{StopFlag, StopIntent, StopReason};
 use crate::health::{AttemptEnd, blame};
@@ -209,9 +209,9 @@ pub(crate) fn requeue_and_record(
         tracing::error!(error = %e, "could not record the requeue event");
     }
     // A stop blames no node by itself (preemption, scancel, the time limit);
-    // nodes blamed by other means come in as `blame`'s extra ones.
-    let blamed = blame(&AttemptEnd::Stopped, &[]);
+    // a blamed straggler's node comes in as `blame`'s extra ones.
     let path = events.path().to_path_buf();
+    let blamed = blame(&AttemptEnd::Stopped, &straggler_blame(&path));
     if let Some(excluded) =
         exclude_blamed(cfg, alloc, &Scontrol, reason.name().as_str(), &blamed, &record, &path, &timeout)
     {
@@ -296,7 +296,7 @@ pub(crate) fn record_failure(
         node: alloc.node_name(),
         device: crash::is_device_error(failure.error, failure.class),
     };
-    let blamed = blame(&end, &[]);
+    let blamed = blame(&end, &straggler_blame(events_path));
     let (requeue, hold_seconds, hold_error) =
         requeue_after_failure(cfg, alloc, failure.class, failure.stop_path, &blamed, events, events_path);
     record_or_log(

@@ -157,7 +157,7 @@ fn leave_node_behind(
     newest: Option<u64>,
     events: &mut EventLog,
 ) -> String {
-    let blamed = blame(end, &[]);
+    let blamed = blame(end, &straggler_blame(events.path()));
     if cfg.health.exclude
         && others_left(slurm, &blamed, offer)
         && let Some(record) = ask_for_in_job_restart(cfg, slurm, cause, &blamed, newest, events.path())
@@ -195,6 +195,20 @@ fn leave_node_behind(
 /// Whether the job's allocation has a node besides `blamed` and those the
 /// batch shell already left out: only then can a new in-job step run
 /// without the blamed ones (else the requeue leaves them behind).
+/// The nodes this attempt's blamed stragglers ran on (`[health]
+/// straggler_blame`), read back from its events: nothing when none were
+/// blamed or the events cannot be read (blame is then what the end says).
+pub(crate) fn straggler_blame(events_path: &Path) -> Vec<String> {
+    match crate::telemetry::read_jsonl(events_path) {
+        Ok(Some(lines)) => crate::health::blamed_stragglers(&crate::telemetry::events_from(lines.records)),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(events = %events_path.display(), error = %e, "cannot read the events for blamed stragglers");
+            Vec::new()
+        }
+    }
+}
+
 pub(crate) fn others_left(slurm: &SlurmEnv, blamed: &[String], offer: Option<&InJobOffer>) -> bool {
     let nodes = slurm.nodelist.as_deref().map(expand_hostlist).unwrap_or_default();
     nodes.into_iter().any(|n| !blamed.contains(&n) && !offer.is_some_and(|o| o.excluded.contains(&n)))

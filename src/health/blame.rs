@@ -15,8 +15,10 @@
 //! | a deterministic error | nobody (it fails the same way anywhere) |
 //! | a stop signal (preemption, `scancel`, the time limit), `--stop-at-step` | nobody |
 //!
-//! `extra` adds nodes blamed by other means (a straggler's node): they are
-//! merged in, once each.
+//! `extra` adds nodes blamed by other means (the nodes of the attempt's
+//! blamed stragglers, [`blamed_stragglers`]): they are merged in, once each.
+
+use crate::telemetry::{Event, RecordedEvent};
 
 /// How an attempt ended, as far as blaming a node goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +58,20 @@ pub fn blame(end: &AttemptEnd, extra: &[String]) -> Vec<String> {
     nodes
 }
 
+/// The nodes the newest attempt's `straggler` events blame (`[health]
+/// straggler_blame`): `blame`'s extra nodes, so a node that made its rank
+/// a straggler is left behind at the next restart like a failed one.
+pub fn blamed_stragglers(events: &[RecordedEvent]) -> Vec<String> {
+    let from = events.iter().rposition(|e| e.name == "start").unwrap_or(0);
+    events[from..]
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Straggler(s) if s.blamed => Some(s.rank_node.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +98,24 @@ mod tests {
         for (end, want) in table {
             assert_eq!(blame(&end, &[]), want, "{end:?}");
         }
+    }
+
+    fn recorded(line: serde_json::Value) -> RecordedEvent {
+        RecordedEvent::from_value(line).expect("a valid event")
+    }
+
+    #[test]
+    fn only_the_newest_attempts_blamed_stragglers_blame_their_nodes() {
+        let straggler = |node: &str, blamed: bool| {
+            recorded(serde_json::json!({"event": "straggler", "rank": 1, "rank_node": node, "step": 40,
+                "step_seconds": 0.3, "median_seconds": 0.1, "factor": 1.5, "steps": 20,
+                "blamed": blamed, "world_size": 2}))
+        };
+        let start = recorded(serde_json::json!({"event": "start", "step": 0}));
+        let events = vec![straggler("n1", true), start, straggler("n2", false), straggler("n3", true)];
+        assert_eq!(blamed_stragglers(&events), s(&["n3"]), "n1 was an earlier attempt's, n2 not blamed");
+        assert_eq!(blamed_stragglers(&events[..1]), s(&["n1"]), "no start recorded: all events count");
+        assert_eq!(blamed_stragglers(&[]), s(&[]));
     }
 
     #[test]

@@ -15,7 +15,7 @@ mod node;
 mod progress;
 mod storage;
 
-pub use blame::{AttemptEnd, blame};
+pub use blame::{AttemptEnd, blame, blamed_stragglers};
 pub use checklist::{Check, CheckStatus, Checklist};
 pub use command::{CommandEnd, CommandRun, OUTPUT_LIMIT, run_site_command};
 pub use exclude::{ExclusionInput, ExclusionPlan, plan_exclusion};

@@ -30,7 +30,7 @@ use crate::telemetry::{
 use crate::attempt::budget::{self, SCONTROL_TIMEOUT};
 use crate::attempt::crash::{self, CrashAction};
 use crate::attempt::ending::ask_for_in_job_restart;
-use crate::attempt::health::{exclude_blamed, in_job_exclusion};
+use crate::attempt::health::{exclude_blamed, in_job_exclusion, straggler_blame};
 use crate::health::{AttemptEnd, blame};
 use crate::run::rank_watch::{Lost, recorder};
 use crate::slurm::injob::InJobOffer;
@@ -93,7 +93,7 @@ pub fn requeue_like_a_hang(
 ) -> (RequeueRecord, Option<NodesExcluded>) {
     let record = requeue_hang(cfg, slurm_env, events, newest);
     let timeout = || budget::scontrol_timeout(None, Instant::now());
-    let blamed = blame(end, &[]);
+    let blamed = blame(end, &straggler_blame(events));
     let excluded = exclude_blamed(cfg, slurm_env, &Scontrol, cause, &blamed, &record, events, &timeout);
     (record, excluded)
 }
@@ -133,7 +133,7 @@ pub fn continue_in_job(
     newest: Option<u64>,
     events: &std::path::Path,
 ) -> Option<(RequeueRecord, NodesExcluded)> {
-    let exclude = blame(&lost_end(lost), &[]);
+    let exclude = blame(&lost_end(lost), &straggler_blame(events));
     let reason = lost_reason(lost);
     let record = ask_for_in_job_restart(cfg, slurm_env, &reason, &exclude, newest, events)?;
     Some((record, in_job_exclusion(&reason, &exclude, InJobOffer::from_process().as_ref())))

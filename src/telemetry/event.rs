@@ -687,8 +687,9 @@ pub struct Straggler {
     pub factor: f64,
     /// `[health] straggler_steps`: slow steps in a row.
     pub steps: u64,
-    /// `[health] straggler_blame`: the slowdown is blamed on its node (as a
-    /// failure attributed to a node is); false: reported only.
+    /// `[health] straggler_blame`: the slowdown is blamed on its node, which
+    /// the next requeue or in-job restart leaves behind (as a node a failure
+    /// is attributed to); false: reported only.
     pub blamed: bool,
     /// Ranks in the world (1: a process alone, compared with itself).
     pub world_size: usize,
