@@ -136,6 +136,13 @@
 #               shows it); the job trains and finishes on another node,
 #               byte-identical to the uninterrupted run, and `rekindle
 #               status` says why n1 was left. Needs the local cluster.
+#   dp-straggler two ranks on two nodes, rank 1's own work in every step made
+#               50 ms slower (a failpoint, first attempt only) under `[health]
+#               straggler_steps = 10, straggler_blame = true`: rank 0 records
+#               one `straggler` event naming rank 1 and its node; after plain
+#               `scancel -s TERM` the requeued job has that node in ExcNodeList,
+#               runs on the two other nodes and finishes byte-identical to two
+#               ranks never stopped. Needs the local cluster (three nodes).
 #   noprogress  every attempt's sixth step fails (a failpoint: transient, before
 #               any checkpoint) under `[run] max_attempts_without_progress =
 #               2`: the batch shell restarts it in the job, and the attempt
@@ -194,7 +201,7 @@ unset REKINDLE_INJOB_MAX REKINDLE_SPARE_NODES
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare own exec exec-ddp exec-torchrun badnode noprogress)
+    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare own exec exec-ddp exec-torchrun badnode noprogress dp-straggler)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -350,11 +357,11 @@ if [[ " ${drills[*]} " == *" exec-ddp "* || " ${drills[*]} " == *" exec-torchrun
     in_background "$ref_ddp_pid" without_slurm "$BIN" exec --run-dir "$REF_DDP/run" -- "$VENV/bin/torchrun" \
         --standalone --nproc-per-node 2 "$DDP_PROGRAM" "${DDP_ARGS[@]}" --out "$REF_DDP/out" >"$REF_DDP.log" 2>&1
 fi
-# The hang and crash drills inject their failure with a failpoint of the
+# The hang, crash, noprogress and dp-straggler drills inject their failure with a failpoint of the
 # binary (FAILPOINTS), which only a build with failpoints compiled in honours:
 # one step of a run whose first step is made to fail tells.
 FAILPOINTS_WORK=
-if [[ " ${drills[*]} " == *" hang "* || " ${drills[*]} " == *" crash "* || " ${drills[*]} " == *" noprogress "* ]]; then
+if [[ " ${drills[*]} " == *" hang "* || " ${drills[*]} " == *" crash "* || " ${drills[*]} " == *" noprogress "* || " ${drills[*]} " == *" dp-straggler "* ]]; then
     without_slurm env FAILPOINTS='train::step_error=return' "$BIN" run --config "$CONFIG" --run-dir "$WORK/failpoints" \
         --set run.max_steps=20 --set checkpoint.every_steps=0 >"$WORK/failpoints.log" 2>&1
     grep -q 'failpoint train::step_error' "$WORK/failpoints.log" && FAILPOINTS_WORK=1
@@ -1084,6 +1091,43 @@ drill_noprogress() {
     action=$(now)
     wait_until "the job to end" "$TIMEOUT" job_final "$job" || return 1
     EXTRA_JSON=$(printf '{"max_attempts_without_progress":%s,"unpublished_attempts":%s}' "$NOPROGRESS_MAX" "$NOPROGRESS_MAX")
+}
+
+# Two ranks, rank 1 slowed in its own work (first attempt only), its
+# straggler's node blamed: reported once, then left behind by the requeue.
+drill_dp-straggler() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        echo "SKIP dp-straggler: needs the local cluster (a third node to move to); see docs/drills.md"
+        echo '{"drill":"dp-straggler","result":"SKIP"}'
+        return 3
+    fi
+    [[ -n $FAILPOINTS_WORK ]] || { note "$BIN ignores FAILPOINTS (no failpoints compiled in): build it with cargo test --no-run (make drill does); see $WORK/failpoints.log"; return 1; }
+    local -x REKINDLE_BIN
+    local w=$WORK/dp-straggler/rekindle-slow-rank-1
+    mkdir -p "$WORK/dp-straggler"
+    cat >"$w" <<EOF
+#!/bin/sh
+# drill dp-straggler: rank 1 of the first attempt is 50 ms slower in its own work every step
+if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ] && [ "\${SLURM_PROCID:-0}" = 1 ]; then export FAILPOINTS='train::compute=sleep(50)'; fi
+exec '$BIN' "\$@"
+EOF
+    chmod +x "$w"
+    REKINDLE_BIN=$w
+    RUN_EXTRA=(--set health.straggler_steps=10 --set health.straggler_blame=true)
+    submit dp-straggler -N2 -n2 || return 1
+    RUN_EXTRA=()
+    wait_until "the straggler event" 120 has_event "$run" straggler || return 1
+    local slow
+    slow=$(rank_node "$run" 1)
+    action=$(now)
+    log "dp-straggler: rank 1 on $slow reported; scancel -s TERM $job"
+    scancel -s TERM "$job"
+    wait_until "the nodes_excluded event" 60 has_event "$run" nodes_excluded || return 1
+    local excluded
+    excluded=$(scontrol show hostnames "$(job_field "$job" ExcNodeList)" 2>/dev/null | paste -sd, -)
+    log "dp-straggler: requeued; ExcNodeList=$excluded"
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job" || return 1
+    EXTRA_JSON=$(printf '{"slow_node":"%s","exc_node_list":"%s"}' "$slow" "$excluded")
 }
 
 # Interrupted (Ctrl-C, a CI timeout): leave no drill job behind.

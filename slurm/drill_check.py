@@ -19,9 +19,9 @@ import sys
 # current step); those after which rekindle requeues the job itself; those
 # whose signal reaches only the batch shell, which forwards it to the step.
 GRACEFUL = ("term", "term-batch", "term-full", "usr1", "warn", "warn-batch", "timelimit", "preempt",
-            "preempt-nosignal", "cancel", "dp", "dp-preempt", "own")
+            "preempt-nosignal", "cancel", "dp", "dp-preempt", "own", "dp-straggler")
 REQUEUED_BY_REKINDLE = ("term", "term-batch", "term-full", "usr1", "warn", "warn-batch", "timelimit",
-                        "preempt-nosignal", "dp", "own")
+                        "preempt-nosignal", "dp", "own", "dp-straggler")
 FORWARDED = ("term-batch", "term-full", "warn-batch", "timelimit")
 # The hold rekindle puts on a job requeued after its first transient crash
 # (src/attempt/crash.rs, FIRST_HOLD).
@@ -114,6 +114,27 @@ def badnode_checks(attempts, extra):
     out.append(("rekindle status says why the node was left",
                 f"unhealthy {bad} failed `site command`" in status and f"excluded  {bad} (" in status,
                 status.strip().replace("\n", " | ")[-300:]))
+    return out
+
+
+def straggler_checks(attempts, extra):
+    """(name, ok, detail) pairs of the dp-straggler drill: one `straggler`
+    event, naming rank 1 and the node it ran on, blamed; the requeue left
+    that node behind and no later attempt ran there."""
+    att0 = attempts[0] if attempts else {"start": {}, "events": []}
+    slow = extra.get("slow_node")
+    ranks = att0["start"].get("rank_nodes") or []
+    found = [e for att in attempts for e in att["events"] if e.get("event") == "straggler"]
+    s = found[0] if found else {}
+    out = [("one straggler event, naming rank 1 and its node, blamed",
+            len(found) == 1 and s.get("rank") == 1 and s.get("rank_node") == slow and len(ranks) == 2
+            and ranks[1] == slow and s.get("blamed") is True and s.get("world_size") == 2
+            and (s.get("step_seconds") or 0) > (s.get("factor") or 1.5) * (s.get("median_seconds") or 1),
+            f"{len(found)} straggler event(s): {json.dumps(s)}; first attempt's rank nodes {ranks}")]
+    out.extend(excluded_checks(att0["events"], slow, extra.get("exc_node_list")))
+    later = [n for att in attempts[1:] for n in (att["start"].get("rank_nodes") or [])]
+    out.append(("no later attempt ran on the straggler's node", bool(later) and slow not in later,
+                f"later rank nodes {later}, straggler's node {slow}"))
     return out
 
 
@@ -615,6 +636,9 @@ def main():
     if a.drill == "badnode":
         for name, ok, detail in badnode_checks(attempts, extra):
             check(name, ok, detail)
+    if a.drill == "dp-straggler":
+        for name, ok, detail in straggler_checks(attempts, extra):
+            check(name, ok, detail)
     if a.drill == "noprogress":
         for name, ok, detail in noprogress_checks(attempts, a.state, a.exit_code, a.restarts, extra):
             check(name, ok, detail)
@@ -654,7 +678,7 @@ def main():
                 lost_bound = f"{name}: {detail}"
     if a.drill in ("nodeloss", "dp-nodeloss") + INJOB:
         check("node back in service", extra.get("node_back") is True, extra.get("node_state", ""))
-    if a.drill in ("dp", "dp-preempt", "dp-nodeloss"):
+    if a.drill in ("dp", "dp-preempt", "dp-nodeloss", "dp-straggler"):
         nodes_per_attempt = 1 if a.drill == "dp-preempt" else 2
         for i, att in enumerate(attempts):
             start = att["start"]

@@ -287,6 +287,45 @@ class BadNode(unittest.TestCase):
         self.assertIn("rekindle status says why the node was left", self.failed(badnode_events(), status="state x"))
 
 
+def straggler_events(rank=1, rank_node="n2", blamed=True, twice=False, added=("n2",), later=("n1", "n3")):
+    """A dp-straggler run: rank 1 on n2 reported (blamed), the stop's requeue
+    excludes n2, the next attempt runs on `later`."""
+    s = {"event": "straggler", "node": "n1", "rank": rank, "rank_node": rank_node, "step": 12,
+         "step_seconds": 0.055, "median_seconds": 0.004, "factor": 1.5, "steps": 10, "blamed": blamed,
+         "world_size": 2}
+    return [
+        {"event": "start", "node": "n1", "attempt": 0, "rank_nodes": ["n1", "n2"], "world_size": 2},
+        s, *([dict(s, step=30)] if twice else []),
+        {"event": "requeue", "node": "n1", "attempt": 0, "decision": "requeue", "answer": "requeued"},
+        {"event": "nodes_excluded", "node": "n1", "attempt": 0, "cause": "stop: SIGTERM", "blamed": ["n2"],
+         "added": list(added), "excluded": list(added), "how": "requeue"},
+        {"event": "start", "node": later[0], "attempt": 1, "rank_nodes": list(later), "world_size": 2},
+    ]
+
+
+class Straggler(unittest.TestCase):
+    def failed(self, events, exc="n2"):
+        extra = {"slow_node": "n2", "exc_node_list": exc}
+        return [name for name, ok, _ in drill_check.straggler_checks(drill_check.split_attempts(events), extra)
+                if not ok]
+
+    def test_the_drills_records_pass(self):
+        self.assertEqual(self.failed(straggler_events()), [])
+
+    def test_a_wrong_rank_node_a_second_report_or_no_blame_fails(self):
+        one = "one straggler event, naming rank 1 and its node, blamed"
+        self.assertIn(one, self.failed(straggler_events(rank=0)))
+        self.assertIn(one, self.failed(straggler_events(rank_node="n1")))
+        self.assertIn(one, self.failed(straggler_events(twice=True)))
+        self.assertIn(one, self.failed(straggler_events(blamed=False)))
+
+    def test_no_exclusion_or_a_later_attempt_on_the_node_fails(self):
+        self.assertIn("rekindle excluded n2 from the requeued job", self.failed(straggler_events(added=())))
+        self.assertIn("scontrol show job lists n2 in ExcNodeList", self.failed(straggler_events(), exc=""))
+        self.assertIn("no later attempt ran on the straggler's node",
+                      self.failed(straggler_events(later=("n1", "n2"))))
+
+
 def noprogress_events(attempts=2, guard=True, klass="transient"):
     ev = []
     for i in range(attempts):

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use crate::support::cluster::{LocalCluster, repo};
 
-const DRILLS: [&str; 23] = [
+const DRILLS: [&str; 24] = [
     "term",
     "term-batch",
     "term-full",
@@ -40,6 +40,7 @@ const DRILLS: [&str; 23] = [
     "exec-torchrun",
     "badnode",
     "noprogress",
+    "dp-straggler",
 ];
 
 /// The JSON summary printed on the line after `<RESULT> <drill>:`.
