@@ -340,7 +340,8 @@ fn requeue_after_failure(
         if cfg.health.exclude && others_left(alloc, blamed, offer.as_ref()) { blamed } else { &[] };
     match crash::decide(class, in_a_row, cfg.run.max_crash_requeues, stop_path) {
         CrashAction::Requeue { .. }
-            if let Some(in_job) = ask_for_in_job_restart(cfg, alloc, CRASH_CAUSE, leave_out, None, events_path) =>
+            if let Some(in_job) =
+                ask_for_in_job_restart(cfg, alloc, CRASH_CAUSE, leave_out, blamed, None, events_path) =>
         {
             if !leave_out.is_empty() {
                 record_or_log(events, &Event::NodesExcluded(in_job_exclusion(CRASH_CAUSE, leave_out, offer.as_ref())));
@@ -381,6 +382,9 @@ const CRASH_CAUSE: &str = "crash: transient";
 /// `exclude`, instead of requeueing the job; the `requeue` record that says
 /// so. `None` (requeue as before) without an offer, once the shell's bound
 /// is spent, or when the request cannot be written.
+/// `blamed`: the nodes the end blames, which the request's plan for a
+/// requeue by the shell leaves behind (`exclude` may name fewer: a job of
+/// one node restarts in the job on it, but its requeue must not).
 /// `events`: the run's records (what was excluded before counts toward
 /// the bound of the exclusion the request carries for a requeue).
 pub(crate) fn ask_for_in_job_restart(
@@ -388,6 +392,7 @@ pub(crate) fn ask_for_in_job_restart(
     alloc: &SlurmEnv,
     reason: &str,
     exclude: &[String],
+    blamed: &[String],
     step: Option<u64>,
     events: &std::path::Path,
 ) -> Option<RequeueRecord> {
@@ -404,7 +409,7 @@ pub(crate) fn ask_for_in_job_restart(
         reason: reason.to_string(),
         exclude: exclude.to_vec(),
         step,
-        requeue_exclude: requeue_exclusion_for_request(cfg, alloc, &Scontrol, exclude, events),
+        requeue_exclude: requeue_exclusion_for_request(cfg, alloc, &Scontrol, blamed, events),
         written_by: format!("{rank}@{}", alloc.node_name()),
     };
     match request.write(&offer.file) {

@@ -25,8 +25,8 @@ use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config::Config;
 use crate::gpu::{EnvMap, GpuProbe, InventoryProbe, SystemProbe};
 use crate::health::{
-    AttemptEnd, ExclusionInput, ExclusionPlan, NodeInput, StorageProbe, attempts_without_progress, blame, node_checks,
-    plan_exclusion, progress_guard,
+    AttemptEnd, ExclusionInput, ExclusionPlan, NodeInput, StorageProbe, VERDICT_WHY, attempts_without_progress, blame,
+    node_checks, plan_exclusion, progress_guard, since_last_verdict,
 };
 use crate::rundir::{self, EVENTS_FILE};
 use crate::slurm::injob::InJobOffer;
@@ -47,9 +47,9 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
     let events_path = root.join(EVENTS_FILE);
     // Every rank decides (they read the same records) and exits 79 alike,
     // so the batch shell sees rekindle's own code; one records it.
-    if let Some(verdict) =
-        progress_guard(cfg.run.max_attempts_without_progress, &attempts_without_progress(&recorded(&events_path)))
-    {
+    let history = recorded(&events_path);
+    let counted = since_last_verdict(&history, slurm.job_id.as_deref());
+    if let Some(verdict) = progress_guard(cfg.run.max_attempts_without_progress, &attempts_without_progress(counted)) {
         tracing::error!(message = %verdict.message, "not training: no progress");
         if records {
             record_guard(slurm, &events_path, &verdict.message);
@@ -103,7 +103,7 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
         }),
     );
     let cause = format!("node_unhealthy: {}", failed.name);
-    let end = AttemptEnd::Unhealthy { node: node.clone() };
+    let end = AttemptEnd::Unhealthy { node: node.clone(), check: failed.name.clone() };
     let next = leave_node_behind(cfg, slurm, &cause, &end, offer.as_ref(), newest.map(|(s, _)| s), &mut events);
     let _ = events.sync();
     Err(RunError::Unhealthy { node, check: failed.name, detail: failed.detail, next, resumable: newest.is_some() })
@@ -118,7 +118,7 @@ fn record_guard(slurm: &SlurmEnv, events_path: &Path, message: &str) {
                 step: None,
                 error: message.to_string(),
                 class: None,
-                why: Some("no progress ([run] max_attempts_without_progress)".into()),
+                why: Some(VERDICT_WHY.into()),
                 requeue: Some(RequeueRecord::skip("no progress: the job is not requeued")),
                 hold_seconds: None,
                 hold_error: None,
@@ -160,7 +160,7 @@ fn leave_node_behind(
     let blamed = blame(end, &straggler_blame(events.path()));
     if cfg.health.exclude
         && others_left(slurm, &blamed, offer)
-        && let Some(record) = ask_for_in_job_restart(cfg, slurm, cause, &blamed, newest, events.path())
+        && let Some(record) = ask_for_in_job_restart(cfg, slurm, cause, &blamed, &blamed, newest, events.path())
     {
         record_or_log(events, &Event::Requeue(record));
         record_in_job_exclusion(events, cause, &blamed, offer);

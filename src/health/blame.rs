@@ -11,7 +11,7 @@
 //! | a save or publish hung | nobody (storage, not the node) |
 //! | a transient device error (a step failing after others passed, a GPU probe error) | its node |
 //! | another transient crash (I/O on the run directory, a rank that could not agree) | nobody |
-//! | a failed health check | the node that failed it |
+//! | a failed health check | the node that failed it (not for `free disk`: the shared storage is full, not the node) |
 //! | a deterministic error | nobody (it fails the same way anywhere) |
 //! | a stop signal (preemption, `scancel`, the time limit), `--stop-at-step` | nobody |
 //!
@@ -30,8 +30,8 @@ pub enum AttemptEnd {
     Hang { node: String, activity: String },
     /// A transient crash on `node`; `device` when it was a device error.
     TransientCrash { node: String, device: bool },
-    /// The start-of-attempt check failed on `node`.
-    Unhealthy { node: String },
+    /// The start-of-attempt check `check` failed on `node`.
+    Unhealthy { node: String, check: String },
     /// A deterministic error: the same anywhere.
     Deterministic,
     /// A stop signal or `--stop-at-step`: preemption, `scancel`, the time limit.
@@ -45,7 +45,10 @@ pub fn blame(end: &AttemptEnd, extra: &[String]) -> Vec<String> {
         AttemptEnd::RanksLost { nodes } => nodes.clone(),
         AttemptEnd::Hang { node, activity } if activity == "step" || activity == "eval" => vec![node.clone()],
         AttemptEnd::TransientCrash { node, device: true } => vec![node.clone()],
-        AttemptEnd::Unhealthy { node } => vec![node.clone()],
+        // Room for a checkpoint is the shared storage's (a quota, a full
+        // filesystem): every node would fail it alike.
+        AttemptEnd::Unhealthy { check, .. } if check == "free disk" => Vec::new(),
+        AttemptEnd::Unhealthy { node, .. } => vec![node.clone()],
         AttemptEnd::Hang { .. }
         | AttemptEnd::TransientCrash { device: false, .. }
         | AttemptEnd::Deterministic
@@ -91,7 +94,8 @@ mod tests {
             (AttemptEnd::Hang { node: "n1".into(), activity: "publish".into() }, s(&[])),
             (AttemptEnd::TransientCrash { node: "n2".into(), device: true }, s(&["n2"])),
             (AttemptEnd::TransientCrash { node: "n2".into(), device: false }, s(&[])),
-            (AttemptEnd::Unhealthy { node: "n1".into() }, s(&["n1"])),
+            (AttemptEnd::Unhealthy { node: "n1".into(), check: "site command".into() }, s(&["n1"])),
+            (AttemptEnd::Unhealthy { node: "n1".into(), check: "free disk".into() }, s(&[])),
             (AttemptEnd::Deterministic, s(&[])),
             (AttemptEnd::Stopped, s(&[])),
         ];
@@ -120,7 +124,7 @@ mod tests {
 
     #[test]
     fn extra_blamed_nodes_are_merged_once() {
-        let end = AttemptEnd::Unhealthy { node: "n1".into() };
+        let end = AttemptEnd::Unhealthy { node: "n1".into(), check: "gpu health".into() };
         assert_eq!(blame(&end, &s(&["n4", "n1", " "])), s(&["n1", "n4"]));
         // A straggler's node is blamed even when the end itself blames nobody.
         assert_eq!(blame(&AttemptEnd::Stopped, &s(&["n2"])), s(&["n2"]));

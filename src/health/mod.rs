@@ -20,5 +20,7 @@ pub use checklist::{Check, CheckStatus, Checklist};
 pub use command::{CommandEnd, CommandRun, OUTPUT_LIMIT, run_site_command};
 pub use exclude::{ExclusionInput, ExclusionPlan, plan_exclusion};
 pub use node::{FS_TIMEOUT, NodeInput, node_checks};
-pub use progress::{AttemptSummary, NoProgress, attempts_without_progress, progress_guard};
+pub use progress::{
+    AttemptSummary, NoProgress, VERDICT_WHY, attempts_without_progress, progress_guard, since_last_verdict,
+};
 pub use storage::StorageProbe;

@@ -3,7 +3,7 @@
 //!
 //! | check | fails when |
 //! |---|---|
-//! | `devices` | the driver does not answer; fewer GPUs visible than SLURM allotted |
+//! | `devices` | the driver does not answer; fewer GPUs visible than SLURM allotted (to this process, where a visibility variable narrows it) |
 //! | `device memory` | a visible device has less than `[health] min_free_device_memory` of its memory free |
 //! | `gpu health` | uncorrected ECC errors, retired pages or remapped rows pending (throttling only warns) |
 //! | `run directory` | the run directory (or its parent) is not visible from this node, or a look at it hangs |
@@ -70,6 +70,25 @@ pub fn node_checks(input: &NodeInput<'_>) -> Checklist {
     list
 }
 
+/// How many GPUs this process should see, and the variable that says so:
+/// what SLURM allotted on the node, or fewer where a visibility variable
+/// narrows it for this process (`--gpus-per-task` and `--gpu-bind` give
+/// each task its own `CUDA_VISIBLE_DEVICES`; a user may narrow it too).
+fn expected(env: &EnvMap) -> Option<(String, usize)> {
+    let allotted = allotted(env);
+    let narrowed =
+        ["CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"].into_iter().find_map(|var| {
+            let list = env.get(var)?;
+            let n = list.split(',').filter(|e| !e.trim().is_empty() && e.trim() != "NoDevFiles").count();
+            Some((format!("{var}={list}"), n))
+        });
+    match (allotted, narrowed) {
+        (Some((a_var, a)), Some((v_var, v))) if v < a => Some((format!("{v_var}, of {a_var}"), v)),
+        (Some(allotted), _) => Some(allotted),
+        (None, _) => None,
+    }
+}
+
 /// How many GPUs SLURM allotted on this node, and the variable that says so.
 fn allotted(env: &EnvMap) -> Option<(String, usize)> {
     for var in ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
@@ -113,12 +132,12 @@ fn check_devices(list: &mut Checklist, input: &NodeInput<'_>) -> Option<Vec<GpuD
     };
     notes.retain(|n| !n.is_empty());
     let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
-    match allotted(input.env) {
+    match expected(input.env) {
         Some((var, n)) if visible.len() < n => list.push(
             name,
             CheckStatus::Fail,
             true,
-            format!("SLURM allotted {n} GPU(s) ({var}) but {} visible: {found}{notes}", visible.len()),
+            format!("SLURM allotted {n} GPU(s) to this process ({var}) but {} visible: {found}{notes}", visible.len()),
         ),
         Some((var, _)) => list.push(name, CheckStatus::Ok, true, format!("{found}, as allotted ({var})")),
         None => list.push(name, CheckStatus::Ok, true, format!("{found}; SLURM allotted no GPU count{notes}")),
@@ -421,10 +440,31 @@ mod tests {
         f.env.insert("SLURM_JOB_GPUS".into(), "0,1".into());
         let list = f.check(&StaticProbe::new(vec![device(Vendor::Nvidia, 0, None, 80, 80)]), false);
         assert_eq!(status(&list, "devices"), CheckStatus::Fail);
-        assert!(list.get("devices").unwrap().detail.starts_with("SLURM allotted 2 GPU(s) (SLURM_JOB_GPUS=0,1) but 1"));
+        assert!(
+            list.get("devices")
+                .unwrap()
+                .detail
+                .starts_with("SLURM allotted 2 GPU(s) to this process (SLURM_JOB_GPUS=0,1) but 1")
+        );
         f.env.insert("SLURM_JOB_GPUS".into(), "0".into());
         let list = f.check(&StaticProbe::new(vec![device(Vendor::Nvidia, 0, None, 80, 80)]), false);
         assert_eq!(status(&list, "devices"), CheckStatus::Ok, "{list}");
+    }
+
+    #[test]
+    fn a_task_bound_to_one_of_the_nodes_gpus_expects_that_one() {
+        // `srun --gpus-per-task=1`: the step has four GPUs on the node, this
+        // task sees the one CUDA_VISIBLE_DEVICES gives it.
+        let mut f = fixture();
+        f.env.insert("SLURM_STEP_GPUS".into(), "0,1,2,3".into());
+        f.env.insert("CUDA_VISIBLE_DEVICES".into(), "2".into());
+        // (The injected inventory lists what this process sees.)
+        let list = f.check(&StaticProbe::new(vec![device(Vendor::Nvidia, 0, None, 80, 80)]), false);
+        assert_eq!(status(&list, "devices"), CheckStatus::Ok, "{list}");
+        // The GPU it was given does not answer: that still fails.
+        let list = f.check(&StaticProbe::new(Vec::new()), false);
+        assert_eq!(status(&list, "devices"), CheckStatus::Fail, "{list}");
+        assert!(list.get("devices").unwrap().detail.contains("(CUDA_VISIBLE_DEVICES=2, of SLURM_STEP_GPUS=0,1,2,3)"));
     }
 
     #[test]

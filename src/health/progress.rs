@@ -11,6 +11,24 @@
 
 use crate::telemetry::{Event, RecordedEvent};
 
+/// The `why` of the `error` event that records the guard's verdict.
+pub const VERDICT_WHY: &str = "no progress ([run] max_attempts_without_progress)";
+
+/// The records the guard counts: after its newest verdict when a SLURM job
+/// other than the one it stopped reads them (the user fixed what it said and
+/// submitted again: the count starts afresh); all of them otherwise, so the
+/// ranks of the stopped attempt decide alike whenever each reads. Outside
+/// SLURM nothing tells a new launch from the stopped one: the verdict stands
+/// until `max_attempts_without_progress` is raised or set to 0.
+pub fn since_last_verdict<'a>(events: &'a [RecordedEvent], job_id: Option<&str>) -> &'a [RecordedEvent] {
+    let verdict =
+        events.iter().rposition(|e| matches!(&e.event, Event::Error(err) if err.why.as_deref() == Some(VERDICT_WHY)));
+    match verdict {
+        Some(i) if job_id.is_some() && events[i].job_id.as_deref() != job_id => &events[i + 1..],
+        _ => events,
+    }
+}
+
 /// One attempt since the last checkpoint committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptSummary {
@@ -48,7 +66,11 @@ pub fn attempts_without_progress(events: &[RecordedEvent]) -> Vec<AttemptSummary
                 unhealthy_open = false;
             }
             Event::NodeUnhealthy(u) => {
-                let same = attempts.last().is_some_and(|a| unhealthy_open && a.launch.as_ref() == Some(&u.launch));
+                // SLURM numbers a job's steps afresh after a requeue: the
+                // restart count tells two attempts' `<job>.0` apart.
+                let same = attempts.last().is_some_and(|a| {
+                    unhealthy_open && a.launch.as_ref() == Some(&u.launch) && a.restart == e.slurm_attempt
+                });
                 let ended = format!("node_unhealthy on {}: {}", u.node, u.check);
                 match attempts.last_mut() {
                     Some(a) if same => {
@@ -166,6 +188,32 @@ mod tests {
             line(json!({"event": "node_unhealthy", "node": "n1", "check": "c", "launch": "pid 11"}), "n1", 0),
         ];
         assert_eq!(attempts_without_progress(&events).len(), 2);
+    }
+
+    #[test]
+    fn unhealthy_attempts_of_the_same_step_in_two_restarts_count_apart() {
+        // SLURM numbers steps afresh after a requeue: `7.0` in restart 0 and in restart 1.
+        let unhealthy = |restart| {
+            line(json!({"event": "node_unhealthy", "node": "n1", "check": "c", "launch": "7.0"}), "n1", restart)
+        };
+        assert_eq!(attempts_without_progress(&[unhealthy(0), unhealthy(1)]).len(), 2);
+        assert_eq!(attempts_without_progress(&[unhealthy(1), unhealthy(1)]).len(), 1);
+    }
+
+    #[test]
+    fn a_new_job_counts_afresh_after_the_verdict_and_the_stopped_job_does_not() {
+        let mut events = history();
+        events.push(line(json!({"event": "error", "error": "3 attempts in a row…", "why": VERDICT_WHY}), "n3", 3));
+        // The job the verdict stopped (another of its ranks reading late): all count.
+        assert_eq!(attempts_without_progress(since_last_verdict(&events, Some("7"))).len(), 3);
+        // Submitted again as job 8: nothing since the verdict.
+        assert!(attempts_without_progress(since_last_verdict(&events, Some("8"))).is_empty());
+        // Outside SLURM nothing tells a new launch apart: the verdict stands.
+        assert_eq!(since_last_verdict(&events, None).len(), events.len());
+        // An error that is not the verdict resets nothing.
+        let other = line(json!({"event": "error", "error": "x", "why": "something else"}), "n3", 3);
+        let events = [history(), vec![other]].concat();
+        assert_eq!(since_last_verdict(&events, Some("8")).len(), events.len());
     }
 
     #[test]

@@ -86,7 +86,10 @@ pub(crate) fn check_writable(list: &mut Checklist, ckpt_dir: &Path) {
         let mut file = tempfile::Builder::new().prefix(".rekindle-health-").tempfile_in(&base)?;
         file.write_all(&[0u8; 64 << 10])?;
         file.as_file().sync_all()?;
-        let target = base.join(format!(".rekindle-health-{}", std::process::id()));
+        // Renamed to a name as unique as the temporary one: the ranks of
+        // every node check the same shared directory at once, and their
+        // pids may be alike (containers).
+        let target = file.path().with_extension("renamed");
         let persisted = file.persist(&target).map_err(|e| e.error)?;
         drop(persisted);
         std::fs::remove_file(&target)

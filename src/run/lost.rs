@@ -135,7 +135,7 @@ pub fn continue_in_job(
 ) -> Option<(RequeueRecord, NodesExcluded)> {
     let exclude = blame(&lost_end(lost), &straggler_blame(events));
     let reason = lost_reason(lost);
-    let record = ask_for_in_job_restart(cfg, slurm_env, &reason, &exclude, newest, events)?;
+    let record = ask_for_in_job_restart(cfg, slurm_env, &reason, &exclude, &exclude, newest, events)?;
     Some((record, in_job_exclusion(&reason, &exclude, InJobOffer::from_process().as_ref())))
 }
 
