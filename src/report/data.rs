@@ -218,7 +218,13 @@ pub fn checkpoints_and_markers(events: &[RecordedEvent]) -> (Vec<CheckpointMark>
                 let lost = ev.raw.get("steps_lost").map(|_| r.steps_lost);
                 let prev = r.previous_node.as_ref().map(|n| format!(" (previous node {n})")).unwrap_or_default();
                 let lost = lost.map(|l| format!(", {l} steps lost")).unwrap_or_default();
-                markers.push(marker(MarkerKind::Resume, "resume".into(), format!("resumed{at_step}{prev}{lost}")));
+                let tier = rundir::resume_tier(r).map(|t| format!(", from the {t}")).unwrap_or_default();
+                let what = format!("resumed{at_step}{prev}{lost}{tier}");
+                markers.push(marker(MarkerKind::Resume, "resume".into(), what));
+            }
+            Event::Recovery(r) => {
+                let label = if r.in_job { "recovered in job" } else { "recovered" };
+                markers.push(marker(MarkerKind::Resume, label.into(), rundir::recovery_line(r)));
             }
             Event::FreshStart(f) => {
                 markers.push(marker(MarkerKind::Problem, "fresh start".into(), or(&f.reason, "fresh start")));
@@ -286,6 +292,24 @@ mod tests {
         assert_eq!(m[2].label(), "resume · n2 · attempt 2");
         assert_eq!(m[2].detail, "resumed at step 50 (previous node n1), 11 steps lost");
         assert_eq!(m[2].kind, MarkerKind::Resume);
+    }
+
+    #[test]
+    fn a_recovery_in_the_job_is_marked_with_its_tier_copy_and_cost() {
+        let (_, m) = checkpoints_and_markers(&events(vec![
+            json!({"event": "start", "node": "n1"}),
+            json!({"event": "start", "node": "n3"}),
+            json!({"event": "resume", "node": "n3", "step": 120, "steps_lost": 7, "tier": "local", "source_node": "n2"}),
+            json!({"event": "recovery", "node": "n3", "step": 121, "resumed_from": 120, "tier": "local",
+                   "steps_lost": 7, "fault": "rank_lost", "recovery_seconds": 9.3, "in_job": true}),
+        ]));
+        assert_eq!(m[0].detail, "resumed at step 120, 7 steps lost, from the local tier (n2's copy)");
+        assert_eq!(m[1].label(), "recovered in job · n3 · attempt 2");
+        assert_eq!(
+            m[1].detail,
+            "after rank_lost: training again at step 121 from the local tier, 9.3 s after the fault, 7 steps trained \
+             again, in the same job (no requeue)"
+        );
     }
 
     #[test]

@@ -35,6 +35,15 @@ pub struct RunStatus {
     pub last_stop: Option<RecordedEvent>,
     pub last_publish: Option<RecordedEvent>,
     pub last_requeue: Option<RecordedEvent>,
+    /// The last `resume` (which tier and whose copy it came from, or why the
+    /// durable tier was used) and the last `recovery` (after a fault: the
+    /// steps trained again, the seconds to training again, in the job or
+    /// after a requeue).
+    pub last_resume: Option<RecordedEvent>,
+    pub last_recovery: Option<RecordedEvent>,
+    /// The last `local_checkpoint` (`[recovery] local`): committed on which
+    /// nodes, or skipped/failed and why.
+    pub last_local_checkpoint: Option<RecordedEvent>,
     /// The `straggler` events of the newest attempt (a rank, or a process
     /// alone, slower than the median for `[health] straggler_steps` steps).
     pub stragglers: Vec<RecordedEvent>,
@@ -147,6 +156,9 @@ pub fn status(dir: &Path) -> RunStatus {
         last_stop: last_of("stop"),
         last_publish: last_of("publish"),
         last_requeue: last_of("requeue"),
+        last_resume: last_of("resume"),
+        last_recovery: last_of("recovery"),
+        last_local_checkpoint: last_of("local_checkpoint"),
         stragglers: newest_attempt(&events).iter().filter(|e| e.name == "straggler").cloned().collect(),
         last_unhealthy: last_of("node_unhealthy"),
         last_exclusion: last_of("nodes_excluded"),
@@ -186,6 +198,56 @@ pub fn straggler_line(s: &crate::telemetry::Straggler) -> String {
         s.steps,
         if s.blamed { "; its node is blamed" } else { "" }
     )
+}
+
+/// `from step 120 of the local tier (n2's copy)`, `from step 100 of the
+/// durable tier (the local tier was not used: …)` or `from step 100`
+/// (before tiers were recorded).
+pub fn resume_line(r: &crate::telemetry::Resume) -> String {
+    let tier = resume_tier(r).map(|t| format!(" of the {t}")).unwrap_or_default();
+    let lost = if r.steps_lost > 0 { format!(", {} steps trained again", r.steps_lost) } else { String::new() };
+    format!("from step {}{tier}{lost}", r.step)
+}
+
+/// `local tier (n2's copy)`, `durable tier (the local tier was not used:
+/// …)`, `durable tier`; none before tiers were recorded.
+pub fn resume_tier(r: &crate::telemetry::Resume) -> Option<String> {
+    Some(match (r.tier.as_deref()?, &r.source_node, &r.fallback_reason) {
+        ("local", Some(node), _) => format!("local tier ({node}'s copy)"),
+        (tier, _, Some(why)) => format!("{tier} tier (the local tier was not used: {why})"),
+        (tier, _, None) => format!("{tier} tier"),
+    })
+}
+
+/// `after rank_lost: training again at step 128, 9.3 s after the fault,
+/// 7 steps trained again, in the same job (no requeue)`.
+pub fn recovery_line(r: &crate::telemetry::Recovery) -> String {
+    let fault = if r.fault.is_empty() { "a fault" } else { &r.fault };
+    let secs = r.recovery_seconds.map(|s| format!(", {s:.1} s after the fault")).unwrap_or_default();
+    let how = if r.in_job { "in the same job (no requeue)" } else { "after a requeue" };
+    format!(
+        "after {fault}: training again at step {} from the {} tier{secs}, {} steps trained again, {how}",
+        r.step,
+        if r.tier.is_empty() { "?" } else { &r.tier },
+        r.steps_lost
+    )
+}
+
+/// `step 120 committed on n1, n2 (25.0 MiB a copy)`, or `step 120 skipped:
+/// …`.
+pub fn local_checkpoint_line(l: &crate::telemetry::LocalCheckpoint) -> String {
+    let outcome = if l.outcome.is_empty() { "?" } else { &l.outcome };
+    let mut line = format!("step {} {outcome}", l.step);
+    if !l.holders.is_empty() {
+        line += &format!(" on {}", l.holders.join(", "));
+    }
+    if l.bytes > 0 && l.outcome == "committed" {
+        line += &format!(" ({} a copy)", crate::units::mib_or_gib(l.bytes));
+    }
+    if let Some(why) = &l.reason {
+        line += &format!(": {}", clip(why, 200));
+    }
+    line
 }
 
 /// The job a `start` event ran in: the array task as `scontrol` names it
@@ -267,6 +329,15 @@ impl std::fmt::Display for RunStatus {
             if let Event::Straggler(s) = &e.event {
                 writeln!(f, "straggler {}", straggler_line(s))?;
             }
+        }
+        if let Some(Event::Resume(r)) = self.last_resume.as_ref().map(|e| &e.event) {
+            writeln!(f, "resumed   {}", resume_line(r))?;
+        }
+        if let Some(Event::Recovery(r)) = self.last_recovery.as_ref().map(|e| &e.event) {
+            writeln!(f, "recovery  {}", recovery_line(r))?;
+        }
+        if let Some(Event::LocalCheckpoint(l)) = self.last_local_checkpoint.as_ref().map(|e| &e.event) {
+            writeln!(f, "local     {}", local_checkpoint_line(l))?;
         }
         if let Some(Event::Requeue(r)) = self.last_requeue.as_ref().map(|e| &e.event) {
             writeln!(f, "requeue   {}: {}", r.decision.name(), r.decision.reason())?;
@@ -406,6 +477,65 @@ pub(crate) mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn shows_which_tier_a_resume_came_from_and_what_a_recovery_cost() {
+        use serde_json::json;
+        let mut events = two_attempts();
+        events[4] = json!({"event": "resume", "node": "n3", "step": 120, "steps_lost": 7, "tier": "local",
+                           "source_node": "n2", "this_node": "n3"});
+        events.push(json!({"event": "recovery", "node": "n3", "step": 121, "resumed_from": 120, "tier": "local",
+                           "steps_lost": 7, "fault": "rank_lost", "recovery_seconds": 9.3, "in_job": true}));
+        events.push(json!({"event": "local_checkpoint", "node": "n3", "step": 125, "outcome": "committed",
+                           "holders": ["n1", "n3"], "bytes": 26_214_400u64}));
+        let tmp = run_dir_with_events(&events);
+        let st = status(tmp.path());
+        let text = st.to_string();
+        for line in [
+            "resumed   from step 120 of the local tier (n2's copy), 7 steps trained again\n",
+            "recovery  after rank_lost: training again at step 121 from the local tier, 9.3 s after the fault, 7 steps \
+             trained again, in the same job (no requeue)\n",
+            "local     step 125 committed on n1, n3 (25.0 MiB a copy)\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["last_recovery"]["recovery_seconds"], 9.3);
+        assert_eq!(json["last_resume"]["source_node"], "n2");
+        assert_eq!(json["last_local_checkpoint"]["outcome"], "committed");
+        // The durable tier, and why the local one was not used; after a requeue.
+        events[4] = json!({"event": "resume", "node": "n3", "step": 100, "tier": "durable",
+                           "fallback_reason": "no node holds a local copy newer than step 100"});
+        events[5] = json!({"event": "recovery", "node": "n3", "step": 101, "resumed_from": 100, "tier": "durable",
+                           "steps_lost": 27, "fault": "rank_lost", "in_job": false});
+        events[6] = json!({"event": "local_checkpoint", "node": "n3", "step": 125, "outcome": "skipped",
+                           "reason": "n3 has 10 MiB free, a copy needs 25 MiB"});
+        let text = status(run_dir_with_events(&events).path()).to_string();
+        for line in [
+            "resumed   from step 100 of the durable tier (the local tier was not used: no node holds a local copy \
+             newer than step 100)\n",
+            "recovery  after rank_lost: training again at step 101 from the durable tier, 27 steps trained again, \
+             after a requeue\n",
+            "local     step 125 skipped: n3 has 10 MiB free, a copy needs 25 MiB\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
+        // A resume after a graceful stop says only where from.
+        let text = status(run_dir_with_events(&two_attempts()).path()).to_string();
+        assert!(text.contains("resumed   from step 61\n"), "{text}");
+        assert!(!text.contains("recovery "), "{text}");
+    }
+
+    #[test]
+    fn the_job_of_an_array_task_is_named_as_scontrol_names_it() {
+        use serde_json::json;
+        let start =
+            |alloc: serde_json::Value| json!({"event": "start", "node": "n1", "job_id": "4242", "allocation": alloc});
+        let job = |alloc| status(run_dir_with_events(&[start(alloc)]).path()).job;
+        assert_eq!(job(json!({"array_job_id": "4240", "array_task_id": "2"})), Some("4240_2".into()));
+        assert_eq!(job(json!({"nodes": ["n1"]})), Some("4242".into()));
+        assert_eq!(status(run_dir_with_events(&[json!({"event": "start"})]).path()).job, None);
     }
 
     #[test]

@@ -81,7 +81,8 @@ fn a_run_stopped_killed_and_resumed_is_one_curve_in_tensorboard_each_step_once()
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let tb = run.join("tensorboard");
-    let cmd = || RunCmd::new(&run).set("run.max_steps=4000").set("checkpoint.every_steps=1000");
+    let cmd =
+        || RunCmd::new(&run).set("run.max_steps=4000").set("checkpoint.every_steps=1000").set("train.eval_every=250");
     // Attempt 1: stopped at step 100 with its checkpoint (exit 75).
     cmd().arg("--stop-at-step").arg("100").run(TIMEOUT).assert_code(75);
     // Attempt 2: SIGKILLed once TensorBoard holds steps well past the newest
@@ -108,6 +109,14 @@ fn a_run_stopped_killed_and_resumed_is_one_curve_in_tensorboard_each_step_once()
     assert!(orphaned > resumed_from, "steps {}..={orphaned} were trained twice", resumed_from + 1);
     let scalars = tensorboard_scalars(&tb);
     assert_each_step_once_equal_to_metrics(&scalars, &run, 4000);
+    let validations: Vec<(u64, f32)> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get("val_loss")?.as_f64()? as f32)))
+        .collect();
+    assert_eq!(validations.iter().map(|(s, _)| *s).collect::<Vec<_>>(), (1..=16).map(|k| k * 250).collect::<Vec<_>>());
+    assert_eq!(scalars["val_loss"], validations, "each validation once, at its step, equal to metrics.jsonl");
     assert_eq!(scalars["rekindle/stop"], vec![(100, 1.0)], "a marker at the stop");
     let lost = resume["steps_lost"].as_u64().unwrap() as f32;
     assert!(lost > 0.0, "{resume}");
@@ -324,5 +333,20 @@ fn the_prometheus_textfile_passes_promtool_and_node_exporter_serves_it() {
     ] {
         assert!(has(line), "node_exporter serves {line:?}:\n{scraped}");
     }
-    assert!(scraped.contains("rekindle_last_checkpoint_timestamp_seconds{run=\"tiny\"} "), "{scraped}");
+    assert!(has("rekindle_world_size{run=\"tiny\"} 1"), "{scraped}");
+    assert!(has("rekindle_max_steps{run=\"tiny\"} 300"), "{scraped}");
+    // The timed ones: present, a number, and in range.
+    let value = |name: &str| -> f64 {
+        let prefix = format!("{name}{{run=\"tiny\"}} ");
+        let line = scraped.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {name}:\n{scraped}"));
+        line[prefix.len()..].parse().unwrap_or_else(|e| panic!("{line}: {e}"))
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let saved = value("rekindle_last_checkpoint_timestamp_seconds");
+    assert!(saved <= now && now - saved < TIMEOUT.as_secs_f64(), "checkpoint at {saved}, now {now}");
+    let since = value("rekindle_seconds_since_last_checkpoint");
+    assert!((0.0..TIMEOUT.as_secs_f64()).contains(&since), "{since}");
+    assert!(value("rekindle_steps_per_second") > 0.0, "{scraped}");
+    let (stall, persist) = (value("rekindle_checkpoint_stall_seconds"), value("rekindle_checkpoint_persist_seconds"));
+    assert!(stall >= 0.0 && persist > 0.0 && stall < 60.0 && persist < 60.0, "stall {stall}, persist {persist}");
 }
