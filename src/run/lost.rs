@@ -133,7 +133,10 @@ pub fn continue_in_job(
     newest: Option<u64>,
     events: &std::path::Path,
 ) -> Option<(RequeueRecord, NodesExcluded)> {
-    let exclude = blame(&lost_end(lost), &straggler_blame(events));
+    // The lost nodes are gone whatever `[health] exclude` says; a blamed
+    // straggler's node is left out only when it asks for exclusions.
+    let stragglers = if cfg.health.exclude { straggler_blame(events) } else { Vec::new() };
+    let exclude = blame(&lost_end(lost), &stragglers);
     let reason = lost_reason(lost);
     let record = ask_for_in_job_restart(cfg, slurm_env, &reason, &exclude, &exclude, newest, events)?;
     Some((record, in_job_exclusion(&reason, &exclude, InJobOffer::from_process().as_ref())))
