@@ -78,12 +78,22 @@ fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
     crate::telemetry::read_jsonl(path).ok().flatten().map(|j| j.records).unwrap_or_default()
 }
 
+/// How much of the end of `metrics.jsonl` status reads: a few thousand
+/// lines, more than the 100 the rate is taken over.
+const METRICS_TAIL_BYTES: u64 = 1 << 20;
+
 /// Reads the status of the run in `dir`.
 pub fn status(dir: &Path) -> RunStatus {
     let summary = Summary::read(&dir.join(SUMMARY_FILE));
     let cfg = config::load_with(&dir.join(CONFIG_FILE), &[], &config::AnyKind).ok().map(|l| l.config);
     let events = telemetry::events_from(read_jsonl(&dir.join(EVENTS_FILE)));
-    let metrics: Vec<StepLine> = read_jsonl(&dir.join(METRICS_FILE))
+    // The newest lines only: the last step, loss and rate are all that is
+    // shown, and a long run's file is hundreds of megabytes.
+    let metrics: Vec<StepLine> = telemetry::read_jsonl_tail(&dir.join(METRICS_FILE), METRICS_TAIL_BYTES)
+        .ok()
+        .flatten()
+        .map(|j| j.records)
+        .unwrap_or_default()
         .iter()
         .filter_map(|m| match MetricsLine::from_value(m)? {
             MetricsLine::Step(s) => Some(s),

@@ -41,6 +41,6 @@ pub use logging::{LogFormat, LogOptions, Lossy, LossyWriter, init_logging, lost_
 pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics_from, metrics_step};
 pub use prometheus::{PromLabels, PromState, write_textfile};
 pub use rank_beat::{RankBeat, rank_beat_file};
-pub use records::{Jsonl, parse_jsonl, read_jsonl, time_field};
+pub use records::{Jsonl, parse_jsonl, read_jsonl, read_jsonl_tail, time_field};
 pub use redact::{MASK, Redactor};
 pub use summary::{Summary, SummaryState};
