@@ -43,7 +43,9 @@
 #               CANCELLED.
 #   hang        the first attempt's training step hangs (a failpoint of the
 #               binary, FAILPOINTS set by a wrapper in the first attempt only)
-#               under `[watchdog] step = "5s"`: the watchdog records the hang,
+#               under `[watchdog] step = "5s"`, submitted with
+#               REKINDLE_INJOB_MAX=0 (else it would restart in the job): the
+#               watchdog records the hang,
 #               requeues the job with scontrol, exits; SLURM shows the job
 #               PENDING with Restarts=1; the next attempt resumes from the
 #               newest checkpoint and finishes.
@@ -765,6 +767,9 @@ drill_hang() {
     [[ -n $FAILPOINTS_WORK ]] || { note "$BIN ignores FAILPOINTS (no failpoints compiled in): build it with cargo test --no-run (make drill does); see $WORK/failpoints.log"; return 1; }
     local -x REKINDLE_BIN
     REKINDLE_BIN=$(first_attempt_failpoints hang "train::step=$at*off->sleep(600000)")
+    # No in-job restart: this drill keeps the requeue drilled (a hang under
+    # a batch shell that offers one restarts in the job, without its node).
+    local -x REKINDLE_INJOB_MAX=0
     RUN_EXTRA=(--set "watchdog.step=\"${HANG_LIMIT}s\"")
     submit hang
     local rc=$?

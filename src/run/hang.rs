@@ -44,7 +44,8 @@ use crate::attempt::records::context;
 use crate::attempt::watchdog::{Beats, Hang, Worker};
 use crate::health::AttemptEnd;
 use crate::run::lost::{
-    continue_in_job, lost_end, lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang,
+    continue_in_job, continue_in_job_after_hang, lost_end, lost_error, lost_message, lost_reason, rank_lost_events,
+    requeue_like_a_hang,
 };
 use crate::run::rank_watch::Lost;
 use crate::rundir::EVENTS_FILE;
@@ -247,11 +248,15 @@ impl HangHandler {
         // Hangs count toward `[run] max_crash_requeues` like transient
         // crashes: a job that hangs at the same place every time must stop.
         let in_job = match &cause {
-            Cause::RanksLost { lost, .. } => continue_in_job(&self.cfg, &self.slurm, lost, kept, &self.events),
-            Cause::Hang(_) => None,
+            Cause::RanksLost { lost, .. } => {
+                continue_in_job(&self.cfg, &self.slurm, lost, kept, &self.events).map(|(r, x)| (r, Some(x)))
+            }
+            Cause::Hang(hang) => {
+                continue_in_job_after_hang(&self.cfg, &self.slurm, hang.busy.activity.name(), kept, &self.events)
+            }
         };
         let (requeue, excluded) = match in_job {
-            Some((record, excluded)) => (record, Some(excluded)),
+            Some((record, excluded)) => (record, excluded),
             None => {
                 let (reason, end) = match &cause {
                     Cause::Hang(hang) => (

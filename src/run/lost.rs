@@ -30,7 +30,7 @@ use crate::telemetry::{
 use crate::attempt::budget::{self, SCONTROL_TIMEOUT};
 use crate::attempt::crash::{self, CrashAction};
 use crate::attempt::ending::ask_for_in_job_restart;
-use crate::attempt::health::{exclude_blamed, in_job_exclusion, straggler_blame};
+use crate::attempt::health::{exclude_blamed, in_job_exclusion, others_left, straggler_blame};
 use crate::health::{AttemptEnd, blame};
 use crate::run::rank_watch::{Lost, recorder};
 use crate::slurm::injob::InJobOffer;
@@ -140,6 +140,43 @@ pub fn continue_in_job(
     let reason = lost_reason(lost);
     let record = ask_for_in_job_restart(cfg, slurm_env, &reason, &exclude, &exclude, newest, events)?;
     Some((record, in_job_exclusion(&reason, &exclude, InJobOffer::from_process().as_ref())))
+}
+
+/// A hang of `activity` under a batch shell that offers restarts inside
+/// the job: a new step instead of a requeue, without the hung node where
+/// `[health] exclude` allows and another node is left to run it (a job of
+/// one node restarts on it; should the shell requeue instead, the request's
+/// plan leaves it behind). Counted toward `[run] max_crash_requeues` like
+/// the requeue it replaces: past it, `None` and the usual refusal. The
+/// requeue record and the `nodes_excluded` one when a node is left out.
+pub fn continue_in_job_after_hang(
+    cfg: &Config,
+    slurm_env: &SlurmEnv,
+    activity: &str,
+    newest: Option<u64>,
+    events: &std::path::Path,
+) -> Option<(RequeueRecord, Option<NodesExcluded>)> {
+    // Training done (a publish that hangs after the final checkpoint):
+    // nothing for a new step to do.
+    if newest.is_some_and(|step| step >= cfg.run.max_steps) {
+        return None;
+    }
+    let in_a_row = crash::crash_requeues_in_a_row(&read_events(events));
+    if let CrashAction::NoRequeue { .. } =
+        crash::decide(CrashClass::Transient, in_a_row, cfg.run.max_crash_requeues, false)
+    {
+        return None;
+    }
+    let cause = format!("hang: {activity}");
+    let end = AttemptEnd::Hang { node: slurm_env.node_name(), activity: activity.into() };
+    let stragglers = if cfg.health.exclude { straggler_blame(events) } else { Vec::new() };
+    let blamed = blame(&end, &stragglers);
+    let offer = InJobOffer::from_process();
+    let leave_out: &[String] =
+        if cfg.health.exclude && others_left(slurm_env, &blamed, offer.as_ref()) { &blamed } else { &[] };
+    let record = ask_for_in_job_restart(cfg, slurm_env, &cause, leave_out, &blamed, newest, events)?;
+    let excluded = (!leave_out.is_empty()).then(|| in_job_exclusion(&cause, leave_out, offer.as_ref()));
+    Some((record, excluded))
 }
 
 fn read_events(path: &std::path::Path) -> Vec<Event> {

@@ -121,6 +121,45 @@ fn a_stuck_step_is_a_hang_that_requeues_the_job_and_exits_75_with_the_last_check
 }
 
 #[test]
+fn a_stuck_step_under_a_shell_that_offers_it_asks_for_an_in_job_restart_without_its_node() {
+    let tmp = tempdir();
+    let (dir, request) = (tmp.path().join("run"), tmp.path().join("request"));
+    let fake = FakeScontrol::running_job(tmp.path());
+    let under_a_shell = |restarts: &str| {
+        watched_run(&dir, "step")
+            .env("PATH", fake.path())
+            .env("SLURM_JOB_ID", "77")
+            .env("SLURMD_NODENAME", "n1")
+            .env("SLURM_JOB_NODELIST", "n[1-2]")
+            .env("REKINDLE_INJOB_REQUEST", &request)
+            .env("REKINDLE_INJOB_RESTARTS", restarts)
+            .env("REKINDLE_INJOB_MAX", "2")
+    };
+    hangs(under_a_shell("0"), &dir, &format!("train::step=30*off->sleep({FOREVER_MS})"), 75);
+    let text = std::fs::read_to_string(&request).expect("a request for the batch shell");
+    let asked = rekindle::slurm::injob::RestartRequest::parse(&text).expect("a restart request");
+    // The hung node is left out of the next step: n2 is there to run it.
+    assert_eq!((asked.reason.as_str(), &asked.exclude[..]), ("hang: step", &["n1".to_string()][..]), "{text}");
+    assert_eq!(asked.requeue_exclude, ["n1"], "{text}");
+    let calls = fake.calls();
+    assert!(calls.iter().all(|c| c.starts_with("show job")), "no scontrol requeue: {calls:?}");
+    let requeue = last_event(&dir, "requeue");
+    assert_eq!(requeue["decision"], "skip", "{requeue}");
+    assert!(requeue["reason"].as_str().unwrap().contains("in-job restart 1 of 2"), "{requeue}");
+    let excluded = last_event(&dir, "nodes_excluded");
+    assert_eq!((&excluded["how"], &excluded["added"]), (&"in_job".into(), &serde_json::json!(["n1"])), "{excluded}");
+    let newest = *checkpoint_steps(&dir).last().expect("a checkpoint");
+    let stop = last_event(&dir, "stop");
+    assert_eq!((&stop["reason"], &stop["step"]), (&"hang: step".into(), &newest.into()), "{stop}");
+    // The shell's bound spent: the job is requeued, the node left behind.
+    std::fs::remove_file(&request).unwrap();
+    hangs(under_a_shell("2"), &dir, &format!("train::step=sleep({FOREVER_MS})"), 75);
+    assert!(!request.exists(), "no request once the bound is spent");
+    assert_eq!(last_event(&dir, "requeue")["decision"], "requeue");
+    assert_excluded(&dir, &fake.calls(), "hang: step");
+}
+
+#[test]
 fn a_stuck_evaluation_is_a_hang_of_the_training_thread() {
     let tmp = tempdir();
     let dir = tmp.path().join("run");
