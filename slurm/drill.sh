@@ -49,6 +49,13 @@
 #               requeues the job with scontrol, exits; SLURM shows the job
 #               PENDING with Restarts=1; the next attempt resumes from the
 #               newest checkpoint and finishes.
+#   hang-injob  as hang, in a job of two nodes holding one as a spare
+#               (REKINDLE_SPARE_NODES=1 sbatch -N2 --ntasks-per-node=1), with
+#               the batch shell's in-job restart on: the hung attempt asks for
+#               a new step without its node; the run goes on on the other
+#               node in the same job (Restarts=0) from the checkpoint the
+#               stop named, and finishes byte-identical. Needs a failpoints
+#               build and two nodes.
 #   crash       the first attempt's training step fails (a failpoint: an
 #               error after it trained others, so transient); submitted with
 #               REKINDLE_INJOB_MAX=0 (else it would restart in the job):
@@ -203,7 +210,8 @@ unset REKINDLE_INJOB_MAX REKINDLE_SPARE_NODES
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare own exec exec-ddp exec-torchrun badnode noprogress dp-straggler)
+    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare hang-injob own exec exec-ddp exec-torchrun badnode noprogress
+    dp-straggler)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -712,7 +720,8 @@ drill_cancel() {
 }
 
 # A wrapper around the binary that sets FAILPOINTS=$2 in the first attempt
-# only (SLURM_RESTART_COUNT unset or 0), so the requeued attempt runs clean;
+# only (SLURM_RESTART_COUNT and REKINDLE_INJOB_RESTARTS unset or 0), so the
+# requeued attempt, or the next step of an in-job restart, runs clean;
 # prints its path. Usage: first_attempt_failpoints DRILL SPEC
 first_attempt_failpoints() {
     local w=$WORK/$1/rekindle-failing-first
@@ -720,7 +729,7 @@ first_attempt_failpoints() {
     cat >"$w" <<EOF
 #!/bin/sh
 # drill $1: the first attempt runs with FAILPOINTS='$2'
-if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then export FAILPOINTS='$2'; fi
+if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ] && [ "\${REKINDLE_INJOB_RESTARTS:-0}" = 0 ]; then export FAILPOINTS='$2'; fi
 exec '$BIN' "\$@"
 EOF
     chmod +x "$w"
@@ -779,6 +788,24 @@ drill_hang() {
     EXTRA_JSON=$(requeued_view "{\"fail_after_step\":$at,\"limit_seconds\":$HANG_LIMIT,\"unpublished_attempts\":1}") ||
         { note "the job was not seen PENDING with Restarts >= 1 within 120 s"; return 1; }
     wait_until "the job to resume" "$TIMEOUT" attempts_started "$run" 2 || return 1
+    wait_until "the job to finish" "$TIMEOUT" job_final "$job"
+}
+
+# The watchdog under the batch shell's in-job restart: the first step's
+# step N+1 hangs on one node of a job of two (one rank, the other node held
+# as a spare); the next step runs on the other node, never requeued.
+drill_hang-injob() {
+    local at=$((2 * EVERY + EVERY / 2))
+    [[ -n $FAILPOINTS_WORK ]] || { note "$BIN ignores FAILPOINTS (no failpoints compiled in): build it with cargo test --no-run (make drill does); see $WORK/failpoints.log"; return 1; }
+    local -x REKINDLE_BIN REKINDLE_SPARE_NODES=1
+    REKINDLE_BIN=$(first_attempt_failpoints hang-injob "train::step=$at*off->sleep(600000)")
+    RUN_EXTRA=(--set "watchdog.step=\"${HANG_LIMIT}s\"")
+    submit hang-injob -N2 --ntasks-per-node=1
+    local rc=$?
+    RUN_EXTRA=()
+    ((rc == 0)) || return 1
+    EXTRA_JSON="{\"fail_after_step\":$at,\"limit_seconds\":$HANG_LIMIT,\"unpublished_attempts\":1}"
+    wait_until "the run to go on in the job" "$TIMEOUT" attempts_started "$run" 2 || return 1
     wait_until "the job to finish" "$TIMEOUT" job_final "$job"
 }
 

@@ -271,6 +271,38 @@ def in_job_attempts(attempts):
     return sum(1 for att in attempts if (att["start"].get("in_job_restart") or 0) > 0)
 
 
+def hang_injob_checks(attempts, resumes, extra):
+    """The checks of the hang-injob drill: (name, ok, detail) each. The hung
+    attempt asked the batch shell for a new step without its node (no
+    requeue), and the next attempt ran on the other node of the same
+    allocation from the checkpoint the stop named."""
+    out = []
+    att0 = attempts[0]["events"] if attempts else []
+    stop = first(att0, "stop") or {}
+    newest = max((e.get("step") for e in att0 if e.get("event") == "checkpoint_saved"), default=None)
+    req = stop.get("requeue") or {}
+    out.append(("the hung attempt stopped at its newest checkpoint and asked for an in-job restart, not a requeue",
+                stop.get("reason") == "hang: step" and stop.get("step") == newest and newest is not None
+                and req.get("decision") == "skip" and "in-job restart 1 of" in (req.get("reason") or ""),
+                f"stop {json.dumps({k: stop.get(k) for k in ('reason', 'step', 'requeue')})}, newest checkpoint {newest}"))
+    hung_node = attempts[0]["start"].get("node") if attempts else None
+    excluded = first(att0, "nodes_excluded") or {}
+    out.append(("the hung node is left out of the next step",
+                excluded.get("how") == "in_job" and excluded.get("added") == [hung_node] and hung_node is not None,
+                f"nodes_excluded {json.dumps(excluded)}, hung on {hung_node}"))
+    s1 = attempts[1]["start"] if len(attempts) > 1 else {}
+    out.append(("the next attempt is in-job restart 1, on the other node",
+                s1.get("in_job_restart") == 1 and s1.get("node") not in (None, hung_node),
+                f"start: in_job_restart {s1.get('in_job_restart')}, node {s1.get('node')}, hung on {hung_node}"))
+    res = resumes[0] if resumes else {}
+    at = extra.get("fail_after_step")
+    out.append(("it resumed from the checkpoint the stop named, losing exactly the steps since it",
+                res.get("from_step") is not None and res.get("from_step") == stop.get("step") and at is not None
+                and res.get("steps_lost") == at - res["from_step"],
+                f"stop at {stop.get('step')}, attempt 0 hung after step {at}; resume: {res}"))
+    return out
+
+
 def rank_lost_check(att0, killed_node):
     """(name, ok, detail): rank 0 found rank 1 on the killed node silent for
     at least the timeout and less than three times it."""
@@ -586,7 +618,10 @@ def main():
         check("attempt 1 lost exactly the steps since the checkpoint it resumed from",
               at is not None and res.get("from_step") is not None and res.get("steps_lost") == at - res["from_step"],
               f"attempt 0 failed after step {at}; resume: {res}")
-    if a.drill == "hang":
+    if a.drill == "hang-injob":
+        for name, ok, detail in hang_injob_checks(attempts, resumes, extra):
+            check(name, ok, detail)
+    if a.drill in ("hang", "hang-injob"):
         hang = first(att0, "hang") or {}
         limit = extra.get("limit_seconds")
         at = extra.get("fail_after_step")
@@ -595,6 +630,7 @@ def main():
               and at is not None and hang.get("step") == at + 1 and hang.get("limit_seconds") == limit
               and limit <= (hang.get("stuck_seconds") or 0) <= limit + 10,
               f"hang {json.dumps(hang)}, step {at + 1 if at is not None else None} made to hang, limit {limit} s")
+    if a.drill == "hang":
         stop = first(att0, "stop") or {}
         newest = max((e.get("step") for e in att0 if e.get("event") == "checkpoint_saved"), default=None)
         req = stop.get("requeue") or {}
