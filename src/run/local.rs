@@ -16,7 +16,11 @@
 //!
 //! Nothing here waits on another rank outside a round, and a node that
 //! fails to write (no room, an I/O error) only costs that step its local
-//! checkpoint: the durable tier and training go on.
+//! checkpoint: the durable tier and training go on. A node that cannot keep
+//! copies at all (no local directory, or one it cannot make) turns the tier
+//! off for the whole attempt: every rank says so in its first round after
+//! hello, and the leader records it ([`Attempt::open_local_tier`]) instead of
+//! starting saves that could never be committed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +71,47 @@ pub fn writers(nodes: &[String]) -> Vec<usize> {
     (0..nodes.len()).filter(|&r| !nodes[..r].contains(&nodes[r])).collect()
 }
 
+/// The warning for a world of several ranks that all run on one node: its
+/// local tier then has no copy on another node, so losing that node loses
+/// every copy. `None` for one rank alone, or ranks on two nodes or more.
+pub fn same_node_warning(nodes: &[String]) -> Option<String> {
+    if nodes.len() < 2 || writers(nodes).len() > 1 {
+        return None;
+    }
+    Some(format!(
+        "all {} ranks run on node {}: the local tier has no copy on another node, so losing that node loses every \
+         local copy (the durable tier is unaffected); spread the ranks over nodes for cross-node redundancy",
+        nodes.len(),
+        nodes[0]
+    ))
+}
+
+/// Why the local tier is off for this attempt, from the ranks that cannot
+/// keep copies (`off`: rank and why, in any order; `nodes[r]` names rank
+/// `r`'s node); `None` when every rank can.
+pub fn off_reason(off: &[(usize, String)], nodes: &[String]) -> Option<String> {
+    if off.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{}; the node-local tier is off for this attempt (a local checkpoint needs a copy on every node), durable \
+         checkpoints go on; the next attempt tries again: point [recovery] local_dir at a directory every node can \
+         write on its own storage",
+        by_rank(off, nodes)
+    ))
+}
+
+/// `rank R on NODE: why` for each of `list`, in rank order, joined by `; `.
+pub fn by_rank(list: &[(usize, String)], nodes: &[String]) -> String {
+    let mut list = list.to_vec();
+    list.sort();
+    let each: Vec<String> = list
+        .iter()
+        .map(|(rank, why)| format!("rank {rank} on {}: {why}", nodes.get(*rank).map_or("?", String::as_str)))
+        .collect();
+    each.join("; ")
+}
+
 /// One node's save of a local copy, as its writer reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LocalDone {
@@ -81,6 +126,13 @@ pub struct LocalDone {
     /// Not written for want of room (or a save still in flight): no failure.
     #[serde(default)]
     pub skipped: bool,
+}
+
+impl LocalDone {
+    /// A save this node did not write, and why: a failure.
+    pub fn unwritten(step: u64, error: String) -> LocalDone {
+        LocalDone { step, files: Vec::new(), bytes: 0, seconds: 0.0, error: Some(error), skipped: false }
+    }
 }
 
 /// A copy being written: its report, and its buffers back for reuse.
@@ -101,7 +153,8 @@ impl LocalWriter {
     /// cut short) are removed: never resumed from, they would stand in for
     /// this world's copy of the same step (the store keeps a step it has).
     pub fn open(root: &Path, cfg: &Config) -> Result<LocalWriter, String> {
-        std::fs::create_dir_all(root).map_err(|e| format!("cannot make the local root {}: {e}", root.display()))?;
+        std::fs::create_dir_all(root)
+            .map_err(|e| format!("cannot make the local directory {}: {e}", root.display()))?;
         // Opening the store first refuses a directory rekindle did not make:
         // nothing is removed from one.
         let store = CheckpointStore::open(root, cfg.recovery.local_keep).map_err(|e| e.to_string())?;
@@ -117,14 +170,7 @@ impl LocalWriter {
     /// Starts writing `snapshot`'s copy, or reports at once why not.
     pub fn start(&mut self, snapshot: Snapshot) {
         let step = snapshot.step;
-        let skip = |error: String| LocalDone {
-            step,
-            files: Vec::new(),
-            bytes: 0,
-            seconds: 0.0,
-            error: Some(error),
-            skipped: true,
-        };
+        let skip = |error: String| LocalDone { skipped: true, ..LocalDone::unwritten(step, error) };
         if let Some((busy, _)) = self.in_flight.as_ref().filter(|(_, h)| !h.is_finished()) {
             return self.done.push(skip(format!("the local copy of step {busy} is still being written")));
         }
@@ -133,12 +179,9 @@ impl LocalWriter {
         if let Err(why) = tier::room_for(self.store.dir(), bytes, self.share) {
             return self.done.push(skip(why));
         }
-        fail::fail_point!("local::write", |arg| {
-            self.done.push(LocalDone {
-                error: Some(format!("failpoint local::write: {arg:?}")),
-                skipped: false,
-                ..skip(String::new())
-            })
+        // Tests make a write fail here (`local::write=return(why)`).
+        fail::fail_point!("local::write", |arg: Option<String>| {
+            self.done.push(LocalDone::unwritten(step, format!("failpoint local::write: {}", arg.unwrap_or_default())))
         });
         let store = self.store.clone();
         let spawned = std::thread::Builder::new().name("rekindle-local".into()).spawn(move || {
@@ -157,7 +200,7 @@ impl LocalWriter {
         });
         match spawned {
             Ok(handle) => self.in_flight = Some((step, handle)),
-            Err(e) => self.done.push(LocalDone { skipped: false, ..skip(format!("cannot start its thread: {e}")) }),
+            Err(e) => self.done.push(LocalDone::unwritten(step, format!("cannot start its thread: {e}"))),
         }
     }
 
@@ -165,10 +208,7 @@ impl LocalWriter {
         if let Some((step, handle)) = self.in_flight.take_if(|(_, h)| h.is_finished()) {
             let (done, snapshot) = handle.join().unwrap_or_else(|panic| {
                 let error = format!("the thread writing it panicked: {}", panic_message(&panic));
-                (
-                    LocalDone { step, files: Vec::new(), bytes: 0, seconds: 0.0, error: Some(error), skipped: false },
-                    None,
-                )
+                (LocalDone::unwritten(step, error), None)
             });
             if let Some(s) = snapshot {
                 self.spare = Some((reusable(s.model), reusable(s.optimizer)));
@@ -298,15 +338,10 @@ pub(super) struct LocalTier {
 
 impl LocalTier {
     pub(super) fn new(writer: LocalWriter, nodes: Vec<String>) -> LocalTier {
-        let writers = writers(&nodes);
-        if nodes.len() > 1 && writers.len() == 1 {
-            tracing::warn!(
-                node = %nodes[0],
-                ranks = nodes.len(),
-                "every rank runs on one node: the local tier has no copy on another node, so a lost node loses it \
-                 (the durable tier is unaffected); spread the ranks over nodes for cross-node redundancy"
-            );
+        if let Some(warning) = same_node_warning(&nodes) {
+            tracing::warn!(node = %nodes[0], ranks = nodes.len(), "{warning}");
         }
+        let writers = writers(&nodes);
         LocalTier { writer, writers, nodes, last: Instant::now(), auto: AUTO_MIN, pending: None }
     }
 
@@ -423,39 +458,102 @@ impl Attempt {
     }
 }
 
-/// Sends the local checkpoint of `step` from rank `holder`'s node to every
-/// node without it: a collective every rank of `world` calls alike. Rank
-/// `me` writes the copy into `root` when `write` (its node's writer, which
-/// does not already hold it). Returns whether every rank ended with a
-/// verified copy (agreed over the world, so every rank decides alike).
-pub fn share(world: &dyn Collective, holder: usize, root: &Path, step: u64, write: bool) -> bool {
-    let me = world.rank();
-    let dir = root.join(step_dir_name(step));
-    let names: Vec<String> = if me == holder {
-        let mut names: Vec<String> =
-            read_manifest(&dir).map(|m| m.files.into_iter().map(|f| f.name).collect()).unwrap_or_default();
-        names.extend([crate::checkpoint::MANIFEST_FILE.to_string(), tier::WORLD_FILE.to_string()]);
-        names
-    } else {
-        Vec::new()
+impl Attempt {
+    /// Opens this node's writer for the attempt that starts at `step`, once
+    /// every rank said whether it can keep copies (followers in their first
+    /// round after hello, [`Leader::take_local_off`](super::ranks::Leader::take_local_off);
+    /// `place`: this node's root, or why it has none). When a rank cannot,
+    /// the tier is off for the attempt: a save could never be committed, so
+    /// none is started, and a `local_checkpoint` event of outcome `failed`
+    /// says which node, why and what to do.
+    pub(super) fn open_local_tier(&mut self, place: Result<PathBuf, String>, step: u64) -> Result<(), RunError> {
+        let nodes = self.rank_nodes.clone().unwrap_or_else(|| vec![self.slurm.node_name()]);
+        let mut off = self.leader.as_ref().map(|l| l.take_local_off()).unwrap_or_default();
+        let writer = match place.and_then(|root| LocalWriter::open(&root, &self.cfg)) {
+            Ok(writer) => Some(writer),
+            Err(why) => {
+                off.push((0, why));
+                None
+            }
+        };
+        if let Some(reason) = off_reason(&off, &nodes) {
+            tracing::warn!(%reason, "no node-local checkpoints this attempt");
+            let event =
+                LocalCheckpoint { step, outcome: "failed".into(), reason: Some(reason), ..LocalCheckpoint::default() };
+            return self.events.record(&Event::LocalCheckpoint(event)).map_err(RunError::from);
+        }
+        if let Some(writer) = writer {
+            self.local = Some(LocalTier::new(writer, nodes));
+        }
+        Ok(())
+    }
+}
+
+/// A rank's side of [`share`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Side<'a> {
+    /// Its node's local root; `write`: this rank writes the copy received
+    /// into it (it is its node's writer, and the node holds no verified copy).
+    Root { root: &'a Path, write: bool },
+    /// This rank cannot have the copy on its node, and why: every rank then
+    /// falls back to the durable tier.
+    Cannot(String),
+}
+
+/// A rank's [`Side`]: `root` its node's local root (or why it has none),
+/// `writer` whether it could open its node's writer (`None`: another rank
+/// of its node writes), `holds` whether its node holds a verified copy.
+pub fn side<'a>(root: Result<&'a Path, &str>, writer: Option<Result<(), &str>>, holds: bool) -> Side<'a> {
+    let root = match root {
+        Ok(root) => root,
+        Err(why) => return Side::Cannot(why.to_string()),
     };
-    let mut failure: Option<String> = None;
+    match writer {
+        _ if holds => Side::Root { root, write: false },
+        Some(Err(why)) => Side::Cannot(why.to_string()),
+        Some(Ok(())) => Side::Root { root, write: true },
+        None => Side::Root { root, write: false },
+    }
+}
+
+/// Sends the local checkpoint of `step` from rank `holder`'s node to every
+/// node without it: a collective every rank of `world` calls alike, each
+/// with its [`Side`]. Returns `Ok` when every rank ended with a verified
+/// copy on its node, else every rank's failure (rank, why), the same on
+/// every rank, so every rank decides alike.
+pub fn share(world: &dyn Collective, holder: usize, step: u64, side: Side<'_>) -> Result<(), Vec<(usize, String)>> {
+    let me = world.rank();
+    let (root, write, mut failure) = match side {
+        Side::Root { root, write } => (Some(root), write, None),
+        Side::Cannot(why) => (None, false, Some(why)),
+    };
+    let dir = root.map(|root| root.join(step_dir_name(step)));
+    let names: Vec<String> = match &dir {
+        Some(dir) if me == holder => {
+            let mut names: Vec<String> =
+                read_manifest(dir).map(|m| m.files.into_iter().map(|f| f.name).collect()).unwrap_or_default();
+            names.extend([crate::checkpoint::MANIFEST_FILE.to_string(), tier::WORLD_FILE.to_string()]);
+            names
+        }
+        _ => Vec::new(),
+    };
     let names = match gather_from(world, holder, serde_json::to_vec(&names).unwrap_or_default()) {
         Ok(bytes) => serde_json::from_slice::<Vec<String>>(&bytes).unwrap_or_default(),
-        Err(e) => return agree_failed(world, Some(e)),
+        Err(e) => return agree(world, Some(e)),
     };
-    let incoming = root.join(format!(".incoming-{}", step_dir_name(step)));
-    if write {
-        let _ = std::fs::remove_dir_all(&incoming);
-        if let Err(e) = std::fs::create_dir_all(&incoming) {
+    let incoming = root.map(|root| root.join(format!(".incoming-{}", step_dir_name(step))));
+    let incoming = incoming.filter(|_| write);
+    if let Some(incoming) = &incoming {
+        let _ = std::fs::remove_dir_all(incoming);
+        if let Err(e) = std::fs::create_dir_all(incoming) {
             failure = Some(format!("cannot make {}: {e}", incoming.display()));
         }
     }
     for name in &names {
         // Every rank takes part in every round, also after a failure of its
         // own: the rounds must stay in step across the world.
-        let mut source = (me == holder).then(|| std::fs::File::open(dir.join(name)));
-        let mut sink = (write && failure.is_none()).then(|| std::fs::File::create(incoming.join(name)));
+        let mut source = dir.as_ref().filter(|_| me == holder).map(|dir| std::fs::File::open(dir.join(name)));
+        let mut sink = incoming.as_ref().filter(|_| failure.is_none()).map(|inc| std::fs::File::create(inc.join(name)));
         loop {
             let chunk = match source.as_mut() {
                 Some(Ok(file)) => read_chunk(file).unwrap_or_default(),
@@ -464,46 +562,60 @@ pub fn share(world: &dyn Collective, holder: usize, root: &Path, step: u64, writ
             let more = u64::from(chunk.len() == SHARE_CHUNK);
             let got = match gather_from(world, holder, chunk) {
                 Ok(got) => got,
-                Err(e) => return agree_failed(world, Some(e)),
+                Err(e) => return agree(world, Some(e)),
             };
-            if let Some(Ok(file)) = sink.as_mut()
+            if let (Some(Ok(file)), Some(inc)) = (sink.as_mut(), &incoming)
                 && let Err(e) = std::io::Write::write_all(file, &got)
             {
-                failure.get_or_insert(format!("cannot write {}: {e}", incoming.join(name).display()));
+                failure.get_or_insert(format!("cannot write {}: {e}", inc.join(name).display()));
             }
             match world.max_u64(more) {
                 Ok(1) => continue,
                 Ok(_) => break,
-                Err(e) => return agree_failed(world, Some(e.to_string())),
+                Err(e) => return agree(world, Some(e.to_string())),
             }
         }
-        if let Some(Err(e)) = sink {
-            failure.get_or_insert(format!("cannot create {}: {e}", incoming.join(name).display()));
+        if let (Some(Err(e)), Some(inc)) = (sink, &incoming) {
+            failure.get_or_insert(format!("cannot create {}: {e}", inc.join(name).display()));
         }
     }
-    if write && failure.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-        match std::fs::rename(&incoming, &dir) {
-            Ok(()) => {
-                if let Err(e) = tier::check_copy(&dir, step) {
-                    failure = Some(format!("the copy received does not verify: {e}"));
+    if let (Some(incoming), Some(dir)) = (&incoming, &dir) {
+        if failure.is_none() {
+            let _ = std::fs::remove_dir_all(dir);
+            match std::fs::rename(incoming, dir) {
+                Ok(()) => {
+                    if let Err(e) = tier::check_copy(dir, step) {
+                        failure = Some(format!("the copy received does not verify: {e}"));
+                    }
                 }
+                Err(e) => failure = Some(format!("cannot move the copy into place: {e}")),
             }
-            Err(e) => failure = Some(format!("cannot move the copy into place: {e}")),
+        }
+        if failure.is_some() {
+            let _ = std::fs::remove_dir_all(incoming);
         }
     }
-    if write && failure.is_some() {
-        let _ = std::fs::remove_dir_all(&incoming);
-    }
-    agree_failed(world, failure)
+    agree(world, failure)
 }
 
-/// Every rank's verdict on [`share`]: true when no rank failed.
-fn agree_failed(world: &dyn Collective, failure: Option<String>) -> bool {
+/// Every rank's verdict on [`share`]: `Ok` when no rank failed, else each
+/// failed rank and why (the same list on every rank).
+fn agree(world: &dyn Collective, failure: Option<String>) -> Result<(), Vec<(usize, String)>> {
     if let Some(why) = &failure {
         tracing::warn!(rank = world.rank(), %why, "could not take the local checkpoint from its holder");
     }
-    matches!(world.max_u64(u64::from(failure.is_some())), Ok(0))
+    // One byte at least from every rank (MPI refuses a gather of nothing):
+    // `-` for no failure, else `!` and why.
+    let mine = failure.map_or_else(|| "-".to_string(), |why| format!("!{why}"));
+    let all = world
+        .all_gather_bytes(mine.as_bytes())
+        .map_err(|e| vec![(world.rank(), format!("the ranks could not compare their copies: {e}"))])?;
+    let failed: Vec<(usize, String)> = all
+        .into_iter()
+        .enumerate()
+        .filter_map(|(rank, sent)| sent.strip_prefix(b"!").map(|why| (rank, String::from_utf8_lossy(why).into_owned())))
+        .collect();
+    if failed.is_empty() { Ok(()) } else { Err(failed) }
 }
 
 /// What rank `holder` sends, as every rank receives it.
@@ -540,6 +652,40 @@ mod tests {
     fn the_lowest_rank_on_each_node_writes_its_copy() {
         assert_eq!(writers(&nodes(&["a", "a", "b", "b", "c"])), vec![0, 2, 4]);
         assert_eq!(writers(&nodes(&["a"])), vec![0]);
+    }
+
+    #[test]
+    fn ranks_that_all_run_on_one_node_are_warned_that_no_copy_is_on_another_node() {
+        let warning = same_node_warning(&nodes(&["a", "a", "a"])).expect("three ranks on a");
+        assert!(warning.contains("all 3 ranks run on node a"), "{warning}");
+        assert!(warning.contains("no copy on another node"), "{warning}");
+        for spread in [&["a"][..], &["a", "b"], &["a", "a", "b"]] {
+            assert_eq!(same_node_warning(&nodes(spread)), None, "{spread:?}");
+        }
+    }
+
+    #[test]
+    fn a_rank_that_cannot_keep_copies_turns_the_tier_off_naming_its_node_and_what_to_do() {
+        let ns = nodes(&["a", "b", "c"]);
+        assert_eq!(off_reason(&[], &ns), None);
+        let off = [(2, "cannot make the local directory /x: Not a directory".to_string()), (1, "no room".into())];
+        let reason = off_reason(&off, &ns).unwrap();
+        assert!(
+            reason.starts_with("rank 1 on b: no room; rank 2 on c: cannot make the local directory /x"),
+            "in rank order: {reason}"
+        );
+        assert!(reason.contains("off for this attempt") && reason.contains("[recovery] local_dir"), "{reason}");
+    }
+
+    #[test]
+    fn a_rank_takes_the_shared_copy_only_as_its_nodes_writer_and_says_when_it_cannot() {
+        let root = Path::new("/local");
+        assert_eq!(side(Ok(root), Some(Ok(())), false), Side::Root { root, write: true });
+        assert_eq!(side(Ok(root), Some(Ok(())), true), Side::Root { root, write: false }, "its node holds it");
+        assert_eq!(side(Ok(root), None, false), Side::Root { root, write: false }, "another rank writes");
+        assert_eq!(side(Ok(root), Some(Err("EROFS")), true), Side::Root { root, write: false });
+        assert_eq!(side(Ok(root), Some(Err("EROFS")), false), Side::Cannot("EROFS".into()));
+        assert_eq!(side(Err("no local directory"), None, false), Side::Cannot("no local directory".into()));
     }
 
     #[test]

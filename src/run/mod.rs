@@ -118,16 +118,14 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     // Still before anything is written: checkpoints `rekindle exec` sealed
     // are continued by it, not by `run`.
     rundir::refuse_other_command(&root, &cfg, CheckpointKind::Native)?;
-    // The node-local tier ([recovery] local): this node's root, and the
-    // local checkpoints it holds that verify (told to the other ranks at hello).
-    let local_root = match local::local_root(&cfg, &slurm, &root) {
-        Ok(root) => root,
-        Err(e) => {
-            tracing::warn!(error = %e, "[recovery] local is on, but this node has no place for it; the durable tier is unaffected");
-            None
-        }
+    // The node-local tier ([recovery] local): this node's root (or why it
+    // has none: the tier is then off for the attempt, which rank 0 records),
+    // and the local checkpoints it holds that verify (told at hello).
+    let local_root = local::local_root(&cfg, &slurm, &root).map_err(|e| e.to_string()).transpose();
+    let held = match &local_root {
+        Some(Ok(root)) => held_here(root),
+        _ => Vec::new(),
     };
-    let held = local_root.as_deref().map(held_here).unwrap_or_default();
     let Some(world) = world else {
         return lead(opts, cfg, workload, stop, slurm, root, None, local_root);
     };
@@ -162,12 +160,10 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
         let watch = watch(session)?;
         let follower_local = local_root.map(|root| {
             let writes = local::writers(&nodes).contains(&info.rank);
-            let writer = writes.then(|| local::LocalWriter::open(&root, &cfg)).and_then(|w| {
-                w.map_err(
-                    |e| tracing::warn!(error = %e, "this node keeps no local copies; the durable tier is unaffected"),
-                )
-                .ok()
-            });
+            let writer = writes.then(|| root.clone().and_then(|root| local::LocalWriter::open(&root, &cfg)));
+            if let Some(Err(e)) = &writer {
+                tracing::warn!(error = %e, "this node keeps no local copies this attempt; the durable tier is unaffected");
+            }
             ranks::FollowerLocal { root, writer }
         });
         let result = ranks::follow(&cfg, &opts.registry, store, world, node, &stop, &watch.pulse(), follower_local);
@@ -209,7 +205,7 @@ fn lead(
     slurm: SlurmEnv,
     root: PathBuf,
     world: Option<(Leader, Vec<String>, &RankWatch)>,
-    local_root: Option<PathBuf>,
+    local_root: Option<Result<PathBuf, String>>,
 ) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.

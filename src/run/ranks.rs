@@ -52,7 +52,7 @@ use crate::attempt::stop::{StopFlag, StopSignal};
 use crate::checkpoint::local::{HeldStep, WorldRecord};
 use crate::checkpoint::persist::panic_message;
 use crate::run::envelope::StateEnvelope;
-use crate::run::local::{LocalDone, LocalWriter, share};
+use crate::run::local::{self, LocalDone, LocalWriter, share};
 use crate::run::rank_watch::Pulse;
 
 /// What the leader says in a round.
@@ -123,6 +123,11 @@ pub struct Report {
     /// At hello: the local checkpoints this rank's node holds that verify.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<HeldStep>,
+    /// In the first round after hello: why this rank keeps no local copies
+    /// this attempt (its node has no local directory, or its writer cannot
+    /// make one), which turns the tier off for the world (`run/local.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_off: Option<String>,
 }
 
 impl Report {
@@ -137,6 +142,7 @@ impl Report {
             parts: Vec::new(),
             local: Vec::new(),
             held: Vec::new(),
+            local_off: None,
         }
     }
 }
@@ -182,6 +188,8 @@ pub struct Leader {
     local: Arc<Mutex<Vec<(usize, LocalDone)>>>,
     /// What every rank's node held of the local tier at hello, in rank order.
     held: Arc<Vec<Vec<HeldStep>>>,
+    /// The followers that keep no local copies this attempt, and why.
+    local_off: Arc<Mutex<Vec<(usize, String)>>>,
 }
 
 impl Leader {
@@ -199,7 +207,16 @@ impl Leader {
         mine.held = held;
         let reports = round(&world, &mine)?;
         let held = Arc::new(reports.iter().map(|r| r.held.clone()).collect());
-        let leader = Leader { world, node, pulse, session, parts: Arc::default(), local: Arc::default(), held };
+        let leader = Leader {
+            world,
+            node,
+            pulse,
+            session,
+            parts: Arc::default(),
+            local: Arc::default(),
+            held,
+            local_off: Arc::default(),
+        };
         Ok((leader, reports.into_iter().map(|r| r.node).collect()))
     }
 
@@ -211,6 +228,12 @@ impl Leader {
     /// The local copies the followers reported and nobody took yet.
     pub fn take_local(&self) -> Vec<(usize, LocalDone)> {
         std::mem::take(&mut *self.local.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The followers that said they keep no local copies this attempt (in
+    /// their first round after hello), with why, and nobody took yet.
+    pub fn take_local_off(&self) -> Vec<(usize, String)> {
+        std::mem::take(&mut *self.local_off.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Every node's writer saves a copy of `step` with `state`.
@@ -234,9 +257,11 @@ impl Leader {
         let mut reports = round(&self.world, &Report::of(&self.node, stop, Some(lead)))?;
         let mut parts = self.parts.lock().unwrap_or_else(PoisonError::into_inner);
         let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut local_off = self.local_off.lock().unwrap_or_else(PoisonError::into_inner);
         for (rank, report) in reports.iter_mut().enumerate() {
             parts.extend(report.parts.drain(..).map(|p| (rank, p)));
             local.extend(report.local.drain(..).map(|d| (rank, d)));
+            local_off.extend(report.local_off.take().map(|why| (rank, why)));
         }
         Ok(reports)
     }
@@ -321,11 +346,26 @@ pub fn follower_hello(
     }
 }
 
-/// A follower's part in the local tier: its node's root, and the writer of
-/// its node's copies when it is that node's lowest rank.
+/// A follower's part in the local tier: its node's root (or why it has
+/// none), and the writer of its node's copies when it is that node's lowest
+/// rank (or why that could not open).
 pub struct FollowerLocal {
-    pub root: PathBuf,
-    pub writer: Option<LocalWriter>,
+    pub root: Result<PathBuf, String>,
+    pub writer: Option<Result<LocalWriter, String>>,
+}
+
+impl FollowerLocal {
+    /// Why this rank keeps no local copies this attempt, if it does not.
+    fn off(&self) -> Option<String> {
+        match (&self.root, &self.writer) {
+            (Err(why), _) | (Ok(_), Some(Err(why))) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    fn writer(&mut self) -> Option<&mut LocalWriter> {
+        self.writer.as_mut().and_then(|w| w.as_mut().ok())
+    }
 }
 
 /// A follower after its hello: trains in lockstep with the leader, writes
@@ -345,10 +385,17 @@ pub fn follow(
     let checkpoints = checkpoints.with_write_settings(WriteSettings::of(&cfg.checkpoint));
     let mut trainer: Option<Trainer> = None;
     let mut writer = PartWriter::new(checkpoints.clone());
+    // Told once, in the first round after hello (the leader keeps it).
+    let mut local_off = local.as_ref().and_then(FollowerLocal::off);
+    // Saves this rank's node cannot make, reported as failed so that the
+    // leader's save resolves (it would wait for them forever).
+    let mut unwritten: Vec<LocalDone> = Vec::new();
     loop {
         let mut report = Report::of(&node, stop, None);
         report.parts = writer.finished();
-        report.local = local.as_mut().and_then(|l| l.writer.as_mut()).map(LocalWriter::finished).unwrap_or_default();
+        report.local = local.as_mut().and_then(FollowerLocal::writer).map(LocalWriter::finished).unwrap_or_default();
+        report.local.append(&mut unwritten);
+        report.local_off = local_off.take();
         let reports = round(&world, &report)?;
         match lead_of(&reports)? {
             Lead::Hello { .. } => return Err(RunError::Ranks { what: "rank 0 said hello twice".into() }),
@@ -375,7 +422,12 @@ pub fn follow(
                 writer.start(PartJob { step, staging, rank, world: world_size }, snapshot, in_parts);
             }
             Lead::LocalSave { step, state } => {
-                if let (Some(t), Some(w)) = (&trainer, local.as_mut().and_then(|l| l.writer.as_mut())) {
+                if let Some(Err(why)) = local.as_ref().and_then(|l| l.writer.as_ref()) {
+                    // The leader starts no save once it heard of this; a
+                    // report keeps one that started anyway from hanging.
+                    unwritten.push(LocalDone::unwritten(step, why.clone()));
+                }
+                if let (Some(t), Some(w)) = (&trainer, local.as_mut().and_then(FollowerLocal::writer)) {
                     let mut snapshot = t.snapshot_part(w.take_spare())?;
                     if snapshot.step != step {
                         return Err(RunError::Ranks {
@@ -387,26 +439,36 @@ pub fn follow(
                 }
             }
             Lead::LocalCommit { record } => {
-                if let Some(w) = local.as_ref().and_then(|l| l.writer.as_ref())
+                if let Some(Ok(w)) = local.as_ref().and_then(|l| l.writer.as_ref())
                     && let Err(e) = w.commit(&record)
                 {
                     tracing::warn!(step = record.step, error = %e, "this node's local copy is not committed");
                 }
             }
             Lead::LocalRestore { step, holder } => {
-                let Some(l) = &local else {
-                    return Err(RunError::Ranks {
-                        what: "rank 0 resumes from the local tier, which this rank's config does not keep".into(),
-                    });
+                // Rank 0 learns from the share's outcome whether every node
+                // has the copy, and falls back to the durable tier if not.
+                let off = "this rank's config keeps no local tier ([recovery] local is off here)";
+                let side = match &local {
+                    Some(l) => local::side(
+                        l.root.as_deref().map_err(String::as_str),
+                        l.writer.as_ref().map(|w| w.as_ref().map(drop).map_err(String::as_str)),
+                        l.root.as_ref().is_ok_and(|root| tier_holds(root, step).is_ok()),
+                    ),
+                    None => local::Side::Cannot(off.into()),
                 };
-                let write = l.writer.is_some() && tier_holds(&l.root, step).is_err();
-                share(&world, holder, &l.root, step, write);
+                let _ = share(&world, holder, step, side);
             }
             Lead::Begin { resume_step, local: from_local } => {
                 let mut t = Trainer::from_registry(cfg, registry)?;
                 if let Some(step) = resume_step {
-                    let dir = match (&local, from_local) {
-                        (Some(l), true) => l.root.join(crate::checkpoint::step_dir_name(step)),
+                    let dir = match (local.as_ref().map(|l| &l.root), from_local) {
+                        (Some(Ok(root)), true) => root.join(crate::checkpoint::step_dir_name(step)),
+                        (_, true) => {
+                            return Err(RunError::Ranks {
+                                what: "rank 0 resumes from the local tier, which this rank does not keep".into(),
+                            });
+                        }
                         _ => checkpoints.step_dir(step),
                     };
                     let loaded = load_dir(&dir).map_err(|failures| RunError::Ranks {
@@ -611,6 +673,7 @@ mod tests {
             parts: Vec::new(),
             local: Vec::new(),
             held: Vec::new(),
+            local_off: None,
         }
     }
 

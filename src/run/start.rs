@@ -10,7 +10,7 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 
 use crate::checkpoint::local::{self as local_tier, LocalChoice};
-use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet, WriteSettings, load_dir};
+use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet, VerifyLevel, WriteSettings, load_dir};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Recovery, Resume, Start, attempts};
@@ -31,7 +31,7 @@ use crate::attempt::stop::StopFlag;
 use crate::attempt::straggler::{Detector, Rule};
 use crate::attempt::watchdog::{Beats, Progress, Watchdog};
 use crate::checkpoint::persist::Persister;
-use crate::run::local::{LocalTier, LocalWriter, share};
+use crate::run::local::{Side, share};
 use crate::run::rank_watch::RankWatch;
 use crate::run::ranks::Leader;
 use crate::run::settings;
@@ -56,7 +56,7 @@ impl Attempt {
         lock: &RunLock,
         world: Option<(Leader, Vec<String>, &RankWatch)>,
         allow_config_change: bool,
-        local_root: Option<PathBuf>,
+        local_root: Option<Result<PathBuf, String>>,
     ) -> Result<Started, RunError> {
         let ownership = lock.ownership();
         // Every commit first confirms the run directory is still ours.
@@ -68,13 +68,11 @@ impl Attempt {
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
         let fault = previous_fault(&recorded(&dir.path(EVENTS_FILE)));
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
-        let Some(mut outcome) = newest_unfinished(&cfg, &dir, &store, allow_config_change)? else {
-            return Ok(Started::AlreadyFinished);
-        };
         let world_leader = world.as_ref().map(|(l, nodes, _)| (l, nodes.as_slice()));
-        let source = match &local_root {
-            Some(root) => restore_local(&cfg, root, &mut outcome, world_leader, &stop, &slurm, allow_config_change)?,
-            None => ResumeSource::default(),
+        let resume =
+            ResumeContext { cfg: &cfg, dir: &dir, store: &store, stop: &stop, slurm: &slurm, allow_config_change };
+        let Some((mut outcome, source)) = resume.point(local_root.as_ref(), world_leader)? else {
+            return Ok(Started::AlreadyFinished);
         };
         let initial = outcome.loaded.as_mut().map(|l| Arc::new(std::mem::take(&mut l.snapshot.model)));
         let (leader, rank_nodes, watch) =
@@ -185,49 +183,172 @@ impl Attempt {
             };
             (recovery, fault.at)
         });
-        if let Some(root) = local_root {
-            let nodes = attempt.rank_nodes.clone().unwrap_or_else(|| vec![attempt.slurm.node_name()]);
-            match LocalWriter::open(&root, &attempt.cfg) {
-                Ok(writer) => attempt.local = Some(LocalTier::new(writer, nodes)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no node-local checkpoint tier on this node; the durable tier is unaffected")
-                }
-            }
+        if let Some(place) = local_root {
+            attempt.open_local_tier(place, start_step)?;
         }
         attempt.choose_interval(start_step)?;
         Ok(Started::Ready(attempt))
     }
 }
 
-/// The newest checkpoint that verifies (and the newer ones that did not),
-/// checked against this config; `None` when it ends a run that finished.
-fn newest_unfinished(
-    cfg: &Config,
-    dir: &RunDir,
-    store: &CheckpointStore,
+/// What [`ResumeContext::point`] needs of the attempt.
+struct ResumeContext<'a> {
+    cfg: &'a Config,
+    dir: &'a RunDir,
+    store: &'a CheckpointStore,
+    stop: &'a StopFlag,
+    slurm: &'a SlurmEnv,
     allow_config_change: bool,
-) -> Result<Option<LoadOutcome>, RunError> {
-    // The newest valid checkpoint is read first, so that the trainer's
-    // parameters are built from it rather than drawn and then
-    // overwritten (the rejected ones are recorded after `start`).
-    let outcome = store.load_latest()?;
-    if let Some(loaded) = &outcome.loaded {
-        settings::check(cfg, loaded, allow_config_change)?;
+}
+
+impl ResumeContext<'_> {
+    /// The checkpoint this attempt resumes from and where it came from;
+    /// `None` when it ends a run that finished. With `[recovery] local`
+    /// (`local`: this node's root, or why it has none), the tier is chosen
+    /// before anything is loaded: the newest local checkpoint wins when it
+    /// is newer than the newest durable one *listed* (manifest, files and
+    /// sizes: no contents read), so a durable checkpoint that a local one
+    /// supersedes is never read nor hashed. The durable tier is loaded (the
+    /// newest that verifies) when the local one is not newer or fails; when
+    /// that durable one is older than the one listed (which did not verify),
+    /// a local checkpoint newer than it is tried after all.
+    fn point(
+        &self,
+        local: Option<&Result<PathBuf, String>>,
+        world: Option<(&Leader, &[String])>,
+    ) -> Result<Option<(LoadOutcome, ResumeSource)>, RunError> {
+        let root = match local {
+            None => return Ok(self.newest_unfinished()?.map(|o| (o, ResumeSource::default()))),
+            Some(Err(why)) => {
+                let source = ResumeSource::durable(format!("rank 0's node has no local directory: {why}"));
+                return Ok(self.newest_unfinished()?.map(|o| (o, source)));
+            }
+            Some(Ok(root)) => root,
+        };
+        let listed = newest_listed(self.store)?;
+        let (mut reason, tried) = match self.restore_local(root, listed, world)? {
+            LocalResume::Loaded(loaded, source) => {
+                if finished(self.cfg, self.dir, &loaded) {
+                    return Ok(None);
+                }
+                return Ok(Some((LoadOutcome { loaded: Some(*loaded), rejected: Vec::new() }, source)));
+            }
+            LocalResume::NotChosen(reason) => (reason, false),
+            LocalResume::Failed(reason) => (reason, true),
+        };
+        let Some(mut outcome) = self.newest_unfinished()? else { return Ok(None) };
+        let loaded = outcome.loaded.as_ref().map(|l| l.snapshot.step);
+        if !tried && loaded != listed {
+            match self.restore_local(root, loaded, world)? {
+                LocalResume::Loaded(local, source) => {
+                    outcome.loaded = Some(*local);
+                    return Ok(Some((outcome, source)));
+                }
+                LocalResume::NotChosen(why) | LocalResume::Failed(why) => reason = why,
+            }
+        }
+        Ok(Some((outcome, ResumeSource::durable(reason))))
     }
-    if let Some(loaded) = outcome.loaded.as_ref().filter(|l| l.snapshot.step >= cfg.run.max_steps)
-        && last_attempt_finished(dir)
-    {
-        tracing::info!(
-            step = loaded.snapshot.step,
-            max_steps = cfg.run.max_steps,
-            checkpoint = %loaded.dir.display(),
-            "this run already finished at step {}: nothing to train, nothing written (to train further, raise \
-             run.max_steps: with [optimizer] decay_steps set, as it is; else with --allow-config-change)",
-            loaded.snapshot.step
-        );
+
+    /// The newest durable checkpoint that verifies (and the newer ones that
+    /// did not), checked against this config; `None` when it ends a run
+    /// that finished.
+    fn newest_unfinished(&self) -> Result<Option<LoadOutcome>, RunError> {
+        // The newest valid checkpoint is read first, so that the trainer's
+        // parameters are built from it rather than drawn and then
+        // overwritten (the rejected ones are recorded after `start`).
+        let outcome = self.store.load_latest()?;
+        if let Some(loaded) = &outcome.loaded {
+            settings::check(self.cfg, loaded, self.allow_config_change)?;
+            if finished(self.cfg, self.dir, loaded) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(outcome))
+    }
+
+    /// The newest local checkpoint when it is newer than the durable one
+    /// of step `durable` (`checkpoint::local::choose` over what every
+    /// rank's node holds), loaded after it was shared with the nodes that
+    /// lack it; else why not. Every rank takes part in the same rounds
+    /// (`ranks.rs`).
+    fn restore_local(
+        &self,
+        root: &std::path::Path,
+        durable: Option<u64>,
+        world: Option<(&Leader, &[String])>,
+    ) -> Result<LocalResume, RunError> {
+        let held = match world {
+            Some((leader, _)) => leader.held().to_vec(),
+            None => vec![local_tier::held(root).0],
+        };
+        let (step, holder) = match local_tier::choose(&held, durable) {
+            LocalChoice::Local { step, holder } => (step, holder),
+            LocalChoice::Durable { reason } => return Ok(LocalResume::NotChosen(reason)),
+        };
+        let holder_node =
+            world.and_then(|(_, nodes)| nodes.get(holder).cloned()).unwrap_or_else(|| self.slurm.node_name());
+        if let Some((leader, nodes)) = world {
+            leader.local_restore(self.stop, step, holder)?;
+            let side = Side::Root { root, write: super::ranks::tier_holds(root, step).is_err() };
+            if let Err(failed) = share(leader.world(), holder, step, side) {
+                return Ok(LocalResume::Failed(format!(
+                    "the local checkpoint of step {step} on {holder_node} could not be copied to every node: {}",
+                    crate::run::local::by_rank(&failed, nodes)
+                )));
+            }
+        }
+        let dir = root.join(crate::checkpoint::step_dir_name(step));
+        match load_dir(&dir) {
+            Ok(loaded) => {
+                settings::check(self.cfg, &loaded, self.allow_config_change)?;
+                tracing::info!(step, from = %holder_node, durable = ?durable, "resuming from the node-local tier");
+                let source =
+                    ResumeSource { tier: Some(Tier::Local), source_node: Some(holder_node), fallback_reason: None };
+                Ok(LocalResume::Loaded(Box::new(loaded), source))
+            }
+            Err(failures) => {
+                let first = failures.first().map(ToString::to_string).unwrap_or_default();
+                Ok(LocalResume::Failed(format!("the local checkpoint of step {step} does not load here: {first}")))
+            }
+        }
+    }
+}
+
+/// The newest durable checkpoint whose manifest, files and sizes check
+/// (nothing is read beyond the manifest).
+fn newest_listed(store: &CheckpointStore) -> Result<Option<u64>, RunError> {
+    if !store.dir().exists() {
         return Ok(None);
     }
-    Ok(Some(outcome))
+    Ok(store.list(VerifyLevel::Quick)?.into_iter().find(|info| info.valid).map(|info| info.step))
+}
+
+/// Whether `loaded`, the checkpoint to resume from, ends a run that
+/// finished: it is of `max_steps` (or later) and the last attempt finished.
+fn finished(cfg: &Config, dir: &RunDir, loaded: &Loaded) -> bool {
+    if loaded.snapshot.step < cfg.run.max_steps || !last_attempt_finished(dir) {
+        return false;
+    }
+    tracing::info!(
+        step = loaded.snapshot.step,
+        max_steps = cfg.run.max_steps,
+        checkpoint = %loaded.dir.display(),
+        "this run already finished at step {}: nothing to train, nothing written (to train further, raise \
+         run.max_steps: with [optimizer] decay_steps set, as it is; else with --allow-config-change)",
+        loaded.snapshot.step
+    );
+    true
+}
+
+/// What the local tier offers a resume.
+enum LocalResume {
+    /// The local checkpoint, loaded and verified.
+    Loaded(Box<Loaded>, ResumeSource),
+    /// None is newer than the durable tier (why); no round was made.
+    NotChosen(String),
+    /// One was chosen but could not be shared or loaded (why).
+    Failed(String),
 }
 
 /// Which tier a resume comes from.
@@ -254,55 +375,11 @@ pub(super) struct ResumeSource {
     fallback_reason: Option<String>,
 }
 
-/// With `[recovery] local`: replaces the durable checkpoint in `outcome`
-/// with the newest local one when one is newer (`checkpoint::local::choose`
-/// over what every rank's node holds), after it was shared with the nodes
-/// that lack it; says why not otherwise. Every rank takes part in the same
-/// rounds (`ranks.rs`).
-fn restore_local(
-    cfg: &Config,
-    root: &std::path::Path,
-    outcome: &mut LoadOutcome,
-    world: Option<(&Leader, &[String])>,
-    stop: &StopFlag,
-    slurm: &SlurmEnv,
-    allow_config_change: bool,
-) -> Result<ResumeSource, RunError> {
-    let held = match world {
-        Some((leader, _)) => leader.held().to_vec(),
-        None => vec![local_tier::held(root).0],
-    };
-    let durable = outcome.loaded.as_ref().map(|l| l.snapshot.step);
-    let fallback = |reason: String| {
-        tracing::info!(%reason, durable = ?durable, "resuming from the durable tier");
-        Ok(ResumeSource { tier: Some(Tier::Durable), source_node: None, fallback_reason: Some(reason) })
-    };
-    let (step, holder) = match local_tier::choose(&held, durable) {
-        LocalChoice::Local { step, holder } => (step, holder),
-        LocalChoice::Durable { reason } => return fallback(reason),
-    };
-    let holder_node = world.and_then(|(_, nodes)| nodes.get(holder).cloned()).unwrap_or_else(|| slurm.node_name());
-    if let Some((leader, _)) = world {
-        leader.local_restore(stop, step, holder)?;
-        let write = super::ranks::tier_holds(root, step).is_err();
-        if !share(leader.world(), holder, root, step, write) {
-            return fallback(format!(
-                "the local checkpoint of step {step} on {holder_node} could not be copied to every node"
-            ));
-        }
-    }
-    let dir = root.join(crate::checkpoint::step_dir_name(step));
-    match load_dir(&dir) {
-        Ok(loaded) => {
-            settings::check(cfg, &loaded, allow_config_change)?;
-            tracing::info!(step, from = %holder_node, durable = ?durable, "resuming from the node-local tier");
-            outcome.loaded = Some(loaded);
-            Ok(ResumeSource { tier: Some(Tier::Local), source_node: Some(holder_node), fallback_reason: None })
-        }
-        Err(failures) => {
-            let first = failures.first().map(ToString::to_string).unwrap_or_default();
-            fallback(format!("the local checkpoint of step {step} does not load here: {first}"))
-        }
+impl ResumeSource {
+    /// The durable tier, with the local tier on: `reason` says why not local.
+    fn durable(reason: String) -> ResumeSource {
+        tracing::info!(%reason, "resuming from the durable tier (if from a checkpoint)");
+        ResumeSource { tier: Some(Tier::Durable), source_node: None, fallback_reason: Some(reason) }
     }
 }
 

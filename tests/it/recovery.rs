@@ -313,3 +313,100 @@ fn a_transient_crash_under_a_shell_that_offers_it_asks_for_an_in_job_restart_not
         ]
     );
 }
+
+/// `training` run on `nodes` whose local directory on node `unwritable`
+/// cannot be made (a regular file where its parent directory should be:
+/// tests run as root, so a mode would not stop the write).
+fn with_unwritable_node(local: &Path, unwritable: &str) {
+    std::fs::create_dir_all(local).unwrap();
+    std::fs::write(local.join(unwritable), b"a file, not a directory").unwrap();
+}
+
+/// The one `local_checkpoint` event of an attempt whose tier was off (the
+/// last one): `failed`, naming `rank` on `node`, the directory it could not
+/// make and the OS error; the run finished on its durable checkpoints.
+fn assert_tier_off(run: &Path, local: &Path, rank: usize, node: &str) {
+    let events = support::runs::events(run);
+    let last_start = events.iter().rposition(|e| e["event"] == "start").expect("a start event");
+    let saves: Vec<&Value> = events[last_start..].iter().filter(|e| e["event"] == "local_checkpoint").collect();
+    assert_eq!(saves.len(), 1, "one event, no save started: {saves:?}");
+    assert_eq!(saves[0]["outcome"], "failed", "{}", saves[0]);
+    let reason = saves[0]["reason"].as_str().unwrap_or_default();
+    let dir = local.join(node).join("rekindle-local");
+    let dir = dir.display().to_string();
+    for part in [format!("rank {rank} on {node}").as_str(), &dir, "Not a directory", "local_dir"] {
+        assert!(reason.contains(part), "the reason names {part}: {reason}");
+    }
+    assert_eq!(events_named(run, "finish").len(), 1);
+    assert_eq!(newest_durable(run), Some(MAX_STEPS), "the durable tier went on");
+}
+
+#[test]
+fn a_follower_node_whose_local_directory_is_unwritable_turns_the_tier_off_and_training_goes_on() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    with_unwritable_node(&local, "b");
+    run_to_end(training(&local).command(&run, &[]), &["a", "b"]);
+    assert_tier_off(&run, &local, 1, "b");
+}
+
+#[test]
+fn a_leader_whose_local_directory_is_unwritable_turns_the_tier_off_and_training_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    with_unwritable_node(&local, "solo");
+    run_to_end(training(&local).command(&run, &[]), &["solo"]);
+    assert_tier_off(&run, &local, 0, "solo");
+}
+
+#[test]
+fn a_local_write_that_fails_is_recorded_and_the_next_save_commits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let mut cmd = training(&local).command(&run, &[]);
+    cmd.env("FAILPOINTS", "local::write=2*return(EIO)->off");
+    run_to_end(cmd, &["solo"]);
+    let saves = events_named(&run, "local_checkpoint");
+    let outcomes: Vec<&str> = saves.iter().take(3).map(|e| e["outcome"].as_str().unwrap_or_default()).collect();
+    assert_eq!(outcomes, ["failed", "failed", "committed"], "{saves:?}");
+    assert_eq!(saves[0]["reason"], "rank 0 on solo: failpoint local::write: EIO", "{}", saves[0]);
+    assert_eq!(events_named(&run, "finish").len(), 1);
+}
+
+#[test]
+fn a_new_node_that_cannot_take_the_local_copy_falls_back_to_the_durable_tier_and_says_why() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run, &local);
+    let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
+    // Node b is gone; the spare c that takes its place cannot write locally.
+    with_unwritable_node(&local, "c");
+    run_to_end(training(&local).command(&run, &[]), &["a", "c"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(durable), Some("durable")), "{resume}");
+    let reason = resume["fallback_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("could not be copied to every node: rank 1 on c"), "{resume}");
+    assert!(reason.contains("Not a directory"), "{resume}");
+    assert_tier_off(&run, &local, 1, "c");
+}
+
+#[test]
+fn a_resume_from_the_local_tier_never_reads_the_durable_checkpoint_it_supersedes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["solo"], &run, &local);
+    let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
+    // Its tensors damaged, its manifest and sizes intact: only reading its
+    // contents (and hashing them) can tell.
+    let model = support::runs::step_dir(&run, durable).join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    bytes[100] ^= 0x01;
+    std::fs::write(&model, bytes).unwrap();
+    run_to_end(training(&local).command(&run, &[]), &["solo"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
+    let read = [events_named(&run, "checkpoint_rejected"), events_named(&run, "checkpoint_quarantined")].concat();
+    assert!(read.is_empty(), "the durable checkpoint was read and verified: {read:?}");
+}
