@@ -241,6 +241,22 @@ pub fn choose(held: &[Vec<HeldStep>], durable: Option<u64>) -> LocalChoice {
     LocalChoice::Durable { reason }
 }
 
+/// Why no node of this world can hold the newest local checkpoint the run
+/// committed (`last`: its step and the nodes that held it, from the run's
+/// records), when it is newer than the durable one (`durable`) and none of
+/// those nodes is among this world's (`nodes`): it names them. `None`
+/// otherwise (some holder is here, and says itself why its copy is unusable).
+pub fn holders_gone(last: Option<(u64, &[String])>, nodes: &[String], durable: Option<u64>) -> Option<String> {
+    let (step, holders) = last?;
+    if durable.is_some_and(|d| step <= d) || holders.is_empty() || holders.iter().any(|h| nodes.contains(h)) {
+        return None;
+    }
+    Some(format!(
+        "every node that held the newest local checkpoint (step {step}: {}) is gone from this world",
+        holders.join(", ")
+    ))
+}
+
 /// Whether a copy of `bytes` fits on `root`'s filesystem: at most `share`
 /// of its free space. `Err` says why not (or why it cannot tell).
 pub fn room_for(root: &Path, bytes: u64, share: f64) -> Result<(), String> {
@@ -304,6 +320,17 @@ mod tests {
         assert_eq!(choose(&held, Some(20)), LocalChoice::Local { step: 30, holder: 0 });
         let LocalChoice::Durable { reason } = choose(&held, Some(30)) else { panic!() };
         assert!(reason.contains("step 40 differ between nodes"), "{reason}");
+    }
+
+    #[test]
+    fn when_every_holder_of_the_newest_local_checkpoint_is_gone_they_are_named() {
+        let (holders, nodes) = (vec!["n1".to_string(), "n2".to_string()], vec!["n3".to_string(), "n4".to_string()]);
+        let gone = holders_gone(Some((60, &holders)), &nodes, Some(50)).unwrap();
+        assert_eq!(gone, "every node that held the newest local checkpoint (step 60: n1, n2) is gone from this world");
+        assert_eq!(holders_gone(Some((60, &holders)), &holders[1..], Some(50)), None, "n2 is still here");
+        assert_eq!(holders_gone(Some((50, &holders)), &nodes, Some(50)), None, "not newer than the durable one");
+        assert!(holders_gone(Some((60, &holders)), &nodes, None).is_some());
+        assert_eq!(holders_gone(None, &nodes, None), None, "none was ever committed");
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::checkpoint::{CheckpointStore, ManifestEntry, Snapshot, TensorSet, rea
 use crate::config::{AutoDuration, Config};
 use crate::distributed::Collective;
 use crate::slurm::SlurmEnv;
-use crate::telemetry::{Event, LocalCheckpoint};
+use crate::telemetry::{Event, LocalCheckpoint, RecordedEvent};
 
 use super::Attempt;
 use crate::attempt::error::RunError;
@@ -487,6 +487,15 @@ impl Attempt {
         }
         Ok(())
     }
+}
+
+/// The newest local checkpoint the run's records say was committed: its
+/// step and the nodes that held it.
+pub fn last_committed(records: &[RecordedEvent]) -> Option<(u64, Vec<String>)> {
+    records.iter().rev().find_map(|r| match &r.event {
+        Event::LocalCheckpoint(e) if e.outcome == "committed" => Some((e.step, e.holders.clone())),
+        _ => None,
+    })
 }
 
 /// A rank's side of [`share`].

@@ -66,11 +66,20 @@ impl Attempt {
             .with_write_settings(WriteSettings::of(&cfg.checkpoint));
         // The interruption history is read before this attempt's `start`.
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
-        let fault = previous_fault(&recorded(&dir.path(EVENTS_FILE)));
+        let records = recorded(&dir.path(EVENTS_FILE));
+        let fault = previous_fault(&records);
+        let last_local = crate::run::local::last_committed(&records);
         let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
         let world_leader = world.as_ref().map(|(l, nodes, _)| (l, nodes.as_slice()));
-        let resume =
-            ResumeContext { cfg: &cfg, dir: &dir, store: &store, stop: &stop, slurm: &slurm, allow_config_change };
+        let resume = ResumeContext {
+            cfg: &cfg,
+            dir: &dir,
+            store: &store,
+            stop: &stop,
+            slurm: &slurm,
+            allow_config_change,
+            last_local,
+        };
         let Some((mut outcome, source)) = resume.point(local_root.as_ref(), world_leader)? else {
             return Ok(Started::AlreadyFinished);
         };
@@ -199,6 +208,8 @@ struct ResumeContext<'a> {
     stop: &'a StopFlag,
     slurm: &'a SlurmEnv,
     allow_config_change: bool,
+    /// The newest local checkpoint the records say was committed, and its holders.
+    last_local: Option<(u64, Vec<String>)>,
 }
 
 impl ResumeContext<'_> {
@@ -284,7 +295,14 @@ impl ResumeContext<'_> {
         };
         let (step, holder) = match local_tier::choose(&held, durable) {
             LocalChoice::Local { step, holder } => (step, holder),
-            LocalChoice::Durable { reason } => return Ok(LocalResume::NotChosen(reason)),
+            LocalChoice::Durable { reason } => {
+                let here = world.map_or_else(|| vec![self.slurm.node_name()], |(_, nodes)| nodes.to_vec());
+                let last = self.last_local.as_ref().map(|(step, holders)| (*step, holders.as_slice()));
+                return Ok(LocalResume::NotChosen(match local_tier::holders_gone(last, &here, durable) {
+                    Some(gone) => format!("{reason}: {gone}"),
+                    None => reason,
+                }));
+            }
         };
         let holder_node =
             world.and_then(|(_, nodes)| nodes.get(holder).cloned()).unwrap_or_else(|| self.slurm.node_name());

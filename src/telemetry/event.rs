@@ -695,13 +695,16 @@ pub struct Straggler {
     pub world_size: usize,
 }
 
-/// `local_checkpoint`: one save of the node-local tier (`[recovery] local`).
+/// `local_checkpoint`: one save of the node-local tier (`[recovery] local`),
+/// or, once at an attempt's start, the tier turned off for the attempt
+/// because a node cannot keep copies (`failed`, `step`: where it starts).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LocalCheckpoint {
     pub step: u64,
     /// `committed` (every node wrote a copy with the same files, and each
-    /// now holds `WORLD.json`), `skipped` (a node had no room) or `failed`.
+    /// now holds `WORLD.json`), `skipped` (a node had no room) or `failed`
+    /// (a write failed, the copies differ, or the tier is off).
     pub outcome: String,
     /// The nodes holding a copy (committed only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
