@@ -152,6 +152,14 @@ fn resume_event(run_dir: &Path) -> Value {
     events_named(run_dir, "resume").pop().expect("a resume event")
 }
 
+/// The last resume's `fallback_reason`, and the event, once it is checked
+/// to come from the durable checkpoint of step `durable`.
+fn durable_fallback(run_dir: &Path, durable: u64) -> (String, Value) {
+    let resume = resume_event(run_dir);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(durable), Some("durable")), "{resume}");
+    (resume["fallback_reason"].as_str().unwrap_or_default().to_string(), resume)
+}
+
 /// The reference: the same training on `nodes` never stopped.
 fn reference(tmp: &Path, nodes: &[&str]) -> PathBuf {
     let dir = tmp.join("reference");
@@ -226,9 +234,7 @@ fn without_a_copy_on_any_node_the_durable_tier_is_used_and_the_resume_says_why()
     let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
     // Both nodes lost: the new world runs on two spares.
     run_to_end(training(&local).command(&run, &[]), &["c", "d"]);
-    let resume = resume_event(&run);
-    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(durable), Some("durable")), "{resume}");
-    let reason = resume["fallback_reason"].as_str().unwrap_or_default();
+    let (reason, resume) = durable_fallback(&run, durable);
     assert!(reason.contains("no node holds"), "{resume}");
     assert!(reason.contains("every node that held the newest local checkpoint (step "), "{resume}");
     assert!(reason.contains(": a, b) is gone from this world"), "the lost nodes are named: {resume}");
@@ -387,9 +393,7 @@ fn a_new_node_that_cannot_take_the_local_copy_falls_back_to_the_durable_tier_and
     // Node b is gone; the spare c that takes its place cannot write locally.
     with_unwritable_node(&local, "c");
     run_to_end(training(&local).command(&run, &[]), &["a", "c"]);
-    let resume = resume_event(&run);
-    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(durable), Some("durable")), "{resume}");
-    let reason = resume["fallback_reason"].as_str().unwrap_or_default();
+    let (reason, resume) = durable_fallback(&run, durable);
     assert!(reason.contains("could not be copied to every node: rank 1 on c"), "{resume}");
     assert!(reason.contains("Not a directory"), "{resume}");
     assert_tier_off(&run, &local, 1, "c");
