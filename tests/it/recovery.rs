@@ -9,9 +9,15 @@
 //!   surviving node to the spare, and ends byte-identical to a world never
 //!   stopped.
 //! - A damaged copy (caught by SHA-256): the other node's copy is used.
-//! - No node holds a copy: the durable tier, and the `resume` event says why.
-//! - One process alone keeps a local tier too, and resumes from it.
-//! - No room for a copy: `local_checkpoint` skipped, training goes on.
+//! - No node holds a copy: the durable tier, and the `resume` event says why
+//!   (naming the lost nodes that held the newest one).
+//! - One process alone keeps a local tier too, and resumes from it, without
+//!   reading the durable checkpoint the local one supersedes.
+//! - No room for a copy: `local_checkpoint` skipped, training goes on; a
+//!   write that fails (failpoint `local::write`): failed, the next commits.
+//! - A node whose local directory cannot be made (a leader, a follower, a
+//!   spare that should take the copy): the tier is off for the attempt,
+//!   recorded once; the resume falls back to the durable tier, saying why.
 
 use crate::support;
 
