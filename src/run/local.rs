@@ -456,9 +456,7 @@ impl Attempt {
         self.events.record(&Event::LocalCheckpoint(event))?;
         Ok(())
     }
-}
 
-impl Attempt {
     /// Opens this node's writer for the attempt that starts at `step`, once
     /// every rank said whether it can keep copies (followers in their first
     /// round after hello, [`Leader::take_local_off`](super::ranks::Leader::take_local_off);
