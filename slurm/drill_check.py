@@ -364,11 +364,30 @@ def injob_checks(attempts, metrics, extra, restarts, spare, job_output):
     counts = {"metrics": last - resume["step"] if last is not None and resume.get("step") is not None else None,
               "resume": resume.get("steps_lost"), "recovery": rec.get("steps_lost")}
     lost = max(counts.values()) if None not in counts.values() else None
-    out.append(("steps lost at most two local intervals",
+    # The newest copy the world committed before the fault is the one used.
+    committed = [e.get("step") for e in att0["events"]
+                 if e.get("event") == "local_checkpoint" and e.get("outcome") == "committed"]
+    newest = max(committed, default=None)
+    out.append(("resumed from the newest local checkpoint committed before the fault",
+                newest is not None and resume.get("step") is not None and resume["step"] >= newest,
+                f"resumed from {resume.get('step')}, newest committed local checkpoint {newest}"))
+    # A local save is committed some time after its step (every node writes,
+    # then agrees): the steps trained meanwhile are lost with it too.
+    # Measured from the records: its step's metrics line to its commit.
+    step_time = {m["step"]: iso_to_unix(m["time"]) for m in m0 if m.get("time")}
+    latencies = [iso_to_unix(e["time"]) - step_time[e["step"]] for e in att0["events"]
+                 if e.get("event") == "local_checkpoint" and e.get("outcome") == "committed"
+                 and e.get("step") in step_time and e.get("time")]
+    slowest = max(latencies, default=None)
+    rate = pace(m0)
+    if bound is not None and slowest is not None and rate is not None:
+        bound += math.ceil(rate * max(slowest, 0.0))
+    out.append(("steps lost at most two local intervals + the steps trained while the slowest local save committed",
                 lost is not None and bound is not None and 0 <= min(counts.values()) and lost <= bound,
                 f"{lost} lost (metrics: last step logged {last}, resumed from {resume.get('step')}: "
                 f"{counts['metrics']}; resume event {counts['resume']}; recovery event {counts['recovery']}) "
-                f"<= {bound} = {INJOB_LOST_INTERVALS} x local every {every}"))
+                f"<= {bound} = {INJOB_LOST_INTERVALS} x local every {every} + {rate or 0:.1f} steps/s x "
+                f"{slowest or 0:.3f} s (the slowest of {len(latencies)} local commits after their step)"))
     # Training again: the kill to the first step the next attempt trained.
     kill = extra.get("kill_time")
     again = min((iso_to_unix(m["time"]) for m in m1), default=None)

@@ -129,7 +129,7 @@ KILLED = "n2"
 
 
 def injob_run(last=203, resumed_from=200, restart_after=8.0, spare=True, tier="local", in_job=1,
-              silent=4.0, rank_nodes1=None, counted=None):
+              silent=4.0, rank_nodes1=None, counted=None, commit_latency=0.0, newest_local=None):
     """events and metrics of an in-job drill: attempt 0 trains two ranks on
     n1 and n2 at RATE up to step `last`, n2 is killed at KILL s, rank 0 finds
     rank 1 silent `silent` s later; attempt 1 (in-job restart `in_job`)
@@ -137,8 +137,13 @@ def injob_run(last=203, resumed_from=200, restart_after=8.0, spare=True, tier="l
     `restart_after` s after the kill, over two ranks on n1 and n3 (one on n1
     without a spare: a world of one records neither world_size nor
     rank_nodes). rekindle's events count `counted` steps lost (default: as
-    the metrics say)."""
+    the metrics say). Attempt 0 committed a local checkpoint every 5 steps up
+    to `newest_local` (default: `resumed_from`), each `commit_latency` s after
+    its step."""
     ev = [{"event": "start", "time": at(0), "node": "n1", "world_size": 2, "rank_nodes": ["n1", KILLED]}]
+    for step in range(5, (resumed_from if newest_local is None else newest_local) + 1, 5):
+        ev.append({"event": "local_checkpoint", "time": at(step / RATE + commit_latency), "step": step,
+                   "outcome": "committed", "holders": ["n1", KILLED]})
     metrics = [{"step": step, "time": at(step / RATE)} for step in range(1, last + 1)]
     ev.append({"event": "rank_lost", "time": at(KILL + silent), "rank": 1, "rank_node": KILLED, "noticed_by": 0,
                "silent_seconds": silent, "timeout_seconds": 3.0})
@@ -163,7 +168,8 @@ def injob_checks_of(events, metrics, restarts=0, spare=True, output="rekindle: i
             drill_check.injob_checks(drill_check.split_attempts(events), metrics, extra, restarts, spare, output)}
 
 
-LOST = "steps lost at most two local intervals"
+LOST = "steps lost at most two local intervals + the steps trained while the slowest local save committed"
+NEWEST = "resumed from the newest local checkpoint committed before the fault"
 AGAIN = "trained again within 30 s of the kill"
 
 
@@ -190,6 +196,17 @@ class InJob(unittest.TestCase):
         failed = self.failed(injob_checks_of(*injob_run(resumed_from=100, tier="durable")))
         self.assertIn(LOST, failed)
         self.assertIn("resumed from the node-local tier", failed)
+
+    def test_the_steps_trained_while_a_local_save_committed_count_toward_the_bound(self):
+        # Commits 0.045 s after their step at 100 steps/s: 5 more steps allowed.
+        self.assertNotIn(LOST, self.failed(injob_checks_of(*injob_run(last=215, commit_latency=0.045))))
+        checks = injob_checks_of(*injob_run(last=216, commit_latency=0.045))
+        self.assertIn(LOST, self.failed(checks))
+        self.assertIn("<= 15 = 2 x local every 5 + 100.0 steps/s x 0.045 s", checks[LOST][1])
+
+    def test_a_resume_from_an_older_local_copy_than_the_newest_committed_fails(self):
+        self.assertIn(NEWEST, self.failed(injob_checks_of(*injob_run(resumed_from=195, newest_local=200))))
+        self.assertNotIn(NEWEST, self.failed(injob_checks_of(*injob_run(resumed_from=200, newest_local=200))))
 
     def test_the_largest_count_of_steps_lost_is_bounded(self):
         # Metrics lines of the last steps lost with the aborted step: rekindle's
@@ -219,7 +236,7 @@ class InJob(unittest.TestCase):
 
     def test_no_second_attempt_fails_and_says_so(self):
         ev, metrics = injob_run()
-        first_attempt = ev[:2]
+        first_attempt = ev[:[e["event"] for e in ev].index("start", 1)]
         checks = injob_checks_of(first_attempt, metrics[:203])
         self.assertEqual(self.failed(checks), ["the run went on in the job"])
 
