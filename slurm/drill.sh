@@ -49,6 +49,14 @@
 #               requeues the job with scontrol, exits; SLURM shows the job
 #               PENDING with Restarts=1; the next attempt resumes from the
 #               newest checkpoint and finishes.
+#   dp-rankkill-injob
+#               as dp-nodeloss-injob (the spare, the local tier every 5 steps,
+#               [distributed] timeout = "3s"), but only rank 1's rekindle is
+#               SIGKILLed: its node stays up. rank 0 finds it silent and asks
+#               for a new step without its node (it cannot tell a dead process
+#               from a dead node within the timeout); the spare takes over
+#               from the local tier, never requeued, byte-identical. Needs the
+#               local cluster (it finds the rank's process on its node).
 #   hang-injob  as hang, in a job of two nodes holding one as a spare
 #               (REKINDLE_SPARE_NODES=1 sbatch -N2 --ntasks-per-node=1), with
 #               the batch shell's in-job restart on: the hung attempt asks for
@@ -210,7 +218,7 @@ unset REKINDLE_INJOB_MAX REKINDLE_SPARE_NODES
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare hang-injob own exec exec-ddp exec-torchrun badnode noprogress
+    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare dp-rankkill-injob hang-injob own exec exec-ddp exec-torchrun badnode noprogress
     dp-straggler)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
@@ -1064,6 +1072,45 @@ injob_drill() {
         "$back" "$(sinfo -h -n "$lost_node" -o %t | head -n1)" "$lost_node" "$INJOB_LOCAL_EVERY" "$action")
     ((ok))
 }
+# SIGKILL to rank 1's rekindle alone (its node stays up): rank 0 finds it
+# silent within the timeout, as it would a lost node (it cannot tell the two
+# apart), and the batch shell restarts the run in the job on the spare.
+kill_rank1_process() {
+    local pid args
+    lost_node=$(rank_node "$run" 1)
+    for pid in $(job_pids "$lost_node"); do
+        args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+        [[ $args == *" run "* && $args != slurmstepd* ]] && rank1_pid=$pid
+    done
+    [[ -n $lost_node && -n ${rank1_pid:-} ]] || { note "cannot find rank 1's rekindle on $lost_node"; return 1; }
+    action=$(now)
+    log "$name: SIGKILL to rank 1's rekindle on $lost_node (pid $rank1_pid); the node stays up"
+    kill -KILL "$rank1_pid"
+}
+
+drill_dp-rankkill-injob() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        echo "SKIP $name: needs the local cluster (it finds a rank's process on its node); see docs/drills.md"
+        echo "{\"drill\":\"$name\",\"result\":\"SKIP\"}"
+        return 3
+    fi
+    RUN_EXTRA=(--set 'distributed.timeout="3s"' --set recovery.local=true
+        --set "recovery.local_every_steps=$INJOB_LOCAL_EVERY"
+        --set "recovery.local_dir=\"$CLUSTER_DIR/tmp/{node}/local\"")
+    local -x REKINDLE_SPARE_NODES=1
+    submit "$name" -N3 --ntasks-per-node=1 || return 1
+    RUN_EXTRA=()
+    under_way 0.$((RANDOM % 10)) || return 1
+    local lost_node rank1_pid ok=0
+    kill_rank1_process || return 1
+    wait_until "the run to go on in the job" "$TIMEOUT" attempts_started "$run" 2 &&
+        log "$name: a new step started; waiting for the job to finish" &&
+        wait_until "the job to finish" "$TIMEOUT" job_final "$job" && ok=1
+    EXTRA_JSON=$(printf '{"killed_attempts":1,"killed_node":"%s","killed_process":true,"lost_rank":1,"local_every":%s,"kill_time":%s}' \
+        "$lost_node" "$INJOB_LOCAL_EVERY" "$action")
+    ((ok))
+}
+
 drill_dp-nodeloss-injob() {
     local -x REKINDLE_SPARE_NODES=1
     injob_drill -N3 --ntasks-per-node=1

@@ -29,7 +29,9 @@ FIRST_CRASH_HOLD_SECONDS = 60
 # A node lost under a run with the node-local tier: the batch shell restarts
 # the run inside the job (docs/recovery.md). With a spare node the world keeps
 # its two ranks; without one it goes on at one.
-INJOB = ("dp-nodeloss-injob", "dp-nodeloss-injob-nospare")
+INJOB = ("dp-nodeloss-injob", "dp-nodeloss-injob-nospare", "dp-rankkill-injob")
+# Of them, those holding a spare node (the world keeps its two ranks).
+INJOB_SPARE = ("dp-nodeloss-injob", "dp-rankkill-injob")
 # The bounds of docs/drills.md for them: steps lost at most two local
 # intervals (the interval, plus one local save in flight when the node died:
 # 10 steps at every 5, the target), and training again at most this
@@ -726,12 +728,12 @@ def main():
               f"lock_takeover {json.dumps(take)}, stale after {stale} s")
     if a.drill in INJOB:
         metrics = read_jsonl(os.path.join(a.run, "metrics.jsonl"))
-        for name, ok, detail in injob_checks(attempts, metrics, extra, a.restarts, a.drill == "dp-nodeloss-injob",
+        for name, ok, detail in injob_checks(attempts, metrics, extra, a.restarts, a.drill in INJOB_SPARE,
                                              job_output):
             check(name, ok, detail)
             if name.startswith("steps lost"):
                 lost_bound = f"{name}: {detail}"
-    if a.drill in ("nodeloss", "dp-nodeloss") + INJOB:
+    if a.drill in ("nodeloss", "dp-nodeloss", "dp-nodeloss-injob", "dp-nodeloss-injob-nospare"):
         check("node back in service", extra.get("node_back") is True, extra.get("node_state", ""))
     if a.drill in ("dp", "dp-preempt", "dp-nodeloss", "dp-straggler"):
         nodes_per_attempt = 1 if a.drill == "dp-preempt" else 2

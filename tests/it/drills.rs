@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use crate::support::cluster::{LocalCluster, repo};
 
-const DRILLS: [&str; 25] = [
+const DRILLS: [&str; 26] = [
     "term",
     "term-batch",
     "term-full",
@@ -34,6 +34,7 @@ const DRILLS: [&str; 25] = [
     "dp-nodeloss",
     "dp-nodeloss-injob",
     "dp-nodeloss-injob-nospare",
+    "dp-rankkill-injob",
     "hang-injob",
     "own",
     "exec",
