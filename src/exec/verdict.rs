@@ -54,6 +54,10 @@ pub enum Verdict {
     Crashed { class: CrashClass, why: String },
     /// Another process took the run directory: it was killed; nothing more is written.
     LockLost,
+    /// Another task of the job step was lost (`world.rs`): the program was
+    /// ended, or failed as the loss's echo; the world resumes from its
+    /// newest checkpoint (never decided by [`verdict`], which sees one task).
+    RankLost,
 }
 
 impl Verdict {
@@ -64,6 +68,7 @@ impl Verdict {
             Verdict::Stopped => "stopped",
             Verdict::Crashed { .. } => "crashed",
             Verdict::LockLost => "lock_lost",
+            Verdict::RankLost => "rank_lost",
         }
     }
 }

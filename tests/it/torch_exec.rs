@@ -256,3 +256,63 @@ fn a_task_whose_rank_dies_mid_save_ends_at_once_and_leaves_no_world_checkpoint_o
     assert!(exits.contains(&(Some(1), Some("crashed".into()))), "{exits:?}");
     assert_eq!(last_event(&run, "error")["class"].as_str(), Some("transient"), "it had sealed step 20 in this attempt");
 }
+
+#[test]
+fn a_task_lost_with_its_node_ends_the_other_within_the_timeout_with_75_and_the_world_resumes_equal() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    ddp(&tmp.path().join("reference-run"), &expected, &[]).run(TIMEOUT).assert_code(0);
+    let fake = FakeScontrol::running_job(tmp.path());
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    // One task on each of two nodes, as SLURM lays out `srun -N2 -n2`.
+    let on_node = |cmd: RunCmd, task: u32| {
+        cmd.set("distributed.timeout=5s")
+            .env("SLURMD_NODENAME", format!("n{}", task + 1))
+            .env("SLURM_STEP_NODELIST", "n[1-2]")
+            .env("SLURM_STEP_NUM_NODES", "2")
+            .env("SLURM_STEP_TASKS_PER_NODE", "1(x2)")
+            .env("SLURM_NODEID", task.to_string())
+            .env("SLURM_LOCALID", "0")
+    };
+    let slow = ["--step-seconds", "0.05"];
+    let mut leader = on_node(task_of_two(&python, &run, &out, 0, 0, &fake, &slow), 0).spawn();
+    let follower = on_node(task_of_two(&python, &run, &out, 1, 0, &fake, &slow), 1).spawn();
+    leader.wait_for_step(25, TIMEOUT);
+    assert_eq!(checkpoint_steps(&run), vec![20]);
+    // Node n2 is lost: its supervisor dies at once, its program with it
+    // (the parent-death signal); nothing of it writes another byte.
+    let lost_at = std::time::Instant::now();
+    follower.signal(Signal::SIGKILL);
+    let led = leader.wait(TIMEOUT);
+    let took = lost_at.elapsed();
+    led.assert_code(75);
+    assert!(took < Duration::from_secs(5 + 10), "ended {took:?} after the loss ([distributed] timeout 5 s)");
+    let _ = follower.wait(TIMEOUT);
+
+    let lost = last_event(&run, "rank_lost");
+    assert_eq!((lost["rank"].as_u64(), lost["rank_node"].as_str()), (Some(1), Some("n2")), "{lost}");
+    assert_eq!((lost["noticed_by"].as_u64(), lost["world_size"].as_u64()), (Some(0), Some(2)), "{lost}");
+    let stop = last_event(&run, "stop");
+    assert_eq!((stop["reason"].as_str(), stop["step"].as_u64()), (Some("rank_lost: rank 1"), Some(20)), "{stop}");
+    let exit = last_event(&run, "child_exit");
+    assert_eq!((exit["task"].as_u64(), exit["verdict"].as_str()), (Some(0), Some("rank_lost")), "{exit}");
+    assert_eq!(checkpoint_steps(&run), vec![20], "the world checkpoint before the loss stands");
+    assert!(fake.calls().iter().any(|c| c == "requeue 77"), "task 0 requeued the job: {:?}", fake.calls());
+    // Each task's node, in the start event and the summary.
+    let start = last_event(&run, "start");
+    assert_eq!((start["world_size"].as_u64(), &start["rank_nodes"]), (Some(2), &serde_json::json!(["n1", "n2"])));
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!((summary["state"].as_str(), summary["world_size"].as_u64()), (Some("stopped"), Some(2)), "{summary}");
+    assert_eq!(summary["rank_nodes"], serde_json::json!(["n1", "n2"]), "{summary}");
+
+    // The requeued job: both tasks again, from the checkpoint of step 20.
+    let leader = on_node(task_of_two(&python, &run, &out, 0, 1, &fake, &[]), 0).spawn();
+    let follower = on_node(task_of_two(&python, &run, &out, 1, 1, &fake, &[]), 1).spawn();
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(0);
+    followed.assert_code(0);
+    assert!(followed.stderr.contains("rank 1 of 2 starting at step 20"), "{}", followed.tail());
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
