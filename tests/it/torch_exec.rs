@@ -6,7 +6,10 @@
 //! --standalone` stops at one agreed step with one world checkpoint and
 //! resumes equal to an uninterrupted two-rank run; a rank that dies in the
 //! middle of a save leaves no world checkpoint of that step, and the resume
-//! from the one before still ends equal.
+//! from the one before still ends equal; a world where only rank 0 writes
+//! commits with the other ranks' empty parts; two tasks of a job step (no
+//! srun): a task lost with its node ends the other with 75 within the
+//! timeout, and the world resumes equal.
 
 use std::path::Path;
 use std::process::Command;
@@ -313,6 +316,35 @@ fn a_task_lost_with_its_node_ends_the_other_within_the_timeout_with_75_and_the_w
     led.assert_code(0);
     followed.assert_code(0);
     assert!(followed.stderr.contains("rank 1 of 2 starting at step 20"), "{}", followed.tail());
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn when_only_rank_0_writes_the_other_ranks_empty_parts_still_commit_and_the_resume_ends_equal() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    let reference = tmp.path().join("reference-run");
+    ddp(&reference, &expected, &["--rank0-only"]).run(TIMEOUT).assert_code(0);
+    assert_eq!(checkpoint_steps(&reference), vec![20, 40, 60], "rank 1's parts were empty every time");
+
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    let mut first = ddp(&run, &out, &["--rank0-only", "--step-seconds", "0.05"]).spawn();
+    first.wait_for_step(25, TIMEOUT);
+    first.signal(Signal::SIGTERM);
+    first.wait(TIMEOUT).assert_code(75);
+    let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
+    let newest = run.join(format!("checkpoints/step-{stopped_at:010}"));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(newest.join("MANIFEST.json")).unwrap()).unwrap();
+    let names: Vec<&str> = manifest["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["model.pt"], "rank 0's file alone, committed once rank 1's empty part was in");
+
+    let second = ddp(&run, &out, &["--rank0-only"]).run(TIMEOUT);
+    second.assert_code(0);
+    let line = format!("rank 1 of 2 starting at step {stopped_at}");
+    assert!(second.stderr.contains(&line), "no `{line}` in\n{}", second.tail());
     assert_torch_equal(&python, &expected, &out);
     assert_eq!(verify(&run).0, Some(0));
 }
