@@ -330,7 +330,7 @@ fn follow_program(
     let (timeout, grace) = (cfg.distributed.timeout, cfg.signals.grace);
     let mut events = EventLog::open(root.join(EVENTS_FILE), context(slurm))?;
     let env = ChildEnv {
-        run_dir: absolute(&root),
+        run_dir: absolute(root),
         resume_from: record.resume_from.clone(),
         checkpoint_dir: record.checkpoint_dir.clone(),
         stop_file: record.stop_file.clone(),
@@ -371,7 +371,7 @@ fn follow_program(
         return Err(RunError::ChildFailed { command: recorded.join(" "), how: end.describe(), class, why });
     }
     tracing::info!(task = launch.rank, how = %end.describe(), "the program ended; waiting for task 0 to end the attempt");
-    Ok(Outcome::from_code(world::wait_for_end(&staging, &launch.id, timeout + grace)?))
+    Ok(Outcome::from_code(world::wait_for_end(staging, &launch.id, timeout + grace)?))
 }
 
 /// `child_exit` for the program that ran as `ran` and ended as `end`.
