@@ -408,17 +408,22 @@ mod tests {
         assert_eq!(beat_interval(Duration::from_secs(180)), Duration::from_secs(5));
     }
 
-    #[test]
-    fn two_watches_see_each_other_and_a_silent_one_is_reported_once() {
-        let tmp = tempfile::tempdir().unwrap();
-        let setup = |rank| WatchSetup {
-            dir: tmp.path().join(RANKS_DIR),
+    /// Rank `rank` of two beating in `<run>/ranks`, on node `n<rank>`, lost after 1 s.
+    fn one_of_two(run: &Path, rank: usize) -> WatchSetup {
+        WatchSetup {
+            dir: run.join(RANKS_DIR),
             rank,
             size: 2,
             node: format!("n{rank}"),
             session: "s".into(),
             timeout: Duration::from_millis(1000),
-        };
+        }
+    }
+
+    #[test]
+    fn two_watches_see_each_other_and_a_silent_one_is_reported_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let setup = |rank| one_of_two(tmp.path(), rank);
         let (tx, rx) = std::sync::mpsc::channel();
         let tx2 = tx.clone();
         let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send((0, l)).unwrap())).unwrap();
@@ -439,14 +444,7 @@ mod tests {
     #[test]
     fn a_rank_that_finishes_is_not_reported() {
         let tmp = tempfile::tempdir().unwrap();
-        let setup = |rank| WatchSetup {
-            dir: tmp.path().join(RANKS_DIR),
-            rank,
-            size: 2,
-            node: "n".into(),
-            session: "s".into(),
-            timeout: Duration::from_millis(1000),
-        };
+        let setup = |rank| one_of_two(tmp.path(), rank);
         let (tx, rx) = std::sync::mpsc::channel();
         let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send(l).unwrap())).unwrap();
         let w1 = RankWatch::start(setup(1), Box::new(|_| panic!("rank 0 is never lost here"))).unwrap();
@@ -460,14 +458,7 @@ mod tests {
     #[test]
     fn a_rank_marked_done_says_so_and_still_watches_the_others() {
         let tmp = tempfile::tempdir().unwrap();
-        let setup = |rank| WatchSetup {
-            dir: tmp.path().join(RANKS_DIR),
-            rank,
-            size: 2,
-            node: "n".into(),
-            session: "s".into(),
-            timeout: Duration::from_millis(1000),
-        };
+        let setup = |rank| one_of_two(tmp.path(), rank);
         let (tx, rx) = std::sync::mpsc::channel();
         let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send(l).unwrap())).unwrap();
         let w1 = RankWatch::start(setup(1), Box::new(|_| panic!("rank 0 is never lost here"))).unwrap();

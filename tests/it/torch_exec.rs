@@ -51,6 +51,13 @@ fn ddp(run: &Path, out: &Path, extra: &[&str]) -> RunCmd {
     exec(run, &command)
 }
 
+/// The names of the files of `run`'s checkpoint of `step`, as its manifest lists them.
+fn manifest_names(run: &Path, step: u64) -> Vec<String> {
+    let path = run.join(format!("checkpoints/step-{step:010}/MANIFEST.json"));
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    manifest["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap().to_string()).collect()
+}
+
 /// Asserts that every torch object saved in `a` equals the one of the same
 /// name in `b` (slurm/torch_equal.py: `torch.equal` on every tensor, `==`
 /// on everything else): files, or directories of files.
@@ -90,17 +97,20 @@ fn the_pytorch_example_stopped_by_sigterm_and_resumed_ends_equal_to_an_uninterru
     assert_eq!(verify(&run).0, Some(0));
 }
 
-#[test]
-fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_resume_equal() {
+/// Two DDP ranks under `torchrun` (`train_ddp.py EXTRA…`): an uninterrupted
+/// run, then one stopped by SIGTERM past step 25 (both ranks agree on the
+/// step; its world checkpoint lists `files`, committed by rank 0) and
+/// resumed by both ranks from it, ending equal to the uninterrupted one.
+fn ddp_stopped_and_resumed_ends_equal(extra: &[&str], files: &[&str]) {
     let Some(python) = requires::torch() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let expected = tmp.path().join("reference");
     let reference = tmp.path().join("reference-run");
-    ddp(&reference, &expected, &[]).run(TIMEOUT).assert_code(0);
+    ddp(&reference, &expected, extra).run(TIMEOUT).assert_code(0);
     assert_eq!(checkpoint_steps(&reference), vec![20, 40, 60]);
 
     let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
-    let mut first = ddp(&run, &out, &["--step-seconds", "0.05"]).spawn();
+    let mut first = ddp(&run, &out, &[extra, &["--step-seconds", "0.05"]].concat()).spawn();
     first.wait_for_step(25, TIMEOUT);
     first.signal(Signal::SIGTERM);
     let stopped = first.wait(TIMEOUT);
@@ -111,17 +121,13 @@ fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_r
         let line = format!("rank {rank} stopped at step {stopped_at}");
         assert!(stopped.stderr.contains(&line), "no `{line}` in\n{}", stopped.tail());
     }
-    // One checkpoint for the world: rank 0's model and every rank's generator.
-    let newest = run.join(format!("checkpoints/step-{stopped_at:010}"));
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(newest.join("MANIFEST.json")).unwrap()).unwrap();
-    let names: Vec<&str> = manifest["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["model.pt", "rng-0.pt", "rng-1.pt"]);
+    // One checkpoint for the world.
+    assert_eq!(manifest_names(&run, stopped_at), files);
     let saved = last_event(&run, "checkpoint_saved");
     assert_eq!(saved["step"].as_u64(), Some(stopped_at), "{saved}");
     assert!(saved["parts_wait_seconds"].as_f64().is_some(), "rank 0 committed the world's parts: {saved}");
 
-    let second = ddp(&run, &out, &[]).run(TIMEOUT);
+    let second = ddp(&run, &out, extra).run(TIMEOUT);
     second.assert_code(0);
     for rank in 0..2 {
         let line = format!("rank {rank} of 2 starting at step {stopped_at}");
@@ -129,6 +135,12 @@ fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_r
     }
     assert_torch_equal(&python, &expected, &out);
     assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_resume_equal() {
+    // Rank 0's model and every rank's generator.
+    ddp_stopped_and_resumed_ends_equal(&[], &["model.pt", "rng-0.pt", "rng-1.pt"]);
 }
 
 #[test]
@@ -322,29 +334,6 @@ fn a_task_lost_with_its_node_ends_the_other_within_the_timeout_with_75_and_the_w
 
 #[test]
 fn when_only_rank_0_writes_the_other_ranks_empty_parts_still_commit_and_the_resume_ends_equal() {
-    let Some(python) = requires::torch() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let expected = tmp.path().join("reference");
-    let reference = tmp.path().join("reference-run");
-    ddp(&reference, &expected, &["--rank0-only"]).run(TIMEOUT).assert_code(0);
-    assert_eq!(checkpoint_steps(&reference), vec![20, 40, 60], "rank 1's parts were empty every time");
-
-    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
-    let mut first = ddp(&run, &out, &["--rank0-only", "--step-seconds", "0.05"]).spawn();
-    first.wait_for_step(25, TIMEOUT);
-    first.signal(Signal::SIGTERM);
-    first.wait(TIMEOUT).assert_code(75);
-    let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
-    let newest = run.join(format!("checkpoints/step-{stopped_at:010}"));
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(newest.join("MANIFEST.json")).unwrap()).unwrap();
-    let names: Vec<&str> = manifest["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["model.pt"], "rank 0's file alone, committed once rank 1's empty part was in");
-
-    let second = ddp(&run, &out, &["--rank0-only"]).run(TIMEOUT);
-    second.assert_code(0);
-    let line = format!("rank 1 of 2 starting at step {stopped_at}");
-    assert!(second.stderr.contains(&line), "no `{line}` in\n{}", second.tail());
-    assert_torch_equal(&python, &expected, &out);
-    assert_eq!(verify(&run).0, Some(0));
+    // Rank 0's file alone, committed once rank 1's empty part was in.
+    ddp_stopped_and_resumed_ends_equal(&["--rank0-only"], &["model.pt"]);
 }
