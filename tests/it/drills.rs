@@ -38,6 +38,7 @@ const DRILLS: [&str; 24] = [
     "exec",
     "exec-ddp",
     "exec-torchrun",
+    "exec-nodeloss",
     "badnode",
     "noprogress",
     "dp-straggler",
