@@ -881,7 +881,7 @@ drill_exec-nodeloss() {
     EXEC_RUN_EXTRA=()
     # Back in any case: the drills after this one need every node.
     [[ -z $lost_node ]] || node_back "$lost_node" || log "exec-nodeloss: could not bring $lost_node back"
-    return $rc
+    return "$rc"
 }
 
 # How exec_drill stops its job: a plain scancel -s TERM, preemption by a
