@@ -225,8 +225,10 @@ fn lead(
         };
         env.exec_host = Some(record.exec_host.clone());
         env.launcher = launcher_vars(launch, &record);
-        world::publish(&store.staging_dir(), &record)?;
+        // Beating before the others can start: a leader that cannot beat
+        // fails here, before any program of the world runs.
         liveness = Some(Liveness::start(&dir.root, launch, &record, slurm.node_name(), cfg.distributed.timeout)?);
+        world::publish(&store.staging_dir(), &record)?;
         tracing::info!(tasks = launch.size, master = %format!("{}:{}", record.master_addr, record.master_port), "task 0 of the job step: the other tasks start their programs");
     }
     let task = leader.map(|l| l.rank);
@@ -291,9 +293,12 @@ fn world_loss(ran: &Supervised, liveness: Option<&Liveness>) -> Option<Vec<Lost>
 
 /// A task other than 0 of a job step of several (world.rs): waits for task
 /// 0's world record, runs its own copy of the program with the same
-/// contract, and exits with task 0's code; at once with 1 when its program
-/// failed unasked (`srun --kill-on-bad-exit` then ends the other tasks).
-/// It takes no lock and writes only its `child_start` and `child_exit`.
+/// contract, and exits with task 0's code; with 1 as soon as the other
+/// tasks are seen alive when its program failed unasked (`srun
+/// --kill-on-bad-exit` then ends the other tasks); with 75 (or 1 without a
+/// world checkpoint) when a task was lost. It takes no lock and writes only
+/// its `child_start` and `child_exit`, and the records of a loss when task 0
+/// is the one lost.
 fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch) -> Result<Outcome, RunError> {
     let (cfg, _) = load_config(opts)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);

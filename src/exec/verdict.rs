@@ -2,7 +2,8 @@
 //! [`verdict`] turns how it ended, whether a stop was requested, whether the
 //! lock was lost and whether it sealed a checkpoint in this attempt into
 //! finished, stopped, crashed (with a class, as `crash.rs` gives native
-//! crashes) or lock lost.
+//! crashes) or lock lost. A lost task of the world (`world.rs`) is decided
+//! by the supervisor, not here: [`Verdict::RankLost`].
 
 use nix::sys::signal::Signal;
 

@@ -15,8 +15,9 @@
 //!                      program with the same contract (the leader's lock for
 //!                      seals, the same checkpoint to resume from), forward
 //!                      stops to it, and exit with the leader's code; a
-//!                      program that failed unasked ends its supervisor at
-//!                      once with 1, and `srun --kill-on-bad-exit` the world
+//!                      program that failed unasked ends its supervisor with
+//!                      1 (once the others are seen alive, below), and
+//!                      `srun --kill-on-bad-exit` the world
 //! ```
 //!
 //! Every supervisor gives its program torch's `env://` variables derived

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use crate::support::cluster::{LocalCluster, repo};
 
-const DRILLS: [&str; 24] = [
+const DRILLS: [&str; 25] = [
     "term",
     "term-batch",
     "term-full",
