@@ -102,6 +102,16 @@
 #               torchrun per node (its rendezvous from rekindle's PET_*
 #               variables), stopped by preemption (a high-priority job of
 #               30 s on the first node): as exec-ddp. Judged by this script.
+#   exec-nodeloss
+#               exec-ddp's job (two tasks on two nodes, one DDP rank each);
+#               the node of task 1 loses its slurmd and its processes
+#               (SIGKILL). Task 0's rekindle finds task 1 silent within
+#               `[distributed] timeout` (10 s here), ends its own program,
+#               records `rank_lost` and requeues the job with the lost node
+#               excluded (REKINDLE_INJOB_MAX=0: the requeue path); the job
+#               resumes on the two other nodes from the last world checkpoint
+#               and finishes as exec-ddp. The node is brought back
+#               afterwards. Needs the local cluster. Judged by this script.
 #   dp          `sbatch -N2 -n2 slurm/orchestrator.slurm ...`: one data-parallel
 #               run over two ranks on two nodes (srun --mpi=pmix; needs a
 #               rekindle built with --features mpi), then plain
@@ -218,8 +228,8 @@ unset REKINDLE_INJOB_MAX REKINDLE_SPARE_NODES
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare dp-rankkill-injob hang-injob own exec exec-ddp exec-torchrun badnode noprogress
-    dp-straggler)
+    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare dp-rankkill-injob hang-injob own exec exec-ddp exec-torchrun
+    exec-nodeloss badnode noprogress dp-straggler)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -366,7 +376,7 @@ DDP_PROGRAM=$repo_root/python/examples/train_ddp.py
 DDP_ARGS=(--steps "${DRILL_DDP_STEPS:-240}" --every 40)
 REF_DDP=$WORK/reference-exec-ddp
 ref_ddp_pid=
-if [[ " ${drills[*]} " == *" exec-ddp "* || " ${drills[*]} " == *" exec-torchrun "* ]]; then
+if [[ " ${drills[*]} " == *" exec-ddp "* || " ${drills[*]} " == *" exec-torchrun "* || " ${drills[*]} " == *" exec-nodeloss "* ]]; then
     "$VENV/bin/python" -c 'import torch' 2>/dev/null ||
         die "the exec-ddp drill needs torch in $VENV (make deps makes it; DRILL_VENV points elsewhere)"
     export OMP_NUM_THREADS=1
@@ -885,9 +895,40 @@ drill_exec-torchrun() {
     return $rc
 }
 
-# How exec_drill stops its job: a plain scancel -s TERM, or preemption by a
-# high-priority job of 30 s on the job's first node.
+# Two DDP ranks as in exec-ddp; task 1's node is lost (kill_rank1_node: the
+# start event names each task's node); judged as exec-ddp, the loss's stop
+# counting as the stop.
+drill_exec-nodeloss() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        echo "SKIP exec-nodeloss: needs the local cluster (it kills a slurmd); see docs/drills.md"
+        echo '{"drill":"exec-nodeloss","result":"SKIP"}'
+        return 3
+    fi
+    wd=$WORK/exec-nodeloss
+    EXEC_SBATCH=(-N2 -n2)
+    EXEC_CMD=("$VENV/bin/python" "$DDP_PROGRAM" "${DDP_ARGS[@]}" --step-seconds "${DRILL_DDP_STEP_SECONDS:-0.05}"
+        --out "$wd/out")
+    EXEC_SAME=("$VENV/bin/python" "$script_dir/torch_equal.py" "$wd/out" "$REF_DDP/out")
+    EXEC_STOP=exec_stop_nodeloss
+    EXEC_RUN_EXTRA=(--set 'distributed.timeout="10s"')
+    # No in-job restart: one node left could hold only one rank.
+    local -x REKINDLE_INJOB_MAX=0
+    local lost_node=
+    exec_drill exec-nodeloss ref_ddp_pid "$REF_DDP.log" torch_equal
+    local rc=$?
+    EXEC_STOP=exec_stop_term
+    EXEC_RUN_EXTRA=()
+    # Back in any case: the drills after this one need every node.
+    [[ -z $lost_node ]] || node_back "$lost_node" || log "exec-nodeloss: could not bring $lost_node back"
+    return "$rc"
+}
+
+# How exec_drill stops its job: a plain scancel -s TERM, preemption by a
+# high-priority job of 30 s on the job's first node, or the loss of task 1's
+# node; EXEC_RUN_EXTRA: more `rekindle exec` options.
 EXEC_STOP=exec_stop_term
+EXEC_RUN_EXTRA=()
+exec_stop_nodeloss() { kill_rank1_node; }
 exec_stop_term() {
     log "$name: scancel -s TERM $job"
     scancel -s TERM "$job"
@@ -914,7 +955,7 @@ exec_drill() {
     mkdir -p "$wd"
     job=$(sbatch --parsable -J "rekindle-drill-$drill" -o "$wd/slurm-%j.out" -D "$wd" ${LOW:+-p "$LOW"} \
         "${EXTRA_OPTS[@]}" "${EXEC_SBATCH[@]}" "$script_dir/orchestrator.slurm" --exec --run-dir "$run" \
-        --set "signals.grace=\"${GRACE}s\"" --set 'signals.safety_margin="5s"' -- "${EXEC_CMD[@]}")
+        --set "signals.grace=\"${GRACE}s\"" --set 'signals.safety_margin="5s"' "${EXEC_RUN_EXTRA[@]}" -- "${EXEC_CMD[@]}")
     job=${job%%;*}
     [[ $job =~ ^[0-9]+$ ]] || { note "sbatch failed: $job"; return 1; }
     log "$drill: submitted job $job"

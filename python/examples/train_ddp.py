@@ -17,7 +17,10 @@ optimizer resume, and a rank with no saved generator starts a fresh stream.
 Test switches: --steps, --every (checkpoint interval), --out DIR (each
 rank's final state as rank-R.pt), --step-seconds (slow steps, to be stopped
 mid-run), --die-mid-save RANK:STEP (that rank writes half of its part of
-that step's checkpoint and dies).
+that step's checkpoint and dies), --rank0-only (only rank 0 writes, the
+common `if rank == 0: torch.save(...)` pattern: the other ranks' parts are
+empty and still take part in the commit; each step's data then comes from
+a generator seeded by the step and the rank, so nothing else needs saving).
 """
 
 import argparse
@@ -38,6 +41,7 @@ p.add_argument("--every", type=int, default=100)
 p.add_argument("--out")
 p.add_argument("--step-seconds", type=float, default=0.0)
 p.add_argument("--die-mid-save", default="")
+p.add_argument("--rank0-only", action="store_true")
 args = p.parse_args()
 
 cuda = torch.cuda.is_available()
@@ -70,12 +74,15 @@ print("rank %d of %d starting at step %d" % (rank, size, start), file=sys.stderr
 def save(directory, step):
     if rank == 0:
         torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, os.path.join(directory, "model.pt"))
-    torch.save(gen.get_state(), os.path.join(directory, "rng-%d.pt" % rank))
+    if not args.rank0_only:
+        torch.save(gen.get_state(), os.path.join(directory, "rng-%d.pt" % rank))
 
 
 die_rank, _, die_step = args.die_mid_save.partition(":")
 stopped = False
 for step in range(start + 1, args.steps + 1):
+    if args.rank0_only:
+        gen.manual_seed(1_000_000 * step + rank)  # the step's data, whatever ran before
     x = torch.randn(32, 64, generator=gen).to(device)
     y = x.sum(dim=1, keepdim=True)
     loss = torch.nn.functional.mse_loss(model(x), y)

@@ -12,6 +12,8 @@
 //! - the stop deadline (`budget::exit_now`: the deadline passed, or a third
 //!   signal): the group gets SIGKILL, and the last sealed checkpoint stands;
 //! - the run-directory lock, lost to another process: the group gets SIGKILL;
+//! - in a job step of several tasks, another task lost (`world.rs`,
+//!   [`Liveness`]): the group gets SIGTERM, and SIGKILL [`LOST_GRACE`] later;
 //! - the child's stderr, teed through to ours with its last lines kept,
 //!   secrets redacted (`telemetry::Redactor`), for the `child_exit` event.
 //!
@@ -35,10 +37,12 @@ use crate::config::Config;
 use crate::telemetry::{Event, EventLog, Redactor};
 
 use super::contract::{ChildEnv, StopNotice};
+use super::world::{LOST_GRACE, Liveness};
 use crate::attempt::budget;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::ending::{instant_to_rfc3339, record_or_log};
 use crate::attempt::error::RunError;
+use crate::attempt::rank_watch::Lost;
 use crate::attempt::stop::{SignalStop, StopFlag, StopReason};
 use crate::rundir::lock::LockOwnership;
 
@@ -71,19 +75,25 @@ pub struct Supervised {
     pub stop: Option<StopTaken>,
     pub killed_at_deadline: bool,
     pub lock_lost: bool,
+    /// Other tasks of the world found lost while the program ran (it was
+    /// ended then).
+    pub lost: Option<Vec<Lost>>,
     pub stderr_tail: Vec<String>,
     pub seconds: f64,
 }
 
 /// Runs `command` with the contract's environment until it exits, handling
-/// stops, the deadline and the lock as the module header says. `on_spawn`
-/// gets the child's pid (for the `child_start` event) once it runs.
+/// stops, the deadline, the lock and lost tasks (`liveness`, in a job step
+/// of several) as the module header says. `on_spawn` gets the child's pid
+/// (for the `child_start` event) once it runs.
+#[allow(clippy::too_many_arguments)]
 pub fn supervise(
     command: &[OsString],
     env: &ChildEnv,
     cfg: &Config,
     stop: &StopFlag,
     lock: Option<&LockOwnership>,
+    liveness: Option<&Liveness>,
     events: &mut EventLog,
     on_spawn: impl FnOnce(u32, &mut EventLog),
 ) -> Result<Supervised, RunError> {
@@ -112,6 +122,7 @@ pub fn supervise(
         let tee = child.stderr.take().map(|stderr| tokio::spawn(tee_stderr(stderr, Arc::clone(&tail), redactor)));
         let mut tick = tokio::time::interval(TICK);
         let (mut taken, mut forwarded, mut killed_at_deadline, mut lock_lost) = (None::<StopTaken>, 0, false, false);
+        let (mut lost, mut kill_lost_at) = (None::<Vec<Lost>>, None::<Instant>);
         let status = loop {
             tokio::select! {
                 status = child.wait() => break status.map_err(spawn_err)?,
@@ -124,6 +135,20 @@ pub fn supervise(
             if !lock_lost && lock.is_some_and(LockOwnership::is_lost) {
                 lock_lost = true;
                 tracing::error!(pid, "the run directory's lock was lost: killing the program's process group");
+                kill_group(group, Signal::SIGKILL);
+            }
+            if lost.is_none()
+                && let Some(found) = liveness.and_then(Liveness::lost)
+            {
+                let tasks = found.iter().map(|l| l.rank.to_string()).collect::<Vec<_>>().join(", ");
+                tracing::error!(pid, tasks = %tasks, "another task of the job step was lost: ending the program (SIGTERM, SIGKILL {}s later)", LOST_GRACE.as_secs());
+                kill_group(group, Signal::SIGTERM);
+                kill_lost_at = Some(Instant::now() + LOST_GRACE);
+                lost = Some(found);
+            }
+            if kill_lost_at.is_some_and(|at| Instant::now() >= at) {
+                kill_lost_at = None;
+                tracing::error!(pid, "the program did not end within {}s of the loss: killing its process group", LOST_GRACE.as_secs());
                 kill_group(group, Signal::SIGKILL);
             }
             let count = stop.count();
@@ -168,6 +193,7 @@ pub fn supervise(
             stop: taken,
             killed_at_deadline,
             lock_lost,
+            lost,
             stderr_tail,
             seconds: started.elapsed().as_secs_f64(),
         })

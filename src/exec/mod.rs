@@ -27,7 +27,9 @@
 //! world.rs     a job step of several tasks: task 0 runs all of the above
 //!              and publishes what the others need; they run their copy of
 //!              the program with the same contract and torch's env://
-//!              variables, and exit with task 0's code
+//!              variables, and exit with task 0's code; every task beats and
+//!              watches the others' beats: a lost task ends the world's
+//!              programs (`rank_lost`, exit 75 with a world checkpoint)
 //! ```
 
 mod child;
@@ -54,6 +56,8 @@ use crate::attempt::deadline::Deadline;
 use crate::attempt::devices;
 use crate::attempt::ending::{Failure, StopRequeue, early_stop, publish_results, record_failure, record_or_log};
 use crate::attempt::error::RunError;
+use crate::attempt::lost::{lost_message, newest_valid, record_loss};
+use crate::attempt::rank_watch::Lost;
 use crate::attempt::records::{
     context, fresh_start, last_logged_step, previous_summary, recorded, resume_record, set_aside_rejected,
     takeover_event, truncate_metrics,
@@ -64,7 +68,7 @@ use crate::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use child::{StopTaken, Supervised};
 use contract::ChildEnv;
 use verdict::{ChildEnd, Verdict};
-use world::{Launch, Role, WorldRecord};
+use world::{Launch, Liveness, Role, WorldRecord};
 
 pub use contract::{
     ENV_BIN, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_EXEC_HOST, ENV_EXEC_PID, ENV_PROTOCOL, ENV_RESUME_FROM, ENV_RUN_DIR,
@@ -141,6 +145,8 @@ fn lead(
     let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
     // Secrets redacted unless `[telemetry] record_raw_command`.
     let recorded = child::recorded_command(&cfg, &opts.command);
+    // Each task's node as SLURM's variables lay them out (world.rs).
+    let rank_nodes = leader.and_then(|_| world::task_nodes(&slurm));
     events.record(&Event::Start(Start {
         pid: std::process::id(),
         rekindle_version: env!("CARGO_PKG_VERSION").into(),
@@ -149,6 +155,7 @@ fn lead(
         max_steps,
         placement: serde_json::json!({"exec": recorded.join(" ")}),
         world_size: leader.map(|l| l.size as usize),
+        rank_nodes: rank_nodes.clone(),
         ..Start::default()
     }))?;
     if let Some(takeover) = ownership.takeover() {
@@ -200,6 +207,7 @@ fn lead(
         exec_host: None,
         launcher: Vec::new(),
     };
+    let mut liveness = None;
     if let Some(launch) = leader {
         // The other tasks start their programs only now, with what this one
         // decided: the checkpoint to resume from, the lock seals commit under.
@@ -217,31 +225,80 @@ fn lead(
         };
         env.exec_host = Some(record.exec_host.clone());
         env.launcher = launcher_vars(launch, &record);
+        // Beating before the others can start: a leader that cannot beat
+        // fails here, before any program of the world runs.
+        liveness = Some(Liveness::start(&dir.root, launch, &record, slurm.node_name(), cfg.distributed.timeout)?);
         world::publish(&store.staging_dir(), &record)?;
         tracing::info!(tasks = launch.size, master = %format!("{}:{}", record.master_addr, record.master_port), "task 0 of the job step: the other tasks start their programs");
     }
     let task = leader.map(|l| l.rank);
-    let attempt =
-        ExecAttempt { cfg, max_steps, dir, store, slurm, started: Instant::now(), start_step, resumes, monitor };
+    let attempt = ExecAttempt {
+        cfg,
+        max_steps,
+        dir,
+        store,
+        slurm,
+        started: Instant::now(),
+        start_step,
+        resumes,
+        monitor,
+        rank_nodes,
+        world_size: leader.map(|l| l.size as usize),
+    };
     let on_spawn = |pid, ev: &mut EventLog| record_child_start(ev, &recorded, pid, &env, start_step, task);
-    let supervised =
-        child::supervise(&opts.command, &env, &attempt.cfg, &stop, Some(&ownership), &mut events, on_spawn);
-    let supervised = match supervised {
-        Ok(s) => s,
+    let supervised = child::supervise(
+        &opts.command,
+        &env,
+        &attempt.cfg,
+        &stop,
+        Some(&ownership),
+        liveness.as_ref(),
+        &mut events,
+        on_spawn,
+    );
+    let result = match supervised {
+        Ok(ran) => {
+            let lost = world_loss(&ran, liveness.as_ref());
+            attempt.end(&mut events, ran, &stop, &opts.command, task, lost)
+        }
         Err(e) => {
             let (class, why) = crate::attempt::crash::classify(&e, 0);
             attempt.fail(&mut events, &e, class, &why);
-            return Err(e);
+            Err(e)
         }
     };
-    attempt.end(&mut events, supervised, &stop, &opts.command, task)
+    if let Some(liveness) = liveness {
+        liveness.finish();
+    }
+    result
+}
+
+/// The tasks lost while this task's program ran: found by the watch (the
+/// program was ended for it), or, when the program failed unasked, found
+/// while waiting for the other tasks to settle (`Liveness::settle`). From
+/// now on this task's beats say its program ended.
+fn world_loss(ran: &Supervised, liveness: Option<&Liveness>) -> Option<Vec<Lost>> {
+    let liveness = liveness?;
+    liveness.program_ended();
+    if ran.lost.is_some() {
+        return ran.lost.clone();
+    }
+    let failed_unasked = ran.stop.is_none() && !ran.lock_lost && !ran.status.success();
+    if !failed_unasked {
+        return None;
+    }
+    tracing::info!("the program failed: waiting for the other tasks' programs to end, or for a lost task to be found");
+    liveness.settle()
 }
 
 /// A task other than 0 of a job step of several (world.rs): waits for task
 /// 0's world record, runs its own copy of the program with the same
-/// contract, and exits with task 0's code; at once with 1 when its program
-/// failed unasked (`srun --kill-on-bad-exit` then ends the other tasks).
-/// It takes no lock and writes only its `child_start` and `child_exit`.
+/// contract, and exits with task 0's code; with 1 as soon as the other
+/// tasks are seen alive when its program failed unasked (`srun
+/// --kill-on-bad-exit` then ends the other tasks); with 75 (or 1 without a
+/// world checkpoint) when a task was lost. It takes no lock and writes only
+/// its `child_start` and `child_exit`, and the records of a loss when task 0
+/// is the one lost.
 fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch) -> Result<Outcome, RunError> {
     let (cfg, _) = load_config(opts)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
@@ -256,9 +313,29 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
         tracing::warn!("stopped before the program started: task 0 decides what comes next");
         return Ok(Outcome::from_code(world::wait_for_end(&staging, &launch.id, timeout + grace)?));
     };
-    let mut events = EventLog::open(root.join(EVENTS_FILE), context(&slurm))?;
+    let liveness = Liveness::start(&root, launch, &record, slurm.node_name(), timeout)?;
+    let result = follow_program(opts, stop, &slurm, launch, &cfg, &root, &staging, &record, &liveness);
+    liveness.finish();
+    result
+}
+
+/// A follower's program, from its start to this task's exit code (`follow`).
+#[allow(clippy::too_many_arguments)]
+fn follow_program(
+    opts: &ExecOptions,
+    stop: &StopFlag,
+    slurm: &SlurmEnv,
+    launch: &Launch,
+    cfg: &Config,
+    root: &std::path::Path,
+    staging: &std::path::Path,
+    record: &WorldRecord,
+    liveness: &Liveness,
+) -> Result<Outcome, RunError> {
+    let (timeout, grace) = (cfg.distributed.timeout, cfg.signals.grace);
+    let mut events = EventLog::open(root.join(EVENTS_FILE), context(slurm))?;
     let env = ChildEnv {
-        run_dir: absolute(&root),
+        run_dir: absolute(root),
         resume_from: record.resume_from.clone(),
         checkpoint_dir: record.checkpoint_dir.clone(),
         stop_file: record.stop_file.clone(),
@@ -266,13 +343,31 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
         bin: current_exe()?,
         exec_pid: record.exec_pid,
         exec_host: Some(record.exec_host.clone()),
-        launcher: launcher_vars(launch, &record),
+        launcher: launcher_vars(launch, record),
     };
-    let recorded = child::recorded_command(&cfg, &opts.command);
+    let recorded = child::recorded_command(cfg, &opts.command);
     let task = Some(launch.rank);
     let on_spawn = |pid, ev: &mut EventLog| record_child_start(ev, &recorded, pid, &env, record.resume_step, task);
-    let ran = child::supervise(&opts.command, &env, &cfg, stop, None, &mut events, on_spawn)?;
+    let ran = child::supervise(&opts.command, &env, cfg, stop, None, Some(liveness), &mut events, on_spawn)?;
     let end = ChildEnd::from_status(ran.status);
+    if let Some(lost) = world_loss(&ran, Some(liveness)) {
+        record_or_log(&mut events, &child_exit(&ran, end, &Verdict::RankLost, None, 0, task));
+        let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(root, cfg));
+        let newest = newest_valid(&store);
+        tracing::error!(task = launch.rank, "LOST TASKS: {}", lost_message(&lost, timeout));
+        let outcome = if liveness.records(&lost) {
+            // Task 0 is lost: the lowest task left writes the records.
+            let mut record = |e: &Event| record_or_log(&mut events, e);
+            let path = root.join(EVENTS_FILE);
+            record_loss(&mut record, cfg, slurm, &path, &lost, liveness.rank(), liveness.size(), newest)
+        } else if newest.is_some() {
+            Outcome::StoppedWithCheckpoint
+        } else {
+            Outcome::Failure
+        };
+        let _ = events.sync();
+        return Ok(outcome);
+    }
     let verdict = verdict::verdict(end, ran.stop.is_some(), false, 0);
     record_or_log(&mut events, &child_exit(&ran, end, &verdict, None, 0, task));
     let _ = events.sync();
@@ -281,7 +376,7 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
         return Err(RunError::ChildFailed { command: recorded.join(" "), how: end.describe(), class, why });
     }
     tracing::info!(task = launch.rank, how = %end.describe(), "the program ended; waiting for task 0 to end the attempt");
-    Ok(Outcome::from_code(world::wait_for_end(&staging, &launch.id, timeout + grace)?))
+    Ok(Outcome::from_code(world::wait_for_end(staging, &launch.id, timeout + grace)?))
 }
 
 /// `child_exit` for the program that ran as `ran` and ended as `end`.
@@ -389,6 +484,11 @@ struct ExecAttempt {
     start_step: Option<u64>,
     resumes: u64,
     monitor: Option<crate::gpu::Monitor>,
+    /// Each task's node, in task order, in a job step of several where
+    /// SLURM's variables say (`world::task_nodes`).
+    rank_nodes: Option<Vec<String>>,
+    /// Tasks of the job step, when several.
+    world_size: Option<usize>,
 }
 
 impl ExecAttempt {
@@ -435,11 +535,16 @@ impl ExecAttempt {
         stop: &StopFlag,
         command: &[OsString],
         task: Option<u32>,
+        lost: Option<Vec<Lost>>,
     ) -> Result<Outcome, RunError> {
         let end = ChildEnd::from_status(ran.status);
         let seals = self.sealed();
         let sealed = seals.this_attempt;
         let newest = self.newest_step();
+        if let Some(lost) = lost.filter(|_| !ran.lock_lost) {
+            record_or_log(events, &child_exit(&ran, end, &Verdict::RankLost, newest, sealed, task));
+            return Ok(self.lost_world(events, &lost, newest, sealed));
+        }
         let verdict = verdict::verdict(end, ran.stop.is_some(), ran.lock_lost, sealed);
         tracing::info!(pid = ran.pid, how = %end.describe(), verdict = verdict.name(), sealed, "the program ended");
         if verdict == Verdict::LockLost {
@@ -464,8 +569,28 @@ impl ExecAttempt {
                 self.fail(events, &error, class, &why);
                 Err(error)
             }
-            Verdict::LockLost => unreachable!("returned above"),
+            Verdict::LockLost | Verdict::RankLost => unreachable!("returned above"),
         }
+    }
+
+    /// Another task of the world was lost and the programs are ended: task
+    /// 0 records the loss and its requeue or in-job restart
+    /// (`attempt/lost.rs`, as `run`'s ranks do), the summary says stopped
+    /// (or failed with no checkpoint); 75 when a world checkpoint verifies.
+    fn lost_world(mut self, events: &mut EventLog, lost: &[Lost], newest: Option<u64>, sealed: u64) -> Outcome {
+        let timeout = self.cfg.distributed.timeout;
+        tracing::error!(task = 0, "LOST TASKS: {}", lost_message(lost, timeout));
+        let _ = devices::stop_monitor(self.monitor.take(), events);
+        let state = if newest.is_some() { SummaryState::Stopped } else { SummaryState::Failed };
+        self.write_summary(state, newest, sealed);
+        let path = self.dir.path(EVENTS_FILE);
+        let size = self.world_size.unwrap_or(1);
+        let mut record = |e: &Event| record_or_log(events, e);
+        let outcome = record_loss(&mut record, &self.cfg, &self.slurm, &path, lost, 0, size, newest);
+        if let Err(e) = events.sync() {
+            tracing::error!(error = %e, "could not sync events.jsonl");
+        }
+        outcome
     }
 
     /// The program finished: summary, publish, `finish`, exit 0.
@@ -593,8 +718,8 @@ impl ExecAttempt {
             checkpoints_written_this_attempt: sealed,
             last_checkpoint_step: newest,
             updated_at: now_rfc3339(),
-            world_size: None,
-            rank_nodes: None,
+            world_size: self.world_size,
+            rank_nodes: self.rank_nodes.clone(),
         };
         let path = self.dir.path(SUMMARY_FILE);
         if let Err(e) = crate::rundir::write_atomically(&path, &summary.to_bytes()) {

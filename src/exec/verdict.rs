@@ -2,7 +2,8 @@
 //! [`verdict`] turns how it ended, whether a stop was requested, whether the
 //! lock was lost and whether it sealed a checkpoint in this attempt into
 //! finished, stopped, crashed (with a class, as `crash.rs` gives native
-//! crashes) or lock lost.
+//! crashes) or lock lost. A lost task of the world (`world.rs`) is decided
+//! by the supervisor, not here: [`Verdict::RankLost`].
 
 use nix::sys::signal::Signal;
 
@@ -54,6 +55,10 @@ pub enum Verdict {
     Crashed { class: CrashClass, why: String },
     /// Another process took the run directory: it was killed; nothing more is written.
     LockLost,
+    /// Another task of the job step was lost (`world.rs`): the program was
+    /// ended, or failed as the loss's echo; the world resumes from its
+    /// newest checkpoint (never decided by [`verdict`], which sees one task).
+    RankLost,
 }
 
 impl Verdict {
@@ -64,6 +69,7 @@ impl Verdict {
             Verdict::Stopped => "stopped",
             Verdict::Crashed { .. } => "crashed",
             Verdict::LockLost => "lock_lost",
+            Verdict::RankLost => "rank_lost",
         }
     }
 }

@@ -15,23 +15,38 @@
 //!                      program with the same contract (the leader's lock for
 //!                      seals, the same checkpoint to resume from), forward
 //!                      stops to it, and exit with the leader's code; a
-//!                      program that failed unasked ends its supervisor at
-//!                      once with 1, and `srun --kill-on-bad-exit` the world
+//!                      program that failed unasked ends its supervisor with
+//!                      1 (once the others are seen alive, below), and
+//!                      `srun --kill-on-bad-exit` the world
 //! ```
 //!
 //! Every supervisor gives its program torch's `env://` variables derived
 //! from SLURM's ([`torch_vars`]), each only where the environment lacks it.
 //! Files, not MPI: the run directory is on storage every node shares
 //! anyway, and the supervisors exchange two small records per attempt.
+//!
+//! While the programs run, the supervisors watch each other ([`Liveness`]:
+//! the heartbeats of `run`'s ranks, `attempt/rank_watch.rs`, in `<run
+//! dir>/ranks/`). A task whose supervisor stops beating for `[distributed]
+//! timeout` (SIGKILLed, its node gone or frozen) is lost: every survivor
+//! ends its program (SIGTERM, SIGKILL [`LOST_GRACE`] later: it is likely
+//! stuck in a collective that cannot finish), the lowest task left records
+//! `rank_lost` and the requeue or in-job restart (`attempt/lost.rs`), and
+//! each exits 75 when a world checkpoint verifies, else 1. A program that
+//! fails unasked while a peer is silent is judged the same way once the
+//! peer is lost ([`Liveness::settle`]): its failure is the loss's echo
+//! (gloo reports a dead peer's closed connection at once).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::attempt::error::RunError;
+use crate::attempt::rank_watch::{Lost, RANKS_DIR, RankWatch, WatchSetup, beat_interval, read_beat};
 use crate::attempt::stop::StopFlag;
-use crate::slurm::SlurmEnv;
+use crate::slurm::{SlurmEnv, expand_hostlist};
 
 /// The world record's file name in the staging directory.
 pub const RECORD_FILE: &str = ".exec-world.json";
@@ -135,6 +150,141 @@ pub fn torch_vars(launch: &Launch, master_addr: &str, master_port: u16) -> Vec<(
         ("PET_MASTER_PORT", master_port.to_string()),
     ]);
     vars
+}
+
+/// The node of each task of the step, in task order, as SLURM's variables
+/// lay them out: the step's nodes (`SLURM_STEP_NODELIST`), the tasks on each
+/// (`SLURM_STEP_TASKS_PER_NODE`) and the distribution (`SLURM_DISTRIBUTION`:
+/// block, SLURM's default, fills each node in turn; cyclic deals tasks
+/// round the nodes). `None` where they do not say (no node list, a plane or
+/// arbitrary distribution, counts that do not add up to the step's tasks).
+pub fn task_nodes(slurm: &SlurmEnv) -> Option<Vec<String>> {
+    let nodes = expand_hostlist(slurm.step_nodelist.as_deref()?);
+    let per_node = slurm.tasks_per_node.as_deref()?;
+    let counts: Vec<u32> = (0..nodes.len() as u32).map(|i| tasks_on_node(per_node, i)).collect::<Option<_>>()?;
+    let kind = slurm.distribution.as_deref().unwrap_or("block");
+    let kind = kind.split([':', ',']).next().unwrap_or("block");
+    let mut out = Vec::new();
+    match kind {
+        "block" => {
+            for (node, &count) in nodes.iter().zip(&counts) {
+                out.extend(std::iter::repeat_n(node.clone(), count as usize));
+            }
+        }
+        "cyclic" => {
+            let mut left = counts.clone();
+            while left.iter().any(|&c| c > 0) {
+                for (node, c) in nodes.iter().zip(left.iter_mut()) {
+                    if *c > 0 {
+                        *c -= 1;
+                        out.push(node.clone());
+                    }
+                }
+            }
+        }
+        _ => return None,
+    }
+    (slurm.tasks.is_none_or(|t| t as usize == out.len()) && !out.is_empty()).then_some(out)
+}
+
+/// How long a program whose world lost a task has between the SIGTERM and
+/// the SIGKILL: it cannot save (a world checkpoint needs every task), and is
+/// most likely stuck in a collective that will not finish.
+pub const LOST_GRACE: Duration = Duration::from_secs(3);
+
+/// The heartbeats' launch identity for the world of `record`: its launch and
+/// task 0's pid, which no earlier launch had together.
+pub fn session(record: &WorldRecord) -> String {
+    format!("{}-{}", record.launch, record.exec_pid)
+}
+
+/// This supervisor's heartbeat and its watch on the others' (module header),
+/// from the start of its program to its exit.
+pub struct Liveness {
+    watch: RankWatch,
+    lost: Arc<Mutex<Option<Vec<Lost>>>>,
+    dir: PathBuf,
+    rank: usize,
+    size: usize,
+    session: String,
+    timeout: Duration,
+}
+
+impl Liveness {
+    /// Starts beating as task `launch.rank` in `<run_dir>/ranks` and
+    /// watching the other tasks (lost after `timeout` without a beat).
+    pub fn start(
+        run_dir: &Path,
+        launch: &Launch,
+        record: &WorldRecord,
+        node: String,
+        timeout: Duration,
+    ) -> Result<Liveness, RunError> {
+        let dir = run_dir.join(RANKS_DIR);
+        let (rank, size, session) = (launch.rank as usize, launch.size as usize, session(record));
+        let lost: Arc<Mutex<Option<Vec<Lost>>>> = Arc::default();
+        let slot = Arc::clone(&lost);
+        let setup = WatchSetup { dir: dir.clone(), rank, size, node, session: session.clone(), timeout };
+        let handler = Box::new(move |found| *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(found));
+        let watch =
+            RankWatch::start(setup, handler).map_err(|source| RunError::RunDir { path: dir.clone(), source })?;
+        Ok(Liveness { watch, lost, dir, rank, size, session, timeout })
+    }
+
+    /// The tasks found lost, once the watch has found any.
+    pub fn lost(&self) -> Option<Vec<Lost>> {
+        self.lost.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Whether this task records a loss (the lowest task not lost).
+    pub fn records(&self, lost: &[Lost]) -> bool {
+        crate::attempt::rank_watch::recorder(lost, self.size) == Some(self.rank)
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// This task's program ended: the beats say so from now on (no other
+    /// task calls this one lost while it winds up), and the watch goes on.
+    pub fn program_ended(&self) {
+        self.watch.mark_done();
+    }
+
+    /// After this task's program failed unasked: whether a task is lost
+    /// behind the failure. Waits until every other task is seen alive (its
+    /// beat moved, or says its program ended: the failure is the program's
+    /// own, or the world's), or the watch finds a task lost (the failure was
+    /// the loss's echo), at most `[distributed] timeout` and two beats.
+    pub fn settle(&self) -> Option<Vec<Lost>> {
+        let interval = beat_interval(self.timeout);
+        let until = Instant::now() + self.timeout + 2 * interval;
+        let others: Vec<usize> = (0..self.size).filter(|r| *r != self.rank).collect();
+        let beat = |r: usize| read_beat(&self.dir, r).filter(|b| b.session == self.session);
+        let first: Vec<Option<u64>> = others.iter().map(|&r| beat(r).map(|b| b.seq)).collect();
+        let mut alive = vec![false; others.len()];
+        loop {
+            if let Some(lost) = self.lost() {
+                return Some(lost);
+            }
+            for (i, &r) in others.iter().enumerate() {
+                alive[i] |= beat(r).is_some_and(|b| b.done || Some(b.seq) != first[i]);
+            }
+            if alive.iter().all(|a| *a) || Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(interval.min(POLL * 2));
+        }
+    }
+
+    /// The last beat says `done`; the watch ends.
+    pub fn finish(self) {
+        self.watch.finish();
+    }
 }
 
 /// What the leader tells the other tasks once its program may start.
@@ -368,5 +518,34 @@ mod tests {
         assert!(wait_for_end(tmp.path(), "42.0.r1", Duration::from_millis(250)).is_err());
         publish_end(tmp.path(), "42.0.r1", 75);
         assert_eq!(wait_for_end(tmp.path(), "42.0.r1", Duration::from_secs(5)).unwrap(), 75);
+    }
+
+    #[test]
+    fn each_tasks_node_follows_slurms_layout_or_is_unknown() {
+        let step = |list: &str, per_node: &str, tasks: &str, dist: Option<&str>| {
+            let mut vars = vec![
+                ("SLURM_STEP_NODELIST", list),
+                ("SLURM_STEP_TASKS_PER_NODE", per_node),
+                ("SLURM_STEP_NUM_TASKS", tasks),
+            ];
+            if let Some(d) = dist {
+                vars.push(("SLURM_DISTRIBUTION", d));
+            }
+            task_nodes(&slurm(&vars))
+        };
+        let names = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let cases = [
+            (("n[1-2]", "2(x2)", "4", None), names(&["n1", "n1", "n2", "n2"])),
+            (("n[1-2]", "2(x2)", "4", Some("block")), names(&["n1", "n1", "n2", "n2"])),
+            (("n[1-2]", "2(x2)", "4", Some("cyclic:block")), names(&["n1", "n2", "n1", "n2"])),
+            (("a,b", "2,1", "3", Some("cyclic")), names(&["a", "b", "a"])),
+            (("n[1-2]", "1(x2)", "2", Some("plane=2")), None),
+            (("n[1-2]", "2(x2)", "3", None), None),
+            (("n[1-3]", "2(x2)", "4", None), None),
+        ];
+        for ((list, per_node, tasks, dist), want) in cases {
+            assert_eq!(step(list, per_node, tasks, dist), want, "{list} {per_node} {tasks} {dist:?}");
+        }
+        assert_eq!(task_nodes(&slurm(&[("SLURM_STEP_TASKS_PER_NODE", "2")])), None, "no node list");
     }
 }

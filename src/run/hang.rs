@@ -40,14 +40,13 @@ use crate::telemetry::{
 use crate::attempt::budget::SCONTROL_TIMEOUT;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::error::RunError;
+use crate::attempt::lost::{
+    continue_in_job, continue_in_job_after_hang, lost_end, lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang,
+};
+use crate::attempt::rank_watch::Lost;
 use crate::attempt::records::context;
 use crate::attempt::watchdog::{Beats, Hang, Worker};
 use crate::health::AttemptEnd;
-use crate::run::lost::{
-    continue_in_job, continue_in_job_after_hang, lost_end, lost_error, lost_message, lost_reason, rank_lost_events,
-    requeue_like_a_hang,
-};
-use crate::run::rank_watch::Lost;
 use crate::rundir::EVENTS_FILE;
 use crate::rundir::atomic::write_atomically;
 use crate::rundir::lock::LockRelease;
@@ -141,7 +140,7 @@ pub(super) struct HangHandler {
 pub(super) enum Cause {
     /// An activity ran past its `[watchdog]` limit.
     Hang(Hang),
-    /// Other ranks of the world stopped beating (`rank_watch.rs`); the
+    /// Other ranks of the world stopped beating (`attempt/rank_watch.rs`); the
     /// training thread waits for them in a collective.
     RanksLost { lost: Vec<Lost>, size: usize, timeout: Duration },
 }

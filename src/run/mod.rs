@@ -44,7 +44,6 @@ mod envelope;
 mod hang;
 mod local;
 mod lost;
-mod rank_watch;
 mod ranks;
 mod saving;
 mod settings;
@@ -65,11 +64,11 @@ use crate::train::{Registry, StepMetrics, StepResult, TrainError, Trainer, Workl
 use crate::attempt::devices::Devices;
 use crate::attempt::error::RunError;
 use crate::attempt::progress::Progress;
+use crate::attempt::rank_watch::{RANKS_DIR, RankWatch, WatchSetup, new_session};
 use crate::attempt::stop::{StopFlag, StopReason};
 use crate::attempt::watchdog::{Activity, Beats, Progress as WatchedProgress, Watchdog, Worker};
 use crate::checkpoint::persist::Persister;
 use crate::run::lost::WorldEnd;
-use crate::run::rank_watch::{RANKS_DIR, RankWatch, WatchSetup, new_session};
 use crate::rundir::lock::{LockOwnership, LockRequest, RunLock};
 use crate::rundir::{self, RunDir};
 use ending::Ending;
@@ -130,7 +129,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
         return lead(opts, cfg, workload, stop, slurm, root, None, local_root);
     };
     // Rank 0 leads, the others follow; every rank beats and watches the
-    // others' beats (rank_watch.rs).
+    // others' beats (attempt/rank_watch.rs).
     let node = slurm.node_name();
     let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg));
     let watch = |session: String| {

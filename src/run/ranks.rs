@@ -1,7 +1,7 @@
 //! A run of several ranks (docs/distributed.md): rank 0, the *leader*, runs
 //! the whole lifecycle of a one-process run (lock, records, checkpoints,
 //! requeue, publish); the other ranks, *followers*, train in lockstep and
-//! write nothing but their heartbeat (`rank_watch.rs`). They agree through
+//! write nothing but their heartbeat (`attempt/rank_watch.rs`). They agree through
 //! rounds of one all-gather each: every rank sends a [`Report`] (its node,
 //! the stop signal it received), and the leader adds what happens next
 //! ([`Lead`]):
@@ -30,7 +30,7 @@
 //! on every way out (also an error before `Begin`), so followers never wait
 //! for a round that will not come. A rank that dies is first the launcher's
 //! business (`srun --kill-on-bad-exit`, `mpirun`); one that stops without
-//! dying, or dies unnoticed, is found by the heartbeats (`rank_watch.rs`),
+//! dying, or dies unnoticed, is found by the heartbeats (`attempt/rank_watch.rs`),
 //! and either way the job comes back from the last committed checkpoint.
 
 use std::collections::BTreeMap;
@@ -48,19 +48,19 @@ use crate::exit::Outcome;
 use crate::train::{Registry, StepResult, Trainer};
 
 use crate::attempt::error::RunError;
+use crate::attempt::rank_watch::Pulse;
 use crate::attempt::stop::{StopFlag, StopSignal};
 use crate::checkpoint::local::{HeldStep, WorldRecord};
 use crate::checkpoint::persist::panic_message;
 use crate::run::envelope::StateEnvelope;
 use crate::run::local::{self, LocalDone, LocalWriter, share};
-use crate::run::rank_watch::Pulse;
 
 /// What the leader says in a round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "lead", rename_all = "snake_case")]
 pub enum Lead {
     /// The first round: the launch's identity, which every rank writes in
-    /// its heartbeat (`rank_watch.rs`).
+    /// its heartbeat (`attempt/rank_watch.rs`).
     Hello { session: String },
     /// Training begins: restore this step's checkpoint (none: step 0),
     /// from the node-local tier when `local` (`run/local.rs`).

@@ -23,6 +23,7 @@ use super::{Attempt, Started};
 use crate::attempt::devices::Devices;
 use crate::attempt::ending::early_stop;
 use crate::attempt::error::RunError;
+use crate::attempt::rank_watch::RankWatch;
 use crate::attempt::records::{
     context, fresh_start, last_logged_step, previous_fault, previous_summary, recorded, resume_record,
     set_aside_rejected, takeover_event, truncate_metrics,
@@ -32,7 +33,6 @@ use crate::attempt::straggler::{Detector, Rule};
 use crate::attempt::watchdog::{Beats, Progress, Watchdog};
 use crate::checkpoint::persist::Persister;
 use crate::run::local::{Side, share};
-use crate::run::rank_watch::RankWatch;
 use crate::run::ranks::Leader;
 use crate::run::settings;
 use crate::rundir::lock::RunLock;

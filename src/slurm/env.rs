@@ -40,6 +40,14 @@ pub struct SlurmEnv {
     /// Tasks on each node of the step, compressed (`SLURM_STEP_TASKS_PER_NODE`,
     /// else `SLURM_TASKS_PER_NODE`): `2(x3),1`.
     pub tasks_per_node: Option<String>,
+    /// The nodes of the step, compressed (`SLURM_STEP_NODELIST`): `n[1-2]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_nodelist: Option<String>,
+    /// How the step's tasks were laid out on its nodes (`SLURM_DISTRIBUTION`:
+    /// `block`, `cyclic`, `plane`, `arbitrary`, with options after a `:` or
+    /// `,`); unset means block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<String>,
 }
 
 impl SlurmEnv {
@@ -72,6 +80,8 @@ impl SlurmEnv {
             nodeid: get("SLURM_NODEID").and_then(|v| v.parse().ok()),
             nodes: get("SLURM_STEP_NUM_NODES").or_else(|| get("SLURM_NNODES")).and_then(|v| v.parse().ok()),
             tasks_per_node: get("SLURM_STEP_TASKS_PER_NODE").or_else(|| get("SLURM_TASKS_PER_NODE")),
+            step_nodelist: get("SLURM_STEP_NODELIST"),
+            distribution: get("SLURM_DISTRIBUTION"),
         }
     }
 

@@ -1,6 +1,6 @@
 //! `ranks/rank-<r>.json`: the heartbeat of one rank of a data-parallel run,
 //! rewritten by that rank every tenth of `[distributed] timeout` and read by
-//! the others (`run::rank_watch`).
+//! the others (`attempt::rank_watch`).
 
 use serde::{Deserialize, Serialize};
 

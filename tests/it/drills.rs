@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use crate::support::cluster::{LocalCluster, repo};
 
-const DRILLS: [&str; 26] = [
+const DRILLS: [&str; 27] = [
     "term",
     "term-batch",
     "term-full",
@@ -40,6 +40,7 @@ const DRILLS: [&str; 26] = [
     "exec",
     "exec-ddp",
     "exec-torchrun",
+    "exec-nodeloss",
     "badnode",
     "noprogress",
     "dp-straggler",

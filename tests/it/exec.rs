@@ -5,7 +5,9 @@
 //! the stop is killed at the deadline and its last sealed checkpoint is
 //! used; a half-staged checkpoint is never sealed nor used; a crash is
 //! classified with the program's stderr; a SIGKILLed rekindle takes the
-//! program along; `run` and `exec` refuse each other's checkpoints.
+//! program along; `run` and `exec` refuse each other's checkpoints; in a job
+//! step of two tasks (no srun), task 0 lost with its node is recorded by
+//! task 1, which exits 75, and the world resumes from its checkpoint.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +19,7 @@ use serde_json::Value;
 
 use crate::support::cli::{RunCmd, TINY_CONFIG, checkpoint_steps, events_named, exe, last_event, verify};
 use crate::support::requires;
+use crate::support::scontrol::FakeScontrol;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const STEPS: &str = "60";
@@ -511,4 +514,82 @@ fn seals_find_their_supervisor_on_a_slurm_node_whose_name_is_not_the_host_name()
     exec(&run, &out, &[]).env("SLURMD_NODENAME", "not-this-host").run(TIMEOUT).assert_code(0);
     assert!(!checkpoint_steps(&run).is_empty(), "the program sealed no checkpoint");
     assert_eq!(std::fs::read(&out).unwrap(), reference(tmp.path()));
+}
+
+/// Task `task` of a job step of two, one per node (n1, n2), as `srun -N2
+/// -n2` starts them, running `sh -c SCRIPT`; `[distributed] timeout` 3 s.
+fn task_on_node(run: &Path, script: &str, task: u32, restart: u32, fake: &FakeScontrol) -> RunCmd {
+    let (node, task, restart) = (format!("n{}", task + 1), task.to_string(), restart.to_string());
+    let slurm = [
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
+        ("SLURM_PROCID", task.as_str()),
+        ("SLURM_LOCALID", "0"),
+        ("SLURM_NODEID", task.as_str()),
+        ("SLURM_STEP_NUM_NODES", "2"),
+        ("SLURM_STEP_NODELIST", "n[1-2]"),
+        ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
+        ("SLURM_RESTART_COUNT", restart.as_str()),
+        ("SLURMD_NODENAME", node.as_str()),
+    ];
+    let mut cmd = RunCmd::exec(run, &["sh", "-c", script]).set("distributed.timeout=3s").env("PATH", fake.path());
+    for (k, v) in slurm {
+        cmd = cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Each task seals its part of step 1 (rank 0's seal commits the world's
+/// checkpoint once both are in) and then waits forever; a resumed task says
+/// where from and ends.
+const SEAL_THEN_WAIT: &str = r#"set -e
+if [ -n "$REKINDLE_RESUME_FROM" ]; then echo "task $RANK resumes from $REKINDLE_RESUME_FROM" >&2; exit 0; fi
+d="$REKINDLE_CHECKPOINT_DIR/part-$RANK"; mkdir -p "$d"; echo "$RANK" > "$d/part-$RANK.txt"
+"$REKINDLE_BIN" seal "$d" --step 1 --rank "$RANK" --world-size "$WORLD_SIZE" >/dev/null
+exec sleep 600"#;
+
+#[test]
+fn when_task_0_is_lost_with_its_node_task_1_records_it_and_exits_75_and_the_world_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let run = tmp.path().join("run");
+    let mut leader = task_on_node(&run, SEAL_THEN_WAIT, 0, 0, &fake).spawn();
+    let follower = task_on_node(&run, SEAL_THEN_WAIT, 1, 0, &fake).spawn();
+    leader.wait_until("the world checkpoint of step 1", TIMEOUT, |_| checkpoint_steps(&run) == [1]);
+    // Node n1 is lost: task 0's rekindle dies, its program with it.
+    let lost_at = std::time::Instant::now();
+    leader.signal(Signal::SIGKILL);
+    let followed = follower.wait(TIMEOUT);
+    let took = lost_at.elapsed();
+    followed.assert_code(75);
+    assert!(took < Duration::from_secs(3 + 10), "task 1 ended {took:?} after the loss (timeout 3 s)");
+    assert!(followed.stderr.contains("another task of the job step was lost"), "{}", followed.tail());
+    let _ = leader.wait(TIMEOUT);
+
+    let lost = last_event(&run, "rank_lost");
+    assert_eq!((lost["rank"].as_u64(), lost["rank_node"].as_str()), (Some(0), Some("n1")), "{lost}");
+    assert_eq!((lost["noticed_by"].as_u64(), lost["world_size"].as_u64()), (Some(1), Some(2)), "{lost}");
+    assert!(lost["silent_seconds"].as_f64().unwrap() > 3.0, "{lost}");
+    let stop = last_event(&run, "stop");
+    assert_eq!((stop["reason"].as_str(), stop["step"].as_u64()), (Some("rank_lost: rank 0"), Some(1)), "{stop}");
+    let exit = last_event(&run, "child_exit");
+    assert_eq!((exit["task"].as_u64(), exit["verdict"].as_str()), (Some(1), Some("rank_lost")), "{exit}");
+    assert!(fake.calls().iter().any(|c| c == "requeue 77"), "task 1 requeued the job: {:?}", fake.calls());
+    let start = last_event(&run, "start");
+    assert_eq!((start["world_size"].as_u64(), &start["rank_nodes"]), (Some(2), &serde_json::json!(["n1", "n2"])));
+
+    // The requeued job: task 0 takes the dead holder's lock over, and both
+    // programs get the world checkpoint of step 1.
+    let leader = task_on_node(&run, SEAL_THEN_WAIT, 0, 1, &fake).spawn();
+    let follower = task_on_node(&run, SEAL_THEN_WAIT, 1, 1, &fake).spawn();
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(0);
+    followed.assert_code(0);
+    let step1 = run.join("checkpoints/step-0000000001");
+    for (task, out) in [(0, &led), (1, &followed)] {
+        let line = format!("task {task} resumes from {}", step1.display());
+        assert!(out.stderr.contains(&line), "no `{line}` in\n{}", out.tail());
+    }
+    assert_eq!(verify(&run).0, Some(0));
 }

@@ -6,7 +6,10 @@
 //! --standalone` stops at one agreed step with one world checkpoint and
 //! resumes equal to an uninterrupted two-rank run; a rank that dies in the
 //! middle of a save leaves no world checkpoint of that step, and the resume
-//! from the one before still ends equal.
+//! from the one before still ends equal; a world where only rank 0 writes
+//! commits with the other ranks' empty parts; two tasks of a job step (no
+//! srun): a task lost with its node ends the other with 75 within the
+//! timeout, and the world resumes equal.
 
 use std::path::Path;
 use std::process::Command;
@@ -48,6 +51,13 @@ fn ddp(run: &Path, out: &Path, extra: &[&str]) -> RunCmd {
     exec(run, &command)
 }
 
+/// The names of the files of `run`'s checkpoint of `step`, as its manifest lists them.
+fn manifest_names(run: &Path, step: u64) -> Vec<String> {
+    let path = run.join(format!("checkpoints/step-{step:010}/MANIFEST.json"));
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    manifest["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap().to_string()).collect()
+}
+
 /// Asserts that every torch object saved in `a` equals the one of the same
 /// name in `b` (slurm/torch_equal.py: `torch.equal` on every tensor, `==`
 /// on everything else): files, or directories of files.
@@ -87,17 +97,20 @@ fn the_pytorch_example_stopped_by_sigterm_and_resumed_ends_equal_to_an_uninterru
     assert_eq!(verify(&run).0, Some(0));
 }
 
-#[test]
-fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_resume_equal() {
+/// Two DDP ranks under `torchrun` (`train_ddp.py EXTRA…`): an uninterrupted
+/// run, then one stopped by SIGTERM past step 25 (both ranks agree on the
+/// step; its world checkpoint lists `files`, committed by rank 0) and
+/// resumed by both ranks from it, ending equal to the uninterrupted one.
+fn ddp_stopped_and_resumed_ends_equal(extra: &[&str], files: &[&str]) {
     let Some(python) = requires::torch() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let expected = tmp.path().join("reference");
     let reference = tmp.path().join("reference-run");
-    ddp(&reference, &expected, &[]).run(TIMEOUT).assert_code(0);
+    ddp(&reference, &expected, extra).run(TIMEOUT).assert_code(0);
     assert_eq!(checkpoint_steps(&reference), vec![20, 40, 60]);
 
     let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
-    let mut first = ddp(&run, &out, &["--step-seconds", "0.05"]).spawn();
+    let mut first = ddp(&run, &out, &[extra, &["--step-seconds", "0.05"]].concat()).spawn();
     first.wait_for_step(25, TIMEOUT);
     first.signal(Signal::SIGTERM);
     let stopped = first.wait(TIMEOUT);
@@ -108,17 +121,13 @@ fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_r
         let line = format!("rank {rank} stopped at step {stopped_at}");
         assert!(stopped.stderr.contains(&line), "no `{line}` in\n{}", stopped.tail());
     }
-    // One checkpoint for the world: rank 0's model and every rank's generator.
-    let newest = run.join(format!("checkpoints/step-{stopped_at:010}"));
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(newest.join("MANIFEST.json")).unwrap()).unwrap();
-    let names: Vec<&str> = manifest["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["model.pt", "rng-0.pt", "rng-1.pt"]);
+    // One checkpoint for the world.
+    assert_eq!(manifest_names(&run, stopped_at), files);
     let saved = last_event(&run, "checkpoint_saved");
     assert_eq!(saved["step"].as_u64(), Some(stopped_at), "{saved}");
     assert!(saved["parts_wait_seconds"].as_f64().is_some(), "rank 0 committed the world's parts: {saved}");
 
-    let second = ddp(&run, &out, &[]).run(TIMEOUT);
+    let second = ddp(&run, &out, extra).run(TIMEOUT);
     second.assert_code(0);
     for rank in 0..2 {
         let line = format!("rank {rank} of 2 starting at step {stopped_at}");
@@ -126,6 +135,12 @@ fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_r
     }
     assert_torch_equal(&python, &expected, &out);
     assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_resume_equal() {
+    // Rank 0's model and every rank's generator.
+    ddp_stopped_and_resumed_ends_equal(&[], &["model.pt", "rng-0.pt", "rng-1.pt"]);
 }
 
 #[test]
@@ -255,4 +270,70 @@ fn a_task_whose_rank_dies_mid_save_ends_at_once_and_leaves_no_world_checkpoint_o
         .collect();
     assert!(exits.contains(&(Some(1), Some("crashed".into()))), "{exits:?}");
     assert_eq!(last_event(&run, "error")["class"].as_str(), Some("transient"), "it had sealed step 20 in this attempt");
+}
+
+#[test]
+fn a_task_lost_with_its_node_ends_the_other_within_the_timeout_with_75_and_the_world_resumes_equal() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    ddp(&tmp.path().join("reference-run"), &expected, &[]).run(TIMEOUT).assert_code(0);
+    let fake = FakeScontrol::running_job(tmp.path());
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    // One task on each of two nodes, as SLURM lays out `srun -N2 -n2`.
+    let on_node = |cmd: RunCmd, task: u32| {
+        cmd.set("distributed.timeout=5s")
+            .env("SLURMD_NODENAME", format!("n{}", task + 1))
+            .env("SLURM_STEP_NODELIST", "n[1-2]")
+            .env("SLURM_STEP_NUM_NODES", "2")
+            .env("SLURM_STEP_TASKS_PER_NODE", "1(x2)")
+            .env("SLURM_NODEID", task.to_string())
+            .env("SLURM_LOCALID", "0")
+    };
+    let slow = ["--step-seconds", "0.05"];
+    let mut leader = on_node(task_of_two(&python, &run, &out, 0, 0, &fake, &slow), 0).spawn();
+    let follower = on_node(task_of_two(&python, &run, &out, 1, 0, &fake, &slow), 1).spawn();
+    leader.wait_for_step(25, TIMEOUT);
+    assert_eq!(checkpoint_steps(&run), vec![20]);
+    // Node n2 is lost: its supervisor dies at once, its program with it
+    // (the parent-death signal); nothing of it writes another byte.
+    let lost_at = std::time::Instant::now();
+    follower.signal(Signal::SIGKILL);
+    let led = leader.wait(TIMEOUT);
+    let took = lost_at.elapsed();
+    led.assert_code(75);
+    assert!(took < Duration::from_secs(5 + 10), "ended {took:?} after the loss ([distributed] timeout 5 s)");
+    let _ = follower.wait(TIMEOUT);
+
+    let lost = last_event(&run, "rank_lost");
+    assert_eq!((lost["rank"].as_u64(), lost["rank_node"].as_str()), (Some(1), Some("n2")), "{lost}");
+    assert_eq!((lost["noticed_by"].as_u64(), lost["world_size"].as_u64()), (Some(0), Some(2)), "{lost}");
+    let stop = last_event(&run, "stop");
+    assert_eq!((stop["reason"].as_str(), stop["step"].as_u64()), (Some("rank_lost: rank 1"), Some(20)), "{stop}");
+    let exit = last_event(&run, "child_exit");
+    assert_eq!((exit["task"].as_u64(), exit["verdict"].as_str()), (Some(0), Some("rank_lost")), "{exit}");
+    assert_eq!(checkpoint_steps(&run), vec![20], "the world checkpoint before the loss stands");
+    assert!(fake.calls().iter().any(|c| c == "requeue 77"), "task 0 requeued the job: {:?}", fake.calls());
+    // Each task's node, in the start event and the summary.
+    let start = last_event(&run, "start");
+    assert_eq!((start["world_size"].as_u64(), &start["rank_nodes"]), (Some(2), &serde_json::json!(["n1", "n2"])));
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!((summary["state"].as_str(), summary["world_size"].as_u64()), (Some("stopped"), Some(2)), "{summary}");
+    assert_eq!(summary["rank_nodes"], serde_json::json!(["n1", "n2"]), "{summary}");
+
+    // The requeued job: both tasks again, from the checkpoint of step 20.
+    let leader = on_node(task_of_two(&python, &run, &out, 0, 1, &fake, &[]), 0).spawn();
+    let follower = on_node(task_of_two(&python, &run, &out, 1, 1, &fake, &[]), 1).spawn();
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(0);
+    followed.assert_code(0);
+    assert!(followed.stderr.contains("rank 1 of 2 starting at step 20"), "{}", followed.tail());
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn when_only_rank_0_writes_the_other_ranks_empty_parts_still_commit_and_the_resume_ends_equal() {
+    // Rank 0's file alone, committed once rank 1's empty part was in.
+    ddp_stopped_and_resumed_ends_equal(&["--rank0-only"], &["model.pt"]);
 }

@@ -21,10 +21,14 @@
 //! When ranks are lost, the handler given to the watch runs once, on the
 //! watch's thread: the lowest-numbered rank still beating ([`recorder`])
 //! records `rank_lost` (rank 0 while it lives, else a follower: rank 0's
-//! records are then written by rank 1), and every survivor aborts the MPI
-//! world (`MPI_Abort`), so the launcher ends every rank, the stopped ones
-//! included. A rank that ends normally writes a last beat with `done` and is
-//! never called lost; a beat of another launch (its `session`) is no beat.
+//! records are then written by rank 1; `attempt/lost.rs`), and every
+//! survivor ends its part of the world: `run`'s ranks abort the MPI world
+//! (`MPI_Abort`), so the launcher ends every rank, the stopped ones
+//! included; `exec`'s supervisors end their programs (`exec/world.rs`). A
+//! rank that ends normally writes a last beat with `done` and is never
+//! called lost; a beat of another launch (its `session`) is no beat. A
+//! supervisor whose program ended says `done` from then on
+//! ([`RankWatch::mark_done`]) and goes on watching the others.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -166,14 +170,14 @@ impl RankWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
         let handler = Arc::new(Mutex::new(Some(handler)));
-        let mut beater = Beater { setup, seq: 0, pulse: pulse.clone() };
-        beater.beat(false);
+        let mut beater = Beater { setup, seq: 0, pulse: pulse.clone(), done: Arc::clone(&done) };
+        beater.beat();
         let thread = {
             let (stop, done, handler) = (Arc::clone(&stop), Arc::clone(&done), Arc::clone(&handler));
             std::thread::Builder::new().name("rekindle-rank-watch".into()).spawn(move || {
                 beater.run(&stop, &handler);
                 if done.load(Ordering::SeqCst) {
-                    beater.beat(true);
+                    beater.beat();
                 }
             })?
         };
@@ -193,6 +197,13 @@ impl RankWatch {
         if slot.is_some() {
             *slot = Some(handler);
         }
+    }
+
+    /// This rank's part of the work ended (its program exited): its beats
+    /// say `done` from the next on, so no other rank calls it lost while it
+    /// winds up, and it goes on watching the others.
+    pub fn mark_done(&self) {
+        self.done.store(true, Ordering::SeqCst);
     }
 
     /// This rank ended its run normally: a last beat says `done`, so no
@@ -227,6 +238,7 @@ struct Beater {
     setup: WatchSetup,
     seq: u64,
     pulse: Pulse,
+    done: Arc<AtomicBool>,
 }
 
 impl Beater {
@@ -239,7 +251,7 @@ impl Beater {
             if stop.load(Ordering::SeqCst) {
                 return;
             }
-            self.beat(false);
+            self.beat();
             let now = Instant::now();
             for (rank, peer) in peers.iter_mut().enumerate() {
                 if rank != self.setup.rank {
@@ -258,7 +270,8 @@ impl Beater {
         }
     }
 
-    fn beat(&mut self, done: bool) {
+    fn beat(&mut self) {
+        let done = self.done.load(Ordering::SeqCst);
         self.seq += 1;
         let beat = RankBeat {
             rank: self.setup.rank,
@@ -395,17 +408,22 @@ mod tests {
         assert_eq!(beat_interval(Duration::from_secs(180)), Duration::from_secs(5));
     }
 
-    #[test]
-    fn two_watches_see_each_other_and_a_silent_one_is_reported_once() {
-        let tmp = tempfile::tempdir().unwrap();
-        let setup = |rank| WatchSetup {
-            dir: tmp.path().join(RANKS_DIR),
+    /// Rank `rank` of two beating in `<run>/ranks`, on node `n<rank>`, lost after 1 s.
+    fn one_of_two(run: &Path, rank: usize) -> WatchSetup {
+        WatchSetup {
+            dir: run.join(RANKS_DIR),
             rank,
             size: 2,
             node: format!("n{rank}"),
             session: "s".into(),
             timeout: Duration::from_millis(1000),
-        };
+        }
+    }
+
+    #[test]
+    fn two_watches_see_each_other_and_a_silent_one_is_reported_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let setup = |rank| one_of_two(tmp.path(), rank);
         let (tx, rx) = std::sync::mpsc::channel();
         let tx2 = tx.clone();
         let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send((0, l)).unwrap())).unwrap();
@@ -426,14 +444,7 @@ mod tests {
     #[test]
     fn a_rank_that_finishes_is_not_reported() {
         let tmp = tempfile::tempdir().unwrap();
-        let setup = |rank| WatchSetup {
-            dir: tmp.path().join(RANKS_DIR),
-            rank,
-            size: 2,
-            node: "n".into(),
-            session: "s".into(),
-            timeout: Duration::from_millis(1000),
-        };
+        let setup = |rank| one_of_two(tmp.path(), rank);
         let (tx, rx) = std::sync::mpsc::channel();
         let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send(l).unwrap())).unwrap();
         let w1 = RankWatch::start(setup(1), Box::new(|_| panic!("rank 0 is never lost here"))).unwrap();
@@ -441,6 +452,22 @@ mod tests {
         w1.finish();
         assert!(read_beat(&tmp.path().join(RANKS_DIR), 1).unwrap().done);
         assert!(rx.recv_timeout(Duration::from_millis(2000)).is_err(), "a finished rank is not lost");
+        w0.finish();
+    }
+
+    #[test]
+    fn a_rank_marked_done_says_so_and_still_watches_the_others() {
+        let tmp = tempfile::tempdir().unwrap();
+        let setup = |rank| one_of_two(tmp.path(), rank);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send(l).unwrap())).unwrap();
+        let w1 = RankWatch::start(setup(1), Box::new(|_| panic!("rank 0 is never lost here"))).unwrap();
+        w0.mark_done();
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(read_beat(&tmp.path().join(RANKS_DIR), 0).unwrap().done, "its beats say done");
+        drop(w1);
+        let lost = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(lost.iter().map(|l| l.rank).collect::<Vec<_>>(), [1], "a done rank still finds the lost one");
         w0.finish();
     }
 }
