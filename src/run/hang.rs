@@ -41,7 +41,8 @@ use crate::attempt::budget::SCONTROL_TIMEOUT;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::error::RunError;
 use crate::attempt::lost::{
-    continue_in_job, continue_in_job_after_hang, lost_end, lost_error, lost_message, lost_reason, rank_lost_events, requeue_like_a_hang,
+    continue_in_job, continue_in_job_after_hang, lost_end, lost_error, lost_message, lost_reason, rank_lost_events,
+    requeue_like_a_hang,
 };
 use crate::attempt::rank_watch::Lost;
 use crate::attempt::records::context;
