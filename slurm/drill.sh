@@ -929,6 +929,24 @@ drill_exec-nodeloss() {
 EXEC_STOP=exec_stop_term
 EXEC_RUN_EXTRA=()
 exec_stop_nodeloss() { kill_rank1_node; }
+
+# Whether the run in $1 recorded task 1 lost on node $2 (`rank_lost`) and a
+# program ended for it (`child_exit` with verdict `rank_lost`).
+loss_recorded() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+events = []
+with open(sys.argv[1] + "/events.jsonl", encoding="utf-8", errors="replace") as f:
+    for line in f:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            pass  # a line torn by the lost node
+lost = any(e.get("event") == "rank_lost" and e.get("rank") == 1 and e.get("rank_node") == sys.argv[2] for e in events)
+ended = any(e.get("event") == "child_exit" and e.get("verdict") == "rank_lost" for e in events)
+sys.exit(0 if lost and ended else 1)
+PY
+}
 exec_stop_term() {
     log "$name: scancel -s TERM $job"
     scancel -s TERM "$job"
@@ -986,6 +1004,10 @@ exec_drill() {
     ((stops >= 1 && resumes >= 1 && finishes == 1)) ||
         { ok=0; note "events: $stops stop, $resumes resume, $finishes finish (expected >=1, >=1, 1)"; }
     [[ $same == true ]] || { ok=0; note "the final state differs from the uninterrupted run's: $(tail -n 2 "$wd/same.log")"; }
+    if [[ $drill == exec-nodeloss ]]; then
+        loss_recorded "$run" "$lost_node" ||
+            { ok=0; note "no rank_lost naming task 1 on $lost_node with a child_exit of verdict rank_lost: the heartbeat watch did not end the world"; }
+    fi
     ((verify_rc == 0)) || { ok=0; note "rekindle verify failed: $(tail -n 3 "$wd/verify.log")"; }
     local result=PASS
     ((ok)) || result=FAIL

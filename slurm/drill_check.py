@@ -317,7 +317,7 @@ def rank_lost_check(att0, killed_node):
 
 
 def injob_checks(attempts, metrics, extra, restarts, spare, job_output):
-    """The checks of an in-job drill (dp-nodeloss-injob[-nospare]): (name, ok,
+    """The checks of an in-job drill (dp-nodeloss-injob[-nospare], dp-rankkill-injob): (name, ok,
     detail) each. attempts from split_attempts, metrics the run's
     metrics.jsonl lines, extra drill.sh's facts (killed_node, kill_time,
     local_every), restarts SLURM's Restarts, spare whether a spare node was

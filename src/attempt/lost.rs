@@ -78,24 +78,28 @@ pub fn lost_message(lost: &[Lost], timeout: Duration) -> String {
 /// counted toward `[run] max_crash_requeues` like a transient crash, then
 /// the nodes `end` blames left behind (`attempt::health::exclude_blamed`;
 /// the `nodes_excluded` record to write, if any). `newest` is the newest
-/// checkpoint that verifies.
+/// checkpoint that verifies; `max_steps` where the run ends (`run`'s `[run]
+/// max_steps`; `None` for `exec`, whose program alone knows when it is done:
+/// a checkpoint at or past it means training is finished, nothing to
+/// requeue).
 pub fn requeue_like_a_hang(
     cfg: &Config,
     slurm_env: &SlurmEnv,
     events: &std::path::Path,
     newest: Option<u64>,
+    max_steps: Option<u64>,
     cause: &str,
     end: &AttemptEnd,
 ) -> (RequeueRecord, Option<NodesExcluded>) {
-    let record = requeue_hang(cfg, slurm_env, events, newest);
+    let finished = newest.zip(max_steps).is_some_and(|(step, max)| step >= max);
+    let record = requeue_hang(cfg, slurm_env, events, finished);
     let timeout = || budget::scontrol_timeout(None, Instant::now());
     let blamed = blame(end, &straggler_blame(events));
     let excluded = exclude_blamed(cfg, slurm_env, &Scontrol, cause, &blamed, &record, events, &timeout);
     (record, excluded)
 }
 
-fn requeue_hang(cfg: &Config, slurm_env: &SlurmEnv, events: &std::path::Path, newest: Option<u64>) -> RequeueRecord {
-    let finished = newest.is_some_and(|step| step >= cfg.run.max_steps);
+fn requeue_hang(cfg: &Config, slurm_env: &SlurmEnv, events: &std::path::Path, finished: bool) -> RequeueRecord {
     let req = RequeueRequest {
         policy: cfg.signals.requeue,
         stop: StopKind::Hang,
@@ -138,12 +142,23 @@ pub fn continue_in_job(
     Some((record, in_job_exclusion(&reason, &exclude, InJobOffer::from_process().as_ref())))
 }
 
+/// What a hang of `activity` blames: this node in a step of one node; no
+/// node in a step over several (only the leader has a watchdog, and a rank
+/// stuck on another node stalls the leader's collective just the same: the
+/// leader's own node is no likelier the sick one).
+pub fn hang_end(slurm_env: &SlurmEnv, activity: &str) -> AttemptEnd {
+    let node = if slurm_env.nodes.unwrap_or(1) > 1 { String::new() } else { slurm_env.node_name() };
+    AttemptEnd::Hang { node, activity: activity.into() }
+}
+
 /// A hang of `activity` under a batch shell that offers restarts inside
 /// the job: a new step instead of a requeue, without the hung node where
 /// `[health] exclude` allows and another node is left to run it (a job of
 /// one node restarts on it; should the shell requeue instead, the request's
-/// plan leaves it behind). Counted toward `[run] max_crash_requeues` like
-/// the requeue it replaces: past it, `None` and the usual refusal. The
+/// plan leaves it behind; a step over several nodes blames none,
+/// [`hang_end`]). Gated by `[run] max_crash_requeues` as the requeue it
+/// replaces (past it, `None` and the usual refusal); the restarts
+/// themselves are bounded by the shell (`REKINDLE_INJOB_MAX`). The
 /// requeue record and the `nodes_excluded` one when a node is left out.
 pub fn continue_in_job_after_hang(
     cfg: &Config,
@@ -164,7 +179,7 @@ pub fn continue_in_job_after_hang(
         return None;
     }
     let cause = format!("hang: {activity}");
-    let end = AttemptEnd::Hang { node: slurm_env.node_name(), activity: activity.into() };
+    let end = hang_end(slurm_env, activity);
     let stragglers = if cfg.health.exclude { straggler_blame(events) } else { Vec::new() };
     let blamed = blame(&end, &stragglers);
     let offer = InJobOffer::from_process();
@@ -200,7 +215,8 @@ pub fn newest_valid(store: &CheckpointStore) -> Option<u64> {
 /// `nodes_excluded`), then `stop` (reason `rank_lost: …`) when `newest`, the
 /// newest checkpoint that verifies, is some, else `error`. The outcome: 75
 /// with a checkpoint to resume from, else 1. `events` is `events.jsonl`
-/// (read for the crash history and the stragglers blamed).
+/// (read for the crash history and the stragglers blamed); `max_steps` as
+/// for [`requeue_like_a_hang`].
 #[allow(clippy::too_many_arguments)]
 pub fn record_loss(
     record: &mut dyn FnMut(&Event),
@@ -211,6 +227,7 @@ pub fn record_loss(
     me: usize,
     size: usize,
     newest: Option<u64>,
+    max_steps: Option<u64>,
 ) -> Outcome {
     let timeout = cfg.distributed.timeout;
     for event in rank_lost_events(lost, me, size, timeout) {
@@ -218,7 +235,7 @@ pub fn record_loss(
     }
     let (requeue, excluded) = match continue_in_job(cfg, slurm_env, lost, newest, events) {
         Some((record, excluded)) => (record, Some(excluded)),
-        None => requeue_like_a_hang(cfg, slurm_env, events, newest, &lost_reason(lost), &lost_end(lost)),
+        None => requeue_like_a_hang(cfg, slurm_env, events, newest, max_steps, &lost_reason(lost), &lost_end(lost)),
     };
     record(&Event::Requeue(requeue.clone()));
     if let Some(excluded) = excluded {
@@ -261,6 +278,15 @@ mod tests {
 
     fn lost(rank: usize, node: &str, step: Option<u64>) -> Lost {
         Lost { rank, node: node.into(), pid: 99, step, silent: Duration::from_millis(3400) }
+    }
+
+    #[test]
+    fn a_hang_blames_its_node_only_in_a_step_of_one_node() {
+        let on = |nodes| SlurmEnv { node: Some("n1".into()), nodes, ..SlurmEnv::default() };
+        let blamed = |nodes| blame(&hang_end(&on(nodes), "step"), &[]);
+        assert_eq!(blamed(Some(1)), ["n1"]);
+        assert_eq!(blamed(None), ["n1"], "outside a step: this node alone");
+        assert!(blamed(Some(3)).is_empty(), "the leader's node is no likelier the sick one");
     }
 
     #[test]

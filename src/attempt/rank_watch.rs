@@ -117,8 +117,10 @@ pub fn recorder(lost: &[Lost], size: usize) -> Option<usize> {
     (0..size).find(|r| !lost.iter().any(|l| l.rank == *r))
 }
 
-/// What a rank does when others are lost. Runs once, on the watch's thread;
-/// it is expected to end the process (abort the world).
+/// What a rank does when others are lost. Runs once, on the watch's thread,
+/// after which this rank stops beating and watching: `run`'s ends the
+/// process (aborts the world); `exec`'s stores the loss for its supervisor,
+/// which ends its program and the task.
 pub type LostHandler = Box<dyn FnOnce(Vec<Lost>) + Send>;
 
 /// Who this rank is, for its heartbeat.
@@ -201,7 +203,8 @@ impl RankWatch {
 
     /// This rank's part of the work ended (its program exited): its beats
     /// say `done` from the next on, so no other rank calls it lost while it
-    /// winds up, and it goes on watching the others.
+    /// winds up, and it goes on watching the others (until it finds one
+    /// lost: then, as always, the handler runs and the watch ends).
     pub fn mark_done(&self) {
         self.done.store(true, Ordering::SeqCst);
     }
@@ -447,8 +450,10 @@ mod tests {
         let setup = |rank| one_of_two(tmp.path(), rank);
         let (tx, rx) = std::sync::mpsc::channel();
         let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send(l).unwrap())).unwrap();
-        let w1 = RankWatch::start(setup(1), Box::new(|_| panic!("rank 0 is never lost here"))).unwrap();
+        let (tx1, rx1) = std::sync::mpsc::channel();
+        let w1 = RankWatch::start(setup(1), Box::new(move |l| tx1.send(l).unwrap())).unwrap();
         std::thread::sleep(Duration::from_millis(300));
+        assert!(rx1.try_recv().is_err(), "rank 0 beats: rank 1 finds nobody lost");
         w1.finish();
         assert!(read_beat(&tmp.path().join(RANKS_DIR), 1).unwrap().done);
         assert!(rx.recv_timeout(Duration::from_millis(2000)).is_err(), "a finished rank is not lost");
@@ -461,10 +466,12 @@ mod tests {
         let setup = |rank| one_of_two(tmp.path(), rank);
         let (tx, rx) = std::sync::mpsc::channel();
         let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send(l).unwrap())).unwrap();
-        let w1 = RankWatch::start(setup(1), Box::new(|_| panic!("rank 0 is never lost here"))).unwrap();
+        let (tx1, rx1) = std::sync::mpsc::channel();
+        let w1 = RankWatch::start(setup(1), Box::new(move |l| tx1.send(l).unwrap())).unwrap();
         w0.mark_done();
         std::thread::sleep(Duration::from_millis(400));
         assert!(read_beat(&tmp.path().join(RANKS_DIR), 0).unwrap().done, "its beats say done");
+        assert!(rx1.try_recv().is_err(), "a done rank is never called lost");
         drop(w1);
         let lost = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(lost.iter().map(|l| l.rank).collect::<Vec<_>>(), [1], "a done rank still finds the lost one");

@@ -352,21 +352,7 @@ fn follow_program(
     let end = ChildEnd::from_status(ran.status);
     if let Some(lost) = world_loss(&ran, Some(liveness)) {
         record_or_log(&mut events, &child_exit(&ran, end, &Verdict::RankLost, None, 0, task));
-        let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(root, cfg));
-        let newest = newest_valid(&store);
-        tracing::error!(task = launch.rank, "LOST TASKS: {}", lost_message(&lost, timeout));
-        let outcome = if liveness.records(&lost) {
-            // Task 0 is lost: the lowest task left writes the records.
-            let mut record = |e: &Event| record_or_log(&mut events, e);
-            let path = root.join(EVENTS_FILE);
-            record_loss(&mut record, cfg, slurm, &path, &lost, liveness.rank(), liveness.size(), newest)
-        } else if newest.is_some() {
-            Outcome::StoppedWithCheckpoint
-        } else {
-            Outcome::Failure
-        };
-        let _ = events.sync();
-        return Ok(outcome);
+        return Ok(follower_loss(cfg, slurm, root, staging, launch, liveness, &mut events, &lost));
     }
     let verdict = verdict::verdict(end, ran.stop.is_some(), false, 0);
     record_or_log(&mut events, &child_exit(&ran, end, &verdict, None, 0, task));
@@ -376,7 +362,52 @@ fn follow_program(
         return Err(RunError::ChildFailed { command: recorded.join(" "), how: end.describe(), class, why });
     }
     tracing::info!(task = launch.rank, how = %end.describe(), "the program ended; waiting for task 0 to end the attempt");
-    Ok(Outcome::from_code(world::wait_for_end(staging, &launch.id, timeout + grace)?))
+    // Still watching: task 0's node may die while its program runs on.
+    match world::wait_for_end_or_loss(staging, &launch.id, timeout + grace, &|| liveness.lost())? {
+        world::Ended::Code(code) => Ok(Outcome::from_code(code)),
+        world::Ended::Lost(lost) => Ok(follower_loss(cfg, slurm, root, staging, launch, liveness, &mut events, &lost)),
+    }
+}
+
+/// A follower that found tasks of its world lost (its program ended, or
+/// was ended for it): the lowest task left records the loss when task 0 is
+/// among them (`attempt/lost.rs`); else task 0 does, and this task exits
+/// with task 0's code once it has (an exit before it would make srun end
+/// the step under the recording, `--kill-on-bad-exit`), or with its own
+/// (75 when a world checkpoint verifies, else 1) past the recording's bound.
+#[allow(clippy::too_many_arguments)]
+fn follower_loss(
+    cfg: &Config,
+    slurm: &SlurmEnv,
+    root: &std::path::Path,
+    staging: &std::path::Path,
+    launch: &Launch,
+    liveness: &Liveness,
+    events: &mut EventLog,
+    lost: &[Lost],
+) -> Outcome {
+    let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(root, cfg));
+    let newest = newest_valid(&store);
+    tracing::error!(task = launch.rank, "LOST TASKS: {}", lost_message(lost, cfg.distributed.timeout));
+    let own = if newest.is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
+    let outcome = if liveness.records(lost) {
+        // A world that lost a task is never finished (max_steps: none).
+        let mut record = |e: &Event| record_or_log(events, e);
+        let path = root.join(EVENTS_FILE);
+        record_loss(&mut record, cfg, slurm, &path, lost, liveness.rank(), liveness.size(), newest, None)
+    } else {
+        let _ = events.sync();
+        let bound = cfg.signals.grace + 2 * budget::SCONTROL_TIMEOUT;
+        match world::wait_for_end(staging, &launch.id, bound) {
+            Ok(code) => Outcome::from_code(code),
+            Err(e) => {
+                tracing::error!(task = launch.rank, error = %e, "exiting with this task's own code");
+                own
+            }
+        }
+    };
+    let _ = events.sync();
+    outcome
 }
 
 /// `child_exit` for the program that ran as `ran` and ended as `end`.
@@ -586,7 +617,8 @@ impl ExecAttempt {
         let path = self.dir.path(EVENTS_FILE);
         let size = self.world_size.unwrap_or(1);
         let mut record = |e: &Event| record_or_log(events, e);
-        let outcome = record_loss(&mut record, &self.cfg, &self.slurm, &path, lost, 0, size, newest);
+        // A world that lost a task is never finished (max_steps: none).
+        let outcome = record_loss(&mut record, &self.cfg, &self.slurm, &path, lost, 0, size, newest, None);
         if let Err(e) = events.sync() {
             tracing::error!(error = %e, "could not sync events.jsonl");
         }

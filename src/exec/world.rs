@@ -375,11 +375,38 @@ pub fn wait_for_record(
 /// A follower whose program ended: waits for the leader's exit code (at
 /// most `timeout`).
 pub fn wait_for_end(staging: &Path, launch: &str, timeout: Duration) -> Result<u8, RunError> {
+    match wait_for_end_or_loss(staging, launch, timeout, &|| None)? {
+        Ended::Code(code) => Ok(code),
+        Ended::Lost(_) => unreachable!("no watch, no loss"),
+    }
+}
+
+/// How a follower's wait for the leader ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// The leader's exit code.
+    Code(u8),
+    /// `lost` found tasks lost first (the leader's among them, maybe).
+    Lost(Vec<Lost>),
+}
+
+/// As [`wait_for_end`], asking `lost` at every poll whether the watch
+/// found tasks lost (a follower whose program ended still watches: the
+/// leader's node may die while its program runs on).
+pub fn wait_for_end_or_loss(
+    staging: &Path,
+    launch: &str,
+    timeout: Duration,
+    lost: &dyn Fn() -> Option<Vec<Lost>>,
+) -> Result<Ended, RunError> {
     let started = Instant::now();
     let path = staging.join(END_FILE);
     loop {
         if let Some(end) = read_json::<WorldEnd>(&path).filter(|e| e.launch == launch) {
-            return Ok(end.code);
+            return Ok(Ended::Code(end.code));
+        }
+        if let Some(lost) = lost() {
+            return Ok(Ended::Lost(lost));
         }
         if started.elapsed() >= timeout {
             return Err(RunError::World {

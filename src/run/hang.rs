@@ -41,13 +41,12 @@ use crate::attempt::budget::SCONTROL_TIMEOUT;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::error::RunError;
 use crate::attempt::lost::{
-    continue_in_job, continue_in_job_after_hang, lost_end, lost_error, lost_message, lost_reason, rank_lost_events,
-    requeue_like_a_hang,
+    continue_in_job, continue_in_job_after_hang, hang_end, lost_end, lost_error, lost_message, lost_reason,
+    rank_lost_events, requeue_like_a_hang,
 };
 use crate::attempt::rank_watch::Lost;
 use crate::attempt::records::context;
 use crate::attempt::watchdog::{Beats, Hang, Worker};
-use crate::health::AttemptEnd;
 use crate::rundir::EVENTS_FILE;
 use crate::rundir::atomic::write_atomically;
 use crate::rundir::lock::LockRelease;
@@ -261,11 +260,19 @@ impl HangHandler {
                 let (reason, end) = match &cause {
                     Cause::Hang(hang) => (
                         format!("hang: {}", hang.busy.activity.name()),
-                        AttemptEnd::Hang { node: self.slurm.node_name(), activity: hang.busy.activity.name().into() },
+                        hang_end(&self.slurm, hang.busy.activity.name()),
                     ),
                     Cause::RanksLost { lost, .. } => (lost_reason(lost), lost_end(lost)),
                 };
-                requeue_like_a_hang(&self.cfg, &self.slurm, &self.events, kept, &reason, &end)
+                requeue_like_a_hang(
+                    &self.cfg,
+                    &self.slurm,
+                    &self.events,
+                    kept,
+                    Some(self.cfg.run.max_steps),
+                    &reason,
+                    &end,
+                )
             }
         };
         record(&mut events, &Event::Requeue(requeue.clone()));

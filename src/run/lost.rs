@@ -65,8 +65,17 @@ impl WorldEnd {
                 tracing::error!(error = %e, event = event.name(), "could not record an event; going on");
             }
         };
-        let outcome =
-            record_loss(&mut record, &self.cfg, &self.slurm, &self.events, &lost, self.rank, self.size, newest);
+        let outcome = record_loss(
+            &mut record,
+            &self.cfg,
+            &self.slurm,
+            &self.events,
+            &lost,
+            self.rank,
+            self.size,
+            newest,
+            Some(self.cfg.run.max_steps),
+        );
         if let Some(log) = log.as_mut()
             && let Err(e) = log.sync()
         {

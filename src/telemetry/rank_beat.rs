@@ -1,4 +1,5 @@
-//! `ranks/rank-<r>.json`: the heartbeat of one rank of a data-parallel run,
+//! `ranks/rank-<r>.json`: the heartbeat of one rank of a data-parallel run
+//! (or of one task of an `exec` job step of several),
 //! rewritten by that rank every tenth of `[distributed] timeout` and read by
 //! the others (`attempt::rank_watch`).
 
