@@ -1108,9 +1108,12 @@ drill_dp-nodeloss() {
 # cluster's nodes share one filesystem; `{node}` is the node's name).
 INJOB_LOCAL_EVERY=5
 
-# Rank 1's node is lost under a run with the node-local tier; the batch
-# shell restarts the run in the job. Usage: injob_drill [sbatch options...]
+# Rank 1's node is lost (kill_rank1_node), or its process alone
+# (kill_rank1_process), under a run with the node-local tier; the batch shell
+# restarts the run in the job. Usage: injob_drill KILL [sbatch options...]
 injob_drill() {
+    local kill=$1
+    shift
     if [[ -z $CLUSTER_DIR ]]; then
         echo "SKIP $name: needs the local cluster (it kills a slurmd); see docs/drills.md"
         echo "{\"drill\":\"$name\",\"result\":\"SKIP\"}"
@@ -1122,13 +1125,13 @@ injob_drill() {
     submit "$name" "$@" || return 1
     RUN_EXTRA=()
     under_way 0.$((RANDOM % 10)) || return 1
-    local lost_node back=false ok=0
-    kill_rank1_node || return 1
+    local lost_node rank1_pid back=false ok=0
+    "$kill" || return 1
     wait_until "the run to go on in the job" "$TIMEOUT" attempts_started "$run" 2 &&
         log "$name: a new step started; waiting for the job to finish" &&
         wait_until "the job to finish" "$TIMEOUT" job_final "$job" && ok=1
     # Back in any case: the drills after this one need every node.
-    node_back "$lost_node" && back=true
+    if [[ $kill == kill_rank1_node ]]; then node_back "$lost_node" && back=true; else back=true; fi
     # The attempt that lost a rank ends like dp-nodeloss's (records, the
     # restart request, MPI_Abort) and does not publish: counted as killed.
     EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":%s,"node_state":"%s","killed_node":"%s","lost_rank":1,"local_every":%s,"kill_time":%s}' \
@@ -1152,33 +1155,15 @@ kill_rank1_process() {
 }
 
 drill_dp-rankkill-injob() {
-    if [[ -z $CLUSTER_DIR ]]; then
-        echo "SKIP $name: needs the local cluster (it finds a rank's process on its node); see docs/drills.md"
-        echo "{\"drill\":\"$name\",\"result\":\"SKIP\"}"
-        return 3
-    fi
-    RUN_EXTRA=(--set 'distributed.timeout="3s"' --set recovery.local=true
-        --set "recovery.local_every_steps=$INJOB_LOCAL_EVERY"
-        --set "recovery.local_dir=\"$CLUSTER_DIR/tmp/{node}/local\"")
     local -x REKINDLE_SPARE_NODES=1
-    submit "$name" -N3 --ntasks-per-node=1 || return 1
-    RUN_EXTRA=()
-    under_way 0.$((RANDOM % 10)) || return 1
-    local lost_node rank1_pid ok=0
-    kill_rank1_process || return 1
-    wait_until "the run to go on in the job" "$TIMEOUT" attempts_started "$run" 2 &&
-        log "$name: a new step started; waiting for the job to finish" &&
-        wait_until "the job to finish" "$TIMEOUT" job_final "$job" && ok=1
-    EXTRA_JSON=$(printf '{"killed_attempts":1,"killed_node":"%s","killed_process":true,"lost_rank":1,"local_every":%s,"kill_time":%s}' \
-        "$lost_node" "$INJOB_LOCAL_EVERY" "$action")
-    ((ok))
+    injob_drill kill_rank1_process -N3 --ntasks-per-node=1
 }
 
 drill_dp-nodeloss-injob() {
     local -x REKINDLE_SPARE_NODES=1
-    injob_drill -N3 --ntasks-per-node=1
+    injob_drill kill_rank1_node -N3 --ntasks-per-node=1
 }
-drill_dp-nodeloss-injob-nospare() { injob_drill -N2 -n2; }
+drill_dp-nodeloss-injob-nospare() { injob_drill kill_rank1_node -N2 -n2; }
 
 # A site health check that fails on n1 only, and a training job that starts
 # there because n1 is the only idle node when it is submitted (n2 and n3 run

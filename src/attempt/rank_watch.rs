@@ -325,6 +325,7 @@ pub fn new_session(node: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc::Receiver;
 
     fn beat(seq: u64, session: &str, done: bool) -> RankBeat {
         RankBeat {
@@ -444,14 +445,21 @@ mod tests {
         w0.finish();
     }
 
+    /// Ranks 0 and 1 of two watching each other over `dir`, each handler
+    /// sending what it found to its receiver.
+    #[allow(clippy::type_complexity)]
+    fn two_watches(dir: &Path) -> (RankWatch, Receiver<Vec<Lost>>, RankWatch, Receiver<Vec<Lost>>) {
+        let (tx0, rx0) = std::sync::mpsc::channel();
+        let (tx1, rx1) = std::sync::mpsc::channel();
+        let w0 = RankWatch::start(one_of_two(dir, 0), Box::new(move |l| tx0.send(l).unwrap())).unwrap();
+        let w1 = RankWatch::start(one_of_two(dir, 1), Box::new(move |l| tx1.send(l).unwrap())).unwrap();
+        (w0, rx0, w1, rx1)
+    }
+
     #[test]
     fn a_rank_that_finishes_is_not_reported() {
         let tmp = tempfile::tempdir().unwrap();
-        let setup = |rank| one_of_two(tmp.path(), rank);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send(l).unwrap())).unwrap();
-        let (tx1, rx1) = std::sync::mpsc::channel();
-        let w1 = RankWatch::start(setup(1), Box::new(move |l| tx1.send(l).unwrap())).unwrap();
+        let (w0, rx, w1, rx1) = two_watches(tmp.path());
         std::thread::sleep(Duration::from_millis(300));
         assert!(rx1.try_recv().is_err(), "rank 0 beats: rank 1 finds nobody lost");
         w1.finish();
@@ -463,11 +471,7 @@ mod tests {
     #[test]
     fn a_rank_marked_done_says_so_and_still_watches_the_others() {
         let tmp = tempfile::tempdir().unwrap();
-        let setup = |rank| one_of_two(tmp.path(), rank);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send(l).unwrap())).unwrap();
-        let (tx1, rx1) = std::sync::mpsc::channel();
-        let w1 = RankWatch::start(setup(1), Box::new(move |l| tx1.send(l).unwrap())).unwrap();
+        let (w0, rx, w1, rx1) = two_watches(tmp.path());
         w0.mark_done();
         std::thread::sleep(Duration::from_millis(400));
         assert!(read_beat(&tmp.path().join(RANKS_DIR), 0).unwrap().done, "its beats say done");
