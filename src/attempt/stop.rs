@@ -1,4 +1,4 @@
-//! The stop: OS signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) become a domain
+//! The stop: OS signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP) become a domain
 //! value where they arrive, in the signal handler: which signal
 //! ([`StopSignal`]), what it asks for ([`StopIntent`], docs/slurm.md), when
 //! it arrived and who sent it ([`SignalStop`]). The training loop polls the
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nix::libc;
 use serde::{Deserialize, Serialize};
 
-/// One of the four signals rekindle takes as "checkpoint and stop".
+/// One of the five signals rekindle takes as "checkpoint and stop".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum StopSignal {
     #[serde(rename = "SIGTERM")]
@@ -25,6 +25,11 @@ pub enum StopSignal {
     Usr1,
     #[serde(rename = "SIGUSR2")]
     Usr2,
+    /// The terminal went away (an SSH session closed under a run started in
+    /// the foreground): without a handler it would end the run with 129 and
+    /// no checkpoint.
+    #[serde(rename = "SIGHUP")]
+    Hup,
 }
 
 /// What a stop signal asks for (docs/slurm.md's signal table).
@@ -34,14 +39,15 @@ pub enum StopIntent {
     /// the time-limit warning of `--signal`, `scancel -s`, drills); it is
     /// requeued.
     Cluster,
-    /// SIGINT: usually a person at a terminal (or `scancel -s INT`); not
-    /// requeued under `requeue = "auto"`.
+    /// SIGINT: usually a person at a terminal (or `scancel -s INT`); SIGHUP:
+    /// that terminal closed. Not requeued under `requeue = "auto"`.
     Interrupt,
 }
 
 impl StopSignal {
     /// Every signal rekindle catches.
-    pub const ALL: [StopSignal; 4] = [StopSignal::Term, StopSignal::Int, StopSignal::Usr1, StopSignal::Usr2];
+    pub const ALL: [StopSignal; 5] =
+        [StopSignal::Term, StopSignal::Int, StopSignal::Usr1, StopSignal::Usr2, StopSignal::Hup];
 
     /// The name events and logs carry (`SIGTERM`, …).
     pub fn name(self) -> &'static str {
@@ -50,13 +56,14 @@ impl StopSignal {
             StopSignal::Int => "SIGINT",
             StopSignal::Usr1 => "SIGUSR1",
             StopSignal::Usr2 => "SIGUSR2",
+            StopSignal::Hup => "SIGHUP",
         }
     }
 
     /// What it asks for.
     pub fn intent(self) -> StopIntent {
         match self {
-            StopSignal::Int => StopIntent::Interrupt,
+            StopSignal::Int | StopSignal::Hup => StopIntent::Interrupt,
             StopSignal::Term | StopSignal::Usr1 | StopSignal::Usr2 => StopIntent::Cluster,
         }
     }
@@ -68,6 +75,7 @@ impl StopSignal {
             StopSignal::Int => libc::SIGINT,
             StopSignal::Usr1 => libc::SIGUSR1,
             StopSignal::Usr2 => libc::SIGUSR2,
+            StopSignal::Hup => libc::SIGHUP,
         }
     }
 
@@ -78,6 +86,7 @@ impl StopSignal {
             StopSignal::Int => 2,
             StopSignal::Usr1 => 3,
             StopSignal::Usr2 => 4,
+            StopSignal::Hup => 5,
         }
     }
 
@@ -99,6 +108,7 @@ impl From<StopSignal> for nix::sys::signal::Signal {
             StopSignal::Int => nix::sys::signal::Signal::SIGINT,
             StopSignal::Usr1 => nix::sys::signal::Signal::SIGUSR1,
             StopSignal::Usr2 => nix::sys::signal::Signal::SIGUSR2,
+            StopSignal::Hup => nix::sys::signal::Signal::SIGHUP,
         }
     }
 }
@@ -321,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn only_sigint_is_an_interrupt_and_names_and_numbers_are_the_os_ones() {
+    fn only_sigint_and_sighup_are_interrupts_and_names_and_numbers_are_the_os_ones() {
         let seen: Vec<_> = StopSignal::ALL.iter().map(|s| (s.name(), s.raw(), s.intent())).collect();
         assert_eq!(
             seen,
@@ -330,6 +340,7 @@ mod tests {
                 ("SIGINT", libc::SIGINT, StopIntent::Interrupt),
                 ("SIGUSR1", libc::SIGUSR1, StopIntent::Cluster),
                 ("SIGUSR2", libc::SIGUSR2, StopIntent::Cluster),
+                ("SIGHUP", libc::SIGHUP, StopIntent::Interrupt),
             ]
         );
         for s in StopSignal::ALL {

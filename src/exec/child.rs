@@ -106,12 +106,16 @@ pub fn supervise(
         let spawn_err = |source| RunError::ChildSpawn { command: shown.clone(), source };
         // Registered before the child exists: a signal from then on wakes the loop.
         let mut streams = Vec::new();
-        for kind in
-            [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::user_defined1(), SignalKind::user_defined2()]
-        {
+        for kind in [
+            SignalKind::terminate(),
+            SignalKind::interrupt(),
+            SignalKind::user_defined1(),
+            SignalKind::user_defined2(),
+            SignalKind::hangup(),
+        ] {
             streams.push(signal(kind).map_err(spawn_err)?);
         }
-        let [term, int, usr1, usr2] = &mut streams[..] else { unreachable!("four streams") };
+        let [term, int, usr1, usr2, hup] = &mut streams[..] else { unreachable!("five streams") };
         let mut child = spawn(command, env).map_err(spawn_err)?;
         let started = Instant::now();
         let pid = child.id().unwrap_or_default();
@@ -130,6 +134,7 @@ pub fn supervise(
                 _ = int.recv() => {}
                 _ = usr1.recv() => {}
                 _ = usr2.recv() => {}
+                _ = hup.recv() => {}
                 _ = tick.tick() => {}
             }
             if !lock_lost && lock.is_some_and(LockOwnership::is_lost) {

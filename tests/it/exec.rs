@@ -106,6 +106,26 @@ fn a_sigterm_mid_run_seals_a_checkpoint_exits_75_and_the_resume_ends_byte_identi
     assert!(html.contains("<svg"), "the report plots the program's metrics");
 }
 
+/// A closed terminal (SIGHUP) under `exec`: the program gets the SIGTERM of
+/// the contract, seals its step, and rekindle exits 75 as for SIGTERM.
+#[test]
+fn a_sighup_is_forwarded_as_the_stop_and_the_program_seals_its_step() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("w.npy"));
+    let mut first = exec(&run, &out, &["--step-seconds", "0.05"]).spawn();
+    first.wait_for_step(12, TIMEOUT);
+    first.signal(Signal::SIGHUP);
+    first.wait(TIMEOUT).assert_code(75);
+    let stop = last_event(&run, "stop");
+    assert_eq!(stop["reason"].as_str(), Some("SIGHUP"), "{stop}");
+    let stopped_at = stop["step"].as_u64().unwrap_or_else(|| panic!("{stop}"));
+    assert!(stopped_at >= 12, "{stop}");
+    assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at), "the stop checkpoint is the newest");
+    let child_exit = last_event(&run, "child_exit");
+    assert_eq!(child_exit["verdict"].as_str(), Some("stopped"), "{child_exit}");
+}
+
 #[test]
 fn a_program_that_ignores_the_stop_is_killed_at_the_deadline_and_its_last_sealed_checkpoint_is_used() {
     let Some(()) = requires::python() else { return };

@@ -111,6 +111,14 @@ fn sigusr1_checkpoints_the_current_step_and_a_rerun_resumes_there() {
     stop_signal_checkpoints_current_step_and_rerun_resumes_there(Signal::SIGUSR1);
 }
 
+/// A run started in the foreground of an SSH session gets SIGHUP when the
+/// session closes: before, it died with 129 and lost the work since its last
+/// checkpoint.
+#[test]
+fn sighup_checkpoints_the_current_step_and_a_rerun_resumes_there() {
+    stop_signal_checkpoints_current_step_and_rerun_resumes_there(Signal::SIGHUP);
+}
+
 #[test]
 fn sigusr2_checkpoints_the_current_step_and_a_rerun_resumes_there() {
     stop_signal_checkpoints_current_step_and_rerun_resumes_there(Signal::SIGUSR2);
