@@ -25,8 +25,8 @@ use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config::Config;
 use crate::gpu::{EnvMap, GpuProbe, InventoryProbe, SystemProbe};
 use crate::health::{
-    AttemptEnd, ExclusionInput, ExclusionPlan, NodeInput, StorageProbe, VERDICT_WHY, attempts_without_progress, blame,
-    node_checks, plan_exclusion, progress_guard, since_last_verdict,
+    AttemptEnd, ExclusionInput, ExclusionPlan, Guard, NodeInput, Starting, StorageProbe, VERDICT_WHY, blame,
+    node_checks, plan_exclusion, progress_guard,
 };
 use crate::rundir::{self, EVENTS_FILE};
 use crate::slurm::injob::InJobOffer;
@@ -48,13 +48,18 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
     // Every rank decides (they read the same records) and exits 79 alike,
     // so the batch shell sees rekindle's own code; one records it.
     let history = recorded(&events_path);
-    let counted = since_last_verdict(&history, slurm.job_id.as_deref());
-    if let Some(verdict) = progress_guard(cfg.run.max_attempts_without_progress, &attempts_without_progress(counted)) {
-        tracing::error!(message = %verdict.message, "not training: no progress");
-        if records {
-            record_guard(slurm, &events_path, &verdict.message);
+    let config = crate::config::config_hash(cfg);
+    let starting = Starting { job_id: slurm.job_id.as_deref(), config: &config };
+    match progress_guard(cfg.run.max_attempts_without_progress, &history, &starting) {
+        Guard::Train => {}
+        Guard::Warn(verdict) => tracing::warn!(message = %verdict.message, "no progress in earlier attempts"),
+        Guard::Refuse(verdict) => {
+            tracing::error!(message = %verdict.message, "not training: no progress");
+            if records {
+                record_guard(slurm, &events_path, &verdict.message);
+            }
+            return Err(RunError::NoProgress { message: verdict.message });
         }
-        return Err(RunError::NoProgress { message: verdict.message });
     }
     if !cfg.health.check {
         return Ok(());
@@ -100,6 +105,7 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
             detail: failed.detail.clone(),
             checks: serde_json::to_value(&list).unwrap_or_default(),
             launch: launch_of(slurm),
+            config_sha256: Some(config),
         }),
     );
     let cause = format!("node_unhealthy: {}", failed.name);

@@ -52,6 +52,15 @@ pub fn training_hash(config: &Config) -> String {
     hex::encode(Sha256::digest(&canonical))
 }
 
+/// Lower-case hex SHA-256 of the whole config (every key, training or
+/// not) serialised as compact JSON with its keys in alphabetical order: two
+/// attempts ran with the same settings exactly when their hashes are equal.
+/// The progress guard (`crate::health`) counts afresh after a change.
+pub fn config_hash(config: &Config) -> String {
+    let value = serde_json::to_value(config).expect("a config serialises");
+    hex::encode(Sha256::digest(serde_json::to_vec(&value).expect("a JSON value serialises")))
+}
+
 /// [`training_diff`] between settings recorded earlier (the
 /// [`training_settings`] a checkpoint holds) and `config`'s; a recorded
 /// value that is not an object counts as no keys at all.

@@ -16,7 +16,7 @@ mod load;
 mod schema;
 mod validate;
 
-pub use diff::{settings_diff, training_diff, training_hash, training_settings};
+pub use diff::{config_hash, settings_diff, training_diff, training_hash, training_settings};
 pub use error::{ConfigError, Problem};
 pub use keys::{all_keys, section_keys, sections};
 pub use kinds::{AnyKind, BuiltinKinds, ModelKinds};

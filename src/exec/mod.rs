@@ -156,6 +156,8 @@ fn lead(
         placement: serde_json::json!({"exec": recorded.join(" ")}),
         world_size: leader.map(|l| l.size as usize),
         rank_nodes: rank_nodes.clone(),
+        in_job_restart: crate::slurm::injob::InJobOffer::from_process().map(|offer| offer.restarts),
+        config_sha256: Some(crate::config::config_hash(&cfg)),
         ..Start::default()
     }))?;
     if let Some(takeover) = ownership.takeover() {

@@ -21,6 +21,6 @@ pub use command::{CommandEnd, CommandRun, OUTPUT_LIMIT, run_site_command};
 pub use exclude::{ExclusionInput, ExclusionPlan, plan_exclusion};
 pub use node::{FS_TIMEOUT, NodeInput, node_checks};
 pub use progress::{
-    AttemptSummary, NoProgress, VERDICT_WHY, attempts_without_progress, progress_guard, since_last_verdict,
+    AttemptSummary, Guard, NoProgress, Starting, VERDICT_WHY, attempts_without_progress, progress_guard,
 };
 pub use storage::StorageProbe;

@@ -544,6 +544,7 @@ pub(super) fn start_record(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, placeme
         rank_nodes: None,
         optimizer_sharded: None,
         in_job_restart: crate::slurm::injob::InJobOffer::from_process().map(|offer| offer.restarts),
+        config_sha256: Some(crate::config::config_hash(cfg)),
     })
 }
 

@@ -238,6 +238,11 @@ pub struct Start {
     /// restarts came before this attempt in its allocation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_job_restart: Option<u32>,
+    /// SHA-256 of the whole config this attempt ran with
+    /// (`config::config_hash`): the progress guard counts afresh after a
+    /// change. Absent in records of older versions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_sha256: Option<String>,
 }
 
 /// `lock_takeover`: the run-directory lock this attempt took over, and why
@@ -761,6 +766,9 @@ pub struct NodeUnhealthy {
     /// this process (`pid <pid>`) outside one. The ranks of one attempt
     /// share it, so that they count as one attempt.
     pub launch: String,
+    /// As `start`'s: the config the failed attempt would have run with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_sha256: Option<String>,
 }
 
 /// `nodes_excluded`: the nodes an attempt's end blamed and what came of
@@ -1251,6 +1259,7 @@ mod tests {
                 detail: "`check` exited 1 after 0.1s; output: bad HCA".into(),
                 checks: json!({"checks": []}),
                 launch: "7.0".into(),
+                config_sha256: Some("c0ffee".into()),
             }),
             Event::NodesExcluded(NodesExcluded {
                 cause: "node_unhealthy: site command".into(),

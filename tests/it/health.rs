@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::support::cli::{RunCmd, events, events_named, exe};
+use crate::support::scontrol::FakeScontrol;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const EXIT_NO_PROGRESS: i32 = 79;
@@ -111,24 +112,65 @@ fn a_node_that_fails_its_check_trains_nothing_and_says_why() {
     assert_eq!(unhealthy["check"], "gpu health", "{unhealthy}");
 }
 
+/// Attempts of one SLURM job that commit nothing stop its requeue loop with
+/// exit 79, naming them; the same run submitted again (a new job) or with a
+/// changed config trains (here: checks its node) again.
 #[test]
-fn attempts_without_progress_stop_with_exit_79_naming_them() {
+fn attempts_of_a_job_without_progress_stop_with_exit_79_naming_them() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    let attempt = || {
+    let fake = FakeScontrol::running_job(tmp.path());
+    let attempt = |job: &str, restart: u32, max: u32| {
         RunCmd::new(&run)
             .set("run.max_steps=20")
-            .set("run.max_attempts_without_progress=2")
+            .set(&format!("run.max_attempts_without_progress={max}"))
             .set("health.command=\"exit 1\"")
+            .env("PATH", fake.path())
+            .env("SLURM_JOB_ID", job)
+            .env("SLURM_RESTART_COUNT", restart.to_string())
             .run(TIMEOUT)
     };
-    attempt().assert_code(1);
-    attempt().assert_code(1);
-    let third = attempt();
+    // Each failed node check asks for a requeue (the fake accepts it).
+    attempt("77", 0, 2).assert_code(1);
+    attempt("77", 1, 2).assert_code(1);
+    let third = attempt("77", 2, 2);
     third.assert_code(EXIT_NO_PROGRESS);
-    assert!(third.stderr.contains("2 attempts in a row committed no newer checkpoint"), "{}", third.tail());
+    assert!(third.stderr.contains("2 attempts of job 77 in a row committed no newer checkpoint"), "{}", third.tail());
+    assert!(third.stderr.contains("submit the job again"), "{}", third.tail());
     let last = events(&run).pop().unwrap();
     assert_eq!(last["event"], "error", "{last}");
     assert!(last["error"].as_str().unwrap().contains("node_unhealthy on"), "{last}");
     assert_eq!(events_named(&run, "node_unhealthy").len(), 2, "the third attempt checked nothing more");
+
+    // Submitted again: job 78 is a person's start and checks its node.
+    attempt("78", 0, 2).assert_code(1);
+    assert_eq!(events_named(&run, "node_unhealthy").len(), 3);
+    // Job 77 requeued again with a changed config counts afresh.
+    attempt("77", 3, 3).assert_code(1);
+    assert_eq!(events_named(&run, "node_unhealthy").len(), 4);
+}
+
+/// Outside SLURM a person starts each attempt: five failed starts and a
+/// sixth still runs (warned, with the history), and clean finishes never
+/// count.
+#[test]
+fn outside_slurm_the_guard_warns_but_never_refuses_and_a_finish_is_progress() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let failing = || RunCmd::new(&run).set("run.max_steps=20").set("health.command=\"exit 1\"").run(TIMEOUT);
+    for _ in 0..5 {
+        failing().assert_code(1);
+    }
+    let sixth = failing();
+    sixth.assert_code(1);
+    assert!(sixth.stderr.contains("training anyway"), "{}", sixth.tail());
+    assert_eq!(events_named(&run, "node_unhealthy").len(), 6, "every start checked its node");
+    // The corrected command trains.
+    RunCmd::new(&run).set("run.max_steps=20").run(TIMEOUT).assert_code(0);
+
+    // `rekindle exec -- true` six times: each a clean finish, never 79.
+    let finished = tmp.path().join("finished");
+    for _ in 0..6 {
+        RunCmd::exec(&finished, &["true"]).run(TIMEOUT).assert_code(0);
+    }
 }
