@@ -156,7 +156,8 @@ def noprogress_checks(attempts, state, exit_code, restarts, extra):
     last = attempts[-1]["events"][-1] if attempts and attempts[-1]["events"] else {}
     message = last.get("error") or ""
     out.append(("the attempt after them did not train: its error names the attempts and is not requeued",
-                last.get("event") == "error" and f"{most} attempts in a row committed no newer checkpoint" in message
+                last.get("event") == "error" and f"{most} attempts of job " in message
+                and "in a row committed no newer checkpoint" in message
                 and message.count("error: ") >= (most or 1)
                 and (last.get("requeue") or {}).get("decision") == "skip",
                 f"last event {json.dumps({k: last.get(k) for k in ('event', 'error', 'requeue')})[:400]}"))

@@ -350,7 +350,7 @@ def noprogress_events(attempts=2, guard=True, klass="transient"):
         ev.append({"event": "error", "node": "n1", "error": "step 6 failed", "class": klass})
     if guard:
         ev.append({"event": "error", "node": "n1", "requeue": {"decision": "skip", "reason": "no progress"},
-                   "error": "2 attempts in a row committed no newer checkpoint ([run] "
+                   "error": "2 attempts of job 5 in a row committed no newer checkpoint ([run] "
                             "max_attempts_without_progress = 2): ...; the attempts were on n1 (job 5, restart 0): "
                             "error: step 6 failed; on n1 (job 5, restart 0): error: step 6 failed."})
     return ev

@@ -17,9 +17,10 @@ pub enum Outcome {
     ConfigError,
     /// 2: the command line was invalid (clap's own code).
     UsageError,
-    /// 79: `[run] max_attempts_without_progress` attempts in a row committed
-    /// no newer checkpoint: this attempt did not train and the job is not
-    /// requeued (the message names the attempts' nodes and how they ended).
+    /// 79: `[run] max_attempts_without_progress` attempts of this SLURM job
+    /// in a row committed no newer checkpoint: this attempt (a requeue or an
+    /// in-job restart) did not train and the job is not requeued (the
+    /// message names the attempts' nodes and how they ended).
     NoProgress,
     /// 1: anything else, including a failed verification and a stop that
     /// leaves no durable checkpoint to continue from.
@@ -71,9 +72,9 @@ Exit codes:
   78  configuration error (the config, its model or data, a changed training
       setting, the other command's run directory): nothing was started or
       changed
-  79  no progress: [run] max_attempts_without_progress attempts in a row
-      committed no newer checkpoint; not trained, not requeued (the message
-      names each attempt's node and how it ended)";
+  79  no progress: [run] max_attempts_without_progress attempts of this
+      SLURM job in a row committed no newer checkpoint; not trained, not
+      requeued (the message names each attempt's node and how it ended)";
 
 #[cfg(test)]
 mod tests {
