@@ -8,17 +8,18 @@ Standard library only: copy this file next to your training script, or put
     state = load(rk.resume_path()) if rk.resume_path() else fresh()
     for step in range(state.step + 1, total + 1):
         train_one_step(state)
-        if step % 100 == 0 or rk.should_stop():
+        if step % 100 == 0 or rk.should_stop(step):
             rk.checkpoint(step, lambda d: save(state, d))   # d: a fresh directory
-        if rk.should_stop():
+        if rk.should_stop(step):
             break                                           # rekindle exits 75 and requeues
 
 In a distributed program (torchrun, or one task per rank: RANK and
 WORLD_SIZE set) every rank calls checkpoint() at the same steps, also one
 with nothing to save; rank 0 commits one checkpoint for the whole world once
 every rank's part is in. With torch.distributed initialized, should_stop()
-agrees across ranks (one all-reduce of one integer per call), so every rank
-stops at the same step.
+agrees across ranks, so every rank stops at the same step: given the step,
+about once a second one all-reduce of two integers over a CPU (gloo) group;
+the steps in between cost a counter.
 
 Importing this module under `rekindle exec` makes SIGTERM set the stop flag
 instead of ending the program (only when no handler of your own is installed
@@ -36,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 #: The contract version this helper speaks.
 PROTOCOL = 1
@@ -100,43 +102,132 @@ def install_stop_handler(signals=(signal.SIGTERM,)):
         signal.signal(sig, _on_stop_signal)
 
 
+#: Seconds between two looks at the stop file (a metadata operation on the
+#: run directory's shared storage): SIGTERM, which rekindle forwards, is seen
+#: at once; the file is for programs whose own handler keeps the signal.
+STOP_FILE_SECONDS = 1.0
+
+_stop_file_seen = False
+_stop_file_looked = None
+
+
 def stop_requested():
-    """True once this process was asked to stop (the stop file, or SIGTERM); no collective."""
-    if _stop_signalled:
+    """True once this process was asked to stop (SIGTERM, or the stop file); no collective.
+
+    The stop file is looked at no more than once every STOP_FILE_SECONDS.
+    """
+    global _stop_file_seen, _stop_file_looked
+    if _stop_signalled or _stop_file_seen:
         return True
     stop_file = _env("REKINDLE_STOP_FILE")
-    return stop_file is not None and os.path.exists(stop_file)
+    if stop_file is None:
+        return False
+    now = time.monotonic()
+    if _stop_file_looked is not None and now - _stop_file_looked < STOP_FILE_SECONDS:
+        return False
+    _stop_file_looked = now
+    _stop_file_seen = os.path.exists(stop_file)
+    return _stop_file_seen
 
+
+#: Seconds between two agreements of should_stop(step) in a distributed program.
+AGREE_SECONDS = 1.0
+#: At most this many steps between two agreements, however fast the steps.
+_MAX_STRIDE = 100_000
 
 _agreed_stop = False
+# The agreement's own process group (gloo: the flag never touches a device
+# stream); None until the first agreement, the default group when that is gloo.
+_agree_group = None
+_agree_group_made = False
+# should_stop(step): the step last asked about, steps since the last
+# agreement, the step count that agrees next (the first step agrees), and
+# when the last agreement was.
+_asked_step = None
+_steps = 0
+_next_agreement = 1
+_agreed_at = None
 
 
-def should_stop():
+def should_stop(step=None):
     """True once rekindle asked the program to stop: checkpoint now and exit.
 
     With torch.distributed initialized (world size > 1) the answer is agreed
-    by every rank: one all-reduce (MAX) of one integer, on every call, so
-    call it at the same points on every rank (as any collective). The stop
-    reaches the ranks at different moments; agreed, they all stop at the
-    same step instead of one leaving the others waiting in the next
-    all-reduce. Once True it stays True without further collectives.
+    by every rank, so call it at the same points on every rank (as any
+    collective): the stop reaches the ranks at different moments; agreed,
+    they all stop at the same step instead of one leaving the others waiting
+    in the next all-reduce. An agreement is one all-reduce (MAX) of two
+    integers over a gloo group (a CPU collective: no device synchronisation).
+
+    Pass the step (`should_stop(step)`) and it costs nothing on most steps:
+    the ranks agree about every AGREE_SECONDS (rank 0 measures how many
+    steps that is, and every rank learns it with the agreement's result, so
+    all agree at the same step); on the steps in between, and on every call
+    after the first for one step, it answers from a counter (no collective,
+    no file), with the same answer for every call of a step. A stop is then
+    seen up to about AGREE_SECONDS (and one step) after it came. Without a
+    step every call is an agreement. Once True it stays True without
+    further collectives.
     """
-    global _agreed_stop
+    global _agreed_stop, _asked_step, _steps
     if _agreed_stop:
         return True
-    local = stop_requested()
     dist = _torch_distributed()
     if dist is None:
-        return local
+        return stop_requested()
+    if step is None:
+        return _agree(dist, every_call=True)
+    if step == _asked_step:
+        return False
+    _asked_step = step
+    _steps += 1
+    if _steps < _next_agreement:
+        return False
+    return _agree(dist, every_call=False)
+
+
+def _agree(dist, every_call):
+    """One agreement of should_stop(): the stop, and the steps until the next one."""
+    global _agreed_stop, _agree_group, _agree_group_made, _steps, _next_agreement, _agreed_at
     torch = sys.modules["torch"]
-    # NCCL reduces only device tensors; gloo (and "cpu:gloo,cuda:nccl") host ones.
-    backend = str(dist.get_backend())
-    on_device = "nccl" in backend and "gloo" not in backend
-    device = torch.device("cuda", torch.cuda.current_device()) if on_device else torch.device("cpu")
-    flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    _agreed_stop = bool(flag.item())
+    if not _agree_group_made:
+        # Every rank reaches its first agreement at the same call: creating
+        # the group (itself collective) there is safe.
+        if "gloo" not in str(dist.get_backend()):
+            _agree_group = dist.new_group(backend="gloo")
+        _agree_group_made = True
+    now = time.monotonic()
+    stride = 0
+    if dist.get_rank() == 0 and not every_call and _agreed_at is not None:
+        per_second = _steps / max(now - _agreed_at, 1e-9)
+        stride = max(1, min(int(per_second * AGREE_SECONDS), _MAX_STRIDE))
+    # [stop, steps until the next agreement]: only rank 0 proposes a stride,
+    # so MAX gives every rank rank 0's.
+    flag = torch.tensor([1 if stop_requested() else 0, stride], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_agree_group)
+    _released(flag)
+    stop, stride = (int(v) for v in flag.tolist())
+    _agreed_stop = stop > 0
+    _steps, _next_agreement, _agreed_at = 0, max(1, stride), now
     return _agreed_stop
+
+
+def _released(tensor, timeout=1.0):
+    """Waits (GIL released) until the collective's worker thread let go of `tensor`.
+
+    gloo's worker drops its reference to a collective's tensors after the
+    caller was told the collective is done. Dropping it needs the GIL; if
+    that happens while the interpreter is finalizing (the program's last
+    should_stop() right before it exits), the worker thread is ended inside
+    a destructor and the process aborts ("terminate called without an
+    active exception", SIGABRT) after the program has finished.
+    """
+    use_count = getattr(tensor, "_use_count", None)
+    if use_count is None:
+        return
+    deadline = time.monotonic() + timeout
+    while use_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.0002)
 
 
 def _torch_distributed():

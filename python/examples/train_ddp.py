@@ -99,9 +99,9 @@ for step in range(start + 1, args.steps + 1):
             f.write(b"half")
         print("rank %d dying in the middle of a save at step %d" % (rank, step), file=sys.stderr, flush=True)
         os._exit(9)
-    if step % args.every == 0 or rk.should_stop():
+    if step % args.every == 0 or rk.should_stop(step):
         rk.checkpoint(step, lambda d: save(d, step))
-    if rk.should_stop():
+    if rk.should_stop(step):
         print("rank %d stopped at step %d" % (rank, step), file=sys.stderr, flush=True)
         stopped = True
         break

@@ -68,9 +68,9 @@ for step in range(start + 1, args.steps + 1):
     opt.step()
     rk.log_metrics(step, loss=loss.item(), lr=3e-4)
     time.sleep(args.step_seconds)
-    if step % args.every == 0 or rk.should_stop():  # rekindle
+    if step % args.every == 0 or rk.should_stop(step):  # rekindle
         rk.checkpoint(step, lambda d: save(d, step))  # rekindle
-    if rk.should_stop():  # rekindle
+    if rk.should_stop(step):  # rekindle
         print("stopped at step %d" % step, file=sys.stderr, flush=True)
         break
 else:

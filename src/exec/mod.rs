@@ -356,7 +356,7 @@ fn follow_program(
         record_or_log(&mut events, &child_exit(&ran, end, &Verdict::RankLost, None, 0, task));
         return Ok(follower_loss(cfg, slurm, root, staging, launch, liveness, &mut events, &lost));
     }
-    let verdict = verdict::verdict(end, ran.stop.is_some(), false, 0);
+    let verdict = verdict::verdict(end, ran.stop.is_some(), false, 0, None);
     record_or_log(&mut events, &child_exit(&ran, end, &verdict, None, 0, task));
     let _ = events.sync();
     if let Verdict::Crashed { class, why } = verdict {
@@ -578,7 +578,9 @@ impl ExecAttempt {
             record_or_log(events, &child_exit(&ran, end, &Verdict::RankLost, newest, sealed, task));
             return Ok(self.lost_world(events, &lost, newest, sealed));
         }
-        let verdict = verdict::verdict(end, ran.stop.is_some(), ran.lock_lost, sealed);
+        // Its last step sealed in this attempt: `[run] max_steps` set and reached.
+        let completed = self.max_steps.filter(|&last| newest.is_some_and(|n| n >= last));
+        let verdict = verdict::verdict(end, ran.stop.is_some(), ran.lock_lost, sealed, completed);
         tracing::info!(pid = ran.pid, how = %end.describe(), verdict = verdict.name(), sealed, "the program ended");
         if verdict == Verdict::LockLost {
             // Another process owns the run directory: nothing more is written.
@@ -587,6 +589,10 @@ impl ExecAttempt {
         record_or_log(events, &child_exit(&ran, end, &verdict, newest, sealed, task));
         match verdict {
             Verdict::Finished => self.finish(events, newest, sealed),
+            Verdict::TeardownFault { why } => {
+                tracing::warn!(pid = ran.pid, "{why}: the run counts as finished");
+                self.finish(events, newest, sealed)
+            }
             Verdict::Stopped => {
                 let taken = ran.stop.expect("a stopped verdict has a stop");
                 self.stopped(events, taken, stop, newest, seals, ran.killed_at_deadline)

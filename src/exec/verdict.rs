@@ -47,6 +47,11 @@ pub fn signal_name(sig: i32) -> String {
 pub enum Verdict {
     /// Exit 0 with no stop requested: the program is done.
     Finished,
+    /// It failed with no stop requested, but only after it sealed the step
+    /// `[run] max_steps` names in this attempt: its training is complete and
+    /// the failure came in its teardown (e.g. a distributed backend aborting
+    /// at exit). The run ends as finished; the record says how it exited.
+    TeardownFault { why: String },
     /// A stop was requested: whatever its exit code (a program that saves
     /// and exits 0 on SIGTERM is the common case), the attempt takes the
     /// stop path: 75 with a durable checkpoint, requeue as for `run`.
@@ -66,6 +71,7 @@ impl Verdict {
     pub fn name(&self) -> &'static str {
         match self {
             Verdict::Finished => "finished",
+            Verdict::TeardownFault { .. } => "teardown_fault",
             Verdict::Stopped => "stopped",
             Verdict::Crashed { .. } => "crashed",
             Verdict::LockLost => "lock_lost",
@@ -78,8 +84,16 @@ impl Verdict {
 /// history: one after the program sealed a checkpoint in this attempt
 /// failed where the same code had passed (a device, node or I/O failure:
 /// transient, requeued within `[run] max_crash_requeues`); one before any
-/// seal is a setup error a new attempt would repeat (deterministic).
-pub fn verdict(end: ChildEnd, stop_requested: bool, lock_lost: bool, sealed_this_attempt: u64) -> Verdict {
+/// seal is a setup error a new attempt would repeat (deterministic); one
+/// after it sealed its last step (`completed`: the step `[run] max_steps`
+/// names, sealed in this attempt) is a [`Verdict::TeardownFault`].
+pub fn verdict(
+    end: ChildEnd,
+    stop_requested: bool,
+    lock_lost: bool,
+    sealed_this_attempt: u64,
+    completed: Option<u64>,
+) -> Verdict {
     if lock_lost {
         return Verdict::LockLost;
     }
@@ -90,6 +104,14 @@ pub fn verdict(end: ChildEnd, stop_requested: bool, lock_lost: bool, sealed_this
         return Verdict::Finished;
     }
     let how = end.describe();
+    if let Some(step) = completed.filter(|_| sealed_this_attempt > 0) {
+        return Verdict::TeardownFault {
+            why: format!(
+                "the program {how} after sealing step {step}, the last of [run] max_steps: its training is complete, \
+                 the failure came in its teardown"
+            ),
+        };
+    }
     if sealed_this_attempt > 0 {
         Verdict::Crashed {
             class: CrashClass::Transient,
@@ -112,35 +134,50 @@ pub fn verdict(end: ChildEnd, stop_requested: bool, lock_lost: bool, sealed_this
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::libc::{SIGKILL, SIGSEGV};
+    use nix::libc::{SIGABRT, SIGKILL, SIGSEGV};
 
     #[test]
     fn exit_zero_without_a_stop_is_finished() {
-        assert_eq!(verdict(ChildEnd::Exited(0), false, false, 0), Verdict::Finished);
-        assert_eq!(verdict(ChildEnd::Exited(0), false, false, 3), Verdict::Finished);
+        assert_eq!(verdict(ChildEnd::Exited(0), false, false, 0, None), Verdict::Finished);
+        assert_eq!(verdict(ChildEnd::Exited(0), false, false, 3, None), Verdict::Finished);
     }
 
     #[test]
     fn any_end_after_a_stop_request_is_a_stop() {
         for end in [ChildEnd::Exited(0), ChildEnd::Exited(1), ChildEnd::Signaled(SIGKILL), ChildEnd::Exited(75)] {
             for sealed in [0, 1] {
-                assert_eq!(verdict(end, true, false, sealed), Verdict::Stopped, "{end:?}");
+                assert_eq!(verdict(end, true, false, sealed, None), Verdict::Stopped, "{end:?}");
             }
         }
     }
 
     #[test]
     fn a_lost_lock_wins_over_everything() {
-        assert_eq!(verdict(ChildEnd::Exited(0), true, true, 1), Verdict::LockLost);
-        assert_eq!(verdict(ChildEnd::Signaled(SIGKILL), false, true, 0), Verdict::LockLost);
+        assert_eq!(verdict(ChildEnd::Exited(0), true, true, 1, None), Verdict::LockLost);
+        assert_eq!(verdict(ChildEnd::Signaled(SIGKILL), false, true, 0, None), Verdict::LockLost);
+    }
+
+    #[test]
+    fn a_failure_after_the_last_step_was_sealed_is_a_teardown_fault_not_a_crash() {
+        let Verdict::TeardownFault { why } = verdict(ChildEnd::Signaled(SIGABRT), false, false, 3, Some(60)) else {
+            panic!()
+        };
+        assert!(why.contains("was killed by SIGABRT after sealing step 60"), "{why}");
+        // Not sealed in this attempt (a resume of a complete run that then fails): a crash.
+        assert!(matches!(verdict(ChildEnd::Exited(1), false, false, 0, Some(60)), Verdict::Crashed { .. }));
+        // A stop or a lost lock still decide first.
+        assert_eq!(verdict(ChildEnd::Exited(1), true, false, 3, Some(60)), Verdict::Stopped);
+        assert_eq!(verdict(ChildEnd::Exited(1), false, true, 3, Some(60)), Verdict::LockLost);
     }
 
     #[test]
     fn a_crash_after_a_seal_is_transient_and_before_one_deterministic() {
-        let Verdict::Crashed { class, why } = verdict(ChildEnd::Signaled(SIGSEGV), false, false, 2) else { panic!() };
+        let Verdict::Crashed { class, why } = verdict(ChildEnd::Signaled(SIGSEGV), false, false, 2, None) else {
+            panic!()
+        };
         assert_eq!(class, CrashClass::Transient);
         assert!(why.contains("was killed by SIGSEGV after sealing 2 checkpoint(s)"), "{why}");
-        let Verdict::Crashed { class, why } = verdict(ChildEnd::Exited(3), false, false, 0) else { panic!() };
+        let Verdict::Crashed { class, why } = verdict(ChildEnd::Exited(3), false, false, 0, None) else { panic!() };
         assert_eq!(class, CrashClass::Deterministic);
         assert!(why.contains("exited with code 3 before sealing any checkpoint"), "{why}");
     }

@@ -521,6 +521,39 @@ print(rk.checkpoint(1, save))
     assert_eq!(checkpoint_steps(&run), vec![1], "{}", exited.tail());
 }
 
+/// A program that aborts in its teardown (as gloo can at interpreter exit)
+/// after sealing the step `[run] max_steps` names has finished its training:
+/// the run ends finished (exit 0, `finish`), its `child_exit` says
+/// `teardown_fault`; without `max_steps` rekindle cannot know, and it stays
+/// a crash.
+#[test]
+fn an_abort_after_sealing_the_last_step_is_a_teardown_fault_and_the_run_finishes() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let program = r##"
+import os
+import rekindle_client as rk
+def save(d):
+    with open(os.path.join(d, "w"), "w") as f:
+        f.write("weights")
+rk.checkpoint(5, save)
+os.abort()
+"##;
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    let run = tmp.path().join("run");
+    let exited =
+        RunCmd::exec(&run, &["python3", "-c", program]).env("PYTHONPATH", python).set("run.max_steps=5").run(TIMEOUT);
+    exited.assert_code(0);
+    let child_exit = last_event(&run, "child_exit");
+    assert_eq!(child_exit["verdict"].as_str(), Some("teardown_fault"), "{child_exit}");
+    assert_eq!(last_event(&run, "finish")["step"].as_u64(), Some(5));
+    assert!(exited.stderr.contains("the failure came in its teardown"), "{}", exited.tail());
+
+    let unbounded = tmp.path().join("unbounded");
+    RunCmd::exec(&unbounded, &["python3", "-c", program]).env("PYTHONPATH", python).run(TIMEOUT).assert_code(1);
+    assert_eq!(last_event(&unbounded, "child_exit")["verdict"].as_str(), Some("crashed"));
+}
+
 /// Under SLURM the lock names the node as SLURM does (SLURMD_NODENAME),
 /// which need not be the host name (the local cluster's n1 and n2 run on
 /// one host): the program's seals must still find their supervisor. The
