@@ -987,7 +987,10 @@ exec_drill() {
     ((ok)) && { wait_until "the job to finish" "$TIMEOUT" job_final "$job" || ok=0; }
     cleanup_jobs "$job" "$high"
     if [[ -n $ref_rc ]]; then
-        ended_ok "$ref_rc" || note "the $drill reference failed: $(tail -n 5 "$ref_log")"
+        # A failed reference fails the drill: there is nothing to be equal to
+        # (a later drill sharing it finds its output missing, which
+        # torch_equal.py and cmp refuse).
+        ended_ok "$ref_rc" || { ok=0; note "the $drill reference failed: $(tail -n 5 "$ref_log")"; }
         ref_rc=
     fi
     state=$(job_field "$job" JobState)

@@ -33,8 +33,15 @@ def same(x, y, at):
 
 
 def main(a, b):
+    for path in (a, b):
+        if not os.path.exists(path):
+            raise AssertionError("%s does not exist: nothing to compare (did the run that writes it fail?)" % path)
+    if os.path.isdir(a) != os.path.isdir(b):
+        raise AssertionError("%s and %s are not both directories (or both files)" % (a, b))
     if os.path.isdir(a):
         names = sorted(os.listdir(a))
+        if not names:
+            raise AssertionError("%s is empty: nothing to compare (did the run that writes it fail?)" % a)
         if names != sorted(os.listdir(b)):
             raise AssertionError("the files differ: %s vs %s" % (names, sorted(os.listdir(b))))
         pairs = [(os.path.join(a, n), os.path.join(b, n), n) for n in names]

@@ -73,6 +73,24 @@ fn assert_torch_equal(python: &Path, a: &Path, b: &Path) {
     );
 }
 
+/// The drills' and these tests' judge of equality refuses to call nothing
+/// equal: two empty directories, or a side that is missing (a reference run
+/// that failed wrote none).
+#[test]
+fn torch_equal_refuses_empty_or_missing_sides() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/slurm/torch_equal.py");
+    for (x, y, why) in [(&a, &b, "is empty"), (&a, &tmp.path().join("missing"), "does not exist")] {
+        let out = Command::new(&python).arg(script).arg(x).arg(y).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains(why), "{}: {said}", y.display());
+    }
+}
+
 #[test]
 fn the_pytorch_example_stopped_by_sigterm_and_resumed_ends_equal_to_an_uninterrupted_run() {
     let Some(python) = requires::torch() else { return };
