@@ -40,6 +40,10 @@ pub struct DoctorOptions {
     /// finds before it starts (`Registry::checked_workload`, then building
     /// the trainer); `None` when they can. Fails the config check.
     pub workload_error: Option<String>,
+    /// Why the config given could not be loaded (read, parsed, `--set`
+    /// applied, validated): fails the config check; the others then check
+    /// the defaults.
+    pub config_error: Option<String>,
 }
 
 /// Runs every check against this machine and process environment. With
@@ -59,7 +63,7 @@ pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, p
     let default = Config::default();
     let config = cfg.unwrap_or(&default);
 
-    check_config(&mut list, cfg, options.workload_error.as_deref());
+    check_config(&mut list, cfg, options);
     let in_job = check_slurm_env(&mut list, env);
     check_slurm_commands(&mut list, env, in_job);
     let planned = check_gpus_and_plan(&mut list, config, options, env, probe);
@@ -86,7 +90,13 @@ pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, p
     list
 }
 
-fn check_config(list: &mut Checklist, cfg: Option<&Config>, workload_error: Option<&str>) {
+fn check_config(list: &mut Checklist, cfg: Option<&Config>, options: &DoctorOptions) {
+    if let Some(error) = &options.config_error {
+        let detail = format!("cannot be used: {error}; the checks below use the defaults");
+        list.push("config", CheckStatus::Fail, true, detail);
+        return;
+    }
+    let workload_error = options.workload_error.as_deref();
     let Some(cfg) = cfg else {
         list.push("config", CheckStatus::Skip, false, "no config given: checking with the defaults");
         return;

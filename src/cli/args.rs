@@ -244,6 +244,9 @@ pub struct GpusArgs {
 pub struct DoctorArgs {
     #[command(flatten)]
     pub target: GpuPlanArgs,
+    /// Check the config `rekindle run --set …` would use.
+    #[command(flatten)]
+    pub set: SetFlags,
     #[command(flatten)]
     pub output: JsonFlag,
 }

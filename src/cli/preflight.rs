@@ -19,6 +19,17 @@ fn config_or_default(path: Option<&Path>, registry: &Registry) -> Result<config:
     })
 }
 
+/// A config error as one line of the checklist: every problem with its
+/// place, `; `-separated.
+fn config_problems(error: &config::ConfigError) -> String {
+    match error {
+        config::ConfigError::Invalid { source_name, problems } => {
+            problems.iter().map(|p| p.render(source_name)).collect::<Vec<_>>().join("; ")
+        }
+        config::ConfigError::Read { .. } => error.to_string(),
+    }
+}
+
 pub(super) fn gpus(args: &GpusArgs, registry: &Registry) -> Result<Outcome, CliError> {
     let cfg = config_or_default(args.target.config.as_deref(), registry)?;
     let report =
@@ -28,7 +39,18 @@ pub(super) fn gpus(args: &GpusArgs, registry: &Registry) -> Result<Outcome, CliE
 }
 
 pub(super) fn doctor(args: &DoctorArgs, registry: &Registry) -> Result<Outcome, CliError> {
-    let cfg = args.target.config.as_deref().map(|p| config::load_with(p, &[], registry)).transpose()?.map(|l| l.config);
+    // A config that does not load is the config check's failure, with every
+    // problem it has: the checklist still runs (on the defaults) and says so,
+    // and the exit is 1 as for any failed required check.
+    let loaded = args.target.config.as_deref().map(|p| config::load_with(p, &args.set.overrides, registry));
+    let (cfg, config_error) = match loaded {
+        Some(Ok(l)) => (Some(l.config), None),
+        Some(Err(e)) => (None, Some(config_problems(&e))),
+        None if !args.set.overrides.is_empty() => {
+            (None, Some("--set needs --config: there is no config to override".to_string()))
+        }
+        None => (None, None),
+    };
     // The checks `rekindle run` makes before it starts (its model builds,
     // its data loads), on the trainer whose parameters the footprint counts.
     let checked = cfg.clone().unwrap_or_default();
@@ -43,6 +65,7 @@ pub(super) fn doctor(args: &DoctorArgs, registry: &Registry) -> Result<Outcome, 
         footprint: fp,
         expected_checkpoint_bytes: None,
         workload_error,
+        config_error,
     };
     let list = crate::doctor::doctor(cfg.as_ref(), &opts);
     emit(&list, args.output.json);

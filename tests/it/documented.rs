@@ -117,6 +117,34 @@ fn doctor_exits_1_when_the_checkpoint_directory_cannot_be_created() {
     assert!(blocker.is_file(), "the blocking file is untouched");
 }
 
+/// A config with a typo is the config check's failure, not an error
+/// without a checklist (it exited 78 with nothing else): every problem is
+/// named, the rest of the checklist runs, and the exit is 1 as documented.
+/// `--set` checks the config `run --set …` would use.
+#[test]
+fn doctor_prints_the_checklist_for_a_config_that_does_not_load_and_takes_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let none = inventory(tmp.path(), "none.json", json!([]));
+    let typo = tmp.path().join("typo.toml");
+    std::fs::write(&typo, "[run]\nmax_step = 10\n[checkpoint]\nkeeep = 2\n").unwrap();
+    let (code, stdout, stderr) = rekindle_out(&["doctor", "--config", path_str(&typo), "--inventory", path_str(&none)]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    let line = stdout.lines().find(|l| l.contains("] config")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.starts_with("[FAIL] config (required): cannot be used:"), "{line}");
+    assert!(line.contains("max_step") && line.contains("keeep"), "every problem is named: {line}");
+    assert!(stdout.contains("] matmul cpu"), "the rest of the checklist ran: {stdout}");
+
+    let config = doctor_config(tmp.path(), &tmp.path().join("checkpoints"), "backend = \"cpu\"");
+    let args = ["doctor", "--config", path_str(&config), "--inventory", path_str(&none)];
+    let (code, stdout, stderr) =
+        rekindle_out(&[&args[..], &["--set", "gpu.backend=\"auto\"", "--set", "gpu.require=true"]].concat());
+    assert_eq!(code, 1, "the override asks for a GPU the inventory lacks:\n{stdout}{stderr}");
+    assert!(stdout.contains("[FAIL] gpus (required)"), "{stdout}");
+    let (code, stdout, stderr) = rekindle_out(&[&args[..], &["--set", "run.max_stepz=3"]].concat());
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stdout.contains("[FAIL] config (required): cannot be used:") && stdout.contains("max_stepz"), "{stdout}");
+}
+
 #[test]
 fn doctor_exits_1_when_gpus_are_required_and_the_inventory_has_none() {
     let tmp = tempfile::tempdir().unwrap();
