@@ -14,7 +14,7 @@ use crate::rundir::{self, RunRow, SortBy};
 
 pub(super) fn status(args: &StatusArgs) -> Result<Outcome, CliError> {
     let one = args.run_dirs.len() == 1 && !args.table && args.state.is_empty();
-    if one && !args.run_dirs[0].join(rundir::CONFIG_FILE).is_file() {
+    if one && !rundir::is_run_dir(&args.run_dirs[0]) {
         return Err(CliError::NotARunDir { path: args.run_dirs[0].clone(), file: rundir::CONFIG_FILE });
     }
     let terminal = std::io::stdout().is_terminal();

@@ -99,7 +99,7 @@ pub struct RunData {
 impl RunData {
     /// Reads the run in `dir`.
     pub fn load(dir: &Path) -> Result<RunData, ReportError> {
-        if !dir.join(CONFIG_FILE).is_file() {
+        if !rundir::is_run_dir(dir) {
             return Err(ReportError::NotARunDir { path: dir.to_path_buf(), file: CONFIG_FILE });
         }
         let read = |file: &'static str| {

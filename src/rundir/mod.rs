@@ -32,7 +32,9 @@ pub use lock::{
     Claimant, DEFAULT_STALE_AFTER, LOCK_FILE, LockError, LockInfo, LockOwnership, LockRelease, LockRequest, RunLock,
     Takeover, Verdict, check_every, heartbeat_every, marker_break_after, takeover,
 };
-pub use status::{CheckpointLine, RunStatus, recovery_line, resume_tier, status, straggler_line};
+pub use status::{
+    CheckpointLine, RunStatus, is_run_dir, recovery_line, resume_tier, status, straggler_line, untrained_by_node_check,
+};
 pub use sweep::{ROW_STATES, RunRow, SortBy, row, row_of, sort_rows};
 
 /// File names inside a run directory.

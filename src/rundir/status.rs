@@ -83,6 +83,26 @@ fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
 const METRICS_TAIL_BYTES: u64 = 1 << 20;
 
 /// Reads the status of the run in `dir`.
+/// Whether `dir` is a run directory the read-only commands can show: one
+/// with its `config.toml`, or one rekindle claimed and recorded in before
+/// any config was written there (every attempt failed its node check:
+/// `config.toml` is written only once a node passes it).
+pub fn is_run_dir(dir: &Path) -> bool {
+    dir.join(CONFIG_FILE).is_file() || (crate::confine::is_claimed(dir) && dir.join(EVENTS_FILE).is_file())
+}
+
+/// The node check that kept every attempt of the run from training, when
+/// none trained: `(node, check, detail)` of the newest `node_unhealthy`.
+pub fn untrained_by_node_check(st: &RunStatus) -> Option<(&str, &str, &str)> {
+    if st.attempts > 0 || !st.checkpoints.is_empty() {
+        return None;
+    }
+    match st.last_unhealthy.as_ref().map(|e| &e.event) {
+        Some(Event::NodeUnhealthy(u)) => Some((&u.node, &u.check, &u.detail)),
+        _ => None,
+    }
+}
+
 pub fn status(dir: &Path) -> RunStatus {
     let summary = Summary::read(&dir.join(SUMMARY_FILE));
     let cfg = config::load_with(&dir.join(CONFIG_FILE), &[], &config::AnyKind).ok().map(|l| l.config);
@@ -322,6 +342,13 @@ impl std::fmt::Display for RunStatus {
             write!(f, "; {} quarantined (see `rekindle checkpoints`)", self.quarantined)?;
         }
         writeln!(f)?;
+        if let Some((node, check, _)) = untrained_by_node_check(self) {
+            writeln!(
+                f,
+                "trained   nothing: every attempt ended at its node check (the last: `{check}` on {node}, below), \
+                 before config.toml was written; fix the node or the check, then start the run again"
+            )?;
+        }
         if let Some(a) = &self.last_ended_attempt {
             writeln!(f, "ended     {a}")?;
         }

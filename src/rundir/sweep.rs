@@ -75,6 +75,14 @@ pub fn row(dir: &Path) -> RunRow {
     if !config_path.exists() {
         let ours = crate::confine::is_claimed(dir)
             || [EVENTS_FILE, METRICS_FILE, LOCK_FILE].iter().any(|f| dir.join(f).exists());
+        if ours && crate::rundir::is_run_dir(dir) {
+            let st = status(dir);
+            if let Some((node, check, _)) = crate::rundir::untrained_by_node_check(&st) {
+                let problem =
+                    format!("nothing trained: every attempt failed its node check (the last: `{check}` on {node})");
+                return RunRow { problem: Some(problem), ..row_of(&st) };
+            }
+        }
         return if ours {
             trouble(
                 "damaged",

@@ -96,6 +96,25 @@ fn a_node_that_fails_its_check_trains_nothing_and_says_why() {
     assert_eq!(unhealthy["checks"]["required_failed"], true);
     assert!(!run.join("metrics.jsonl").exists(), "no step trained");
 
+    // The run directory holds no config.toml yet: it is still inspectable,
+    // and says which check failed, where, and that nothing trained.
+    let inspect = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(exe()).args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (code, text) = inspect(&["status".as_ref(), run.as_os_str()]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("trained   nothing: every attempt ended at its node check"), "{text}");
+    assert!(text.contains("`site command`"), "{text}");
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let (code, text) = inspect(&["status".as_ref(), run.as_os_str(), other.as_os_str()]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("nothing trained: every attempt failed its node check"), "{text}");
+    assert!(!text.contains("restore it"), "no config.toml ever existed to restore: {text}");
+    let (code, text) = inspect(&["report".as_ref(), run.as_os_str()]);
+    assert_eq!(code, Some(0), "{text}");
+
     // A sick GPU of the injected inventory fails the same way.
     let sick = inventory(
         tmp.path(),
