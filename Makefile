@@ -39,7 +39,11 @@ demo-deps:
 # exec-ddp drill). PyPI's Linux wheel brings its CUDA libraries (torch 2.15.0
 # +cu132: 5.4 GB installed, 1m09s here); it trains on the CPU without a GPU.
 # Hugging Face's sharded loader (huggingface_hub, with safetensors) reads our
-# sharded checkpoints there (tests/it/python_interop.rs).
+# sharded checkpoints there (tests/it/python_interop.rs). The trainers
+# whose callbacks the client package serves (transformers with accelerate,
+# lightning) and that package itself (python/, editable: `import rekindle`)
+# go there too (tests/it/torch_exec.rs builds tiny models from config:
+# nothing is downloaded at run time).
 # pip is upgraded first: the venv's own pip 23.2 crashed on a half-installed
 # site-packages.
 VENV ?= $(CURDIR)/.venv
@@ -57,6 +61,8 @@ deps: demo-deps
 		{ $(PYTHON) -m venv $(VENV) || { apt-get update && apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }; } && \
 		$(VENV)/bin/pip install --quiet --upgrade pip && $(VENV)/bin/pip install --quiet torch numpy; }
 	@$(VENV)/bin/python -c "import huggingface_hub, safetensors" 2>/dev/null || $(VENV)/bin/pip install --quiet huggingface_hub safetensors
+	@$(VENV)/bin/python -c "import transformers, accelerate, lightning" 2>/dev/null || $(VENV)/bin/pip install --quiet transformers accelerate lightning
+	@$(VENV)/bin/python -c "import rekindle.hf" 2>/dev/null || $(VENV)/bin/pip install --quiet -e ./python
 	@dpkg -s librocm-smi-dev libclang-dev >/dev/null 2>&1 || { apt-get update && apt-get install -y librocm-smi-dev libclang-dev; }
 	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; } || \
 		echo "*** WARNING: cannot install chromium: tests/it/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"

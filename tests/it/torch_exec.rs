@@ -73,6 +73,52 @@ fn assert_torch_equal(python: &Path, a: &Path, b: &Path) {
     );
 }
 
+/// A trainer's example (`python/examples/<example>`, rekindle's callback
+/// in it) stopped by SIGTERM past step 25 and resumed ends equal to an
+/// uninterrupted run: the stop saved the current step through the callback,
+/// the resume took it from `REKINDLE_RESUME_FROM`.
+fn trainer_stopped_and_resumed_ends_equal(example_name: &str) {
+    let Some(python) = requires::trainers() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let program = example(example_name);
+    let run_of = |run: &Path, out: &Path, extra: &[&str]| {
+        let (python, out) = (python.to_string_lossy(), out.to_string_lossy());
+        let mut command = vec![&*python, &*program, "--steps", "60", "--every", "20", "--out", &*out];
+        command.extend_from_slice(extra);
+        exec(run, &command)
+    };
+    let expected = tmp.path().join("reference.pt");
+    run_of(&tmp.path().join("reference"), &expected, &[]).run(TIMEOUT).assert_code(0);
+    assert_eq!(checkpoint_steps(&tmp.path().join("reference")), vec![20, 40, 60]);
+
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final.pt"));
+    let mut first = run_of(&run, &out, &["--step-seconds", "0.05"]).spawn();
+    first.wait_for_step(25, TIMEOUT);
+    first.signal(Signal::SIGTERM);
+    let stopped = first.wait(TIMEOUT);
+    stopped.assert_code(75);
+    let stopped_at = last_event(&run, "stop")["step"].as_u64().unwrap();
+    assert!(stopped_at >= 25, "the stop checkpoint is of the step it reached: {stopped_at}");
+    assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at), "{}", stopped.tail());
+    assert!(stopped.stderr.contains(&format!("stopped at step {stopped_at}")), "{}", stopped.tail());
+
+    let second = run_of(&run, &out, &[]).run(TIMEOUT);
+    second.assert_code(0);
+    assert!(second.stderr.contains(&format!("starting at step {stopped_at}")), "{}", second.tail());
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
+
+#[test]
+fn a_hugging_face_trainer_with_the_callback_stopped_and_resumed_ends_equal() {
+    trainer_stopped_and_resumed_ends_equal("train_hf.py");
+}
+
+#[test]
+fn a_lightning_trainer_with_the_callback_stopped_mid_epoch_and_resumed_ends_equal() {
+    trainer_stopped_and_resumed_ends_equal("train_lightning.py");
+}
+
 /// The drills' and these tests' judge of equality refuses to call nothing
 /// equal: two empty directories, or a side that is missing (a reference run
 /// that failed wrote none).

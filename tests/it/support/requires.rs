@@ -161,6 +161,16 @@ pub fn hf_hub() -> Option<PathBuf> {
     python_imports(&python, "huggingface_hub, safetensors", Need::Torch).map(|()| python)
 }
 
+/// `Some(python)`, the virtual environment's interpreter, when it imports
+/// the trainers `exec`'s callbacks serve (`transformers` with `accelerate`,
+/// `lightning`) and the client package (`rekindle`, `pip install -e
+/// ./python`); `make deps` installs them there. Otherwise see [`unmet`].
+pub fn trainers() -> Option<PathBuf> {
+    let python = torch()?;
+    python_imports(&python, "transformers, accelerate, lightning, rekindle.hf, rekindle.lightning", Need::Torch)
+        .map(|()| python)
+}
+
 /// The Chromium binary: `REKINDLE_CHROMIUM`, else `chromium` or
 /// `chromium-browser` on PATH; otherwise see [`unmet`].
 pub fn chromium() -> Option<PathBuf> {
