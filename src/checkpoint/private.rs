@@ -177,7 +177,7 @@ pub fn prepare_root(root: &Path) -> Result<(), Untrusted> {
     if let Ok(meta) = std::fs::metadata(base)
         && !meta.is_dir()
     {
-        return Err(make(io::Error::other(format!("{} is not a directory", base.display()))));
+        return Err(make(io::Error::from_raw_os_error(nix::libc::ENOTDIR)));
     }
     std::fs::create_dir_all(base).map_err(make)?;
     // The base itself may be reached through a link (a site's /scratch

@@ -365,7 +365,7 @@ fn assert_tier_off(run: &Path, local: &Path, rank: usize, node: &str) {
     assert_eq!(saves[0]["outcome"], "failed", "{}", saves[0]);
     let reason = saves[0]["reason"].as_str().unwrap_or_default();
     let dir = user_dir(local, node).display().to_string();
-    for part in [format!("rank {rank} on {node}").as_str(), &dir, "ot a directory", "local_dir"] {
+    for part in [format!("rank {rank} on {node}").as_str(), &dir, "Not a directory", "local_dir"] {
         assert!(reason.contains(part), "the reason names {part}: {reason}");
     }
     assert_eq!(events_named(run, "finish").len(), 1);
@@ -586,7 +586,8 @@ fn issue_40_a_copy_whose_world_record_names_another_run_is_refused() {
     std::fs::create_dir(&root).unwrap();
     std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let copy = root.join(rekindle::checkpoint::step_dir_name(killed_at));
-    let status = Command::new("cp").arg("-a").arg(local_copy(&local, "solo", killed_at)).arg(&copy).status().unwrap();
+    let source = run_root(&local, "solo", &first).join(rekindle::checkpoint::step_dir_name(killed_at));
+    let status = Command::new("cp").arg("-a").arg(source).arg(&copy).status().unwrap();
     assert!(status.success());
     run_to_end_within(training(&local).command(&second, &[]), &["solo"]);
     assert!(events_named(&second, "resume").is_empty(), "a fresh start, not a resume");
