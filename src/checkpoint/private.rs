@@ -28,16 +28,13 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// The prefix of a user's folder in the base: `rekindle-local-<uid>`.
-pub const PRIVATE_DIR_PREFIX: &str = "rekindle-local-";
-
 /// Group or other may write.
 const WRITABLE_BY_OTHERS: u32 = 0o022;
 const STICKY: u32 = 0o1000;
 
 /// The user's folder in a base: `rekindle-local-<uid>`.
 pub fn private_dir_name(uid: u32) -> String {
-    format!("{PRIVATE_DIR_PREFIX}{uid}")
+    format!("{}-{uid}", super::local::LOCAL_DIR_NAME)
 }
 
 /// The effective uid: whose files rekindle's own are.
@@ -164,9 +161,10 @@ fn look_present(path: &Path) -> Result<Seen, Untrusted> {
 
 /// Makes the run's local root `root` (`<base>/rekindle-local-<uid>/<run
 /// key>`, [`super::local::resolve_root`]) and checks the way to it: the base
-/// is made if missing (it is the user's choice, or the system's), every
-/// directory above the user's folder must pass [`judge_ancestor`], and the
-/// user's folder and the run's folder are made `0700` and must pass
+/// is made if missing (mode 0755 whatever the umask; it is the user's
+/// choice, or the system's), every directory above the user's folder must
+/// pass [`judge_ancestor`], and the user's folder and the run's folder are
+/// made `0700` and must pass
 /// [`judge_own`] (checked after they are made, and also when they were
 /// there already).
 pub fn prepare_root(root: &Path) -> Result<(), Untrusted> {
@@ -179,7 +177,9 @@ pub fn prepare_root(root: &Path) -> Result<(), Untrusted> {
     {
         return Err(make(io::Error::from_raw_os_error(nix::libc::ENOTDIR)));
     }
-    std::fs::create_dir_all(base).map_err(make)?;
+    // Levels made here are writable by the user alone whatever the umask
+    // (002 would make them group-writable, and refused below).
+    std::fs::DirBuilder::new().recursive(true).mode(0o755).create(base).map_err(make)?;
     // The base itself may be reached through a link (a site's /scratch
     // pointing at local disk): the directories it resolves to are checked.
     let real = std::fs::canonicalize(base).map_err(make)?;
@@ -221,6 +221,26 @@ pub fn check_tree(dir: &Path) -> Result<(), Untrusted> {
             check_tree(&path)?;
         } else {
             judge_own(&path, seen, Kind::File, user)?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes write permission for group and others away from the copy `dir`
+/// and everything in it (links are neither followed nor changed), so that a
+/// copy rekindle wrote under a umask such as 002 (files 0664, directories
+/// 0775, as docs/run-directory.md suggests for labs) passes [`check_tree`].
+pub fn keep_private(dir: &Path) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(dir)?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    if meta.mode() & WRITABLE_BY_OTHERS != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(meta.mode() & 0o7755))?;
+    }
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(dir)? {
+            keep_private(&entry?.path())?;
         }
     }
     Ok(())
@@ -302,6 +322,13 @@ mod tests {
         std::fs::remove_file(copy.join("state.json")).unwrap();
         nix::unistd::mkfifo(&copy.join("WORLD.json"), nix::sys::stat::Mode::S_IRWXU).unwrap();
         assert!(check_tree(&copy).unwrap_err().to_string().contains("a FIFO"));
+        std::fs::remove_file(copy.join("WORLD.json")).unwrap();
+        for (path, mode) in [(&copy, 0o775), (&copy.join("model.safetensors"), 0o664)] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        assert!(matches!(check_tree(&copy), Err(Untrusted::Writable { .. })), "written under umask 002");
+        keep_private(&copy).unwrap();
+        assert_eq!(check_tree(&copy), Ok(()));
         let link = tmp.path().join("step-0000000006");
         std::os::unix::fs::symlink(&copy, &link).unwrap();
         assert!(check_tree(&link).unwrap_err().to_string().contains("symbolic link, not a directory"));

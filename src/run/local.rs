@@ -233,11 +233,17 @@ impl LocalWriter {
         let store = self.store.clone();
         let spawned = std::thread::Builder::new().name("rekindle-local".into()).spawn(move || {
             let t0 = Instant::now();
-            let saved = store.save(&snapshot);
+            // Written under the user's umask: made writable by the user alone,
+            // as every copy read back must be (`private::check_tree`).
+            let saved = store.save(&snapshot).map_err(|e| e.to_string()).and_then(|report| {
+                let dir = store.step_dir(step);
+                private::keep_private(&dir).map_err(|e| format!("cannot make {} private: {e}", dir.display()))?;
+                Ok(report)
+            });
             let seconds = t0.elapsed().as_secs_f64();
             let read_back =
                 |report| read_manifest(&store.step_dir(step)).map(|m| (report, m)).map_err(|f| f.to_string());
-            let done = match saved.map_err(|e| e.to_string()).and_then(read_back) {
+            let done = match saved.and_then(read_back) {
                 Ok((report, manifest)) => {
                     LocalDone { step, files: manifest.files, bytes: report.bytes, seconds, error: None, skipped: false }
                 }
@@ -674,7 +680,7 @@ pub fn share(
     if let (Some(incoming), Some(dir)) = (&incoming, &dir) {
         if failure.is_none() {
             let _ = std::fs::remove_dir_all(dir);
-            match std::fs::rename(incoming, dir) {
+            match std::fs::rename(incoming, dir).and_then(|()| private::keep_private(dir)) {
                 Ok(()) => {
                     if let Err(e) = tier::check_copy(dir, step, run) {
                         failure = Some(format!("the copy received does not verify: {e}"));

@@ -608,3 +608,31 @@ fn issue_40_a_fifo_at_world_json_does_not_hang_the_run_and_is_refused() {
     durable_fallback(&run, durable);
     assert_refused(&run, &["rank 0 on solo", &world.display().to_string(), "a FIFO"]);
 }
+
+/// `cmd` run under umask 002 (as docs/run-directory.md suggests for labs).
+fn under_umask_002(mut cmd: Command) -> Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: umask is async-signal-safe and touches no memory.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o002));
+            Ok(())
+        });
+    }
+    cmd
+}
+
+#[test]
+fn issue_40_copies_written_under_umask_002_are_private_and_still_resumed_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let cmd = under_umask_002(training(&local).command(&run, &[]));
+    let killed_at = kill_between_checkpoints(cmd, &["solo"], &run, &local);
+    let model = local_copy(&local, "solo", killed_at).join("model.safetensors");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&model).unwrap().permissions());
+    assert_eq!(mode & 0o022, 0, "made writable by the user alone: {mode:o}");
+    run_to_end(under_umask_002(training(&local).command(&run, &[])), &["solo"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
+    assert!(failed_local_reasons(&run).is_empty(), "nothing of its own is refused");
+}
