@@ -119,8 +119,8 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     rundir::refuse_other_command(&root, &cfg, CheckpointKind::Native)?;
     // The node-local tier ([recovery] local): this node's root (or why it
     // has none: the tier is then off for the attempt, which rank 0 records),
-    // and the local checkpoints it holds that verify (told at hello).
-    // Copies refused as untrusted are recorded by rank 0 (told at hello).
+    // the local checkpoints it holds that verify, and the copies it refuses
+    // as untrusted (both told at hello; rank 0 records the refusals).
     let local_root = local::local_root(&cfg, &slurm, &root).map_err(|e| e.to_string()).transpose();
     let run = crate::checkpoint::local::run_identity(&root);
     let (held, refused) = match &local_root {
