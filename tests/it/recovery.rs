@@ -636,3 +636,21 @@ fn issue_40_copies_written_under_umask_002_are_private_and_still_resumed_from() 
     assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
     assert!(failed_local_reasons(&run).is_empty(), "nothing of its own is refused");
 }
+
+#[test]
+fn issue_40_a_follower_nodes_foreign_copy_is_refused_recorded_by_rank_0_and_the_other_nodes_copy_used() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run, &local);
+    let copy = local_copy(&local, "b", killed_at);
+    chown_tree(&copy, OTHER_UID);
+    let before = support::snapshot(&copy);
+    run_to_end(training(&local).command(&run, &[]), &["a", "b"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
+    assert_eq!(resume["source_node"], "a", "b's copy is refused, a's is used: {resume}");
+    assert_refused(&run, &["rank 1 on b", &copy.display().to_string(), &format!("owned by uid {OTHER_UID}")]);
+    let aside = copy.with_file_name(format!("refused-{}", copy.file_name().unwrap().to_string_lossy()));
+    assert_eq!(support::snapshot(&aside), before, "moved aside on b, not written over nor removed");
+}
