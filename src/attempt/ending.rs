@@ -260,6 +260,7 @@ pub(crate) fn publish_results(
             files: report.files,
             refused: report.refused,
             last_error: report.last_error,
+            worktree: report.worktree,
         },
         Err(e) => {
             tracing::error!(error = %e, "publishing failed");

@@ -15,6 +15,11 @@
 //! so each node writes a whole copy of its own and the agreement of their
 //! hashes is the replication check; no node depends on one other node.
 //!
+//! The root is private to its user (`private.rs`): a copy is read only
+//! once it and the way to it are the user's alone, and it is resumed from
+//! only when its `WORLD.json` names this run ([`WorldRecord::run`]) and
+//! every file verifies.
+//!
 //! Here: the record, where a node's root is ([`resolve_root`]), which
 //! local checkpoints a node holds and verify ([`held`]), which one a new
 //! world resumes from ([`choose`], pure), and whether one more fits
@@ -27,18 +32,30 @@ use sha2::{Digest, Sha256};
 
 use super::layout::{parse_step_dir_name, step_dir_name};
 use super::manifest::ManifestEntry;
+use super::private::{self, Untrusted};
 use super::verify::{VerifyLevel, read_manifest, verify_checkpoint_dir};
 
 /// The record that makes a node's copy a local checkpoint of the world.
 pub const WORLD_FILE: &str = "WORLD.json";
-/// The folder under the local directory that holds every run's local tier.
+/// What every user's folder in the local directory is named after
+/// (`rekindle-local-<uid>`, `private.rs`).
 pub const LOCAL_DIR_NAME: &str = "rekindle-local";
-const WORLD_FORMAT: u64 = 1;
+/// 2: the record names its run (`run`); format 1 did not, so a copy of
+/// another run could not be told apart and is refused.
+const WORLD_FORMAT: u64 = 2;
+/// The largest `WORLD.json` read: the manifest's bound, as it lists the
+/// same files.
+pub const MAX_WORLD_BYTES: u64 = super::verify::MAX_MANIFEST_BYTES;
 
 /// `WORLD.json`: the world agreed on this step's files.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorldRecord {
     pub format_version: u64,
+    /// The run whose copy this is: its run directory's absolute path
+    /// ([`run_identity`]), the path the root's run key is a hash of. Empty
+    /// in records of format 1.
+    #[serde(default)]
+    pub run: String,
     pub step: u64,
     /// The checkpoint's files as every holder's manifest lists them.
     pub files: Vec<ManifestEntry>,
@@ -51,9 +68,16 @@ pub struct WorldRecord {
 }
 
 impl WorldRecord {
-    pub fn new(step: u64, files: Vec<ManifestEntry>, holders: Vec<String>, world_size: usize) -> WorldRecord {
+    pub fn new(
+        run: String,
+        step: u64,
+        files: Vec<ManifestEntry>,
+        holders: Vec<String>,
+        world_size: usize,
+    ) -> WorldRecord {
         WorldRecord {
             format_version: WORLD_FORMAT,
+            run,
             step,
             files,
             holders,
@@ -75,25 +99,54 @@ impl WorldRecord {
         std::fs::File::open(dir)?.sync_all()
     }
 
-    /// The record of the copy `dir`, or why there is none usable.
-    pub fn read(dir: &Path) -> Result<WorldRecord, String> {
+    /// The record of the copy `dir`, or why there is none usable. Read
+    /// without following a link or blocking (a FIFO is refused, not waited
+    /// on), and at most [`MAX_WORLD_BYTES`] of it.
+    pub fn read(dir: &Path) -> Result<WorldRecord, Unfit> {
         let path = dir.join(WORLD_FILE);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match crate::confine::read_bounded(&path, MAX_WORLD_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err("no WORLD.json: the world never agreed on this copy".into());
+                return Err(Unfit::Unusable(format!(
+                    "no WORLD.json in {}: the world never agreed on this copy",
+                    dir.display()
+                )));
             }
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            // A link, a special file, or more than any record rekindle writes.
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData) => {
+                return Err(Unfit::Refused(e.to_string()));
+            }
+            Err(e) => return Err(Unfit::Unusable(format!("cannot read {}: {e}", path.display()))),
         };
-        let record: WorldRecord =
-            serde_json::from_slice(&bytes).map_err(|e| format!("WORLD.json is unreadable: {e}"))?;
+        let record: WorldRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| Unfit::Refused(format!("{} is unreadable: {e}", path.display())))?;
         if record.format_version != WORLD_FORMAT {
-            return Err(format!(
-                "WORLD.json has format {} (this rekindle reads {WORLD_FORMAT})",
+            return Err(Unfit::Refused(format!(
+                "{} has format {} (this rekindle reads {WORLD_FORMAT}, whose record names its run): a copy that \
+                 does not say whose it is is never resumed from",
+                path.display(),
                 record.format_version
-            ));
+            )));
         }
         Ok(record)
+    }
+}
+
+/// Why a copy is no local checkpoint to resume from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unfit {
+    /// Not to be trusted: not the user's alone (another owner, writable by
+    /// others, a link or special file), or not this run's. Recorded.
+    #[error("{0}")]
+    Refused(String),
+    /// Never committed, or damaged: ordinary after a fault, only logged.
+    #[error("{0}")]
+    Unusable(String),
+}
+
+impl From<Untrusted> for Unfit {
+    fn from(e: Untrusted) -> Unfit {
+        Unfit::Refused(e.to_string())
     }
 }
 
@@ -107,12 +160,17 @@ pub enum LocalPlaceError {
     NoDirectory,
     #[error("[recovery] local_dir `{template}` uses {{job}} outside a SLURM job; use {{node}} only, or a fixed path")]
     NoJob { template: String },
+    /// The root could not be made, or it (or the way to it) is not the
+    /// user's alone (`private.rs`).
+    #[error("{0}")]
+    Untrusted(#[from] Untrusted),
 }
 
-/// The local root of the run whose directory is `run_dir` on node `node`:
-/// `<dir>/rekindle-local/<run key>`, where `<dir>` is `template` with
-/// `{node}` and `{job}` replaced, else the first of `$SLURM_TMPDIR`,
-/// `$TMPDIR` and `/dev/shm` that `exists`.
+/// The local root of the run whose directory is `run_dir` on node `node`
+/// for the user `uid`: `<dir>/rekindle-local-<uid>/<run key>`, where
+/// `<dir>` is `template` with `{node}` and `{job}` replaced, else the first
+/// of `$SLURM_TMPDIR`, `$TMPDIR` and `/dev/shm` that `exists`. Why a folder
+/// per user, named with its uid: `private.rs`.
 pub fn resolve_root(
     template: Option<&str>,
     env: impl Fn(&str) -> Option<String>,
@@ -120,6 +178,7 @@ pub fn resolve_root(
     node: &str,
     job: Option<&str>,
     run_dir: &Path,
+    uid: u32,
 ) -> Result<PathBuf, LocalPlaceError> {
     let base = match template {
         Some(template) => {
@@ -135,7 +194,13 @@ pub fn resolve_root(
             .find(|p| exists(p))
             .ok_or(LocalPlaceError::NoDirectory)?,
     };
-    Ok(base.join(LOCAL_DIR_NAME).join(run_key(run_dir)))
+    Ok(base.join(private::private_dir_name(uid)).join(run_key(run_dir)))
+}
+
+/// The run `run_dir` as a [`WorldRecord`] names it: its absolute path (the
+/// one [`run_key`] hashes).
+pub fn run_identity(run_dir: &Path) -> String {
+    std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf()).to_string_lossy().into_owned()
 }
 
 /// A run's name in the local tier: the first 16 hex digits of the SHA-256
@@ -153,16 +218,21 @@ pub struct HeldStep {
 }
 
 /// A copy under the root that is no usable local checkpoint, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unusable {
     pub step: u64,
     pub reason: String,
+    /// Refused as not the user's alone or not this run's ([`Unfit::Refused`]):
+    /// recorded as a failed `local_checkpoint`, not only logged.
+    #[serde(default)]
+    pub refused: bool,
 }
 
-/// The local checkpoints under `root` that verify in full (every file's
-/// SHA-256), newest first, and the copies that do not, with why. A missing
-/// root holds nothing.
-pub fn held(root: &Path) -> (Vec<HeldStep>, Vec<Unusable>) {
+/// The local checkpoints of the run `run` ([`run_identity`]) under `root`
+/// (a root [`private::prepare_root`] made) that verify in full (every
+/// file's SHA-256), newest first, and the copies that do not, with why. A
+/// missing root holds nothing.
+pub fn held(root: &Path, run: &str) -> (Vec<HeldStep>, Vec<Unusable>) {
     let mut steps: Vec<u64> = match std::fs::read_dir(root) {
         Ok(entries) => entries
             .filter_map(Result::ok)
@@ -173,28 +243,42 @@ pub fn held(root: &Path) -> (Vec<HeldStep>, Vec<Unusable>) {
     steps.sort_unstable_by(|a, b| b.cmp(a));
     let (mut good, mut bad) = (Vec::new(), Vec::new());
     for step in steps {
-        match check_copy(&root.join(step_dir_name(step)), step) {
+        match check_copy(&root.join(step_dir_name(step)), step, run) {
             Ok(files) => good.push(HeldStep { step, files }),
-            Err(reason) => bad.push(Unusable { step, reason }),
+            Err(unfit) => {
+                let refused = matches!(unfit, Unfit::Refused(_));
+                bad.push(Unusable { step, reason: unfit.to_string(), refused });
+            }
         }
     }
     (good, bad)
 }
 
-/// The files of the copy `dir` of `step` when it is a local checkpoint
-/// whose every file verifies.
-pub fn check_copy(dir: &Path, step: u64) -> Result<Vec<ManifestEntry>, String> {
+/// The files of the copy `dir` of `step` when it is a local checkpoint of
+/// the run `run` whose every file verifies. Before anything of it is read,
+/// the copy and everything in it must be the user's alone
+/// ([`private::check_tree`]: never a link, never a FIFO).
+pub fn check_copy(dir: &Path, step: u64, run: &str) -> Result<Vec<ManifestEntry>, Unfit> {
+    private::check_tree(dir)?;
     let world = WorldRecord::read(dir)?;
-    let manifest = read_manifest(dir).map_err(|f| f.to_string())?;
+    if world.run != run {
+        return Err(Unfit::Refused(format!(
+            "{} names the run {}, not this one ({run}): a copy of another run is never resumed from",
+            dir.join(WORLD_FILE).display(),
+            if world.run.is_empty() { "(none)" } else { world.run.as_str() }
+        )));
+    }
+    let unusable = |why: String| Unfit::Unusable(format!("{}: {why}", dir.display()));
+    let manifest = read_manifest(dir).map_err(|f| unusable(f.to_string()))?;
     if world.step != step || manifest.step != step {
-        return Err(format!("WORLD.json says step {}, MANIFEST.json step {}", world.step, manifest.step));
+        return Err(unusable(format!("WORLD.json says step {}, MANIFEST.json step {}", world.step, manifest.step)));
     }
     if world.files != manifest.files {
-        return Err("its files are not the ones the world agreed on".into());
+        return Err(unusable("its files are not the ones the world agreed on".into()));
     }
     let failures = verify_checkpoint_dir(dir, VerifyLevel::Full);
     if let Some(first) = failures.first() {
-        return Err(format!("does not verify: {first}"));
+        return Err(unusable(format!("does not verify: {first}")));
     }
     Ok(world.files)
 }
@@ -337,16 +421,18 @@ mod tests {
     fn the_root_is_the_template_with_node_and_job_or_the_first_tmp_that_exists() {
         let run = Path::new("/shared/runs/a");
         let none = |_: &str| None;
-        let root = resolve_root(Some("/scratch/{node}/{job}"), none, |_| true, "n2", Some("77"), run).unwrap();
-        assert_eq!(root, Path::new("/scratch/n2/77/rekindle-local").join(run_key(run)));
+        let root = resolve_root(Some("/scratch/{node}/{job}"), none, |_| true, "n2", Some("77"), run, 1000).unwrap();
+        assert_eq!(root, Path::new("/scratch/n2/77/rekindle-local-1000").join(run_key(run)));
         let env = |v: &str| (v == "TMPDIR").then(|| "/tmp/job".to_string());
-        let root = resolve_root(None, env, |_| true, "n1", None, run).unwrap();
-        assert!(root.starts_with("/tmp/job/rekindle-local"), "{}", root.display());
-        let root = resolve_root(None, env, |p| p == Path::new("/dev/shm"), "n1", None, run).unwrap();
+        let root = resolve_root(None, env, |_| true, "n1", None, run, 1000).unwrap();
+        assert!(root.starts_with("/tmp/job/rekindle-local-1000"), "{}", root.display());
+        let other = resolve_root(None, env, |_| true, "n1", None, run, 1001).unwrap();
+        assert_ne!(root.parent(), other.parent(), "each user has a folder of their own");
+        let root = resolve_root(None, env, |p| p == Path::new("/dev/shm"), "n1", None, run, 0).unwrap();
         assert!(root.starts_with("/dev/shm"), "a $TMPDIR that does not exist is passed over: {}", root.display());
-        assert_eq!(resolve_root(None, none, |_| false, "n1", None, run), Err(LocalPlaceError::NoDirectory));
+        assert_eq!(resolve_root(None, none, |_| false, "n1", None, run, 0), Err(LocalPlaceError::NoDirectory));
         assert!(matches!(
-            resolve_root(Some("/x/{job}"), none, |_| true, "n1", None, run),
+            resolve_root(Some("/x/{job}"), none, |_| true, "n1", None, run, 0),
             Err(LocalPlaceError::NoJob { .. })
         ));
         assert_ne!(run_key(run), run_key(Path::new("/shared/runs/b")));
@@ -365,13 +451,44 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let step = dir.path().join(step_dir_name(5));
         std::fs::create_dir(&step).unwrap();
-        let (good, bad) = held(dir.path());
+        let (good, bad) = held(dir.path(), "/runs/a");
         assert!(good.is_empty());
-        assert!(bad[0].reason.contains("no WORLD.json"), "{:?}", bad);
-        WorldRecord::new(5, vec![entry("x", "y")], vec!["n1".into()], 1).write(&step).unwrap();
-        let (_, bad) = held(dir.path());
-        assert!(bad[0].reason.contains("MANIFEST.json"), "no manifest is named: {:?}", bad);
+        assert!(bad[0].reason.contains("no WORLD.json") && !bad[0].refused, "{:?}", bad);
+        WorldRecord::new("/runs/a".into(), 5, vec![entry("x", "y")], vec!["n1".into()], 1).write(&step).unwrap();
+        let (_, bad) = held(dir.path(), "/runs/a");
+        assert!(bad[0].reason.contains("MANIFEST.json") && !bad[0].refused, "no manifest is named: {:?}", bad);
         std::fs::write(step.join(WORLD_FILE), b"{").unwrap();
-        assert!(WorldRecord::read(&step).unwrap_err().contains("unreadable"));
+        assert!(WorldRecord::read(&step).unwrap_err().to_string().contains("unreadable"));
+    }
+
+    #[test]
+    fn a_copy_that_names_another_run_or_no_run_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = dir.path().join(step_dir_name(5));
+        std::fs::create_dir(&step).unwrap();
+        WorldRecord::new("/runs/b".into(), 5, Vec::new(), vec!["n1".into()], 1).write(&step).unwrap();
+        let (good, bad) = held(dir.path(), "/runs/a");
+        assert!(good.is_empty());
+        assert!(bad[0].refused, "{bad:?}");
+        assert!(bad[0].reason.contains("names the run /runs/b, not this one (/runs/a)"), "{bad:?}");
+        let old = r#"{"format_version": 1, "step": 5, "files": [], "holders": ["n1"], "world_size": 1,
+            "committed_at": "2026-01-01T00:00:00Z"}"#;
+        std::fs::write(step.join(WORLD_FILE), old).unwrap();
+        let Err(Unfit::Refused(why)) = check_copy(&step, 5, "/runs/a") else { panic!("format 1 is refused") };
+        assert!(why.contains("has format 1 (this rekindle reads 2"), "{why}");
+    }
+
+    #[test]
+    fn a_world_record_that_is_a_fifo_or_huge_is_refused_without_blocking_or_reading_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join(WORLD_FILE);
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let Err(Unfit::Refused(why)) = WorldRecord::read(dir.path()) else { panic!("a FIFO is refused") };
+        assert!(why.contains("is a FIFO"), "{why}");
+        std::fs::remove_file(&fifo).unwrap();
+        let huge = std::fs::File::create(&fifo).unwrap();
+        huge.set_len(1 << 30).unwrap();
+        let Err(Unfit::Refused(why)) = WorldRecord::read(dir.path()) else { panic!("1 GiB is refused") };
+        assert!(why.contains("more than the 16777216 bytes"), "{why}");
     }
 }

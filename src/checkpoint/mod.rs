@@ -15,6 +15,7 @@
 //!   which rank writes which shard.
 //! - `write_mode.rs`: direct or buffered writes, block size and queue depth, measured per filesystem.
 //! - `parallel.rs`: files written, verified and loaded on every core.
+//! - `local.rs`, `private.rs`: the node-local tier's record and choice, and its root kept private to its user.
 //! - `manifest.rs`, `safetensors_io.rs`, `tensor.rs`: the file formats and host tensors.
 //! - `error.rs`: [`CheckpointError`] and per-file failures.
 
@@ -31,6 +32,7 @@ mod parts;
 #[cfg(test)]
 mod parts_tests;
 pub(crate) mod persist;
+pub mod private;
 mod quarantine;
 pub mod rotation;
 mod safetensors_io;

@@ -11,9 +11,12 @@
 //!   blocks a publish), admits it by the size that handle reports, and
 //!   reads at most `[publish] max_file_mib` of it (a file growing meanwhile
 //!   cannot make it read more);
-//! - a file with other hard links is refused when one of them is a file of
-//!   the checkpoints: the same weights under another name are still the
-//!   checkpoint's contents.
+//! - a file with other hard links is refused: its contents are the same
+//!   inode as a file under another name, which may lie outside the run
+//!   directory (a private key, another user's data: a hard link, unlike a
+//!   symbolic one, does not say where its other names are) or be a
+//!   checkpoint's (the same weights under another name; said so when it is).
+//!   rekindle's own records never have a second name.
 
 use std::cell::OnceCell;
 use std::collections::HashSet;
@@ -31,6 +34,10 @@ use crate::confine;
 use crate::telemetry::RefusedFile;
 
 use super::select::{CHECKPOINT_REASON, Decision, EntryKind, SYMLINK_REASON, Selection, admit};
+
+/// Why a file with several hard links is not published.
+pub(super) const HARD_LINK_REASON: &str = "a file with other hard links: its other names may be outside the run \
+     directory, and a hard link does not say where, so only files with a single name are published";
 
 /// The files of the run directory `root` that `selection` takes (paths
 /// relative to it, `/`-separated, sorted), and the entries it refuses. An
@@ -129,8 +136,11 @@ impl<'a> Reader<'a> {
         if !meta.is_file() {
             return Err(format!("{}, not a regular file: only regular files are published", confine::kind_of(&meta)));
         }
-        if check_links && meta.nlink() > 1 && self.checkpoint_files().contains(&(meta.dev(), meta.ino())) {
-            return Err(format!("a hard link to a checkpoint file: {CHECKPOINT_REASON}"));
+        if check_links && meta.nlink() > 1 {
+            if self.checkpoint_files().contains(&(meta.dev(), meta.ino())) {
+                return Err(format!("a hard link to a checkpoint file: {CHECKPOINT_REASON}"));
+            }
+            return Err(format!("{HARD_LINK_REASON} ({} names)", meta.nlink()));
         }
         admit(rel, meta.len(), self.max_bytes)?;
         let mut bytes = Vec::with_capacity(meta.len() as usize);
@@ -231,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_refuse_links_fifos_hard_links_to_checkpoints_and_files_over_the_cap() {
+    fn reads_refuse_links_fifos_hard_links_and_files_over_the_cap() {
         let tmp = tempfile::tempdir().unwrap();
         let run = tmp.path().join("run");
         std::fs::create_dir_all(run.join("checkpoints/step-0000000001")).unwrap();
@@ -241,14 +251,15 @@ mod tests {
         let weights = run.join("checkpoints/step-0000000001/model.safetensors");
         std::fs::write(&weights, "weights").unwrap();
         std::fs::hard_link(&weights, run.join("model.json")).unwrap();
-        std::fs::write(run.join("shared.txt"), "mine").unwrap();
-        std::fs::hard_link(run.join("shared.txt"), tmp.path().join("elsewhere.txt")).unwrap();
+        std::fs::write(tmp.path().join("id_rsa"), "outside").unwrap();
+        std::fs::hard_link(tmp.path().join("id_rsa"), run.join("shared.txt")).unwrap();
         symlink("real", run.join("dir")).unwrap();
         symlink("/etc/passwd", run.join("passwd.txt")).unwrap();
         nix::unistd::mkfifo(&run.join("pipe.txt"), Mode::S_IRWXU).unwrap();
         let reader = Reader::new(&run, 10, vec![run.join("checkpoints")]);
         assert_eq!(reader.read_inside("real/a.txt").unwrap(), b"a");
-        assert_eq!(reader.read_inside("shared.txt").unwrap(), b"mine", "other hard links are fine");
+        let shared = reader.read_inside("shared.txt").unwrap_err();
+        assert!(shared.starts_with("a file with other hard links") && shared.ends_with("(2 names)"), "{shared}");
         assert!(reader.read_inside("dir/a.txt").unwrap_err().contains("never follows links"));
         assert!(reader.read_inside("passwd.txt").unwrap_err().contains("never follows links"));
         assert!(reader.read_inside("pipe.txt").unwrap_err().starts_with("a FIFO"), "never blocks");

@@ -6,7 +6,12 @@
 //!    branch` of the local clone at `[publish] repo`, under `runs/<run
 //!    name>/`; what is left out is reported, not fatal. The commit is built
 //!    from trees directly (the clone's index and other files are untouched;
-//!    when the branch is checked out, only `runs/<run name>/` is refreshed).
+//!    when the branch is checked out, only `runs/<run name>/` is refreshed,
+//!    and not at all when a symbolic link is on that path or under it: a
+//!    checkout writes through links, so `runs/<run> -> /elsewhere` would
+//!    have it overwrite files outside the clone. The commit and the push do
+//!    not need the working tree; `worktree` in the report says why it was
+//!    left as it was).
 //! 2. Push the branch — which also pushes commits earlier runs could not push.
 //!    Failures are retried with exponential backoff, never past the deadline.
 //!    A push rejected because the remote moved on is reconciled by fetching
@@ -64,6 +69,11 @@ pub struct PublishReport {
     pub refused: Vec<RefusedFile>,
     /// The last push error, when not pushed (secrets redacted).
     pub last_error: Option<String>,
+    /// Why the clone's checked-out `runs/<run>/` was not refreshed (a
+    /// symbolic link on its path or under it); `None` when it was, or when
+    /// the branch is not checked out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<String>,
 }
 
 /// Errors that prevent even the local commit.
@@ -256,7 +266,7 @@ pub fn publish(req: &PublishRequest<'_>) -> Result<PublishReport, PublishError> 
         let oid =
             repo.commit(Some(&branch_ref), &sig, &sig, &message(req), &tree, &parents).map_err(git("committing"))?;
         report.commit = Some(oid.to_string());
-        refresh_checkout(&repo, &branch_ref, req.run_name);
+        report.worktree = refresh_checkout(&repo, &branch_ref, req.run_name);
     } else if repo.find_reference(&branch_ref).is_err() {
         // Nothing new, but the local branch did not exist yet: create it.
         if let Some(p) = &parent {
@@ -269,19 +279,64 @@ pub fn publish(req: &PublishRequest<'_>) -> Result<PublishReport, PublishError> 
 }
 
 /// When the publish branch is checked out, make `runs/<run>/` in the working
-/// tree and index match the new commit (nothing else is touched).
-fn refresh_checkout(repo: &Repository, branch_ref: &str, run_name: &str) {
-    if repo.is_bare() {
-        return;
-    }
+/// tree and index match the new commit (nothing else is touched); unless a
+/// symbolic link is on the way ([`link_on_the_way`]): then nothing is
+/// written and the reason is returned.
+fn refresh_checkout(repo: &Repository, branch_ref: &str, run_name: &str) -> Option<String> {
+    let workdir = repo.workdir()?;
     let on_branch = repo.head().ok().and_then(|h| h.name().ok().map(|n| n == branch_ref)).unwrap_or(false);
-    if on_branch {
-        let mut checkout = git2::build::CheckoutBuilder::new();
-        checkout.force().path(format!("runs/{run_name}"));
-        if let Err(e) = repo.checkout_head(Some(&mut checkout)) {
-            tracing::warn!(error = %e.message(), "published commit made, but refreshing the working tree failed");
+    if !on_branch {
+        return None;
+    }
+    if let Some(link) = link_on_the_way(workdir, run_name) {
+        let why = format!(
+            "{} in the clone is a symbolic link: its working tree is not refreshed, since a checkout would write \
+             through it, outside the clone (the commit and the push are made without it); replace the link with \
+             a directory to have runs/{run_name}/ checked out again",
+            link.display()
+        );
+        tracing::warn!(%why, "publishing leaves the clone's working tree as it is");
+        return Some(why);
+    }
+    let mut checkout = git2::build::CheckoutBuilder::new();
+    checkout.force().path(format!("runs/{run_name}"));
+    if let Err(e) = repo.checkout_head(Some(&mut checkout)) {
+        tracing::warn!(error = %e.message(), "published commit made, but refreshing the working tree failed");
+    }
+    None
+}
+
+/// The first symbolic link (relative to `workdir`) that a checkout of
+/// `runs/<run_name>/` would go through: on its path (`runs`, `runs/<run>`)
+/// or anywhere under it. Listed without following links.
+fn link_on_the_way(workdir: &Path, run_name: &str) -> Option<PathBuf> {
+    let mut rel = PathBuf::from("runs");
+    let mut levels = vec![rel.clone()];
+    for part in run_name.split('/').filter(|p| !p.is_empty()) {
+        rel.push(part);
+        levels.push(rel.clone());
+    }
+    for level in &levels {
+        match std::fs::symlink_metadata(workdir.join(level)) {
+            Ok(meta) if meta.file_type().is_symlink() => return Some(level.clone()),
+            Ok(meta) if meta.is_dir() => {}
+            // Missing, or a file the checkout replaces in place: nothing
+            // below it to go through.
+            _ => return None,
         }
     }
+    let mut todo = vec![rel];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(workdir.join(&dir)).into_iter().flatten().flatten() {
+            let rel = dir.join(entry.file_name());
+            match entry.file_type() {
+                Ok(t) if t.is_symlink() => return Some(rel),
+                Ok(t) if t.is_dir() => todo.push(rel),
+                _ => {}
+            }
+        }
+    }
+    None
 }
 
 fn callbacks<'a>(config: &'a git2::Config, tries: &'a RefCell<u32>) -> RemoteCallbacks<'a> {
@@ -351,7 +406,8 @@ fn reconcile(repo: &Repository, req: &PublishRequest<'_>) -> Result<(), String> 
     let sig = repo.signature().or_else(|_| Signature::now("rekindle", "rekindle@localhost")).map_err(msg)?;
     let text = format!("rekindle: merge {} into {} for run {}", remote_ref, req.cfg.branch, req.run_name);
     repo.commit(Some(&branch_ref), &sig, &sig, &text, &tree, &[&ours, &theirs]).map_err(msg)?;
-    refresh_checkout(repo, &branch_ref, req.run_name);
+    // A link on the way was reported with the commit, and is logged again.
+    let _ = refresh_checkout(repo, &branch_ref, req.run_name);
     Ok(())
 }
 
@@ -419,6 +475,26 @@ fn push_with_retries(repo: &Repository, req: &PublishRequest<'_>, report: &mut P
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_on_the_way_to_the_runs_checkout_or_under_it_is_found_without_following_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (clone, elsewhere) = (tmp.path().join("clone"), tmp.path().join("elsewhere"));
+        std::fs::create_dir_all(elsewhere.join("deep")).unwrap();
+        std::fs::create_dir_all(&clone).unwrap();
+        assert_eq!(link_on_the_way(&clone, "demo"), None, "nothing there yet");
+        std::os::unix::fs::symlink(&elsewhere, clone.join("runs")).unwrap();
+        assert_eq!(link_on_the_way(&clone, "demo"), Some(PathBuf::from("runs")));
+        std::fs::remove_file(clone.join("runs")).unwrap();
+        std::fs::create_dir_all(clone.join("runs/other")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, clone.join("runs/demo")).unwrap();
+        assert_eq!(link_on_the_way(&clone, "demo"), Some(PathBuf::from("runs/demo")));
+        assert_eq!(link_on_the_way(&clone, "other"), None, "another run's folder is not on the way");
+        std::fs::remove_file(clone.join("runs/demo")).unwrap();
+        std::fs::create_dir_all(clone.join("runs/demo/samples")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, clone.join("runs/demo/samples/deep")).unwrap();
+        assert_eq!(link_on_the_way(&clone, "demo"), Some(PathBuf::from("runs/demo/samples/deep")));
+    }
 
     #[test]
     fn credentials_are_redacted_from_urls() {

@@ -14,6 +14,12 @@
 //!     sends it to the nodes without it ([`share`]), Begin { local: true }
 //! ```
 //!
+//! Each node's root is private to the user (`checkpoint/private.rs`): made
+//! `0700` and checked, with the way to it, before anything is read from it
+//! ([`local_root`]); a copy that is not the user's alone or not this run's
+//! is refused before it is read, and rank 0 records every such refusal,
+//! by rank and node, as a failed `local_checkpoint` ([`refusal_events`]).
+//!
 //! Nothing here waits on another rank outside a round, and a node that
 //! fails to write (no room, an I/O error) only costs that step its local
 //! checkpoint: the durable tier and training go on. A node that cannot keep
@@ -29,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::local::{self as tier, LocalPlaceError, WorldRecord};
+use crate::checkpoint::local::{self as tier, LocalPlaceError, Unusable, WorldRecord};
+use crate::checkpoint::private;
 use crate::checkpoint::{CheckpointStore, ManifestEntry, Snapshot, TensorSet, read_manifest, reusable, step_dir_name};
 use crate::config::{AutoDuration, Config};
 use crate::distributed::Collective;
@@ -49,21 +56,48 @@ const AUTO_COST_SHARE: f64 = 0.01;
 const SHARE_CHUNK: usize = 64 << 20;
 
 /// This node's local root for the run in `run_root`, when `[recovery]
-/// local` is on.
+/// local` is on: made (`0700`) and checked to be the user's alone, with
+/// the way to it, before anything is read from it (`private::prepare_root`).
 pub fn local_root(cfg: &Config, slurm: &SlurmEnv, run_root: &Path) -> Result<Option<PathBuf>, LocalPlaceError> {
     if !cfg.recovery.local {
         return Ok(None);
     }
     let absolute = std::path::absolute(run_root).unwrap_or_else(|_| run_root.to_path_buf());
-    tier::resolve_root(
+    let root = tier::resolve_root(
         cfg.recovery.local_dir.as_deref(),
         |var| std::env::var(var).ok(),
         Path::is_dir,
         &slurm.node_name(),
         slurm.job_id.as_deref(),
         &absolute,
-    )
-    .map(Some)
+        private::user(),
+    )?;
+    private::prepare_root(&root)?;
+    Ok(Some(root))
+}
+
+/// The failed `local_checkpoint` events for the copies the ranks' nodes
+/// refused at hello (`refused[r]`: rank `r`'s, every [`Unusable`] of its
+/// node; only those refused as untrusted count, `nodes[r]` names rank `r`'s
+/// node), in rank order, each naming the rank, the node and why (the why
+/// names the directory).
+pub fn refusal_events(refused: &[Vec<Unusable>], nodes: &[String]) -> Vec<LocalCheckpoint> {
+    let mut events = Vec::new();
+    for (rank, copies) in refused.iter().enumerate() {
+        let node = nodes.get(rank).map_or("?", String::as_str);
+        for copy in copies.iter().filter(|c| c.refused) {
+            events.push(LocalCheckpoint {
+                step: copy.step,
+                outcome: "failed".into(),
+                reason: Some(format!(
+                    "rank {rank} on {node}: the local copy of step {} is refused, not resumed from: {}",
+                    copy.step, copy.reason
+                )),
+                ..LocalCheckpoint::default()
+            });
+        }
+    }
+    events
 }
 
 /// The ranks that write a node's copy: the lowest rank on each node.
@@ -153,8 +187,8 @@ impl LocalWriter {
     /// cut short) are removed: never resumed from, they would stand in for
     /// this world's copy of the same step (the store keeps a step it has).
     pub fn open(root: &Path, cfg: &Config) -> Result<LocalWriter, String> {
-        std::fs::create_dir_all(root)
-            .map_err(|e| format!("cannot make the local directory {}: {e}", root.display()))?;
+        // Checked again right before anything is written there.
+        private::prepare_root(root).map_err(|e| e.to_string())?;
         // Opening the store first refuses a directory rekindle did not make:
         // nothing is removed from one.
         let store = CheckpointStore::open(root, cfg.recovery.local_keep).map_err(|e| e.to_string())?;
@@ -175,6 +209,19 @@ impl LocalWriter {
             return self.done.push(skip(format!("the local copy of step {busy} is still being written")));
         }
         self.collect();
+        // A copy of this step already there would be kept by the store when
+        // it verifies, and committed as this world's: one that is not the
+        // user's alone (or a link) is refused, one of theirs (an earlier
+        // world's, or another run's put here) is replaced.
+        let dir = self.store.step_dir(step);
+        if let Err(why) = private::check_tree_if_present(&dir) {
+            return self.done.push(LocalDone::unwritten(step, format!("refused to write over it: {why}")));
+        }
+        if dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(&dir)
+        {
+            return self.done.push(LocalDone::unwritten(step, format!("cannot replace {}: {e}", dir.display())));
+        }
         let bytes = snapshot.payload_bytes();
         if let Err(why) = tier::room_for(self.store.dir(), bytes, self.share) {
             return self.done.push(skip(why));
@@ -186,11 +233,17 @@ impl LocalWriter {
         let store = self.store.clone();
         let spawned = std::thread::Builder::new().name("rekindle-local".into()).spawn(move || {
             let t0 = Instant::now();
-            let saved = store.save(&snapshot);
+            // Written under the user's umask: made writable by the user alone,
+            // as every copy read back must be (`private::check_tree`).
+            let saved = store.save(&snapshot).map_err(|e| e.to_string()).and_then(|report| {
+                let dir = store.step_dir(step);
+                private::keep_private(&dir).map_err(|e| format!("cannot make {} private: {e}", dir.display()))?;
+                Ok(report)
+            });
             let seconds = t0.elapsed().as_secs_f64();
             let read_back =
                 |report| read_manifest(&store.step_dir(step)).map(|m| (report, m)).map_err(|f| f.to_string());
-            let done = match saved.map_err(|e| e.to_string()).and_then(read_back) {
+            let done = match saved.and_then(read_back) {
                 Ok((report, manifest)) => {
                     LocalDone { step, files: manifest.files, bytes: report.bytes, seconds, error: None, skipped: false }
                 }
@@ -235,13 +288,39 @@ impl LocalWriter {
     }
 }
 
-/// Removes the copies under `root` without `WORLD.json`.
+/// The name a refused copy is moved aside to in its root.
+pub const REFUSED_PREFIX: &str = "refused-";
+
+/// Removes the copies under `root` without `WORLD.json`: only the user's
+/// own. A copy that is not the user's alone (a link, what another user
+/// left) is not rekindle's to remove nor to write over: it is moved aside,
+/// renamed `refused-step-…` in the same folder (a rename never follows a
+/// link nor opens what it moves), where neither the store's rotation nor a
+/// save of the same step reaches it.
 fn remove_uncommitted(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else { return };
     for entry in entries.flatten() {
         let path = entry.path();
-        let is_copy = crate::checkpoint::parse_step_dir_name(&entry.file_name().to_string_lossy()).is_some();
-        if is_copy && !path.join(tier::WORLD_FILE).exists() {
+        if crate::checkpoint::parse_step_dir_name(&entry.file_name().to_string_lossy()).is_none() {
+            continue;
+        }
+        if let Err(why) = private::check_tree(&path) {
+            let aside = root.join(format!("{REFUSED_PREFIX}{}", entry.file_name().to_string_lossy()));
+            let moved = match private::look(&aside) {
+                Ok(None) => std::fs::rename(&path, &aside).map_err(|e| e.to_string()),
+                _ => Err(format!("{} is taken", aside.display())),
+            };
+            match moved {
+                Ok(()) => {
+                    tracing::warn!(copy = %path.display(), aside = %aside.display(), %why, "a local copy that is not this user's alone is moved aside")
+                }
+                Err(e) => {
+                    tracing::warn!(copy = %path.display(), %why, error = %e, "a local copy that is not this user's alone is left where it is")
+                }
+            }
+            continue;
+        }
+        if std::fs::symlink_metadata(path.join(tier::WORLD_FILE)).is_err() {
             match std::fs::remove_dir_all(&path) {
                 Ok(()) => tracing::info!(copy = %path.display(), "removed a local copy the world never committed"),
                 Err(e) => tracing::warn!(copy = %path.display(), error = %e, "cannot remove an uncommitted local copy"),
@@ -421,7 +500,8 @@ impl Attempt {
         let mut event = LocalCheckpoint { step: inbox.step, stall_seconds: inbox.stall, ..LocalCheckpoint::default() };
         match verdict {
             InboxVerdict::Agreed { files, bytes, seconds } => {
-                let record = WorldRecord::new(inbox.step, files, holders.clone(), local.nodes.len());
+                let run = tier::run_identity(&self.dir.root);
+                let record = WorldRecord::new(run, inbox.step, files, holders.clone(), local.nodes.len());
                 if let Some(leader) = &self.leader {
                     leader.local_commit(&self.stop, record.clone())?;
                 }
@@ -523,12 +603,19 @@ pub fn side<'a>(root: Result<&'a Path, &str>, writer: Option<Result<(), &str>>, 
     }
 }
 
-/// Sends the local checkpoint of `step` from rank `holder`'s node to every
-/// node without it: a collective every rank of `world` calls alike, each
-/// with its [`Side`]. Returns `Ok` when every rank ended with a verified
-/// copy on its node, else every rank's failure (rank, why), the same on
-/// every rank, so every rank decides alike.
-pub fn share(world: &dyn Collective, holder: usize, step: u64, side: Side<'_>) -> Result<(), Vec<(usize, String)>> {
+/// Sends the local checkpoint of `step` of the run `run`
+/// (`tier::run_identity`) from rank `holder`'s node to every node without
+/// it: a collective every rank of `world` calls alike, each with its
+/// [`Side`]. Returns `Ok` when every rank ended with a verified copy on its
+/// node, else every rank's failure (rank, why), the same on every rank, so
+/// every rank decides alike.
+pub fn share(
+    world: &dyn Collective,
+    holder: usize,
+    step: u64,
+    run: &str,
+    side: Side<'_>,
+) -> Result<(), Vec<(usize, String)>> {
     let me = world.rank();
     let (root, write, mut failure) = match side {
         Side::Root { root, write } => (Some(root), write, None),
@@ -550,6 +637,10 @@ pub fn share(world: &dyn Collective, holder: usize, step: u64, side: Side<'_>) -
     };
     let incoming = root.map(|root| root.join(format!(".incoming-{}", step_dir_name(step))));
     let incoming = incoming.filter(|_| write);
+    // Names are written into this node's root: never one that leaves it.
+    if let Some(bad) = names.iter().find(|n| !crate::checkpoint::is_plain_name(n) && *n != tier::WORLD_FILE) {
+        failure.get_or_insert(format!("the holder sent the file name `{bad}`, which is not a plain file name"));
+    }
     if let Some(incoming) = &incoming {
         let _ = std::fs::remove_dir_all(incoming);
         if let Err(e) = std::fs::create_dir_all(incoming) {
@@ -589,9 +680,9 @@ pub fn share(world: &dyn Collective, holder: usize, step: u64, side: Side<'_>) -
     if let (Some(incoming), Some(dir)) = (&incoming, &dir) {
         if failure.is_none() {
             let _ = std::fs::remove_dir_all(dir);
-            match std::fs::rename(incoming, dir) {
+            match std::fs::rename(incoming, dir).and_then(|()| private::keep_private(dir)) {
                 Ok(()) => {
-                    if let Err(e) = tier::check_copy(dir, step) {
+                    if let Err(e) = tier::check_copy(dir, step, run) {
                         failure = Some(format!("the copy received does not verify: {e}"));
                     }
                 }
@@ -729,15 +820,41 @@ mod tests {
 
     #[test]
     fn a_copy_the_world_never_committed_is_removed_when_a_writer_opens_and_a_committed_one_kept() {
-        let dir = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join(private::private_dir_name(private::user())).join("key");
         // The root as an earlier world left it: claimed by its writer.
-        drop(LocalWriter::open(dir.path(), &Config::default()).unwrap());
-        let (cut_short, committed) = (dir.path().join(step_dir_name(275)), dir.path().join(step_dir_name(270)));
+        drop(LocalWriter::open(&root, &Config::default()).unwrap());
+        let (cut_short, committed) = (root.join(step_dir_name(275)), root.join(step_dir_name(270)));
         std::fs::create_dir_all(&cut_short).unwrap();
         std::fs::create_dir_all(&committed).unwrap();
-        WorldRecord::new(270, Vec::new(), vec!["a".into()], 1).write(&committed).unwrap();
-        let _writer = LocalWriter::open(dir.path(), &Config::default()).unwrap();
+        WorldRecord::new("/runs/a".into(), 270, Vec::new(), vec!["a".into()], 1).write(&committed).unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let linked = root.join(step_dir_name(280));
+        std::os::unix::fs::symlink(&elsewhere, &linked).unwrap();
+        let _writer = LocalWriter::open(&root, &Config::default()).unwrap();
         assert!(!cut_short.exists(), "it would stand in for this world's copy of step 275");
         assert!(committed.join(tier::WORLD_FILE).is_file());
+        let aside = root.join(format!("{REFUSED_PREFIX}{}", step_dir_name(280)));
+        assert!(!linked.exists() && aside.is_symlink(), "a link is moved aside, not removed nor followed");
+        assert!(elsewhere.is_dir());
+    }
+
+    #[test]
+    fn copies_refused_as_untrusted_become_failed_events_naming_rank_node_and_why() {
+        let copy = |step, refused| Unusable { step, reason: format!("why {step}"), refused };
+        let refused = vec![vec![copy(5, true), copy(6, false)], vec![], vec![copy(7, true)]];
+        let events = refusal_events(&refused, &nodes(&["a", "b", "c"]));
+        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_deref().unwrap()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "rank 0 on a: the local copy of step 5 is refused, not resumed from: why 5",
+                "rank 2 on c: the local copy of step 7 is refused, not resumed from: why 7"
+            ],
+            "a copy only incomplete or damaged is logged, not recorded"
+        );
+        assert!(events.iter().all(|e| e.outcome == "failed"));
+        assert_eq!(events[1].step, 7);
     }
 }

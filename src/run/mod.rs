@@ -119,14 +119,16 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     rundir::refuse_other_command(&root, &cfg, CheckpointKind::Native)?;
     // The node-local tier ([recovery] local): this node's root (or why it
     // has none: the tier is then off for the attempt, which rank 0 records),
-    // and the local checkpoints it holds that verify (told at hello).
+    // the local checkpoints it holds that verify, and the copies it refuses
+    // as untrusted (both told at hello; rank 0 records the refusals).
     let local_root = local::local_root(&cfg, &slurm, &root).map_err(|e| e.to_string()).transpose();
-    let held = match &local_root {
-        Some(Ok(root)) => held_here(root),
-        _ => Vec::new(),
+    let run = crate::checkpoint::local::run_identity(&root);
+    let (held, refused) = match &local_root {
+        Some(Ok(local)) => held_here(local, &run),
+        _ => (Vec::new(), Vec::new()),
     };
     let Some(world) = world else {
-        return lead(opts, cfg, workload, stop, slurm, root, None, local_root);
+        return lead(opts, cfg, workload, stop, slurm, root, None, (local_root, refused));
     };
     // Rank 0 leads, the others follow; every rank beats and watches the
     // others' beats (attempt/rank_watch.rs).
@@ -155,7 +157,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     if !info.is_leader() {
         // A follower builds its own trainer when the leader begins (ranks.rs).
         drop(workload);
-        let (session, nodes) = ranks::follower_hello(&world, &node, &stop, held)?;
+        let (session, nodes) = ranks::follower_hello(&world, &node, &stop, held, refused)?;
         let watch = watch(session)?;
         let follower_local = local_root.map(|root| {
             let writes = local::writers(&nodes).contains(&info.rank);
@@ -163,7 +165,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
             if let Some(Err(e)) = &writer {
                 tracing::warn!(error = %e, "this node keeps no local copies this attempt; the durable tier is unaffected");
             }
-            ranks::FollowerLocal { root, writer }
+            ranks::FollowerLocal { root, writer, run }
         });
         let result = ranks::follow(&cfg, &opts.registry, store, world, node, &stop, &watch.pulse(), follower_local);
         // Only a follower that heard the end may say it ended normally.
@@ -175,23 +177,27 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     tracing::info!(ranks = info.size, launcher = %info.launcher, "leading a data-parallel run");
     let session = new_session(&node);
     let watch = watch(session.clone())?;
-    let (leader, nodes) = Leader::hello(world, node, &stop, session, watch.pulse(), held)?;
-    let result =
-        lead(opts, cfg, workload, stop.clone(), slurm, root, Some((leader.clone(), nodes, &watch)), local_root);
+    let (leader, nodes) = Leader::hello(world, node, &stop, session, watch.pulse(), held, refused)?;
+    let world = Some((leader.clone(), nodes, &watch));
+    let result = lead(opts, cfg, workload, stop.clone(), slurm, root, world, (local_root, Vec::new()));
     leader.end(&stop, result.as_ref().map_or_else(RunError::outcome, |o| *o));
     watch.finish();
     result
 }
 
-/// The local checkpoints under this node's `root` that verify; the copies
-/// that do not are logged (a restart resumes from another node's or the
-/// durable tier).
-fn held_here(root: &std::path::Path) -> Vec<crate::checkpoint::local::HeldStep> {
-    let (held, unusable) = crate::checkpoint::local::held(root);
-    for u in unusable {
+/// The local checkpoints of the run `run` under this node's `root` that
+/// verify, and the copies that do not (a restart resumes from another
+/// node's or the durable tier): each logged, and those refused as
+/// untrusted returned, for rank 0 to record.
+fn held_here(
+    root: &std::path::Path,
+    run: &str,
+) -> (Vec<crate::checkpoint::local::HeldStep>, Vec<crate::checkpoint::local::Unusable>) {
+    let (held, unusable) = crate::checkpoint::local::held(root, run);
+    for u in &unusable {
         tracing::warn!(step = u.step, root = %root.display(), reason = %u.reason, "a local copy on this node is not used");
     }
-    held
+    (held, unusable.into_iter().filter(|u| u.refused).collect())
 }
 
 /// Everything a one-process run (or a data-parallel run's leader) does.
@@ -204,7 +210,7 @@ fn lead(
     slurm: SlurmEnv,
     root: PathBuf,
     world: Option<(Leader, Vec<String>, &RankWatch)>,
-    local_root: Option<Result<PathBuf, String>>,
+    (local_root, refused): (Option<Result<PathBuf, String>>, Vec<crate::checkpoint::local::Unusable>),
 ) -> Result<Outcome, RunError> {
     // Lock before writing anything into the directory: a run refused because
     // another one is live must leave that run's config.toml alone.
@@ -231,7 +237,7 @@ fn lead(
         &lock,
         world,
         allow,
-        local_root,
+        (local_root, refused),
     );
     match started {
         Ok(Started::Ready(mut attempt)) => {

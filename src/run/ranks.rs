@@ -50,7 +50,7 @@ use crate::train::{Registry, StepResult, Trainer};
 use crate::attempt::error::RunError;
 use crate::attempt::rank_watch::Pulse;
 use crate::attempt::stop::{StopFlag, StopSignal};
-use crate::checkpoint::local::{HeldStep, WorldRecord};
+use crate::checkpoint::local::{HeldStep, Unusable, WorldRecord};
 use crate::checkpoint::persist::panic_message;
 use crate::run::envelope::StateEnvelope;
 use crate::run::local::{self, LocalDone, LocalWriter, share};
@@ -123,6 +123,10 @@ pub struct Report {
     /// At hello: the local checkpoints this rank's node holds that verify.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<HeldStep>,
+    /// At hello: the copies on this rank's node refused as untrusted (not
+    /// the user's alone, or not this run's), for rank 0 to record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<Unusable>,
     /// In the first round after hello: why this rank keeps no local copies
     /// this attempt (its node has no local directory, or its writer cannot
     /// make one), which turns the tier off for the world (`run/local.rs`).
@@ -142,6 +146,7 @@ impl Report {
             parts: Vec::new(),
             local: Vec::new(),
             held: Vec::new(),
+            refused: Vec::new(),
             local_off: None,
         }
     }
@@ -188,6 +193,8 @@ pub struct Leader {
     local: Arc<Mutex<Vec<(usize, LocalDone)>>>,
     /// What every rank's node held of the local tier at hello, in rank order.
     held: Arc<Vec<Vec<HeldStep>>>,
+    /// The copies every rank's node refused at hello, in rank order.
+    refused: Arc<Vec<Vec<Unusable>>>,
     /// The followers that keep no local copies this attempt, and why.
     local_off: Arc<Mutex<Vec<(usize, String)>>>,
 }
@@ -202,11 +209,13 @@ impl Leader {
         session: String,
         pulse: Pulse,
         held: Vec<HeldStep>,
+        refused: Vec<Unusable>,
     ) -> Result<(Leader, Vec<String>), RunError> {
         let mut mine = Report::of(&node, stop, Some(Lead::Hello { session: session.clone() }));
-        mine.held = held;
+        (mine.held, mine.refused) = (held, refused);
         let reports = round(&world, &mine)?;
         let held = Arc::new(reports.iter().map(|r| r.held.clone()).collect());
+        let refused = Arc::new(reports.iter().map(|r| r.refused.clone()).collect());
         let leader = Leader {
             world,
             node,
@@ -215,6 +224,7 @@ impl Leader {
             parts: Arc::default(),
             local: Arc::default(),
             held,
+            refused,
             local_off: Arc::default(),
         };
         Ok((leader, reports.into_iter().map(|r| r.node).collect()))
@@ -223,6 +233,11 @@ impl Leader {
     /// What every rank's node held of the local tier at hello.
     pub fn held(&self) -> &[Vec<HeldStep>] {
         &self.held
+    }
+
+    /// The copies every rank's node refused as untrusted at hello.
+    pub fn refused(&self) -> &[Vec<Unusable>] {
+        &self.refused
     }
 
     /// The local copies the followers reported and nobody took yet.
@@ -336,9 +351,10 @@ pub fn follower_hello(
     node: &str,
     stop: &StopFlag,
     held: Vec<HeldStep>,
+    refused: Vec<Unusable>,
 ) -> Result<(String, Vec<String>), RunError> {
     let mut mine = Report::of(node, stop, None);
-    mine.held = held;
+    (mine.held, mine.refused) = (held, refused);
     let reports = round(world, &mine)?;
     match lead_of(&reports)? {
         Lead::Hello { session } => Ok((session, reports.into_iter().map(|r| r.node).collect())),
@@ -352,6 +368,8 @@ pub fn follower_hello(
 pub struct FollowerLocal {
     pub root: Result<PathBuf, String>,
     pub writer: Option<Result<LocalWriter, String>>,
+    /// The run, as its local checkpoints' records name it.
+    pub run: String,
 }
 
 impl FollowerLocal {
@@ -453,11 +471,12 @@ pub fn follow(
                     Some(l) => local::side(
                         l.root.as_deref().map_err(String::as_str),
                         l.writer.as_ref().map(|w| w.as_ref().map(drop).map_err(String::as_str)),
-                        l.root.as_ref().is_ok_and(|root| tier_holds(root, step).is_ok()),
+                        l.root.as_ref().is_ok_and(|root| tier_holds(root, step, &l.run).is_ok()),
                     ),
                     None => local::Side::Cannot(off.into()),
                 };
-                let _ = share(&world, holder, step, side);
+                let run = local.as_ref().map(|l| l.run.as_str()).unwrap_or_default();
+                let _ = share(&world, holder, step, run, side);
             }
             Lead::Begin { resume_step, local: from_local } => {
                 let mut t = Trainer::from_registry(cfg, registry)?;
@@ -510,9 +529,11 @@ pub fn follow(
     }
 }
 
-/// Whether the local root holds a verified local checkpoint of `step`.
-pub fn tier_holds(root: &std::path::Path, step: u64) -> Result<(), String> {
-    crate::checkpoint::local::check_copy(&root.join(crate::checkpoint::step_dir_name(step)), step).map(drop)
+/// Whether the local root holds a verified local checkpoint of `step` of
+/// the run `run`.
+pub fn tier_holds(root: &std::path::Path, step: u64, run: &str) -> Result<(), String> {
+    let dir = root.join(crate::checkpoint::step_dir_name(step));
+    crate::checkpoint::local::check_copy(&dir, step, run).map(drop).map_err(|e| e.to_string())
 }
 
 /// What a follower writes for one checkpoint written in parts.
@@ -673,6 +694,7 @@ mod tests {
             parts: Vec::new(),
             local: Vec::new(),
             held: Vec::new(),
+            refused: Vec::new(),
             local_off: None,
         }
     }

@@ -56,7 +56,7 @@ impl Attempt {
         lock: &RunLock,
         world: Option<(Leader, Vec<String>, &RankWatch)>,
         allow_config_change: bool,
-        local_root: Option<Result<PathBuf, String>>,
+        (local_root, refused): (Option<Result<PathBuf, String>>, Vec<local_tier::Unusable>),
     ) -> Result<Started, RunError> {
         let ownership = lock.ownership();
         // Every commit first confirms the run directory is still ours.
@@ -91,6 +91,14 @@ impl Attempt {
         events.record(&start_event(&cfg, &dir, &slurm, &devices, rank_nodes.as_ref(), &trainer))?;
         if let Some(takeover) = ownership.takeover() {
             events.record(&takeover_event(takeover))?;
+        }
+        // Copies any node refused as untrusted (told at hello; this node's
+        // alone in a run of one process).
+        let refused = leader.as_ref().map_or_else(|| vec![refused], |l| l.refused().to_vec());
+        let here = rank_nodes.clone().unwrap_or_else(|| vec![slurm.node_name()]);
+        for event in crate::run::local::refusal_events(&refused, &here) {
+            tracing::warn!(reason = event.reason.as_deref().unwrap_or_default(), "a local copy is refused");
+            events.record(&Event::LocalCheckpoint(event))?;
         }
         devices.announce(&mut events)?;
         set_aside_rejected(&store, &mut events, &outcome.rejected)?;
@@ -289,9 +297,10 @@ impl ResumeContext<'_> {
         durable: Option<u64>,
         world: Option<(&Leader, &[String])>,
     ) -> Result<LocalResume, RunError> {
+        let run = local_tier::run_identity(&self.dir.root);
         let held = match world {
             Some((leader, _)) => leader.held().to_vec(),
-            None => vec![local_tier::held(root).0],
+            None => vec![local_tier::held(root, &run).0],
         };
         let (step, holder) = match local_tier::choose(&held, durable) {
             LocalChoice::Local { step, holder } => (step, holder),
@@ -308,8 +317,8 @@ impl ResumeContext<'_> {
             world.and_then(|(_, nodes)| nodes.get(holder).cloned()).unwrap_or_else(|| self.slurm.node_name());
         if let Some((leader, nodes)) = world {
             leader.local_restore(self.stop, step, holder)?;
-            let side = Side::Root { root, write: super::ranks::tier_holds(root, step).is_err() };
-            if let Err(failed) = share(leader.world(), holder, step, side) {
+            let side = Side::Root { root, write: super::ranks::tier_holds(root, step, &run).is_err() };
+            if let Err(failed) = share(leader.world(), holder, step, &run, side) {
                 return Ok(LocalResume::Failed(format!(
                     "the local checkpoint of step {step} on {holder_node} could not be copied to every node: {}",
                     crate::run::local::by_rank(&failed, nodes)

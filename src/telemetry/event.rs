@@ -866,6 +866,11 @@ pub enum PublishOutcome {
         refused: Vec<RefusedFile>,
         /// The last push error, when not pushed.
         last_error: Option<String>,
+        /// Why the clone's checked-out `runs/<run>/` was left as it was (a
+        /// symbolic link on its path: never written through); absent when
+        /// it was refreshed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        worktree: Option<String>,
     },
 }
 
@@ -1153,6 +1158,7 @@ mod tests {
                 files: vec![],
                 refused: vec![RefusedFile { file: "w.pkl".into(), reason: "not a publishable type".into() }],
                 last_error: Some("x".into()),
+                worktree: None,
             }),
             Event::Requeue(requeue.clone()),
             Event::Stop(Stop {

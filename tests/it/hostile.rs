@@ -15,6 +15,15 @@
 //!
 //! Deterministic: case `i` uses seed `i`. `REKINDLE_HOSTILE_CASES=N` runs
 //! more cases (12 by default, about 20 s in a debug build).
+//!
+//! The node-local root (issue #40) has a test of its own: after an attempt
+//! that kept local copies, the user's folder, the run's folder, a copy, its
+//! `WORLD.json` or a file of it is made another user's, writable by others,
+//! a link to outside, a FIFO or (`WORLD.json`) a 1 GiB sparse file; the
+//! next `run` must finish without hanging, resume from no copy so touched,
+//! change nothing outside and record a failed `local_checkpoint`. Case `i`
+//! does kind `i mod 12`: the 12 cases by default cover each once
+//! (`REKINDLE_HOSTILE_LOCAL_CASES=N` for more).
 
 use std::fs;
 use std::os::unix::fs::symlink;
@@ -265,4 +274,154 @@ fn a_hostile_run_directory_never_costs_what_lies_outside_it_nor_a_valid_checkpoi
     let published = (0..cases).filter(|seed| one_case(*seed)).count() as u64;
     // Not vacuous: most attempts get as far as publishing.
     assert!(published * 2 >= cases, "only {published} of {cases} cases published anything");
+}
+
+/// What is done to the node-local root (issue #40).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum LocalHostile {
+    ForeignUserDir,
+    ForeignRoot,
+    OpenRoot,
+    ForeignCopy,
+    CopyLinkOutside,
+    CopyFifo,
+    WorldFifo,
+    WorldHuge,
+    WorldLinkOutside,
+    WorldForeign,
+    ModelLinkOutside,
+    ModelFifo,
+}
+
+const LOCAL_KINDS: [LocalHostile; 12] = [
+    LocalHostile::ForeignUserDir,
+    LocalHostile::ForeignRoot,
+    LocalHostile::OpenRoot,
+    LocalHostile::ForeignCopy,
+    LocalHostile::CopyLinkOutside,
+    LocalHostile::CopyFifo,
+    LocalHostile::WorldFifo,
+    LocalHostile::WorldHuge,
+    LocalHostile::WorldLinkOutside,
+    LocalHostile::WorldForeign,
+    LocalHostile::ModelLinkOutside,
+    LocalHostile::ModelFifo,
+];
+
+/// Another user's uid (tests run as root, which may give files away).
+const OTHER_UID: u32 = 12345;
+
+fn replace_with(path: &Path, make: impl FnOnce(&Path)) {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path).unwrap(),
+        Ok(_) => fs::remove_file(path).unwrap(),
+        Err(_) => {}
+    }
+    make(path);
+}
+
+fn fifo(path: &Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+}
+
+/// Does `kind` to the root `root` (in the user's folder `folder`), whose
+/// newest committed copy is `copy`; returns whether it touches that copy
+/// only (else the whole tier).
+fn place_local(kind: LocalHostile, folder: &Path, root: &Path, copy: &Path, outside: &Path) -> bool {
+    use std::os::unix::fs::{PermissionsExt, lchown};
+    let world = copy.join("WORLD.json");
+    match kind {
+        LocalHostile::ForeignUserDir => lchown(folder, Some(OTHER_UID), None).unwrap(),
+        LocalHostile::ForeignRoot => lchown(root, Some(OTHER_UID), None).unwrap(),
+        LocalHostile::OpenRoot => fs::set_permissions(root, fs::Permissions::from_mode(0o777)).unwrap(),
+        LocalHostile::ForeignCopy => lchown(copy, Some(OTHER_UID), None).unwrap(),
+        LocalHostile::CopyLinkOutside => replace_with(copy, |p| symlink(outside.join("dir"), p).unwrap()),
+        LocalHostile::CopyFifo => replace_with(copy, fifo),
+        LocalHostile::WorldFifo => replace_with(&world, fifo),
+        LocalHostile::WorldHuge => replace_with(&world, |p| fs::File::create(p).unwrap().set_len(1 << 30).unwrap()),
+        LocalHostile::WorldLinkOutside => replace_with(&world, |p| symlink(outside.join("secret.txt"), p).unwrap()),
+        LocalHostile::WorldForeign => lchown(&world, Some(OTHER_UID), None).unwrap(),
+        LocalHostile::ModelLinkOutside => {
+            replace_with(&copy.join("model.safetensors"), |p| symlink(outside.join("secret.txt"), p).unwrap())
+        }
+        LocalHostile::ModelFifo => replace_with(&copy.join("model.safetensors"), fifo),
+    }
+    !matches!(kind, LocalHostile::ForeignUserDir | LocalHostile::ForeignRoot | LocalHostile::OpenRoot)
+}
+
+/// Runs local-root case `seed`: the kind `seed` names, in turn.
+fn one_local_case(seed: u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(outside.join("dir/sub")).unwrap();
+    fs::write(outside.join("secret.txt"), b"outside the run").unwrap();
+    fs::write(outside.join("dir/sub/kept.txt"), b"outside too").unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let local_dir = format!("recovery.local_dir=\"{}\"", local.display());
+    let sets = [
+        "run.max_steps=60",
+        "checkpoint.every_steps=10",
+        "recovery.local=true",
+        "recovery.local_every_steps=5",
+        &local_dir,
+    ];
+    let mut first = RunCmd::new(&run);
+    for set in sets {
+        first = first.set(set);
+    }
+    first.arg("--stop-at-step").arg("33").run(TIMEOUT).assert_code(EXIT_STOPPED);
+    // The newest committed copy, made newer than every durable checkpoint.
+    use rekindle::checkpoint::private::{private_dir_name, user};
+    let folder = local.join(private_dir_name(user()));
+    let root = folder.join(rekindle::checkpoint::local::run_key(&std::path::absolute(&run).unwrap()));
+    let mut committed: Vec<u64> = fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let step = rekindle::checkpoint::parse_step_dir_name(&e.file_name().to_string_lossy())?;
+            e.path().join("WORLD.json").is_file().then_some(step)
+        })
+        .collect();
+    committed.sort_unstable();
+    let newest = *committed.last().unwrap_or_else(|| panic!("no committed local copy in {}", root.display()));
+    for entry in fs::read_dir(run.join("checkpoints")).unwrap() {
+        let path = entry.unwrap().path();
+        let step = rekindle::checkpoint::parse_step_dir_name(&path.file_name().unwrap().to_string_lossy());
+        if step.is_some_and(|s| s >= newest) {
+            fs::remove_dir_all(&path).unwrap();
+        }
+    }
+    let copy = root.join(rekindle::checkpoint::step_dir_name(newest));
+    let kind = LOCAL_KINDS[(seed % LOCAL_KINDS.len() as u64) as usize];
+    let copy_only = place_local(kind, &folder, &root, &copy, &outside);
+    let case = format!("local case {seed} ({kind:?} at step {newest}, committed {committed:?})");
+    let outside_before = listing(&outside);
+
+    let mut cmd = Command::new(exe());
+    cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    cmd.arg("--run-dir").arg(&run);
+    let (code, text) = bounded(cmd, &format!("run in {case}"));
+    assert_eq!(code, Some(EXIT_DONE), "{case}: {text}");
+    assert_eq!(listing(&outside), outside_before, "something outside the run changed in {case}");
+    let events = crate::support::runs::events(&run);
+    let last_start = events.iter().rposition(|e| e["event"] == "start").unwrap();
+    let attempt = &events[last_start..];
+    for resume in attempt.iter().filter(|e| e["event"] == "resume" && e["tier"] == "local") {
+        assert!(copy_only, "resumed from a local copy of a tier it should refuse in {case}: {resume}");
+        assert_ne!(resume["step"].as_u64(), Some(newest), "resumed from the hostile copy in {case}: {resume}");
+    }
+    let failed = attempt.iter().filter(|e| e["event"] == "local_checkpoint" && e["outcome"] == "failed").count();
+    assert!(failed >= 1, "no failed local_checkpoint records the refusal in {case}: {attempt:?}");
+}
+
+#[test]
+fn issue_40_a_hostile_local_root_is_never_resumed_from_followed_nor_blocked_on() {
+    let cases = std::env::var("REKINDLE_HOSTILE_LOCAL_CASES").ok().and_then(|v| v.parse().ok());
+    let cases: u64 = cases.unwrap_or(LOCAL_KINDS.len() as u64);
+    for seed in 0..cases {
+        one_local_case(seed);
+    }
 }

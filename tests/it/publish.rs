@@ -4,7 +4,9 @@
 //! directory as a trust boundary (#27), through the real binary: no secret
 //! of `rekindle exec`'s command line or stderr is pushed, nothing is pushed
 //! through a symlink nor of a checkpoint, and an include pattern leaving the
-//! run directory is a config error at start.
+//! run directory is a config error at start. And (#40): a symlink in the
+//! clone's working tree is never written through, and a file with a hard
+//! link outside the run directory is not published.
 
 use crate::support;
 
@@ -428,4 +430,60 @@ fn issue_27_an_include_pattern_leaving_the_run_directory_is_a_config_error_at_st
         exited.tail()
     );
     assert!(!run.exists());
+}
+
+#[test]
+fn issue_40_a_symlink_in_the_clones_working_tree_is_never_written_through() {
+    let tmp = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("config.toml"), "someone else's config\n").unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    // The branch is checked out (a first commit), and the run's folder in
+    // the working tree is a link to a directory outside the clone.
+    let who = ["-c", "user.name=t", "-c", "user.email=t@example.com"];
+    git(&clone, &[&who[..], &["commit", "-q", "--allow-empty", "-m", "init"]].concat());
+    git(&clone, &["push", "-q", "origin", "main"]);
+    std::fs::create_dir(clone.join("runs")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), clone.join("runs/run")).unwrap();
+    let before = support::listing(elsewhere.path());
+    let run = tmp.path().join("run");
+    exec_publishing(&run, &clone, &["true"]).run(EXEC_TIMEOUT).assert_code(0);
+    assert_eq!(support::listing(elsewhere.path()), before, "nothing outside the clone is written");
+    let publish = last_event(&run, "publish");
+    assert_eq!(publish["pushed"], true, "the commit and the push need no working tree: {publish}");
+    let why = publish["worktree"].as_str().unwrap_or_else(|| panic!("no worktree reason: {publish}"));
+    assert!(why.contains("runs/run in the clone is a symbolic link"), "{why}");
+    let files = git(&bare, &["ls-tree", "-r", "--name-only", "main"]);
+    assert!(files.lines().any(|f| f == "runs/run/config.toml"), "published all the same: {files}");
+    assert!(clone.join("runs/run").is_symlink(), "the user's link is left as it was");
+}
+
+#[test]
+fn issue_40_a_hard_link_to_a_file_outside_the_run_directory_is_not_published() {
+    const OUTSIDE: &str = "OUTSIDE-hard-linked-5e7d19";
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("id_rsa");
+    std::fs::write(&outside, OUTSIDE).unwrap();
+    let (bare, clone) = remote_and_clone(tmp.path());
+    let run = tmp.path().join("run");
+    let script = tmp.path().join("train.sh");
+    std::fs::write(
+        &script,
+        "set -e\ncd \"$REKINDLE_RUN_DIR\"\nmkdir samples\necho ok > samples/ok.txt\nln \"$1\" samples/notes.txt\n",
+    )
+    .unwrap();
+    let (script_arg, outside_arg) = (script.to_string_lossy().into_owned(), outside.to_string_lossy().into_owned());
+    exec_publishing(&run, &clone, &["sh", &script_arg, &outside_arg])
+        .set(r#"publish.include=["samples/*"]"#)
+        .run(EXEC_TIMEOUT)
+        .assert_code(0);
+    let publish = last_event(&run, "publish");
+    assert_eq!(publish["pushed"], true, "{publish}");
+    let files = git(&bare, &["ls-tree", "-r", "--name-only", "main"]);
+    assert!(files.lines().any(|f| f == "runs/run/samples/ok.txt"), "{files}");
+    assert!(!files.lines().any(|f| f == "runs/run/samples/notes.txt"), "the hard link is published: {files}");
+    assert!(!grep_pushed(&bare, OUTSIDE) && !everything_pushed(&bare).contains(OUTSIDE));
+    let refused = publish["refused"].as_array().unwrap_or_else(|| panic!("no refused list: {publish}"));
+    let notes = refused.iter().find(|r| r["file"] == "samples/notes.txt").unwrap_or_else(|| panic!("{publish}"));
+    assert!(notes["reason"].as_str().unwrap().starts_with("a file with other hard links"), "{notes}");
 }

@@ -18,6 +18,12 @@
 //! - A node whose local directory cannot be made (a leader, a follower, a
 //!   spare that should take the copy): the tier is off for the attempt,
 //!   recorded once; the resume falls back to the durable tier, saying why.
+//! - Issue #40: the local root is the user's alone (`rekindle-local-<uid>`,
+//!   made 0700). A copy owned by another user, a `step-…` that is a link, a
+//!   copy whose `WORLD.json` names another run or is a FIFO, and a root
+//!   owned by another user are never resumed from (nor followed, nor
+//!   blocked on): the durable tier is used and a failed `local_checkpoint`
+//!   says which rank, node and directory, and why.
 
 use crate::support;
 
@@ -147,9 +153,20 @@ fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path, local_
     }
 }
 
+/// This user's folder in node `node`'s local directory under `local`.
+fn user_dir(local: &Path, node: &str) -> PathBuf {
+    use rekindle::checkpoint::private::{private_dir_name, user};
+    local.join(node).join(private_dir_name(user()))
+}
+
+/// The local root of the run in `run` on node `node`.
+fn run_root(local: &Path, node: &str, run: &Path) -> PathBuf {
+    user_dir(local, node).join(rekindle::checkpoint::local::run_key(&std::path::absolute(run).unwrap()))
+}
+
 /// Whether `node`'s local root under `local` holds a committed copy of `step`.
 fn committed_on(local: &Path, node: &str, step: u64) -> bool {
-    let root = local.join(node).join("rekindle-local");
+    let root = user_dir(local, node);
     let runs = std::fs::read_dir(root).into_iter().flatten().flatten();
     runs.into_iter().any(|run| run.path().join(rekindle::checkpoint::step_dir_name(step)).join("WORLD.json").is_file())
 }
@@ -174,7 +191,7 @@ fn reference(tmp: &Path, nodes: &[&str]) -> PathBuf {
 }
 
 fn local_copy(local: &Path, node: &str, step: u64) -> PathBuf {
-    let root = local.join(node).join("rekindle-local");
+    let root = user_dir(local, node);
     let run = std::fs::read_dir(&root).expect("a run folder").next().expect("one run").expect("entry").path();
     run.join(rekindle::checkpoint::step_dir_name(step))
 }
@@ -347,8 +364,7 @@ fn assert_tier_off(run: &Path, local: &Path, rank: usize, node: &str) {
     assert_eq!(saves.len(), 1, "one event, no save started: {saves:?}");
     assert_eq!(saves[0]["outcome"], "failed", "{}", saves[0]);
     let reason = saves[0]["reason"].as_str().unwrap_or_default();
-    let dir = local.join(node).join("rekindle-local");
-    let dir = dir.display().to_string();
+    let dir = user_dir(local, node).display().to_string();
     for part in [format!("rank {rank} on {node}").as_str(), &dir, "Not a directory", "local_dir"] {
         assert!(reason.contains(part), "the reason names {part}: {reason}");
     }
@@ -422,4 +438,219 @@ fn a_resume_from_the_local_tier_never_reads_the_durable_checkpoint_it_supersedes
     assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
     let read = [events_named(&run, "checkpoint_rejected"), events_named(&run, "checkpoint_quarantined")].concat();
     assert!(read.is_empty(), "the durable checkpoint was read and verified: {read:?}");
+}
+
+/// Runs `cmd` on `nodes` to its end within two minutes (killed, and the
+/// test failed, if it hangs); asserts exit 0.
+fn run_to_end_within(cmd: Command, nodes: &[&str]) {
+    use std::os::unix::process::CommandExt;
+    let mut child = launch(cmd, nodes)
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the run");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGKILL);
+            let _ = child.wait();
+            panic!("the run hung for two minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(EXIT_DONE), "{status:?}\nstderr:\n{stderr}");
+}
+
+/// Gives `path` and everything under it to `uid`, as if that user had made them.
+fn chown_tree(path: &Path, uid: u32) {
+    std::os::unix::fs::lchown(path, Some(uid), None).unwrap();
+    if std::fs::symlink_metadata(path).unwrap().is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            chown_tree(&entry.unwrap().path(), uid);
+        }
+    }
+}
+
+/// The reasons of the failed `local_checkpoint` events of the last attempt.
+fn failed_local_reasons(run: &Path) -> Vec<String> {
+    let events = support::runs::events(run);
+    let last_start = events.iter().rposition(|e| e["event"] == "start").expect("a start event");
+    events[last_start..]
+        .iter()
+        .filter(|e| e["event"] == "local_checkpoint" && e["outcome"] == "failed")
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Asserts that one failed `local_checkpoint` of the last attempt names
+/// every one of `parts`.
+fn assert_refused(run: &Path, parts: &[&str]) {
+    let reasons = failed_local_reasons(run);
+    assert!(
+        reasons.iter().any(|r| parts.iter().all(|p| r.contains(p))),
+        "no failed local_checkpoint names {parts:?}: {reasons:#?}"
+    );
+}
+
+/// Removes every copy of node `node` but the one of `step` (the tier keeps
+/// two): then only that one could be resumed from.
+fn keep_only(local: &Path, node: &str, step: u64) -> PathBuf {
+    let copy = local_copy(local, node, step);
+    for entry in std::fs::read_dir(copy.parent().unwrap()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("step-") && path != copy {
+            std::fs::remove_dir_all(&path).unwrap();
+        }
+    }
+    copy
+}
+
+/// Another user's uid (tests run as root, which may give files away).
+const OTHER_UID: u32 = 12345;
+
+#[test]
+fn issue_40_a_copy_owned_by_another_user_is_never_resumed_and_the_refusal_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["solo"], &run, &local);
+    let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
+    // Made private: the user's folder and the run's, 0700.
+    for dir in [user_dir(&local, "solo"), run_root(&local, "solo", &run)] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+        assert_eq!(mode & 0o7777, 0o700, "{}", dir.display());
+    }
+    // A whole, valid copy of this run, but another user's.
+    let copy = keep_only(&local, "solo", killed_at);
+    chown_tree(&copy, OTHER_UID);
+    let before = support::snapshot(&copy);
+    run_to_end_within(training(&local).command(&run, &[]), &["solo"]);
+    let (reason, resume) = durable_fallback(&run, durable);
+    assert!(!reason.is_empty(), "{resume}");
+    let copy_shown = copy.display().to_string();
+    assert_refused(&run, &["rank 0 on solo", &copy_shown, &format!("owned by uid {OTHER_UID}")]);
+    let aside = copy.with_file_name(format!("refused-{}", copy.file_name().unwrap().to_string_lossy()));
+    assert_eq!(support::snapshot(&aside), before, "another user's copy is moved aside, not written over nor removed");
+}
+
+#[test]
+fn issue_40_a_local_root_owned_by_another_user_turns_the_tier_off_and_the_durable_tier_is_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    kill_between_checkpoints(training(&local).command(&run, &[]), &["solo"], &run, &local);
+    let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
+    // As if another user had made this user's folder first, with copies in it.
+    let folder = user_dir(&local, "solo");
+    chown_tree(&folder, OTHER_UID);
+    run_to_end_within(training(&local).command(&run, &[]), &["solo"]);
+    durable_fallback(&run, durable);
+    let folder_shown = folder.display().to_string();
+    assert_refused(&run, &["rank 0 on solo", &folder_shown, &format!("owned by uid {OTHER_UID}"), "tier is off"]);
+    assert_eq!(newest_durable(&run), Some(MAX_STEPS), "the durable tier went on");
+}
+
+#[test]
+fn issue_40_a_step_that_is_a_symlink_is_never_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["solo"], &run, &local);
+    let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
+    // The copy moved elsewhere, and a link to it in its place.
+    let copy = keep_only(&local, "solo", killed_at);
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let target = elsewhere.join(copy.file_name().unwrap());
+    std::fs::rename(&copy, &target).unwrap();
+    std::os::unix::fs::symlink(&target, &copy).unwrap();
+    let before = support::listing(&elsewhere);
+    run_to_end_within(training(&local).command(&run, &[]), &["solo"]);
+    durable_fallback(&run, durable);
+    assert_refused(&run, &["rank 0 on solo", &copy.display().to_string(), "symbolic link"]);
+    assert_eq!(support::listing(&elsewhere), before, "nothing is written through the link");
+}
+
+#[test]
+fn issue_40_a_copy_whose_world_record_names_another_run_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (first, local) = (tmp.path().join("first"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&first, &[]), &["solo"], &first, &local);
+    // A whole copy of the first run, put where the second run's copies are.
+    let second = tmp.path().join("second");
+    let root = run_root(&local, "solo", &second);
+    std::fs::create_dir(&root).unwrap();
+    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let copy = root.join(rekindle::checkpoint::step_dir_name(killed_at));
+    let source = run_root(&local, "solo", &first).join(rekindle::checkpoint::step_dir_name(killed_at));
+    let status = Command::new("cp").arg("-a").arg(source).arg(&copy).status().unwrap();
+    assert!(status.success());
+    run_to_end_within(training(&local).command(&second, &[]), &["solo"]);
+    assert!(events_named(&second, "resume").is_empty(), "a fresh start, not a resume");
+    let first_shown = std::path::absolute(&first).unwrap().display().to_string();
+    assert_refused(&second, &["rank 0 on solo", &format!("names the run {first_shown}, not this one")]);
+}
+
+#[test]
+fn issue_40_a_fifo_at_world_json_does_not_hang_the_run_and_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["solo"], &run, &local);
+    let durable = newest_durable(&run).expect("a durable checkpoint at step 50");
+    let world = keep_only(&local, "solo", killed_at).join("WORLD.json");
+    std::fs::remove_file(&world).unwrap();
+    nix::unistd::mkfifo(&world, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    run_to_end_within(training(&local).command(&run, &[]), &["solo"]);
+    durable_fallback(&run, durable);
+    assert_refused(&run, &["rank 0 on solo", &world.display().to_string(), "a FIFO"]);
+}
+
+/// `cmd` run under umask 002 (as docs/run-directory.md suggests for labs).
+fn under_umask_002(mut cmd: Command) -> Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: umask is async-signal-safe and touches no memory.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o002));
+            Ok(())
+        });
+    }
+    cmd
+}
+
+#[test]
+fn issue_40_copies_written_under_umask_002_are_private_and_still_resumed_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let cmd = under_umask_002(training(&local).command(&run, &[]));
+    let killed_at = kill_between_checkpoints(cmd, &["solo"], &run, &local);
+    let model = local_copy(&local, "solo", killed_at).join("model.safetensors");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&model).unwrap().permissions());
+    assert_eq!(mode & 0o022, 0, "made writable by the user alone: {mode:o}");
+    run_to_end(under_umask_002(training(&local).command(&run, &[])), &["solo"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
+    assert!(failed_local_reasons(&run).is_empty(), "nothing of its own is refused");
+}
+
+#[test]
+fn issue_40_a_follower_nodes_foreign_copy_is_refused_recorded_by_rank_0_and_the_other_nodes_copy_used() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, local) = (tmp.path().join("run"), tmp.path().join("local"));
+    let killed_at = kill_between_checkpoints(training(&local).command(&run, &[]), &["a", "b"], &run, &local);
+    let copy = local_copy(&local, "b", killed_at);
+    chown_tree(&copy, OTHER_UID);
+    let before = support::snapshot(&copy);
+    run_to_end(training(&local).command(&run, &[]), &["a", "b"]);
+    let resume = resume_event(&run);
+    assert_eq!((resume["step"].as_u64(), resume["tier"].as_str()), (Some(killed_at), Some("local")), "{resume}");
+    assert_eq!(resume["source_node"], "a", "b's copy is refused, a's is used: {resume}");
+    assert_refused(&run, &["rank 1 on b", &copy.display().to_string(), &format!("owned by uid {OTHER_UID}")]);
+    let aside = copy.with_file_name(format!("refused-{}", copy.file_name().unwrap().to_string_lossy()));
+    assert_eq!(support::snapshot(&aside), before, "moved aside on b, not written over nor removed");
 }
