@@ -335,6 +335,8 @@ fn remove_uncommitted(root: &Path) {
 pub struct LocalInbox {
     pub step: u64,
     pub stall: f64,
+    /// The step the save was due at, when it started late.
+    pub due_step: Option<u64>,
     writers: Vec<usize>,
     got: BTreeMap<usize, LocalDone>,
 }
@@ -359,7 +361,7 @@ pub enum InboxVerdict {
 
 impl LocalInbox {
     pub fn new(step: u64, stall: f64, writers: Vec<usize>) -> LocalInbox {
-        LocalInbox { step, stall, writers, got: BTreeMap::new() }
+        LocalInbox { step, stall, due_step: None, writers, got: BTreeMap::new() }
     }
 
     /// Takes writer `rank`'s report (others, and other steps', are stale).
@@ -413,6 +415,12 @@ pub(super) struct LocalTier {
     /// `"auto"`: the interval in force.
     auto: Duration,
     pending: Option<LocalInbox>,
+    /// The step at which a save fell due while another was in flight: it is
+    /// owed, and starts as soon as that one is done, not at the next
+    /// multiple of the cadence (which a slow node would miss again).
+    owed: Option<u64>,
+    /// Whether this attempt said the cadence is not met.
+    warned_late: bool,
 }
 
 impl LocalTier {
@@ -421,7 +429,16 @@ impl LocalTier {
             tracing::warn!(node = %nodes[0], ranks = nodes.len(), "{warning}");
         }
         let writers = writers(&nodes);
-        LocalTier { writer, writers, nodes, last: Instant::now(), auto: AUTO_MIN, pending: None }
+        LocalTier {
+            writer,
+            writers,
+            nodes,
+            last: Instant::now(),
+            auto: AUTO_MIN,
+            pending: None,
+            owed: None,
+            warned_late: false,
+        }
     }
 
     fn due(&self, step: u64, cfg: &Config) -> bool {
@@ -437,6 +454,14 @@ impl LocalTier {
         by_steps || by_time
     }
 
+    /// After `step`: the step a save to start now was due at, or `None`.
+    /// A save due while another is in flight is owed (the first such step
+    /// is kept) and starts right after that one; see [`plan_start`].
+    fn start_now(&mut self, step: u64, cfg: &Config) -> Option<u64> {
+        let due = self.due(step, cfg);
+        plan_start(due, self.pending.is_some(), &mut self.owed, step)
+    }
+
     /// `"auto"`: as often as keeps the save's cost (its stall, and the
     /// slowest node's background write, which competes with training for
     /// the node's cores and memory bandwidth) at 1 % of the time.
@@ -446,23 +471,55 @@ impl LocalTier {
     }
 }
 
+/// Whether a local save starts after `step`, as the step it was due at:
+/// one due now starts now unless a save is `in_flight`; then it is `owed`
+/// (the first due step kept) and starts after the first step that finds
+/// nothing in flight, so a node slower than the cadence still gets a copy
+/// as often as it can write one, and the lateness is known.
+fn plan_start(due: bool, in_flight: bool, owed: &mut Option<u64>, step: u64) -> Option<u64> {
+    if in_flight {
+        if due && owed.is_none() {
+            *owed = Some(step);
+        }
+        return None;
+    }
+    match owed.take() {
+        Some(at) => Some(at),
+        None => due.then_some(step),
+    }
+}
+
 impl Attempt {
     /// After a completed step: takes in the writers' reports (committing a
-    /// save every node wrote), then starts a local save when one is due.
+    /// save every node wrote), then starts a local save when one is due (or
+    /// owed: due while the one before was still in flight).
     pub(super) fn local_tick(&mut self, step: u64) -> Result<(), RunError> {
         if self.local.is_none() {
             return Ok(());
         }
         self.local_collect()?;
         let max_steps = self.cfg.run.max_steps;
-        let Some(local) = &self.local else { return Ok(()) };
-        if local.pending.is_some() || !local.due(step, &self.cfg) || step >= max_steps || self.stop_reason().is_some() {
+        if step >= max_steps || self.stop_reason().is_some() {
             return Ok(());
         }
-        self.local_save()
+        let Some(local) = &mut self.local else { return Ok(()) };
+        let Some(due_at) = local.start_now(step, &self.cfg) else { return Ok(()) };
+        if due_at < step && !local.warned_late {
+            local.warned_late = true;
+            tracing::warn!(
+                step,
+                due_at,
+                "a node-local save fell due while the one before was still being written: it starts {} step(s) \
+                 late, and the tier's cadence ([recovery] local_every_steps / local_interval) is not met on this \
+                 node; each late save's local_checkpoint records its due_step",
+                step - due_at
+            );
+        }
+        self.local_save(due_at)
     }
 
-    fn local_save(&mut self) -> Result<(), RunError> {
+    /// Starts the local save of the step just trained, due at `due_at`.
+    fn local_save(&mut self, due_at: u64) -> Result<(), RunError> {
         let t0 = Instant::now();
         let Some(local) = &mut self.local else { return Ok(()) };
         let mut snapshot = self.trainer.snapshot_part(local.writer.take_spare())?;
@@ -477,7 +534,9 @@ impl Attempt {
         let stall = t0.elapsed().as_secs_f64();
         local.writer.start(snapshot);
         local.last = Instant::now();
-        local.pending = Some(LocalInbox::new(step, stall, local.writers.clone()));
+        let mut inbox = LocalInbox::new(step, stall, local.writers.clone());
+        inbox.due_step = (due_at < step).then_some(due_at);
+        local.pending = Some(inbox);
         Ok(())
     }
 
@@ -497,7 +556,12 @@ impl Attempt {
         let Some(verdict) = inbox.verdict(&local.nodes) else { return Ok(()) };
         let inbox = local.pending.take().expect("checked above");
         let holders: Vec<String> = local.writers.iter().map(|r| local.nodes[*r].clone()).collect();
-        let mut event = LocalCheckpoint { step: inbox.step, stall_seconds: inbox.stall, ..LocalCheckpoint::default() };
+        let mut event = LocalCheckpoint {
+            step: inbox.step,
+            stall_seconds: inbox.stall,
+            due_step: inbox.due_step,
+            ..LocalCheckpoint::default()
+        };
         match verdict {
             InboxVerdict::Agreed { files, bytes, seconds } => {
                 let run = tier::run_identity(&self.dir.root);
@@ -744,6 +808,26 @@ mod tests {
 
     fn nodes(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_save_due_while_one_is_in_flight_is_owed_and_starts_right_after_it() {
+        let mut owed = None;
+        // Every 5 steps; the save of step 5 takes until step 12 to commit.
+        assert_eq!(plan_start(true, false, &mut owed, 5), Some(5), "due and free: now");
+        assert_eq!(plan_start(false, true, &mut owed, 6), None);
+        assert_eq!(plan_start(true, true, &mut owed, 10), None, "due while busy: owed");
+        assert_eq!(owed, Some(10));
+        assert_eq!(plan_start(false, true, &mut owed, 11), None);
+        // Free at 12: the save owed since 10 starts now (not at 15), late by 2.
+        assert_eq!(plan_start(false, false, &mut owed, 12), Some(10));
+        assert_eq!(owed, None);
+        // A second due step while still busy keeps the first as the due one.
+        assert_eq!(plan_start(true, true, &mut owed, 15), None);
+        assert_eq!(plan_start(true, true, &mut owed, 20), None);
+        assert_eq!(plan_start(false, false, &mut owed, 21), Some(15));
+        // Nothing due, nothing owed: nothing starts.
+        assert_eq!(plan_start(false, false, &mut owed, 22), None);
     }
 
     #[test]

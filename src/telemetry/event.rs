@@ -723,6 +723,11 @@ pub struct LocalCheckpoint {
     /// Why it was skipped or failed, naming the rank and node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The step this save fell due at, when it started later because the
+    /// save before it was still being written: the tier's cadence was not
+    /// met by `step - due_step` steps. Absent for a save on time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub due_step: Option<u64>,
 }
 
 /// `recovery`: written after the first step an attempt trains when the
