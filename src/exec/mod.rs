@@ -14,7 +14,9 @@
 //! child.rs     spawn (own process group, parent-death signal, contract
 //!              environment: contract.rs) ─ `child_start` ─ wait on exit,
 //!              stop signals (stop file + SIGTERM to the group), the deadline
-//!              (SIGKILL), a lost lock (SIGKILL), stderr (teed, tail kept)
+//!              (SIGKILL), a lost lock (SIGKILL)
+//! stderr.rs    the program's stderr on a thread of its own: teed, split
+//!              into bounded lines, redacted, the tail kept for `child_exit`
 //! verdict.rs   finished / stopped / crashed (classified) / lock lost
 //! exec         `child_exit` ─ finished: summary, publish, `finish`, exit 0
 //!              ─ stopped: requeue, summary, publish, `stop`; exit 75 with a
@@ -35,6 +37,7 @@
 mod child;
 mod contract;
 mod seal;
+mod stderr;
 mod verdict;
 mod world;
 

@@ -273,7 +273,8 @@ impl Redactor {
         // keeps this linear.
         let mut taken = 0;
         for k in 1..words.len() {
-            if words[k].start < taken || !option_name(&text[words[k - 1].clone()]).is_some_and(|n| self.is_secret_name(n))
+            if words[k].start < taken
+                || !option_name(&text[words[k - 1].clone()]).is_some_and(|n| self.is_secret_name(n))
             {
                 continue;
             }
@@ -283,8 +284,7 @@ impl Redactor {
             }
             let mut v = k;
             // `--access_token "" X`: an empty value hides nothing; X may be it.
-            if matches!(value, "\"\"" | "''") && v + 1 < words.len() && !text[words[v + 1].clone()].starts_with("--")
-            {
+            if matches!(value, "\"\"" | "''") && v + 1 < words.len() && !text[words[v + 1].clone()].starts_with("--") {
                 v += 1;
             }
             if let Some(span) = value_at(text, words[v].start) {
@@ -808,14 +808,18 @@ mod tests {
     fn an_empty_option_value_hides_the_word_after_it() {
         assert_eq!(text("--access_token \"\" X --lr 1"), "--access_token \"\" *** --lr 1");
         assert_eq!(text("--token '' --lr 1"), "--token '' --lr 1");
-        assert_eq!(args(&["p", "--access_token", "", "X", "--lr", "1"]), ["p", "--access_token", "***", "***", "--lr", "1"]);
+        assert_eq!(
+            args(&["p", "--access_token", "", "X", "--lr", "1"]),
+            ["p", "--access_token", "***", "***", "--lr", "1"]
+        );
     }
 
     #[test]
     fn redaction_is_linear_in_the_text() {
         // Inputs that made the rules rescan the rest of the line for each
         // match (240 KB of `://` took 8.3 s).
-        let shapes: [&str; 8] = ["://", "a=", "token=(", "--token \"", "https://u:", "\"token\": \"\\", "k;", "Bearer ("];
+        let shapes: [&str; 8] =
+            ["://", "a=", "token=(", "--token \"", "https://u:", "\"token\": \"\\", "k;", "Bearer ("];
         let r = redactor();
         let cost = |piece: &str, bytes: usize, times: usize| {
             let line = piece.repeat(bytes / piece.len());
@@ -834,7 +838,10 @@ mod tests {
             // The same number of bytes: 64 lines of 16 KiB, one of 1 MiB.
             let small = cost(piece, 16 << 10, 64);
             let big = cost(piece, 1 << 20, 1);
-            assert!(big < 8 * small.max(std::time::Duration::from_micros(50)), "{piece:?}: 1 MiB took {big:?}, 64 × 16 KiB {small:?}");
+            assert!(
+                big < 8 * small.max(std::time::Duration::from_micros(50)),
+                "{piece:?}: 1 MiB took {big:?}, 64 × 16 KiB {small:?}"
+            );
         }
     }
 
