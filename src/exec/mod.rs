@@ -131,7 +131,7 @@ fn lead(
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     // The progress guard and this node's check, before the run directory is
     // touched (attempt/health.rs).
-    crate::attempt::health::before_start(&cfg, &slurm, &root, true)?;
+    crate::attempt::health::before_start(&cfg, &slurm, &root, true, &stop)?;
     rundir::claim(&root, &cfg)?;
     // Before anything is written: rekindle's own checkpoints are continued
     // by `rekindle run`, not by a program.
@@ -306,7 +306,7 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
     let (cfg, _) = load_config(opts)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     // Every task checks its own node (task 0 keeps the progress guard).
-    crate::attempt::health::before_start(&cfg, &slurm, &root, false)?;
+    crate::attempt::health::before_start(&cfg, &slurm, &root, false, stop)?;
     let staging = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg)).staging_dir();
     // Task 0 may take the lock over from a dead holder or verify a large
     // checkpoint first: as long as a rank may be silent.
