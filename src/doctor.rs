@@ -85,6 +85,8 @@ pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, p
         storage: StorageProbe::RoundTrip,
         restarting,
         node: &node,
+        stopped: &|| false,
+        redactor: &crate::telemetry::Redactor::new(&config.telemetry.secret_words),
     }));
     check_publish(&mut list, config);
     list

@@ -31,19 +31,31 @@ use crate::health::{
 use crate::rundir::{self, EVENTS_FILE};
 use crate::slurm::injob::InJobOffer;
 use crate::slurm::{self, RequeueRequest, Scontrol, SlurmControl, SlurmEnv, StopKind, expand_hostlist};
-use crate::telemetry::{ErrorEvent, Event, EventLog, NodeUnhealthy, NodesExcluded, RecordedEvent, RequeueRecord};
+use crate::telemetry::{
+    ErrorEvent, Event, EventLog, NodeUnhealthy, NodesExcluded, RecordedEvent, Redactor, RequeueRecord,
+};
 
 use super::budget;
 use super::devices::INVENTORY_ENV;
 use super::ending::{ask_for_in_job_restart, record_or_log};
 use super::error::RunError;
 use super::records::{context, recorded};
+use super::stop::StopFlag;
 
 /// The progress guard, then the node check (module docs). `records`: this
 /// process writes the run's records (one process, or rank 0): it records the
 /// guard's verdict; every rank checks its own node and records its own
 /// failure.
-pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records: bool) -> Result<(), RunError> {
+///
+/// A stop while a check runs ends it (the site command is killed at once)
+/// and blames nothing: the attempt goes on to the driver's own early stop.
+pub(crate) fn before_start(
+    cfg: &Config,
+    slurm: &SlurmEnv,
+    root: &Path,
+    records: bool,
+    stop: &StopFlag,
+) -> Result<(), RunError> {
     let events_path = root.join(EVENTS_FILE);
     // Every rank decides (they read the same records) and exits 79 alike,
     // so the batch shell sees rekindle's own code; one records it.
@@ -87,8 +99,14 @@ pub(crate) fn before_start(cfg: &Config, slurm: &SlurmEnv, root: &Path, records:
         storage: StorageProbe::Write,
         restarting: slurm.restart_count > 0 || offer.as_ref().is_some_and(|o| o.restarts > 0),
         node: &node,
+        stopped: &|| stop.is_set(),
+        redactor: &Redactor::new(&cfg.telemetry.secret_words),
     });
     let Some(failed) = list.first_required_failure().cloned() else {
+        if stop.is_set() {
+            tracing::warn!(node = %node, "a stop came during the node check: the check was ended, the node is not blamed");
+            return Ok(());
+        }
         tracing::info!(node = %node, seconds = started.elapsed().as_secs_f64(), "this node passed its health check");
         return Ok(());
     };
@@ -589,14 +607,14 @@ mod tests {
         let mut cfg = Config::default();
         cfg.run.max_attempts_without_progress = 2;
         cfg.health.check = false;
-        let err = before_start(&cfg, &slurm(), &root, true).unwrap_err();
+        let err = before_start(&cfg, &slurm(), &root, true, &StopFlag::default()).unwrap_err();
         assert_eq!(err.outcome(), crate::exit::Outcome::NoProgress);
         assert!(err.to_string().contains("on n1 (job 42, restart 0): error: device lost"), "{err}");
         let last = recorded(&root.join(EVENTS_FILE)).pop().unwrap();
         assert_eq!(last.name, "error");
         // Under a larger bound the attempt goes on (its node check is off here).
         cfg.run.max_attempts_without_progress = 3;
-        assert!(before_start(&cfg, &slurm(), &root, true).is_ok());
+        assert!(before_start(&cfg, &slurm(), &root, true, &StopFlag::default()).is_ok());
     }
 
     #[test]
@@ -606,7 +624,7 @@ mod tests {
         let mut cfg = Config::default();
         cfg.health.command = Some("echo bad HCA; exit 1".into());
         // Outside SLURM: no requeue, no exclusion to set.
-        let err = before_start(&cfg, &SlurmEnv::default(), &root, true).unwrap_err();
+        let err = before_start(&cfg, &SlurmEnv::default(), &root, true, &StopFlag::default()).unwrap_err();
         assert!(
             matches!(&err, RunError::Unhealthy { check, resumable: false, .. } if check == "site command"),
             "{err}"

@@ -806,9 +806,14 @@ pub struct HealthSection {
     /// past `timeout`) is unhealthy. Its output is recorded (bounded).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
-    /// How long the site command may run.
+    /// How long the site command may run (at most [`MAX_HEALTH_TIMEOUT`]).
     #[serde(with = "humantime_serde_compat")]
     pub timeout: Duration,
+    /// Give the site command rekindle's whole environment, secrets such as
+    /// `HF_TOKEN` included; by default it gets only what a site check needs
+    /// (`PATH`, `HOME`, `USER`, `LANG`, `SLURM_*`, the GPU visibility
+    /// variables…: `health::site_env`).
+    pub inherit_env: bool,
     /// Each device the job is given must have at least this share of its
     /// memory free (another process holding it means a node not cleaned up).
     pub min_free_device_memory: f64,
@@ -840,6 +845,7 @@ impl Default for HealthSection {
             check: true,
             command: None,
             timeout: Duration::from_secs(60),
+            inherit_env: false,
             min_free_device_memory: 0.5,
             max_clock_skew: Duration::from_secs(60),
             exclude: true,
@@ -850,6 +856,11 @@ impl Default for HealthSection {
         }
     }
 }
+
+/// The longest `[health] timeout`: the check runs before every attempt, on
+/// every node, and a site check that needs longer holds the allocation
+/// idle (a stop ends it at once whatever the timeout).
+pub const MAX_HEALTH_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The words `[telemetry] secret_words` holds by default.
 pub const DEFAULT_SECRET_WORDS: [&str; 11] = [

@@ -362,6 +362,14 @@ fn health(f: &mut Findings, h: &HealthSection) {
         });
     }
     f.require(!h.timeout.is_zero(), "health.timeout", || "must be longer than 0, e.g. \"60s\"".into());
+    f.require(h.timeout <= MAX_HEALTH_TIMEOUT, "health.timeout", || {
+        format!(
+            "must be at most {} (got {}): the site command runs before every attempt on every node, and a check \
+             that needs longer holds the whole allocation idle",
+            humantime::format_duration(MAX_HEALTH_TIMEOUT),
+            humantime::format_duration(h.timeout)
+        )
+    });
     let share = h.min_free_device_memory;
     f.require((0.0..=1.0).contains(&share), "health.min_free_device_memory", || {
         format!("must be a share from 0 to 1 (got {share}); 0 checks nothing")

@@ -14,29 +14,30 @@
 //! - the run-directory lock, lost to another process: the group gets SIGKILL;
 //! - in a job step of several tasks, another task lost (`world.rs`,
 //!   [`Liveness`]): the group gets SIGTERM, and SIGKILL [`LOST_GRACE`] later;
-//! - the child's stderr, teed through to ours with its last lines kept,
-//!   secrets redacted (`telemetry::Redactor`), for the `child_exit` event.
+//! - not the child's stderr: a thread of its own tees it, keeps its last
+//!   lines redacted for the `child_exit` event (stderr.rs), and is waited
+//!   for only once the child exited (at most [`STDERR_DRAIN`]).
 //!
 //! The child is its own process group's leader and gets PR_SET_PDEATHSIG =
 //! SIGKILL: a rekindle that is SIGKILLed takes it along. The death signal
 //! fires when the *thread* that forked exits; the runtime is current-thread
 //! on the main thread, which lives as long as the process.
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::process::ExitStatus;
+use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::config::Config;
 use crate::telemetry::{Event, EventLog, Redactor};
 
 use super::contract::{ChildEnv, StopNotice};
+use super::stderr::{self, Tail};
 use super::world::{LOST_GRACE, Liveness};
 use crate::attempt::budget;
 use crate::attempt::deadline::Deadline;
@@ -46,11 +47,6 @@ use crate::attempt::rank_watch::Lost;
 use crate::attempt::stop::{SignalStop, StopFlag, StopReason};
 use crate::rundir::lock::LockOwnership;
 
-/// Lines of the child's stderr kept for the `child_exit` event.
-pub const TAIL_LINES: usize = 20;
-/// Bytes kept of each such line.
-pub const TAIL_LINE_BYTES: usize = 500;
-
 /// How long the loop sleeps between looks at the stop flag and the lock
 /// (signals wake it at once; this catches one that arrived before the
 /// streams were registered, and a lock lost).
@@ -59,6 +55,8 @@ const TICK: Duration = Duration::from_millis(100);
 /// After the child exited: how long to wait for the rest of its stderr (a
 /// grandchild may hold the pipe open).
 const STDERR_DRAIN: Duration = Duration::from_secs(1);
+/// How often the drain looks whether the stderr thread is done.
+const DRAIN_TICK: Duration = Duration::from_millis(10);
 
 /// A stop as the supervisor took it.
 #[derive(Debug, Clone, Copy)]
@@ -116,14 +114,23 @@ pub fn supervise(
             streams.push(signal(kind).map_err(spawn_err)?);
         }
         let [term, int, usr1, usr2, hup] = &mut streams[..] else { unreachable!("five streams") };
-        let mut child = spawn(command, env).map_err(spawn_err)?;
+        let (stderr_read, stderr_write) = std::io::pipe().map_err(spawn_err)?;
+        let mut child = spawn(command, env, stderr_write).map_err(spawn_err)?;
         let started = Instant::now();
         let pid = child.id().unwrap_or_default();
         let group = Pid::from_raw(pid as i32);
         on_spawn(pid, events);
-        let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+        let tail = Tail::default();
         let redactor = Redactor::new(&cfg.telemetry.secret_words);
-        let tee = child.stderr.take().map(|stderr| tokio::spawn(tee_stderr(stderr, Arc::clone(&tail), redactor)));
+        let tee = match stderr::tee(stderr_read, tail.clone(), redactor) {
+            Ok(ended) => Some(ended),
+            Err(e) => {
+                // The program runs on; its stderr pipe, unread, may fill and
+                // block it, which the stop still ends.
+                tracing::error!(error = %e, "could not start the thread that reads the program's stderr");
+                None
+            }
+        };
         let mut tick = tokio::time::interval(TICK);
         let (mut taken, mut forwarded, mut killed_at_deadline, mut lock_lost) = (None::<StopTaken>, 0, false, false);
         let (mut lost, mut kill_lost_at) = (None::<Vec<Lost>>, None::<Instant>);
@@ -188,8 +195,11 @@ pub fn supervise(
         // Whatever of the group outlived its leader (workers it did not reap)
         // must not train on: the group goes.
         kill_group(group, Signal::SIGKILL);
-        if let Some(tee) = tee {
-            let _ = tokio::time::timeout(STDERR_DRAIN, tee).await;
+        if let Some(ended) = tee {
+            let until = Instant::now() + STDERR_DRAIN;
+            while !ended.load(Ordering::Acquire) && Instant::now() < until {
+                tokio::time::sleep(DRAIN_TICK).await;
+            }
         }
         let stderr_tail = tail.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
         Ok(Supervised {
@@ -206,11 +216,14 @@ pub fn supervise(
 }
 
 /// The child: its own process group, the contract's environment, stderr
-/// piped (teed), and the parent-death signal.
-fn spawn(command: &[OsString], env: &ChildEnv) -> std::io::Result<tokio::process::Child> {
+/// into `stderr` (a pipe read by stderr.rs's thread: a blocking one, which
+/// tokio's own pipes are not), and the parent-death signal.
+fn spawn(command: &[OsString], env: &ChildEnv, stderr: std::io::PipeWriter) -> std::io::Result<tokio::process::Child> {
     let (program, args) = command.split_first().ok_or_else(|| std::io::Error::other("no command given"))?;
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).envs(env.all_vars()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    // `cmd` holds our copy of the write end until it is dropped on return,
+    // so the reader sees the end of the stream when the program's copies close.
+    cmd.args(args).envs(env.all_vars()).stderr(stderr).process_group(0).kill_on_drop(true);
     for var in env.unset() {
         cmd.env_remove(var);
     }
@@ -301,45 +314,6 @@ fn kill_group(group: Pid, sig: Signal) {
     }
 }
 
-/// Copies the child's stderr to ours line by line (as it is), keeping the
-/// last [`TAIL_LINES`] redacted (each cut to [`TAIL_LINE_BYTES`]). Ours is written through
-/// tokio (on its blocking pool), never from the runtime's one thread: a
-/// stderr that blocks (a stalled shared file system under slurm-%j.out)
-/// must not stall signal forwarding or the deadline kill.
-async fn tee_stderr(stderr: tokio::process::ChildStderr, tail: Arc<Mutex<VecDeque<String>>>, redactor: Redactor) {
-    let mut ours = tokio::io::stderr();
-    let mut reader = tokio::io::BufReader::new(stderr);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match reader.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => {
-                let _ = ours.flush().await;
-                return;
-            }
-            Ok(_) => {
-                let _ = ours.write_all(&line).await;
-                keep_line(&mut tail.lock().unwrap_or_else(PoisonError::into_inner), &line, &redactor);
-            }
-        }
-    }
-}
-
-/// Adds one stderr line to the bounded tail, redacted before it is cut (a
-/// cut must not leave half a secret the rules no longer recognise).
-fn keep_line(tail: &mut VecDeque<String>, line: &[u8], redactor: &Redactor) {
-    let text = String::from_utf8_lossy(line);
-    let text = redactor.text(text.trim_end_matches(['\n', '\r']));
-    let mut end = text.len().min(TAIL_LINE_BYTES);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    if tail.len() == TAIL_LINES {
-        tail.pop_front();
-    }
-    tail.push_back(text[..end].to_string());
-}
-
 /// The command line as rekindle records and shows it (`child_start`, the
 /// `start` placement, messages): redacted (`telemetry::Redactor`) unless
 /// `[telemetry] record_raw_command` (lossy UTF-8 either way).
@@ -351,36 +325,6 @@ pub fn recorded_command(cfg: &Config, command: &[OsString]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_tail_keeps_the_last_lines_each_bounded() {
-        let mut tail = VecDeque::new();
-        let r = Redactor::default();
-        for i in 0..30 {
-            keep_line(&mut tail, format!("line {i}\n").as_bytes(), &r);
-        }
-        assert_eq!(tail.len(), TAIL_LINES);
-        assert_eq!((tail[0].as_str(), tail[TAIL_LINES - 1].as_str()), ("line 10", "line 29"));
-        keep_line(&mut tail, "é".repeat(400).as_bytes(), &r);
-        let last = tail.back().unwrap();
-        assert!(last.len() <= TAIL_LINE_BYTES && last.chars().all(|c| c == 'é'));
-        keep_line(&mut tail, b"\xff\xfe bad utf-8\r\n", &r);
-        assert_eq!(tail.back().unwrap(), "\u{fffd}\u{fffd} bad utf-8");
-    }
-
-    #[test]
-    fn the_tail_is_redacted_before_it_is_cut() {
-        let cfg = Config::default();
-        let r = Redactor::new(&cfg.telemetry.secret_words);
-        let mut tail = VecDeque::new();
-        keep_line(&mut tail, b"HF_TOKEN=hf_TEST123 from https://user:hunter2@example.com/x\n", &r);
-        assert_eq!(tail[0], "HF_TOKEN=*** from https://***@example.com/x");
-        // Cut first, this line would end in `https://user:hunter2`: no `@`
-        // left to recognise the credentials by.
-        let line = format!("{} https://user:hunter2@example.com/x\n", "x".repeat(TAIL_LINE_BYTES - 21));
-        keep_line(&mut tail, line.as_bytes(), &r);
-        assert!(tail[1].contains(" https://***@example.") && !tail[1].contains("hunter2"), "{}", tail[1]);
-    }
 
     #[test]
     fn the_command_is_recorded_redacted_unless_raw_is_asked_for() {

@@ -14,7 +14,9 @@
 //! child.rs     spawn (own process group, parent-death signal, contract
 //!              environment: contract.rs) ─ `child_start` ─ wait on exit,
 //!              stop signals (stop file + SIGTERM to the group), the deadline
-//!              (SIGKILL), a lost lock (SIGKILL), stderr (teed, tail kept)
+//!              (SIGKILL), a lost lock (SIGKILL)
+//! stderr.rs    the program's stderr on a thread of its own: teed, split
+//!              into bounded lines, redacted, the tail kept for `child_exit`
 //! verdict.rs   finished / stopped / crashed (classified) / lock lost
 //! exec         `child_exit` ─ finished: summary, publish, `finish`, exit 0
 //!              ─ stopped: requeue, summary, publish, `stop`; exit 75 with a
@@ -35,6 +37,7 @@
 mod child;
 mod contract;
 mod seal;
+mod stderr;
 mod verdict;
 mod world;
 
@@ -128,7 +131,7 @@ fn lead(
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     // The progress guard and this node's check, before the run directory is
     // touched (attempt/health.rs).
-    crate::attempt::health::before_start(&cfg, &slurm, &root, true)?;
+    crate::attempt::health::before_start(&cfg, &slurm, &root, true, &stop)?;
     rundir::claim(&root, &cfg)?;
     // Before anything is written: rekindle's own checkpoints are continued
     // by `rekindle run`, not by a program.
@@ -305,7 +308,7 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
     let (cfg, _) = load_config(opts)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     // Every task checks its own node (task 0 keeps the progress guard).
-    crate::attempt::health::before_start(&cfg, &slurm, &root, false)?;
+    crate::attempt::health::before_start(&cfg, &slurm, &root, false, stop)?;
     let staging = CheckpointStore::open_read_only(rundir::checkpoints_dir(&root, &cfg)).staging_dir();
     // Task 0 may take the lock over from a dead holder or verify a large
     // checkpoint first: as long as a rank may be silent.

@@ -17,7 +17,9 @@ mod storage;
 
 pub use blame::{AttemptEnd, blame, blamed_stragglers};
 pub use checklist::{Check, CheckStatus, Checklist};
-pub use command::{CommandEnd, CommandRun, OUTPUT_LIMIT, run_site_command};
+pub use command::{
+    CommandEnd, CommandRun, INHERITED, INHERITED_PREFIXES, OUTPUT_LIMIT, SiteRun, run_site_command, site_env,
+};
 pub use exclude::{ExclusionInput, ExclusionPlan, plan_exclusion};
 pub use node::{FS_TIMEOUT, NodeInput, node_checks};
 pub use progress::{

@@ -11,7 +11,7 @@
 //! | `free disk` | no room for one checkpoint of the known size |
 //! | `checkpoint round-trip` (doctor) | a tiny checkpoint cannot be written, verified and read back beside the checkpoints |
 //! | `checkpoint directory` (an attempt) | a file cannot be written, fsynced, renamed and removed beside the checkpoints |
-//! | `site command` | `[health] command` exits non-zero or runs past `[health] timeout` |
+//! | `site command` | `[health] command` exits non-zero or runs past `[health] timeout` (one ended by a stop is skipped: it says nothing of the node) |
 //!
 //! Devices come from the same probe as detection (`crate::gpu`): NVML, ROCm
 //! SMI, or an injected inventory (`REKINDLE_GPU_INVENTORY`, `doctor
@@ -23,9 +23,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::{GpuBackend, HealthSection};
 use crate::gpu::{EnvMap, GpuDevice, GpuProbe, nearest_existing, visible_devices};
+use crate::telemetry::Redactor;
 
 use super::checklist::{CheckStatus, Checklist};
-use super::command::run_site_command;
+use super::command::{CommandEnd, SiteRun, run_site_command, site_env};
 use super::storage::{StorageProbe, check_disk, check_round_trip, check_writable};
 
 /// How long a look at the shared filesystem may take before the mount
@@ -51,6 +52,10 @@ pub struct NodeInput<'a> {
     pub restarting: bool,
     /// This node's name (given to the site command as `REKINDLE_NODE`).
     pub node: &'a str,
+    /// Whether a stop came: the site command is ended at once.
+    pub stopped: &'a dyn Fn() -> bool,
+    /// What the site command and its output are redacted with.
+    pub redactor: &'a Redactor,
 }
 
 /// Every check of the table above, in its order.
@@ -363,10 +368,19 @@ fn check_site_command(list: &mut Checklist, input: &NodeInput<'_>) {
     let Some(command) = &input.health.command else {
         return list.push(name, CheckStatus::Skip, false, "no [health] command configured");
     };
-    let env = [("REKINDLE_NODE", input.node.to_string()), ("REKINDLE_RUN_DIR", input.run_dir.display().to_string())];
-    let run = run_site_command(command, input.health.timeout, &env);
-    let status = if run.healthy() { CheckStatus::Ok } else { CheckStatus::Fail };
-    list.push(name, status, true, run.describe(command, input.health.timeout));
+    let vars = input.env.iter().map(|(k, v)| (k.clone(), v.clone()));
+    let mut env = site_env(vars, input.health.inherit_env, input.redactor);
+    env.insert("REKINDLE_NODE".into(), input.node.to_string());
+    env.insert("REKINDLE_RUN_DIR".into(), input.run_dir.display().to_string());
+    let how = SiteRun { timeout: input.health.timeout, env: &env, stopped: input.stopped, redactor: input.redactor };
+    let run = run_site_command(command, &how);
+    // Cut short by a stop, it says nothing about the node.
+    let status = match run.end {
+        _ if run.healthy() => CheckStatus::Ok,
+        CommandEnd::Stopped => CheckStatus::Skip,
+        _ => CheckStatus::Fail,
+    };
+    list.push(name, status, true, run.describe(command, input.health.timeout, input.redactor));
 }
 
 #[cfg(test)]
@@ -401,6 +415,8 @@ mod tests {
                 storage: StorageProbe::Write,
                 restarting,
                 node: "n1",
+                stopped: &|| false,
+                redactor: &Redactor::default(),
             })
         }
     }

@@ -104,7 +104,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
     // Every rank checks its node before anything is joined or written
     // (docs/slurm.md, "Bad nodes"); rank 0 also keeps the progress guard.
-    crate::attempt::health::before_start(&cfg, &slurm, &root, info.is_leader())?;
+    crate::attempt::health::before_start(&cfg, &slurm, &root, info.is_leader(), &stop)?;
     // A data-parallel run (docs/distributed.md) joins its world first: a
     // launch whose ranks do not make one (exit 78) leaves no run directory.
     let world = match info.size {

@@ -42,5 +42,5 @@ pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics
 pub use prometheus::{PromLabels, PromState, write_textfile};
 pub use rank_beat::{RankBeat, rank_beat_file};
 pub use records::{Jsonl, parse_jsonl, read_jsonl, read_jsonl_tail, time_field};
-pub use redact::{MASK, Redactor};
+pub use redact::{MASK, Redactor, StreamRedactor};
 pub use summary::{Summary, SummaryState};

@@ -646,3 +646,108 @@ fn when_task_0_is_lost_with_its_node_task_1_records_it_and_exits_75_and_the_worl
     }
     assert_eq!(verify(&run).0, Some(0));
 }
+
+/// A program (python3, `rekindle_client`) that writes `stderr` (a Python
+/// expression of bytes), creates `$MARK`, waits for the stop, seals a
+/// checkpoint of step 1 when `seal`, and exits `code`.
+fn stderr_program(stderr: &str, seal: bool, code: i32) -> String {
+    format!(
+        r#"
+import os, sys, time
+sys.path.insert(0, {client:?})
+import rekindle_client as rk
+rk.install_stop_handler()
+sys.stderr.buffer.write({stderr})
+sys.stderr.flush()
+open(os.environ["MARK"], "w").close()
+while not rk.should_stop():
+    time.sleep(0.01)
+if {seal}:
+    rk.checkpoint(1, lambda d: open(os.path.join(d, "w.bin"), "w").write("w"))
+sys.stderr.write("\rstopped\n")
+sys.exit({code})
+"#,
+        client = concat!(env!("CARGO_MANIFEST_DIR"), "/python"),
+        seal = if seal { "True" } else { "False" },
+    )
+}
+
+fn wait_for_file(path: &Path, running: &mut crate::support::cli::Running) {
+    running.wait_until(&path.display().to_string(), TIMEOUT, |_| path.exists());
+}
+
+/// Issue #40: a 1 MB stderr line was redacted on the supervisor's thread in
+/// quadratic time; a SIGTERM waited minutes behind it and the program was
+/// SIGKILLed without its checkpoint.
+#[test]
+fn a_megabyte_stderr_line_does_not_delay_the_stop() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mark = tmp.path().join("written");
+    // One line of `://` ended, then one left open while the program waits.
+    let program = stderr_program(r#"b"://" * 349526 + b"\n" + b"://" * 349526"#, true, 0);
+    let mut running = RunCmd::exec(&run, &["python3", "-c", &program])
+        .set("signals.grace=6s")
+        .set("signals.safety_margin=1s")
+        .env("MARK", &mark)
+        .spawn();
+    wait_for_file(&mark, &mut running);
+    std::thread::sleep(Duration::from_millis(500));
+    running.signal(Signal::SIGTERM);
+    let sent = std::time::Instant::now();
+    let exited = running.wait(Duration::from_secs(60));
+    let took = exited.at - sent;
+    exited.assert_code(75);
+    assert!(took < Duration::from_secs(5), "rekindle exited {took:?} after the SIGTERM (grace 6s)");
+    let child_exit = last_event(&run, "child_exit");
+    assert_eq!(child_exit["verdict"], "stopped", "{child_exit}");
+    assert_eq!(child_exit["killed_at_deadline"], false, "{child_exit}");
+    assert_eq!(checkpoint_steps(&run), vec![1], "the program sealed its stop checkpoint");
+    let tail: Vec<&str> = child_exit["stderr_tail"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    assert_eq!(tail.len(), 3, "{tail:?}");
+    for long in &tail[..2] {
+        // 1 MB each, kept to their first 500 bytes and marked.
+        assert!(long.starts_with("://://") && long.ends_with(&format!(" […{} bytes cut]", 349526 * 3 - 500)), "{long}");
+    }
+    assert_eq!(tail[2], "stopped", "a `\\r` ends the open line");
+}
+
+/// A progress bar that only writes `\r` (tqdm) reaches the tail line by line,
+/// each bounded, and rekindle's memory stays bounded however long it runs.
+#[test]
+fn a_carriage_return_progress_bar_is_kept_in_bounded_lines_and_bounded_memory() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mark = tmp.path().join("written");
+    // 40 MB of updates, then 24 MB with no line ending at all.
+    let stderr =
+        r##"b"".join(b"\rtraining %6d |%s|" % (i, b"#" * 180) for i in range(200000)) + b"\r" + b"x" * (24 << 20)"##;
+    let program = stderr_program(stderr, false, 0);
+    let mut running = RunCmd::exec(&run, &["python3", "-c", &program]).env("MARK", &mark).spawn();
+    wait_for_file(&mark, &mut running);
+    // The last bytes the program wrote are read once rekindle's stderr
+    // reader has passed them through (the harness reads them in turn).
+    std::thread::sleep(Duration::from_secs(2));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", running.pid())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    running.signal(Signal::SIGTERM);
+    let exited = running.wait(TIMEOUT);
+    assert!(exited.code().is_some(), "{}", exited.tail());
+    assert!(peak_kib < 48 << 10, "rekindle's peak memory was {peak_kib} KiB after 64 MB of stderr");
+    let child_exit = last_event(&run, "child_exit");
+    let tail: Vec<&str> = child_exit["stderr_tail"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    assert_eq!(tail.len(), 20, "{tail:?}");
+    assert!(tail[17].starts_with("training 199999 |###") && tail[17].len() < 300, "{}", tail[17]);
+    assert!(
+        tail[18].starts_with("xxx") && tail[18].ends_with(&format!(" […{} bytes cut]", (24 << 20) - 500)),
+        "{}",
+        &tail[18][490..]
+    );
+    assert_eq!(tail[19], "stopped");
+}

@@ -193,3 +193,96 @@ fn outside_slurm_the_guard_warns_but_never_refuses_and_a_finish_is_progress() {
         RunCmd::exec(&finished, &["true"]).run(TIMEOUT).assert_code(0);
     }
 }
+
+/// Issue #40: the site command inherited rekindle's whole environment and
+/// its command line and output went unredacted into `node_unhealthy`.
+#[test]
+fn the_site_command_sees_no_secret_and_records_none() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let seen = tmp.path().join("env.txt");
+    // The YAML value is made by the shell: the command line holds no
+    // `SECRET` of it (a line of its own only in the output).
+    let command = format!(
+        "env > {}; echo \"Authorization: Bearer tok1SECRET\"; printf 'password:\\n  %s\\n' yaml2$(printf SECR)ET; \
+         echo token=\"$HF_TOKEN\"; exit 3 # --api-key cmd3SECRET",
+        seen.display()
+    );
+    let exited = RunCmd::exec(&run, &["true"])
+        .set(&format!("health.command={}", toml_string(&command)))
+        .env("HF_TOKEN", "hf_env4SECRET")
+        .env("AWS_SECRET_ACCESS_KEY", "aws5SECRET")
+        .env("SLURM_JOB_NAME", "train")
+        .run(TIMEOUT);
+    exited.assert_code(1);
+    let env = std::fs::read_to_string(&seen).unwrap();
+    assert!(!env.contains("SECRET") && !env.contains("HF_TOKEN") && !env.contains("AWS_"), "{env}");
+    assert!(env.contains("PATH=") && env.contains("SLURM_JOB_NAME=train"), "what a check needs: {env}");
+    let unhealthy = &events_named(&run, "node_unhealthy")[0];
+    let detail = unhealthy["detail"].as_str().unwrap();
+    assert!(detail.contains("exited 3") && detail.contains("output: Authorization: Bearer ***"), "{unhealthy}");
+    let recorded = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    assert!(!recorded.contains("SECRET"), "{recorded}");
+    assert!(!exited.stderr.contains("SECRET"), "{}", exited.tail());
+
+    // `[health] inherit_env = true`: the whole environment, as asked.
+    RunCmd::exec(&tmp.path().join("run2"), &["true"])
+        .set(&format!("health.command={}", toml_string(&format!("env > {}", seen.display()))))
+        .set("health.inherit_env=true")
+        .env("HF_TOKEN", "hf_env4SECRET")
+        .run(TIMEOUT)
+        .assert_code(0);
+    assert!(std::fs::read_to_string(&seen).unwrap().contains("HF_TOKEN=hf_env4SECRET"));
+}
+
+/// Issue #40: a SIGTERM during the site command waited for its whole
+/// timeout, then blamed the node; a `setsid` child outlived rekindle.
+#[test]
+fn a_stop_during_the_site_command_ends_it_at_once_with_its_setsid_children() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let pids = tmp.path().join("pids");
+    let command = format!(
+        "setsid sleep 300 & echo $! >> {0}; sleep 300 & echo $! >> {0}; echo $$ >> {0}; sleep 300",
+        pids.display()
+    );
+    let mut running = RunCmd::exec(&run, &["true"])
+        .set(&format!("health.command={}", toml_string(&command)))
+        .set("health.timeout=\"10m\"")
+        .spawn();
+    running.wait_until("the site command's pids", TIMEOUT, |_| {
+        std::fs::read_to_string(&pids).is_ok_and(|p| p.lines().count() == 3)
+    });
+    running.signal(nix::sys::signal::Signal::SIGTERM);
+    let sent = std::time::Instant::now();
+    let exited = running.wait(TIMEOUT);
+    let took = exited.at - sent;
+    assert!(took < Duration::from_secs(10), "rekindle exited {took:?} after the SIGTERM");
+    assert!(exited.code().is_some_and(|c| c == 1 || c == 75), "{}", exited.tail());
+    for pid in std::fs::read_to_string(&pids).unwrap().lines() {
+        let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
+        let t0 = std::time::Instant::now();
+        while nix::sys::signal::kill(pid, None).is_ok() && !crate::exec::is_zombie(pid) {
+            assert!(t0.elapsed() < Duration::from_secs(5), "{pid} outlived the stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert!(events_named(&run, "node_unhealthy").is_empty(), "a stop blames no node");
+}
+
+#[test]
+fn a_site_command_timeout_past_ten_minutes_is_a_config_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exited = RunCmd::exec(&tmp.path().join("run"), &["true"]).set("health.timeout=\"2h\"").run(TIMEOUT);
+    exited.assert_code(78);
+    assert!(
+        exited.stderr.contains("health.timeout") && exited.stderr.contains("must be at most 10m"),
+        "{}",
+        exited.tail()
+    );
+}
+
+/// `s` as a TOML basic string (for `--set key=VALUE`).
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
