@@ -43,6 +43,9 @@ pub const SUMMARY_FILE: &str = "summary.json";
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 /// TensorBoard event files (`[telemetry] tensorboard = true`).
 pub const TENSORBOARD_DIR: &str = "tensorboard";
+/// The event files this run created in its TensorBoard directory, one name
+/// a line: the only ones it ever trims (the directory may be shared).
+pub const TENSORBOARD_RECORD: &str = "tensorboard.files";
 
 /// The largest `config.toml` copied aside (configs are a few KiB).
 const MAX_CONFIG_BYTES: u64 = 16 << 20;

@@ -33,7 +33,7 @@ pub use event::{
     RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop, Straggler, events_from,
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
-pub use export::{ExportOptions, Exporter, Rewinder, event_scalars, metric_scalars};
+pub use export::{ExportOptions, Exporter, Rewinder, TensorBoardTarget, event_scalars, metric_scalars};
 pub use follow::Follow;
 pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
 pub use key_order::first_unsorted_key;

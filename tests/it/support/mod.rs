@@ -226,7 +226,9 @@ fn describe(path: &Path, todo: &mut Vec<PathBuf>) -> String {
         todo.push(path.to_path_buf());
         "dir".into()
     } else if meta.is_file() {
-        hex::encode(Sha256::digest(fs::read(path).unwrap()))
+        // The mode too: narrowing a file's mode changes it as much as its bytes.
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+        format!("{mode:o} {}", hex::encode(Sha256::digest(fs::read(path).unwrap())))
     } else {
         "special".into()
     }
