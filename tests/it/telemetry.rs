@@ -222,7 +222,7 @@ fn a_linked_tensorboard_directory_and_a_foreign_textfile_are_left_alone() {
     std::fs::remove_dir_all(run.join("tensorboard")).unwrap();
     std::os::unix::fs::symlink(&outside, run.join("tensorboard")).unwrap();
     let prom = format!("telemetry.prometheus_textfile=\"{}\"", outside.join("node.prom").display());
-    let exited = RunCmd::new(&run).set("run.max_steps=20").set(&prom).run(TIMEOUT);
+    let exited = RunCmd::new(&run).set("run.max_steps=20").arg("--allow-config-change").set(&prom).run(TIMEOUT);
     exited.assert_code(0);
     assert_eq!(listing(&outside), before, "something outside the run changed");
     assert!(std::fs::symlink_metadata(run.join("tensorboard")).unwrap().file_type().is_symlink());
