@@ -178,6 +178,29 @@ pub fn own_dir(path: &Path) -> io::Result<bool> {
     }
 }
 
+/// Whether a file the user named for rekindle to write (`report --out`,
+/// `data validate --out`) may be put at `path`, replacing what is there by a
+/// rename: `Ok` when nothing is there or a regular file is; an error naming
+/// what is there otherwise (a symbolic link, a directory, a device, a FIFO,
+/// a socket), which is then left as it is: a rename would put a regular
+/// file in place of a device node or a link, not write to it.
+pub fn replaceable_file(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(meta) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {}, not a regular file: rekindle writes its output only as a regular file (new, or \
+                 replacing one) and leaves this as it is; name a file path instead",
+                path.display(),
+                kind_of(&meta)
+            ),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 impl ClaimError {
     /// An I/O failure, not a refusal (the directory may be fine).
     pub fn is_io(&self) -> bool {
@@ -337,6 +360,18 @@ mod tests {
         std::fs::create_dir(&odd).unwrap();
         symlink("/etc/passwd", odd.join(MARKER_FILE)).unwrap();
         assert!(claim_dir(&odd, "the run directory", never).unwrap_err().to_string().contains("symbolic link"));
+    }
+
+    #[test]
+    fn output_goes_only_where_a_regular_file_is_or_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(replaceable_file(&tmp.path().join("new.html")).is_ok());
+        std::fs::write(tmp.path().join("old.html"), b"").unwrap();
+        assert!(replaceable_file(&tmp.path().join("old.html")).is_ok());
+        symlink(tmp.path().join("old.html"), tmp.path().join("link")).unwrap();
+        assert!(replaceable_file(&tmp.path().join("link")).unwrap_err().to_string().contains("a symbolic link"));
+        assert!(replaceable_file(tmp.path()).unwrap_err().to_string().contains("a directory"));
+        assert!(replaceable_file(Path::new("/dev/null")).unwrap_err().to_string().contains("a device"));
     }
 
     #[test]

@@ -228,3 +228,44 @@ fn output(cmd: &mut Command) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Issue #40: `report --out` and `data validate --out` write a regular file
+/// or refuse (exit 1, saying what is there): a link, a directory or a device
+/// in their place stays as it is (they used to be renamed over, `/dev/null`
+/// included when run as root).
+#[test]
+fn out_paths_that_are_not_regular_files_are_refused_and_left_as_they_are() {
+    use std::os::unix::fs::FileTypeExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(outside.join("dir")).unwrap();
+    fs::write(outside.join("target.html"), b"the user's page").unwrap();
+    symlink(outside.join("target.html"), outside.join("link.html")).unwrap();
+    let data = tmp.path().join("data.jsonl");
+    fs::write(&data, b"{\"text\": \"a\"}\n").unwrap();
+    let before = listing(&outside);
+    let devnull = Path::new("/dev/null");
+    for out in [outside.join("link.html"), outside.join("dir"), devnull.to_path_buf()] {
+        let (code, _, stderr) = output(Command::new(exe()).arg("report").arg(&run).arg("--out").arg(&out));
+        assert_eq!(code, Some(1), "report --out {}: {stderr}", out.display());
+        assert!(stderr.contains("not a regular file"), "report --out {}: {stderr}", out.display());
+        let (code, _, stderr) =
+            output(Command::new(exe()).args(["data", "validate"]).arg(&data).arg("--out").arg(&out));
+        assert_eq!(code, Some(1), "data validate --out {}: {stderr}", out.display());
+        assert!(stderr.contains("not a regular file"), "data validate --out {}: {stderr}", out.display());
+    }
+    assert_eq!(listing(&outside), before, "nothing was replaced");
+    assert!(fs::symlink_metadata(devnull).unwrap().file_type().is_char_device(), "/dev/null is a device still");
+    // A regular file, new or there, is written.
+    for out in [outside.join("target.html"), outside.join("new.html")] {
+        let (code, _, stderr) = output(Command::new(exe()).arg("report").arg(&run).arg("--out").arg(&out));
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(fs::read_to_string(&out).unwrap().contains("<html"), "{}", out.display());
+    }
+    let clean = outside.join("clean.jsonl");
+    let (code, _, stderr) = output(Command::new(exe()).args(["data", "validate"]).arg(&data).arg("--out").arg(&clean));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(fs::read(&clean).unwrap(), fs::read(&data).unwrap());
+}
