@@ -51,6 +51,13 @@ pub enum ClaimError {
          file in it"
     )]
     Foreign { what: &'static str, path: PathBuf, entries: String },
+    #[error(
+        "{what} {path} is a symbolic link (to {target}): rekindle never reaches through a link inside the run \
+         directory, so that it cannot write or delete files of a directory it did not make; nothing was \
+         written or removed. Remove the link (rekindle then makes the directory), or, to keep checkpoints \
+         there, set [checkpoint] dir = \"{target}\" (checked like any [checkpoint] dir)"
+    )]
+    Link { what: &'static str, path: PathBuf, target: String },
     #[error("cannot prepare {what} {path}: {source}")]
     Io { what: &'static str, path: PathBuf, source: io::Error },
 }

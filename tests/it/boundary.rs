@@ -229,6 +229,43 @@ fn output(cmd: &mut Command) -> (Option<i32>, String, String) {
     )
 }
 
+/// Issue #40: `<run>/checkpoints` as a symbolic link to a directory
+/// elsewhere is refused before anything is written or removed there (the
+/// link used to bypass the refusal `[checkpoint] dir` gets: `.rekindle`,
+/// `.staging/` and checkpoints were written there, its `.staging` and
+/// `.tmp-step-…` entries removed, a `step-…` with a `{}` manifest moved into
+/// `quarantine/`).
+#[test]
+fn a_checkpoints_directory_that_is_a_link_is_refused_with_nothing_touched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(outside.join(".staging")).unwrap();
+    fs::write(outside.join(".staging/important.txt"), b"important").unwrap();
+    fs::create_dir_all(outside.join(".tmp-step-keep")).unwrap();
+    fs::write(outside.join(".tmp-step-keep/notes.txt"), b"notes").unwrap();
+    fs::create_dir_all(outside.join("step-0000000001")).unwrap();
+    fs::write(outside.join("step-0000000001/MANIFEST.json"), b"{}").unwrap();
+    let before = listing(&outside);
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    fs::remove_dir_all(run.join("checkpoints")).unwrap();
+    symlink(&outside, run.join("checkpoints")).unwrap();
+    for cmd in [RunCmd::new(&run).set("run.max_steps=20"), RunCmd::exec(&run, &["true"])] {
+        let refused = cmd.run(TIMEOUT);
+        refused.assert_code(EXIT_CONFIG);
+        assert!(refused.stderr.contains("checkpoints is a symbolic link"), "{}", refused.tail());
+        assert!(refused.stderr.contains("[checkpoint] dir"), "says what to do: {}", refused.tail());
+        assert_eq!(listing(&outside), before, "nothing outside the run directory changed");
+    }
+    // Named as [checkpoint] dir, the same directory is not taken for
+    // rekindle's: a `{}` manifest is not one rekindle wrote.
+    let set = format!("checkpoint.dir={}", outside.display());
+    let refused = RunCmd::new(&tmp.path().join("run2")).set(&set).set("run.max_steps=20").run(TIMEOUT);
+    refused.assert_code(EXIT_CONFIG);
+    assert!(refused.stderr.contains("was not made by rekindle"), "{}", refused.tail());
+    assert_eq!(listing(&outside), before, "nothing outside the run directory changed");
+}
+
 /// Issue #40: `report --out` and `data validate --out` write a regular file
 /// or refuse (exit 1, saying what is there): a link, a directory or a device
 /// in their place stays as it is (they used to be renamed over, `/dev/null`
