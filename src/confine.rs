@@ -132,16 +132,24 @@ pub fn open_append(path: &Path) -> io::Result<File> {
 
 /// The whole of `path`, a regular file of at most `limit` bytes.
 pub fn read_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-    let file = open_regular(path)?;
+    read_whole(path, open_regular(path)?, limit, "rekindle reads of such a file: it is not one rekindle wrote")
+}
+
+/// The whole of `path`, a file a person named (`--config`): as
+/// [`read_bounded`] (a regular file, never blocking, at most `limit` bytes),
+/// except that a symbolic link to it is followed, as people link configs.
+pub fn read_named_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let flags = (OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits();
+    let file = checked(path, OpenOptions::new().read(true).custom_flags(flags).open(path)?)?;
+    read_whole(path, file, limit, "rekindle reads of such a file")
+}
+
+fn read_whole(path: &Path, file: File, limit: u64, what: &str) -> io::Result<Vec<u8>> {
     let size = file.metadata()?.len();
     let too_large = |size: u64| {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "{} is {size} bytes, more than the {limit} bytes rekindle reads of such a file: it is not one \
-                 rekindle wrote",
-                path.display()
-            ),
+            format!("{} is {size} bytes, more than the {limit} bytes {what}", path.display()),
         )
     };
     if size > limit {
@@ -322,6 +330,22 @@ mod tests {
         assert!(read_bounded(&fifo, 10).unwrap_err().to_string().contains("is a FIFO"));
         assert!(open_append(&fifo).is_err(), "no reader: refused, never blocked");
         assert!(read_bounded(Path::new("/dev/zero"), 10).unwrap_err().to_string().contains("is a device"));
+    }
+
+    #[test]
+    fn a_named_file_may_be_a_link_but_never_a_fifo_nor_too_large() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real.toml");
+        std::fs::write(&real, b"[run]\n").unwrap();
+        symlink(&real, tmp.path().join("link.toml")).unwrap();
+        assert_eq!(read_named_bounded(&tmp.path().join("link.toml"), 100).unwrap(), b"[run]\n");
+        let fifo = tmp.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(read_named_bounded(&fifo, 10).unwrap_err().to_string().contains("is a FIFO"));
+        let big = tmp.path().join("big.toml");
+        std::fs::File::create(&big).unwrap().set_len(1 << 30).unwrap();
+        let err = read_named_bounded(&big, 16 << 20).unwrap_err().to_string();
+        assert!(err.contains("1073741824 bytes, more than the 16777216 bytes"), "{err}");
     }
 
     #[test]

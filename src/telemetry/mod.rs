@@ -38,9 +38,11 @@ pub use follow::Follow;
 pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
 pub use key_order::first_unsorted_key;
 pub use logging::{LogFormat, LogOptions, Lossy, LossyWriter, init_logging, lost_log_lines, report_lost_log_lines};
-pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics_from, metrics_step};
+pub use metrics::{
+    MetricPoint, MetricRecord, MetricsLine, StepLine, ValLine, ValPoint, metric_point, metrics_from, metrics_step,
+};
 pub use prometheus::{PromLabels, PromState, write_textfile};
 pub use rank_beat::{RankBeat, rank_beat_file};
-pub use records::{Jsonl, parse_jsonl, read_jsonl, read_jsonl_tail, time_field};
+pub use records::{Jsonl, MAX_LINE_BYTES, for_each_jsonl, parse_jsonl, read_jsonl, read_jsonl_tail, time_field};
 pub use redact::{MASK, Redactor};
 pub use summary::{Summary, SummaryState};

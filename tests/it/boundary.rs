@@ -306,3 +306,74 @@ fn out_paths_that_are_not_regular_files_are_refused_and_left_as_they_are() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(fs::read(&clean).unwrap(), fs::read(&data).unwrap());
 }
+
+/// Issue #40: a FIFO at `<run>/config.toml` used to block `run`, `exec`,
+/// `status` and `report` forever (deaf to SIGTERM). Each now returns at
+/// once, saying what is there.
+#[test]
+fn a_fifo_in_place_of_config_toml_never_blocks_a_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=20").set("checkpoint.every_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    fs::remove_file(run.join("config.toml")).unwrap();
+    nix::unistd::mkfifo(&run.join("config.toml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let quick = Duration::from_secs(30);
+    let mut commands: Vec<(&str, Command)> = Vec::new();
+    for args in [&["status"][..], &["report"], &["checkpoints"]] {
+        let mut cmd = Command::new(exe());
+        cmd.args(args).arg(&run);
+        commands.push((args[0], cmd));
+    }
+    let mut cmd = Command::new(exe());
+    cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG, "--set", "run.max_steps=30", "--allow-config-change", "--run-dir"]).arg(&run);
+    commands.push(("run", cmd));
+    let mut cmd = Command::new(exe());
+    cmd.args(["exec", "--run-dir"]).arg(&run).args(["--", "true"]);
+    commands.push(("exec", cmd));
+    for (name, cmd) in commands {
+        let m = crate::support::run_measured(cmd, quick);
+        assert!(m.elapsed < Duration::from_secs(20), "{name} took {:?}", m.elapsed);
+        assert!(m.code.is_some_and(|c| c != 101), "{name}: {m:?}");
+        // `checkpoints` needs no settings: it lists the default directory.
+        if name != "checkpoints" {
+            assert!(m.code.is_some_and(|c| c != 0), "{name}: {m:?}");
+        }
+    }
+    // The one that reads it for its settings says what it is.
+    let mut cmd = Command::new(exe());
+    cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG, "--set", "run.max_steps=30", "--allow-config-change", "--run-dir"]).arg(&run);
+    let m = crate::support::run_measured(cmd, quick);
+    assert!(m.stderr.contains("is a FIFO, not a regular file"), "{}", m.stderr);
+}
+
+/// Issue #40: a 1 GB (sparse) `config.toml` made `status`, `report` and
+/// `exec` allocate 3.1 GB. Every reader of it stops at 16 MiB, and says so.
+#[test]
+fn a_huge_sparse_config_toml_is_refused_unread_in_bounded_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=20").set("checkpoint.every_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    fs::OpenOptions::new().write(true).open(run.join("config.toml")).unwrap().set_len(1 << 30).unwrap();
+    let too_big = "1073741824 bytes, more than the 16777216 bytes";
+    let mut status = Command::new(exe());
+    status.arg("status").arg(&run);
+    let mut report = Command::new(exe());
+    report.arg("report").arg(&run);
+    let mut run_cmd = Command::new(exe());
+    run_cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG, "--set", "run.max_steps=30"]);
+    run_cmd.args(["--allow-config-change", "--run-dir"]);
+    run_cmd.arg(&run);
+    let mut exec = Command::new(exe());
+    exec.args(["exec", "--run-dir"]).arg(&run).args(["--", "true"]);
+    for (name, cmd) in [("status", status), ("report", report), ("run", run_cmd), ("exec", exec)] {
+        let m = crate::support::run_measured(cmd, Duration::from_secs(60));
+        // A debug build training the tiny model stays well under this; a
+        // read of the whole file would not (1 GiB, 3 GiB parsed).
+        assert!(m.max_rss_bytes < 512 << 20, "{name} used {} MiB", m.max_rss_bytes >> 20);
+        assert!(m.code.is_some_and(|c| c != 101), "{name}: {m:?}");
+        // (exec is refused first for the run's checkpoints, which are run's.)
+        if name == "status" || name == "run" {
+            assert!(format!("{}{}", m.stdout, m.stderr).contains(too_big), "{name} says why: {m:?}");
+        }
+    }
+}
