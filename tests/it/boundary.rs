@@ -377,3 +377,26 @@ fn a_huge_sparse_config_toml_is_refused_unread_in_bounded_memory() {
         }
     }
 }
+
+/// Issue #40: `status` printed ESC and OSC sequences from `events.jsonl`
+/// raw (a run directory could retitle the terminal, erase lines). They are
+/// shown escaped.
+#[test]
+fn status_shows_terminal_control_characters_from_records_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    let hostile = serde_json::json!({"event": "stop", "time": "2026-11-01T10:00:00Z", "step": 10,
+        "reason": "SIGTERM\u{1b}]0;owned\u{7}\u{1b}[2K\u{9b}31m", "node": "n\u{1b}[1A"});
+    let mut events = fs::OpenOptions::new().append(true).open(run.join("events.jsonl")).unwrap();
+    std::io::Write::write_all(&mut events, format!("{hostile}\n").as_bytes()).unwrap();
+    for args in [&["status"][..], &["status", "--json"], &["checkpoints"]] {
+        let (code, stdout, stderr) = output(Command::new(exe()).args(args).arg(&run));
+        assert!(code.is_some_and(|c| c != 101), "{args:?}: {stderr}");
+        let all = format!("{stdout}{stderr}");
+        assert!(!all.contains('\u{1b}') && !all.contains('\u{9b}') && !all.contains('\u{7}'), "{args:?}: {all:?}");
+        if args == ["status"] {
+            assert!(stdout.contains("SIGTERM\\x1b]0;owned\\x07"), "shown, escaped: {stdout}");
+        }
+    }
+}
