@@ -204,8 +204,8 @@ pub(crate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
         }
         let whole = line.ends_with(b"\n");
         let over_long = !whole && line.len() as u64 == max;
-        let keep = !over_long
-            && serde_json::from_slice(&line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step);
+        let keep =
+            !over_long && serde_json::from_slice(&line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step);
         if keep {
             kept.write_all(&line).map_err(fail)?;
             if !whole {

@@ -102,7 +102,8 @@ pub fn parse_step_dir_name(name: &str) -> Option<u64> {
 /// would take rekindle's writes and deletes to a directory it did not make;
 /// `[checkpoint] dir` is how a run names one elsewhere).
 pub fn claim_dir(dir: &std::path::Path, inside_own_run: bool) -> Result<(), crate::confine::ClaimError> {
-    let what = if inside_own_run { "the checkpoints directory" } else { "the checkpoints directory ([checkpoint] dir)" };
+    let what =
+        if inside_own_run { "the checkpoints directory" } else { "the checkpoints directory ([checkpoint] dir)" };
     if inside_own_run
         && let Ok(meta) = std::fs::symlink_metadata(dir)
         && meta.file_type().is_symlink()

@@ -120,7 +120,8 @@ impl RunData {
         note(EVENTS_FILE, &events_file);
         // Streamed: a run of a million steps costs the memory of the
         // points drawn, not of its lines.
-        let (mut train, mut val) = (Downsample::new(|m: &MetricPoint| m.loss), Downsample::new(|v: &ValPoint| Some(v.val_loss)));
+        let (mut train, mut val) =
+            (Downsample::new(|m: &MetricPoint| m.loss), Downsample::new(|v: &ValPoint| Some(v.val_loss)));
         let metrics_path = dir.join(METRICS_FILE);
         let metrics_skipped = for_each_jsonl(&metrics_path, |r| match metric_point(&r) {
             Some(MetricRecord::Train(m)) => train.push(m),

@@ -138,8 +138,8 @@ mod tests {
     fn a_long_series_stays_bounded_and_keeps_its_extremes_and_its_last_point() {
         let n = 1_000_000u64;
         let (kept, seen) = sampled((0..n).map(|i| match i {
-            123_457 => 1e6,   // a spike
-            654_321 => -1e6,  // a dip
+            123_457 => 1e6,  // a spike
+            654_321 => -1e6, // a dip
             _ => (i % 7) as f64,
         }));
         assert_eq!(seen, n);

@@ -325,7 +325,16 @@ fn a_fifo_in_place_of_config_toml_never_blocks_a_command() {
         commands.push((args[0], cmd));
     }
     let mut cmd = Command::new(exe());
-    cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG, "--set", "run.max_steps=30", "--allow-config-change", "--run-dir"]).arg(&run);
+    cmd.args([
+        "run",
+        "--config",
+        crate::support::cli::TINY_CONFIG,
+        "--set",
+        "run.max_steps=30",
+        "--allow-config-change",
+        "--run-dir",
+    ])
+    .arg(&run);
     commands.push(("run", cmd));
     let mut cmd = Command::new(exe());
     cmd.args(["exec", "--run-dir"]).arg(&run).args(["--", "true"]);
@@ -341,7 +350,16 @@ fn a_fifo_in_place_of_config_toml_never_blocks_a_command() {
     }
     // The one that reads it for its settings says what it is.
     let mut cmd = Command::new(exe());
-    cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG, "--set", "run.max_steps=30", "--allow-config-change", "--run-dir"]).arg(&run);
+    cmd.args([
+        "run",
+        "--config",
+        crate::support::cli::TINY_CONFIG,
+        "--set",
+        "run.max_steps=30",
+        "--allow-config-change",
+        "--run-dir",
+    ])
+    .arg(&run);
     let m = crate::support::run_measured(cmd, quick);
     assert!(m.stderr.contains("is a FIFO, not a regular file"), "{}", m.stderr);
 }

@@ -169,7 +169,8 @@ fn a_resume_in_a_shared_tensorboard_directory_trims_only_the_runs_own_files() {
     let tmp = tempfile::tempdir().unwrap();
     let shared = tmp.path().join("tb-logs");
     std::fs::create_dir(&shared).unwrap();
-    let mut theirs = frame(&Event { wall_time: 1.0, step: 0, what: Some(What::FileVersion(FILE_VERSION.into())) }.encode_to_vec());
+    let mut theirs =
+        frame(&Event { wall_time: 1.0, step: 0, what: Some(What::FileVersion(FILE_VERSION.into())) }.encode_to_vec());
     for step in 1..=400 {
         theirs.extend(loss_record(step, 7.0));
     }

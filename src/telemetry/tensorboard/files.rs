@@ -236,7 +236,8 @@ impl LogDir {
             host.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
         let host = if host.is_empty() { "_".to_string() } else { host };
         let pid = std::process::id();
-        let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let flags =
+            OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let mut n = 0;
         let (name, file) = loop {
             let name = format!("{FILE_PREFIX}{stamp:010}.{host}.{pid}.{n}");
@@ -379,7 +380,9 @@ mod tests {
         drop(own);
         // Another run's file, named exactly like rekindle's (PyTorch does
         // so too), and files that merely mention tfevents.
-        let mut foreign = frame(&Event { wall_time: 1.0, step: 0, what: Some(What::FileVersion(FILE_VERSION.into())) }.encode_to_vec());
+        let mut foreign = frame(
+            &Event { wall_time: 1.0, step: 0, what: Some(What::FileVersion(FILE_VERSION.into())) }.encode_to_vec(),
+        );
         foreign.extend(frame(&scalar(9, "loss", 1.0).encode_to_vec()));
         foreign.extend(b"torn");
         let others = [
