@@ -263,6 +263,8 @@ pub fn run_measured(mut cmd: Command, timeout: Duration) -> Measured {
     let (out, err) = (dir.path().join("out"), dir.path().join("err"));
     cmd.stdin(Stdio::null()).stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
     let started = Instant::now();
+    // Reaped by wait4 below, which also gives its peak memory.
+    #[allow(clippy::zombie_processes)]
     let child = cmd.spawn().unwrap();
     let pid = child.id() as nix::libc::pid_t;
     let (mut status, mut usage): (nix::libc::c_int, nix::libc::rusage) = (0, unsafe { std::mem::zeroed() });
@@ -276,7 +278,10 @@ pub fn run_measured(mut cmd: Command, timeout: Duration) -> Measured {
         if started.elapsed() > timeout {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
             let _ = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
-            panic!("{cmd:?} did not end within {timeout:?} (a hang):\n{}", fs::read_to_string(&err).unwrap_or_default());
+            panic!(
+                "{cmd:?} did not end within {timeout:?} (a hang):\n{}",
+                fs::read_to_string(&err).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
