@@ -337,19 +337,25 @@ pub fn write_textfile(path: &Path, text: &str) -> io::Result<()> {
         Err(nix::errno::Errno::ELOOP) => return Err(refuse(path, "is a symbolic link")),
         Err(e) => return Err(at(e)),
     }
-    let tmp_name = format!(".rekindle-{}.{}.tmp", name.to_string_lossy(), std::process::id());
-    let write_flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    // Created with O_EXCL: a name already there, whoever's, is never
+    // opened, truncated or removed.
+    let write_flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     // Readable by node_exporter, which often runs as its own user.
     let mode = Mode::from_bits_truncate(0o644);
-    let written = openat(dir_fd.as_fd(), tmp_name.as_str(), write_flags, mode).map_err(at).and_then(|fd| {
-        let mut tmp = std::fs::File::from(fd);
-        if !tmp.metadata()?.is_file() {
-            return Err(refuse(&dir.join(&tmp_name), "is not a regular file"));
-        }
-        tmp.write_all(text.as_bytes())?;
-        tmp.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-        renameat(dir_fd.as_fd(), tmp_name.as_str(), dir_fd.as_fd(), name).map_err(at)
-    });
+    let (tmp_name, mut tmp) = (0..100)
+        .find_map(|n| {
+            let tmp_name = format!(".rekindle-{}.{}.{n}.tmp", name.to_string_lossy(), std::process::id());
+            match openat(dir_fd.as_fd(), tmp_name.as_str(), write_flags, mode) {
+                Ok(fd) => Some(Ok((tmp_name, std::fs::File::from(fd)))),
+                Err(nix::errno::Errno::EEXIST) => None,
+                Err(e) => Some(Err(at(e))),
+            }
+        })
+        .unwrap_or_else(|| Err(refuse(path, "has no free temporary name beside it")))?;
+    let written = tmp
+        .write_all(text.as_bytes())
+        .and_then(|()| tmp.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644)))
+        .and_then(|()| renameat(dir_fd.as_fd(), tmp_name.as_str(), dir_fd.as_fd(), name).map_err(at));
     if written.is_err() {
         let _ = nix::unistd::unlinkat(dir_fd.as_fd(), tmp_name.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
