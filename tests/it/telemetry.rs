@@ -187,9 +187,13 @@ fn a_resume_in_a_shared_tensorboard_directory_trims_only_the_runs_own_files() {
     let tb = format!("telemetry.tensorboard=\"{}\"", shared.display());
     let cmd = || RunCmd::new(&run).set(&tb).set("run.max_steps=300").set("checkpoint.every_steps=100");
     cmd().arg("--stop-at-step").arg("150").run(TIMEOUT).assert_code(75);
-    let record = std::fs::read_to_string(run.join("tensorboard.files")).unwrap();
-    let own: Vec<PathBuf> = record.lines().map(|name| shared.join(name)).collect();
-    assert_eq!(own.len(), 1, "{record}");
+    // The run's own files: those that were not there before.
+    let own_files = || -> Vec<PathBuf> {
+        let theirs = |p: &PathBuf| before.contains_key(p.strip_prefix(&shared).unwrap());
+        event_files(&shared).unwrap().into_iter().filter(|p| !theirs(p)).collect()
+    };
+    let own = own_files();
+    assert_eq!(own.len(), 1, "{own:?}");
     // A killed attempt's steps past the checkpoint at 150, and a torn tail:
     // the resume cuts them from the run's own file, as before.
     let mut f = std::fs::OpenOptions::new().append(true).open(&own[0]).unwrap();
@@ -198,13 +202,15 @@ fn a_resume_in_a_shared_tensorboard_directory_trims_only_the_runs_own_files() {
     drop(f);
 
     cmd().run(TIMEOUT).assert_code(0);
-    let own: Vec<PathBuf> =
-        std::fs::read_to_string(run.join("tensorboard.files")).unwrap().lines().map(|n| shared.join(n)).collect();
-    assert_eq!(own.len(), 2);
-    assert_eq!(loss_steps_in(&own), (1..=300).collect::<Vec<_>>(), "the run's own files: each step once");
+    let own = own_files();
     let after = listing(&shared);
     let others: BTreeMap<_, _> = after.iter().filter(|(p, _)| !own.contains(&shared.join(p))).collect();
     assert_eq!(others, before.iter().collect::<BTreeMap<_, _>>(), "another's files changed");
+    assert_eq!(own.len(), 2);
+    assert_eq!(loss_steps_in(&own), (1..=300).collect::<Vec<_>>(), "the run's own files: each step once");
+    let recorded: Vec<PathBuf> =
+        std::fs::read_to_string(run.join("tensorboard.files")).unwrap().lines().map(|n| shared.join(n)).collect();
+    assert_eq!(recorded, own, "tensorboard.files names the run's own files");
 }
 
 /// Issue #40: `<run>/tensorboard` as a symbolic link to a directory
