@@ -10,7 +10,7 @@ use crate::gpu::STATS_FILE;
 use crate::rundir::{self, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunStatus};
 use crate::telemetry::{
     Attempt, Event, GpuPoint, Jsonl, MetricPoint, MetricRecord, RecordedEvent, ValPoint, attempts, events_from,
-    for_each_jsonl, gpu_samples_from, metric_point, read_jsonl,
+    for_each_jsonl, gpu_point, metric_point, read_jsonl,
 };
 
 use super::downsample::Downsample;
@@ -135,8 +135,18 @@ impl RunData {
         let downsampled = ((train.len() + val.len()) as u64) < lines;
         train.sort_by_key(|m| m.step);
         val.sort_by_key(|v| v.step);
-        let gpu_file = read(STATS_FILE)?;
-        note(STATS_FILE, &gpu_file);
+        // The same for the GPU samples (one every [gpu] monitor_interval,
+        // for as long as the run ran), by the first device's utilisation.
+        let gpu_path = dir.join(STATS_FILE);
+        let mut gpu = Downsample::new(|g: &GpuPoint| g.devices.first().and_then(|d| d.utilization_pct));
+        let gpu_skipped = for_each_jsonl(&gpu_path, |r| gpu_point(&r).into_iter().for_each(|p| gpu.push(p)))
+            .map_err(|source| ReportError::Read { path: gpu_path, source })?;
+        note(STATS_FILE, &gpu_skipped.map(|skipped| Jsonl { records: Vec::new(), skipped }));
+        let gpu = gpu_skipped.map(|_| {
+            let mut points = gpu.finish();
+            points.sort_by_key(|s| s.time);
+            points
+        });
 
         let events = events_from(events_file.map(|j| j.records).unwrap_or_default());
         let (checkpoints, markers) = checkpoints_and_markers(&events);
@@ -153,7 +163,7 @@ impl RunData {
             events,
             train,
             val,
-            gpu: gpu_file.map(|j| gpu_samples_from(&j.records)),
+            gpu,
             checkpoints,
             markers,
             skipped,

@@ -35,7 +35,7 @@ pub use event::{
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
 pub use export::{ExportOptions, Exporter, Rewinder, TensorBoardTarget, event_scalars, metric_scalars};
 pub use follow::Follow;
-pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
+pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_point, gpu_samples_from};
 pub use key_order::first_unsorted_key;
 pub use logging::{LogFormat, LogOptions, Lossy, LossyWriter, init_logging, lost_log_lines, report_lost_log_lines};
 pub use metrics::{
