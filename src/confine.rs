@@ -51,6 +51,13 @@ pub enum ClaimError {
          file in it"
     )]
     Foreign { what: &'static str, path: PathBuf, entries: String },
+    #[error(
+        "{what} {path} is a symbolic link (to {target}): rekindle never reaches through a link inside the run \
+         directory, so that it cannot write or delete files of a directory it did not make; nothing was \
+         written or removed. Remove the link (rekindle then makes the directory), or, to keep checkpoints \
+         there, set [checkpoint] dir = \"{target}\" (checked like any [checkpoint] dir)"
+    )]
+    Link { what: &'static str, path: PathBuf, target: String },
     #[error("cannot prepare {what} {path}: {source}")]
     Io { what: &'static str, path: PathBuf, source: io::Error },
 }
@@ -125,16 +132,24 @@ pub fn open_append(path: &Path) -> io::Result<File> {
 
 /// The whole of `path`, a regular file of at most `limit` bytes.
 pub fn read_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-    let file = open_regular(path)?;
+    read_whole(path, open_regular(path)?, limit, "rekindle reads of such a file: it is not one rekindle wrote")
+}
+
+/// The whole of `path`, a file a person named (`--config`): as
+/// [`read_bounded`] (a regular file, never blocking, at most `limit` bytes),
+/// except that a symbolic link to it is followed, as people link configs.
+pub fn read_named_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let flags = (OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits();
+    let file = checked(path, OpenOptions::new().read(true).custom_flags(flags).open(path)?)?;
+    read_whole(path, file, limit, "rekindle reads of such a file")
+}
+
+fn read_whole(path: &Path, file: File, limit: u64, what: &str) -> io::Result<Vec<u8>> {
     let size = file.metadata()?.len();
     let too_large = |size: u64| {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "{} is {size} bytes, more than the {limit} bytes rekindle reads of such a file: it is not one \
-                 rekindle wrote",
-                path.display()
-            ),
+            format!("{} is {size} bytes, more than the {limit} bytes {what}", path.display()),
         )
     };
     if size > limit {
@@ -174,6 +189,29 @@ pub fn own_dir(path: &Path) -> io::Result<bool> {
             ),
         )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a file the user named for rekindle to write (`report --out`,
+/// `data validate --out`) may be put at `path`, replacing what is there by a
+/// rename: `Ok` when nothing is there or a regular file is; an error naming
+/// what is there otherwise (a symbolic link, a directory, a device, a FIFO,
+/// a socket), which is then left as it is: a rename would put a regular
+/// file in place of a device node or a link, not write to it.
+pub fn replaceable_file(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(meta) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {}, not a regular file: rekindle writes its output only as a regular file (new, or \
+                 replacing one) and leaves this as it is; name a file path instead",
+                path.display(),
+                kind_of(&meta)
+            ),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
 }
@@ -295,6 +333,22 @@ mod tests {
     }
 
     #[test]
+    fn a_named_file_may_be_a_link_but_never_a_fifo_nor_too_large() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real.toml");
+        std::fs::write(&real, b"[run]\n").unwrap();
+        symlink(&real, tmp.path().join("link.toml")).unwrap();
+        assert_eq!(read_named_bounded(&tmp.path().join("link.toml"), 100).unwrap(), b"[run]\n");
+        let fifo = tmp.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(read_named_bounded(&fifo, 10).unwrap_err().to_string().contains("is a FIFO"));
+        let big = tmp.path().join("big.toml");
+        std::fs::File::create(&big).unwrap().set_len(1 << 30).unwrap();
+        let err = read_named_bounded(&big, 16 << 20).unwrap_err().to_string();
+        assert!(err.contains("1073741824 bytes, more than the 16777216 bytes"), "{err}");
+    }
+
+    #[test]
     fn reads_are_bounded_and_missing_files_are_none() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("f");
@@ -337,6 +391,18 @@ mod tests {
         std::fs::create_dir(&odd).unwrap();
         symlink("/etc/passwd", odd.join(MARKER_FILE)).unwrap();
         assert!(claim_dir(&odd, "the run directory", never).unwrap_err().to_string().contains("symbolic link"));
+    }
+
+    #[test]
+    fn output_goes_only_where_a_regular_file_is_or_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(replaceable_file(&tmp.path().join("new.html")).is_ok());
+        std::fs::write(tmp.path().join("old.html"), b"").unwrap();
+        assert!(replaceable_file(&tmp.path().join("old.html")).is_ok());
+        symlink(tmp.path().join("old.html"), tmp.path().join("link")).unwrap();
+        assert!(replaceable_file(&tmp.path().join("link")).unwrap_err().to_string().contains("a symbolic link"));
+        assert!(replaceable_file(tmp.path()).unwrap_err().to_string().contains("a directory"));
+        assert!(replaceable_file(Path::new("/dev/null")).unwrap_err().to_string().contains("a device"));
     }
 
     #[test]

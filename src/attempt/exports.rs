@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::config::{Config, TensorBoardSetting};
 use crate::gpu::STATS_FILE;
-use crate::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, TENSORBOARD_DIR};
+use crate::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, TENSORBOARD_DIR, TENSORBOARD_RECORD};
 use crate::slurm::SlurmEnv;
-use crate::telemetry::{ExportOptions, Exporter, PromLabels};
+use crate::telemetry::{ExportOptions, Exporter, PromLabels, TensorBoardTarget};
 
 /// How often the exports read the run's records.
 pub const EXPORT_INTERVAL: Duration = Duration::from_secs(1);
@@ -33,6 +33,7 @@ pub fn options(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, resume_step: u64) -
         TensorBoardSetting::Enabled(false) => None,
         TensorBoardSetting::Dir(path) => Some(expand(path, cfg, slurm)),
     };
+    let tensorboard = tensorboard.map(|tb| TensorBoardTarget { dir: tb, record: dir.path(TENSORBOARD_RECORD) });
     ExportOptions {
         metrics: dir.path(METRICS_FILE),
         events: dir.path(EVENTS_FILE),
@@ -71,12 +72,13 @@ mod tests {
         };
         let array = env(&[("SLURM_JOB_ID", "101"), ("SLURM_ARRAY_JOB_ID", "100"), ("SLURM_ARRAY_TASK_ID", "3")]);
         let o = options(&cfg, &dir, &array, 7);
-        assert_eq!(o.tensorboard, Some(PathBuf::from("runs/x/tensorboard")));
+        let tb = o.tensorboard.unwrap();
+        assert_eq!((tb.dir, tb.record), ("runs/x/tensorboard".into(), "runs/x/tensorboard.files".into()));
         assert_eq!((o.prometheus_textfile, o.resume_step, o.labels.job.as_str()), (None, 7, "100_3"));
         cfg.telemetry.tensorboard = TensorBoardSetting::Dir("/tb/{run}/{job}".into());
         cfg.telemetry.prometheus_textfile = Some("/prom/rekindle-{run}-{job}.prom".into());
         let o = options(&cfg, &dir, &env(&[]), 0);
-        assert_eq!(o.tensorboard, Some(PathBuf::from("/tb/lr-3e-4/local")));
+        assert_eq!(o.tensorboard.map(|tb| tb.dir), Some(PathBuf::from("/tb/lr-3e-4/local")));
         assert_eq!(o.prometheus_textfile, Some(PathBuf::from("/prom/rekindle-lr-3e-4-local.prom")));
         assert_eq!(o.labels.job, "");
         cfg.telemetry.tensorboard = TensorBoardSetting::Enabled(false);

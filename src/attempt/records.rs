@@ -171,29 +171,65 @@ pub(crate) fn previous_summary(dir: &RunDir) -> Option<Summary> {
     Summary::read(&dir.path(SUMMARY_FILE))
 }
 
-/// The highest step in metrics.jsonl (what the previous attempt reached).
+/// The highest step in metrics.jsonl (what the previous attempt reached),
+/// read a line at a time (a long run's file is hundreds of megabytes).
 pub(crate) fn last_logged_step(path: &Path) -> Option<u64> {
-    let lines = crate::telemetry::read_jsonl(path).ok()??;
-    lines.records.iter().filter_map(metrics_step).max()
+    let mut newest = None;
+    crate::telemetry::for_each_jsonl(path, |line| newest = newest.max(metrics_step(&line))).ok()??;
+    newest
 }
 
-/// Keeps only metric lines of steps ≤ `step` (and drops a torn last line).
+/// Keeps only metric lines of steps ≤ `step` (and drops a torn last line),
+/// a line at a time: what is kept goes to a temporary file beside it, which
+/// replaces it only when a line was dropped (memory: one line, whatever the
+/// file's size).
 pub(crate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
+    use std::io::{BufRead, Read, Write};
+    let fail = |source| RunError::RunDir { path: path.to_path_buf(), source };
     // Never through a symlink or FIFO in its place (crate::confine).
-    let mut text = String::new();
-    match crate::confine::open_regular(path).and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text)) {
-        Ok(_) => {}
+    let file = match crate::confine::open_regular(path) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(RunError::RunDir { path: path.to_path_buf(), source }),
+        Err(source) => return Err(fail(source)),
+    };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut kept = std::io::BufWriter::new(crate::rundir::atomic::shared_tempfile(".tmp", dir).map_err(fail)?);
+    let mut reader = std::io::BufReader::new(file);
+    let (mut line, mut dropped) = (Vec::new(), false);
+    loop {
+        line.clear();
+        let max = crate::telemetry::MAX_LINE_BYTES as u64 + 1;
+        if (&mut reader).take(max).read_until(b'\n', &mut line).map_err(fail)? == 0 {
+            break;
+        }
+        let whole = line.ends_with(b"\n");
+        let over_long = !whole && line.len() as u64 == max;
+        let keep =
+            !over_long && serde_json::from_slice(&line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step);
+        if keep {
+            kept.write_all(&line).map_err(fail)?;
+            if !whole {
+                // A last line without its newline is ended, as a writer would.
+                kept.write_all(b"\n").map_err(fail)?;
+                dropped = true;
+            }
+            continue;
+        }
+        dropped = true;
+        if over_long {
+            // Over the line bound: the rest of it goes too, unread.
+            while !line.is_empty() && !line.ends_with(b"\n") {
+                line.clear();
+                if (&mut reader).take(max).read_until(b'\n', &mut line).map_err(fail)? == 0 {
+                    break;
+                }
+            }
+        }
     }
-    let kept: String = text
-        .lines()
-        .filter(|line| serde_json::from_str(line).ok().and_then(|v| metrics_step(&v)).is_some_and(|s| s <= step))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    if kept.len() != text.len() {
-        crate::rundir::write_atomically(path, kept.as_bytes())
-            .map_err(|source| RunError::RunDir { path: path.to_path_buf(), source })?;
+    if dropped {
+        let tmp = kept.into_inner().map_err(|e| fail(e.into_error()))?;
+        tmp.as_file().sync_all().map_err(fail)?;
+        tmp.persist(path).map_err(|e| fail(e.error))?;
     }
     Ok(())
 }
@@ -218,6 +254,19 @@ mod tests {
         truncate_metrics(&path, 100).unwrap();
         assert!(std::fs::read_to_string(&path).unwrap().ends_with("0.9}\n"));
         truncate_metrics(&tmp.path().join("absent.jsonl"), 0).unwrap();
+    }
+
+    #[test]
+    fn truncating_metrics_ends_a_whole_last_line_and_drops_an_over_long_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        let long = format!("{{\"step\":5,\"pad\":\"{}\"}}\n", "x".repeat(crate::telemetry::MAX_LINE_BYTES + 10));
+        std::fs::write(&path, format!("{METRICS}{long}{{\"step\":7,\"loss\":0.8}}")).unwrap();
+        truncate_metrics(&path, 7).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"step\":4,\"loss\":1.0}\n{\"step\":6,\"val_loss\":0.9}\n{\"step\":7,\"loss\":0.8}\n"
+        );
     }
 
     #[test]

@@ -91,24 +91,34 @@ pub fn parse_step_dir_name(name: &str) -> Option<u64> {
 
 /// Makes `dir` a checkpoints directory of rekindle's
 /// ([`crate::confine::claim_dir`]). Besides a new, empty or marked one, a
-/// directory from before the marker is recognised by what only rekindle
-/// makes there: a `step-<10 digits>` directory with a manifest, the staging
-/// directory, the quarantine, the leftovers of its interrupted saves
-/// (`.tmp-step-…`, `.trash-step-…`, `.tmp-seal-step-…` directories). `inside_own_run` says it is the default
-/// `<run dir>/checkpoints` of a run directory already claimed.
+/// `[checkpoint] dir` from before the marker is recognised by a committed
+/// checkpoint only rekindle writes: a `step-<10 digits>` directory whose
+/// manifest reads as rekindle's. A `.staging`, `quarantine` or `.tmp-step-…`
+/// name alone proves nothing (anyone may name a directory so), and a
+/// directory of someone else's is refused before anything in it is written,
+/// moved or removed. `inside_own_run` says it is the default `<run
+/// dir>/checkpoints` of a run directory already claimed: a real directory
+/// there is the run's by its name, but never a symbolic link (a link there
+/// would take rekindle's writes and deletes to a directory it did not make;
+/// `[checkpoint] dir` is how a run names one elsewhere).
 pub fn claim_dir(dir: &std::path::Path, inside_own_run: bool) -> Result<(), crate::confine::ClaimError> {
-    crate::confine::claim_dir(dir, "the checkpoints directory ([checkpoint] dir)", |dir| {
+    let what =
+        if inside_own_run { "the checkpoints directory" } else { "the checkpoints directory ([checkpoint] dir)" };
+    if inside_own_run
+        && let Ok(meta) = std::fs::symlink_metadata(dir)
+        && meta.file_type().is_symlink()
+    {
+        let target = std::fs::read_link(dir).map_or_else(|_| "?".into(), |t| t.display().to_string());
+        return Err(crate::confine::ClaimError::Link { what, path: dir.to_path_buf(), target });
+    }
+    crate::confine::claim_dir(dir, what, |dir| {
         inside_own_run
             || std::fs::read_dir(dir).is_ok_and(|entries| {
                 entries.flatten().any(|e| {
                     let name = e.file_name().to_string_lossy().into_owned();
-                    let real_dir = e.file_type().is_ok_and(|t| t.is_dir());
-                    real_dir
-                        && (name == super::files::STAGING_DIR
-                            || name == super::quarantine::QUARANTINE_DIR
-                            || super::store::LEFTOVER_PREFIXES.iter().any(|p| name.starts_with(p))
-                            || (parse_step_dir_name(&name).is_some()
-                                && e.path().join(super::manifest::MANIFEST_FILE).is_file()))
+                    e.file_type().is_ok_and(|t| t.is_dir())
+                        && parse_step_dir_name(&name).is_some()
+                        && super::verify::read_manifest(&e.path()).is_ok()
                 })
             })
     })

@@ -942,6 +942,11 @@ mod tests {
         fs::write(partial.join(MODEL_FILE), b"half").unwrap();
         let trash = tmp.path().join(".trash-step-0000000001-1-0");
         fs::create_dir_all(&trash).unwrap();
+        // Names alone do not make a directory rekindle's: unmarked, it is
+        // refused and nothing in it is removed.
+        assert!(matches!(CheckpointStore::open(tmp.path(), 3), Err(CheckpointError::Claim(_))));
+        assert!(partial.exists() && trash.exists());
+        fs::write(tmp.path().join(crate::confine::MARKER_FILE), b"").unwrap();
         CheckpointStore::open(tmp.path(), 3).unwrap();
         assert!(!partial.exists() && !trash.exists());
     }

@@ -188,7 +188,9 @@ pub enum StatusSort {
 pub struct ReportArgs {
     #[command(flatten)]
     pub dir: RunDirArg,
-    /// Where to write the HTML (default: `<run dir>/report.html`).
+    /// Where to write the HTML (default: `<run dir>/report.html`): a regular
+    /// file, new or replaced; a link, directory or device there is refused
+    /// (exit 1) and left as it is.
     #[arg(long, value_name = "FILE.html")]
     pub out: Option<PathBuf>,
 }
@@ -217,7 +219,9 @@ pub struct ValidateArgs {
     /// Records with more bytes of text than this are invalid (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub max_len: usize,
-    /// Also write a cleaned copy here (valid lines byte for byte).
+    /// Also write a cleaned copy here (valid lines byte for byte): a regular
+    /// file, new or replaced; a link, directory or device there is refused
+    /// (exit 1) and left as it is.
     #[arg(long, value_name = "CLEAN.jsonl")]
     pub out: Option<PathBuf>,
     /// With --out: cut over-long records to --max-len instead of dropping them.

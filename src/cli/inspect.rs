@@ -38,7 +38,7 @@ fn resolve_target(path: &Path) -> Result<Target, CliError> {
     }
     let run_config = path.join(rundir::CONFIG_FILE);
     if run_config.is_file()
-        && let Ok(loaded) = config::load_with(&run_config, &[], &config::AnyKind)
+        && let Ok(loaded) = config::load_recorded(&run_config)
     {
         return Ok(Target::Store(rundir::checkpoints_dir(path, &loaded.config)));
     }

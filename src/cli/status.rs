@@ -54,7 +54,7 @@ fn watch_header(args: &StatusArgs, terminal: bool) {
         return;
     }
     if terminal {
-        out!("\x1b[H\x1b[2J");
+        super::output::write_out_raw(format_args!("\x1b[H\x1b[2J"));
     }
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     outln!("every {}: rekindle status (Ctrl-C stops)  {now}", humantime::format_duration(args.interval));

@@ -46,7 +46,7 @@ fn read_hint(source: &std::io::Error) -> &'static str {
         }
         std::io::ErrorKind::PermissionDenied => "check the file's permissions and those of its directories",
         std::io::ErrorKind::IsADirectory => "pass the TOML file, not a directory",
-        std::io::ErrorKind::InvalidData => "the config must be a UTF-8 TOML file",
+        std::io::ErrorKind::InvalidData => "a config is a UTF-8 TOML file of at most 16 MiB",
         _ => "check that the file exists and is a readable TOML file",
     }
 }

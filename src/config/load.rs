@@ -50,10 +50,40 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigErr
 
 /// [`load`] for a program that builds the model kinds `kinds` names, each
 /// `[model.settings]` key checked against the settings type of its kind.
+///
+/// The file is read as [`crate::confine::read_named_bounded`] reads: a
+/// regular file (a link to one is followed), never blocking on a FIFO, at
+/// most [`MAX_CONFIG_BYTES`].
 pub fn load_with(path: &Path, overrides: &[String], kinds: &dyn ModelKinds) -> Result<LoadedConfig, ConfigError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-    let mut loaded = from_str_with(&text, &path.display().to_string(), overrides, kinds)?;
+    let bytes = crate::confine::read_named_bounded(path, MAX_CONFIG_BYTES)
+        .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    load_bytes(path, &bytes, overrides, kinds)
+}
+
+/// The largest config file read (configs are a few KiB; the TOML parser
+/// holds several times a file's size).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The `config.toml` a run directory holds (rekindle's own copy), with no
+/// overrides and any model kind: as [`load_with`], but a symbolic link in
+/// its place is refused, not followed ([`crate::confine::read_bounded`]).
+pub fn load_recorded(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let bytes = crate::confine::read_bounded(path, MAX_CONFIG_BYTES)
+        .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    load_bytes(path, &bytes, &[], &super::AnyKind)
+}
+
+fn load_bytes(
+    path: &Path,
+    bytes: &[u8],
+    overrides: &[String],
+    kinds: &dyn ModelKinds,
+) -> Result<LoadedConfig, ConfigError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Read {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    let mut loaded = from_str_with(text, &path.display().to_string(), overrides, kinds)?;
     loaded.source = path.to_path_buf();
     Ok(loaded)
 }

@@ -20,6 +20,6 @@ pub use diff::{config_hash, settings_diff, training_diff, training_hash, trainin
 pub use error::{ConfigError, Problem};
 pub use keys::{all_keys, section_keys, sections};
 pub use kinds::{AnyKind, BuiltinKinds, ModelKinds};
-pub use load::{LoadedConfig, from_str, from_str_with, load, load_with, to_toml};
+pub use load::{LoadedConfig, MAX_CONFIG_BYTES, from_str, from_str_with, load, load_recorded, load_with, to_toml};
 pub use schema::*;
 pub use validate::{check_include_pattern, validate};

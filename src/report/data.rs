@@ -9,10 +9,11 @@ use chrono::{DateTime, Utc};
 use crate::gpu::STATS_FILE;
 use crate::rundir::{self, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunStatus};
 use crate::telemetry::{
-    Attempt, Event, GpuPoint, Jsonl, MetricPoint, RecordedEvent, ValPoint, attempts, events_from, gpu_samples_from,
-    metrics_from, read_jsonl,
+    Attempt, Event, GpuPoint, Jsonl, MetricPoint, MetricRecord, RecordedEvent, ValPoint, attempts, events_from,
+    for_each_jsonl, gpu_point, metric_point, read_jsonl,
 };
 
+use super::downsample::Downsample;
 use super::error::ReportError;
 
 /// A checkpoint save (or failed save) recorded in events.jsonl.
@@ -94,6 +95,9 @@ pub struct RunData {
     pub markers: Vec<Marker>,
     /// Lines that did not parse, per file (torn writes).
     pub skipped: Vec<(&'static str, usize)>,
+    /// Training and validation lines of `metrics.jsonl`, when the charts
+    /// draw fewer of them (a long run, downsampled: `downsample.rs`).
+    pub downsampled: Option<u64>,
 }
 
 impl RunData {
@@ -114,15 +118,39 @@ impl RunData {
         };
         let events_file = read(EVENTS_FILE)?;
         note(EVENTS_FILE, &events_file);
-        let metrics_file = read(METRICS_FILE)?;
-        note(METRICS_FILE, &metrics_file);
-        let gpu_file = read(STATS_FILE)?;
-        note(STATS_FILE, &gpu_file);
+        // Streamed: a run of a million steps costs the memory of the
+        // points drawn, not of its lines.
+        let (mut train, mut val) =
+            (Downsample::new(|m: &MetricPoint| m.loss), Downsample::new(|v: &ValPoint| Some(v.val_loss)));
+        let metrics_path = dir.join(METRICS_FILE);
+        let metrics_skipped = for_each_jsonl(&metrics_path, |r| match metric_point(&r) {
+            Some(MetricRecord::Train(m)) => train.push(m),
+            Some(MetricRecord::Val(v)) => val.push(v),
+            None => {}
+        })
+        .map_err(|source| ReportError::Read { path: metrics_path, source })?;
+        note(METRICS_FILE, &metrics_skipped.map(|skipped| Jsonl { records: Vec::new(), skipped }));
+        let lines = train.seen() + val.seen();
+        let (mut train, mut val) = (train.finish(), val.finish());
+        let downsampled = ((train.len() + val.len()) as u64) < lines;
+        train.sort_by_key(|m| m.step);
+        val.sort_by_key(|v| v.step);
+        // The same for the GPU samples (one every [gpu] monitor_interval,
+        // for as long as the run ran), by the first device's utilisation.
+        let gpu_path = dir.join(STATS_FILE);
+        let mut gpu = Downsample::new(|g: &GpuPoint| g.devices.first().and_then(|d| d.utilization_pct));
+        let gpu_skipped = for_each_jsonl(&gpu_path, |r| gpu_point(&r).into_iter().for_each(|p| gpu.push(p)))
+            .map_err(|source| ReportError::Read { path: gpu_path, source })?;
+        note(STATS_FILE, &gpu_skipped.map(|skipped| Jsonl { records: Vec::new(), skipped }));
+        let gpu = gpu_skipped.map(|_| {
+            let mut points = gpu.finish();
+            points.sort_by_key(|s| s.time);
+            points
+        });
 
         let events = events_from(events_file.map(|j| j.records).unwrap_or_default());
-        let (train, val) = metrics_from(&metrics_file.map(|j| j.records).unwrap_or_default());
         let (checkpoints, markers) = checkpoints_and_markers(&events);
-        let name = crate::config::load_with(&dir.join(CONFIG_FILE), &[], &crate::config::AnyKind)
+        let name = crate::config::load_recorded(&dir.join(CONFIG_FILE))
             .map(|l| l.config.run.name)
             .ok()
             .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -135,10 +163,11 @@ impl RunData {
             events,
             train,
             val,
-            gpu: gpu_file.map(|j| gpu_samples_from(&j.records)),
+            gpu,
             checkpoints,
             markers,
             skipped,
+            downsampled: downsampled.then_some(lines),
         })
     }
 

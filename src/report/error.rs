@@ -12,6 +12,10 @@ pub enum ReportError {
     Read { path: PathBuf, source: io::Error },
     #[error("cannot write the report to {path}: {source}; check that its directory exists and is writable")]
     Write { path: PathBuf, source: io::Error },
+    /// `--out` names something that is not a regular file (the message of
+    /// `source` says what, where, and what to do).
+    #[error("--out: {source}")]
+    Out { path: PathBuf, source: io::Error },
     #[error("drawing the {chart} chart failed: {message}")]
     Draw { chart: &'static str, message: String },
 }

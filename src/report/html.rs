@@ -79,6 +79,14 @@ pub fn page(data: &RunData, charts: &[Chart]) -> String {
     );
     overview(&mut h, data);
     charts_section(&mut h, data, charts);
+    if let Some(lines) = data.downsampled {
+        let drawn = data.train.len() + data.val.len();
+        let _ = writeln!(
+            h,
+            "<p class=\"note\" id=\"downsampled\">The charts draw {drawn} of the {lines} lines of metrics.jsonl: for \
+             each stretch of steps, its lowest and highest loss and its last line (a spike or a dip always shows).</p>"
+        );
+    }
     attempts_table(&mut h, data);
     checkpoints_table(&mut h, data);
     events_table(&mut h, data);

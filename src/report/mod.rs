@@ -6,12 +6,14 @@
 //!
 //! - `render.rs`: the whole report, from run directory to file.
 //! - `data.rs`: the run's records read back, with checkpoints and markers.
+//! - `downsample.rs`: the points of a long run's charts, in bounded memory.
 //! - `charts.rs`, `plot.rs`: the SVG charts.
 //! - `html.rs`: the page.
 //! - `error.rs`: [`ReportError`].
 
 mod charts;
 mod data;
+mod downsample;
 mod error;
 mod html;
 mod plot;

@@ -21,6 +21,10 @@ pub fn render(dir: &Path) -> Result<String, ReportError> {
 /// Writes the report of the run in `dir` to `out` (default
 /// `<dir>/report.html`) atomically; returns where it went.
 pub fn write_report(dir: &Path, out: Option<&Path>) -> Result<PathBuf, ReportError> {
+    // Checked before the work: a refused --out costs no rendering.
+    if let Some(out) = out {
+        crate::confine::replaceable_file(out).map_err(|source| ReportError::Out { path: out.to_path_buf(), source })?;
+    }
     let html = render(dir)?;
     let path = out.map(Path::to_path_buf).unwrap_or_else(|| dir.join(REPORT_FILE));
     crate::rundir::write_atomically(&path, html.as_bytes())

@@ -45,9 +45,12 @@ pub const SUMMARY_FILE: &str = "summary.json";
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 /// TensorBoard event files (`[telemetry] tensorboard = true`).
 pub const TENSORBOARD_DIR: &str = "tensorboard";
+/// The event files this run created in its TensorBoard directory, one name
+/// a line: the only ones it ever trims (the directory may be shared).
+pub const TENSORBOARD_RECORD: &str = "tensorboard.files";
 
-/// The largest `config.toml` copied aside (configs are a few KiB).
-const MAX_CONFIG_BYTES: u64 = 16 << 20;
+/// The largest `config.toml` copied aside (the largest read).
+const MAX_CONFIG_BYTES: u64 = config::MAX_CONFIG_BYTES;
 
 /// A prepared run directory.
 #[derive(Debug, Clone)]
@@ -83,7 +86,7 @@ pub fn checkpoints_dir(root: &Path, cfg: &Config) -> PathBuf {
 /// recognised by the `config.toml` or the `rekindle.lock` rekindle wrote in it.
 pub fn claim(root: &Path, cfg: &Config) -> Result<(), RunDirError> {
     crate::confine::claim_dir(root, "the run directory (--run-dir or [run] dir)", |dir| {
-        config::load_with(&dir.join(CONFIG_FILE), &[], &config::AnyKind).is_ok()
+        config::load_recorded(&dir.join(CONFIG_FILE)).is_ok()
             || crate::rundir::lock::LockInfo::read(&dir.join(crate::rundir::lock::LOCK_FILE)).is_some()
     })?;
     let checkpoints = checkpoints_dir(root, cfg);
@@ -104,7 +107,7 @@ fn command_of(kind: CheckpointKind) -> &'static str {
 /// the one of the `config.toml` already there (when it differs and parses).
 fn earlier_checkpoint_dirs(root: &Path, cfg: &Config) -> Vec<PathBuf> {
     let mut dirs = vec![checkpoints_dir(root, cfg)];
-    if let Ok(previous) = config::load_with(&root.join(CONFIG_FILE), &[], &config::AnyKind) {
+    if let Ok(previous) = config::load_recorded(&root.join(CONFIG_FILE)) {
         let theirs = checkpoints_dir(root, &previous.config);
         if !dirs.contains(&theirs) {
             dirs.push(theirs);
@@ -164,7 +167,7 @@ pub fn prepare(root: &Path, cfg: &Config, allow_config_change: bool) -> Result<R
     let config_path = root.join(CONFIG_FILE);
     let resumable = || earlier_checkpoint_dirs(root, cfg).iter().any(|d| holds_checkpoint(d));
     if config_path.exists() {
-        let previous = match config::load_with(&config_path, &[], &config::AnyKind) {
+        let previous = match config::load_recorded(&config_path) {
             Ok(previous) => Some(previous.config),
             Err(e) if resumable() => {
                 return Err(RunDirRefusal::PreviousConfig { path: config_path.clone(), reason: e.to_string() }.into());

@@ -63,6 +63,9 @@ pub struct RunStatus {
     pub node: Option<String>,
     /// Estimated seconds to max_steps from the recent step rate.
     pub eta_seconds: Option<f64>,
+    /// Why `config.toml` does not load (its settings are then unknown):
+    /// too large, not a regular file, not valid TOML; `null` when it loads.
+    pub config_problem: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -105,7 +108,10 @@ pub fn untrained_by_node_check(st: &RunStatus) -> Option<(&str, &str, &str)> {
 
 pub fn status(dir: &Path) -> RunStatus {
     let summary = Summary::read(&dir.join(SUMMARY_FILE));
-    let cfg = config::load_with(&dir.join(CONFIG_FILE), &[], &config::AnyKind).ok().map(|l| l.config);
+    let (cfg, config_problem) = match config::load_recorded(&dir.join(CONFIG_FILE)) {
+        Ok(l) => (Some(l.config), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
     let events = telemetry::events_from(read_jsonl(&dir.join(EVENTS_FILE)));
     // The newest lines only: the last step, loss and rate are all that is
     // shown, and a long run's file is hundreds of megabytes.
@@ -171,6 +177,7 @@ pub fn status(dir: &Path) -> RunStatus {
         attempts.pop();
     }
     RunStatus {
+        config_problem,
         run_dir: dir.to_path_buf(),
         state,
         step,
@@ -318,6 +325,9 @@ impl std::fmt::Display for RunStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "run       {}", self.run_dir.display())?;
         writeln!(f, "state     {}", self.state)?;
+        if let Some(why) = &self.config_problem {
+            writeln!(f, "config    {why}")?;
+        }
         match (self.step, self.max_steps) {
             (Some(s), Some(m)) => writeln!(f, "step      {s} / {m} ({:.1}%)", 100.0 * s as f64 / m.max(1) as f64)?,
             (Some(s), None) => writeln!(f, "step      {s}")?,

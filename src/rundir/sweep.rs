@@ -94,7 +94,7 @@ pub fn row(dir: &Path) -> RunRow {
             trouble("foreign", format!("not a rekindle run directory (no {CONFIG_FILE})"))
         };
     }
-    let cfg = match config::load_with(&config_path, &[], &config::AnyKind) {
+    let cfg = match config::load_recorded(&config_path) {
         Ok(loaded) => loaded.config,
         Err(e) => {
             // The problems, one per line after a heading: on one line.

@@ -35,7 +35,7 @@ pub struct ExportOptions {
     pub events: PathBuf,
     pub gpu_stats: PathBuf,
     /// The TensorBoard directory (`None`: no event files).
-    pub tensorboard: Option<PathBuf>,
+    pub tensorboard: Option<TensorBoardTarget>,
     /// The Prometheus textfile (`None`: none).
     pub prometheus_textfile: Option<PathBuf>,
     pub labels: PromLabels,
@@ -43,6 +43,14 @@ pub struct ExportOptions {
     pub resume_step: u64,
     /// How often the files are read.
     pub interval: Duration,
+}
+
+/// Where the event files go, and the run's record of the files it created
+/// there (only those are ever trimmed: the directory may be shared).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorBoardTarget {
+    pub dir: PathBuf,
+    pub record: PathBuf,
 }
 
 /// The textfile is rewritten at least this often, for its age gauges.
@@ -201,16 +209,16 @@ struct Mirror {
 impl Mirror {
     fn start(opts: ExportOptions) -> Mirror {
         let host = opts.labels.node.clone();
-        let tensorboard = opts.tensorboard.as_ref().and_then(|dir| {
-            TensorBoard::open(dir, &host, opts.resume_step, now())
+        let tensorboard = opts.tensorboard.as_ref().and_then(|tb| {
+            TensorBoard::open(&tb.dir, &tb.record, &host, opts.resume_step, now())
                 .map_err(|e| {
-                    tracing::warn!(dir = %dir.display(), error = %e, "cannot write TensorBoard event files in this attempt (training goes on; the next attempt fills them in)");
+                    tracing::warn!(dir = %tb.dir.display(), error = %e, "cannot write TensorBoard event files in this attempt (training goes on; the next attempt fills them in)");
                 })
                 .ok()
         });
         let mut mirror = Mirror {
             tensorboard,
-            tensorboard_dir: opts.tensorboard.clone(),
+            tensorboard_dir: opts.tensorboard.as_ref().map(|tb| tb.dir.clone()),
             prometheus: opts.prometheus_textfile.map(|p| (p, PromState::new(opts.labels.clone()))),
             prometheus_failed: None,
             prometheus_written: None,
@@ -342,7 +350,7 @@ impl Mirror {
             Err(e) => {
                 if self.prometheus_failed != Some(e.kind()) {
                     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-                    tracing::warn!(file = %path.display(), error = %e.kind(), "cannot write the Prometheus textfile into {} (training goes on; retried every {}s)", dir.display(), PROM_REFRESH.as_secs());
+                    tracing::warn!(file = %path.display(), error = %e, "cannot write the Prometheus textfile into {} (training goes on; retried every {}s)", dir.display(), PROM_REFRESH.as_secs());
                 }
                 self.prometheus_failed = Some(e.kind());
             }
@@ -401,7 +409,10 @@ mod tests {
             metrics: tmp.path().join("metrics.jsonl"),
             events: tmp.path().join("events.jsonl"),
             gpu_stats: tmp.path().join("gpu_stats.jsonl"),
-            tensorboard: Some(tmp.path().join("tensorboard")),
+            tensorboard: Some(TensorBoardTarget {
+                dir: tmp.path().join("tensorboard"),
+                record: tmp.path().join("tensorboard.files"),
+            }),
             prometheus_textfile: Some(tmp.path().join("run.prom")),
             labels: PromLabels { run: "r".into(), job: String::new(), node: "n1".into() },
             resume_step: 2,

@@ -71,24 +71,25 @@ pub struct GpuPoint {
 
 /// Types GPU monitor records; lines without a time (or that do not fit) are skipped.
 pub fn gpu_samples_from(records: &[Value]) -> Vec<GpuPoint> {
-    let mut out: Vec<GpuPoint> = records
-        .iter()
-        .filter_map(|r| {
-            let time = time_field(r, "time")?;
-            let sample: GpuSample = serde_json::from_value(r.clone()).ok()?;
-            let devices = sample
-                .devices
-                .iter()
-                .map(|d| GpuDevicePoint {
-                    label: format!("{} {}", if d.vendor.is_empty() { "gpu" } else { &d.vendor }, d.index),
-                    utilization_pct: d.utilization_pct.map(f64::from),
-                    memory_used_mib: Some(d.memory_used_mib as f64),
-                    memory_total_mib: Some(d.memory_total_mib as f64),
-                })
-                .collect();
-            Some(GpuPoint { time, devices })
-        })
-        .collect();
+    let mut out: Vec<GpuPoint> = records.iter().filter_map(gpu_point).collect();
     out.sort_by_key(|s| s.time);
     out
+}
+
+/// One GPU monitor record for plotting (a reader that streams the file
+/// takes it a line at a time); `None` without a time or when it does not fit.
+pub fn gpu_point(r: &Value) -> Option<GpuPoint> {
+    let time = time_field(r, "time")?;
+    let sample: GpuSample = serde_json::from_value(r.clone()).ok()?;
+    let devices = sample
+        .devices
+        .iter()
+        .map(|d| GpuDevicePoint {
+            label: format!("{} {}", if d.vendor.is_empty() { "gpu" } else { &d.vendor }, d.index),
+            utilization_pct: d.utilization_pct.map(f64::from),
+            memory_used_mib: Some(d.memory_used_mib as f64),
+            memory_total_mib: Some(d.memory_total_mib as f64),
+        })
+        .collect();
+    Some(GpuPoint { time, devices })
 }

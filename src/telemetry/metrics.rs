@@ -112,35 +112,50 @@ pub struct ValPoint {
 /// Splits metric records into training and validation points (each sorted
 /// by step). Non-finite values are dropped: they cannot be plotted.
 pub fn metrics_from(records: &[Value]) -> (Vec<MetricPoint>, Vec<ValPoint>) {
-    let finite = |x: Option<f64>| x.filter(|x| x.is_finite());
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for r in records {
-        let time = time_field(r, "time");
-        match MetricsLine::from_value(r) {
-            Some(MetricsLine::Val(v)) => {
-                if let Some(val_loss) = finite(v.val_loss) {
-                    val.push(ValPoint { step: v.step, time, val_loss });
-                }
-            }
-            Some(MetricsLine::Step(s)) => train.push(MetricPoint {
-                step: s.step,
-                time,
-                loss: finite(s.loss),
-                lr: finite(s.lr),
-                samples_per_s: finite(s.samples_per_s),
-                tokens_per_s: finite(s.tokens_per_s),
-                rank_step_s: if s.rank_compute_s.is_empty() {
-                    vec![finite(s.elapsed_s)]
-                } else {
-                    s.rank_compute_s.iter().map(|t| finite(Some(*t))).collect()
-                },
-            }),
+        match metric_point(r) {
+            Some(MetricRecord::Train(m)) => train.push(m),
+            Some(MetricRecord::Val(v)) => val.push(v),
             None => {}
         }
     }
     train.sort_by_key(|m| m.step);
     val.sort_by_key(|v| v.step);
     (train, val)
+}
+
+/// One line of `metrics.jsonl` for plotting.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetricRecord {
+    Train(MetricPoint),
+    Val(ValPoint),
+}
+
+/// What a line of `metrics.jsonl` plots (a reader that streams the file
+/// takes it a line at a time); `None` for a line that is neither, or a
+/// validation line without a finite loss.
+pub fn metric_point(r: &Value) -> Option<MetricRecord> {
+    let finite = |x: Option<f64>| x.filter(|x| x.is_finite());
+    let time = time_field(r, "time");
+    match MetricsLine::from_value(r)? {
+        MetricsLine::Val(v) => {
+            finite(v.val_loss).map(|val_loss| MetricRecord::Val(ValPoint { step: v.step, time, val_loss }))
+        }
+        MetricsLine::Step(s) => Some(MetricRecord::Train(MetricPoint {
+            step: s.step,
+            time,
+            loss: finite(s.loss),
+            lr: finite(s.lr),
+            samples_per_s: finite(s.samples_per_s),
+            tokens_per_s: finite(s.tokens_per_s),
+            rank_step_s: if s.rank_compute_s.is_empty() {
+                vec![finite(s.elapsed_s)]
+            } else {
+                s.rank_compute_s.iter().map(|t| finite(Some(*t))).collect()
+            },
+        })),
+    }
 }
 
 #[cfg(test)]

@@ -33,14 +33,16 @@ pub use event::{
     RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop, Straggler, events_from,
 };
 pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
-pub use export::{ExportOptions, Exporter, Rewinder, event_scalars, metric_scalars};
+pub use export::{ExportOptions, Exporter, Rewinder, TensorBoardTarget, event_scalars, metric_scalars};
 pub use follow::Follow;
-pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_samples_from};
+pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_point, gpu_samples_from};
 pub use key_order::first_unsorted_key;
 pub use logging::{LogFormat, LogOptions, Lossy, LossyWriter, init_logging, lost_log_lines, report_lost_log_lines};
-pub use metrics::{MetricPoint, MetricsLine, StepLine, ValLine, ValPoint, metrics_from, metrics_step};
+pub use metrics::{
+    MetricPoint, MetricRecord, MetricsLine, StepLine, ValLine, ValPoint, metric_point, metrics_from, metrics_step,
+};
 pub use prometheus::{PromLabels, PromState, write_textfile};
 pub use rank_beat::{RankBeat, rank_beat_file};
-pub use records::{Jsonl, parse_jsonl, read_jsonl, read_jsonl_tail, time_field};
+pub use records::{Jsonl, MAX_LINE_BYTES, for_each_jsonl, parse_jsonl, read_jsonl, read_jsonl_tail, time_field};
 pub use redact::{MASK, Redactor, StreamRedactor};
 pub use summary::{Summary, SummaryState};

@@ -289,16 +289,77 @@ fn label_text(pairs: &[(&str, &str)]) -> String {
     format!("{{{}}}", body.join(","))
 }
 
+/// How every textfile rekindle renders begins: what tells its own file
+/// from another one in a collector directory shared with other exporters.
+pub const TEXTFILE_HEAD: &str = "# HELP rekindle_info ";
+
+fn refuse(path: &Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{} {why}: rekindle replaces only a textfile it wrote (one that begins with {TEXTFILE_HEAD:?}); \
+             set [telemetry] prometheus_textfile to a path of its own",
+            path.display()
+        ),
+    )
+}
+
 /// Writes `text` to `path` whole: a temporary file beside it (named so that
 /// node_exporter, which reads `*.prom` only, never takes it), then a rename.
+/// The directory may be shared with other exporters: what is at `path` is
+/// replaced only when it is a regular file rekindle wrote (it begins with
+/// [`TEXTFILE_HEAD`]); a link, a special file or another program's file is
+/// refused and left as it is. Nothing else in the directory is touched.
 pub fn write_textfile(path: &Path, text: &str) -> io::Result<()> {
+    use nix::fcntl::{OFlag, open, openat, renameat};
+    use nix::sys::stat::Mode;
+    use std::io::Read;
+    use std::os::fd::AsFd;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new().prefix(".rekindle-").suffix(".tmp").tempfile_in(dir)?;
-    tmp.write_all(text.as_bytes())?;
+    let Some(name) = path.file_name() else { return Err(refuse(path, "names no file")) };
+    let at = |e: nix::errno::Errno| io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", path.display()));
+    let dir_fd = open(dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).map_err(at)?;
+    let read_flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    match openat(dir_fd.as_fd(), name, read_flags, Mode::empty()) {
+        Ok(fd) => {
+            let file = std::fs::File::from(fd);
+            let meta = file.metadata()?;
+            if !meta.is_file() {
+                return Err(refuse(path, &format!("is {}", crate::confine::kind_of(&meta))));
+            }
+            let mut head = Vec::new();
+            file.take(TEXTFILE_HEAD.len() as u64).read_to_end(&mut head)?;
+            if head != TEXTFILE_HEAD.as_bytes() {
+                return Err(refuse(path, "is another program's file"));
+            }
+        }
+        Err(nix::errno::Errno::ENOENT) => {}
+        Err(nix::errno::Errno::ELOOP) => return Err(refuse(path, "is a symbolic link")),
+        Err(e) => return Err(at(e)),
+    }
+    // Created with O_EXCL: a name already there, whoever's, is never
+    // opened, truncated or removed.
+    let write_flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     // Readable by node_exporter, which often runs as its own user.
-    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    let mode = Mode::from_bits_truncate(0o644);
+    let (tmp_name, mut tmp) = (0..100)
+        .find_map(|n| {
+            let tmp_name = format!(".rekindle-{}.{}.{n}.tmp", name.to_string_lossy(), std::process::id());
+            match openat(dir_fd.as_fd(), tmp_name.as_str(), write_flags, mode) {
+                Ok(fd) => Some(Ok((tmp_name, std::fs::File::from(fd)))),
+                Err(nix::errno::Errno::EEXIST) => None,
+                Err(e) => Some(Err(at(e))),
+            }
+        })
+        .unwrap_or_else(|| Err(refuse(path, "has no free temporary name beside it")))?;
+    let written = tmp
+        .write_all(text.as_bytes())
+        .and_then(|()| tmp.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644)))
+        .and_then(|()| renameat(dir_fd.as_fd(), tmp_name.as_str(), dir_fd.as_fd(), name).map_err(at));
+    if written.is_err() {
+        let _ = nix::unistd::unlinkat(dir_fd.as_fd(), tmp_name.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+    written
 }
 
 #[cfg(test)]
@@ -371,9 +432,31 @@ mod tests {
     fn the_file_is_replaced_whole() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("run.prom");
-        write_textfile(&path, "a 1\n").unwrap();
-        write_textfile(&path, "a 2\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 2\n");
+        let text = |n: u32| format!("{TEXTFILE_HEAD}x\nrekindle_info{{}} 1\na {n}\n");
+        write_textfile(&path, &text(1)).unwrap();
+        write_textfile(&path, &text(2)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text(2));
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "no temporary file left");
+        assert!(state().render(0.0).starts_with(TEXTFILE_HEAD), "what rekindle renders is recognised as its own");
+    }
+
+    #[test]
+    fn only_its_own_textfile_is_replaced_in_a_shared_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let text = format!("{TEXTFILE_HEAD}x\n");
+        let other = tmp.path().join("node.prom");
+        std::fs::write(&other, "node_up 1\n").unwrap();
+        let err = write_textfile(&other, &text).unwrap_err();
+        assert!(err.to_string().contains("another program's file"), "{err}");
+        assert_eq!(std::fs::read_to_string(&other).unwrap(), "node_up 1\n");
+        let link = tmp.path().join("link.prom");
+        std::os::unix::fs::symlink(&other, &link).unwrap();
+        assert!(write_textfile(&link, &text).unwrap_err().to_string().contains("symbolic link"));
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        let fifo = tmp.path().join("fifo.prom");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(write_textfile(&fifo, &text).unwrap_err().to_string().contains("is a FIFO"));
+        let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 3, "no temporary file left: {names:?}");
     }
 }

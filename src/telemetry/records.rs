@@ -38,6 +38,22 @@ pub fn read_jsonl(path: &Path) -> io::Result<Option<Jsonl>> {
 /// over a sweep, refreshed by `--watch`) costs the same at step 10⁶ as at
 /// step 10³.
 pub fn read_jsonl_tail(path: &Path, max_bytes: u64) -> io::Result<Option<Jsonl>> {
+    let mut records = Vec::new();
+    let Some(skipped) = scan_jsonl(path, max_bytes, |v| records.push(v))? else { return Ok(None) };
+    Ok(Some(Jsonl { records, skipped }))
+}
+
+/// Calls `each` with every record of `path` in order, holding one line at a
+/// time (a reader that keeps only what it needs, such as `rekindle report`'s
+/// downsampled charts, costs the same memory at step 10⁶ as at step 10³);
+/// returns how many lines were skipped (torn, not JSON objects, or over
+/// [`MAX_LINE_BYTES`]), `Ok(None)` when the file is missing. Opened as
+/// [`read_jsonl`] opens.
+pub fn for_each_jsonl(path: &Path, each: impl FnMut(Value)) -> io::Result<Option<usize>> {
+    scan_jsonl(path, u64::MAX, each)
+}
+
+fn scan_jsonl(path: &Path, max_bytes: u64, mut each: impl FnMut(Value)) -> io::Result<Option<usize>> {
     use std::io::{Seek, SeekFrom};
     let mut file = match crate::confine::open_regular(path) {
         Ok(f) => f,
@@ -55,7 +71,7 @@ pub fn read_jsonl_tail(path: &Path, max_bytes: u64) -> io::Result<Option<Jsonl>>
     if cut {
         skip_line(&mut reader)?;
     }
-    let mut out = Jsonl::default();
+    let mut skipped = 0;
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -64,15 +80,19 @@ pub fn read_jsonl_tail(path: &Path, max_bytes: u64) -> io::Result<Option<Jsonl>>
             break;
         }
         if line.len() > MAX_LINE_BYTES {
-            out.skipped += 1;
+            skipped += 1;
             if !line.ends_with(b"\n") {
                 skip_line(&mut reader)?;
             }
             continue;
         }
-        add_line(&mut out, &String::from_utf8_lossy(&line));
+        match parse_line(&String::from_utf8_lossy(&line)) {
+            Some(Ok(v)) => each(v),
+            Some(Err(())) => skipped += 1,
+            None => {}
+        }
     }
-    Ok(Some(out))
+    Ok(Some(skipped))
 }
 
 /// Consumes the rest of the current line, holding one buffer at a time.
@@ -91,13 +111,19 @@ fn skip_line(reader: &mut impl BufRead) -> io::Result<()> {
     }
 }
 
-fn add_line(out: &mut Jsonl, line: &str) {
+/// A line's record; `None` for a blank line, `Err` for one that is not a JSON object.
+fn parse_line(line: &str) -> Option<Result<Value, ()>> {
     if line.trim().is_empty() {
-        return;
+        return None;
     }
-    match serde_json::from_str::<Value>(line) {
-        Ok(v) if v.is_object() => out.records.push(v),
-        _ => out.skipped += 1,
+    Some(serde_json::from_str::<Value>(line).ok().filter(Value::is_object).ok_or(()))
+}
+
+fn add_line(out: &mut Jsonl, line: &str) {
+    match parse_line(line) {
+        Some(Ok(v)) => out.records.push(v),
+        Some(Err(())) => out.skipped += 1,
+        None => {}
     }
 }
 

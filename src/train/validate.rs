@@ -368,12 +368,15 @@ pub struct CleanSummary {
 /// invalid ones per `mode`. The file appears complete or not at all: it is
 /// written to a temporary file beside `output` and renamed. A truncated
 /// record is re-serialised, so its keys may come out in another order.
+/// `output` must be a regular file or nothing (a link, a directory or a
+/// device there is refused and left as it is).
 pub fn write_clean(
     input: &Path,
     output: &Path,
     opts: &ValidateOptions,
     mode: CleanMode,
 ) -> Result<CleanSummary, TrainError> {
+    crate::confine::replaceable_file(output).map_err(|e| TrainError::io(output, e))?;
     let dir = match output.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

@@ -228,3 +228,193 @@ fn output(cmd: &mut Command) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Issue #40: `<run>/checkpoints` as a symbolic link to a directory
+/// elsewhere is refused before anything is written or removed there (the
+/// link used to bypass the refusal `[checkpoint] dir` gets: `.rekindle`,
+/// `.staging/` and checkpoints were written there, its `.staging` and
+/// `.tmp-step-…` entries removed, a `step-…` with a `{}` manifest moved into
+/// `quarantine/`).
+#[test]
+fn a_checkpoints_directory_that_is_a_link_is_refused_with_nothing_touched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(outside.join(".staging")).unwrap();
+    fs::write(outside.join(".staging/important.txt"), b"important").unwrap();
+    fs::create_dir_all(outside.join(".tmp-step-keep")).unwrap();
+    fs::write(outside.join(".tmp-step-keep/notes.txt"), b"notes").unwrap();
+    fs::create_dir_all(outside.join("step-0000000001")).unwrap();
+    fs::write(outside.join("step-0000000001/MANIFEST.json"), b"{}").unwrap();
+    let before = listing(&outside);
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    fs::remove_dir_all(run.join("checkpoints")).unwrap();
+    symlink(&outside, run.join("checkpoints")).unwrap();
+    for cmd in [RunCmd::new(&run).set("run.max_steps=20"), RunCmd::exec(&run, &["true"])] {
+        let refused = cmd.run(TIMEOUT);
+        refused.assert_code(EXIT_CONFIG);
+        assert!(refused.stderr.contains("checkpoints is a symbolic link"), "{}", refused.tail());
+        assert!(refused.stderr.contains("[checkpoint] dir"), "says what to do: {}", refused.tail());
+        assert_eq!(listing(&outside), before, "nothing outside the run directory changed");
+    }
+    // Named as [checkpoint] dir, the same directory is not taken for
+    // rekindle's: a `{}` manifest is not one rekindle wrote.
+    let set = format!("checkpoint.dir={}", outside.display());
+    let refused = RunCmd::new(&tmp.path().join("run2")).set(&set).set("run.max_steps=20").run(TIMEOUT);
+    refused.assert_code(EXIT_CONFIG);
+    assert!(refused.stderr.contains("was not made by rekindle"), "{}", refused.tail());
+    assert_eq!(listing(&outside), before, "nothing outside the run directory changed");
+}
+
+/// Issue #40: `report --out` and `data validate --out` write a regular file
+/// or refuse (exit 1, saying what is there): a link, a directory or a device
+/// in their place stays as it is (they used to be renamed over, `/dev/null`
+/// included when run as root).
+#[test]
+fn out_paths_that_are_not_regular_files_are_refused_and_left_as_they_are() {
+    use std::os::unix::fs::FileTypeExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(outside.join("dir")).unwrap();
+    fs::write(outside.join("target.html"), b"the user's page").unwrap();
+    symlink(outside.join("target.html"), outside.join("link.html")).unwrap();
+    let data = tmp.path().join("data.jsonl");
+    fs::write(&data, b"{\"text\": \"a\"}\n").unwrap();
+    let before = listing(&outside);
+    let devnull = Path::new("/dev/null");
+    for out in [outside.join("link.html"), outside.join("dir"), devnull.to_path_buf()] {
+        let (code, _, stderr) = output(Command::new(exe()).arg("report").arg(&run).arg("--out").arg(&out));
+        assert_eq!(code, Some(1), "report --out {}: {stderr}", out.display());
+        assert!(stderr.contains("not a regular file"), "report --out {}: {stderr}", out.display());
+        let (code, _, stderr) =
+            output(Command::new(exe()).args(["data", "validate"]).arg(&data).arg("--out").arg(&out));
+        assert_eq!(code, Some(1), "data validate --out {}: {stderr}", out.display());
+        assert!(stderr.contains("not a regular file"), "data validate --out {}: {stderr}", out.display());
+    }
+    assert_eq!(listing(&outside), before, "nothing was replaced");
+    assert!(fs::symlink_metadata(devnull).unwrap().file_type().is_char_device(), "/dev/null is a device still");
+    // A regular file, new or there, is written.
+    for out in [outside.join("target.html"), outside.join("new.html")] {
+        let (code, _, stderr) = output(Command::new(exe()).arg("report").arg(&run).arg("--out").arg(&out));
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(fs::read_to_string(&out).unwrap().contains("<html"), "{}", out.display());
+    }
+    let clean = outside.join("clean.jsonl");
+    let (code, _, stderr) = output(Command::new(exe()).args(["data", "validate"]).arg(&data).arg("--out").arg(&clean));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(fs::read(&clean).unwrap(), fs::read(&data).unwrap());
+}
+
+/// Issue #40: a FIFO at `<run>/config.toml` used to block `run`, `exec`,
+/// `status` and `report` forever (deaf to SIGTERM). Each now returns at
+/// once, saying what is there.
+#[test]
+fn a_fifo_in_place_of_config_toml_never_blocks_a_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=20").set("checkpoint.every_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    fs::remove_file(run.join("config.toml")).unwrap();
+    nix::unistd::mkfifo(&run.join("config.toml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let quick = Duration::from_secs(30);
+    let mut commands: Vec<(&str, Command)> = Vec::new();
+    for args in [&["status"][..], &["report"], &["checkpoints"]] {
+        let mut cmd = Command::new(exe());
+        cmd.args(args).arg(&run);
+        commands.push((args[0], cmd));
+    }
+    let mut cmd = Command::new(exe());
+    cmd.args([
+        "run",
+        "--config",
+        crate::support::cli::TINY_CONFIG,
+        "--set",
+        "run.max_steps=30",
+        "--allow-config-change",
+        "--run-dir",
+    ])
+    .arg(&run);
+    commands.push(("run", cmd));
+    let mut cmd = Command::new(exe());
+    cmd.args(["exec", "--run-dir"]).arg(&run).args(["--", "true"]);
+    commands.push(("exec", cmd));
+    for (name, cmd) in commands {
+        let m = crate::support::run_measured(cmd, quick);
+        assert!(m.elapsed < Duration::from_secs(20), "{name} took {:?}", m.elapsed);
+        assert!(m.code.is_some_and(|c| c != 101), "{name}: {m:?}");
+        // `checkpoints` needs no settings: it lists the default directory.
+        if name != "checkpoints" {
+            assert!(m.code.is_some_and(|c| c != 0), "{name}: {m:?}");
+        }
+    }
+    // The one that reads it for its settings says what it is.
+    let mut cmd = Command::new(exe());
+    cmd.args([
+        "run",
+        "--config",
+        crate::support::cli::TINY_CONFIG,
+        "--set",
+        "run.max_steps=30",
+        "--allow-config-change",
+        "--run-dir",
+    ])
+    .arg(&run);
+    let m = crate::support::run_measured(cmd, quick);
+    assert!(m.stderr.contains("is a FIFO, not a regular file"), "{}", m.stderr);
+}
+
+/// Issue #40: a 1 GB (sparse) `config.toml` made `status`, `report` and
+/// `exec` allocate 3.1 GB. Every reader of it stops at 16 MiB, and says so.
+#[test]
+fn a_huge_sparse_config_toml_is_refused_unread_in_bounded_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=20").set("checkpoint.every_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    fs::OpenOptions::new().write(true).open(run.join("config.toml")).unwrap().set_len(1 << 30).unwrap();
+    let too_big = "1073741824 bytes, more than the 16777216 bytes";
+    let mut status = Command::new(exe());
+    status.arg("status").arg(&run);
+    let mut report = Command::new(exe());
+    report.arg("report").arg(&run);
+    let mut run_cmd = Command::new(exe());
+    run_cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG, "--set", "run.max_steps=30"]);
+    run_cmd.args(["--allow-config-change", "--run-dir"]);
+    run_cmd.arg(&run);
+    let mut exec = Command::new(exe());
+    exec.args(["exec", "--run-dir"]).arg(&run).args(["--", "true"]);
+    for (name, cmd) in [("status", status), ("report", report), ("run", run_cmd), ("exec", exec)] {
+        let m = crate::support::run_measured(cmd, Duration::from_secs(60));
+        // A debug build training the tiny model stays well under this; a
+        // read of the whole file would not (1 GiB, 3 GiB parsed).
+        assert!(m.max_rss_bytes < 512 << 20, "{name} used {} MiB", m.max_rss_bytes >> 20);
+        assert!(m.code.is_some_and(|c| c != 101), "{name}: {m:?}");
+        // (exec is refused first for the run's checkpoints, which are run's.)
+        if name == "status" || name == "run" {
+            assert!(format!("{}{}", m.stdout, m.stderr).contains(too_big), "{name} says why: {m:?}");
+        }
+    }
+}
+
+/// Issue #40: `status` printed ESC and OSC sequences from `events.jsonl`
+/// raw (a run directory could retitle the terminal, erase lines). They are
+/// shown escaped.
+#[test]
+fn status_shows_terminal_control_characters_from_records_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=10").run(TIMEOUT).assert_code(EXIT_DONE);
+    let hostile = serde_json::json!({"event": "stop", "time": "2026-11-01T10:00:00Z", "step": 10,
+        "reason": "SIGTERM\u{1b}]0;owned\u{7}\u{1b}[2K\u{9b}31m", "node": "n\u{1b}[1A"});
+    let mut events = fs::OpenOptions::new().append(true).open(run.join("events.jsonl")).unwrap();
+    std::io::Write::write_all(&mut events, format!("{hostile}\n").as_bytes()).unwrap();
+    for args in [&["status"][..], &["status", "--json"], &["checkpoints"]] {
+        let (code, stdout, stderr) = output(Command::new(exe()).args(args).arg(&run));
+        assert!(code.is_some_and(|c| c != 101), "{args:?}: {stderr}");
+        let all = format!("{stdout}{stderr}");
+        assert!(!all.contains('\u{1b}') && !all.contains('\u{9b}') && !all.contains('\u{7}'), "{args:?}: {all:?}");
+        if args == ["status"] {
+            assert!(stdout.contains("SIGTERM\\x1b]0;owned\\x07"), "shown, escaped: {stdout}");
+        }
+    }
+}

@@ -321,3 +321,36 @@ fn status_says_why_the_last_attempt_ended() {
     assert_eq!(json["last_ended_attempt"]["number"], 3);
     assert_eq!(json["last_ended_attempt"]["end"]["kind"], "finished");
 }
+
+/// Issue #40: `report` on a long run (a million lines of `metrics.jsonl`)
+/// took 963 MB and wrote a 16 MB page. It streams the file and draws a
+/// bounded number of points (the lowest, highest and last loss of each
+/// stretch), so memory and the page stay small, and the page says so.
+#[test]
+fn report_on_a_long_history_is_downsampled_in_bounded_memory_and_page_size() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::write(run.join("config.toml"), "[run]\nname = \"long\"\n").unwrap();
+    let lines: u64 = 1_000_000;
+    let mut metrics = std::io::BufWriter::new(std::fs::File::create(run.join("metrics.jsonl")).unwrap());
+    for step in 1..=lines {
+        let loss = if step == 500_000 { 99.0 } else { 1.0 + (step % 97) as f64 / 97.0 };
+        writeln!(metrics, r#"{{"step":{step},"loss":{loss},"lr":0.001,"samples_per_s":100.0,"elapsed_s":0.01}}"#)
+            .unwrap();
+    }
+    drop(metrics);
+    let mut cmd = std::process::Command::new(support::cli::exe());
+    cmd.arg("report").arg(&run);
+    let m = support::run_measured(cmd, std::time::Duration::from_secs(300));
+    assert_eq!(m.code, Some(0), "{}", m.stderr);
+    let page = std::fs::metadata(run.join("report.html")).unwrap().len();
+    assert!(page < 4 << 20, "a {page}-byte page");
+    assert!(m.max_rss_bytes < 256 << 20, "report used {} MiB", m.max_rss_bytes >> 20);
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(html.contains(&format!("of the {lines} lines of metrics.jsonl")), "the page says it is downsampled");
+    let drawn = series(chart(&html, "chart-loss"), TRAIN);
+    assert!(drawn.iter().all(|n| *n <= 3000), "{drawn:?} points drawn");
+    eprintln!("report of {lines} lines: {page} bytes, {} MiB, {:?}", m.max_rss_bytes >> 20, m.elapsed);
+}

@@ -16,8 +16,11 @@ use prost::Message;
 use serde_json::Value;
 
 use crate::support::cli::{RunCmd, checkpoint_steps, exe, last_event};
+use crate::support::listing;
 use crate::support::requires;
-use rekindle::telemetry::tensorboard::{Event, event_files, frame, read_records};
+use rekindle::telemetry::tensorboard::{
+    Event, FILE_VERSION, Summary, SummaryValue, What, event_files, frame, read_records,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -134,6 +137,104 @@ fn a_run_stopped_killed_and_resumed_is_one_curve_in_tensorboard_each_step_once()
     assert!(persisted.starts_with(&[100, 1000]) && persisted.ends_with(&[4000]), "{persisted:?}");
     assert!(scalars.contains_key("checkpoint/stall_seconds") && scalars.contains_key("lr"), "{:?}", scalars.keys());
     assert!(scalars.contains_key("grad_norm") && scalars.contains_key("samples_per_s"), "{:?}", scalars.keys());
+}
+
+/// A framed event holding one `loss` value.
+fn loss_record(step: u64, value: f32) -> Vec<u8> {
+    let value = vec![SummaryValue { tag: "loss".into(), simple_value: Some(value) }];
+    frame(&Event { wall_time: 1.0, step: step as i64, what: Some(What::Summary(Summary { value })) }.encode_to_vec())
+}
+
+/// The steps of every `loss` in `files`, in reading order.
+fn loss_steps_in(files: &[PathBuf]) -> Vec<u64> {
+    let mut steps = Vec::new();
+    for path in files {
+        read_records(std::fs::File::open(path).unwrap(), |_, payload| {
+            let e = Event::decode(payload).unwrap();
+            steps.extend(e.scalars().filter(|(t, _)| *t == "loss").map(|_| e.step as u64));
+        })
+        .unwrap();
+    }
+    steps
+}
+
+/// Issue #40: `[telemetry] tensorboard` shared by many runs (a common
+/// habit). A resume trims only the event files this run created (its record
+/// `tensorboard.files` names them); another run's valid file (named exactly
+/// as rekindle names its own), a large `big.tfevents.bin` and
+/// `my-tfevents-notes.txt` stay byte for byte, with their modes.
+#[test]
+fn a_resume_in_a_shared_tensorboard_directory_trims_only_the_runs_own_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let shared = tmp.path().join("tb-logs");
+    std::fs::create_dir(&shared).unwrap();
+    let mut theirs =
+        frame(&Event { wall_time: 1.0, step: 0, what: Some(What::FileVersion(FILE_VERSION.into())) }.encode_to_vec());
+    for step in 1..=400 {
+        theirs.extend(loss_record(step, 7.0));
+    }
+    std::fs::write(shared.join("events.out.tfevents.1700000000.othernode.4242.0"), &theirs).unwrap();
+    let big = std::fs::File::create(shared.join("big.tfevents.bin")).unwrap();
+    big.set_len(64 << 20).unwrap(); // sparse: its size is what a careless trim truncated
+    std::fs::write(shared.join("my-tfevents-notes.txt"), b"notes of a person").unwrap();
+    for entry in std::fs::read_dir(&shared).unwrap() {
+        std::fs::set_permissions(entry.unwrap().path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let before = listing(&shared);
+
+    let run = tmp.path().join("run");
+    let tb = format!("telemetry.tensorboard=\"{}\"", shared.display());
+    let cmd = || RunCmd::new(&run).set(&tb).set("run.max_steps=300").set("checkpoint.every_steps=100");
+    cmd().arg("--stop-at-step").arg("150").run(TIMEOUT).assert_code(75);
+    // The run's own files: those that were not there before.
+    let own_files = || -> Vec<PathBuf> {
+        let theirs = |p: &PathBuf| before.contains_key(p.strip_prefix(&shared).unwrap());
+        event_files(&shared).unwrap().into_iter().filter(|p| !theirs(p)).collect()
+    };
+    let own = own_files();
+    assert_eq!(own.len(), 1, "{own:?}");
+    // A killed attempt's steps past the checkpoint at 150, and a torn tail:
+    // the resume cuts them from the run's own file, as before.
+    let mut f = std::fs::OpenOptions::new().append(true).open(&own[0]).unwrap();
+    f.write_all(&loss_record(151, 12345.0)).unwrap();
+    f.write_all(&loss_record(152, 12345.0)[..9]).unwrap();
+    drop(f);
+
+    cmd().run(TIMEOUT).assert_code(0);
+    let own = own_files();
+    let after = listing(&shared);
+    let others: BTreeMap<_, _> = after.iter().filter(|(p, _)| !own.contains(&shared.join(p))).collect();
+    assert_eq!(others, before.iter().collect::<BTreeMap<_, _>>(), "another's files changed");
+    assert_eq!(own.len(), 2);
+    assert_eq!(loss_steps_in(&own), (1..=300).collect::<Vec<_>>(), "the run's own files: each step once");
+    let recorded: Vec<PathBuf> =
+        std::fs::read_to_string(run.join("tensorboard.files")).unwrap().lines().map(|n| shared.join(n)).collect();
+    assert_eq!(recorded, own, "tensorboard.files names the run's own files");
+}
+
+/// Issue #40: `<run>/tensorboard` as a symbolic link to a directory
+/// elsewhere, and a Prometheus textfile path where another exporter's file
+/// is: neither is written through nor replaced; training goes on.
+#[test]
+fn a_linked_tensorboard_directory_and_a_foreign_textfile_are_left_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("events.out.tfevents.1700000000.n1.1.0"), b"not rekindle's").unwrap();
+    std::fs::write(outside.join("node.prom"), b"node_up 1\n").unwrap();
+    let before = listing(&outside);
+    let run = tmp.path().join("run");
+    RunCmd::new(&run).set("run.max_steps=10").run(TIMEOUT).assert_code(0);
+    std::fs::remove_dir_all(run.join("tensorboard")).unwrap();
+    std::os::unix::fs::symlink(&outside, run.join("tensorboard")).unwrap();
+    let prom = format!("telemetry.prometheus_textfile=\"{}\"", outside.join("node.prom").display());
+    let exited = RunCmd::new(&run).set("run.max_steps=20").arg("--allow-config-change").set(&prom).run(TIMEOUT);
+    exited.assert_code(0);
+    assert_eq!(listing(&outside), before, "something outside the run changed");
+    assert!(std::fs::symlink_metadata(run.join("tensorboard")).unwrap().file_type().is_symlink());
+    assert!(exited.stderr.contains("is a symbolic link"), "the warning says why:\n{}", exited.stderr);
+    assert!(exited.stderr.contains("another program's file"), "the warning says why:\n{}", exited.stderr);
 }
 
 #[test]

@@ -8,9 +8,10 @@
 //! after the step of a `SessionLog START`, and keeps a value seen again at
 //! a step it already holds as a second point; its Rust data server drops
 //! a tag's values from a step on when that tag goes back to it. So:
-//! - each attempt (and each rollback) trims the files back to the step it
-//!   resumes from ([`files::trim`]): steps trained again are never twice on
-//!   disk, whoever reads them;
+//! - each attempt (and each rollback) trims the run's own files back to the
+//!   step it resumes from ([`LogDir::trim`]; files it did not create, in a
+//!   directory shared with other runs, are never touched): steps trained
+//!   again are never twice on disk, whoever reads them;
 //! - it writes a new file, named to sort after the others, that holds only
 //!   values newer than what the files already hold for each tag (older
 //!   steps a killed attempt had not written yet are filled in from
@@ -23,16 +24,16 @@ mod record;
 
 use std::collections::BTreeMap;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-pub use files::{EventFile, FILE_PREFIX, Kept, event_files, trim};
+pub use files::{EventFile, FILE_PREFIX, Kept, LogDir, event_files, is_own_name};
 pub use proto::{Event, FILE_VERSION, SESSION_START, SessionLog, Summary, SummaryValue, What};
 pub use record::{MAX_RECORD_BYTES, Tail, frame, masked_crc, read_records};
 
 /// The scalars of one run's attempt, written into its TensorBoard directory.
 #[derive(Debug)]
 pub struct TensorBoard {
-    dir: PathBuf,
+    dir: LogDir,
     host: String,
     file: EventFile,
     /// The newest step of each tag in the files: a value at this step or
@@ -42,11 +43,16 @@ pub struct TensorBoard {
 
 impl TensorBoard {
     /// Opens `dir` for an attempt that resumed from `step` (0: a fresh
-    /// start): trims the files to it and starts a new one.
-    pub fn open(dir: &Path, host: &str, step: u64, wall_time: f64) -> io::Result<TensorBoard> {
-        let kept = trim(dir, step)?;
-        let file = EventFile::create(dir, host, wall_time)?;
-        Ok(TensorBoard { dir: dir.to_path_buf(), host: host.to_string(), file, newest: kept.newest_step })
+    /// start): trims the run's own files (those named in `record`) to it
+    /// and starts a new one.
+    pub fn open(dir: &Path, record: &Path, host: &str, step: u64, wall_time: f64) -> io::Result<TensorBoard> {
+        TensorBoard::start(LogDir::open(dir, record)?, host, step, wall_time)
+    }
+
+    fn start(dir: LogDir, host: &str, step: u64, wall_time: f64) -> io::Result<TensorBoard> {
+        let kept = dir.trim(step)?;
+        let file = dir.create(host, wall_time)?;
+        Ok(TensorBoard { dir, host: host.to_string(), file, newest: kept.newest_step })
     }
 
     /// Writes the values of `step` that are newer than what the files hold
@@ -77,10 +83,10 @@ impl TensorBoard {
     /// it and continue in a new file that begins after it.
     pub fn rewind(&mut self, step: u64, wall_time: f64, msg: String) -> io::Result<()> {
         self.file.sync()?;
-        let mut next = TensorBoard::open(&self.dir, &self.host, step, wall_time)?;
-        next.begin_after(step, wall_time, msg)?;
-        *self = next;
-        Ok(())
+        let kept = self.dir.trim(step)?;
+        self.file = self.dir.create(&self.host, wall_time)?;
+        self.newest = kept.newest_step;
+        self.begin_after(step, wall_time, msg)
     }
 
     /// Flushes the current file to stable storage.
@@ -130,19 +136,21 @@ mod tests {
     #[test]
     fn a_resume_keeps_each_step_once_and_fills_in_what_a_killed_attempt_had_not_written() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut tb = TensorBoard::open(tmp.path(), "n1", 0, 100.0).unwrap();
+        let record = tmp.path().join("tensorboard.files");
+        let tb_dir = tmp.path().join("tb");
+        let mut tb = TensorBoard::open(&tb_dir, &record, "n1", 0, 100.0).unwrap();
         tb.begin_after(0, 100.0, "start".into()).unwrap();
         for step in 1..=8 {
             tb.write(step, 100.0, &loss(step as f64)).unwrap();
         }
         drop(tb);
         // Resumed from step 5: 6..8 are trained again.
-        let mut tb = TensorBoard::open(tmp.path(), "n2", 5, 200.0).unwrap();
+        let mut tb = TensorBoard::open(&tb_dir, &record, "n2", 5, 200.0).unwrap();
         tb.write(4, 200.0, &loss(40.0)).unwrap(); // already there: not again
         tb.begin_after(5, 200.0, "resume".into()).unwrap();
         tb.write(6, 200.0, &loss(60.0)).unwrap();
         tb.write(6, 200.0, &loss(61.0)).unwrap(); // a second value of a step: not written
-        let got = read_all(tmp.path());
+        let got = read_all(&tb_dir);
         let losses: Vec<(u64, f32)> = got.iter().filter(|(_, t, _)| t == "loss").map(|(s, _, v)| (*s, *v)).collect();
         assert_eq!(losses, vec![(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 60.0)]);
         let starts: Vec<u64> = got.iter().filter(|(_, t, _)| t == "START").map(|(s, _, _)| *s).collect();
@@ -153,8 +161,8 @@ mod tests {
         tb.rewind(3, 300.0, "rollback".into()).unwrap();
         tb.write(4, 300.0, &loss(44.0)).unwrap();
         let losses: Vec<(u64, f32)> =
-            read_all(tmp.path()).into_iter().filter(|(_, t, _)| t == "loss").map(|(s, _, v)| (s, v)).collect();
+            read_all(&tb_dir).into_iter().filter(|(_, t, _)| t == "loss").map(|(s, _, v)| (s, v)).collect();
         assert_eq!(losses, vec![(1, 1.0), (2, 2.0), (3, 3.0), (4, 44.0)]);
-        assert_eq!(event_files(tmp.path()).unwrap().len(), 3);
+        assert_eq!(event_files(&tb_dir).unwrap().len(), 3);
     }
 }

@@ -226,7 +226,9 @@ fn describe(path: &Path, todo: &mut Vec<PathBuf>) -> String {
         todo.push(path.to_path_buf());
         "dir".into()
     } else if meta.is_file() {
-        hex::encode(Sha256::digest(fs::read(path).unwrap()))
+        // The mode too: narrowing a file's mode changes it as much as its bytes.
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+        format!("{mode:o} {}", hex::encode(Sha256::digest(fs::read(path).unwrap())))
     } else {
         "special".into()
     }
@@ -240,4 +242,56 @@ pub fn snapshot(path: &Path) -> BTreeMap<PathBuf, String> {
         out.extend(listing(path));
     }
     out
+}
+
+/// What a command did, measured: its exit code (`None`: a signal), its
+/// output, its peak resident memory and how long it ran.
+#[derive(Debug)]
+pub struct Measured {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub max_rss_bytes: u64,
+    pub elapsed: Duration,
+}
+
+/// Runs `cmd` (stdin closed, output to files: no pipe can fill and block
+/// it), killed after `timeout`; its peak memory from `wait4`, its own and
+/// not that of other tests' children.
+pub fn run_measured(mut cmd: Command, timeout: Duration) -> Measured {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    cmd.stdin(Stdio::null()).stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
+    let started = Instant::now();
+    // Reaped by wait4 below, which also gives its peak memory.
+    #[allow(clippy::zombie_processes)]
+    let child = cmd.spawn().unwrap();
+    let pid = child.id() as nix::libc::pid_t;
+    let (mut status, mut usage): (nix::libc::c_int, nix::libc::rusage) = (0, unsafe { std::mem::zeroed() });
+    loop {
+        // SAFETY: wait4 on our own child with valid out-pointers.
+        let r = unsafe { nix::libc::wait4(pid, &mut status, nix::libc::WNOHANG, &mut usage) };
+        if r == pid {
+            break;
+        }
+        assert!(r == 0, "wait4: {}", std::io::Error::last_os_error());
+        if started.elapsed() > timeout {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            let _ = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
+            panic!(
+                "{cmd:?} did not end within {timeout:?} (a hang):\n{}",
+                fs::read_to_string(&err).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let elapsed = started.elapsed();
+    let code = nix::libc::WIFEXITED(status).then(|| nix::libc::WEXITSTATUS(status));
+    Measured {
+        code,
+        stdout: fs::read_to_string(&out).unwrap_or_default(),
+        stderr: fs::read_to_string(&err).unwrap_or_default(),
+        max_rss_bytes: usage.ru_maxrss as u64 * 1024,
+        elapsed,
+    }
 }
