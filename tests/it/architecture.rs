@@ -163,3 +163,128 @@ fn the_checker_sees_imports_in_every_form() {
     assert!(imports["run"].iter().any(|(m, _, _)| m == "attempt"));
     assert!(imports["exec"].iter().any(|(m, _, _)| m == "attempt"));
 }
+
+/// The raw path APIs of `std::fs` (open, create, read, write, rename,
+/// remove, list, make a directory), per source file, outside its tests:
+/// where each file may reach the filesystem by path, and why that is safe
+/// there. Anything that reads from a run directory or a node-local root,
+/// or writes into one, goes through `crate::confine` (bounded, no-follow,
+/// non-blocking readers; claimed directories; `replaceable_file`) or the
+/// local tier's `checkpoint::private` (docs/run-directory.md, "Trust
+/// boundaries"). A new call site fails here until it is justified: a file
+/// not listed, or more calls than its count, is a new door in the boundary;
+/// fewer calls than its count, a count to lower so the ratchet stays tight.
+const RAW_PATH_CALLS: &[(&str, usize, &str)] = &[
+    ("attempt/rank_watch.rs", 3, "its own beat files in <run>/ranks, written and read by rekindle alone"),
+    ("bench/checkpoint.rs", 6, "the benchmark's scratch files in a directory the person names"),
+    ("bench/train.rs", 1, "the benchmark's scratch run directory"),
+    ("checkpoint/files.rs", 8, "the checkpoint store, in a directory claimed by claim_dir (links refused)"),
+    ("checkpoint/hashed_io.rs", 2, "the store's own temporary files, created with O_EXCL"),
+    ("checkpoint/layout.rs", 1, "listing the claimed checkpoint directory"),
+    ("checkpoint/local.rs", 2, "the node-local root once checkpoint::private trusted it"),
+    ("checkpoint/private.rs", 2, "the node-local root's own checks and making"),
+    ("checkpoint/quarantine.rs", 3, "moving rekindle's own checkpoints aside in the claimed directory"),
+    ("checkpoint/store.rs", 12, "the checkpoint store, in a directory claimed by claim_dir (links refused)"),
+    ("checkpoint/world.rs", 11, "world parts staged by rekindle's seals in the claimed staging directory"),
+    ("cli/inspect.rs", 1, "the checkpoints of a path the person names, read-only"),
+    ("confine.rs", 6, "the bounded, no-follow openers and claimed directories themselves"),
+    ("exec/child.rs", 5, "the exec contract's stop file and staging in the claimed run directory"),
+    ("exec/mod.rs", 1, "the exec contract's staging in the claimed run directory"),
+    ("gpu/inventory.rs", 1, "a GPU inventory file the person names"),
+    ("gpu/monitor.rs", 1, "gpu_stats.jsonl, appended in the claimed run directory"),
+    ("health/command.rs", 3, "the site command's own scratch"),
+    ("health/storage.rs", 1, "the storage probe's temporary sibling of the checkpoint directory"),
+    ("publish/files.rs", 2, "the clone's working tree, checked for links before anything is written"),
+    ("publish/git.rs", 1, "the clone's working tree, checked for links before anything is written"),
+    ("run/local.rs", 11, "node-local copies sent over MPI, under a root checkpoint::private trusted"),
+    ("rundir/atomic.rs", 1, "write-then-rename of rekindle's own records"),
+    ("rundir/lock/liveness.rs", 2, "the lock's heartbeat, rekindle's own file"),
+    ("rundir/sweep.rs", 1, "listing a directory the person names"),
+    ("telemetry/release_fixture.rs", 1, "the repository's testdata fixtures"),
+    ("telemetry/tensorboard/files.rs", 2, "event files listed in tensorboard.files, relative to the opened directory"),
+    ("train/data.rs", 1, "the training data the config names"),
+    ("train/validate.rs", 1, "the data file `data validate` is given"),
+];
+
+/// The raw path API calls of one line of code.
+fn raw_path_calls(line: &str) -> usize {
+    const CALLS: &[&str] = &[
+        "fs::read(",
+        "fs::read_to_string(",
+        "File::open(",
+        "OpenOptions::new(",
+        "File::create(",
+        "fs::write(",
+        "fs::remove_file(",
+        "fs::remove_dir_all(",
+        "fs::rename(",
+        "fs::read_dir(",
+        "fs::copy(",
+        "fs::hard_link(",
+        "fs::create_dir_all(",
+        "fs::create_dir(",
+    ];
+    let code = code(line);
+    CALLS.iter().map(|c| code.matches(c).count()).sum()
+}
+
+/// Per source file (path under src/), its raw path API calls before its
+/// tests (`#[cfg(test)]`, which by convention end a file; test-only files
+/// are left out).
+fn raw_path_counts(src: &Path) -> BTreeMap<String, usize> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut counts = BTreeMap::new();
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        if name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let n: usize =
+            text.lines().take_while(|l| !l.trim_start().starts_with("#[cfg(test)]")).map(raw_path_calls).sum();
+        if n > 0 {
+            counts.insert(file.strip_prefix(src).unwrap().to_string_lossy().to_string(), n);
+        }
+    }
+    counts
+}
+
+#[test]
+fn raw_path_apis_are_used_only_where_the_boundary_table_says_why() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let counts = raw_path_counts(&src);
+    let allowed: BTreeMap<&str, usize> = RAW_PATH_CALLS.iter().map(|(f, n, _)| (*f, *n)).collect();
+    let mut wrong = Vec::new();
+    for (file, n) in &counts {
+        match allowed.get(file.as_str()) {
+            None => wrong.push(format!(
+                "src/{file}: {n} raw path call(s) in a file not in RAW_PATH_CALLS: open run-directory files \
+                 through crate::confine (docs/run-directory.md, Trust boundaries), or add the file with why \
+                 raw paths are safe there"
+            )),
+            Some(max) if n > max => wrong.push(format!(
+                "src/{file}: {n} raw path calls, {max} allowed: a new one opens a door in the boundary; use \
+                 crate::confine, or raise the count with why"
+            )),
+            Some(max) if n < max => {
+                wrong.push(format!("src/{file}: {n} raw path calls, {max} allowed: lower its count in RAW_PATH_CALLS"))
+            }
+            Some(_) => {}
+        }
+    }
+    for (file, _, _) in RAW_PATH_CALLS {
+        if !counts.contains_key(*file) {
+            wrong.push(format!("src/{file} has no raw path call (or is gone): remove it from RAW_PATH_CALLS"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_raw_path_checker_counts_calls_in_code_not_in_comments() {
+    assert_eq!(raw_path_calls("let x = std::fs::read(&p)?; let y = fs::read_to_string(q);"), 2);
+    assert_eq!(raw_path_calls("    // std::fs::read(&p) is not code"), 0);
+    assert_eq!(raw_path_calls("let f = std::fs::OpenOptions::new().write(true).open(p)?;"), 1);
+    assert_eq!(raw_path_calls("crate::confine::read_bounded(&p, LIMIT)"), 0);
+}

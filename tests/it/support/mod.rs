@@ -255,29 +255,54 @@ pub struct Measured {
     pub elapsed: Duration,
 }
 
+/// Measures a command's peak memory through a small intermediate process:
+/// forks it from its own (small) address space, execs the command, reaps it
+/// with `wait4` and writes `{"status": …, "maxrss_kib": …}` to argv[1]. A
+/// child forked (or posix_spawned) straight from the test binary starts
+/// with the test binary's address space, whose high-water mark Linux keeps
+/// in the child's `ru_maxrss` across `exec`: under a parallel test run that
+/// is hundreds of MiB of other tests' memory, not the command's.
+const MEASURE: &str = r#"
+import json, os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump({"status": status, "maxrss_kib": usage.ru_maxrss}, f)
+"#;
+
 /// Runs `cmd` (stdin closed, output to files: no pipe can fill and block
-/// it), killed after `timeout`; its peak memory from `wait4`, its own and
-/// not that of other tests' children.
-pub fn run_measured(mut cmd: Command, timeout: Duration) -> Measured {
+/// it), killed after `timeout` (with the intermediate, as one process
+/// group); its own peak memory from `wait4` (see [`MEASURE`]), not the
+/// test binary's nor other tests' children's.
+pub fn run_measured(cmd: Command, timeout: Duration) -> Measured {
+    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
-    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
-    cmd.stdin(Stdio::null()).stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
+    let (out, err, result) = (dir.path().join("out"), dir.path().join("err"), dir.path().join("result.json"));
+    let mut measured = Command::new("python3");
+    measured.args(["-c", MEASURE]).arg(&result).arg(cmd.get_program()).args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => measured.env(key, v),
+            None => measured.env_remove(key),
+        };
+    }
+    if let Some(cwd) = cmd.get_current_dir() {
+        measured.current_dir(cwd);
+    }
+    measured.process_group(0);
+    measured.stdin(Stdio::null()).stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
     let started = Instant::now();
-    // Reaped by wait4 below, which also gives its peak memory.
-    #[allow(clippy::zombie_processes)]
-    let child = cmd.spawn().unwrap();
-    let pid = child.id() as nix::libc::pid_t;
-    let (mut status, mut usage): (nix::libc::c_int, nix::libc::rusage) = (0, unsafe { std::mem::zeroed() });
+    let mut child = measured.spawn().expect("python3 runs the memory measurement (make deps installs it)");
+    let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
     loop {
-        // SAFETY: wait4 on our own child with valid out-pointers.
-        let r = unsafe { nix::libc::wait4(pid, &mut status, nix::libc::WNOHANG, &mut usage) };
-        if r == pid {
+        if child.try_wait().unwrap().is_some() {
             break;
         }
-        assert!(r == 0, "wait4: {}", std::io::Error::last_os_error());
         if started.elapsed() > timeout {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
+            let _ = nix::sys::signal::killpg(pgid, Signal::SIGKILL);
+            let _ = child.wait();
             panic!(
                 "{cmd:?} did not end within {timeout:?} (a hang):\n{}",
                 fs::read_to_string(&err).unwrap_or_default()
@@ -286,12 +311,18 @@ pub fn run_measured(mut cmd: Command, timeout: Duration) -> Measured {
         std::thread::sleep(Duration::from_millis(10));
     }
     let elapsed = started.elapsed();
+    let stderr = fs::read_to_string(&err).unwrap_or_default();
+    let record: serde_json::Value = fs::read(&result)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| panic!("{cmd:?} could not be measured (did it start?):\n{stderr}"));
+    let status = record["status"].as_i64().unwrap() as nix::libc::c_int;
     let code = nix::libc::WIFEXITED(status).then(|| nix::libc::WEXITSTATUS(status));
     Measured {
         code,
         stdout: fs::read_to_string(&out).unwrap_or_default(),
-        stderr: fs::read_to_string(&err).unwrap_or_default(),
-        max_rss_bytes: usage.ru_maxrss as u64 * 1024,
+        stderr,
+        max_rss_bytes: record["maxrss_kib"].as_u64().unwrap() * 1024,
         elapsed,
     }
 }
