@@ -350,10 +350,22 @@ def injob_checks(attempts, metrics, extra, restarts, spare, job_output):
                 size1 == want and len(set(ranks1)) == want and killed not in ranks1,
                 f"world_size {size1}, rank_nodes {ranks1}, killed {killed}"))
     resume = first(att1["events"], "resume") or {}
-    out.append(("resumed from the node-local tier", resume.get("tier") == "local",
-                f"resume: {json.dumps({k: resume.get(k) for k in ('step', 'tier', 'source_node', 'fallback_reason')})}"))
+    # The tier's promise is the newest state either tier holds: the local
+    # copy, unless the durable checkpoint taken at the same moment is as new
+    # (a loss right after a durable save: resuming from it loses less).
+    # The local tier must have committed at least one copy either way.
+    committed0 = [e.get("step") for e in att0["events"]
+                  if e.get("event") == "local_checkpoint" and e.get("outcome") == "committed"]
+    newest0 = max(committed0, default=None)
+    durable_newer = (resume.get("tier") == "durable" and newest0 is not None and resume.get("step") is not None
+                     and resume["step"] >= newest0)
+    out.append(("resumed from the node-local tier (or a durable checkpoint at least as new as its newest copy)",
+                resume.get("tier") == "local" or durable_newer,
+                f"resume: {json.dumps({k: resume.get(k) for k in ('step', 'tier', 'source_node', 'fallback_reason')})}"
+                f", newest committed local copy {newest0}"))
     rec = first(att1["events"], "recovery") or {}
-    out.append(("a recovery event: in-job, from the local tier", rec.get("in_job") is True and rec.get("tier") == "local",
+    out.append(("a recovery event: in-job, from the tier it resumed from",
+                rec.get("in_job") is True and rec.get("tier") == resume.get("tier") and rec.get("tier") is not None,
                 f"recovery: {json.dumps(rec)}"))
     # Steps lost, by every record that counts them: the last step the killed
     # attempt logged (metrics.jsonl, a line per step; lines not yet written

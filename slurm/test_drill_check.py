@@ -192,10 +192,12 @@ class InJob(unittest.TestCase):
     def test_the_steps_lost_bound_just_above_and_below(self):
         self.assertNotIn(LOST, self.failed(injob_checks_of(*injob_run(last=210))))
         self.assertIn(LOST, self.failed(injob_checks_of(*injob_run(last=211))))
-        # Resumed from the durable checkpoint of step 100: 103 lost, and not from the local tier.
-        failed = self.failed(injob_checks_of(*injob_run(resumed_from=100, tier="durable")))
+        # Resumed from the durable checkpoint of step 100 while local copies up to 200 were
+        # committed: 103 lost, and not from the local tier.
+        failed = self.failed(injob_checks_of(*injob_run(resumed_from=100, tier="durable", newest_local=200)))
         self.assertIn(LOST, failed)
-        self.assertIn("resumed from the node-local tier", failed)
+        self.assertIn("resumed from the node-local tier (or a durable checkpoint at least as new as its newest copy)",
+                      failed)
 
     def test_the_steps_trained_while_a_local_save_committed_count_toward_the_bound(self):
         # Commits 0.045 s after their step at 100 steps/s: 5 more steps allowed.
@@ -203,6 +205,16 @@ class InJob(unittest.TestCase):
         checks = injob_checks_of(*injob_run(last=216, commit_latency=0.045))
         self.assertIn(LOST, self.failed(checks))
         self.assertIn("<= 15 = 2 x local every 5 + 100.0 steps/s x 0.045 s", checks[LOST][1])
+
+    def test_a_durable_checkpoint_newer_than_every_local_copy_is_the_right_resume(self):
+        # Lost right after the durable save of step 200, the local copy of 200 not yet committed.
+        tier = "resumed from the node-local tier (or a durable checkpoint at least as new as its newest copy)"
+        failed = self.failed(injob_checks_of(*injob_run(resumed_from=200, tier="durable", newest_local=195)))
+        self.assertNotIn(tier, failed)
+        self.assertNotIn("a recovery event: in-job, from the tier it resumed from", failed)
+        # An older durable one while a newer local copy was committed: wrong.
+        failed = self.failed(injob_checks_of(*injob_run(resumed_from=195, tier="durable", newest_local=200)))
+        self.assertIn(tier, failed)
 
     def test_a_resume_from_an_older_local_copy_than_the_newest_committed_fails(self):
         self.assertIn(NEWEST, self.failed(injob_checks_of(*injob_run(resumed_from=195, newest_local=200))))
