@@ -34,9 +34,14 @@ INJOB = ("dp-nodeloss-injob", "dp-nodeloss-injob-nospare", "dp-rankkill-injob")
 INJOB_SPARE = ("dp-nodeloss-injob", "dp-rankkill-injob")
 # The bounds of docs/drills.md for them: steps lost at most two local
 # intervals (the interval, plus one local save in flight when the node died:
-# 10 steps at every 5, the issue's target), and training again at most this
-# many seconds after the kill.
+# 10 steps at every 5) plus the steps trained in LOCAL_COMMIT_SECONDS, the
+# longest a local copy of the drills' state may take from its step to the
+# world's commit (every node writes, then agrees: 0.05-0.2 s here, 0.6 s
+# once under load); a constant of the drills, never measured from the run
+# being judged, and every commit is checked against it too. Training again
+# at most INJOB_RETRAIN_SECONDS after the kill.
 INJOB_LOST_INTERVALS = 2
+LOCAL_COMMIT_SECONDS = 1.0
 INJOB_RETRAIN_SECONDS = 30.0
 # What "every sample of the epoch once" compares between a run that changed
 # its world size and one that did not (state.json's `train`): where the data
@@ -173,14 +178,17 @@ def first(events, name):
 # The bound on the steps a lost node costs (docs/drills.md, "What a lost node
 # costs"): one interval, plus the steps trained while saves were in flight.
 # Those are bounded by time: a save that falls due while the previous one is
-# still being written waits for that one (its persist_seconds is recorded),
-# and the save lost with the node was in flight at most as long as a save
-# takes, which the run's other saves of the same state record. The slack:
-# the lost save may have taken SAVE_SLACK times the slowest save recorded,
-# and SLACK_SECONDS more of steps cover the step in progress and the
-# scheduling noise of a loaded machine. Times become steps at the killed
-# attempt's own pace (metrics.jsonl, a line per step in the drills).
-SAVE_SLACK = 2.0
+# still being written waits for that one, and the save lost with the node
+# was in flight at most as long as a save may take. How long a save may take
+# is a constant of the drills, SAVE_SECONDS, never measured from the run
+# being judged (a product that got slower would otherwise widen its own
+# bound): the drills' state is a few hundred KiB, which this machine saves in
+# 0.05-0.25 s (docs/drills.md). So: the resumed save and the lost one took at
+# most SAVE_SECONDS each, and SLACK_SECONDS more of steps cover the step in
+# progress and the scheduling noise of a loaded machine. Every recorded save
+# is also checked to have taken at most SAVE_SECONDS. Times become steps at
+# the killed attempt's own pace (metrics.jsonl, a line per step).
+SAVE_SECONDS = 1.0
 SLACK_SECONDS = 1.0
 # The pace is the faster of the whole attempt's and that of its last seconds.
 PACE_WINDOW_SECONDS = 3.0
@@ -221,6 +229,12 @@ def pace(metrics):
     return max(rates) if rates else None
 
 
+def steps_in(rate, seconds):
+    """The steps trained in `seconds` at `rate` steps/s, rounded up (after
+    rounding away the float noise of a pace read from millisecond times)."""
+    return math.ceil(round(rate * seconds, 3))
+
+
 def node_loss_checks(attempts, resumed_from, lost, killed_metrics, every):
     """The checks of the steps a lost node cost: (name, ok, detail) each.
 
@@ -240,8 +254,6 @@ def node_loss_checks(attempts, resumed_from, lost, killed_metrics, every):
     saved = [e for att in attempts for e in att["events"]
              if e.get("event") == "checkpoint_saved" and e.get("kind") == "periodic"
              and e.get("persist_seconds") is not None]
-    prev = next((e["persist_seconds"] for e in att0 if e.get("event") == "checkpoint_saved"
-                 and e.get("step") == resumed_from and e.get("persist_seconds") is not None), 0.0)
     slowest = max((e["persist_seconds"] for e in saved), default=None)
     rate = pace(killed_metrics)
     out = [
@@ -249,22 +261,23 @@ def node_loss_checks(attempts, resumed_from, lost, killed_metrics, every):
          f"started but not committed: {[e.get('step') for e in in_flight]}"),
         ("the lost save fell due within one interval of the resumed checkpoint", 0 < due - resumed_from <= every,
          f"resumed from {resumed_from}, lost save due at {due}, snapshotted at {snap}, interval {every}"),
+        (f"every recorded periodic save persisted within {SAVE_SECONDS:g} s",
+         slowest is not None and slowest <= SAVE_SECONDS,
+         f"the slowest of {len(saved)} recorded saves took {slowest} s"),
     ]
-    if rate is None or slowest is None:
+    if rate is None:
         out.append(("steps lost within the bound", False,
-                    f"cannot bound them: pace {rate} steps/s from {len(killed_metrics)} metrics lines, "
-                    f"{len(saved)} recorded saves"))
+                    f"cannot bound them: no pace from {len(killed_metrics)} metrics lines"))
         return out
-    seconds = prev + SAVE_SLACK * slowest + SLACK_SECONDS
-    bound = every + math.ceil(rate * seconds)
+    seconds = 2 * SAVE_SECONDS + SLACK_SECONDS
+    bound = every + steps_in(rate, seconds)
     out.append((
         "steps lost at most one interval + the steps trained while saves were in flight",
         0 <= lost <= bound,
-        f"{lost} lost <= {bound} = {every} (interval) + {rate:.1f} steps/s x ({prev:.3f} s persisting the "
-        f"resumed checkpoint + {SAVE_SLACK:g} x {slowest:.3f} s, the slowest of {len(saved)} recorded saves, "
-        f"for the lost one + {SLACK_SECONDS:g} s slack); {lost} = {due - resumed_from} before the lost save fell "
-        f"due + {snap - due} while the previous save was still being written + {last - snap} while the save "
-        f"of step {snap} was"))
+        f"{lost} lost <= {bound} = {every} (interval) + {rate:.1f} steps/s x (2 x {SAVE_SECONDS:g} s, the resumed "
+        f"save and the lost one at most, + {SLACK_SECONDS:g} s slack); {lost} = {due - resumed_from} before the "
+        f"lost save fell due + {snap - due} while the previous save was still being written + {last - snap} "
+        f"while the save of step {snap} was"))
     return out
 
 
@@ -387,22 +400,27 @@ def injob_checks(attempts, metrics, extra, restarts, spare, job_output):
                 newest is not None and resume.get("step") is not None and resume["step"] >= newest,
                 f"resumed from {resume.get('step')}, newest committed local checkpoint {newest}"))
     # A local save is committed some time after its step (every node writes,
-    # then agrees): the steps trained meanwhile are lost with it too.
-    # Measured from the records: its step's metrics line to its commit.
+    # then agrees): the steps trained meanwhile are lost with it too, at most
+    # LOCAL_COMMIT_SECONDS of them at the killed attempt's pace. Each commit's
+    # latency, from its step's metrics line, is held to the same constant.
     step_time = {m["step"]: iso_to_unix(m["time"]) for m in m0 if m.get("time")}
     latencies = [iso_to_unix(e["time"]) - step_time[e["step"]] for e in att0["events"]
                  if e.get("event") == "local_checkpoint" and e.get("outcome") == "committed"
                  and e.get("step") in step_time and e.get("time")]
     slowest = max(latencies, default=None)
+    out.append((f"every local copy committed within {LOCAL_COMMIT_SECONDS:g} s of its step",
+                slowest is not None and slowest <= LOCAL_COMMIT_SECONDS,
+                f"the slowest of {len(latencies)} local commits came {slowest} s after its step's metrics line"))
     rate = pace(m0)
-    if bound is not None and slowest is not None and rate is not None:
-        bound += math.ceil(rate * max(slowest, 0.0))
-    out.append(("steps lost at most two local intervals + the steps trained while the slowest local save committed",
-                lost is not None and bound is not None and 0 <= min(counts.values()) and lost <= bound,
+    if bound is not None and rate is not None:
+        bound += steps_in(rate, LOCAL_COMMIT_SECONDS)
+    out.append(("steps lost at most two local intervals + the steps trained while a local save commits",
+                lost is not None and bound is not None and rate is not None and 0 <= min(counts.values())
+                and lost <= bound,
                 f"{lost} lost (metrics: last step logged {last}, resumed from {resume.get('step')}: "
                 f"{counts['metrics']}; resume event {counts['resume']}; recovery event {counts['recovery']}) "
                 f"<= {bound} = {INJOB_LOST_INTERVALS} x local every {every} + {rate or 0:.1f} steps/s x "
-                f"{slowest or 0:.3f} s (the slowest of {len(latencies)} local commits after their step)"))
+                f"{LOCAL_COMMIT_SECONDS:g} s (the longest a local commit may take)"))
     # Training again: the kill to the first step the next attempt trained.
     kill = extra.get("kill_time")
     again = min((iso_to_unix(m["time"]) for m in m1), default=None)
