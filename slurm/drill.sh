@@ -145,8 +145,11 @@
 #               node is lost as in dp-nodeloss. rekindle asks the batch shell
 #               for an in-job restart; the job is never requeued (Restarts=0),
 #               goes on over two ranks on the two nodes left from the local
-#               tier, loses at most 10 steps, trains again within 30 s of the
-#               kill and finishes byte-identical to two ranks never stopped.
+#               tier (or a durable checkpoint at least as new), loses at most
+#               two local intervals plus the steps trained in 1 s (every local
+#               commit within 1 s of its step: constants of the judge,
+#               slurm/drill_check.py), trains again within 30 s of the kill
+#               and finishes byte-identical to two ranks never stopped.
 #               Needs the local cluster.
 #   dp-nodeloss-injob-nospare
 #               the same with two ranks on two nodes (`-N2 -n2`, no spare):
@@ -733,8 +736,12 @@ drill_cancel() {
     log "cancel: scancel $job"
     scancel "$job"
     wait_until "the job to end" "$TIMEOUT" job_final "$job" || return 1
-    # A requeue would show within seconds; make sure none comes.
-    sleep 5
+    # rekindle records its requeue decision, with the controller's answer
+    # when it asked, in its stop event: once that is written any requeue it
+    # asked for has been made, so the job still being ended then is the
+    # proof (not a fixed wait for a requeue that might come later).
+    wait_until "rekindle's stop event (its requeue decision)" 60 has_event "$run" stop || return 1
+    job_final "$job" || note "the job left its final state after rekindle's stop event: $(job_field "$job" JobState)"
 }
 
 # A wrapper around the binary that sets FAILPOINTS=$2 in the first attempt
