@@ -151,22 +151,30 @@ skip-summary:
 # the build (building under load proves nothing) and is stopped however the
 # tests end; --timeout ends it even if this make is killed outright.
 LOAD_TESTS ?= interval:: lock:: signals:: watchdog:: exec:: documented:: distributed:: \
-	kill_chain:: sigkill:: publish:: boundary::
+	kill_chain:: sigkill:: publish:: boundary:: recovery:: injob:: torch_exec:: telemetry:: \
+	straggler:: health::
 LOAD_FAILPOINT_TESTS ?= seal_race::
+# The unit tests with clocks in them: the lock's heartbeat and takeover, the
+# rank watch, the watchdog and deadlines, the exporter, the checkpoint
+# interval and the background persister.
+LOAD_UNIT_TESTS ?= rundir::lock attempt:: telemetry::export checkpoint::interval checkpoint::persist \
+	exec::
 STRESS ?= --cpu $(shell nproc) --io 1 --vm 1 --vm-bytes 256M --timeout 2h
 test-under-load:
 	@command -v stress-ng >/dev/null || { apt-get update && apt-get install -y stress-ng; }
 	$(CARGO) build --examples $(FEATURES)
-	$(CARGO) test --no-run --test it --test failpoints $(FEATURES)
+	$(CARGO) test --no-run --lib --test it --test failpoints $(FEATURES)
 	@rm -f $(SKIPS)
 	@echo "test-under-load: stress-ng $(STRESS)"
 	@echo "test-under-load: beside it: cargo test --test it $(FEATURES) -- $(LOAD_TESTS)"
 	@echo "test-under-load:        and: cargo test --test failpoints $(FEATURES) -- $(LOAD_FAILPOINT_TESTS)"
+	@echo "test-under-load:        and: cargo test --lib $(FEATURES) -- $(LOAD_UNIT_TESTS)"
 	@stress-ng $(STRESS) --quiet & hog=$$!; \
 	trap 'kill $$hog 2>/dev/null; wait $$hog 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
 	t0=$$(date +%s); \
 	$(CARGO) test --test it $(FEATURES) -- $(LOAD_TESTS) && \
-	$(CARGO) test --test failpoints $(FEATURES) -- $(LOAD_FAILPOINT_TESTS); rc=$$?; \
+	$(CARGO) test --test failpoints $(FEATURES) -- $(LOAD_FAILPOINT_TESTS) && \
+	$(CARGO) test --lib $(FEATURES) -- $(LOAD_UNIT_TESTS); rc=$$?; \
 	echo "test-under-load: $$([ $$rc = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - t0 )) s beside stress-ng $(STRESS)"; \
 	$(MAKE) -s skip-summary; exit $$rc
 

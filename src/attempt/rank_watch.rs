@@ -433,9 +433,15 @@ mod tests {
         let w0 = RankWatch::start(setup(0), Box::new(move |l| tx.send((0, l)).unwrap())).unwrap();
         let w1 = RankWatch::start(setup(1), Box::new(move |l| tx2.send((1, l)).unwrap())).unwrap();
         w1.pulse().at_step(5);
+        // Rank 1's beats carry its step once its next beat is written.
+        let t0 = std::time::Instant::now();
+        while read_beat(&tmp.path().join(RANKS_DIR), 1).and_then(|b| b.step) != Some(5) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "rank 1's beat never carried step 5");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // For longer than the timeout both beat: nobody is lost.
         std::thread::sleep(Duration::from_millis(1500));
         assert!(rx.try_recv().is_err(), "both beat: nobody is lost");
-        assert_eq!(read_beat(&tmp.path().join(RANKS_DIR), 1).unwrap().step, Some(5));
         // Rank 1 stops beating without ending normally.
         drop(w1);
         let (who, lost) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
@@ -473,8 +479,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (w0, rx, w1, rx1) = two_watches(tmp.path());
         w0.mark_done();
-        std::thread::sleep(Duration::from_millis(400));
-        assert!(read_beat(&tmp.path().join(RANKS_DIR), 0).unwrap().done, "its beats say done");
+        let t0 = std::time::Instant::now();
+        while !read_beat(&tmp.path().join(RANKS_DIR), 0).is_some_and(|b| b.done) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "rank 0's beats never said done");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert!(rx1.try_recv().is_err(), "a done rank is never called lost");
         drop(w1);
         let lost = rx.recv_timeout(Duration::from_secs(5)).unwrap();

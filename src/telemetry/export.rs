@@ -432,7 +432,15 @@ mod tests {
         );
         let exporter = Exporter::start(opts.clone());
         append(&opts.metrics, &[line(3, 3.0), line(4, 4.0)]);
-        std::thread::sleep(Duration::from_millis(100));
+        // The exporter has read steps 3 and 4 (its textfile says step 4)
+        // before the rollback: otherwise the rewind below trims nothing and
+        // the test passes without exercising it.
+        let prom = tmp.path().join("run.prom");
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(&prom).is_ok_and(|p| p.contains("rekindle_step{run=\"r\"} 4\n")) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the exporter never read step 4");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         // A rollback to step 3: metrics.jsonl is trimmed by a rename, then the rewind.
         std::fs::write(tmp.path().join("m"), format!("{}\n{}\n{}\n", line(1, 1.0), line(2, 2.0), line(3, 3.0)))
             .unwrap();

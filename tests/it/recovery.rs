@@ -220,11 +220,17 @@ fn a_spare_node_takes_a_lost_nodes_place_from_the_local_tier_bit_exact() {
     assert_eq!(last_commit["holders"], serde_json::json!(["a", "c"]), "{last_commit}");
     let recovery = events_named(&run, "recovery").pop().expect("a recovery event");
     assert_eq!((recovery["fault"].as_str(), recovery["tier"].as_str()), (Some("killed"), Some("local")), "{recovery}");
+    // Exactly the steps trained after the newest copy the world committed
+    // are lost (the test chose when to kill, so how many that is measures
+    // the test, not the product: the bound on it is judged from the
+    // configuration by the in-job drills, slurm/drill_check.py).
     assert_eq!(recovery["steps_lost"].as_u64(), Some(before - killed_at), "{recovery}");
-    assert!(
-        before - killed_at < 5 + 3,
-        "at most a local interval lost (plus steps in flight): {before} vs {killed_at}"
-    );
+    let newest_committed = events_named(&run, "local_checkpoint")
+        .iter()
+        .filter(|e| e["outcome"] == "committed" && e["holders"] == serde_json::json!(["a", "b"]))
+        .filter_map(|e| e["step"].as_u64())
+        .max();
+    assert_eq!(newest_committed, Some(killed_at), "resumed from the newest copy the killed world committed");
     assert_same_checkpoint(&run, &reference, MAX_STEPS);
 }
 
