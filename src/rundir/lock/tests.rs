@@ -53,6 +53,26 @@ fn this_process_is_alive_and_a_reused_pid_or_another_boot_is_not() {
     assert!(!holder_alive(&LockInfo { pid: u32::MAX, ..LockInfo::default() }));
 }
 
+#[test]
+fn a_killed_holder_not_yet_reaped_is_gone() {
+    // A holder SIGKILLed with its parent stays a zombie until reaped (in a
+    // container whose init does not reap, for good): kill(pid, 0) still
+    // finds it and its start time still matches, yet it never writes again.
+    let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = child.id();
+    let held = LockInfo { pid, proc_start: proc_start(pid), boot_id: boot_id(), ..LockInfo::default() };
+    assert!(holder_alive(&held), "a running holder is alive");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    // Not reaped: wait for the kernel to make it a zombie, without waiting on it.
+    let t0 = Instant::now();
+    while holder_alive(&held) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "a killed, unreaped holder still counts as alive");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(pid_alive(pid), "still a process for kill(pid, 0): the zombie is what is being tested");
+    child.wait().unwrap();
+}
+
 fn request(host: &str) -> LockRequest {
     LockRequest {
         job_id: None,
