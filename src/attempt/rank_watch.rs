@@ -159,6 +159,13 @@ pub struct RankWatch {
     done: Arc<AtomicBool>,
     handler: Arc<Mutex<Option<LostHandler>>>,
     thread: Option<JoinHandle<()>>,
+    /// Where the beats are, whose, and how long silence may last: what
+    /// [`finish_with_world`](RankWatch::finish_with_world) reads.
+    dir: PathBuf,
+    rank: usize,
+    size: usize,
+    session: String,
+    timeout: Duration,
 }
 
 impl RankWatch {
@@ -172,6 +179,8 @@ impl RankWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
         let handler = Arc::new(Mutex::new(Some(handler)));
+        let (dir, rank, size, session, timeout) =
+            (setup.dir.clone(), setup.rank, setup.size, setup.session.clone(), setup.timeout);
         let mut beater = Beater { setup, seq: 0, pulse: pulse.clone(), done: Arc::clone(&done) };
         beater.beat();
         let thread = {
@@ -183,7 +192,7 @@ impl RankWatch {
                 }
             })?
         };
-        Ok(RankWatch { pulse, stop, done, handler, thread: Some(thread) })
+        Ok(RankWatch { pulse, stop, done, handler, thread: Some(thread), dir, rank, size, session, timeout })
     }
 
     /// Where this rank tells its progress.
@@ -207,6 +216,37 @@ impl RankWatch {
     /// lost: then, as always, the handler runs and the watch ends).
     pub fn mark_done(&self) {
         self.done.store(true, Ordering::SeqCst);
+    }
+
+    /// The leader ended the world's run (and told the other ranks): its
+    /// beats say `done`, and it waits until every other rank's beat says
+    /// `done` too before it finishes. A rank that stops beating in that wait
+    /// (a node frozen after the last collective) is found as any lost rank
+    /// is, within `[distributed] timeout`, and `on_lost` runs (it ends the
+    /// world, so that the launcher ends the frozen rank: otherwise the
+    /// launcher, and the job, would wait for it until the time limit).
+    /// Ranks still beating but not done after twice the timeout are left to
+    /// the launcher. Returns the ranks that never said done.
+    pub fn finish_with_world(self, on_lost: LostHandler) -> Vec<usize> {
+        self.set_handler(on_lost);
+        self.mark_done();
+        let until = Instant::now() + 2 * self.timeout + 2 * beat_interval(self.timeout);
+        let not_done = || -> Vec<usize> {
+            (0..self.size)
+                .filter(|r| *r != self.rank)
+                .filter(|r| !read_beat(&self.dir, *r).is_some_and(|b| b.session == self.session && b.done))
+                .collect()
+        };
+        let mut left = not_done();
+        while !left.is_empty() && Instant::now() < until {
+            std::thread::sleep(beat_interval(self.timeout).min(Duration::from_millis(50)));
+            left = not_done();
+        }
+        if !left.is_empty() {
+            tracing::warn!(ranks = ?left, "ranks still running after the world's end; the launcher ends them");
+        }
+        self.finish();
+        left
     }
 
     /// This rank ended its run normally: a last beat says `done`, so no
@@ -489,5 +529,33 @@ mod tests {
         let lost = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(lost.iter().map(|l| l.rank).collect::<Vec<_>>(), [1], "a done rank still finds the lost one");
         w0.finish();
+    }
+
+    #[test]
+    fn the_leader_at_the_end_waits_for_every_rank_to_say_done() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (w0, _rx0, w1, _rx1) = two_watches(tmp.path());
+        let follower = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            w1.finish();
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let left = w0.finish_with_world(Box::new(move |l| tx.send(l).unwrap()));
+        follower.join().unwrap();
+        assert!(left.is_empty(), "rank 1 said done: {left:?}");
+        assert!(rx.try_recv().is_err(), "nobody was lost");
+    }
+
+    #[test]
+    fn a_rank_frozen_after_the_end_is_found_and_the_end_handler_runs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (w0, _rx0, w1, _rx1) = two_watches(tmp.path());
+        // Rank 1 stops beating without saying done (a frozen node).
+        drop(w1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let left = w0.finish_with_world(Box::new(move |l| tx.send(l).unwrap()));
+        let lost = rx.recv_timeout(Duration::from_secs(10)).expect("the end handler ran");
+        assert_eq!(lost.iter().map(|l| l.rank).collect::<Vec<_>>(), [1]);
+        assert_eq!(left, [1]);
     }
 }

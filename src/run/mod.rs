@@ -180,8 +180,20 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let (leader, nodes) = Leader::hello(world, node, &stop, session, watch.pulse(), held, refused)?;
     let world = Some((leader.clone(), nodes, &watch));
     let result = lead(opts, cfg, workload, stop.clone(), slurm, root, world, (local_root, Vec::new()));
-    leader.end(&stop, result.as_ref().map_or_else(RunError::outcome, |o| *o));
-    watch.finish();
+    let outcome = result.as_ref().map_or_else(RunError::outcome, |o| *o);
+    leader.end(&stop, outcome);
+    // A rank frozen after the end would hold the launcher, and the job, until
+    // the time limit: once it is silent for the timeout the world is ended
+    // with this attempt's own exit code (its records are written already).
+    watch.finish_with_world(Box::new(move |lost| {
+        tracing::error!(
+            "rank(s) {:?} stopped answering after the world's end; ending the world so the launcher ends them \
+             (the run's outcome stands: exit {})",
+            lost.iter().map(|l| l.rank).collect::<Vec<_>>(),
+            outcome.code()
+        );
+        crate::distributed::abort_world(outcome.code())
+    }));
     result
 }
 
