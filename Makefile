@@ -6,7 +6,7 @@
 CARGO ?= cargo
 PYTHON ?= python3
 
-.PHONY: all deps demo-deps build demo test lint unit clean drill fuzz gpu-check cuda-env skip-summary test-under-load
+.PHONY: all deps demo-deps build demo test lint unit clean drill fuzz chaos gpu-check cuda-env skip-summary test-under-load
 
 # The CUDA toolkit the `cuda` feature (candle's CUDA backend) builds with:
 # CUDA_ROOT when given (a system toolkit, e.g. CUDA_ROOT=/usr/local/cuda),
@@ -188,6 +188,28 @@ fuzz:
 clean:
 	$(CARGO) clean
 	rm -rf runs
+
+## chaos: the full chaos campaign (tests/it/chaos.rs, docs/drills.md): at least
+## CHAOS_FAULTS random faults over every driver and phase, in CHAOS_SHARDS
+## campaigns run side by side (seeds CHAOS_SEED, CHAOS_SEED+1, ...; most of a
+## fault's time is waiting, so shards share the CPUs well); each shard's table
+## goes to target/chaos/seed-<seed>.md. `make test` runs a short one (30 faults).
+CHAOS_FAULTS ?= 1000
+CHAOS_SHARDS ?= 3
+CHAOS_SEED ?= $(shell date +%s)
+chaos:
+	$(CARGO) test --no-run --test it $(FEATURES)
+	@mkdir -p target/chaos
+	@per=$$(( ($(CHAOS_FAULTS) + $(CHAOS_SHARDS) - 1) / $(CHAOS_SHARDS) )); pids=; \
+	for i in $$(seq 0 $$(( $(CHAOS_SHARDS) - 1 ))); do \
+		seed=$$(( $(CHAOS_SEED) + i )); \
+		echo "chaos: shard $$i: $$per faults, REKINDLE_CHAOS_SEED=$$seed (log: target/chaos/seed-$$seed.log)"; \
+		REKINDLE_CHAOS_FAULTS=$$per REKINDLE_CHAOS_SEED=$$seed REKINDLE_CHAOS_REPORT=$(CURDIR)/target/chaos/seed-$$seed.md \
+			$(CARGO) test --test it $(FEATURES) -- chaos:: --nocapture >target/chaos/seed-$$seed.log 2>&1 & pids="$$pids $$!"; \
+	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; \
+	for i in $$(seq 0 $$(( $(CHAOS_SHARDS) - 1 ))); do f=target/chaos/seed-$$(( $(CHAOS_SEED) + i )); \
+		if [ -s $$f.md ]; then cat $$f.md; else echo "chaos: shard $$i FAILED: see $$f.log"; tail -40 $$f.log; fi; done; \
+	exit $$rc
 
 ## drill: the SLURM drills (docs/drills.md) on the local three-node cluster, with
 ## the debug binary; DRILLS="term cancel" picks some. Leaves the cluster as found.

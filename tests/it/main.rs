@@ -16,6 +16,7 @@ mod support;
 
 mod architecture;
 mod boundary;
+mod chaos;
 mod claims;
 mod cli;
 mod corruption;
