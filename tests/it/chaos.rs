@@ -773,11 +773,10 @@ fn check_attempt(
             }
         }
         Fault::Term if landed => {
-            // Exit 1: stopped before anything durable could be sealed (an
-            // `exec` program still starting, with no checkpoint yet), which
-            // the stop event must say.
-            let unsealed = status.code() == Some(1)
-                && new.iter().any(|e| e["event"] == "stop" && !e["checkpoint_error"].is_null());
+            // Exit 1 (not 75, which promises a durable checkpoint): stopped
+            // before anything durable existed (before training began, or an
+            // `exec` program still starting), and nothing verifies.
+            let unsealed = status.code() == Some(1) && newest == 0;
             assert!(
                 status.code() == Some(EXIT_DONE) || status.signal() == Some(15) || unsealed,
                 "{what}: SIGTERM ended the attempt with {status}:\n{stderr}"
