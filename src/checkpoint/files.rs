@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::error::CheckpointError;
-use super::hashed_io::{fsync_dir, read_hashed, write_hashed};
+use super::hashed_io::{read_hashed, write_hashed};
 use super::layout::CheckpointKind;
 use super::layout::step_dir_name;
 use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
@@ -158,7 +158,10 @@ impl CheckpointStore {
             files,
         };
         let manifest_path = sealing.join(MANIFEST_FILE);
-        let manifest_bytes = write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?.bytes;
+        let manifest_bytes = crate::confine::Dir::open(sealing)
+            .and_then(|d| write_hashed(&d, MANIFEST_FILE, &[&manifest.to_bytes()]))
+            .map_err(werr(&manifest_path))?
+            .bytes;
         let unsealed = |e: CheckpointError| {
             let _ = fs::remove_file(&manifest_path);
             e
@@ -266,6 +269,11 @@ impl CheckpointStore {
     }
 }
 
+/// Fsyncs the directory at `dir`.
+pub(super) fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+    crate::confine::Dir::open(dir)?.sync()
+}
+
 /// Fsyncs each of the files `names` of `dir` (the program wrote them: their
 /// data reaches the disk here) and hashes it as it reads it back: their
 /// manifest entries. A file opened without following a link or blocking
@@ -279,8 +287,9 @@ pub(super) fn sync_and_hash(dir: &Path, names: Vec<String>, step: u64) -> Result
             step,
             reason: format!("`{name}`: {e}"),
         })?;
-        let (bytes, sha256, _) =
-            read_hashed(&path, false).map_err(|source| CheckpointError::Write { step, path: path.clone(), source })?;
+        let (bytes, sha256, _) = crate::confine::open_regular(&path)
+            .and_then(|f| read_hashed(f, false))
+            .map_err(|source| CheckpointError::Write { step, path: path.clone(), source })?;
         files.push(ManifestEntry { name, bytes, sha256 });
     }
     Ok(files)

@@ -35,8 +35,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::error::CheckpointError;
+use super::files::fsync_dir;
 use super::files::{staged_files, sync_and_hash};
-use super::hashed_io::{fsync_dir, write_hashed};
+use super::hashed_io::write_hashed;
 use super::layout::step_dir_name;
 use super::manifest::ManifestEntry;
 use super::store::{CheckpointStore, PartsWritten, SaveReport, TMP_PREFIX};
@@ -217,7 +218,8 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let _ = fs::remove_file(&tmp);
-    write_hashed(&tmp, &[bytes])?;
+    let parent = crate::confine::Dir::open(path.parent().unwrap_or(Path::new(".")))?;
+    write_hashed(&parent, &tmp.file_name().unwrap_or_default().to_string_lossy(), &[bytes])?;
     fs::rename(&tmp, path)?;
     fsync_dir(path.parent().unwrap_or(Path::new(".")))
 }

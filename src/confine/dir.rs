@@ -200,6 +200,11 @@ impl Dir {
         File::from(fd).metadata()
     }
 
+    /// What this directory itself is (`fstat` of the handle).
+    pub fn metadata(&self) -> io::Result<Metadata> {
+        File::from(self.fd.try_clone()?).metadata()
+    }
+
     /// Whether anything (a link included) is at `rel`.
     pub fn exists(&self, rel: impl AsRef<Path>) -> bool {
         self.symlink_metadata(rel).is_ok()
