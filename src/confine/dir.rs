@@ -205,6 +205,32 @@ impl Dir {
         File::from(self.fd.try_clone()?).metadata()
     }
 
+    /// The name, directly in this directory, of `path`: a path a program or
+    /// a person gave, spelled as they like (relative, or through a link to
+    /// this directory), whose parent must be this very directory (the same
+    /// device and inode as the handle). It only looks (a `stat` of the
+    /// parent); what is at the name is then reached through the handle.
+    pub fn name_of(&self, path: &Path) -> io::Result<OsString> {
+        use std::os::unix::fs::MetadataExt;
+        let not_here = || {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not directly in {}", path.display(), self.path.display()),
+            )
+        };
+        let name = match path.components().next_back() {
+            Some(Component::Normal(name)) => name,
+            _ => return Err(not_here()),
+        };
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let seen = nix::sys::stat::stat(parent).map_err(|e| with_path(&parent.display().to_string(), e.into()))?;
+        let me = self.metadata()?;
+        if (seen.st_dev as u64, seen.st_ino as u64) != (me.dev(), me.ino()) {
+            return Err(not_here());
+        }
+        Ok(name.to_os_string())
+    }
+
     /// Whether anything (a link included) is at `rel`.
     pub fn exists(&self, rel: impl AsRef<Path>) -> bool {
         self.symlink_metadata(rel).is_ok()
