@@ -493,7 +493,12 @@ impl CheckpointStore {
         let root = self.root()?;
         let final_name = step_dir_name(step);
         let final_dir = self.step_dir(step);
-        if root.exists(&final_name) && verify_checkpoint_dir(&final_dir, VerifyLevel::Full).is_empty() {
+        // Only a real directory is looked into: a link by this name (planted
+        // while the store was open) is not read through; it is moved aside
+        // as a link when the new checkpoint takes its name.
+        if matches!(root.own_dir(&final_name), Ok(true))
+            && verify_checkpoint_dir(&final_dir, VerifyLevel::Full).is_empty()
+        {
             // Deterministic training: the same step holds the same state, so an
             // existing valid checkpoint is as good as a new one.
             tracing::info!(step, dir = %final_dir.display(), "checkpoint of this step already exists and verifies; keeping it");
