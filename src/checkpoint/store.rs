@@ -295,7 +295,7 @@ impl CheckpointStore {
 
     /// The handle of the checkpoints directory: the one opened with the
     /// store, or, for a read-only view, one opened now.
-    pub(super) fn root(&self) -> Result<Arc<Dir>, CheckpointError> {
+    pub(crate) fn root(&self) -> Result<Arc<Dir>, CheckpointError> {
         match &self.root {
             Some(root) => Ok(Arc::clone(root)),
             None => Dir::open(&self.dir)
