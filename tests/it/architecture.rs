@@ -190,7 +190,6 @@ const RAW_PATH_CALLS: &[(&str, usize, &str)] = &[
     ("health/storage.rs", 1, "the storage probe's temporary sibling of the checkpoint directory"),
     ("publish/files.rs", 2, "the clone's working tree, checked for links before anything is written"),
     ("publish/git.rs", 1, "the clone's working tree, checked for links before anything is written"),
-    ("rundir/atomic.rs", 1, "write-then-rename of rekindle's own records"),
     ("rundir/lock/liveness.rs", 2, "the lock's heartbeat, rekindle's own file"),
     ("rundir/sweep.rs", 1, "listing a directory the person names"),
     ("telemetry/release_fixture.rs", 1, "the repository's testdata fixtures"),
