@@ -11,6 +11,11 @@
 //! read (a file that grows while it is read cannot make a reader allocate
 //! more than its bound).
 //!
+//! Directory handles: [`Dir`] (`confine/dir.rs`) is a directory opened once;
+//! everything below it is reached relative to the handle, never through a
+//! link in any component and never outside it. The modules that write only
+//! through handles are listed in `tests/it/architecture.rs`.
+//!
 //! Directories: [`own_dir`] tells whether a path rekindle is about to create,
 //! list or empty is a real directory and not a link to one elsewhere.
 //!
@@ -30,6 +35,9 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
+
+mod dir;
+pub use dir::{Dir, Entry, Kind};
 
 /// The file that marks a directory as rekindle's own.
 pub const MARKER_FILE: &str = ".rekindle";

@@ -287,7 +287,7 @@ pub fn run_checkpoint_bench(opts: &CheckpointBenchOptions) -> Result<CheckpointB
     let bytes = staging.payload_bytes();
     // The measurement a run makes at its first large save, made here before
     // the timed saves (which then reuse it, as a run's later saves do).
-    let write = plan_for(work.path(), &opts.write, bytes, true);
+    let write = plan_for(&crate::confine::Dir::open(work.path()).map_err(io(work.path()))?, &opts.write, bytes, true);
     let (mut save, mut load, mut verify, mut stall, mut dd) = (vec![], vec![], vec![], vec![], vec![]);
     let mut dd_direct = vec![];
     let mut files = 0;

@@ -8,7 +8,6 @@
 //! written by their rank.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use super::error::CheckpointError;
 use super::hashed_io::{Written, write_hashed, write_hashed_with};
@@ -19,6 +18,7 @@ use super::safetensors_io;
 use super::shards::{self, ShardIndex, index_name, shard_name};
 use super::tensor::{HostTensor, TensorSet};
 use super::write_mode::WritePlan;
+use crate::confine::Dir;
 
 /// What a planned file holds.
 pub(super) enum Content<'a> {
@@ -152,14 +152,14 @@ pub(super) fn names_from_others(
 /// of `files`, or the first error. Each file has its failpoint
 /// `checkpoint::before_write::<name>`.
 pub(super) fn write_files(
-    dir: &Path,
+    dir: &Dir,
     files: &[PlannedFile<'_>],
     plan: &WritePlan,
     step: u64,
 ) -> Result<Vec<(ManifestEntry, Written)>, CheckpointError> {
     let sizes: Vec<u64> = files.iter().map(|f| f.size).collect();
     let results = in_parallel(files, &largest_first(&sizes), file_threads(), |file| {
-        let path = dir.join(&file.name);
+        let path = dir.shown(&file.name);
         let werr = |source| CheckpointError::Write { step, path: path.clone(), source };
         failpoint(&format!("checkpoint::before_write::{}", file.name))?;
         let written = match &file.content {
@@ -167,9 +167,9 @@ pub(super) fn write_files(
                 let header = safetensors_io::header_of(tensors.iter().copied(), meta);
                 let mut parts: Vec<&[u8]> = vec![&header];
                 parts.extend(tensors.iter().map(|(_, t)| &t.data[..]));
-                write_hashed_with(&path, &parts, plan)
+                write_hashed_with(dir, &file.name, &parts, plan)
             }
-            Content::Bytes(b) => write_hashed(&path, &[b]),
+            Content::Bytes(b) => write_hashed(dir, &file.name, &[b]),
         }
         .map_err(werr)?;
         tracing::debug!(file = file.name, bytes = written.bytes, mode = ?written.mode, "checkpoint file written");

@@ -17,18 +17,24 @@
 //! A staged directory that was never sealed is never a checkpoint: it has no
 //! manifest and no `step-` name, and `rekindle exec` empties the staging
 //! directory when an attempt starts.
+//!
+//! All of it goes through the checkpoints directory's handle: the path a
+//! program names is only looked at to find its name in the staging
+//! directory ([`Dir::name_of`]); the move, the listing, the reads, the
+//! manifest and the renames are resolved below the handle, never through a
+//! link (a handle-only module, `tests/it/architecture.rs`).
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::error::CheckpointError;
-use super::hashed_io::{fsync_dir, read_hashed, write_hashed};
+use super::hashed_io::{read_hashed, write_hashed};
 use super::layout::CheckpointKind;
 use super::layout::step_dir_name;
 use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 use super::store::{CheckpointStore, SaveReport, TMP_PREFIX, refuse_other_kind};
 use super::verify::{CheckpointInfo, VerifyLevel, verify_checkpoint_dir};
+use crate::confine::{Dir, Kind};
 
 /// The staging directory's name inside the checkpoints directory. It starts
 /// with a dot: nothing that lists checkpoints (`step-*`) or quarantined ones
@@ -54,26 +60,28 @@ impl CheckpointStore {
     /// staged and never sealed is removed (it is not a checkpoint, and a
     /// program must not find it). Returns the paths removed.
     pub fn reset_staging(&self) -> Result<Vec<PathBuf>, CheckpointError> {
+        let root = self.root()?;
         let staging = self.staging_dir();
         // A symlink (or a file) by that name is not rekindle's: emptying it
         // would empty whatever it points to. Refused, never followed.
-        let exists = crate::confine::own_dir(&staging)
-            .map_err(|source| CheckpointError::ListDir { path: staging.clone(), source })?;
+        let exists =
+            root.own_dir(STAGING_DIR).map_err(|source| CheckpointError::ListDir { path: staging.clone(), source })?;
         let mut removed = Vec::new();
         if exists {
-            let list_err = |source| CheckpointError::ListDir { path: staging.clone(), source };
-            for entry in fs::read_dir(&staging).map_err(list_err)? {
-                removed.push(entry.map_err(list_err)?.path());
-            }
+            let entries = root
+                .entries(STAGING_DIR)
+                .map_err(|source| CheckpointError::ListDir { path: staging.clone(), source })?;
+            removed.extend(entries.into_iter().map(|e| staging.join(e.name)));
             removed.sort();
             if !removed.is_empty() {
                 // Never follows a symlink, at the top or below.
-                fs::remove_dir_all(&staging)
+                root.remove_dir_all(STAGING_DIR)
                     .map_err(|source| CheckpointError::Remove { path: staging.clone(), source })?;
             }
         }
         if !exists || !removed.is_empty() {
-            fs::create_dir(&staging).map_err(|source| CheckpointError::CreateDir { path: staging.clone(), source })?;
+            root.create_dir(STAGING_DIR, 0o777)
+                .map_err(|source| CheckpointError::CreateDir { path: staging.clone(), source })?;
         }
         Ok(removed)
     }
@@ -84,30 +92,31 @@ impl CheckpointStore {
     /// `staged` is left as it was.
     pub fn seal(&self, staged: &Path, step: u64) -> Result<SaveReport, CheckpointError> {
         let started = Instant::now();
+        let root = self.root()?;
         let refuse = |reason: String| CheckpointError::Seal { dir: staged.to_path_buf(), step, reason };
-        let staged_real = self.check_staged(staged, step)?;
+        let staged_rel = self.check_staged(&root, staged, step)?;
         let final_dir = self.check_newer(staged, step)?;
         // The program owns the staged name and may change what it points to
         // at any moment: move the directory under a name of rekindle's first,
         // then check that what was moved is a real directory, and work only
         // there. A symlink or anything swapped in is moved back, refused.
         // A `.tmp-` name: if this process dies mid-seal, the next start removes it.
-        let sealing = self.dir().join(format!("{TMP_PREFIX}seal-{}-{}", step_dir_name(step), std::process::id()));
+        let sealing = format!("{TMP_PREFIX}seal-{}-{}", step_dir_name(step), std::process::id());
         // Tests swap the staged directory for a symlink here (`fail::cfg_callback`).
         fail::fail_point!("checkpoint::seal::before_move");
-        fs::rename(&staged_real, &sealing).map_err(|e| refuse(format!("cannot move it aside to seal it: {e}")))?;
+        root.rename(&staged_rel, &sealing).map_err(|e| refuse(format!("cannot move it aside to seal it: {e}")))?;
         let back = |why: String| {
-            if let Err(e) = fs::rename(&sealing, &staged_real) {
-                tracing::warn!(from = %sealing.display(), to = %staged_real.display(), error = %e, "could not move a refused staged directory back; the next start removes it");
+            if let Err(e) = root.rename(&sealing, &staged_rel) {
+                tracing::warn!(from = %root.shown(&sealing).display(), to = %root.shown(&staged_rel).display(), error = %e, "could not move a refused staged directory back; the next start removes it");
             }
             refuse(why)
         };
-        match crate::confine::own_dir(&sealing) {
+        match root.own_dir(&sealing) {
             Ok(true) => {}
             Ok(false) => return Err(refuse("it vanished while it was sealed".into())),
             Err(e) => return Err(back(format!("it was swapped while it was sealed: {e}"))),
         }
-        match self.seal_moved(&sealing, &final_dir, step) {
+        match self.seal_moved(&root, &sealing, &final_dir, step) {
             Ok((bytes, rotated_out)) => {
                 Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, None, None))
             }
@@ -120,27 +129,36 @@ impl CheckpointStore {
         }
     }
 
-    /// Steps 2 to 6 of the module header on `sealing`, the staged directory
-    /// moved under rekindle's own name: the bytes committed and the
-    /// checkpoints rotated out. Before the rename into `final_dir` nothing
-    /// in `sealing` but its manifest is changed, and the manifest is removed
-    /// again on a failure.
-    fn seal_moved(&self, sealing: &Path, final_dir: &Path, step: u64) -> Result<(u64, Vec<PathBuf>), CheckpointError> {
-        let refuse = |reason: String| CheckpointError::Seal { dir: sealing.to_path_buf(), step, reason };
-        let entries = staged_files(sealing, false).map_err(refuse)?;
+    /// Steps 2 to 6 of the module header on `sealing` (a name in the
+    /// checkpoints directory `root`), the staged directory moved under
+    /// rekindle's own name: the bytes committed and the checkpoints rotated
+    /// out. Before the rename into `final_dir` nothing in `sealing` but its
+    /// manifest is changed, and the manifest is removed again on a failure.
+    fn seal_moved(
+        &self,
+        root: &Dir,
+        sealing: &str,
+        final_dir: &Path,
+        step: u64,
+    ) -> Result<(u64, Vec<PathBuf>), CheckpointError> {
+        let refuse = |reason: String| CheckpointError::Seal { dir: root.shown(sealing), step, reason };
+        let held = root.open_dir(sealing).map_err(|e| refuse(format!("cannot open it: {e}")))?;
+        let entries = staged_files(&held, false).map_err(refuse)?;
         // Tests swap a listed file for a FIFO here.
         fail::fail_point!("checkpoint::seal::after_list");
-        let files = sync_and_hash(sealing, entries, step)?;
-        self.commit_files(sealing, final_dir, step, files)
+        let files = sync_and_hash(&held, entries, step)?;
+        self.commit_files(root, sealing, final_dir, step, files)
     }
 
     /// Steps 3 to 6 of the module header on `sealing`, a directory of
-    /// rekindle's own name holding exactly `files`, each fsynced and hashed
-    /// already: the bytes committed and the checkpoints rotated out. Shared
-    /// by a seal and by the commit of a world's parts (`world.rs`).
+    /// rekindle's own name in the checkpoints directory `root` holding
+    /// exactly `files`, each fsynced and hashed already: the bytes committed
+    /// and the checkpoints rotated out. Shared by a seal and by the commit of
+    /// a world's parts (`world.rs`).
     pub(super) fn commit_files(
         &self,
-        sealing: &Path,
+        root: &Dir,
+        sealing: &str,
         final_dir: &Path,
         step: u64,
         files: Vec<ManifestEntry>,
@@ -157,19 +175,22 @@ impl CheckpointStore {
             rekindle_version: env!("CARGO_PKG_VERSION").to_string(),
             files,
         };
-        let manifest_path = sealing.join(MANIFEST_FILE);
-        let manifest_bytes = write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?.bytes;
+        let sealing_path = root.shown(sealing);
+        let held = root.open_dir(sealing).map_err(werr(&sealing_path))?;
+        let manifest_path = held.shown(MANIFEST_FILE);
+        let manifest_bytes =
+            write_hashed(&held, MANIFEST_FILE, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?.bytes;
         let unsealed = |e: CheckpointError| {
-            let _ = fs::remove_file(&manifest_path);
+            let _ = held.remove_file(MANIFEST_FILE);
             e
         };
-        fsync_dir(sealing).map_err(werr(sealing)).map_err(unsealed)?;
+        held.sync().map_err(werr(&sealing_path)).map_err(unsealed)?;
         fail::fail_point!("checkpoint::seal::before_rename", |_| Err(unsealed(CheckpointError::Injected(
             "checkpoint::seal::before_rename".into()
         ))));
         // Not ours to commit: the directory goes back to staging, never sealed.
         self.may_write(step).map_err(unsealed)?;
-        fs::rename(sealing, final_dir).map_err(werr(final_dir)).map_err(unsealed)?;
+        root.rename(sealing, step_dir_name(step)).map_err(werr(final_dir)).map_err(unsealed)?;
         let after = |stage: &'static str| {
             let dir = final_dir.to_path_buf();
             move |e| CheckpointError::AfterCommit { step, dir, stage, source: Box::new(e) }
@@ -178,8 +199,9 @@ impl CheckpointStore {
             let path = path.to_path_buf();
             move |source| CheckpointError::SyncDir { path, source }
         };
-        fsync_dir(self.dir()).map_err(sync_err(self.dir())).map_err(after("syncing the checkpoints directory"))?;
-        fsync_dir(&self.staging_dir())
+        root.sync().map_err(sync_err(self.dir())).map_err(after("syncing the checkpoints directory"))?;
+        root.open_dir(STAGING_DIR)
+            .and_then(|staging| staging.sync())
             .map_err(sync_err(&self.staging_dir()))
             .map_err(after("syncing the staging directory"))?;
         let rotated_out =
@@ -204,7 +226,7 @@ impl CheckpointStore {
             }
         }
         let final_dir = self.step_dir(step);
-        if fs::symlink_metadata(&final_dir).is_ok() {
+        if self.root()?.exists(step_dir_name(step)) {
             return Err(refuse(format!(
                 "{} exists and does not verify; move it away (or run `rekindle exec` again, which quarantines it)",
                 final_dir.display()
@@ -213,33 +235,35 @@ impl CheckpointStore {
         Ok(final_dir)
     }
 
-    /// `staged`, resolved, when it is a real directory directly under the
+    /// `staged`'s path relative to the checkpoints directory `root`
+    /// (`.staging/<name>`), when it is a real directory directly under the
     /// staging directory.
-    pub(super) fn check_staged(&self, staged: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
+    pub(super) fn check_staged(&self, root: &Dir, staged: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
         let refuse = |reason: String| CheckpointError::Seal { dir: staged.to_path_buf(), step, reason };
-        let meta = fs::symlink_metadata(staged).map_err(|e| refuse(format!("cannot read it: {e}")))?;
-        if meta.file_type().is_symlink() || !meta.is_dir() {
-            return Err(refuse("not a directory (a symlink is refused too): stage the files in a directory".into()));
-        }
         let staging = self.staging_dir();
         // Through a staging directory that is a link, `staged` would be a
         // directory elsewhere, moved into the checkpoints and later rotated.
-        match crate::confine::own_dir(&staging) {
+        match root.own_dir(STAGING_DIR) {
             Ok(true) => {}
             Ok(false) => return Err(refuse(format!("there is no staging directory {}", staging.display()))),
             Err(e) => return Err(refuse(e.to_string())),
         }
-        let real = fs::canonicalize(staged).map_err(|e| refuse(format!("cannot resolve it: {e}")))?;
-        let staging_real = fs::canonicalize(&staging)
-            .map_err(|e| refuse(format!("the staging directory {} cannot be resolved: {e}", staging.display())))?;
-        if real.parent() != Some(staging_real.as_path()) {
-            return Err(refuse(format!(
+        let held = root
+            .open_dir(STAGING_DIR)
+            .map_err(|e| refuse(format!("the staging directory {} cannot be opened: {e}", staging.display())))?;
+        let name = held.name_of(staged).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput => refuse(format!(
                 "it is not a directory directly under the staging directory {} (REKINDLE_CHECKPOINT_DIR): \
                  only a directory staged there can be renamed into the checkpoints atomically",
                 staging.display()
-            )));
+            )),
+            _ => refuse(format!("cannot resolve it: {e}")),
+        })?;
+        let meta = held.symlink_metadata(&name).map_err(|e| refuse(format!("cannot read it: {e}")))?;
+        if meta.file_type().is_symlink() || !meta.is_dir() {
+            return Err(refuse("not a directory (a symlink is refused too): stage the files in a directory".into()));
         }
-        Ok(real)
+        Ok(Path::new(STAGING_DIR).join(name))
     }
 
     /// The newest files checkpoint that verifies fully, and the newer ones
@@ -247,7 +271,9 @@ impl CheckpointStore {
     /// checkpoint on the way is [`CheckpointError::WrongKind`].
     pub fn newest_files_checkpoint(&self) -> Result<FilesOutcome, CheckpointError> {
         let mut rejected = Vec::new();
-        if !self.dir().exists() {
+        if let Err(CheckpointError::ListDir { source, .. }) = self.root()
+            && source.kind() == std::io::ErrorKind::NotFound
+        {
             return Ok(FilesOutcome { newest: None, rejected });
         }
         for info in self.list(VerifyLevel::Quick)? {
@@ -268,19 +294,20 @@ impl CheckpointStore {
 
 /// Fsyncs each of the files `names` of `dir` (the program wrote them: their
 /// data reaches the disk here) and hashes it as it reads it back: their
-/// manifest entries. A file opened without following a link or blocking
-/// on a FIFO swapped in; one that is no longer a plain file is refused.
-pub(super) fn sync_and_hash(dir: &Path, names: Vec<String>, step: u64) -> Result<Vec<ManifestEntry>, CheckpointError> {
+/// manifest entries. Each file is opened once through the handle, without
+/// following a link or blocking on a FIFO swapped in; one that is no longer
+/// a plain file is refused.
+pub(super) fn sync_and_hash(dir: &Dir, names: Vec<String>, step: u64) -> Result<Vec<ManifestEntry>, CheckpointError> {
     let mut files = Vec::new();
     for name in names {
-        let path = dir.join(&name);
-        crate::confine::open_regular(&path).and_then(|f| f.sync_all()).map_err(|e| CheckpointError::Seal {
-            dir: dir.to_path_buf(),
+        let path = dir.shown(&name);
+        let file = dir.open_read(&name).and_then(|f| f.sync_all().map(|()| f)).map_err(|e| CheckpointError::Seal {
+            dir: dir.path().to_path_buf(),
             step,
             reason: format!("`{name}`: {e}"),
         })?;
         let (bytes, sha256, _) =
-            read_hashed(&path, false).map_err(|source| CheckpointError::Write { step, path: path.clone(), source })?;
+            read_hashed(file, false).map_err(|source| CheckpointError::Write { step, path: path.clone(), source })?;
         files.push(ManifestEntry { name, bytes, sha256 });
     }
     Ok(files)
@@ -290,17 +317,15 @@ pub(super) fn sync_and_hash(dir: &Path, names: Vec<String>, step: u64) -> Result
 /// sealed: holding anything but plain files with plain names, or empty
 /// (unless `may_be_empty`: a rank's part of a world checkpoint, where only
 /// some ranks write files).
-pub(super) fn staged_files(dir: &Path, may_be_empty: bool) -> Result<Vec<String>, String> {
+pub(super) fn staged_files(dir: &Dir, may_be_empty: bool) -> Result<Vec<String>, String> {
     let mut names = Vec::new();
-    let entries = fs::read_dir(dir).map_err(|e| format!("cannot list it: {e}"))?;
+    let entries = dir.entries("").map_err(|e| format!("cannot list it: {e}"))?;
     for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot list it: {e}"))?;
-        let name = entry.file_name().into_string().map_err(|n| format!("{n:?} is not a UTF-8 file name"))?;
-        let kind = entry.file_type().map_err(|e| format!("cannot read `{name}`: {e}"))?;
-        if kind.is_symlink() {
+        let name = entry.name.into_string().map_err(|n| format!("{n:?} is not a UTF-8 file name"))?;
+        if entry.kind == Kind::Symlink {
             return Err(format!("`{name}` is a symlink: a checkpoint holds its own data; copy the file in"));
         }
-        if !kind.is_file() {
+        if !entry.kind.is_file() {
             return Err(format!(
                 "`{name}` is not a plain file (a subdirectory?): a checkpoint is one flat directory of files"
             ));
@@ -321,6 +346,7 @@ pub(super) fn staged_files(dir: &Path, may_be_empty: bool) -> Result<Vec<String>
 pub(super) mod tests {
     use super::*;
     use crate::checkpoint::{Snapshot, TensorSet};
+    use std::fs;
 
     /// A directory `name` under the staging directory holding `files`.
     pub(in crate::checkpoint) fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {

@@ -34,7 +34,6 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::mpsc;
@@ -44,6 +43,7 @@ use sha2::{Digest, Sha256};
 use super::safetensors_io;
 use super::tensor::{HostTensor, SharedBytes, TensorSet};
 use super::write_mode::{IoMode, WritePlan};
+use crate::confine::Dir;
 
 /// Bytes per read call, and the size of the pooled blocks reads use.
 const IO_BUFFER: usize = 8 << 20;
@@ -156,20 +156,20 @@ pub(super) struct Written {
 
 /// [`write_hashed_with`] the default plan (buffered): for the small files
 /// of a checkpoint and everything not worth a measured plan.
-pub(super) fn write_hashed(path: &Path, parts: &[&[u8]]) -> io::Result<Written> {
-    write_hashed_with(path, parts, &WritePlan::DEFAULT)
+pub(super) fn write_hashed(dir: &Dir, name: &str, parts: &[&[u8]]) -> io::Result<Written> {
+    write_hashed_with(dir, name, parts, &WritePlan::DEFAULT)
 }
 
-/// Creates `path`, writes the concatenation of `parts` into it as `plan`
+/// Creates `name` in the directory handle `dir` (`O_EXCL`, never through a
+/// link: [`Dir::create_new`]), writes the concatenation of `parts` into it as `plan`
 /// says, hashing the bytes on the way (nothing is read back), and fsyncs it
 /// once.
 ///
 /// Files of at least one aligned page go through the block pipeline (module
 /// doc); smaller ones (`state.json`, the manifest) with one buffered write.
-pub(super) fn write_hashed_with(path: &Path, parts: &[&[u8]], plan: &WritePlan) -> io::Result<Written> {
-    let mut file = File::options().write(true).create_new(true).open(path)?;
+pub(super) fn write_hashed_with(dir: &Dir, name: &str, parts: &[&[u8]], plan: &WritePlan) -> io::Result<Written> {
+    let mut file = dir.create_new(name, 0o666)?;
     let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let (sha256, mode) = if total < DIRECT_ALIGN as u64 {
         let mut h = Sha256::new();
         for part in parts {
@@ -192,10 +192,10 @@ pub(super) fn write_hashed_with(path: &Path, parts: &[&[u8]], plan: &WritePlan) 
     Ok(Written { bytes: total, sha256, mode })
 }
 
-/// Drops what the page cache holds of the file at `path` (clean pages
-/// only: call it after an fsync). Advice: errors are ignored.
-pub(super) fn drop_cached(path: &Path) {
-    if let Ok(file) = File::open(path) {
+/// Drops what the page cache holds of the file `name` of `dir` (clean
+/// pages only: call it after an fsync). Advice: errors are ignored.
+pub(super) fn drop_cached(dir: &Dir, name: &str) {
+    if let Ok(file) = dir.open_read(name) {
         drop_cache_range(&file, 0, 0);
     }
 }
@@ -411,21 +411,12 @@ pub(super) fn fail_io(name: &str) -> io::Result<()> {
     Ok(())
 }
 
-pub(super) fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-pub(super) fn available_space(dir: &Path) -> io::Result<u64> {
-    let st = nix::sys::statvfs::statvfs(dir).map_err(io::Error::from)?;
-    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
-}
-
 /// Reads a file and hashes it on the same pass: a second thread hashes each
 /// chunk as soon as it is read, so reading and hashing overlap. With `keep`
 /// the bytes are returned (read straight into their final buffer); without,
-/// two buffers alternate. Returns (bytes, hex sha256, kept bytes).
-pub(super) fn read_hashed(path: &Path, keep: bool) -> io::Result<(u64, String, Vec<u8>)> {
-    let mut file = crate::confine::open_regular(path)?;
+/// two buffers alternate. Returns (bytes, hex sha256, kept bytes). `file`
+/// is opened by the caller (through a handle or `confine`).
+pub(super) fn read_hashed(mut file: File, keep: bool) -> io::Result<(u64, String, Vec<u8>)> {
     if keep {
         let len = file.metadata()?.len() as usize;
         let mut buf = vec![0u8; len];
@@ -461,8 +452,7 @@ pub(super) struct ReadTensors {
 /// and nothing is parsed twice. A file whose header does not check is still
 /// hashed to its end (the caller reports a hash mismatch before invalid
 /// content, as verification does).
-pub(super) fn read_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
-    let mut file = crate::confine::open_regular(path)?;
+pub(super) fn read_tensors_hashed(mut file: File) -> io::Result<ReadTensors> {
     let file_len = file.metadata()?.len();
     let mut hasher = Sha256::new();
     let mut prefix = [0u8; 8];
@@ -529,11 +519,10 @@ const MAP_AHEAD: usize = 32 << 20;
 /// The mapping is of a committed checkpoint's file, which rekindle never
 /// writes again; another process truncating it while it is mapped would make
 /// the reads fault (SIGBUS), as for any mapped file (docs/checkpoint-format.md).
-pub(super) fn map_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
-    let file = crate::confine::open_regular(path)?;
+pub(super) fn map_tensors_hashed(file: File) -> io::Result<ReadTensors> {
     let file_len = file.metadata()?.len();
     if file_len == 0 || usize::try_from(file_len).is_err() {
-        return read_tensors_hashed(path);
+        return read_tensors_hashed(file);
     }
     // `fs::mmap_unsupported` stands in for a file that cannot be mapped.
     // SAFETY: a committed checkpoint's files are never written again (the
@@ -544,8 +533,8 @@ pub(super) fn map_tensors_hashed(path: &Path) -> io::Result<ReadTensors> {
     let map = match mapped {
         Ok(map) => std::sync::Arc::new(map),
         Err(e) => {
-            tracing::debug!(path = %path.display(), error = %e, "cannot map the checkpoint file; reading it");
-            return read_tensors_hashed(path);
+            tracing::debug!(error = %e, "cannot map a checkpoint file; reading it");
+            return read_tensors_hashed(file);
         }
     };
     let _ = map.advise(memmap2::Advice::Sequential);
@@ -729,6 +718,7 @@ mod tests {
 
     use super::*;
     use crate::checkpoint::tensor::DType;
+    use std::path::Path;
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect()
@@ -737,6 +727,7 @@ mod tests {
     #[test]
     fn written_files_hold_exactly_the_parts_and_their_hash_at_every_size_alignment_and_plan() {
         let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::open(tmp.path()).unwrap();
         // Empty, tiny, one aligned page, around the block size, and parts
         // that end mid-block and mid-page.
         const B: usize = 1 << 20;
@@ -764,8 +755,9 @@ mod tests {
                 let parts: Vec<Vec<u8>> =
                     sizes.iter().enumerate().map(|(j, &n)| pattern(n, (i * 7 + j + p) as u8)).collect();
                 let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-                let path = tmp.path().join(format!("f{p}-{i}"));
-                let written = write_hashed_with(&path, &refs, plan).unwrap();
+                let name = format!("f{p}-{i}");
+                let path = tmp.path().join(&name);
+                let written = write_hashed_with(&dir, &name, &refs, plan).unwrap();
                 let expected = parts.concat();
                 let on_disk = std::fs::read(&path).unwrap();
                 assert!(on_disk == expected, "{plan:?}, case {sizes:?}: the file differs from its parts");
@@ -774,10 +766,10 @@ mod tests {
                 if expected.len() < DIRECT_ALIGN || plan.mode == IoMode::Buffered {
                     assert_eq!(written.mode, WriteMode::Buffered);
                 }
-                assert_eq!(read_hashed(&path, false).unwrap().1, written.sha256);
+                assert_eq!(read_hashed(File::open(&path).unwrap(), false).unwrap().1, written.sha256);
             }
         }
-        assert!(write_hashed(&tmp.path().join("f0-0"), &[b"again"]).is_err(), "never overwrites a file");
+        assert!(write_hashed(&dir, "f0-0", &[b"again"]).is_err(), "never overwrites a file");
     }
 
     fn safetensors_file(path: &Path) -> (TensorSet, Vec<u8>) {
@@ -799,7 +791,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("t.safetensors");
         let (set, bytes) = safetensors_file(&path);
-        let read = read_tensors_hashed(&path).unwrap();
+        let read = read_tensors_hashed(File::open(&path).unwrap()).unwrap();
         assert_eq!(read.bytes, bytes.len() as u64);
         assert_eq!(read.sha256, hex::encode(Sha256::digest(&bytes)));
         assert_eq!(read.tensors.unwrap(), set);
@@ -813,15 +805,21 @@ mod tests {
         let (_, mut bytes) = safetensors_file(&path);
         bytes[9] = b'[';
         std::fs::write(&path, &bytes).unwrap();
-        let read = read_tensors_hashed(&path).unwrap();
+        let read = read_tensors_hashed(File::open(&path).unwrap()).unwrap();
         assert_eq!((read.bytes, read.sha256), (bytes.len() as u64, hex::encode(Sha256::digest(&bytes))));
         assert!(read.tensors.unwrap_err().contains("not a JSON object"));
         // Cut short: the layout no longer matches the file's length.
         std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
-        let read = read_tensors_hashed(&path).unwrap();
+        let read = read_tensors_hashed(File::open(&path).unwrap()).unwrap();
         assert_eq!(read.bytes, bytes.len() as u64 - 5);
         assert!(read.tensors.is_err());
         std::fs::write(&path, &bytes[..5]).unwrap();
-        assert!(read_tensors_hashed(&path).unwrap().tensors.unwrap_err().contains("shorter than a safetensors header"));
+        assert!(
+            read_tensors_hashed(File::open(&path).unwrap())
+                .unwrap()
+                .tensors
+                .unwrap_err()
+                .contains("shorter than a safetensors header")
+        );
     }
 }

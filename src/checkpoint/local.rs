@@ -86,17 +86,26 @@ impl WorldRecord {
         }
     }
 
-    /// Writes the record into the copy `dir` atomically (a synced temporary
-    /// file renamed into place): the copy becomes a local checkpoint.
-    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+    /// Writes the record into the copy `dir` (a handle on it) atomically
+    /// (a synced temporary file, mode 0600, renamed into place, the
+    /// directory synced): the copy becomes a local checkpoint.
+    pub fn write(&self, dir: &crate::confine::Dir) -> std::io::Result<()> {
         use std::io::Write;
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         bytes.push(b'\n');
-        let mut file = tempfile::Builder::new().prefix(".tmp-world-").tempfile_in(dir)?;
-        file.write_all(&bytes)?;
-        file.as_file().sync_all()?;
-        file.persist(dir.join(WORLD_FILE)).map_err(|e| e.error)?;
-        std::fs::File::open(dir)?.sync_all()
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = format!(".tmp-world-{}-{n}", std::process::id());
+        let written = dir.create_new(&tmp, 0o600).and_then(|mut file| {
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            dir.rename(&tmp, WORLD_FILE)
+        });
+        if written.is_err() {
+            let _ = dir.remove_file(&tmp);
+        }
+        written?;
+        dir.sync()
     }
 
     /// The record of the copy `dir`, or why there is none usable. Read
@@ -233,11 +242,8 @@ pub struct Unusable {
 /// file's SHA-256), newest first, and the copies that do not, with why. A
 /// missing root holds nothing.
 pub fn held(root: &Path, run: &str) -> (Vec<HeldStep>, Vec<Unusable>) {
-    let mut steps: Vec<u64> = match std::fs::read_dir(root) {
-        Ok(entries) => entries
-            .filter_map(Result::ok)
-            .filter_map(|e| parse_step_dir_name(&e.file_name().to_string_lossy()))
-            .collect(),
+    let mut steps: Vec<u64> = match crate::confine::Dir::open(root).and_then(|root| root.entries("")) {
+        Ok(entries) => entries.iter().filter_map(|e| parse_step_dir_name(&e.name_lossy())).collect(),
         Err(_) => Vec::new(),
     };
     steps.sort_unstable_by(|a, b| b.cmp(a));
@@ -454,7 +460,9 @@ mod tests {
         let (good, bad) = held(dir.path(), "/runs/a");
         assert!(good.is_empty());
         assert!(bad[0].reason.contains("no WORLD.json") && !bad[0].refused, "{:?}", bad);
-        WorldRecord::new("/runs/a".into(), 5, vec![entry("x", "y")], vec!["n1".into()], 1).write(&step).unwrap();
+        WorldRecord::new("/runs/a".into(), 5, vec![entry("x", "y")], vec!["n1".into()], 1)
+            .write(&crate::confine::Dir::open(&step).unwrap())
+            .unwrap();
         let (_, bad) = held(dir.path(), "/runs/a");
         assert!(bad[0].reason.contains("MANIFEST.json") && !bad[0].refused, "no manifest is named: {:?}", bad);
         std::fs::write(step.join(WORLD_FILE), b"{").unwrap();
@@ -466,7 +474,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let step = dir.path().join(step_dir_name(5));
         std::fs::create_dir(&step).unwrap();
-        WorldRecord::new("/runs/b".into(), 5, Vec::new(), vec!["n1".into()], 1).write(&step).unwrap();
+        WorldRecord::new("/runs/b".into(), 5, Vec::new(), vec!["n1".into()], 1)
+            .write(&crate::confine::Dir::open(&step).unwrap())
+            .unwrap();
         let (good, bad) = held(dir.path(), "/runs/a");
         assert!(good.is_empty());
         assert!(bad[0].refused, "{bad:?}");

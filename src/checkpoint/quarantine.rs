@@ -12,16 +12,19 @@
 //! even if it were. So a damaged checkpoint is never counted as valid again
 //! (by the size-only check of rotation, say) and never deleted by rotation.
 //! `rekindle checkpoints` and `rekindle verify` list them apart.
+//!
+//! Everything here goes through the checkpoints directory's handle
+//! ([`Dir`]): a `quarantine` that is a link (or a checkpoint swapped for one)
+//! is refused, never followed, so a damaged checkpoint never leaves the run.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 
 use super::error::{CheckpointError, FileFailure};
-use super::hashed_io::fsync_dir;
 use super::layout::{parse_step_dir_name, step_dir_name};
 use super::verify::{CheckpointInfo, VerifyLevel, inspect, read_manifest};
+use crate::confine::Dir;
 
 /// The directory inside the checkpoints directory that holds quarantined checkpoints.
 pub const QUARANTINE_DIR: &str = "quarantine";
@@ -58,44 +61,51 @@ pub fn parse_quarantine_name(name: &str) -> Option<u64> {
     rest.starts_with('-').then(|| parse_step_dir_name(step_part)).flatten()
 }
 
-/// Moves the checkpoint directory `dir` of `step` into `checkpoints/quarantine/`
-/// under a name no other quarantined checkpoint has, durably (both directories
-/// are synced). Returns its new path.
-pub(super) fn move_to_quarantine(checkpoints: &Path, dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
-    let qdir = checkpoints.join(QUARANTINE_DIR);
+/// Moves the checkpoint directory of `step` (`step-<10 digits>` of the
+/// checkpoints directory `checkpoints`) into `quarantine/` under a name no
+/// other quarantined checkpoint has, durably (both directories are synced).
+/// Returns its new path.
+pub(super) fn move_to_quarantine(checkpoints: &Dir, step: u64) -> Result<PathBuf, CheckpointError> {
+    let from = step_dir_name(step);
     let now = Utc::now();
     let to = (1..)
-        .map(|n| qdir.join(quarantine_name(step, now, n)))
-        .find(|p| !p.exists())
+        .map(|n| format!("{QUARANTINE_DIR}/{}", quarantine_name(step, now, n)))
+        .find(|p| !checkpoints.exists(p))
         .expect("an unused quarantine name exists");
-    let failed = |source| CheckpointError::Quarantine { dir: dir.to_path_buf(), to: to.clone(), source };
+    let failed =
+        |source| CheckpointError::Quarantine { dir: checkpoints.shown(&from), to: checkpoints.shown(&to), source };
     // Never into a link to elsewhere: the checkpoint would leave the run.
-    if !crate::confine::own_dir(&qdir).map_err(failed)? {
-        fs::create_dir(&qdir).map_err(failed)?;
+    if !checkpoints.own_dir(QUARANTINE_DIR).map_err(failed)? {
+        checkpoints.create_dir(QUARANTINE_DIR, 0o777).map_err(failed)?;
     }
-    fs::rename(dir, &to).map_err(failed)?;
-    fsync_dir(checkpoints).map_err(failed)?;
-    fsync_dir(&qdir).map_err(failed)?;
-    Ok(to)
+    let qdir = checkpoints.open_dir(QUARANTINE_DIR).map_err(failed)?;
+    checkpoints.rename(&from, &to).map_err(failed)?;
+    checkpoints.sync().map_err(failed)?;
+    qdir.sync().map_err(failed)?;
+    Ok(checkpoints.shown(&to))
 }
 
 /// Every quarantined checkpoint in `checkpoints/quarantine/`, newest step
 /// first (then newest quarantine first), with what verification at `level`
 /// finds now. Entries that are not directories are ignored.
-pub(super) fn list_quarantined(checkpoints: &Path, level: VerifyLevel) -> Result<Vec<CheckpointInfo>, CheckpointError> {
-    let qdir = checkpoints.join(QUARANTINE_DIR);
-    if !qdir.is_dir() {
-        return Ok(Vec::new());
+pub(super) fn list_quarantined(checkpoints: &Dir, level: VerifyLevel) -> Result<Vec<CheckpointInfo>, CheckpointError> {
+    let qdir = checkpoints.shown(QUARANTINE_DIR);
+    match checkpoints.own_dir(QUARANTINE_DIR) {
+        Ok(true) => {}
+        Ok(false) => return Ok(Vec::new()),
+        Err(e) => {
+            tracing::warn!(error = %e, "quarantined checkpoints not listed");
+            return Ok(Vec::new());
+        }
     }
     let list_err = |source| CheckpointError::ListDir { path: qdir.clone(), source };
     let mut found = Vec::new();
-    for entry in fs::read_dir(&qdir).map_err(list_err)? {
-        let entry = entry.map_err(list_err)?;
-        if !entry.file_type().map_err(list_err)?.is_dir() {
+    for entry in checkpoints.entries(QUARANTINE_DIR).map_err(list_err)? {
+        if !entry.kind.is_dir() {
             continue;
         }
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = entry.path();
+        let name = entry.name_lossy();
+        let path = qdir.join(&entry.name);
         // A directory put here by hand may be named anything: its manifest then says the step.
         let step = parse_quarantine_name(&name).or_else(|| read_manifest(&path).ok().map(|m| m.step)).unwrap_or(0);
         found.push((name, inspect(&path, step, level)));

@@ -345,15 +345,19 @@ mod tests {
             let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
             let path = dir.path().join("f.safetensors");
             std::fs::write(&path, bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let loaded = crate::checkpoint::hashed_io::read_tensors_hashed(&path)
-                .map_err(|e| TestCaseError::fail(format!("reading the file failed: {e}")))?;
+            let loaded = crate::checkpoint::hashed_io::read_tensors_hashed(
+                std::fs::File::open(&path).map_err(|e| TestCaseError::fail(e.to_string()))?,
+            )
+            .map_err(|e| TestCaseError::fail(format!("reading the file failed: {e}")))?;
             prop_assert_eq!(loaded.bytes, bytes.len() as u64);
             prop_assert_eq!(&loaded.sha256, &hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes)));
             prop_assert_eq!(loaded.tensors.is_ok(), layout.is_ok(), "loader and layout check disagree");
             // The mapped loader (what `load_dir` uses) gives the same verdict,
             // hash and tensors as the reading one.
-            let mapped = crate::checkpoint::hashed_io::map_tensors_hashed(&path)
-                .map_err(|e| TestCaseError::fail(format!("mapping the file failed: {e}")))?;
+            let mapped = crate::checkpoint::hashed_io::map_tensors_hashed(
+                std::fs::File::open(&path).map_err(|e| TestCaseError::fail(e.to_string()))?,
+            )
+            .map_err(|e| TestCaseError::fail(format!("mapping the file failed: {e}")))?;
             prop_assert_eq!(mapped.bytes, loaded.bytes);
             prop_assert_eq!(&mapped.sha256, &loaded.sha256);
             prop_assert_eq!(&mapped.tensors.as_ref().ok(), &loaded.tensors.as_ref().ok());

@@ -35,9 +35,18 @@
 //!
 //! A directory without a valid manifest is never a checkpoint; leftovers of
 //! interrupted saves and deletes are removed when the store is opened.
+//!
+//! Every write, rename, removal and fsync of the protocol goes through the
+//! checkpoints directory's handle ([`crate::confine::Dir`]), opened once when
+//! the store is opened (after [`claim_dir`]): a link anywhere below it — a
+//! `.tmp-…` or `step-…` name, a staging directory swapped for a link while a
+//! save runs — is refused by the kernel, never followed. This module opens
+//! nothing by path (`tests/it/architecture.rs`, handle-only modules); the
+//! readers (`verify.rs`) still open committed checkpoints by path, each file
+//! with `O_NOFOLLOW`.
 
 use std::collections::BTreeSet;
-use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -47,7 +56,7 @@ use serde::Serialize;
 
 use super::encode::{Content, PlannedFile, Sharding, names_from_others, part_file, tensor_files, write_files};
 use super::error::{CheckpointError, FileFailure};
-use super::hashed_io::{WriteMode, available_space, fail_io, fsync_dir, write_hashed};
+use super::hashed_io::{WriteMode, fail_io, write_hashed};
 use super::layout::CheckpointKind;
 use super::layout::{STATE_FILE, STEP_PREFIX, Snapshot, claim_dir, parse_step_dir_name, step_dir_name};
 use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, SHARDED_FORMAT_VERSION, is_plain_name};
@@ -57,6 +66,7 @@ use super::shards::{DEFAULT_SHARD_BYTES, parse_shard_name};
 use super::tensor::TensorSet;
 use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect, load_dir, verify_checkpoint_dir};
 use super::write_mode::{IoMode, WriteChoice, WriteSettings, plan_for};
+use crate::confine::Dir;
 
 pub(super) const TMP_PREFIX: &str = ".tmp-";
 const TRASH_PREFIX: &str = ".trash-";
@@ -180,6 +190,9 @@ impl std::fmt::Debug for CommitGuard {
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
     dir: PathBuf,
+    /// The checkpoints directory, held open since the store was opened
+    /// (`None` for a read-only view, which opens it per listing).
+    root: Option<Arc<Dir>>,
     keep: usize,
     /// Steps whose checkpoint failed full verification and could not be
     /// quarantined: rotation counts them invalid until a save of that step
@@ -206,18 +219,21 @@ impl CheckpointStore {
     pub fn open(dir: impl Into<PathBuf>, keep: usize) -> Result<CheckpointStore, CheckpointError> {
         let dir = dir.into();
         claim_dir(&dir, false)?;
+        let root = Dir::open(&dir).map_err(|source| CheckpointError::CreateDir { path: dir.clone(), source })?;
         let store = CheckpointStore {
             dir,
+            root: Some(Arc::new(root)),
             keep: keep.max(1),
             known_bad: Arc::default(),
             guard: None,
             write: WriteSettings::default(),
             measure: false,
         };
+        let root = store.root()?;
         for leftover in store.leftovers()? {
-            tracing::warn!(path = %leftover.display(), "removing leftover of an interrupted checkpoint save or delete");
-            fs::remove_dir_all(&leftover)
-                .map_err(|source| CheckpointError::Remove { path: leftover.clone(), source })?;
+            let path = root.shown(&leftover);
+            tracing::warn!(path = %path.display(), "removing leftover of an interrupted checkpoint save or delete");
+            root.remove_dir_all(&leftover).map_err(|source| CheckpointError::Remove { path, source })?;
         }
         for stray in store.strays()? {
             tracing::warn!(path = %stray.display(), "named like a checkpoint but not one of rekindle's (not a step-<10 digits> directory): never loaded, counted or rotated; left alone");
@@ -229,6 +245,7 @@ impl CheckpointStore {
     pub fn open_read_only(dir: impl Into<PathBuf>) -> CheckpointStore {
         CheckpointStore {
             dir: dir.into(),
+            root: None,
             keep: usize::MAX,
             known_bad: Arc::default(),
             guard: None,
@@ -258,8 +275,8 @@ impl CheckpointStore {
     }
 
     /// The write plan of a save of `payload` tensor bytes (`write_mode.rs`).
-    fn write_choice(&self, payload: u64) -> WriteChoice {
-        plan_for(&self.dir, &self.write, payload, self.measure)
+    fn write_choice(&self, root: &Dir, payload: u64) -> WriteChoice {
+        plan_for(root, &self.write, payload, self.measure)
     }
 
     /// The same store, asking `guard` right before each commit and rotation.
@@ -276,6 +293,17 @@ impl CheckpointStore {
         &self.dir
     }
 
+    /// The handle of the checkpoints directory: the one opened with the
+    /// store, or, for a read-only view, one opened now.
+    pub(crate) fn root(&self) -> Result<Arc<Dir>, CheckpointError> {
+        match &self.root {
+            Some(root) => Ok(Arc::clone(root)),
+            None => Dir::open(&self.dir)
+                .map(Arc::new)
+                .map_err(|source| CheckpointError::ListDir { path: self.dir.clone(), source }),
+        }
+    }
+
     /// The directory a checkpoint of `step` is committed to.
     pub fn step_dir(&self, step: u64) -> PathBuf {
         self.dir.join(step_dir_name(step))
@@ -283,7 +311,7 @@ impl CheckpointStore {
 
     /// The shared staging directory `name` of a save of `step` (refused
     /// unless it is a plain `.tmp-step-…` name: it comes from another rank).
-    fn shared_staging_dir(&self, step: u64, name: &str) -> Result<PathBuf, CheckpointError> {
+    fn shared_staging_dir<'a>(&self, step: u64, name: &'a str) -> Result<&'a str, CheckpointError> {
         let prefix = LEFTOVER_PREFIXES[0];
         if !is_plain_name(name) || !name.starts_with(prefix) {
             return Err(CheckpointError::Parts {
@@ -291,7 +319,7 @@ impl CheckpointStore {
                 reason: format!("`{name}` is no staging directory name (a plain `{prefix}…` name)"),
             });
         }
-        Ok(self.dir.join(name))
+        Ok(name)
     }
 
     /// Makes a new staging directory for a save of `step` in parts, shared
@@ -308,8 +336,9 @@ impl CheckpointStore {
             step_dir_name(step),
             TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         );
+        let root = self.root()?;
         let dir = self.shared_staging_dir(step, &name)?;
-        fs::create_dir(&dir).map_err(|source| CheckpointError::Write { step, path: dir, source })?;
+        root.create_dir(dir, 0o777).map_err(|source| CheckpointError::Write { step, path: root.shown(dir), source })?;
         Ok(name)
     }
 
@@ -333,22 +362,27 @@ impl CheckpointStore {
         optimizer_in_parts: bool,
     ) -> Result<Vec<ManifestEntry>, CheckpointError> {
         let step = snapshot.step;
-        let dir = self.shared_staging_dir(step, staging)?;
+        let root = self.root()?;
+        let name = self.shared_staging_dir(step, staging)?;
         check_tensors(step, &snapshot.model)?;
         check_tensors(step, &snapshot.optimizer)?;
-        if !dir.is_dir() {
-            return Err(CheckpointError::Parts {
-                step,
-                reason: format!(
-                    "the staging directory {} is gone: rank 0 committed or abandoned this save already",
-                    dir.display()
-                ),
-            });
-        }
+        let dir = match root.open_dir(name) {
+            Ok(dir) => dir,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(CheckpointError::Parts {
+                    step,
+                    reason: format!(
+                        "the staging directory {} is gone: rank 0 committed or abandoned this save already",
+                        root.shown(name).display()
+                    ),
+                });
+            }
+            Err(source) => return Err(CheckpointError::Write { step, path: root.shown(name), source }),
+        };
         // Tests make one rank's part fail (`=return`) or hang (`=sleep(…)`) here.
         failpoint("checkpoint::part::before_write")?;
         let files = share_files(snapshot, optimizer_in_parts, self.sharding(world), rank);
-        let choice = self.write_choice(files.iter().map(|f| f.size).sum());
+        let choice = self.write_choice(&root, files.iter().map(|f| f.size).sum());
         let written = write_files(&dir, &files, &choice.plan, step)?;
         for (entry, w) in &written {
             tracing::debug!(file = %entry.name, bytes = w.bytes, mode = ?w.mode, "this rank's share written");
@@ -370,16 +404,15 @@ impl CheckpointStore {
     /// names rekindle gives them ([`LEFTOVER_PREFIXES`]). Anything else by
     /// such a name (a file, a symlink) is not rekindle's: it is reported and
     /// left alone, and so is any other name (`.tmp-cache`).
-    fn leftovers(&self) -> Result<Vec<PathBuf>, CheckpointError> {
+    fn leftovers(&self) -> Result<Vec<std::ffi::OsString>, CheckpointError> {
         let mut out = Vec::new();
         for entry in self.read_dir()? {
-            let name = entry.file_name().to_string_lossy().into_owned();
+            let name = entry.name_lossy();
             if LEFTOVER_PREFIXES.iter().any(|p| name.starts_with(p)) {
-                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-                if is_dir {
-                    out.push(entry.path());
+                if entry.kind.is_dir() {
+                    out.push(entry.name);
                 } else {
-                    tracing::warn!(path = %entry.path().display(), "not a leftover of rekindle's (not a directory): left alone");
+                    tracing::warn!(path = %self.dir.join(&entry.name).display(), "not a leftover of rekindle's (not a directory): left alone");
                 }
             }
         }
@@ -393,9 +426,8 @@ impl CheckpointStore {
     pub fn strays(&self) -> Result<Vec<PathBuf>, CheckpointError> {
         let mut out = Vec::new();
         for entry in self.read_dir()? {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(STEP_PREFIX) && self.checkpoint_entry(&entry).is_none() {
-                out.push(entry.path());
+            if entry.name_lossy().starts_with(STEP_PREFIX) && self.checkpoint_entry(&entry).is_none() {
+                out.push(self.dir.join(&entry.name));
             }
         }
         out.sort();
@@ -404,18 +436,13 @@ impl CheckpointStore {
 
     /// The step of a checkpoint entry: a real directory (not a symlink to
     /// one) under the canonical name of its step.
-    fn checkpoint_entry(&self, entry: &fs::DirEntry) -> Option<u64> {
-        let step = parse_step_dir_name(&entry.file_name().to_string_lossy())?;
-        entry.file_type().ok()?.is_dir().then_some(step)
+    fn checkpoint_entry(&self, entry: &crate::confine::Entry) -> Option<u64> {
+        let step = parse_step_dir_name(&entry.name_lossy())?;
+        entry.kind.is_dir().then_some(step)
     }
 
-    fn read_dir(&self) -> Result<Vec<fs::DirEntry>, CheckpointError> {
-        let list_err = |source| CheckpointError::ListDir { path: self.dir.clone(), source };
-        let mut entries = Vec::new();
-        for entry in fs::read_dir(&self.dir).map_err(list_err)? {
-            entries.push(entry.map_err(list_err)?);
-        }
-        Ok(entries)
+    fn read_dir(&self) -> Result<Vec<crate::confine::Entry>, CheckpointError> {
+        self.root()?.entries("").map_err(|source| CheckpointError::ListDir { path: self.dir.clone(), source })
     }
 
     /// Commits `snapshot` durably, then rotates old checkpoints out.
@@ -445,11 +472,11 @@ impl CheckpointStore {
             if let Err(reason) = (parts.collect)() {
                 tracing::warn!(step = snapshot.step, %reason, "the other ranks' parts of an abandoned checkpoint");
             }
-            let staging = self.dir.join(&parts.staging);
-            if staging.exists()
-                && let Err(e) = fs::remove_dir_all(&staging)
+            if let Ok(root) = self.root()
+                && root.exists(&parts.staging)
+                && let Err(e) = root.remove_dir_all(&parts.staging)
             {
-                tracing::warn!(path = %staging.display(), error = %e, "could not remove the staging directory of an abandoned checkpoint; the next start removes it");
+                tracing::warn!(path = %root.shown(&parts.staging).display(), error = %e, "could not remove the staging directory of an abandoned checkpoint; the next start removes it");
             }
         }
         result
@@ -463,8 +490,15 @@ impl CheckpointStore {
     ) -> Result<SaveReport, CheckpointError> {
         let started = Instant::now();
         let step = snapshot.step;
+        let root = self.root()?;
+        let final_name = step_dir_name(step);
         let final_dir = self.step_dir(step);
-        if final_dir.exists() && verify_checkpoint_dir(&final_dir, VerifyLevel::Full).is_empty() {
+        // Only a real directory is looked into: a link by this name (planted
+        // while the store was open) is not read through; it is moved aside
+        // as a link when the new checkpoint takes its name.
+        if matches!(root.own_dir(&final_name), Ok(true))
+            && verify_checkpoint_dir(&final_dir, VerifyLevel::Full).is_empty()
+        {
             // Deterministic training: the same step holds the same state, so an
             // existing valid checkpoint is as good as a new one.
             tracing::info!(step, dir = %final_dir.display(), "checkpoint of this step already exists and verifies; keeping it");
@@ -497,11 +531,8 @@ impl CheckpointStore {
             rank: 0,
         });
         let needed: u64 = files.iter().map(|f| f.size).sum::<u64>() + SPACE_SLACK;
-        let available = available_space(&self.dir).map_err(|source| CheckpointError::Write {
-            step,
-            path: self.dir.clone(),
-            source,
-        })?;
+        let available =
+            root.available_space().map_err(|source| CheckpointError::Write { step, path: self.dir.clone(), source })?;
         // `fs::available_space=return(BYTES)` stands in for the
         // filesystem's answer, so the pre-check is tested on every machine
         // (a real small filesystem needs root to mount). Not a `checkpoint::`
@@ -513,15 +544,15 @@ impl CheckpointStore {
         }
 
         let tmp = match &parts {
-            Some(p) => self.shared_staging_dir(step, &p.staging)?,
-            None => self.dir.join(format!(
+            Some(p) => self.shared_staging_dir(step, &p.staging)?.to_string(),
+            None => format!(
                 "{TMP_PREFIX}{}-{}-{}",
                 step_dir_name(step),
                 std::process::id(),
                 TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-            )),
+            ),
         };
-        match self.write_and_commit(snapshot, &files, &tmp, &final_dir, parts, collected) {
+        match self.write_and_commit(&root, snapshot, &files, &tmp, &final_name, parts, collected) {
             Ok((bytes, parts, write)) => {
                 self.known_bad().remove(&step);
                 let rotated_out = self.may_write(step).and_then(|()| self.rotate(step)).map_err(|e| {
@@ -535,22 +566,24 @@ impl CheckpointStore {
                 Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, parts, Some(write)))
             }
             Err(e) => {
-                if tmp.exists()
-                    && let Err(rm) = fs::remove_dir_all(&tmp)
+                if root.exists(&tmp)
+                    && let Err(rm) = root.remove_dir_all(&tmp)
                 {
-                    tracing::warn!(path = %tmp.display(), error = %rm, "could not remove partial checkpoint; it will be removed at the next start");
+                    tracing::warn!(path = %root.shown(&tmp).display(), error = %rm, "could not remove partial checkpoint; it will be removed at the next start");
                 }
                 Err(e)
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn write_and_commit(
         &self,
+        root: &Dir,
         snapshot: &Snapshot,
         files: &[PlannedFile<'_>],
-        tmp: &Path,
-        final_dir: &Path,
+        tmp_name: &str,
+        final_name: &str,
         parts: Option<&mut Parts<'_>>,
         collected: &mut bool,
     ) -> Result<(u64, Option<PartsWritten>, WriteChoice), CheckpointError> {
@@ -559,18 +592,23 @@ impl CheckpointStore {
             let path = path.to_path_buf();
             move |source| CheckpointError::Write { step, path, source }
         };
+        let (tmp_path, final_path) = (root.shown(tmp_name), root.shown(final_name));
+        let (tmp_path, final_dir) = (tmp_path.as_path(), final_path.as_path());
         // The other ranks may have made the shared staging directory first.
-        match fs::create_dir(tmp) {
+        match root.create_dir(tmp_name, 0o777) {
             Err(e) if parts.is_some() && e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            other => other.map_err(werr(tmp))?,
+            other => other.map_err(werr(tmp_path))?,
         }
+        // Held from here on: the staging directory swapped for a link
+        // meanwhile is not followed (the handle is the directory made here).
+        let tmp = root.open_dir(tmp_name).map_err(werr(tmp_path))?;
         // How to write, measured at the first large save on this
         // filesystem (`write_mode.rs`); the files on every core: SHA-256 of
         // one stream runs on one core, so separate files (shards) are what
         // lets hashing use more.
         let tensor_bytes = files.iter().filter(|f| matches!(f.content, Content::Tensors(..))).map(|f| f.size).sum();
-        let mut choice = self.write_choice(tensor_bytes);
-        let written = write_files(tmp, files, &choice.plan, step)?;
+        let mut choice = self.write_choice(root, tensor_bytes);
+        let written = write_files(&tmp, files, &choice.plan, step)?;
         choice.direct_refused = choice.plan.mode == IoMode::Direct
             && written.iter().any(|(e, w)| {
                 w.mode == WriteMode::Buffered
@@ -590,7 +628,8 @@ impl CheckpointStore {
             let optimizer = (!parts.optimizer_in_parts).then_some(&snapshot.optimizer);
             let expected = names_from_others(&snapshot.model, optimizer, self.sharding(parts.world));
             entries.extend(
-                check_part_entries(tmp, theirs, &expected).map_err(|reason| CheckpointError::Parts { step, reason })?,
+                check_part_entries(&tmp, theirs, &expected)
+                    .map_err(|reason| CheckpointError::Parts { step, reason })?,
             );
         }
         let sharded = entries.iter().any(|e| parse_shard_name(&e.name).is_some());
@@ -603,9 +642,10 @@ impl CheckpointStore {
             files: entries,
         };
         failpoint("checkpoint::before_manifest")?;
-        let manifest_path = tmp.join(MANIFEST_FILE);
-        let manifest_bytes = write_hashed(&manifest_path, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?.bytes;
-        fsync_dir(tmp).map_err(werr(tmp))?;
+        let manifest_path = tmp.shown(MANIFEST_FILE);
+        let manifest_bytes =
+            write_hashed(&tmp, MANIFEST_FILE, &[&manifest.to_bytes()]).map_err(werr(&manifest_path))?.bytes;
+        tmp.sync().map_err(werr(tmp_path))?;
         failpoint("checkpoint::before_rename")?;
         // The last moment to find out that another process owns the directory
         // now. Logged here: a save in flight when the run stops for the lost
@@ -619,14 +659,15 @@ impl CheckpointStore {
             move |e| CheckpointError::AfterCommit { step, dir: final_dir.to_path_buf(), stage, source: Box::new(e) }
         };
         let sync_err = |source| CheckpointError::SyncDir { path: self.dir.clone(), source };
-        if final_dir.exists() {
+        if root.exists(final_name) {
             // An invalid checkpoint of the same step (a valid one was kept
             // above): move it aside atomically, put the new one in its place,
             // then remove it. Until the second rename no committed state has
             // changed but the invalid one's name.
-            let aside = self.trash_path(step);
+            let aside_name = self.trash_name(step);
+            let aside = root.shown(&aside_name);
             tracing::warn!(dir = %final_dir.display(), aside = %aside.display(), "replacing an invalid checkpoint of the same step");
-            fail_io("checkpoint::replace::move_aside").and_then(|()| fs::rename(final_dir, &aside)).map_err(
+            fail_io("checkpoint::replace::move_aside").and_then(|()| root.rename(final_name, &aside_name)).map_err(
                 |source| CheckpointError::ReplaceMoveAside {
                     step,
                     dir: final_dir.to_path_buf(),
@@ -634,32 +675,37 @@ impl CheckpointStore {
                     source,
                 },
             )?;
-            fail_io("checkpoint::replace::rename").and_then(|()| fs::rename(tmp, final_dir)).map_err(|source| {
-                CheckpointError::ReplaceRename { step, dir: final_dir.to_path_buf(), aside: aside.clone(), source }
-            })?;
-            fail_io("checkpoint::replace::sync").and_then(|()| fsync_dir(&self.dir)).map_err(sync_err).map_err(
-                after("syncing the checkpoints directory after replacing an invalid checkpoint of the same step"),
+            fail_io("checkpoint::replace::rename").and_then(|()| root.rename(tmp_name, final_name)).map_err(
+                |source| CheckpointError::ReplaceRename {
+                    step,
+                    dir: final_dir.to_path_buf(),
+                    aside: aside.clone(),
+                    source,
+                },
             )?;
+            fail_io("checkpoint::replace::sync").and_then(|()| root.sync()).map_err(sync_err).map_err(after(
+                "syncing the checkpoints directory after replacing an invalid checkpoint of the same step",
+            ))?;
             fail_io("checkpoint::replace::remove_old")
-                .and_then(|()| fs::remove_dir_all(&aside))
+                .and_then(|()| root.remove_dir_all(&aside_name))
                 .map_err(|source| CheckpointError::Remove { path: aside.clone(), source })
                 .map_err(after("removing the invalid checkpoint it replaced (the next start removes it)"))?;
         } else {
-            fs::rename(tmp, final_dir).map_err(werr(final_dir))?;
+            root.rename(tmp_name, final_name).map_err(werr(final_dir))?;
             failpoint("checkpoint::after_rename").map_err(after("syncing the checkpoints directory"))?;
-            fsync_dir(&self.dir).map_err(sync_err).map_err(after("syncing the checkpoints directory"))?;
+            root.sync().map_err(sync_err).map_err(after("syncing the checkpoints directory"))?;
         }
         failpoint("checkpoint::after_commit").map_err(after("the commit's last step"))?;
         Ok((manifest.total_bytes() + manifest_bytes, written_in_parts, choice))
     }
 
-    fn trash_path(&self, step: u64) -> PathBuf {
-        self.dir.join(format!(
+    fn trash_name(&self, step: u64) -> String {
+        format!(
             "{TRASH_PREFIX}{}-{}-{}",
             step_dir_name(step),
             std::process::id(),
             TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ))
+        )
     }
 
     /// Applies the rotation plan for the checkpoint of step `committed`, just
@@ -686,18 +732,21 @@ impl CheckpointStore {
                 Candidate { step: i.step, valid: failures.is_empty() }
             })
             .collect();
+        let root = self.root()?;
         let mut removed = Vec::new();
         for action in rotation::plan(&candidates, self.keep, committed) {
             if let Action::Delete { step, reason } = action {
                 failpoint("checkpoint::rotation_delete")?;
                 let dir = self.step_dir(step);
-                let trash = self.trash_path(step);
+                let trash = self.trash_name(step);
                 tracing::info!(step, ?reason, dir = %dir.display(), "rotating out checkpoint");
-                fs::rename(&dir, &trash).map_err(|source| CheckpointError::Remove { path: dir.clone(), source })?;
-                fsync_dir(&self.dir).map_err(|source| CheckpointError::Remove { path: dir.clone(), source })?;
+                root.rename(step_dir_name(step), &trash)
+                    .map_err(|source| CheckpointError::Remove { path: dir.clone(), source })?;
+                root.sync().map_err(|source| CheckpointError::Remove { path: dir.clone(), source })?;
                 // Renamed aside but not yet removed: a crash here must leave only a leftover.
                 failpoint("checkpoint::rotation_trashed")?;
-                fs::remove_dir_all(&trash).map_err(|source| CheckpointError::Remove { path: trash, source })?;
+                root.remove_dir_all(&trash)
+                    .map_err(|source| CheckpointError::Remove { path: root.shown(&trash), source })?;
                 removed.push(dir);
             }
         }
@@ -709,7 +758,7 @@ impl CheckpointStore {
         let mut infos = Vec::new();
         for entry in self.read_dir()? {
             let Some(step) = self.checkpoint_entry(&entry) else { continue };
-            infos.push(inspect(&entry.path(), step, level));
+            infos.push(inspect(&self.dir.join(&entry.name), step, level));
         }
         infos.sort_by_key(|i| std::cmp::Reverse(i.step));
         Ok(infos)
@@ -725,7 +774,7 @@ impl CheckpointStore {
         rejected
             .iter()
             .map(|info| {
-                let moved_to = quarantine::move_to_quarantine(&self.dir, &info.dir, info.step);
+                let moved_to = self.root().and_then(|root| quarantine::move_to_quarantine(&root, info.step));
                 if moved_to.is_err() {
                     self.known_bad().insert(info.step);
                 }
@@ -746,14 +795,14 @@ impl CheckpointStore {
     /// The quarantined checkpoints (`quarantine/`), newest step first, with
     /// what verification at `level` finds in them now.
     pub fn list_quarantined(&self, level: VerifyLevel) -> Result<Vec<CheckpointInfo>, CheckpointError> {
-        quarantine::list_quarantined(&self.dir, level)
+        quarantine::list_quarantined(&*self.root()?, level)
     }
 
     /// Loads the newest checkpoint that verifies completely (every hash and
     /// every file parses). Newer ones that fail are returned with the reasons.
     pub fn load_latest(&self) -> Result<LoadOutcome, CheckpointError> {
         let mut rejected = Vec::new();
-        if !self.dir.exists() {
+        if self.root.is_none() && matches!(Dir::open(&self.dir), Err(e) if e.kind() == io::ErrorKind::NotFound) {
             return Ok(LoadOutcome { loaded: None, rejected });
         }
         for info in self.list(VerifyLevel::Quick)? {
@@ -818,7 +867,7 @@ fn check_tensors(step: u64, set: &TensorSet) -> Result<(), CheckpointError> {
 /// each in `staging` as a plain file of the size reported (its hash was
 /// computed as it was written and fsynced).
 fn check_part_entries(
-    staging: &Path,
+    staging: &Dir,
     theirs: Vec<ManifestEntry>,
     expected: &std::collections::BTreeMap<String, usize>,
 ) -> Result<Vec<ManifestEntry>, String> {
@@ -830,18 +879,20 @@ fn check_part_entries(
         if !seen.insert(entry.name.as_str()) {
             return Err(format!("rank {rank}'s `{}` was reported twice", entry.name));
         }
-        match fs::symlink_metadata(staging.join(&entry.name)) {
+        match staging.symlink_metadata(&entry.name) {
             Ok(m) if m.file_type().is_file() && m.len() == entry.bytes => {}
             Ok(m) => {
                 return Err(format!(
                     "rank {rank}'s `{}` in {} is not the plain file of {} bytes it reported ({} bytes)",
                     entry.name,
-                    staging.display(),
+                    staging.path().display(),
                     entry.bytes,
                     m.len()
                 ));
             }
-            Err(e) => return Err(format!("rank {rank}'s `{}` is not in {}: {e}", entry.name, staging.display())),
+            Err(e) => {
+                return Err(format!("rank {rank}'s `{}` is not in {}: {e}", entry.name, staging.path().display()));
+            }
         }
     }
     if let Some((missing, rank)) = expected.iter().find(|(n, _)| !seen.contains(n.as_str())) {
@@ -872,6 +923,7 @@ mod tests {
     use crate::checkpoint::error::Problem;
     use crate::checkpoint::layout::MODEL_FILE;
     use crate::checkpoint::tensor::HostTensor;
+    use std::fs;
 
     fn snapshot(step: u64) -> Snapshot {
         let mut model = TensorSet::new();

@@ -86,7 +86,8 @@ fn check_entry(dir: &Path, entry: &ManifestEntry, level: VerifyLevel, keep: bool
     if level == VerifyLevel::Quick {
         return Ok(Vec::new());
     }
-    let (bytes, sha256, kept) = read_hashed(&path, keep).map_err(|e| unreadable(entry, e))?;
+    let (bytes, sha256, kept) =
+        crate::confine::open_regular(&path).and_then(|f| read_hashed(f, keep)).map_err(|e| unreadable(entry, e))?;
     check_read(entry, bytes, sha256)?;
     Ok(kept)
 }
@@ -141,7 +142,7 @@ fn load_entry(dir: &Path, entry: &ManifestEntry) -> Result<Content, FileFailure>
         return check_entry(dir, entry, VerifyLevel::Full, true).map(Content::Bytes);
     }
     let path = check_file(dir, entry)?;
-    let read = map_tensors_hashed(&path).map_err(|e| unreadable(entry, e))?;
+    let read = crate::confine::open_regular(&path).and_then(map_tensors_hashed).map_err(|e| unreadable(entry, e))?;
     check_read(entry, read.bytes, read.sha256)?;
     read.tensors
         .map(Content::Tensors)

@@ -28,18 +28,18 @@
 //! is that of any files checkpoint: one flat directory, one manifest.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::error::CheckpointError;
-use super::files::{staged_files, sync_and_hash};
-use super::hashed_io::{fsync_dir, write_hashed};
+use super::files::{STAGING_DIR, staged_files, sync_and_hash};
+use super::hashed_io::write_hashed;
 use super::layout::step_dir_name;
 use super::manifest::ManifestEntry;
 use super::store::{CheckpointStore, PartsWritten, SaveReport, TMP_PREFIX};
+use crate::confine::Dir;
 
 /// How the world's directory of a step begins, inside the staging directory.
 const WORLD_PREFIX: &str = ".world-";
@@ -96,7 +96,7 @@ fn rank_name(rank: usize) -> String {
 impl CheckpointStore {
     /// The directory where the ranks of a world of `world` put their parts of `step`.
     pub fn world_dir(&self, step: u64, world: usize) -> PathBuf {
-        self.staging_dir().join(format!("{WORLD_PREFIX}{}-of-{world:05}", step_dir_name(step)))
+        self.dir().join(world_rel(step, world))
     }
 
     /// Step 2 of the module header for rank `who`: `staged` (directly under
@@ -104,24 +104,26 @@ impl CheckpointStore {
     /// part of the checkpoint of `step`. A failure once the part is named
     /// is also written where rank 0 sees it.
     pub fn seal_part(&self, staged: &Path, step: u64, who: WorldRank) -> Result<PartSealed, CheckpointError> {
-        let staged_real = self.check_staged(staged, step)?;
+        let root = self.root()?;
+        let staged_rel = self.check_staged(&root, staged, step)?;
         let final_dir = self.check_newer(staged, step)?;
-        let world_dir = self.world_dir(step, who.world);
+        let world = world_rel(step, who.world);
+        let world_dir = root.shown(&world);
         let refuse = |reason: String| CheckpointError::Seal { dir: staged.to_path_buf(), step, reason };
-        match fs::create_dir(&world_dir) {
+        match root.create_dir(&world, 0o777) {
             Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
                 return Err(refuse(format!("cannot make the world's directory {}: {e}", world_dir.display())));
             }
             _ => {}
         }
-        match crate::confine::own_dir(&world_dir) {
+        match root.own_dir(&world) {
             Ok(true) => {}
             Ok(false) => return Err(refuse(format!("the world's directory {} vanished", world_dir.display()))),
             Err(e) => return Err(refuse(e.to_string())),
         }
-        let part_dir = world_dir.join(rank_name(who.rank));
-        let record = world_dir.join(format!("{}.json", rank_name(who.rank)));
-        if fs::symlink_metadata(&part_dir).is_ok() || fs::symlink_metadata(&record).is_ok() {
+        let part = world.join(rank_name(who.rank));
+        let record = world.join(format!("{}.json", rank_name(who.rank)));
+        if root.exists(&part) || root.exists(&record) {
             return Err(refuse(format!(
                 "rank {} already sealed its part of step {step} (in {}): each rank seals a step once",
                 who.rank,
@@ -131,36 +133,45 @@ impl CheckpointStore {
         // As for a plain seal: moved under rekindle's name first, then
         // checked and listed there, so that nothing the program swaps in
         // later is read.
-        fs::rename(&staged_real, &part_dir)
-            .map_err(|e| refuse(format!("cannot move it into {}: {e}", part_dir.display())))?;
-        let sealed = self.hash_part(&part_dir, step, who).inspect_err(|e| {
-            let failed = world_dir.join(format!("{}.failed", rank_name(who.rank)));
-            if let Err(w) = write_whole(&failed, e.to_string().as_bytes()) {
-                tracing::warn!(path = %failed.display(), error = %w, "could not tell rank 0 that this part failed; it waits until its timeout");
+        root.rename(&staged_rel, &part)
+            .map_err(|e| refuse(format!("cannot move it into {}: {e}", root.shown(&part).display())))?;
+        let sealed = self.hash_part(&root, &world, step, who).inspect_err(|e| {
+            let failed = format!("{}.failed", rank_name(who.rank));
+            let written = root.open_dir(&world).and_then(|w| write_whole(&w, &failed, e.to_string().as_bytes()));
+            if let Err(w) = written {
+                tracing::warn!(path = %world_dir.join(&failed).display(), error = %w, "could not tell rank 0 that this part failed; it waits until its timeout");
             }
         })?;
         Ok(PartSealed { dir: final_dir, ..sealed })
     }
 
-    /// The files of a part moved to `part_dir`, fsynced and hashed, and its
-    /// record written atomically, last.
-    fn hash_part(&self, part_dir: &Path, step: u64, who: WorldRank) -> Result<PartSealed, CheckpointError> {
-        let refuse = |reason: String| CheckpointError::Seal { dir: part_dir.to_path_buf(), step, reason };
-        match crate::confine::own_dir(part_dir) {
+    /// The files of rank `who`'s part, moved into the world's directory
+    /// `world` (relative to the checkpoints directory `root`), fsynced and
+    /// hashed, and its record written atomically, last.
+    fn hash_part(&self, root: &Dir, world: &Path, step: u64, who: WorldRank) -> Result<PartSealed, CheckpointError> {
+        let part = world.join(rank_name(who.rank));
+        let part_dir = root.shown(&part);
+        let refuse = |reason: String| CheckpointError::Seal { dir: part_dir.clone(), step, reason };
+        match root.own_dir(&part) {
             Ok(true) => {}
             Ok(false) => return Err(refuse("it vanished while it was sealed".into())),
             Err(e) => return Err(refuse(format!("it was swapped while it was sealed: {e}"))),
         }
-        let names = staged_files(part_dir, true).map_err(refuse)?;
-        let files = sync_and_hash(part_dir, names, step)?;
-        fsync_dir(part_dir).map_err(|source| CheckpointError::SyncDir { path: part_dir.to_path_buf(), source })?;
+        let held = root.open_dir(&part).map_err(|e| refuse(format!("it was swapped while it was sealed: {e}")))?;
+        let names = staged_files(&held, true).map_err(refuse)?;
+        let files = sync_and_hash(&held, names, step)?;
+        held.sync().map_err(|source| CheckpointError::SyncDir { path: part_dir.clone(), source })?;
         let record = PartRecord { rank: who.rank, world: who.world, step, files };
-        let world_dir = part_dir.parent().unwrap_or(part_dir);
-        let path = world_dir.join(format!("{}.json", rank_name(who.rank)));
+        let name = format!("{}.json", rank_name(who.rank));
+        let path = root.shown(world.join(&name));
         let bytes = serde_json::to_vec(&record).expect("a part record serialises");
         // Tests make a rank die between its files and its record here.
         fail::fail_point!("checkpoint::world::before_record");
-        write_whole(&path, &bytes).map_err(|source| CheckpointError::Write { step, path: path.clone(), source })?;
+        root.open_dir(world).and_then(|w| write_whole(&w, &name, &bytes)).map_err(|source| CheckpointError::Write {
+            step,
+            path: path.clone(),
+            source,
+        })?;
         let total = record.files.iter().map(|f| f.bytes).sum();
         Ok(PartSealed { step, who, files: record.files, bytes: total, dir: PathBuf::new() })
     }
@@ -173,37 +184,39 @@ impl CheckpointStore {
     /// untouched.
     pub fn commit_world(&self, step: u64, world: usize, timeout: Duration) -> Result<SaveReport, CheckpointError> {
         let started = Instant::now();
-        let world_dir = self.world_dir(step, world);
+        let root = self.root()?;
+        let world_name = world_rel(step, world);
+        let world_dir = root.shown(&world_name);
         let abandon = |reason: String| {
-            if let Err(e) = fs::remove_dir_all(&world_dir) {
+            if let Err(e) = root.remove_dir_all(&world_name) {
                 tracing::warn!(dir = %world_dir.display(), error = %e, "could not remove the parts of an abandoned world checkpoint; the next attempt removes them");
             }
             CheckpointError::World { step, reason }
         };
-        let records = wait_for_parts(&world_dir, step, world, timeout).map_err(abandon)?;
+        let records = wait_for_parts(&root, &world_name, step, world, timeout).map_err(abandon)?;
         let waited = started.elapsed().as_secs_f64();
         check_parts(&records).map_err(abandon)?;
         let final_dir = self.check_newer(&world_dir, step).map_err(|e| abandon(e.to_string()))?;
-        let sealing = self.dir().join(format!("{TMP_PREFIX}seal-{}-{}", step_dir_name(step), std::process::id()));
-        let gathered = gather(&world_dir, &sealing, &records).map_err(|reason| {
-            let _ = fs::remove_dir_all(&sealing);
+        let sealing = format!("{TMP_PREFIX}seal-{}-{}", step_dir_name(step), std::process::id());
+        let gathered = gather(&root, &world_name, &sealing, &records).map_err(|reason| {
+            let _ = root.remove_dir_all(&sealing);
             abandon(reason)
         });
         let entries = gathered?;
         let own_bytes = records.get(&0).map_or(0, |r| r.files.iter().map(|f| f.bytes).sum());
-        let committed = self.commit_files(&sealing, &final_dir, step, entries);
+        let committed = self.commit_files(&root, &sealing, &final_dir, step, entries);
         match committed {
             Ok((bytes, rotated_out)) => {
-                let _ = fs::remove_dir_all(&world_dir);
+                let _ = root.remove_dir_all(&world_name);
                 let parts = PartsWritten { ranks: world, wait_seconds: waited, own_bytes };
                 Ok(SaveReport::committed(step, final_dir, bytes, started, rotated_out, Some(parts), None))
             }
             Err(e) if e.committed() => {
-                let _ = fs::remove_dir_all(&world_dir);
+                let _ = root.remove_dir_all(&world_name);
                 Err(e)
             }
             Err(e) => {
-                let _ = fs::remove_dir_all(&sealing);
+                let _ = root.remove_dir_all(&sealing);
                 let _ = abandon(String::new());
                 Err(e)
             }
@@ -211,22 +224,29 @@ impl CheckpointStore {
     }
 }
 
-/// Writes `path` so that it appears whole or not at all: a temporary file
-/// of this process, fsynced, renamed into place, the directory fsynced.
-fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    write_hashed(&tmp, &[bytes])?;
-    fs::rename(&tmp, path)?;
-    fsync_dir(path.parent().unwrap_or(Path::new(".")))
+/// The world's directory of `step` for a world of `world`, relative to the
+/// checkpoints directory (inside the staging directory).
+fn world_rel(step: u64, world: usize) -> PathBuf {
+    Path::new(STAGING_DIR).join(format!("{WORLD_PREFIX}{}-of-{world:05}", step_dir_name(step)))
+}
+
+/// Writes `name` in `dir` so that it appears whole or not at all: a
+/// temporary file of this process, fsynced, renamed into place, the
+/// directory fsynced.
+fn write_whole(dir: &Dir, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = format!(".{name}.{}.tmp", std::process::id());
+    let _ = dir.remove_file(&tmp);
+    write_hashed(dir, &tmp, &[bytes])?;
+    dir.rename(&tmp, name)?;
+    dir.sync()
 }
 
 /// Every rank's record, by rank, once all are in; why not otherwise (a
 /// rank's `.failed` reason, an unreadable record, the timeout naming the
 /// ranks still missing).
 fn wait_for_parts(
-    world_dir: &Path,
+    root: &Dir,
+    world_name: &Path,
     step: u64,
     world: usize,
     timeout: Duration,
@@ -236,12 +256,13 @@ fn wait_for_parts(
     loop {
         let missing: Vec<usize> = (0..world).filter(|r| !records.contains_key(r)).collect();
         for rank in missing {
-            let failed = world_dir.join(format!("{}.failed", rank_name(rank)));
-            if let Ok(why) = crate::confine::read_bounded(&failed, 64 << 10) {
+            let failed = world_name.join(format!("{}.failed", rank_name(rank)));
+            if let Ok(why) = root.read_bounded(&failed, 64 << 10) {
                 return Err(format!("rank {rank} could not seal its part: {}", String::from_utf8_lossy(&why)));
             }
-            let path = world_dir.join(format!("{}.json", rank_name(rank)));
-            let Ok(bytes) = crate::confine::read_bounded(&path, 64 << 20) else { continue };
+            let rel = world_name.join(format!("{}.json", rank_name(rank)));
+            let path = root.shown(&rel);
+            let Ok(bytes) = root.read_bounded(&rel, 64 << 20) else { continue };
             let record: PartRecord = serde_json::from_slice(&bytes)
                 .map_err(|e| format!("rank {rank}'s part record {} cannot be read: {e}", path.display()))?;
             if record.rank != rank || record.world != world || record.step != step {
@@ -258,8 +279,11 @@ fn wait_for_parts(
         if records.len() == world {
             return Ok(records);
         }
-        if !world_dir.is_dir() {
-            return Err(format!("the world's directory {} was removed while rank 0 waited", world_dir.display()));
+        if !matches!(root.own_dir(world_name), Ok(true)) {
+            return Err(format!(
+                "the world's directory {} was removed while rank 0 waited",
+                root.shown(world_name).display()
+            ));
         }
         if started.elapsed() >= timeout {
             let missing: Vec<String> = (0..world).filter(|r| !records.contains_key(r)).map(|r| r.to_string()).collect();
@@ -299,17 +323,19 @@ fn check_parts(records: &BTreeMap<usize, PartRecord>) -> Result<usize, String> {
 /// own), each checked to be the plain file of the size its rank recorded;
 /// their manifest entries, sorted by name.
 fn gather(
-    world_dir: &Path,
-    sealing: &Path,
+    root: &Dir,
+    world_name: &Path,
+    sealing: &str,
     records: &BTreeMap<usize, PartRecord>,
 ) -> Result<Vec<ManifestEntry>, String> {
-    fs::create_dir(sealing).map_err(|e| format!("cannot make {}: {e}", sealing.display()))?;
+    let shown = root.shown(sealing);
+    root.create_dir(sealing, 0o777).map_err(|e| format!("cannot make {}: {e}", shown.display()))?;
     let mut entries = Vec::new();
     for (rank, record) in records {
-        let part_dir = world_dir.join(rank_name(*rank));
+        let part = world_name.join(rank_name(*rank));
         for file in &record.files {
-            let from = part_dir.join(&file.name);
-            let meta = fs::symlink_metadata(&from).map_err(|e| format!("rank {rank}'s `{}`: {e}", file.name))?;
+            let from = part.join(&file.name);
+            let meta = root.symlink_metadata(&from).map_err(|e| format!("rank {rank}'s `{}`: {e}", file.name))?;
             if !meta.is_file() || meta.len() != file.bytes {
                 return Err(format!(
                     "rank {rank}'s `{}` changed after it was sealed ({} bytes recorded, {} now{})",
@@ -319,8 +345,8 @@ fn gather(
                     if meta.is_file() { "" } else { ", not a plain file" }
                 ));
             }
-            fs::rename(&from, sealing.join(&file.name))
-                .map_err(|e| format!("cannot move rank {rank}'s `{}` into {}: {e}", file.name, sealing.display()))?;
+            root.rename(&from, Path::new(sealing).join(&file.name))
+                .map_err(|e| format!("cannot move rank {rank}'s `{}` into {}: {e}", file.name, shown.display()))?;
             entries.push(file.clone());
         }
     }
@@ -333,6 +359,7 @@ mod tests {
     use super::*;
     use crate::checkpoint::files::tests::stage;
     use crate::checkpoint::{MANIFEST_FILE, VerifyLevel, read_manifest, verify_checkpoint_dir};
+    use std::fs;
 
     fn store(dir: &Path) -> CheckpointStore {
         let store = CheckpointStore::open(dir.join("checkpoints"), 3).unwrap();

@@ -17,9 +17,9 @@
 //! (`probe`) go through the very write path a save takes
 //! (`hashed_io::write_hashed_with`).
 
+use crate::confine::Dir;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -222,7 +222,7 @@ static CHOSEN: Mutex<Vec<((u64, WriteSettings), WriteChoice)>> = Mutex::new(Vec:
 /// full disk) is logged and the default taken: the save itself then
 /// reports the error, if any. Measurements of the process wait for each
 /// other (one at a time measures the disk, not the others).
-pub fn plan_for(dir: &Path, settings: &WriteSettings, payload: u64, measure: bool) -> WriteChoice {
+pub fn plan_for(dir: &Dir, settings: &WriteSettings, payload: u64, measure: bool) -> WriteChoice {
     let chosen = |plan, chosen_by| WriteChoice {
         plan,
         chosen_by,
@@ -234,7 +234,7 @@ pub fn plan_for(dir: &Path, settings: &WriteSettings, payload: u64, measure: boo
     if list.len() == 1 {
         return chosen(list[0], ChosenBy::Configured);
     }
-    let device = std::fs::metadata(dir).map(|m| m.dev()).unwrap_or(u64::MAX);
+    let device = dir.metadata().map(|m| m.dev()).unwrap_or(u64::MAX);
     let key = (device, *settings);
     let mut cache = CHOSEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some((_, known)) = cache.iter().find(|(k, _)| *k == key) {
@@ -254,12 +254,12 @@ pub fn plan_for(dir: &Path, settings: &WriteSettings, payload: u64, measure: boo
                 measure_seconds: Some(started.elapsed().as_secs_f64()),
                 direct_refused: false,
             };
-            tracing::info!(dir = %dir.display(), plan = %choice.plan, trials = ?choice.trials, "measured how to write checkpoints on this filesystem");
+            tracing::info!(dir = %dir.path().display(), plan = %choice.plan, trials = ?choice.trials, "measured how to write checkpoints on this filesystem");
             cache.push((key, choice.clone()));
             choice
         }
         Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "could not measure how to write checkpoints here; writing through the page cache");
+            tracing::warn!(dir = %dir.path().display(), error = %e, "could not measure how to write checkpoints here; writing through the page cache");
             chosen(list[0], ChosenBy::Default)
         }
     }
@@ -276,11 +276,12 @@ pub(super) fn forget_choices() {
 /// in a leftover-named directory of `dir` (removed after; the next open of
 /// the store removes it after a crash). Returns each plan's fastest trial;
 /// a direct plan the filesystem refused is left out.
-pub fn probe(dir: &Path, plans: &[WritePlan], bytes: usize, rounds: usize) -> std::io::Result<Vec<Trial>> {
-    let scratch = dir.join(format!("{}probe-{}", super::store::LEFTOVER_PREFIXES[0], std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir(&scratch)?;
+pub fn probe(dir: &Dir, plans: &[WritePlan], bytes: usize, rounds: usize) -> std::io::Result<Vec<Trial>> {
+    let scratch_name = format!("{}probe-{}", super::store::LEFTOVER_PREFIXES[0], std::process::id());
+    let _ = dir.remove_dir_all(&scratch_name);
+    dir.create_dir(&scratch_name, 0o777)?;
     let result = (|| {
+        let scratch = dir.open_dir(&scratch_name)?;
         // Incompressible bytes, so a compressing filesystem measures the
         // disk; one 8 MiB pattern repeated.
         let mut pattern = vec![0u8; DEFAULT_BLOCK.min(bytes.max(1))];
@@ -290,12 +291,12 @@ pub fn probe(dir: &Path, plans: &[WritePlan], bytes: usize, rounds: usize) -> st
         let mut refused = Vec::new();
         for round in 0..rounds {
             for (i, plan) in plans.iter().enumerate() {
-                let path = scratch.join(format!("trial-{round}-{i}"));
+                let name = format!("trial-{round}-{i}");
                 let t0 = Instant::now();
-                let written = hashed_io::write_hashed_with(&path, &parts, plan)?;
+                let written = hashed_io::write_hashed_with(&scratch, &name, &parts, plan)?;
                 let gbps = written.bytes as f64 / t0.elapsed().as_secs_f64() / 1e9;
-                hashed_io::drop_cached(&path);
-                std::fs::remove_file(&path)?;
+                hashed_io::drop_cached(&scratch, &name);
+                scratch.remove_file(&name)?;
                 if plan.mode == IoMode::Direct && written.mode != WriteMode::Direct {
                     refused.push(*plan);
                 }
@@ -309,7 +310,7 @@ pub fn probe(dir: &Path, plans: &[WritePlan], bytes: usize, rounds: usize) -> st
             .map(|p| Trial { plan: *p, gbps: best.get(p).copied().unwrap_or(0.0) })
             .collect())
     })();
-    let _ = std::fs::remove_dir_all(&scratch);
+    let _ = dir.remove_dir_all(&scratch_name);
     result
 }
 
@@ -396,18 +397,19 @@ mod tests {
     fn a_measurement_is_made_once_per_filesystem_and_small_or_synchronous_saves_never_measure() {
         forget_choices();
         let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::open(tmp.path()).unwrap();
         let settings = WriteSettings { block_bytes: Some(1 << 20), ..WriteSettings::default() };
-        let small = plan_for(tmp.path(), &settings, 1 << 20, true);
+        let small = plan_for(&dir, &settings, 1 << 20, true);
         assert_eq!((small.chosen_by, small.plan.mode), (ChosenBy::Default, IoMode::Buffered));
         assert!(small.trials.is_empty());
         let configured = WriteSettings { mode: ModeSetting::Direct, queue_depth: Some(2), ..settings };
-        let unmeasured = plan_for(tmp.path(), &settings, 1 << 40, false);
+        let unmeasured = plan_for(&dir, &settings, 1 << 40, false);
         assert_eq!((unmeasured.chosen_by, unmeasured.trials.len()), (ChosenBy::Default, 0), "not asked to measure");
-        assert_eq!(plan_for(tmp.path(), &configured, 1 << 40, true).chosen_by, ChosenBy::Configured);
-        assert_eq!(plan_for(tmp.path(), &configured, 1 << 40, true).plan, plan(IoMode::Direct, 1, 2));
+        assert_eq!(plan_for(&dir, &configured, 1 << 40, true).chosen_by, ChosenBy::Configured);
+        assert_eq!(plan_for(&dir, &configured, 1 << 40, true).plan, plan(IoMode::Direct, 1, 2));
         // Measured with small trial files (the probe itself, not plan_for's
         // 128 MiB trials, so the test stays quick).
-        let trials = probe(tmp.path(), &candidates(&settings), 2 << 20, 1).unwrap();
+        let trials = probe(&dir, &candidates(&settings), 2 << 20, 1).unwrap();
         assert!(!trials.is_empty() && trials.iter().all(|t| t.gbps > 0.0), "{trials:?}");
         assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "the probe leaves nothing behind");
     }

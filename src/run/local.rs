@@ -39,6 +39,7 @@ use crate::checkpoint::local::{self as tier, LocalPlaceError, Unusable, WorldRec
 use crate::checkpoint::private;
 use crate::checkpoint::{CheckpointStore, ManifestEntry, Snapshot, TensorSet, read_manifest, reusable, step_dir_name};
 use crate::config::{AutoDuration, Config};
+use crate::confine::Dir;
 use crate::distributed::Collective;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{Event, LocalCheckpoint, RecordedEvent};
@@ -192,7 +193,7 @@ impl LocalWriter {
         // Opening the store first refuses a directory rekindle did not make:
         // nothing is removed from one.
         let store = CheckpointStore::open(root, cfg.recovery.local_keep).map_err(|e| e.to_string())?;
-        remove_uncommitted(root);
+        remove_uncommitted(&*store.root().map_err(|e| e.to_string())?);
         Ok(LocalWriter { store, share: cfg.recovery.local_max_share, in_flight: None, done: Vec::new(), spare: None })
     }
 
@@ -217,9 +218,10 @@ impl LocalWriter {
         if let Err(why) = private::check_tree_if_present(&dir) {
             return self.done.push(LocalDone::unwritten(step, format!("refused to write over it: {why}")));
         }
-        if dir.exists()
-            && let Err(e) = std::fs::remove_dir_all(&dir)
-        {
+        let name = step_dir_name(step);
+        if let Err(e) = self.store.root().map_err(|e| e.to_string()).and_then(|root| {
+            if root.exists(&name) { root.remove_dir_all(&name).map_err(|e| e.to_string()) } else { Ok(()) }
+        }) {
             return self.done.push(LocalDone::unwritten(step, format!("cannot replace {}: {e}", dir.display())));
         }
         let bytes = snapshot.payload_bytes();
@@ -284,7 +286,12 @@ impl LocalWriter {
         if manifest.files != record.files {
             return Err(format!("this node's copy of step {} is not the one the world agreed on", record.step));
         }
-        record.write(&dir).map_err(|e| format!("cannot write {}: {e}", dir.join(tier::WORLD_FILE).display()))
+        self.store
+            .root()
+            .map_err(std::io::Error::other)
+            .and_then(|root| root.open_dir(step_dir_name(record.step)))
+            .and_then(|copy| record.write(&copy))
+            .map_err(|e| format!("cannot write {}: {e}", dir.join(tier::WORLD_FILE).display()))
     }
 }
 
@@ -297,17 +304,18 @@ pub const REFUSED_PREFIX: &str = "refused-";
 /// renamed `refused-step-…` in the same folder (a rename never follows a
 /// link nor opens what it moves), where neither the store's rotation nor a
 /// save of the same step reaches it.
-fn remove_uncommitted(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if crate::checkpoint::parse_step_dir_name(&entry.file_name().to_string_lossy()).is_none() {
+fn remove_uncommitted(root: &Dir) {
+    let Ok(entries) = root.entries("") else { return };
+    for entry in entries {
+        let path = root.shown(&entry.name);
+        if crate::checkpoint::parse_step_dir_name(&entry.name_lossy()).is_none() {
             continue;
         }
         if let Err(why) = private::check_tree(&path) {
-            let aside = root.join(format!("{REFUSED_PREFIX}{}", entry.file_name().to_string_lossy()));
+            let aside_name = format!("{REFUSED_PREFIX}{}", entry.name_lossy());
+            let aside = root.shown(&aside_name);
             let moved = match private::look(&aside) {
-                Ok(None) => std::fs::rename(&path, &aside).map_err(|e| e.to_string()),
+                Ok(None) => root.rename(&entry.name, &aside_name).map_err(|e| e.to_string()),
                 _ => Err(format!("{} is taken", aside.display())),
             };
             match moved {
@@ -320,8 +328,8 @@ fn remove_uncommitted(root: &Path) {
             }
             continue;
         }
-        if std::fs::symlink_metadata(path.join(tier::WORLD_FILE)).is_err() {
-            match std::fs::remove_dir_all(&path) {
+        if root.symlink_metadata(Path::new(&entry.name).join(tier::WORLD_FILE)).is_err() {
+            match root.remove_dir_all(&entry.name) {
                 Ok(()) => tracing::info!(copy = %path.display(), "removed a local copy the world never committed"),
                 Err(e) => tracing::warn!(copy = %path.display(), error = %e, "cannot remove an uncommitted local copy"),
             }
@@ -686,6 +694,16 @@ pub fn share(
         Side::Cannot(why) => (None, false, Some(why)),
     };
     let dir = root.map(|root| root.join(step_dir_name(step)));
+    // The root held open: every file of the copy is read, written and
+    // renamed below it, never through a link.
+    let handle = match root.map(Dir::open).transpose() {
+        Ok(handle) => handle,
+        Err(e) => {
+            failure.get_or_insert(format!("cannot open the local root: {e}"));
+            None
+        }
+    };
+    let step_name = step_dir_name(step);
     let names: Vec<String> = match &dir {
         Some(dir) if me == holder => {
             let mut names: Vec<String> =
@@ -699,23 +717,29 @@ pub fn share(
         Ok(bytes) => serde_json::from_slice::<Vec<String>>(&bytes).unwrap_or_default(),
         Err(e) => return agree(world, Some(e)),
     };
-    let incoming = root.map(|root| root.join(format!(".incoming-{}", step_dir_name(step))));
-    let incoming = incoming.filter(|_| write);
+    let incoming_name = format!(".incoming-{}", step_dir_name(step));
+    let incoming = handle.as_ref().map(|h| h.shown(&incoming_name)).filter(|_| write);
     // Names are written into this node's root: never one that leaves it.
     if let Some(bad) = names.iter().find(|n| !crate::checkpoint::is_plain_name(n) && *n != tier::WORLD_FILE) {
         failure.get_or_insert(format!("the holder sent the file name `{bad}`, which is not a plain file name"));
     }
-    if let Some(incoming) = &incoming {
-        let _ = std::fs::remove_dir_all(incoming);
-        if let Err(e) = std::fs::create_dir_all(incoming) {
+    if let (Some(incoming), Some(handle)) = (&incoming, &handle) {
+        let _ = handle.remove_dir_all(&incoming_name);
+        if let Err(e) = handle.create_dir(&incoming_name, 0o777) {
             failure = Some(format!("cannot make {}: {e}", incoming.display()));
         }
     }
     for name in &names {
         // Every rank takes part in every round, also after a failure of its
         // own: the rounds must stay in step across the world.
-        let mut source = dir.as_ref().filter(|_| me == holder).map(|dir| std::fs::File::open(dir.join(name)));
-        let mut sink = incoming.as_ref().filter(|_| failure.is_none()).map(|inc| std::fs::File::create(inc.join(name)));
+        let mut source = handle
+            .as_ref()
+            .filter(|_| me == holder && dir.is_some())
+            .map(|h| h.open_read(Path::new(&step_name).join(name)));
+        let mut sink = handle
+            .as_ref()
+            .filter(|_| incoming.is_some() && failure.is_none())
+            .map(|h| h.create_new(Path::new(&incoming_name).join(name), 0o666));
         loop {
             let chunk = match source.as_mut() {
                 Some(Ok(file)) => read_chunk(file).unwrap_or_default(),
@@ -741,10 +765,10 @@ pub fn share(
             failure.get_or_insert(format!("cannot create {}: {e}", inc.join(name).display()));
         }
     }
-    if let (Some(incoming), Some(dir)) = (&incoming, &dir) {
+    if let (Some(_), Some(dir), Some(handle)) = (&incoming, &dir, &handle) {
         if failure.is_none() {
-            let _ = std::fs::remove_dir_all(dir);
-            match std::fs::rename(incoming, dir).and_then(|()| private::keep_private(dir)) {
+            let _ = handle.remove_dir_all(&step_name);
+            match handle.rename(&incoming_name, &step_name).and_then(|()| private::keep_private(dir)) {
                 Ok(()) => {
                     if let Err(e) = tier::check_copy(dir, step, run) {
                         failure = Some(format!("the copy received does not verify: {e}"));
@@ -754,7 +778,7 @@ pub fn share(
             }
         }
         if failure.is_some() {
-            let _ = std::fs::remove_dir_all(incoming);
+            let _ = handle.remove_dir_all(&incoming_name);
         }
     }
     agree(world, failure)
@@ -911,7 +935,9 @@ mod tests {
         let (cut_short, committed) = (root.join(step_dir_name(275)), root.join(step_dir_name(270)));
         std::fs::create_dir_all(&cut_short).unwrap();
         std::fs::create_dir_all(&committed).unwrap();
-        WorldRecord::new("/runs/a".into(), 270, Vec::new(), vec!["a".into()], 1).write(&committed).unwrap();
+        WorldRecord::new("/runs/a".into(), 270, Vec::new(), vec!["a".into()], 1)
+            .write(&crate::confine::Dir::open(&committed).unwrap())
+            .unwrap();
         let elsewhere = tmp.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         let linked = root.join(step_dir_name(280));

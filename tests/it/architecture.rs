@@ -178,14 +178,8 @@ const RAW_PATH_CALLS: &[(&str, usize, &str)] = &[
     ("attempt/rank_watch.rs", 3, "its own beat files in <run>/ranks, written and read by rekindle alone"),
     ("bench/checkpoint.rs", 6, "the benchmark's scratch files in a directory the person names"),
     ("bench/train.rs", 1, "the benchmark's scratch run directory"),
-    ("checkpoint/files.rs", 8, "the checkpoint store, in a directory claimed by claim_dir (links refused)"),
-    ("checkpoint/hashed_io.rs", 2, "the store's own temporary files, created with O_EXCL"),
     ("checkpoint/layout.rs", 1, "listing the claimed checkpoint directory"),
-    ("checkpoint/local.rs", 2, "the node-local root once checkpoint::private trusted it"),
     ("checkpoint/private.rs", 2, "the node-local root's own checks and making"),
-    ("checkpoint/quarantine.rs", 3, "moving rekindle's own checkpoints aside in the claimed directory"),
-    ("checkpoint/store.rs", 12, "the checkpoint store, in a directory claimed by claim_dir (links refused)"),
-    ("checkpoint/world.rs", 11, "world parts staged by rekindle's seals in the claimed staging directory"),
     ("cli/inspect.rs", 1, "the checkpoints of a path the person names, read-only"),
     ("confine.rs", 6, "the bounded, no-follow openers and claimed directories themselves"),
     ("exec/child.rs", 5, "the exec contract's stop file and staging in the claimed run directory"),
@@ -196,8 +190,6 @@ const RAW_PATH_CALLS: &[(&str, usize, &str)] = &[
     ("health/storage.rs", 1, "the storage probe's temporary sibling of the checkpoint directory"),
     ("publish/files.rs", 2, "the clone's working tree, checked for links before anything is written"),
     ("publish/git.rs", 1, "the clone's working tree, checked for links before anything is written"),
-    ("run/local.rs", 11, "node-local copies sent over MPI, under a root checkpoint::private trusted"),
-    ("rundir/atomic.rs", 1, "write-then-rename of rekindle's own records"),
     ("rundir/lock/liveness.rs", 2, "the lock's heartbeat, rekindle's own file"),
     ("rundir/sweep.rs", 1, "listing a directory the person names"),
     ("telemetry/release_fixture.rs", 1, "the repository's testdata fixtures"),
@@ -287,4 +279,121 @@ fn the_raw_path_checker_counts_calls_in_code_not_in_comments() {
     assert_eq!(raw_path_calls("    // std::fs::read(&p) is not code"), 0);
     assert_eq!(raw_path_calls("let f = std::fs::OpenOptions::new().write(true).open(p)?;"), 1);
     assert_eq!(raw_path_calls("crate::confine::read_bounded(&p, LIMIT)"), 0);
+}
+
+/// Modules that reach the filesystem only through a directory handle
+/// (`crate::confine::Dir`: opened once, everything below it resolved with
+/// `openat2` RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS): in their code (before
+/// their `mod tests`) any path API is refused outright, not counted — no
+/// `std::fs` path call, no `File::open`/`create`/`options`, no
+/// `OpenOptions`, no `Path::exists`, no path-taking `confine` opener. The
+/// one door is `Dir::open` of a directory already claimed (docs/run-directory.md,
+/// "Trust boundaries"). A new reader or writer in these modules takes the
+/// handle it is given.
+const HANDLE_ONLY: &[&str] = &[
+    "checkpoint/encode.rs",
+    "checkpoint/files.rs",
+    "checkpoint/hashed_io.rs",
+    "checkpoint/quarantine.rs",
+    "checkpoint/store.rs",
+    "checkpoint/world.rs",
+    "checkpoint/write_mode.rs",
+];
+
+/// What a handle-only module may not name: every way to open, make, list,
+/// rename, remove or look up a file by path. (`Path::is_dir`/`is_file` read
+/// the same as the handle's `Kind` and `Metadata` checks and are not told
+/// apart here; they only look, and what they look at is never opened.)
+const PATH_APIS: &[&str] = &[
+    "fs::read",
+    "fs::write(",
+    "fs::remove",
+    "fs::rename(",
+    "fs::copy(",
+    "fs::hard_link(",
+    "fs::create_dir",
+    "fs::metadata(",
+    "fs::symlink_metadata(",
+    "fs::canonicalize(",
+    "fs::set_permissions(",
+    "fs::read_link(",
+    "fs::symlink(",
+    "fs::DirBuilder",
+    "File::open(",
+    "File::create(",
+    "File::options(",
+    "File::create_new(",
+    "OpenOptions",
+    ".exists()",
+    ".try_exists(",
+    "statvfs(",
+    "confine::open_regular(",
+    "confine::open_append(",
+    "confine::read_bounded",
+    "confine::read_named_bounded(",
+    "confine::own_dir(",
+    "fcntl::open(",
+    "fcntl::openat(",
+    "libc::open",
+];
+
+/// The path APIs a line of code names.
+fn path_apis(line: &str) -> Vec<&'static str> {
+    let code = code(line);
+    PATH_APIS.iter().copied().filter(|api| code.contains(api)).collect()
+}
+
+/// The code of a source file before its unit tests: up to the
+/// `#[cfg(test)]` that opens a `mod` (a `#[cfg(test)]` helper function in
+/// the middle of a file does not end its code).
+fn code_before_tests(text: &str) -> Vec<(usize, &str)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("#[cfg(test)]")
+            && lines[i + 1..].iter().find(|l| !l.trim().is_empty()).is_some_and(|l| {
+                let l = l.trim_start();
+                let l = l.strip_prefix("pub(super) ").or_else(|| l.strip_prefix("pub ")).unwrap_or(l);
+                l.starts_with("mod ")
+            })
+        {
+            break;
+        }
+        out.push((i + 1, *line));
+    }
+    out
+}
+
+#[test]
+fn handle_only_modules_open_nothing_by_path() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut wrong = Vec::new();
+    for file in HANDLE_ONLY {
+        let text = std::fs::read_to_string(src.join(file)).unwrap_or_else(|e| panic!("src/{file}: {e}"));
+        for (n, line) in code_before_tests(&text) {
+            for api in path_apis(line) {
+                wrong.push(format!(
+                    "src/{file}:{n}: `{api}` in a handle-only module: reach files through the crate::confine::Dir \
+                     this module is given (docs/run-directory.md, Trust boundaries), never by path"
+                ));
+            }
+        }
+        assert!(!RAW_PATH_CALLS.iter().any(|(f, _, _)| f == file), "src/{file} is handle-only: no RAW_PATH_CALLS row");
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_handle_only_checker_sees_path_apis_and_test_helpers_do_not_end_the_code() {
+    assert_eq!(path_apis("let f = std::fs::File::open(&p)?;"), ["File::open("]);
+    assert_eq!(path_apis("if staging.exists() && std::fs::remove_dir_all(&s).is_ok() {"), ["fs::remove", ".exists()"]);
+    assert_eq!(path_apis("let m = fs::symlink_metadata(&p)?;"), ["fs::symlink_metadata("]);
+    assert_eq!(path_apis("crate::confine::read_bounded(&p, LIMIT)"), ["confine::read_bounded"]);
+    assert!(path_apis("root.rename(&from, &to)?; root.exists(&name); dir.read_bounded(\"f\", 10)").is_empty());
+    assert!(path_apis("    // std::fs::read(&p) is not code").is_empty());
+    let text = "fn a() {}\n#[cfg(test)]\npub fn helper() {}\nfn b() { std::fs::read(p); }\n#[cfg(test)]\nmod tests {\n fn t() { std::fs::read(p); }\n}\n";
+    let code: Vec<usize> = code_before_tests(text).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(code, [1, 2, 3, 4], "a #[cfg(test)] helper does not end the code; `mod tests` does");
+    let text = "fn a() {}\n#[cfg(test)]\npub(super) mod tests {\n}\n";
+    assert_eq!(code_before_tests(text).len(), 1, "nor does a `pub(super) mod tests`");
 }

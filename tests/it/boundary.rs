@@ -422,3 +422,62 @@ fn status_shows_terminal_control_characters_from_records_escaped() {
         }
     }
 }
+
+/// Issue #40, directory handles: a directory below the checkpoints
+/// directory swapped for a link to someone else's directory is never
+/// followed, whether it is there when the store opens (`quarantine`, which
+/// the resume then moves a damaged checkpoint into) or planted while the
+/// store is open and saving (`step-…` names of saves still to come). The
+/// run ends well, the damaged checkpoint is not moved through the link
+/// (recorded with why; the resumed run saves its step again in its place),
+/// and nothing outside changed.
+#[test]
+fn issue_40_directories_below_the_checkpoints_swapped_for_links_are_never_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    let before = users_files(&outside);
+    let run = tmp.path().join("run");
+    let ckpt = run.join("checkpoints");
+    let cmd = || RunCmd::new(&run).set("run.max_steps=2000").set("checkpoint.every_steps=50");
+    cmd().arg("--stop-at-step").arg("120").run(TIMEOUT).assert_code(EXIT_STOPPED);
+    assert_eq!(checkpoint_steps(&run).last(), Some(&120));
+    // The newest checkpoint damaged, and `quarantine` a link to elsewhere.
+    let newest = ckpt.join("step-0000000120");
+    let damaged = fs::read_dir(&newest)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .expect("a tensor file");
+    crate::support::flip_byte(&damaged);
+    symlink(&outside, ckpt.join("quarantine")).unwrap();
+
+    let mut running = cmd().spawn();
+    running.wait_for_event("checkpoint_quarantined", TIMEOUT);
+    // The store is open and saving: plant links where its later saves go
+    // (the final save, at 2000, among them).
+    let planted = (1000..=2000).step_by(50).filter(|s| symlink(&outside, ckpt.join(format!("step-{s:010}"))).is_ok());
+    assert!(planted.count() > 0, "links planted while the run saves");
+    let done = running.wait(TIMEOUT);
+    done.assert_code(EXIT_DONE);
+    let quarantined = events_named(&run, "checkpoint_quarantined");
+    let q = quarantined.last().unwrap();
+    assert_eq!(q["step"], 120, "{q}");
+    assert!(q["moved_to"].is_null(), "not moved through the link: {q}");
+    assert!(q["error"].as_str().unwrap_or("").contains("symbolic link"), "says why: {q}");
+    assert!(fs::symlink_metadata(ckpt.join("quarantine")).unwrap().file_type().is_symlink(), "left as it is");
+    assert_eq!(listing(&outside), before, "nothing outside the run directory changed");
+    // What the run saved is its own, a real directory; a planted link no
+    // save replaced is left as it was, pointing where it pointed.
+    assert_eq!(checkpoint_steps(&run).last(), Some(&2000));
+    for step in checkpoint_steps(&run) {
+        let dir = ckpt.join(format!("step-{step:010}"));
+        let meta = fs::symlink_metadata(&dir).unwrap();
+        assert!(meta.is_dir() || fs::read_link(&dir).unwrap() == outside, "{}", dir.display());
+    }
+    let last = events_named(&run, "checkpoint_saved").last().cloned().unwrap();
+    assert_eq!(last["step"], 2000, "{last}");
+    assert!(
+        fs::symlink_metadata(ckpt.join("step-0000002000")).unwrap().is_dir(),
+        "the link was replaced, not followed"
+    );
+}
