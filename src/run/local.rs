@@ -176,6 +176,9 @@ type Writing = JoinHandle<(LocalDone, Option<Snapshot>)>;
 /// Writes this node's copies on a thread of its own, one at a time.
 pub struct LocalWriter {
     store: CheckpointStore,
+    /// `[recovery] local_keep`: committed copies kept (the store itself
+    /// keeps one more, the copy being written: see [`prune`]).
+    keep: usize,
     share: f64,
     in_flight: Option<(u64, Writing)>,
     done: Vec<LocalDone>,
@@ -192,9 +195,21 @@ impl LocalWriter {
         private::prepare_root(root).map_err(|e| e.to_string())?;
         // Opening the store first refuses a directory rekindle did not make:
         // nothing is removed from one.
-        let store = CheckpointStore::open(root, cfg.recovery.local_keep).map_err(|e| e.to_string())?;
+        // One more than local_keep: the store's own rotation counts every
+        // copy, committed or not, and the copy being written must never push
+        // out the newest the world committed (a stop or a fault before its
+        // agreement would leave no committed copy at all).
+        let keep = cfg.recovery.local_keep;
+        let store = CheckpointStore::open(root, keep + 1).map_err(|e| e.to_string())?;
         remove_uncommitted(&*store.root().map_err(|e| e.to_string())?);
-        Ok(LocalWriter { store, share: cfg.recovery.local_max_share, in_flight: None, done: Vec::new(), spare: None })
+        Ok(LocalWriter {
+            store,
+            keep,
+            share: cfg.recovery.local_max_share,
+            in_flight: None,
+            done: Vec::new(),
+            spare: None,
+        })
     }
 
     /// Host buffers of the last copy written, for the next snapshot.
@@ -286,13 +301,45 @@ impl LocalWriter {
         if manifest.files != record.files {
             return Err(format!("this node's copy of step {} is not the one the world agreed on", record.step));
         }
-        self.store
-            .root()
-            .map_err(std::io::Error::other)
-            .and_then(|root| root.open_dir(step_dir_name(record.step)))
+        let root = self.store.root().map_err(|e| e.to_string())?;
+        root.open_dir(step_dir_name(record.step))
             .and_then(|copy| record.write(&copy))
-            .map_err(|e| format!("cannot write {}: {e}", dir.join(tier::WORLD_FILE).display()))
+            .map_err(|e| format!("cannot write {}: {e}", dir.join(tier::WORLD_FILE).display()))?;
+        prune(&root, self.keep);
+        Ok(())
     }
+}
+
+/// After a commit: keeps the newest `keep` committed copies under `root`
+/// and removes the older ones, and every uncommitted copy older than the
+/// newest committed one (a save the world never agreed on). A copy newer
+/// than the newest committed one is being written: left alone.
+fn prune(root: &Dir, keep: usize) {
+    let Ok(entries) = root.entries("") else { return };
+    let mut copies: Vec<(u64, bool)> = entries
+        .iter()
+        .filter(|e| e.kind.is_dir())
+        .filter_map(|e| crate::checkpoint::parse_step_dir_name(&e.name_lossy()))
+        .map(|step| (step, root.symlink_metadata(Path::new(&step_dir_name(step)).join(tier::WORLD_FILE)).is_ok()))
+        .collect();
+    copies.sort_unstable();
+    for step in prune_plan(&copies, keep) {
+        if let Err(e) = root.remove_dir_all(step_dir_name(step)) {
+            tracing::warn!(step, error = %e, root = %root.path().display(), "cannot remove an old local copy");
+        }
+    }
+}
+
+/// Which copies [`prune`] removes, from `(step, committed)` in step order.
+fn prune_plan(copies: &[(u64, bool)], keep: usize) -> Vec<u64> {
+    let committed: Vec<u64> = copies.iter().filter(|(_, c)| *c).map(|(s, _)| *s).collect();
+    let Some(&newest) = committed.last() else { return Vec::new() };
+    let kept_from = committed[committed.len().saturating_sub(keep.max(1))];
+    copies
+        .iter()
+        .filter(|(step, c)| if *c { *step < kept_from } else { *step < newest })
+        .map(|(step, _)| *step)
+        .collect()
 }
 
 /// The name a refused copy is moved aside to in its root.
@@ -966,5 +1013,17 @@ mod tests {
         );
         assert!(events.iter().all(|e| e.outcome == "failed"));
         assert_eq!(events[1].step, 7);
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_committed_copies_and_the_one_being_written() {
+        // local_keep 2: 10 and 20 committed, 25 abandoned, 30 committed, 35 being written.
+        let copies = [(10, true), (20, true), (25, false), (30, true), (35, false)];
+        assert_eq!(prune_plan(&copies, 2), [10, 25]);
+        assert_eq!(prune_plan(&copies, 1), [10, 20, 25]);
+        // Nothing committed yet: nothing is removed (the store keeps its own count).
+        assert_eq!(prune_plan(&[(5, false), (10, false)], 2), Vec::<u64>::new());
+        // A stop before the newest copy was agreed leaves the committed one.
+        assert_eq!(prune_plan(&[(25, true), (30, false)], 1), Vec::<u64>::new());
     }
 }
