@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::nodes::{PartitionNode, expand_hostlist, parse_sinfo_nodes};
+use super::nodes::{MAX_ARG_BYTES, PartitionNode, compress_hostlist, expand_hostlist, parse_sinfo_nodes};
 pub use crate::telemetry::RequeueAnswer;
 
 /// Errors talking to SLURM.
@@ -29,6 +29,11 @@ pub enum SlurmError {
          partition's node list is beyond any cluster it was built for: report it)"
     )]
     OutputTooLarge { args: String, limit: usize },
+    #[error(
+        "the exclusion list of {nodes} node(s) is {bytes} bytes even compressed, past the {limit} bytes one \
+         argument may hold: lower [health] max_excluded_nodes or the job's own --exclude"
+    )]
+    ArgumentTooLong { nodes: usize, bytes: usize, limit: usize },
     #[error("`scontrol show job {job_id}` printed nothing usable: {output}")]
     Unparseable { job_id: String, output: String },
 }
@@ -98,8 +103,8 @@ impl SlurmControl for Scontrol {
     }
 
     fn set_excluded(&self, job_id: &str, nodes: &[String], timeout: Duration) -> Result<(), SlurmError> {
-        run_scontrol(&["update", &format!("JobId={job_id}"), &format!("ExcNodeList={}", nodes.join(","))], timeout)
-            .map(|_| ())
+        let arg = exclusion_argument(nodes)?;
+        run_scontrol(&["update", &format!("JobId={job_id}"), &arg], timeout).map(|_| ())
     }
 
     fn partition_nodes(&self, partition: &str, timeout: Duration) -> Result<Vec<PartitionNode>, SlurmError> {
@@ -112,6 +117,17 @@ impl SlurmControl for Scontrol {
 /// than `delay` from now (SLURM's `now+N` counts seconds).
 pub fn start_time_after(delay: Duration) -> String {
     format!("StartTime=now+{}", delay.as_secs())
+}
+
+/// The `ExcNodeList=` argument for `nodes`, compressed (`n[1-3,5]`) so a
+/// list of any partition's size fits one argument; an error, before any
+/// call, if even the compressed form is past [`MAX_ARG_BYTES`].
+pub fn exclusion_argument(nodes: &[String]) -> Result<String, SlurmError> {
+    let arg = format!("ExcNodeList={}", compress_hostlist(nodes));
+    if arg.len() >= MAX_ARG_BYTES {
+        return Err(SlurmError::ArgumentTooLong { nodes: nodes.len(), bytes: arg.len(), limit: MAX_ARG_BYTES });
+    }
+    Ok(arg)
 }
 
 /// Parses one-line `scontrol show job -o` output (`Key=Value` tokens).
@@ -358,6 +374,22 @@ mod tests {
             SlurmError::Failed { code, stderr, .. } => {
                 assert_eq!(code, Some(3));
                 assert_eq!(stderr.len(), MAX_STDERR_BYTES);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_exclusion_list_is_passed_compressed_and_refused_past_one_argument() {
+        let nodes: Vec<String> = (1..=10_000).map(|i| format!("n{i}")).collect();
+        assert_eq!(exclusion_argument(&nodes).unwrap(), "ExcNodeList=n[1-10000]");
+        // Names that share no number cannot be compressed: 20,000 of them
+        // are past what one argument holds, and the error says so.
+        let odd: Vec<String> = (0..20_000).map(|i| format!("host-{i}-x")).collect();
+        match exclusion_argument(&odd).unwrap_err() {
+            SlurmError::ArgumentTooLong { nodes, bytes, limit } => {
+                assert_eq!((nodes, limit), (20_000, MAX_ARG_BYTES));
+                assert!(bytes > limit);
             }
             other => panic!("{other:?}"),
         }
