@@ -597,7 +597,7 @@ mod tests {
 
         let refused = Fake {
             update: Err(SlurmError::Failed {
-                args: "update".into(),
+                args: "scontrol update".into(),
                 code: Some(1),
                 stderr: "no longer pending".into(),
             }),

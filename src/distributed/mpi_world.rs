@@ -230,6 +230,14 @@ pub(super) fn abort_if_initialized(code: u8) {
     SimpleCommunicator::world().abort(std::os::raw::c_int::from(code))
 }
 
+impl MpiWorld {
+    fn all_gather_u64(&self, local: u64) -> Vec<u64> {
+        let mut all = vec![0u64; self.size];
+        self.world.all_gather_into(&local, &mut all[..]);
+        all
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,13 +297,5 @@ mod tests {
                 assert_eq!(at, len, "rank {r}");
             }
         }
-    }
-}
-
-impl MpiWorld {
-    fn all_gather_u64(&self, local: u64) -> Vec<u64> {
-        let mut all = vec![0u64; self.size];
-        self.world.all_gather_into(&local, &mut all[..]);
-        all
     }
 }

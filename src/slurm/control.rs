@@ -18,14 +18,14 @@ pub use crate::telemetry::RequeueAnswer;
 pub enum SlurmError {
     #[error("{0} not found on PATH (inside a container? see docs/slurm.md, \"Without scontrol\")")]
     NotFound(String),
-    #[error("`scontrol {args}` did not answer within {seconds:.1}s")]
+    #[error("`{args}` did not answer within {seconds:.1}s")]
     Timeout { args: String, seconds: f64 },
-    #[error("`scontrol {args}` failed (exit {code:?}): {stderr}")]
+    #[error("`{args}` failed (exit {code:?}): {stderr}")]
     Failed { args: String, code: Option<i32>, stderr: String },
     #[error("cannot run scontrol: {0}")]
     Spawn(String),
     #[error(
-        "`scontrol {args}` printed more than {limit} bytes; rekindle keeps no more (the \
+        "`{args}` printed more than {limit} bytes; rekindle keeps no more (the \
          partition's node list is beyond any cluster it was built for: report it)"
     )]
     OutputTooLarge { args: String, limit: usize },
@@ -174,7 +174,7 @@ pub const MAX_STDERR_BYTES: usize = 64 << 10;
 
 /// Runs SLURM's `program ARGS` (as [`run_scontrol`] describes).
 fn run_slurm(program: &str, args: &[&str], timeout: Duration) -> Result<String, SlurmError> {
-    let joined = if program == "scontrol" { args.join(" ") } else { format!("{program} {}", args.join(" ")) };
+    let joined = format!("{program} {}", args.join(" "));
     run_program(program, program, &joined, args, timeout)
 }
 
