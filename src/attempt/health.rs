@@ -128,7 +128,19 @@ pub(crate) fn before_start(
     );
     let cause = format!("node_unhealthy: {}", failed.name);
     let end = AttemptEnd::Unhealthy { node: node.clone(), check: failed.name.clone() };
-    let next = leave_node_behind(cfg, slurm, &cause, &end, offer.as_ref(), newest.map(|(s, _)| s), &mut events);
+    let next = match slurm_caller(&failed.name, slurm.localid) {
+        SlurmCaller::ThisRank => {
+            leave_node_behind(cfg, slurm, &cause, &end, offer.as_ref(), newest.map(|(s, _)| s), &mut events)
+        }
+        SlurmCaller::NodeLeader => {
+            tracing::info!(check = %failed.name, "the node's first rank (SLURM_LOCALID 0) asks SLURM for the node");
+            format!(
+                "the node's first rank (SLURM_LOCALID 0) asks SLURM to restart or requeue without {node}: \
+                 its `{}` check is this node's",
+                failed.name
+            )
+        }
+    };
     let _ = events.sync();
     Err(RunError::Unhealthy { node, check: failed.name, detail: failed.detail, next, resumable: newest.is_some() })
 }
@@ -149,6 +161,35 @@ fn record_guard(slurm: &SlurmEnv, events_path: &Path, message: &str) {
             }),
         ),
         Err(e) => tracing::error!(error = %e, "could not record the guard's error event"),
+    }
+}
+
+/// The checks whose verdict is the node's, not one rank's: every rank on
+/// the node sees the same mounts, clock, disk and site command. The device
+/// checks (`devices`, `device memory`, `gpu health`) are per rank: under
+/// `--gpus-per-task` each rank has a device of its own.
+const NODE_WIDE_CHECKS: &[&str] =
+    &["run directory", "clock skew", "checkpoint directory", "checkpoint round-trip", "site command"];
+
+/// Which rank of a node asks slurmctld after a failed check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlurmCaller {
+    /// This rank: its failure may be its own, or it is the node's first.
+    ThisRank,
+    /// The node's first rank (`SLURM_LOCALID` 0), which fails the same
+    /// node-wide check: this rank records its failure and calls nothing.
+    NodeLeader,
+}
+
+/// Who calls `scontrol`/`sinfo` (2–5 calls) after failed check `check`
+/// (#41): a node-wide failure on every rank of a node (a hung mount, clock
+/// skew) once made every rank call, 8 × the calls on a node of 8 GPUs, and
+/// 2,600 RPCs within seconds at 512 ranks; now one rank per node calls.
+/// A rank with no `SLURM_LOCALID` (outside a step, `mpirun`) calls itself.
+pub(crate) fn slurm_caller(check: &str, localid: Option<u32>) -> SlurmCaller {
+    match localid {
+        Some(l) if l > 0 && NODE_WIDE_CHECKS.contains(&check) => SlurmCaller::NodeLeader,
+        _ => SlurmCaller::ThisRank,
     }
 }
 
@@ -423,6 +464,32 @@ pub(crate) fn requeue_exclusion_for_request(
 mod tests {
     use std::cell::RefCell;
 
+    #[test]
+    fn a_node_wide_failure_is_taken_to_slurm_by_one_rank_per_node() {
+        // 8 ranks on a node whose mount hangs: one caller, not 8 (#41).
+        for check in NODE_WIDE_CHECKS {
+            let callers = (0..8).filter(|&l| slurm_caller(check, Some(l)) == SlurmCaller::ThisRank).count();
+            assert_eq!(callers, 1, "{check}");
+        }
+        // A device of one rank's own: that rank calls, whatever its place.
+        for check in ["devices", "device memory", "gpu health"] {
+            assert_eq!(slurm_caller(check, Some(5)), SlurmCaller::ThisRank, "{check}");
+        }
+        assert_eq!(slurm_caller("clock skew", None), SlurmCaller::ThisRank);
+    }
+
+    #[test]
+    fn the_node_wide_checks_are_the_ones_the_node_check_runs() {
+        // A renamed check would silently fall back to a caller per rank.
+        let names = ["run directory", "clock skew", "checkpoint directory", "checkpoint round-trip", "site command"];
+        let node = include_str!("../health/node.rs");
+        let storage = include_str!("../health/storage.rs");
+        for name in names {
+            let pattern = format!("let name = \"{name}\"");
+            assert!(node.contains(&pattern) || storage.contains(&pattern), "{name}");
+        }
+    }
+
     use super::*;
     use crate::slurm::{JobView, PartitionNode, RequeueAnswer, SlurmError};
     use crate::telemetry::RequeueDecision;
@@ -530,7 +597,7 @@ mod tests {
 
         let refused = Fake {
             update: Err(SlurmError::Failed {
-                args: "update".into(),
+                args: "scontrol update".into(),
                 code: Some(1),
                 stderr: "no longer pending".into(),
             }),

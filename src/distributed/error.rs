@@ -25,4 +25,10 @@ pub enum DistributedError {
         "collective `{op}`: rank {rank} contributed {got} values, rank 0 {expected}: the ranks run different code or state"
     )]
     LengthMismatch { op: &'static str, rank: usize, got: usize, expected: usize },
+    #[error(
+        "collective `{op}`: {what} of {elements} elements is past the {limit} one MPI call can address \
+         (MPI counts and displacements are 32-bit): split the data into smaller collectives \
+         (fewer parameters per reduction, smaller pieces) or use fewer, larger ranks' shares"
+    )]
+    TooLarge { op: &'static str, what: &'static str, elements: u64, limit: u64 },
 }

@@ -72,25 +72,44 @@ impl MpiWorld {
     }
 }
 
-fn count(n: usize, op: &'static str) -> Result<Count, DistributedError> {
-    Count::try_from(n).map_err(|_| DistributedError::LengthMismatch {
+/// `n` as an MPI count, or [`DistributedError::TooLarge`]: rsmpi's counts
+/// are `i32`, and a cast would wrap silently in release builds (#41).
+fn count(n: usize, op: &'static str, what: &'static str) -> Result<Count, DistributedError> {
+    Count::try_from(n).map_err(|_| DistributedError::TooLarge {
         op,
-        rank: 0,
-        got: n,
-        expected: Count::MAX as usize,
+        what,
+        elements: n as u64,
+        limit: Count::MAX as u64,
     })
 }
 
-/// Displacements of consecutive pieces of the given sizes.
-fn displacements(counts: &[Count]) -> Vec<Count> {
-    counts
-        .iter()
-        .scan(0, |at, &n| {
-            let d = *at;
-            *at += n;
-            Some(d)
-        })
-        .collect()
+/// Displacements of consecutive pieces of the given sizes, each checked:
+/// the last piece's offset is the sum of the others, which passes
+/// `i32::MAX` long before any one count does (ranks × piece).
+fn displacements(counts: &[Count], op: &'static str) -> Result<Vec<Count>, DistributedError> {
+    let mut at: u64 = 0;
+    let mut out = Vec::with_capacity(counts.len());
+    for &n in counts {
+        out.push(count(at as usize, op, "a displacement")?);
+        at += n.max(0) as u64;
+    }
+    Ok(out)
+}
+
+/// How [`MpiWorld::all_gather_bytes`] splits a gather whose total passes
+/// what one MPI call addresses: in round `k` rank `r` sends bytes
+/// `[k·piece, k·piece + counts[k][r])` of its buffer, and the counts of a
+/// round sum to at most `limit`. One round when everything fits.
+fn gather_rounds(lens: &[u64], limit: u64) -> (u64, Vec<Vec<u64>>) {
+    let total: u64 = lens.iter().sum();
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    if total <= limit {
+        return (longest.max(1), vec![lens.to_vec()]);
+    }
+    let piece = (limit / lens.len().max(1) as u64).max(1);
+    let rounds = longest.div_ceil(piece);
+    let plan = (0..rounds).map(|k| lens.iter().map(|&n| n.saturating_sub(k * piece).min(piece)).collect()).collect();
+    (piece, plan)
 }
 
 impl Collective for MpiWorld {
@@ -122,10 +141,14 @@ impl Collective for MpiWorld {
         let chunks = chunk_bounds(local.len(), self.size);
         let (mine_start, mine_len) = chunks[self.rank];
         // Reduce-scatter: chunk r of every rank goes to rank r.
-        let send_counts = chunks.iter().map(|&(_, n)| count(n, OP)).collect::<Result<Vec<_>, _>>()?;
-        let send_displs = chunks.iter().map(|&(s, _)| count(s, OP)).collect::<Result<Vec<_>, _>>()?;
-        let recv_counts = vec![count(mine_len, OP)?; self.size];
-        let recv_displs = displacements(&recv_counts);
+        // Element counts: past i32::MAX (8 GiB of f32 on one rank) it is
+        // refused, before any rank sends a byte (every rank sees the same
+        // lengths, so all refuse together).
+        count(local.len(), OP, "the vector")?;
+        let send_counts = chunks.iter().map(|&(_, n)| count(n, OP, "a chunk")).collect::<Result<Vec<_>, _>>()?;
+        let send_displs = chunks.iter().map(|&(s, _)| count(s, OP, "a displacement")).collect::<Result<Vec<_>, _>>()?;
+        let recv_counts = vec![count(mine_len, OP, "a chunk")?; self.size];
+        let recv_displs = displacements(&recv_counts, OP)?;
         let mut pieces = vec![0f32; mine_len * self.size];
         {
             let send = Partition::new(local, &send_counts[..], &send_displs[..]);
@@ -157,18 +180,28 @@ impl Collective for MpiWorld {
     fn all_gather_bytes(&self, local: &[u8]) -> Result<Vec<Vec<u8>>, DistributedError> {
         const OP: &str = "all_gather_bytes";
         let lens = self.all_gather_u64(local.len() as u64);
-        let counts = lens.iter().map(|&n| count(n as usize, OP)).collect::<Result<Vec<_>, _>>()?;
-        let displs = displacements(&counts);
-        let mut all = vec![0u8; lens.iter().sum::<u64>() as usize];
-        {
-            let mut recv = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
-            self.world.all_gather_varcount_into(local, &mut recv);
-        }
-        let mut out = Vec::with_capacity(self.size);
-        let mut at = 0;
-        for n in lens {
-            out.push(all[at..at + n as usize].to_vec());
-            at += n as usize;
+        let mut out: Vec<Vec<u8>> = lens.iter().map(|&n| Vec::with_capacity(n as usize)).collect();
+        // Every rank computes the same plan from the same lengths, so all
+        // make the same calls: more than one only past 2 GiB in total
+        // (e.g. 64 ranks × 64 MiB pieces), each within MPI's 32-bit counts.
+        let (piece, rounds) = gather_rounds(&lens, Count::MAX as u64);
+        let mut all = Vec::new();
+        for (k, round) in rounds.iter().enumerate() {
+            let counts = round.iter().map(|&n| count(n as usize, OP, "a piece")).collect::<Result<Vec<_>, _>>()?;
+            let displs = displacements(&counts, OP)?;
+            let from = (k as u64 * piece).min(local.len() as u64) as usize;
+            let mine = &local[from..from + round[self.rank] as usize];
+            all.clear();
+            all.resize(round.iter().sum::<u64>() as usize, 0u8);
+            {
+                let mut recv = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+                self.world.all_gather_varcount_into(mine, &mut recv);
+            }
+            let mut at = 0;
+            for (rank, &n) in round.iter().enumerate() {
+                out[rank].extend_from_slice(&all[at..at + n as usize]);
+                at += n as usize;
+            }
         }
         Ok(out)
     }
@@ -202,5 +235,67 @@ impl MpiWorld {
         let mut all = vec![0u64; self.size];
         self.world.all_gather_into(&local, &mut all[..]);
         all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: u64 = Count::MAX as u64;
+
+    #[test]
+    fn counts_past_i32_are_refused_with_the_sizes() {
+        let three_gib = 3usize << 30;
+        match count(three_gib, "all_gather_bytes", "a piece").unwrap_err() {
+            DistributedError::TooLarge { op, elements, limit, .. } => {
+                assert_eq!((op, elements, limit), ("all_gather_bytes", three_gib as u64, LIMIT));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(count(Count::MAX as usize, "x", "y").unwrap(), Count::MAX);
+    }
+
+    #[test]
+    fn displacements_that_would_wrap_are_refused() {
+        // 64 ranks × 64 MiB: every count fits, their sum does not (#41:
+        // it wrapped to negative offsets in release builds).
+        let counts = vec![64 << 20; 64];
+        let err = displacements(&counts, "all_gather_bytes").unwrap_err();
+        assert!(err.to_string().contains("32-bit"), "{err}");
+        assert_eq!(displacements(&[3, 0, 5], "x").unwrap(), vec![0, 3, 3]);
+        let last = displacements(&vec![1 << 24; 128], "x").unwrap();
+        assert_eq!(*last.last().unwrap(), 127 << 24);
+    }
+
+    #[test]
+    fn a_gather_that_fits_is_one_round() {
+        let (_, rounds) = gather_rounds(&[5, 0, 7], LIMIT);
+        assert_eq!(rounds, vec![vec![5, 0, 7]]);
+    }
+
+    #[test]
+    fn a_gather_past_two_gib_is_split_into_rounds_that_each_fit() {
+        // ZeRO-1 at ~537 M f32 parameters on 2 ranks, uneven; 64 × 64 MiB.
+        for lens in [vec![3u64 << 30, (3u64 << 30) - 17], vec![64u64 << 20; 64], vec![5u64 << 30, 0, 1]] {
+            let (piece, rounds) = gather_rounds(&lens, LIMIT);
+            assert!(rounds.len() > 1, "{lens:?}");
+            for round in &rounds {
+                assert!(round.iter().sum::<u64>() <= LIMIT, "{round:?}");
+                let counts: Vec<Count> = round.iter().map(|&n| count(n as usize, "x", "y").unwrap()).collect();
+                displacements(&counts, "x").unwrap();
+            }
+            // Each rank's bytes are sent once, in order, all of them.
+            for (r, &len) in lens.iter().enumerate() {
+                let mut at = 0u64;
+                for (k, round) in rounds.iter().enumerate() {
+                    if round[r] > 0 {
+                        assert_eq!(k as u64 * piece, at, "rank {r} round {k}");
+                    }
+                    at += round[r];
+                }
+                assert_eq!(at, len, "rank {r}");
+            }
+        }
     }
 }

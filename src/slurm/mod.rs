@@ -13,6 +13,6 @@ mod requeue_job;
 
 pub use control::{JobView, RequeueAnswer, Scontrol, SlurmControl, SlurmError, parse_show_job};
 pub use env::{SlurmEnv, hostname};
-pub use nodes::{PartitionNode, expand_hostlist, parse_sinfo_nodes};
+pub use nodes::{MAX_ARG_BYTES, PartitionNode, compress_hostlist, expand_hostlist, parse_sinfo_nodes};
 pub use requeue::{Decision, RequeueInput, StopKind, decide};
 pub use requeue_job::{CrashRequeue, NO_TIME, RequeueRequest, requeue_after_crash, requeue_after_stop};

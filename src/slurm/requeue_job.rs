@@ -232,7 +232,8 @@ mod tests {
 
     #[test]
     fn a_failed_requeue_keeps_the_decision_and_records_the_error() {
-        let failed = SlurmError::Failed { args: "requeue 42".into(), code: Some(1), stderr: "access denied".into() };
+        let failed =
+            SlurmError::Failed { args: "scontrol requeue 42".into(), code: Some(1), stderr: "access denied".into() };
         let slurm = FakeControl { requeue: Err(failed), ..FakeControl::new("RUNNING") };
         let record = requeue_after_stop(&slurm, &request(), &ten_seconds);
         assert_eq!(record.decision.name(), "requeue");
@@ -242,7 +243,7 @@ mod tests {
 
     #[test]
     fn a_query_that_times_out_is_a_skip_relying_on_sbatch_requeue() {
-        let timeout = SlurmError::Timeout { args: "show job -o 42".into(), seconds: 10.0 };
+        let timeout = SlurmError::Timeout { args: "scontrol show job -o 42".into(), seconds: 10.0 };
         let slurm = FakeControl { job: Err(timeout), ..FakeControl::new("RUNNING") };
         let record = requeue_after_stop(&slurm, &request(), &ten_seconds);
         assert_eq!(record.decision.name(), "skip");
@@ -307,7 +308,8 @@ mod tests {
 
     #[test]
     fn a_failed_hold_is_recorded_and_keeps_the_requeue() {
-        let refused = SlurmError::Failed { args: "update".into(), code: Some(1), stderr: "Job is not pending".into() };
+        let refused =
+            SlurmError::Failed { args: "scontrol update".into(), code: Some(1), stderr: "Job is not pending".into() };
         let slurm = FakeControl { hold: Err(refused), ..FakeControl::new("RUNNING") };
         let out = requeue_after_crash(&slurm, &request(), MINUTE, &ten_seconds);
         assert_eq!(out.record.answer, Some(RequeueAnswer::Requeued));
@@ -322,7 +324,7 @@ mod tests {
         let out = requeue_after_crash(&cancelled, &request(), MINUTE, &ten_seconds);
         assert_eq!((out.record.decision.name(), out.hold_seconds), ("skip", None));
         assert_eq!(cancelled.calls(), vec!["show 42 10s"]);
-        let failed = SlurmError::Failed { args: "requeue 42".into(), code: Some(1), stderr: "denied".into() };
+        let failed = SlurmError::Failed { args: "scontrol requeue 42".into(), code: Some(1), stderr: "denied".into() };
         let refused = FakeControl { requeue: Err(failed), ..FakeControl::new("RUNNING") };
         let out = requeue_after_crash(&refused, &request(), MINUTE, &ten_seconds);
         assert_eq!((out.hold_seconds, out.hold_error), (None, None));

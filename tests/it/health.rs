@@ -169,6 +169,36 @@ fn attempts_of_a_job_without_progress_stop_with_exit_79_naming_them() {
     assert_eq!(events_named(&run, "node_unhealthy").len(), 4);
 }
 
+/// #41: a node-wide check that fails on every rank of a node (here the
+/// site command, as a hung mount would) makes one rank of the node ask
+/// slurmctld, not each: four local ranks, one caller, the others only
+/// record their failure.
+#[test]
+fn a_node_wide_failure_asks_slurmctld_from_one_rank_of_the_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeScontrol::running_job(tmp.path());
+    for local in 0..4 {
+        let run = tmp.path().join(format!("run-{local}"));
+        let exited = RunCmd::new(&run)
+            .set("run.max_steps=20")
+            .set("health.command=\"exit 1\"")
+            .env("PATH", fake.path())
+            .env("SLURM_JOB_ID", "77")
+            .env("SLURM_LOCALID", local.to_string())
+            .run(TIMEOUT);
+        exited.assert_code(1);
+        assert_eq!(events_named(&run, "node_unhealthy").len(), 1, "rank {local} records its failure");
+        if local > 0 {
+            assert!(exited.stderr.contains("the node's first rank (SLURM_LOCALID 0) asks SLURM"), "{}", exited.tail());
+            assert!(events_named(&run, "requeue").is_empty(), "rank {local} asked nothing");
+        }
+    }
+    let calls = fake.calls();
+    assert!(!calls.is_empty(), "the node's first rank asked SLURM");
+    assert!(calls.iter().any(|c| c.starts_with("requeue 77")), "{calls:?}");
+    assert!(calls.len() <= 5, "one rank's calls, not four ranks': {calls:?}");
+}
+
 /// Outside SLURM a person starts each attempt: five failed starts and a
 /// sixth still runs (warned, with the history), and clean finishes never
 /// count.
