@@ -76,7 +76,7 @@ pub(crate) fn before_start(
     if !cfg.health.check {
         return Ok(());
     }
-    let env: EnvMap = std::env::vars().collect();
+    let env: EnvMap = crate::gpu::utf8_env();
     let inventory = std::env::var_os(INVENTORY_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
     let probe: Box<dyn GpuProbe> = match &inventory {
         Some(path) => Box::new(InventoryProbe::new(path)),
