@@ -15,12 +15,35 @@
 //!   unless `keep` newer valid ones replaced it.
 //!
 //! Deterministic: case `i` uses seed `i`. `REKINDLE_HOSTILE_CASES=N` runs
-//! more cases (12 by default, about 20 s in a debug build).
+//! more cases (12 by default, about 20 s in a debug build);
+//! `REKINDLE_HOSTILE_FROM=S` starts at seed `S` (to rerun one case).
+//!
+//! The TensorBoard surfaces (issue #40): other runs' `*tfevents*` files
+//! (one an 8 MiB sparse file, one `my-tfevents-notes.txt`) in the run's own
+//! `tensorboard/`, and, in one case in three, a shared log directory
+//! (`[telemetry] tensorboard`) holding them: each must be left byte for
+//! byte. The newest checkpoint's `MANIFEST.json` and `state.json` and
+//! `ranks/0.json` are among the paths too (a damaged newest checkpoint
+//! makes the one before it the one that must survive).
+//!
+//! Run at a few hundred cases (issue #40, 2026-11-27, debug build on a
+//! shared 2-vCPU machine):
+//! `REKINDLE_HOSTILE_CASES=200 REKINDLE_HOSTILE_LOCAL_CASES=200 cargo test
+//! --test it -- hostile:: --nocapture`: both passed in 1,347 s. Run
+//! directory: 200 cases, all passed (about 3 to 10 s a case under load).
+//! Local root: 200
+//! cases in 494 s, 187 set up (13 first attempts committed no local copy)
+//! and passed. Findings: a local copy whose `MANIFEST.json` is a 1 GiB
+//! sparse file was passed over without a failed `local_checkpoint` (now
+//! refused and recorded, checkpoint/local.rs'
+//! `issue_40_a_copy_whose_manifest_is_over_its_bound_is_refused_not_passed_over`);
+//! and two faults of this test, not of rekindle (a first attempt that
+//! commits no local copy; a periodic save landing after its due step).
 //!
 //! The node-local root (issue #40) has a test of its own: after an attempt
 //! that kept local copies, the user's folder, the run's folder, a copy, its
 //! `WORLD.json` or a file of it is made another user's, writable by others,
-//! a link to outside, a FIFO or (`WORLD.json`) a 1 GiB sparse file; the
+//! a link to outside, a FIFO or (`WORLD.json`, `MANIFEST.json`) a 1 GiB sparse file; the
 //! next `run` must finish without hanging, resume from no copy so touched,
 //! change nothing outside and record a failed `local_checkpoint`. Case `i`
 //! does kind `i mod 14`: the 14 cases by default cover each once
