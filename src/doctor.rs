@@ -49,7 +49,7 @@ pub struct DoctorOptions {
 /// Runs every check against this machine and process environment. With
 /// `cfg = None` the defaults are checked (and the config check is skipped).
 pub fn doctor(cfg: Option<&Config>, options: &DoctorOptions) -> Checklist {
-    let env: EnvMap = std::env::vars().collect();
+    let env: EnvMap = crate::gpu::utf8_env();
     let probe: Box<dyn GpuProbe> = match &options.inventory {
         Some(path) => Box::new(InventoryProbe::new(path)),
         None => Box::new(SystemProbe::new()),

@@ -76,7 +76,7 @@ pub(crate) fn before_start(
     if !cfg.health.check {
         return Ok(());
     }
-    let env: EnvMap = std::env::vars().collect();
+    let env: EnvMap = crate::gpu::utf8_env();
     let inventory = std::env::var_os(INVENTORY_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
     let probe: Box<dyn GpuProbe> = match &inventory {
         Some(path) => Box::new(InventoryProbe::new(path)),
@@ -264,8 +264,9 @@ fn leave_node_behind(
 /// straggler_blame`), read back from its events: nothing when none were
 /// blamed or the events cannot be read (blame is then what the end says).
 pub(crate) fn straggler_blame(events_path: &Path) -> Vec<String> {
-    match crate::telemetry::read_jsonl(events_path) {
-        Ok(Some(lines)) => crate::health::blamed_stragglers(&crate::telemetry::events_from(lines.records)),
+    // This attempt's events only, streamed (a long run's history is not held).
+    match crate::telemetry::read_events_since(events_path, |e| e.name == "start") {
+        Ok(Some(attempt)) => crate::health::blamed_stragglers(&attempt),
         Ok(None) => Vec::new(),
         Err(e) => {
             tracing::warn!(events = %events_path.display(), error = %e, "cannot read the events for blamed stragglers");

@@ -191,8 +191,11 @@ pub fn continue_in_job_after_hang(
 }
 
 fn read_events(path: &std::path::Path) -> Vec<Event> {
-    match crate::telemetry::read_jsonl(path) {
-        Ok(Some(lines)) => crate::telemetry::events_from(lines.records).into_iter().map(|e| e.event).collect(),
+    // The crash count starts afresh at each checkpoint saved: the events
+    // from the newest one on are all it needs (streamed, not the history).
+    let saved = |e: &crate::telemetry::RecordedEvent| matches!(e.event, Event::CheckpointSaved(_));
+    match crate::telemetry::read_events_since(path, saved) {
+        Ok(Some(events)) => events.into_iter().map(|e| e.event).collect(),
         _ => Vec::new(),
     }
 }

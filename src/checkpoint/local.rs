@@ -275,6 +275,14 @@ pub fn check_copy(dir: &Path, step: u64, run: &str) -> Result<Vec<ManifestEntry>
         )));
     }
     let unusable = |why: String| Unfit::Unusable(format!("{}: {why}", dir.display()));
+    // A manifest larger than any rekindle writes was put there, as a
+    // WORLD.json over its bound is: refused (and recorded), not passed over.
+    let manifest_path = dir.join(super::MANIFEST_FILE);
+    if let Err(e) = crate::confine::read_bounded(&manifest_path, super::verify::MAX_MANIFEST_BYTES)
+        && matches!(e.kind(), std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData)
+    {
+        return Err(Unfit::Refused(format!("{}: {e}", manifest_path.display())));
+    }
     let manifest = read_manifest(dir).map_err(|f| unusable(f.to_string()))?;
     if world.step != step || manifest.step != step {
         return Err(unusable(format!("WORLD.json says step {}, MANIFEST.json step {}", world.step, manifest.step)));
@@ -467,6 +475,22 @@ mod tests {
         assert!(bad[0].reason.contains("MANIFEST.json") && !bad[0].refused, "no manifest is named: {:?}", bad);
         std::fs::write(step.join(WORLD_FILE), b"{").unwrap();
         assert!(WorldRecord::read(&step).unwrap_err().to_string().contains("unreadable"));
+    }
+
+    /// Found by the hostile local-root test at 200+ cases (issue #40): a 1
+    /// GiB sparse MANIFEST.json made the copy merely unusable, so it was
+    /// passed over without a failed `local_checkpoint` saying why.
+    #[test]
+    fn issue_40_a_copy_whose_manifest_is_over_its_bound_is_refused_not_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = dir.path().join(step_dir_name(5));
+        std::fs::create_dir(&step).unwrap();
+        WorldRecord::new("/runs/a".into(), 5, vec![entry("x", "y")], vec!["n1".into()], 1).write(&step).unwrap();
+        let big = std::fs::File::create(step.join(super::super::MANIFEST_FILE)).unwrap();
+        big.set_len(super::super::verify::MAX_MANIFEST_BYTES + 1).unwrap();
+        let (good, bad) = held(dir.path(), "/runs/a");
+        assert!(good.is_empty());
+        assert!(bad[0].refused && bad[0].reason.contains("MANIFEST.json"), "{:?}", bad);
     }
 
     #[test]

@@ -199,11 +199,11 @@ pub struct ReportArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum DataCommand {
-    /// Check every line of a JSONL dataset and report problems with line numbers.
+    /// Check every line of a JSONL dataset: bad lines counted by problem, with the first five line numbers of each.
     ///
     /// Reports JSON parse errors, missing/empty/non-string text fields,
     /// invalid UTF-8, NUL and control characters, and over-long records, with
-    /// counts, the first example lines, and the length distribution. Exit 0
+    /// counts, the first five line numbers of each, and the length distribution. Exit 0
     /// when clean, 1 when any line is invalid.
     Validate(ValidateArgs),
 }

@@ -62,8 +62,8 @@ use crate::attempt::error::RunError;
 use crate::attempt::lost::{lost_message, newest_valid, record_loss};
 use crate::attempt::rank_watch::Lost;
 use crate::attempt::records::{
-    context, fresh_start, last_logged_step, previous_summary, recorded, resume_record, set_aside_rejected,
-    takeover_event, truncate_metrics,
+    context, fresh_start, last_logged_step, previous_summary, resume_record, set_aside_rejected, takeover_event,
+    truncate_metrics,
 };
 use crate::attempt::stop::StopFlag;
 use crate::rundir::lock::{LockRequest, RunLock};
@@ -543,7 +543,11 @@ impl ExecAttempt {
     /// (`checkpoint_saved` events after the last `start`, and after its
     /// `signal`), and the seconds from the signal to the first of those.
     fn sealed(&self) -> Sealed {
-        let events = recorded(&self.dir.path(EVENTS_FILE));
+        // This attempt's events only (from its `start`), streamed.
+        let events = crate::telemetry::read_events_since(&self.dir.path(EVENTS_FILE), |e| e.name == "start")
+            .ok()
+            .flatten()
+            .unwrap_or_default();
         let since = events.iter().rposition(|e| matches!(e.event, Event::Start(_))).map_or(0, |i| i + 1);
         let attempt = &events[since..];
         let saved = |e: &&RecordedEvent| matches!(e.event, Event::CheckpointSaved(_));

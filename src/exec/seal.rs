@@ -20,7 +20,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{CheckpointStore, CommitGuard, WorldRank};
-use crate::config::{self, AnyKind};
+use crate::config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{CheckpointFailed, CheckpointSaved, Event, EventLog};
 
@@ -57,7 +57,9 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
         }
     })?;
     let config_path = root.join(CONFIG_FILE);
-    if !config_path.is_file() {
+    // Not followed: a link or FIFO there is refused by `load_recorded` below
+    // (bounded, non-blocking, a regular file only), as `status` refuses it.
+    if std::fs::symlink_metadata(&config_path).is_err() {
         return Err(RunError::Seal {
             reason: format!(
                 "{} is not a run directory (no {CONFIG_FILE}): start the run with `rekindle exec` first",
@@ -65,7 +67,7 @@ pub fn seal(opts: &SealOptions) -> Result<PathBuf, RunError> {
             ),
         });
     }
-    let cfg = config::load_with(&config_path, &[], &AnyKind)
+    let cfg = config::load_recorded(&config_path)
         .map_err(|e| {
             RunError::Dir(crate::rundir::RunDirRefusal::PreviousConfig {
                 path: config_path.clone(),

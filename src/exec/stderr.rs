@@ -229,4 +229,152 @@ mod tests {
         let cut: u64 = tail[0].rsplit_once(" […").unwrap().1.trim_end_matches(" bytes cut]").parse().unwrap();
         assert_eq!(cut as usize + TAIL_LINE_BYTES, 3 << 20, "{}", &tail[0][490..]);
     }
+
+    /// The redactor fuzzed as a program's stderr reaches it (issue #40):
+    /// random bytes and random text around the seeded secrets in every
+    /// shape programs print them, cut into reads at random boundaries (in
+    /// the middle of a line, a secret, a `\r\n` or a character), split into
+    /// bounded lines and redacted as a stream. No seeded secret survives in
+    /// any line kept; and redacting twice the text costs less than three
+    /// times the CPU time (the thread's, not wall time: a shared machine's
+    /// load made wall ratios of 3 to 12 for any shape).
+    mod fuzz {
+        use super::*;
+        use crate::fuzz;
+        use crate::telemetry::redact_fuzz_inputs::{SECRETS, SHAPES, marked};
+        use proptest::prelude::*;
+
+        fn redactor() -> Redactor {
+            Redactor::new(&crate::config::TelemetrySection::default().secret_words)
+        }
+
+        /// Every line the tail would keep (before its count bound), fed in
+        /// reads of the given sizes.
+        fn stream(bytes: &[u8], reads: &[usize]) -> Vec<String> {
+            let r = redactor();
+            let mut lines = r.lines();
+            let mut splitter = LineSplitter::new(LINE_LIMIT);
+            let mut out = Vec::new();
+            let (mut at, mut i) = (0, 0);
+            while at < bytes.len() {
+                let n = reads.get(i % reads.len().max(1)).copied().unwrap_or(bytes.len()).clamp(1, bytes.len() - at);
+                splitter.feed(&bytes[at..at + n], |line, cut| out.push(tail_line(&mut lines, line, cut)));
+                at += n;
+                i += 1;
+            }
+            splitter.finish(|line, cut| out.push(tail_line(&mut lines, line, cut)));
+            out
+        }
+
+        /// Surrounding text: printable pieces the rules look at, or bytes
+        /// with no line ending (a line ending mid-shape is another line).
+        fn around() -> impl Strategy<Value = Vec<u8>> {
+            const FIXED: [&str; 10] = ["=", ":", "://", "@", " ", "--", "lr=0.1", "é", "***", "step 5/10"];
+            let text = proptest::collection::vec(proptest::sample::select(&FIXED[..]), 0..8)
+                .prop_map(|p| p.concat().into_bytes());
+            let bytes = fuzz::bytes(48).prop_map(|b| b.into_iter().filter(|c| !b"\r\n".contains(c)).collect());
+            prop_oneof![text, bytes]
+        }
+
+        proptest! {
+            #![proptest_config(fuzz::config())]
+
+            #[test]
+            fn no_seeded_secret_survives_a_stream_cut_at_random_reads(
+                planted in proptest::collection::vec(
+                    (around(), proptest::sample::select(&SECRETS[..]), 0usize..SHAPES.len(), 0usize..3),
+                    1..6,
+                ),
+                reads in proptest::collection::vec(1usize..40, 1..8),
+            ) {
+                let mut input = Vec::new();
+                for (before, secret, form, ending) in &planted {
+                    input.extend_from_slice(before);
+                    input.push(b' ');
+                    input.extend_from_slice(SHAPES[*form].replace('X', &marked(secret)).as_bytes());
+                    input.extend_from_slice([&b"\n"[..], b"\r\n", b"\r"][*ending]);
+                }
+                let kept = stream(&input, &reads);
+                for line in &kept {
+                    prop_assert!(!line.contains("SeCrEt"), "{:?} -> {kept:?}", String::from_utf8_lossy(&input));
+                }
+            }
+
+            #[test]
+            fn random_bytes_in_random_reads_are_redacted_without_panicking(
+                bytes in fuzz::bytes(2048),
+                reads in proptest::collection::vec(1usize..300, 1..8),
+            ) {
+                let _ = stream(&bytes, &reads);
+            }
+        }
+
+        /// The CPU time this thread spent in `f` (not wall time: on a shared
+        /// machine other processes' load would be counted too).
+        fn cpu_time<T>(f: impl FnOnce() -> T) -> std::time::Duration {
+            use nix::libc;
+            let used = || {
+                let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                // SAFETY: `t` is a valid timespec for the call to fill.
+                let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+                assert_eq!(rc, 0, "the thread's CPU clock");
+                std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+            };
+            let before = used();
+            let _ = f();
+            used().saturating_sub(before)
+        }
+
+        /// Text of `bytes` bytes made of the shapes (each with a secret) and
+        /// filler, in one line: the redaction of a line is what could be
+        /// superlinear (LINE_LIMIT bounds a line in the stream; `text` and
+        /// the health command's output are not bounded by it).
+        fn mixture(seed: u64, bytes: usize) -> String {
+            let mut state = seed;
+            let mut next = |n: usize| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (state >> 33) as usize % n
+            };
+            let mut line = String::new();
+            while line.len() < bytes {
+                // The YAML shapes are lines of their own (the stream fuzz
+                // above has them): flattened, they are no shape at all.
+                let shape = SHAPES[next(SHAPES.len())];
+                if shape.contains('\n') {
+                    continue;
+                }
+                line.push_str(&shape.replace('X', &marked(SECRETS[next(SECRETS.len())])));
+                // Separated as text separates them (glued to the next
+                // shape, `X=` or `X"--opt` would be other shapes, not these).
+                line.push_str([" ", "; ", " & ", ", ", " | ", " -> ", "\" ", " ("][next(8)]);
+            }
+            line
+        }
+
+        #[test]
+        fn redacting_twice_the_text_costs_about_twice_the_time() {
+            let r = redactor();
+            for seed in 0..4 {
+                let (small, big) = (mixture(seed, 256 << 10), mixture(seed, 512 << 10));
+                let time = |line: &str| cpu_time(|| std::hint::black_box(r.text(line)));
+                // Interleaved, the fastest of each: a shared machine's noise
+                // hits both sizes alike.
+                let (mut t1, mut t2) = (std::time::Duration::MAX, std::time::Duration::MAX);
+                for _ in 0..7 {
+                    t1 = t1.min(time(&small));
+                    t2 = t2.min(time(&big));
+                }
+                assert!(
+                    t2 < 3 * t1.max(std::time::Duration::from_millis(1)),
+                    "seed {seed}: 512 KiB took {t2:?}, 256 KiB {t1:?}"
+                );
+                let out = r.text(&big);
+                if let Some(i) = out.find("SeCrEt") {
+                    let from = out.floor_char_boundary(i.saturating_sub(120));
+                    let to = out.ceil_char_boundary((i + 80).min(out.len()));
+                    panic!("seed {seed}: a secret survived one long line: …{}…", &out[from..to]);
+                }
+            }
+        }
+    }
 }

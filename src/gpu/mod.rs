@@ -42,4 +42,4 @@ pub use placement::{DeviceKind, Footprint, Placement, PlacementRequest, Plan, Pl
 pub(crate) use probe::tests::device as test_device;
 pub use probe::{DeviceHealth, DeviceKey, GpuDevice, GpuProbe, Probed, StaticProbe, Vendor};
 pub use system::SystemProbe;
-pub use visible::{EnvMap, VISIBILITY_VARIABLES, Visible, process_env, visible_devices};
+pub use visible::{EnvMap, VISIBILITY_VARIABLES, Visible, process_env, utf8_env, visible_devices};

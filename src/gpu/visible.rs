@@ -27,6 +27,14 @@ use super::probe::{GpuDevice, Vendor};
 /// Environment variables by name (only the ones read here matter).
 pub type EnvMap = BTreeMap<String, String>;
 
+/// The process environment as an [`EnvMap`]: the variables whose name and
+/// value are UTF-8 (`std::env::vars` panics on any other, and a site's
+/// environment may hold one; none of the variables rekindle reads can be
+/// one and still mean something).
+pub fn utf8_env() -> EnvMap {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect()
+}
+
 /// The variables [`visible_devices`] reads.
 pub const VISIBILITY_VARIABLES: [&str; 5] =
     ["CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"];

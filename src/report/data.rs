@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use crate::gpu::STATS_FILE;
 use crate::rundir::{self, CONFIG_FILE, EVENTS_FILE, METRICS_FILE, RunStatus};
 use crate::telemetry::{
-    Attempt, Event, GpuPoint, Jsonl, MetricPoint, MetricRecord, RecordedEvent, ValPoint, attempts, events_from,
-    for_each_jsonl, gpu_point, metric_point, read_jsonl,
+    Attempt, AttemptFold, Event, GpuPoint, Jsonl, MetricPoint, MetricRecord, RecordedEvent, ValPoint, for_each_jsonl,
+    gpu_point, metric_point,
 };
 
 use super::downsample::Downsample;
@@ -78,6 +78,24 @@ impl Marker {
     }
 }
 
+/// The most attempts, checkpoint saves and markers a report keeps (each the
+/// newest): `events.jsonl` is read a record at a time, and a run with
+/// millions of events costs the memory and page size of these rows, not of
+/// its lines (issue #40).
+pub const MAX_ROWS: usize = 1000;
+
+/// The longest text of a row (an event's detail or a checkpoint's note):
+/// a record line may be a megabyte.
+const MAX_DETAIL_CHARS: usize = 500;
+
+/// How many rows of each table were left out, the oldest ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LeftOut {
+    pub attempts: usize,
+    pub checkpoints: usize,
+    pub markers: usize,
+}
+
 /// Everything a report draws.
 #[derive(Debug, Clone)]
 pub struct RunData {
@@ -85,14 +103,20 @@ pub struct RunData {
     /// `[run] name`, else the directory name.
     pub name: String,
     pub status: RunStatus,
-    pub events: Vec<RecordedEvent>,
+    /// The earliest time an event records.
+    pub first_event: Option<DateTime<Utc>>,
+    /// The newest [`MAX_ROWS`] attempts.
     pub attempts: Vec<Attempt>,
     pub train: Vec<MetricPoint>,
     pub val: Vec<ValPoint>,
     /// `None` when the run has no gpu_stats.jsonl.
     pub gpu: Option<Vec<GpuPoint>>,
+    /// The newest [`MAX_ROWS`] checkpoint saves and markers.
     pub checkpoints: Vec<CheckpointMark>,
     pub markers: Vec<Marker>,
+    /// Attempts, checkpoint saves and markers older than those kept, left
+    /// out of the page (a long or hostile `events.jsonl`).
+    pub left_out: LeftOut,
     /// Lines that did not parse, per file (torn writes).
     pub skipped: Vec<(&'static str, usize)>,
     /// Training and validation lines of `metrics.jsonl`, when the charts
@@ -106,18 +130,35 @@ impl RunData {
         if !rundir::is_run_dir(dir) {
             return Err(ReportError::NotARunDir { path: dir.to_path_buf(), file: CONFIG_FILE });
         }
-        let read = |file: &'static str| {
-            let path = dir.join(file);
-            read_jsonl(&path).map_err(|source| ReportError::Read { path, source })
-        };
         let mut skipped = Vec::new();
         let mut note = |file: &'static str, j: &Option<Jsonl>| {
             if let Some(j) = j.as_ref().filter(|j| j.skipped > 0) {
                 skipped.push((file, j.skipped));
             }
         };
-        let events_file = read(EVENTS_FILE)?;
-        note(EVENTS_FILE, &events_file);
+        // Streamed, keeping what the page shows: the newest rows, counts
+        // and the earliest time.
+        let events_path = dir.join(EVENTS_FILE);
+        let (mut attempts, mut marks) = (AttemptFold::keeping(MAX_ROWS), MarkFold::default());
+        let (mut checkpoints, mut markers) = (Newest::default(), Newest::default());
+        let mut first_event: Option<DateTime<Utc>> = None;
+        let events_skipped = for_each_jsonl(&events_path, |v| {
+            let Some(ev) = RecordedEvent::from_value(v) else { return };
+            first_event = first_event.min(ev.time).or(first_event).or(ev.time);
+            attempts.push(&ev);
+            match marks.push(&ev) {
+                Some(Mark::Checkpoint(c)) => checkpoints.push(c),
+                Some(Mark::Marker(m)) => markers.push(m),
+                None => {}
+            }
+        })
+        .map_err(|source| ReportError::Read { path: events_path, source })?;
+        note(EVENTS_FILE, &events_skipped.map(|skipped| Jsonl { records: Vec::new(), skipped }));
+        let left_out = LeftOut {
+            attempts: attempts.count() - attempts.count().min(MAX_ROWS),
+            checkpoints: checkpoints.dropped,
+            markers: markers.dropped,
+        };
         // Streamed: a run of a million steps costs the memory of the
         // points drawn, not of its lines.
         let (mut train, mut val) =
@@ -148,8 +189,6 @@ impl RunData {
             points
         });
 
-        let events = events_from(events_file.map(|j| j.records).unwrap_or_default());
-        let (checkpoints, markers) = checkpoints_and_markers(&events);
         let name = crate::config::load_recorded(&dir.join(CONFIG_FILE))
             .map(|l| l.config.run.name)
             .ok()
@@ -159,13 +198,14 @@ impl RunData {
             dir: dir.to_path_buf(),
             name,
             status: rundir::status(dir),
-            attempts: attempts(&events),
-            events,
+            attempts: attempts.finish(),
+            first_event,
             train,
             val,
             gpu,
-            checkpoints,
-            markers,
+            checkpoints: checkpoints.kept.into(),
+            markers: markers.kept.into(),
+            left_out,
             skipped,
             downsampled: downsampled.then_some(lines),
         })
@@ -173,7 +213,7 @@ impl RunData {
 
     /// The earliest time recorded: time axes count seconds from here.
     pub fn origin(&self) -> Option<DateTime<Utc>> {
-        let events = self.events.iter().filter_map(|e| e.time);
+        let events = self.first_event.into_iter();
         let metrics = self.train.iter().filter_map(|m| m.time);
         let gpu = self.gpu.iter().flatten().map(|g| g.time);
         events.chain(metrics).chain(gpu).min()
@@ -185,63 +225,121 @@ impl RunData {
     }
 }
 
+/// The newest [`MAX_ROWS`] of a stream of rows, and how many older ones were dropped.
+#[derive(Debug)]
+struct Newest<T> {
+    kept: std::collections::VecDeque<T>,
+    dropped: usize,
+}
+
+impl<T> Default for Newest<T> {
+    fn default() -> Self {
+        Newest { kept: Default::default(), dropped: 0 }
+    }
+}
+
+impl<T> Newest<T> {
+    fn push(&mut self, row: T) {
+        if self.kept.len() == MAX_ROWS {
+            self.kept.pop_front();
+            self.dropped += 1;
+        }
+        self.kept.push_back(row);
+    }
+}
+
+/// What one event adds to the page: a checkpoint save or a chart marker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mark {
+    Checkpoint(CheckpointMark),
+    Marker(Marker),
+}
+
 /// The checkpoint saves and the chart markers recorded in `events`.
 pub fn checkpoints_and_markers(events: &[RecordedEvent]) -> (Vec<CheckpointMark>, Vec<Marker>) {
     let (mut ckpts, mut markers) = (Vec::new(), Vec::new());
-    let mut attempt = 0;
-    let mut last_step: Option<u64> = None;
+    let mut fold = MarkFold::default();
     for ev in events {
-        if ev.name == "start" {
-            attempt += 1;
+        match fold.push(ev) {
+            Some(Mark::Checkpoint(c)) => ckpts.push(c),
+            Some(Mark::Marker(m)) => markers.push(m),
+            None => {}
         }
-        last_step = ev.step.or(last_step);
-        let marker = |kind, what: String, detail: String| Marker {
-            kind,
-            what,
-            node: ev.node.clone(),
-            attempt,
-            step: last_step,
-            time: ev.time,
-            detail,
+    }
+    (ckpts, markers)
+}
+
+/// [`checkpoints_and_markers`] one event at a time: the attempt and the
+/// last step known so far, and how many checkpoint saves were numbered.
+#[derive(Debug, Default)]
+pub struct MarkFold {
+    attempt: usize,
+    last_step: Option<u64>,
+    saves: usize,
+}
+
+impl MarkFold {
+    /// The mark `ev` makes, if any.
+    pub fn push(&mut self, ev: &RecordedEvent) -> Option<Mark> {
+        if ev.name == "start" {
+            self.attempt += 1;
+        }
+        self.last_step = ev.step.or(self.last_step);
+        let (attempt, last_step) = (self.attempt, self.last_step);
+        let clipped = |text: String| match text.char_indices().nth(MAX_DETAIL_CHARS) {
+            Some((i, _)) => format!("{}…", &text[..i]),
+            None => text,
+        };
+        let marker = |kind, what: String, detail: String| {
+            Some(Mark::Marker(Marker {
+                kind,
+                what: clipped(what),
+                node: ev.node.clone(),
+                attempt,
+                step: last_step,
+                time: ev.time,
+                detail: clipped(detail),
+            }))
         };
         let at_step = last_step.map(|s| format!(" at step {s}")).unwrap_or_default();
+        let number = self.saves + 1;
         let checkpoint = |kind: &str, failed: bool, problem: Option<&String>| CheckpointMark {
-            number: ckpts.len() + 1,
+            number,
             step: ev.step.unwrap_or(0),
-            kind: if kind.is_empty() { "?".into() } else { kind.to_string() },
+            kind: if kind.is_empty() { "?".into() } else { clipped(kind.to_string()) },
             time: ev.time,
             node: ev.node.clone(),
             attempt,
             bytes: None,
             snapshot_seconds: None,
             persist_seconds: None,
-            problem: problem.cloned(),
+            problem: problem.cloned().map(clipped),
             failed,
         };
         let or = |text: &str, default: &str| if text.is_empty() { default.to_string() } else { text.to_string() };
         match &ev.event {
             Event::CheckpointSaved(c) => {
-                let mark = CheckpointMark {
+                self.saves += 1;
+                Some(Mark::Checkpoint(CheckpointMark {
                     bytes: c.bytes,
                     snapshot_seconds: c.snapshot_seconds,
                     persist_seconds: c.persist_seconds,
                     ..checkpoint(&c.kind, false, c.warning.as_ref())
-                };
-                ckpts.push(mark);
+                }))
             }
             Event::CheckpointFailed(c) => {
-                let mark = checkpoint(&c.kind, true, Some(&c.error).filter(|e| !e.is_empty()));
-                ckpts.push(mark);
+                self.saves += 1;
+                Some(Mark::Checkpoint(checkpoint(&c.kind, true, Some(&c.error).filter(|e| !e.is_empty()))))
             }
             Event::Signal(s) => {
                 let sig = or(&s.signal, "signal");
                 let arrival = s.arrival.as_ref().map(|a| format!(", arrived {a}")).unwrap_or_default();
-                markers.push(marker(MarkerKind::Signal, sig.clone(), format!("{sig}{at_step}{arrival}")));
+                marker(MarkerKind::Signal, sig.clone(), format!("{sig}{at_step}{arrival}"))
             }
             Event::Requeue(r) => {
                 let decision = r.decision.name();
                 let what = if decision == "requeue" { "requeue" } else { "no requeue" };
-                markers.push(marker(MarkerKind::Requeue, what.into(), format!("{decision}: {}", r.decision.reason())));
+                marker(MarkerKind::Requeue, what.into(), format!("{decision}: {}", r.decision.reason()))
             }
             Event::Resume(r) => {
                 let lost = ev.raw.get("steps_lost").map(|_| r.steps_lost);
@@ -249,36 +347,33 @@ pub fn checkpoints_and_markers(events: &[RecordedEvent]) -> (Vec<CheckpointMark>
                 let lost = lost.map(|l| format!(", {l} steps lost")).unwrap_or_default();
                 let tier = rundir::resume_tier(r).map(|t| format!(", from the {t}")).unwrap_or_default();
                 let what = format!("resumed{at_step}{prev}{lost}{tier}");
-                markers.push(marker(MarkerKind::Resume, "resume".into(), what));
+                marker(MarkerKind::Resume, "resume".into(), what)
             }
             Event::Recovery(r) => {
                 let label = if r.in_job { "recovered in job" } else { "recovered" };
-                markers.push(marker(MarkerKind::Resume, label.into(), rundir::recovery_line(r)));
+                marker(MarkerKind::Resume, label.into(), rundir::recovery_line(r))
             }
-            Event::FreshStart(f) => {
-                markers.push(marker(MarkerKind::Problem, "fresh start".into(), or(&f.reason, "fresh start")));
-            }
+            Event::FreshStart(f) => marker(MarkerKind::Problem, "fresh start".into(), or(&f.reason, "fresh start")),
             Event::Nonfinite(n) => {
                 let action = or(&n.action, "?");
-                markers.push(marker(
-                    MarkerKind::Problem,
-                    "non-finite".into(),
-                    format!("non-finite step{at_step}: {action}"),
-                ));
+                marker(MarkerKind::Problem, "non-finite".into(), format!("non-finite step{at_step}: {action}"))
             }
             Event::Error(e) => {
                 let err = or(&e.error, "error");
-                markers.push(marker(MarkerKind::Problem, "error".into(), format!("error{at_step}: {err}")));
+                marker(MarkerKind::Problem, "error".into(), format!("error{at_step}: {err}"))
             }
             Event::Straggler(s) => {
                 let what = if s.world_size > 1 { format!("straggler rank {}", s.rank) } else { "slower".into() };
                 // Labelled with the slow rank's node, not the writer's (rank 0's).
                 let node = Some(s.rank_node.clone()).filter(|n| !n.is_empty()).or_else(|| ev.node.clone());
-                markers.push(Marker { node, ..marker(MarkerKind::Straggler, what, rundir::straggler_line(s)) });
+                match marker(MarkerKind::Straggler, what, rundir::straggler_line(s)) {
+                    Some(Mark::Marker(m)) => Some(Mark::Marker(Marker { node: node.map(clipped), ..m })),
+                    other => other,
+                }
             }
             Event::NodeUnhealthy(u) => {
                 let detail = format!("node {} failed its health check `{}`: {}", u.node, u.check, u.detail);
-                markers.push(marker(MarkerKind::Problem, "unhealthy node".into(), detail));
+                marker(MarkerKind::Problem, "unhealthy node".into(), detail)
             }
             Event::NodesExcluded(x) => {
                 let detail = if x.added.is_empty() {
@@ -287,17 +382,17 @@ pub fn checkpoints_and_markers(events: &[RecordedEvent]) -> (Vec<CheckpointMark>
                 } else {
                     format!("{}: excluded {} (now {})", x.cause, x.added.join(", "), x.excluded.join(", "))
                 };
-                markers.push(marker(MarkerKind::Requeue, "excluded".into(), detail));
+                marker(MarkerKind::Requeue, "excluded".into(), detail)
             }
-            _ => {}
+            _ => None,
         }
     }
-    (ckpts, markers)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::events_from;
     use serde_json::json;
 
     fn events(values: Vec<serde_json::Value>) -> Vec<RecordedEvent> {

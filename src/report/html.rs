@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use crate::units::human_bytes;
 
 use super::charts::Chart;
-use super::data::RunData;
+use super::data::{LeftOut, MAX_ROWS, RunData};
 use super::plot;
 
 const STYLE: &str = "
@@ -90,6 +90,15 @@ pub fn page(data: &RunData, charts: &[Chart]) -> String {
     attempts_table(&mut h, data);
     checkpoints_table(&mut h, data);
     events_table(&mut h, data);
+    let left = data.left_out;
+    if left != LeftOut::default() {
+        let _ = writeln!(
+            h,
+            "<p class=\"note\" id=\"left-out\">The tables show the newest {MAX_ROWS} rows each: left out are the \
+             first {} attempts, {} checkpoint saves and {} events of events.jsonl.</p>",
+            left.attempts, left.checkpoints, left.markers
+        );
+    }
     if !data.skipped.is_empty() {
         let parts: Vec<String> = data.skipped.iter().map(|(f, n)| format!("{n} in {f}")).collect();
         let _ = writeln!(
@@ -118,7 +127,7 @@ fn overview(h: &mut String, data: &RunData) {
     if let Some(v) = data.val.last() {
         rows.push(("last validation loss", format!("{:.5} at step {}", v.val_loss, v.step)));
     }
-    rows.push(("attempts", format!("{} ({} resumed from a checkpoint)", data.attempts.len(), st.restarts)));
+    rows.push(("attempts", format!("{} ({} resumed from a checkpoint)", st.attempts, st.restarts)));
     let valid = st.checkpoints.iter().filter(|c| c.valid).count();
     rows.push(("checkpoints on disk", format!("{valid} valid of {}", st.checkpoints.len())));
     if let Some(last) = data.attempts.last() {

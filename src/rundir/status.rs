@@ -76,9 +76,85 @@ pub struct CheckpointLine {
     pub valid: bool,
 }
 
-/// The records of a JSON-lines file of the run (none when it is missing or unreadable).
-fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
-    crate::telemetry::read_jsonl(path).ok().flatten().map(|j| j.records).unwrap_or_default()
+/// The kinds of event status shows the newest of.
+const LAST_OF: [&str; 11] = [
+    "signal",
+    "stop",
+    "publish",
+    "requeue",
+    "resume",
+    "recovery",
+    "local_checkpoint",
+    "node_unhealthy",
+    "nodes_excluded",
+    "start",
+    // The state: the newest of these says how the run ended.
+    "finish",
+];
+
+/// The most `straggler` events of the newest attempt status keeps (the
+/// newest ones): one a slow step for a whole attempt would otherwise be
+/// held, and shown, in full.
+const MAX_STRAGGLERS: usize = 50;
+
+/// What status needs of `events.jsonl`, gathered a record at a time: a
+/// file of millions of lines costs the memory of the events shown, not of
+/// its lines (issue #40).
+#[derive(Default)]
+struct EventDigest {
+    last: std::collections::HashMap<&'static str, RecordedEvent>,
+    /// The name of the newest event that says what state the run is in.
+    state_event: Option<String>,
+    node: Option<String>,
+    starts: u64,
+    resumes: u64,
+    stragglers: std::collections::VecDeque<RecordedEvent>,
+    attempts: Option<telemetry::AttemptFold>,
+}
+
+impl EventDigest {
+    fn read(path: &Path) -> EventDigest {
+        let mut d = EventDigest { attempts: Some(telemetry::AttemptFold::keeping(2)), ..Default::default() };
+        let _ = telemetry::for_each_jsonl(path, |v| {
+            if let Some(ev) = RecordedEvent::from_value(v) {
+                d.push(ev);
+            }
+        });
+        d
+    }
+
+    fn push(&mut self, ev: RecordedEvent) {
+        if let Some(f) = self.attempts.as_mut() {
+            f.push(&ev);
+        }
+        if matches!(ev.name.as_str(), "finish" | "stop" | "error" | "start" | "resume" | "node_unhealthy") {
+            self.state_event = Some(ev.name.clone());
+        }
+        if ev.node.is_some() {
+            self.node.clone_from(&ev.node);
+        }
+        match ev.name.as_str() {
+            "start" => {
+                self.starts += 1;
+                self.stragglers.clear();
+            }
+            "resume" => self.resumes += 1,
+            "straggler" => {
+                if self.stragglers.len() == MAX_STRAGGLERS {
+                    self.stragglers.pop_front();
+                }
+                self.stragglers.push_back(ev.clone());
+            }
+            _ => {}
+        }
+        if let Some(name) = LAST_OF.iter().find(|n| **n == ev.name) {
+            self.last.insert(name, ev);
+        }
+    }
+
+    fn last_of(&self, name: &str) -> Option<RecordedEvent> {
+        self.last.get(name).cloned()
+    }
 }
 
 /// How much of the end of `metrics.jsonl` status reads: a few thousand
@@ -112,7 +188,7 @@ pub fn status(dir: &Path) -> RunStatus {
         Ok(l) => (Some(l.config), None),
         Err(e) => (None, Some(e.to_string())),
     };
-    let events = telemetry::events_from(read_jsonl(&dir.join(EVENTS_FILE)));
+    let mut events = EventDigest::read(&dir.join(EVENTS_FILE));
     // The newest lines only: the last step, loss and rate are all that is
     // shown, and a long run's file is hundreds of megabytes.
     let metrics: Vec<StepLine> = telemetry::read_jsonl_tail(&dir.join(METRICS_FILE), METRICS_TAIL_BYTES)
@@ -126,7 +202,6 @@ pub fn status(dir: &Path) -> RunStatus {
             MetricsLine::Val(_) => None,
         })
         .collect();
-    let last_of = |name: &str| events.iter().rev().find(|e| e.name == name).cloned();
     let lock: Option<LockInfo> = LockInfo::read(&dir.join(LOCK_FILE));
     // Fresh by the holder's own timeout (else the run's config, else the default).
     let configured = cfg.as_ref().map_or(DEFAULT_STALE_AFTER, |c| c.lock.stale_after);
@@ -136,12 +211,9 @@ pub fn status(dir: &Path) -> RunStatus {
         .cloned();
 
     let step = metrics.last().map(|m| m.step).or_else(|| summary.as_ref().map(|s| s.steps));
-    let max_steps = recorded_max_steps(&events).unwrap_or_else(|| cfg.as_ref().map(|c| c.run.max_steps));
-    let last_event = events
-        .iter()
-        .rev()
-        .find(|e| matches!(e.name.as_str(), "finish" | "stop" | "error" | "start" | "resume" | "node_unhealthy"));
-    let state = match (live_lock.is_some(), last_event.map(|e| e.name.as_str())) {
+    let max_steps =
+        recorded_max_steps(events.last.get("start")).unwrap_or_else(|| cfg.as_ref().map(|c| c.run.max_steps));
+    let state = match (live_lock.is_some(), events.state_event.as_deref()) {
         (true, _) => "running",
         (false, Some("finish")) => "finished",
         (false, Some("stop")) => "stopped",
@@ -169,10 +241,9 @@ pub fn status(dir: &Path) -> RunStatus {
         .and_then(|c| chrono::DateTime::parse_from_rfc3339(c.created_at.as_deref()?).ok())
         .map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0);
     let eta_seconds = eta(&metrics, max_steps);
-    let last_start = events.iter().rev().find(|e| e.name == "start");
-    let job = last_start.and_then(job_of);
-    let node = live_lock.as_ref().map(|l| l.host.clone()).or_else(|| events.iter().rev().find_map(|e| e.node.clone()));
-    let mut attempts = telemetry::attempts(&events);
+    let job = events.last.get("start").and_then(job_of);
+    let node = live_lock.as_ref().map(|l| l.host.clone()).or_else(|| events.node.clone());
+    let mut attempts = events.attempts.take().map(telemetry::AttemptFold::finish).unwrap_or_default();
     if live_lock.is_some() {
         attempts.pop();
     }
@@ -187,31 +258,24 @@ pub fn status(dir: &Path) -> RunStatus {
         checkpoints,
         quarantined,
         last_checkpoint_age_seconds,
-        restarts: events.iter().filter(|e| e.name == "resume").count() as u64,
-        attempts: events.iter().filter(|e| e.name == "start").count() as u64,
-        last_signal: last_of("signal"),
-        last_stop: last_of("stop"),
-        last_publish: last_of("publish"),
-        last_requeue: last_of("requeue"),
-        last_resume: last_of("resume"),
-        last_recovery: last_of("recovery"),
-        last_local_checkpoint: last_of("local_checkpoint"),
-        stragglers: newest_attempt(&events).iter().filter(|e| e.name == "straggler").cloned().collect(),
-        last_unhealthy: last_of("node_unhealthy"),
-        last_exclusion: last_of("nodes_excluded"),
+        restarts: events.resumes,
+        attempts: events.starts,
+        last_signal: events.last_of("signal"),
+        last_stop: events.last_of("stop"),
+        last_publish: events.last_of("publish"),
+        last_requeue: events.last_of("requeue"),
+        last_resume: events.last_of("resume"),
+        last_recovery: events.last_of("recovery"),
+        last_local_checkpoint: events.last_of("local_checkpoint"),
+        stragglers: events.stragglers.drain(..).collect(),
+        last_unhealthy: events.last_of("node_unhealthy"),
+        last_exclusion: events.last_of("nodes_excluded"),
         last_ended_attempt: attempts.pop(),
         lock: live_lock,
         job,
         node,
         eta_seconds,
     }
-}
-
-/// The events of the newest attempt: from its `start` on (all of them when
-/// none has one).
-fn newest_attempt(events: &[RecordedEvent]) -> &[RecordedEvent] {
-    let from = events.iter().rposition(|e| e.name == "start").unwrap_or(0);
-    &events[from..]
 }
 
 /// `rank 1 on n2`, or `this process on n1` for a process alone.
@@ -302,8 +366,8 @@ fn job_of(start: &RecordedEvent) -> Option<String> {
 /// records `null` (`rekindle exec` without a configured `[run] max_steps`:
 /// there is no total to show), `None` when there is no such event or field
 /// (then `config.toml` says).
-fn recorded_max_steps(events: &[RecordedEvent]) -> Option<Option<u64>> {
-    let start = events.iter().rev().find(|e| e.name == "start")?;
+fn recorded_max_steps(start: Option<&RecordedEvent>) -> Option<Option<u64>> {
+    let start = start?;
     match start.raw.get("max_steps")? {
         serde_json::Value::Null => Some(None),
         value => value.as_u64().map(Some),

@@ -53,7 +53,7 @@ pub struct SlurmEnv {
 impl SlurmEnv {
     /// Reads the process environment.
     pub fn from_process() -> SlurmEnv {
-        SlurmEnv::from_map(&std::env::vars().collect())
+        SlurmEnv::from_map(&crate::gpu::utf8_env())
     }
 
     /// Reads an explicit environment (for tests).

@@ -132,13 +132,49 @@ impl fmt::Display for Attempt {
 /// The attempts recorded in `events` (in file order); events before the
 /// first `start` belong to none.
 pub fn attempts(events: &[RecordedEvent]) -> Vec<Attempt> {
-    let mut out: Vec<Attempt> = Vec::new();
-    for ev in events {
+    let mut fold = AttemptFold::keeping(usize::MAX);
+    events.iter().for_each(|ev| fold.push(ev));
+    fold.finish()
+}
+
+/// [`attempts`] one event at a time, keeping only the newest `keep`
+/// attempts: a reader streaming a long `events.jsonl` (`status`, `report`)
+/// holds as many attempts as it shows, not one per `start` ever written.
+#[derive(Debug, Clone)]
+pub struct AttemptFold {
+    kept: std::collections::VecDeque<Attempt>,
+    keep: usize,
+    count: usize,
+}
+
+impl AttemptFold {
+    /// Keeps the newest `keep` attempts (at least two: a `resume` tells the
+    /// attempt before it how many steps it lost).
+    pub fn keeping(keep: usize) -> AttemptFold {
+        AttemptFold { kept: Default::default(), keep: keep.max(2), count: 0 }
+    }
+
+    /// How many attempts were opened, kept or not.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The attempts kept, oldest first.
+    pub fn finish(self) -> Vec<Attempt> {
+        self.kept.into()
+    }
+
+    pub fn push(&mut self, ev: &RecordedEvent) {
         if ev.name == "start" {
-            out.push(Attempt::opened_by(out.len() + 1, ev));
-            continue;
+            self.count += 1;
+            if self.kept.len() == self.keep {
+                self.kept.pop_front();
+            }
+            self.kept.push_back(Attempt::opened_by(self.count, ev));
+            return;
         }
-        let Some(cur) = out.last_mut() else { continue };
+        let n = self.kept.len();
+        let Some(cur) = self.kept.back_mut() else { return };
         if cur.end == AttemptEnd::Unrecorded {
             cur.ended = ev.time.or(cur.ended);
             if let Some(s) = ev.step {
@@ -149,7 +185,7 @@ pub fn attempts(events: &[RecordedEvent]) -> Vec<Attempt> {
             Event::Resume(resume) => {
                 cur.start_step = resume.step;
                 let lost = ev.raw.get("steps_lost").map(|_| resume.steps_lost);
-                if let Some(prev) = out.len().checked_sub(2).and_then(|i| out.get_mut(i)) {
+                if let Some(prev) = n.checked_sub(2).and_then(|i| self.kept.get_mut(i)) {
                     prev.steps_lost = lost;
                 }
             }
@@ -194,7 +230,6 @@ pub fn attempts(events: &[RecordedEvent]) -> Vec<Attempt> {
             _ => {}
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -324,5 +359,14 @@ mod tests {
         assert_eq!(a.len(), 1);
         assert_eq!(a[0].end, AttemptEnd::Unrecorded);
         assert!(attempts(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_fold_keeping_two_matches_the_newest_two_of_the_whole_list() {
+        let all = attempts(&three_attempts());
+        let mut fold = AttemptFold::keeping(2);
+        three_attempts().iter().for_each(|e| fold.push(e));
+        assert_eq!(fold.count(), 3);
+        assert_eq!(fold.finish(), all[1..].to_vec());
     }
 }

@@ -20,11 +20,13 @@ mod rank_beat;
 mod records;
 mod redact;
 #[cfg(test)]
+pub(crate) use redact::fuzz_inputs as redact_fuzz_inputs;
+#[cfg(test)]
 mod release_fixture;
 mod summary;
 pub mod tensorboard;
 
-pub use attempts::{Attempt, AttemptEnd, attempts};
+pub use attempts::{Attempt, AttemptEnd, AttemptFold, attempts};
 pub use event::{
     CheckpointFailed, CheckpointIntervalChosen, CheckpointQuarantined, CheckpointRejected, CheckpointSaved,
     CheckpointStarted, ChildExit, ChildStart, CrashClass, EVENT_NAMES, ErrorEvent, Event, EventContext, Finish,
@@ -43,6 +45,8 @@ pub use metrics::{
 };
 pub use prometheus::{PromLabels, PromState, write_textfile};
 pub use rank_beat::{RankBeat, rank_beat_file};
-pub use records::{Jsonl, MAX_LINE_BYTES, for_each_jsonl, parse_jsonl, read_jsonl, read_jsonl_tail, time_field};
+pub use records::{
+    Jsonl, MAX_LINE_BYTES, for_each_jsonl, parse_jsonl, read_events_since, read_jsonl, read_jsonl_tail, time_field,
+};
 pub use redact::{MASK, Redactor, StreamRedactor};
 pub use summary::{Summary, SummaryState};

@@ -53,6 +53,27 @@ pub fn for_each_jsonl(path: &Path, each: impl FnMut(Value)) -> io::Result<Option
     scan_jsonl(path, u64::MAX, each)
 }
 
+/// The typed events of `path` from the newest one `restart` holds for on
+/// (inclusive; all of them when none does), streamed: a reader that needs
+/// only the current attempt (`restart` = a `start`) or the events since the
+/// last checkpoint holds those, not the run's whole history. Opened as
+/// [`read_jsonl`] opens; `Ok(None)` when the file is missing.
+pub fn read_events_since(
+    path: &Path,
+    restart: impl Fn(&super::RecordedEvent) -> bool,
+) -> io::Result<Option<Vec<super::RecordedEvent>>> {
+    let mut kept = Vec::new();
+    let found = for_each_jsonl(path, |v| {
+        if let Some(ev) = super::RecordedEvent::from_value(v) {
+            if restart(&ev) {
+                kept.clear();
+            }
+            kept.push(ev);
+        }
+    })?;
+    Ok(found.map(|_| kept))
+}
+
 fn scan_jsonl(path: &Path, max_bytes: u64, mut each: impl FnMut(Value)) -> io::Result<Option<usize>> {
     use std::io::{Seek, SeekFrom};
     let mut file = match crate::confine::open_regular(path) {
@@ -180,6 +201,21 @@ mod tests {
         assert_eq!(steps(13 * 100), (101..=200).collect::<Vec<_>>());
         assert_eq!(steps(u64::MAX), (101..=200).collect::<Vec<_>>());
         assert!(read_jsonl_tail(&tmp.path().join("absent"), 10).unwrap().is_none());
+    }
+
+    #[test]
+    fn events_since_keep_only_the_newest_restart_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("events.jsonl");
+        let lines = ["start\",\"node\":\"n1", "stop", "start\",\"node\":\"n2", "stop"];
+        std::fs::write(&path, lines.map(|l| format!("{{\"event\":\"{l}\"}}\n")).concat()).unwrap();
+        let since = read_events_since(&path, |e| e.name == "start").unwrap().unwrap();
+        assert_eq!(
+            since.iter().map(|e| (e.name.as_str(), e.node.as_deref())).collect::<Vec<_>>(),
+            [("start", Some("n2")), ("stop", None)]
+        );
+        assert_eq!(read_events_since(&path, |_| false).unwrap().unwrap().len(), 4);
+        assert!(read_events_since(&tmp.path().join("absent"), |_| true).unwrap().is_none());
     }
 
     #[test]

@@ -279,12 +279,13 @@ impl Redactor {
                 continue;
             }
             let value = &text[words[k].clone()];
-            if value.starts_with("--") {
+            if value.trim_start_matches(['\'', '"']).starts_with("--") {
                 continue;
             }
             let mut v = k;
             // `--access_token "" X`: an empty value hides nothing; X may be it.
-            if matches!(value, "\"\"" | "''") && v + 1 < words.len() && !text[words[v + 1].clone()].starts_with("--") {
+            let empty = matches!(value.trim_end_matches([',', ')', ']']), "\"\"" | "''");
+            if empty && v + 1 < words.len() && !text[words[v + 1].clone()].starts_with("--") {
                 v += 1;
             }
             if let Some(span) = value_at(text, words[v].start) {
@@ -299,6 +300,9 @@ impl Redactor {
 /// The name of an option without a value (`--api-key`, `-token`): `None`
 /// for anything else (`--x=1`, `-5`, `-`).
 fn option_name(word: &str) -> Option<&str> {
+    // An argument list as a program prints it (`['--token', 'X']`, a JSON
+    // array, `(--token X)`): the quotes, brackets and comma around the word.
+    let word = word.trim_start_matches(['(', '[', '{', '\'', '"']).trim_end_matches([',', '\'', '"', ')', ']', '}']);
     let name = word.strip_prefix("--").or_else(|| word.strip_prefix('-'))?;
     let first = name.bytes().next()?;
     (first.is_ascii_alphabetic() && name.bytes().all(is_name_byte)).then_some(name)
@@ -554,6 +558,46 @@ fn bearer_tokens(text: &str) -> Vec<Range<usize>> {
     spans
 }
 
+/// The seeded inputs of the redaction fuzz tests (here and in
+/// `exec/stderr.rs`, which feeds them through the stream in random chunks).
+#[cfg(test)]
+pub(crate) mod fuzz_inputs {
+    /// Secrets, each placed where `X` is in one of [`SHAPES`] (wrapped in
+    /// `SeCrEt…SeCrEt` so a survivor is found by that marker).
+    pub const SECRETS: [&str; 7] = ["hunter2", "hf_AbC123xyz", "p@ss;w0rd", "sk-Te/st+=", "ß€cret", "a:b", "x"];
+
+    /// The shapes programs print secrets in (issue #40's among them).
+    pub const SHAPES: [&str; 22] = [
+        "HF_TOKEN=X",
+        "--api-key X",
+        "\"password\": \"X\"",
+        "https://user:X@example.com/x",
+        "Authorization: Bearer X",
+        "{\"password\": \"p\\\"X\"}",
+        "{'hf_token': b'X'}",
+        "token=Some(\"X\")",
+        "password=abc;X",
+        "token => \"X\"",
+        "password:\n  X",
+        "api_key: |\n    X\n    X",
+        "--access_token \"\" X",
+        "Config(api_key=SecretStr('X'), lr=1)",
+        "curl -H 'Authorization: Basic X'",
+        "GET /x?access_token=X&page=2",
+        "Bearer X",
+        "export HF_TOKEN=X",
+        "git clone https://oauth2:X@gitlab.example.com/r.git",
+        "argv: ['train.py', '--access_token', '', 'X', '--lr', '1']",
+        "[\"--api-key\", \"X\"]",
+        "(--access_token \"\" X)",
+    ];
+
+    /// `secret` as it is planted: marked on both sides.
+    pub fn marked(secret: &str) -> String {
+        format!("SeCrEt{secret}SeCrEt")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -730,6 +774,21 @@ mod tests {
         assert_eq!(text("--token 'a --secret b' c"), "--token '***' c");
     }
 
+    /// Found by the redactor's fuzz test (issue #40): an option inside an
+    /// argument list as programs print it (`sys.argv`, a JSON array, in
+    /// brackets) kept its value.
+    #[test]
+    fn issue_40_an_option_in_a_printed_argument_list_hides_its_value() {
+        assert_eq!(
+            text("['train.py', '--access_token', 'X', '--lr', '1']"),
+            "['train.py', '--access_token', '***', '--lr', '1']"
+        );
+        assert_eq!(text("['--token', '', 'X']"), "['--token', '', '***']");
+        assert_eq!(text("[\"--api-key\", \"X\"]"), "[\"--api-key\", \"***\"]");
+        assert_eq!(text("(--access_token \"\" X)"), "(--access_token \"\" ***)");
+        assert_eq!(text("['--token', '--lr', '1']"), "['--token', '--lr', '1']", "an option is no value");
+    }
+
     #[test]
     fn command_lines_are_redacted_argument_by_argument() {
         assert_eq!(
@@ -850,28 +909,7 @@ mod tests {
         use crate::fuzz;
         use proptest::prelude::*;
 
-        /// Secrets, each placed where `X` is in one of [`SHAPES`].
-        const SECRETS: [&str; 7] = ["hunter2", "hf_AbC123xyz", "p@ss;w0rd", "sk-Te/st+=", "ß€cret", "a:b", "x"];
-
-        /// The shapes programs print secrets in.
-        const SHAPES: [&str; 16] = [
-            "HF_TOKEN=X",
-            "--api-key X",
-            "\"password\": \"X\"",
-            "https://user:X@example.com/x",
-            "Authorization: Bearer X",
-            "{\"password\": \"p\\\"X\"}",
-            "{'hf_token': b'X'}",
-            "token=Some(\"X\")",
-            "password=abc;X",
-            "token => \"X\"",
-            "password:\n  X",
-            "api_key: |\n    X\n    X",
-            "--access_token \"\" X",
-            "Config(api_key=SecretStr('X'), lr=1)",
-            "curl -H 'Authorization: Basic X'",
-            "GET /x?access_token=X&page=2",
-        ];
+        use crate::telemetry::redact::fuzz_inputs::{SECRETS, SHAPES};
 
         /// Text made of the pieces the rules look at, in any order.
         fn line() -> impl Strategy<Value = String> {
@@ -899,7 +937,7 @@ mod tests {
                 form in 0usize..SHAPES.len(),
                 stream in any::<bool>(),
             ) {
-                let secret = format!("SeCrEt{secret}SeCrEt");
+                let secret = crate::telemetry::redact::fuzz_inputs::marked(secret);
                 let text = format!("{before} {} {after}", SHAPES[form].replace('X', &secret));
                 let redacted = if stream {
                     let r = redactor();

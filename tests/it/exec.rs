@@ -751,3 +751,50 @@ fn a_carriage_return_progress_bar_is_kept_in_bounded_lines_and_bounded_memory() 
     );
     assert_eq!(tail[19], "stopped");
 }
+
+/// Issue #40: `rekindle seal` loaded `<run>/config.toml` following links and
+/// without a bound (a link to another run's config chose where its
+/// checkpoint went; a FIFO there blocked the program's seal forever). It now
+/// reads it as `status` does: a regular file only, bounded, never blocking.
+#[test]
+fn issue_40_seal_refuses_a_linked_or_fifo_config_without_blocking() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    RunCmd::exec(&run, &["true"]).run(TIMEOUT).assert_code(0);
+    let staged = run.join("checkpoints/.staging/a");
+    std::fs::create_dir_all(&staged).unwrap();
+    std::fs::write(staged.join("x.bin"), b"state").unwrap();
+    let elsewhere = tmp.path().join("elsewhere.toml");
+    std::fs::rename(run.join("config.toml"), &elsewhere).unwrap();
+    let seal = || {
+        let mut child = Command::new(exe())
+            .args(["seal", "--run-dir"])
+            .arg(&run)
+            .arg(&staged)
+            .args(["--step", "7"])
+            .env_remove("REKINDLE_EXEC_PID")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t0.elapsed() > Duration::from_secs(30) {
+                child.kill().unwrap();
+                panic!("seal blocked on config.toml");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    std::os::unix::fs::symlink(&elsewhere, run.join("config.toml")).unwrap();
+    let (code, stderr) = seal();
+    assert_ne!(code, Some(0), "a linked config.toml is not loaded: {stderr}");
+    assert!(stderr.contains("config.toml"), "{stderr}");
+    std::fs::remove_file(run.join("config.toml")).unwrap();
+    nix::unistd::mkfifo(&run.join("config.toml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let (code, stderr) = seal();
+    assert_ne!(code, Some(0), "a FIFO config.toml is refused: {stderr}");
+    assert!(checkpoint_steps(&run).is_empty(), "nothing sealed");
+}

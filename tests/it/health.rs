@@ -316,3 +316,20 @@ fn a_site_command_timeout_past_ten_minutes_is_a_config_error() {
 fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
+
+/// Issue #40: `std::env::vars()` panics on a variable that is not UTF-8,
+/// and the node check (and SLURM's environment) read it that way: a site
+/// whose environment held one crashed every start with exit 101.
+#[test]
+fn issue_40_a_non_utf8_environment_variable_is_no_panic_in_the_node_check() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let odd = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    let exited = RunCmd::exec(&run, &["true"])
+        .set(&format!("health.command={}", toml_string("exit 0")))
+        .env("REKINDLE_TEST_LATIN1", odd)
+        .run(TIMEOUT);
+    exited.assert_code(0);
+    assert!(!exited.stderr.contains("panicked"), "{}", exited.tail());
+}

@@ -15,15 +15,38 @@
 //!   unless `keep` newer valid ones replaced it.
 //!
 //! Deterministic: case `i` uses seed `i`. `REKINDLE_HOSTILE_CASES=N` runs
-//! more cases (12 by default, about 20 s in a debug build).
+//! more cases (12 by default, about 20 s in a debug build);
+//! `REKINDLE_HOSTILE_FROM=S` starts at seed `S` (to rerun one case).
+//!
+//! The TensorBoard surfaces (issue #40): other runs' `*tfevents*` files
+//! (one an 8 MiB sparse file, one `my-tfevents-notes.txt`) in the run's own
+//! `tensorboard/`, and, in one case in three, a shared log directory
+//! (`[telemetry] tensorboard`) holding them: each must be left byte for
+//! byte. The newest checkpoint's `MANIFEST.json` and `state.json` and
+//! `ranks/0.json` are among the paths too (a damaged newest checkpoint
+//! makes the one before it the one that must survive).
+//!
+//! Run at a few hundred cases (issue #40, 2026-11-27, debug build on a
+//! shared 2-vCPU machine):
+//! `REKINDLE_HOSTILE_CASES=200 REKINDLE_HOSTILE_LOCAL_CASES=200 cargo test
+//! --test it -- hostile:: --nocapture`: both passed in 1,347 s. Run
+//! directory: 200 cases, all passed (about 3 to 10 s a case under load).
+//! Local root: 200
+//! cases in 494 s, 187 set up (13 first attempts committed no local copy)
+//! and passed. Findings: a local copy whose `MANIFEST.json` is a 1 GiB
+//! sparse file was passed over without a failed `local_checkpoint` (now
+//! refused and recorded, checkpoint/local.rs'
+//! `issue_40_a_copy_whose_manifest_is_over_its_bound_is_refused_not_passed_over`);
+//! and two faults of this test, not of rekindle (a first attempt that
+//! commits no local copy; a periodic save landing after its due step).
 //!
 //! The node-local root (issue #40) has a test of its own: after an attempt
 //! that kept local copies, the user's folder, the run's folder, a copy, its
 //! `WORLD.json` or a file of it is made another user's, writable by others,
-//! a link to outside, a FIFO or (`WORLD.json`) a 1 GiB sparse file; the
+//! a link to outside, a FIFO or (`WORLD.json`, `MANIFEST.json`) a 1 GiB sparse file; the
 //! next `run` must finish without hanging, resume from no copy so touched,
 //! change nothing outside and record a failed `local_checkpoint`. Case `i`
-//! does kind `i mod 12`: the 12 cases by default cover each once
+//! does kind `i mod 14`: the 14 cases by default cover each once
 //! (`REKINDLE_HOSTILE_LOCAL_CASES=N` for more).
 
 use std::fs;
@@ -63,6 +86,11 @@ const RUN_PATHS: &[&str] = &[
     "checkpoints/step-5",
     "checkpoints/step-40",
     "checkpoints/step-0000000099",
+    // Files of the newest checkpoint from before (`NEWEST` is its name):
+    // a FIFO or a huge sparse file where a manifest or state is read.
+    "checkpoints/NEWEST/MANIFEST.json",
+    "checkpoints/NEWEST/state.json",
+    "ranks/0.json",
 ];
 
 /// What is put there.
@@ -78,13 +106,31 @@ enum Hostile {
     /// (16 MiB for configs and manifests, 1 MiB a record line): read whole,
     /// it would cost its size in memory.
     HugeSparse,
+    /// A directory holding other runs' TensorBoard files (`*tfevents*`
+    /// names, one a huge sparse file): rekindle may add its own beside
+    /// them, never trim, truncate or replace them.
+    ForeignTfevents,
+}
+
+/// The files [`Hostile::ForeignTfevents`] puts in a directory.
+const FOREIGN_TFEVENTS: [&str; 3] =
+    ["events.out.tfevents.1700000000.othernode.4242.0", "big.tfevents.bin", "my-tfevents-notes.txt"];
+
+/// Fills `dir` with another run's TensorBoard files.
+fn foreign_tfevents(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join(FOREIGN_TFEVENTS[0]), vec![7u8; 3032]).unwrap();
+    // Sparse; its size is what a careless trim truncated (kept small: the
+    // snapshot hashes it).
+    fs::File::create(dir.join(FOREIGN_TFEVENTS[1])).unwrap().set_len(8 << 20).unwrap();
+    fs::write(dir.join(FOREIGN_TFEVENTS[2]), b"notes of a person").unwrap();
 }
 
 /// The size of [`Hostile::HugeSparse`] (sparse: no disk; small enough for
 /// the snapshot's hash to stay quick in a debug build).
 const HUGE: u64 = 64 << 20;
 
-const KINDS: [Hostile; 7] = [
+const KINDS: [Hostile; 8] = [
     Hostile::LinkToOutsideFile,
     Hostile::LinkToOutsideDir,
     Hostile::Dangling,
@@ -92,6 +138,7 @@ const KINDS: [Hostile; 7] = [
     Hostile::ForeignFile,
     Hostile::ForeignDir,
     Hostile::HugeSparse,
+    Hostile::ForeignTfevents,
 ];
 
 fn place(run: &Path, rel: &str, kind: Hostile, outside: &Path) {
@@ -113,6 +160,7 @@ fn place(run: &Path, rel: &str, kind: Hostile, outside: &Path) {
             fs::write(path.join("sub/theirs.txt"), b"someone else's file").unwrap();
         }
         Hostile::HugeSparse => fs::File::create(&path).unwrap().set_len(HUGE).unwrap(),
+        Hostile::ForeignTfevents => foreign_tfevents(&path),
     }
 }
 
@@ -141,6 +189,10 @@ fn may_change(rel: &str, kind: Hostile) -> bool {
             | "config.toml"
     );
     let replaced_whole = matches!(rel, "summary.json" | "config.toml.prev" | "report.html" | "config.toml");
+    // A damaged newest checkpoint is moved into the quarantine whole.
+    if rel.starts_with("checkpoints/NEWEST/") {
+        return true;
+    }
     match kind {
         Hostile::ForeignFile | Hostile::HugeSparse => own_file,
         Hostile::LinkToOutsideFile | Hostile::LinkToOutsideDir | Hostile::Dangling | Hostile::Fifo => replaced_whole,
@@ -149,6 +201,9 @@ fn may_change(rel: &str, kind: Hostile) -> bool {
         // A real `checkpoints` or `tensorboard` directory in the run
         // directory is rekindle's by its name (written into; the foreign
         // files of a shared TensorBoard directory are tests/it/telemetry.rs').
+        // Its directory takes rekindle's own files where it is rekindle's
+        // (`tensorboard`); the foreign files are checked one by one.
+        Hostile::ForeignTfevents => true,
         Hostile::ForeignDir => matches!(
             rel,
             "checkpoints/step-0000000099"
@@ -229,13 +284,27 @@ fn one_case(seed: u64) -> bool {
         let first = RunCmd::new(&run).set("run.max_steps=60").set("checkpoint.every_steps=10");
         first.arg("--stop-at-step").arg("30").run(TIMEOUT).assert_code(EXIT_STOPPED);
     }
-    let newest_before = if exec { 2 } else { 30 };
+    // The valid checkpoints from before, newest last (under load a
+    // periodic save lands some steps after it was due: not always 10, 20).
+    let valid_before: Vec<u64> = rekindle::checkpoint::CheckpointStore::open_read_only(run.join("checkpoints"))
+        .list(rekindle::checkpoint::VerifyLevel::Full)
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.valid)
+        .map(|i| i.step)
+        .rev()
+        .collect();
+    let mut newest_before = if exec { 2 } else { 30 };
+    assert_eq!(valid_before.iter().max(), Some(&newest_before), "case {seed}: {valid_before:?}");
+    let newest_dir = rekindle::checkpoint::step_dir_name(newest_before);
     let outside_before = listing(&outside);
     let count = 1 + rng.below(4) as usize;
     let mut placed: Vec<(&str, Hostile)> = Vec::new();
     for _ in 0..count {
         let rel = RUN_PATHS[rng.below(RUN_PATHS.len() as u64) as usize];
         let kind = KINDS[rng.below(KINDS.len() as u64) as usize];
+        // Other runs' TensorBoard files go where TensorBoard files are.
+        let rel = if matches!(kind, Hostile::ForeignTfevents) { "tensorboard" } else { rel };
         // Nothing is placed inside a `checkpoints` put there (through a
         // link, it would be outside), and one put there takes what was
         // placed inside the old one with it.
@@ -245,11 +314,39 @@ fn one_case(seed: u64) -> bool {
         if rel == "checkpoints" {
             placed.retain(|(r, _)| !r.starts_with("checkpoints/"));
         }
-        place(&run, rel, kind, &outside);
+        let at = rel.replace("NEWEST", &newest_dir);
+        if rel == "ranks/0.json" && !run.join("ranks").is_dir() {
+            continue;
+        }
+        place(&run, &at, kind, &outside);
         placed.push((rel, kind));
     }
+    if placed.iter().any(|(r, _)| r.starts_with("checkpoints/NEWEST/")) {
+        // The newest checkpoint was damaged: the one before it is the
+        // newest valid one that must survive.
+        newest_before = valid_before.iter().copied().filter(|s| *s < newest_before).max().unwrap_or(0);
+    }
+    // Other runs' TensorBoard files, in the run's own directory or in a
+    // shared log directory this attempt is pointed at (one case in three).
+    let shared_tb = (rng.below(3) == 0).then(|| tmp.path().join("shared-tb"));
+    if let Some(dir) = &shared_tb {
+        foreign_tfevents(dir);
+    }
+    let mut foreign: Vec<std::path::PathBuf> =
+        shared_tb.iter().flat_map(|d| FOREIGN_TFEVENTS.map(|f| d.join(f))).collect();
+    for (rel, kind) in &placed {
+        if matches!(kind, Hostile::ForeignTfevents) {
+            let dir = run.join(rel.replace("NEWEST", &newest_dir));
+            foreign.extend(FOREIGN_TFEVENTS.map(|f| dir.join(f)));
+        }
+    }
+    let foreign_before: Vec<_> = foreign.iter().map(|p| (p.clone(), snapshot(p))).collect();
     let case = format!("case {seed} ({}): {placed:?}", if exec { "exec" } else { "run" });
-    let before: Vec<_> = placed.iter().map(|(rel, kind)| (*rel, *kind, snapshot(&run.join(rel)))).collect();
+    let before: Vec<_> = placed
+        .iter()
+        .map(|(rel, kind)| (*rel, *kind, snapshot(&run.join(rel.replace("NEWEST", &newest_dir)))))
+        .collect();
+    let shared_set = shared_tb.map(|d| format!("telemetry.tensorboard=\"{}\"", d.display()));
 
     // The attempt publishes everything it may to a real repository.
     let (bare, clone) = remote_and_clone(tmp.path());
@@ -258,11 +355,17 @@ fn one_case(seed: u64) -> bool {
     let lifecycle = if exec {
         let mut cmd = Command::new(exe());
         cmd.args(["exec", "--set", "lock.stale_after=2s"]).args(publish).arg("--run-dir").arg(&run);
+        if let Some(set) = &shared_set {
+            cmd.args(["--set", set]);
+        }
         cmd.args(["--", "sh", "-c", &sealing_program(&[3, 4])]);
         bounded(cmd, &format!("exec in {case}"))
     } else {
         let mut cmd = Command::new(exe());
         cmd.args(["run", "--config", crate::support::cli::TINY_CONFIG]).args(sets).args(publish);
+        if let Some(set) = &shared_set {
+            cmd.args(["--set", set]);
+        }
         cmd.arg("--run-dir").arg(&run);
         bounded(cmd, &format!("run in {case}"))
     };
@@ -277,8 +380,19 @@ fn one_case(seed: u64) -> bool {
     assert!(!pushed.contains("checkpoints/"), "checkpoint files were published in {case}:\n{pushed}");
     let grep = Command::new("git").args(["grep", "-l", "outside", "main"]).current_dir(&bare).output().unwrap();
     assert!(grep.stdout.is_empty(), "a file from outside the run was published in {case}: {grep:?}");
+    for (path, was) in &foreign_before {
+        let now = snapshot(path);
+        assert_eq!(
+            &now,
+            was,
+            "another run's TensorBoard file {} was changed in {case}; {}",
+            path.display(),
+            lifecycle.1
+        );
+    }
     for (rel, kind, was) in &before {
         if !may_change(rel, *kind) {
+            let rel = &rel.replace("NEWEST", &newest_dir);
             assert_eq!(&snapshot(&run.join(rel)), was, "{rel} ({kind:?}) was changed in {case}; {}", lifecycle.1);
         }
     }
@@ -295,8 +409,12 @@ fn one_case(seed: u64) -> bool {
         .map(|i| i.step)
         .collect();
     let newer = valid.iter().filter(|s| **s > newest_before).count();
+    if !(valid.contains(&newest_before) || newer >= KEEP) {
+        let (_, verify) = bounded(rekindle(&["verify"], &run), "verify");
+        eprintln!("{case}: checkpoints {:?}\n{verify}", listing(&run.join("checkpoints")).keys().collect::<Vec<_>>());
+    }
     assert!(
-        valid.contains(&newest_before) || newer >= KEEP,
+        newest_before == 0 || valid.contains(&newest_before) || newer >= KEEP,
         "the newest valid checkpoint from before (step {newest_before}) is gone with only {valid:?} in {case}; {}",
         lifecycle.1
     );
@@ -306,7 +424,16 @@ fn one_case(seed: u64) -> bool {
 #[test]
 fn a_hostile_run_directory_never_costs_what_lies_outside_it_nor_a_valid_checkpoint() {
     let cases: u64 = std::env::var("REKINDLE_HOSTILE_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
-    let published = (0..cases).filter(|seed| one_case(*seed)).count() as u64;
+    // `REKINDLE_HOSTILE_FROM=S` starts at seed S (to run one case again).
+    let from: u64 = std::env::var("REKINDLE_HOSTILE_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let started = Instant::now();
+    let published = (from..from + cases)
+        .filter(|seed| {
+            let published = one_case(*seed);
+            eprintln!("hostile case {seed} passed ({:?} so far)", started.elapsed());
+            published
+        })
+        .count() as u64;
     // Not vacuous: many attempts get as far as publishing (fewer than
     // half since `config.toml`, `checkpoints` and the lock are among the
     // paths: a link or a FIFO there is refused before anything is done).
@@ -328,9 +455,11 @@ enum LocalHostile {
     WorldForeign,
     ModelLinkOutside,
     ModelFifo,
+    ManifestFifo,
+    ManifestHuge,
 }
 
-const LOCAL_KINDS: [LocalHostile; 12] = [
+const LOCAL_KINDS: [LocalHostile; 14] = [
     LocalHostile::ForeignUserDir,
     LocalHostile::ForeignRoot,
     LocalHostile::OpenRoot,
@@ -343,6 +472,8 @@ const LOCAL_KINDS: [LocalHostile; 12] = [
     LocalHostile::WorldForeign,
     LocalHostile::ModelLinkOutside,
     LocalHostile::ModelFifo,
+    LocalHostile::ManifestFifo,
+    LocalHostile::ManifestHuge,
 ];
 
 /// Another user's uid (tests run as root, which may give files away).
@@ -382,12 +513,17 @@ fn place_local(kind: LocalHostile, folder: &Path, root: &Path, copy: &Path, outs
             replace_with(&copy.join("model.safetensors"), |p| symlink(outside.join("secret.txt"), p).unwrap())
         }
         LocalHostile::ModelFifo => replace_with(&copy.join("model.safetensors"), fifo),
+        LocalHostile::ManifestFifo => replace_with(&copy.join("MANIFEST.json"), fifo),
+        LocalHostile::ManifestHuge => {
+            replace_with(&copy.join("MANIFEST.json"), |p| fs::File::create(p).unwrap().set_len(1 << 30).unwrap())
+        }
     }
     !matches!(kind, LocalHostile::ForeignUserDir | LocalHostile::ForeignRoot | LocalHostile::OpenRoot)
 }
 
-/// Runs local-root case `seed`: the kind `seed` names, in turn.
-fn one_local_case(seed: u64) {
+/// Runs local-root case `seed`: the kind `seed` names, in turn; whether
+/// it could be set up (its first attempt committed a local copy).
+fn one_local_case(seed: u64) -> bool {
     let tmp = tempfile::tempdir().unwrap();
     let outside = tmp.path().join("outside");
     fs::create_dir_all(outside.join("dir/sub")).unwrap();
@@ -420,7 +556,13 @@ fn one_local_case(seed: u64) {
         })
         .collect();
     committed.sort_unstable();
-    let newest = *committed.last().unwrap_or_else(|| panic!("no committed local copy in {}", root.display()));
+    // The first attempt's copies are written beside training, and the one
+    // in flight when `--stop-at-step` stops it may not commit: a rare
+    // attempt leaves none (found at 20 cases). Nothing to make hostile then.
+    let Some(&newest) = committed.last() else {
+        eprintln!("local case {seed}: the first attempt committed no local copy in {}; not set up", root.display());
+        return false;
+    };
     for entry in fs::read_dir(run.join("checkpoints")).unwrap() {
         let path = entry.unwrap().path();
         let step = rekindle::checkpoint::parse_step_dir_name(&path.file_name().unwrap().to_string_lossy());
@@ -452,13 +594,20 @@ fn one_local_case(seed: u64) {
     }
     let failed = attempt.iter().filter(|e| e["event"] == "local_checkpoint" && e["outcome"] == "failed").count();
     assert!(failed >= 1, "no failed local_checkpoint records the refusal in {case}: {attempt:?}");
+    true
 }
 
 #[test]
 fn issue_40_a_hostile_local_root_is_never_resumed_from_followed_nor_blocked_on() {
     let cases = std::env::var("REKINDLE_HOSTILE_LOCAL_CASES").ok().and_then(|v| v.parse().ok());
     let cases: u64 = cases.unwrap_or(LOCAL_KINDS.len() as u64);
+    let started = Instant::now();
+    let mut set_up = 0;
     for seed in 0..cases {
-        one_local_case(seed);
+        if one_local_case(seed) {
+            set_up += 1;
+            eprintln!("hostile local case {seed} passed ({:?} so far)", started.elapsed());
+        }
     }
+    assert!(set_up * 10 >= cases * 9, "only {set_up} of {cases} local cases could be set up");
 }
