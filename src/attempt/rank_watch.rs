@@ -150,6 +150,13 @@ impl Pulse {
     }
 }
 
+/// The least the leader waits at the end for ranks still beating to say
+/// done: a short `[distributed] timeout` must not make it leave a rank that
+/// is only slow to wind up on a loaded machine (the chaos campaign saw a
+/// follower take more than 4 s at a 2 s timeout; leaving it made `mpirun`
+/// call the end improper).
+pub const END_WAIT_MIN: Duration = Duration::from_secs(30);
+
 /// The heartbeat thread of one rank; see the module docs. Dropped without
 /// [`finish`](RankWatch::finish), it stops beating (the others will call
 /// this rank lost if the launcher does not end them first).
@@ -225,12 +232,14 @@ impl RankWatch {
     /// is, within `[distributed] timeout`, and `on_lost` runs (it ends the
     /// world, so that the launcher ends the frozen rank: otherwise the
     /// launcher, and the job, would wait for it until the time limit).
-    /// Ranks still beating but not done after twice the timeout are left to
-    /// the launcher. Returns the ranks that never said done.
+    /// A rank still beating is still winding up (its last local copy, its
+    /// records): it is waited for, up to twice the timeout and at least
+    /// [`END_WAIT_MIN`], then left to the launcher. Returns the ranks that
+    /// never said done.
     pub fn finish_with_world(self, on_lost: LostHandler) -> Vec<usize> {
         self.set_handler(on_lost);
         self.mark_done();
-        let until = Instant::now() + 2 * self.timeout + 2 * beat_interval(self.timeout);
+        let until = Instant::now() + (2 * self.timeout + 2 * beat_interval(self.timeout)).max(END_WAIT_MIN);
         let not_done = || -> Vec<usize> {
             (0..self.size)
                 .filter(|r| *r != self.rank)
@@ -238,7 +247,9 @@ impl RankWatch {
                 .collect()
         };
         let mut left = not_done();
-        while !left.is_empty() && Instant::now() < until {
+        // Until every rank said done, the deadline, or a rank was found lost
+        // (the handler was taken: it ends the world).
+        while !left.is_empty() && Instant::now() < until && !self.handler_running() {
             std::thread::sleep(beat_interval(self.timeout).min(Duration::from_millis(50)));
             left = not_done();
         }
