@@ -485,7 +485,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let step = dir.path().join(step_dir_name(5));
         std::fs::create_dir(&step).unwrap();
-        WorldRecord::new("/runs/a".into(), 5, vec![entry("x", "y")], vec!["n1".into()], 1).write(&step).unwrap();
+        WorldRecord::new("/runs/a".into(), 5, vec![entry("x", "y")], vec!["n1".into()], 1)
+            .write(&crate::confine::Dir::open(&step).unwrap())
+            .unwrap();
         let big = std::fs::File::create(step.join(super::super::MANIFEST_FILE)).unwrap();
         big.set_len(super::super::verify::MAX_MANIFEST_BYTES + 1).unwrap();
         let (good, bad) = held(dir.path(), "/runs/a");
