@@ -167,11 +167,16 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
             }
             ranks::FollowerLocal { root, writer, run }
         });
-        let result = ranks::follow(&cfg, &opts.registry, store, world, node, &stop, &watch.pulse(), follower_local);
+        // The world is kept until the watch said done: dropping it finalizes
+        // MPI, which waits for rank 0, and rank 0 waits at the end for this
+        // rank's `done` (RankWatch::finish_with_world).
+        let result =
+            ranks::follow(&cfg, &opts.registry, store, world.clone(), node, &stop, &watch.pulse(), follower_local);
         // Only a follower that heard the end may say it ended normally.
         if result.is_ok() {
             watch.finish();
         }
+        drop(world);
         return result;
     }
     tracing::info!(ranks = info.size, launcher = %info.launcher, "leading a data-parallel run");

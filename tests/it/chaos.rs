@@ -581,6 +581,30 @@ fn signal_ranks(driver: Driver, run: &Path, attempt: &Attempt, sig: Signal) {
     }
 }
 
+/// Waits for an attempt whose rank 1 was SIGSTOPped to end. A rank frozen
+/// after its last beat said `done` (between its end and its exit) is beyond
+/// what rank 0 can see: the launcher waits for it, as `srun` would until the
+/// node is declared down. After a minute such a rank is SIGKILLed, as the
+/// cluster would, and the journal says so; a rank frozen before saying done
+/// must have been found and the world ended by then.
+fn wait_stopped_rank(attempt: &mut Attempt, run: &Path, journal: &mut Journal, what: &str) -> ExitStatus {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        if let Some(status) = attempt.child.try_wait().expect("poll the attempt") {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let beat = fs::read(run.join("ranks/rank-1.json")).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    assert!(
+        beat.as_ref().is_some_and(|b| b["done"] == true),
+        "{what}: rank 1 was stopped before it said done and the world did not end within 60 s: {beat:?}"
+    );
+    journal.note(format!("{what}: rank 1 froze after saying done; ended as the cluster would (SIGKILL)"));
+    kill_all(run, what);
+    wait_end(attempt, END_LIMIT, what)
+}
+
 /// Waits for the attempt to end; SIGKILLs what is left after `limit`.
 fn wait_end(attempt: &mut Attempt, limit: Duration, what: &str) -> ExitStatus {
     let t0 = Instant::now();
@@ -684,7 +708,11 @@ fn one_fault(
             Fault::Corrupt => unreachable!("handled above"),
         }
     }
-    let status = wait_end(&mut attempt, END_LIMIT, what);
+    let status = if fault == Fault::StopRank && landed {
+        wait_stopped_rank(&mut attempt, run, journal, what)
+    } else {
+        wait_end(&mut attempt, END_LIMIT, what)
+    };
     // Whatever is left of the attempt (a SIGSTOPped rank; mpirun may end
     // before its ranks): gone before the checks and the next attempt.
     kill_all(run, what);
