@@ -91,6 +91,45 @@ impl Dir {
         Ok(Dir { fd, path: path.to_path_buf() })
     }
 
+    /// Opens the directory a person named at `path` (a `[telemetry]
+    /// tensorboard` directory, the Prometheus textfile's directory), made
+    /// with its parents (mode `mode` less the umask) when missing. Unlike
+    /// [`Dir::open`], the last component must be the directory itself: a
+    /// symbolic link in its place is refused (`O_NOFOLLOW`), so a shared
+    /// directory cannot be swapped for a link to somebody else's. The
+    /// components above it are resolved as given (scratch space linked from
+    /// a home directory is common).
+    pub fn open_named(path: &Path, mode: u32) -> io::Result<Dir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let shown = path.display().to_string();
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let open = || nix::fcntl::open(path, flags, Mode::empty());
+        let fd = match open() {
+            Err(Errno::ENOENT) => {
+                std::fs::DirBuilder::new().recursive(true).mode(mode).create(path).map_err(|e| with_path(&shown, e))?;
+                open()
+            }
+            other => other,
+        };
+        let fd = fd.map_err(|e| match e {
+            // O_NOFOLLOW|O_DIRECTORY on a link says ELOOP, or ENOTDIR on some kernels.
+            Errno::ELOOP | Errno::ENOTDIR
+                if nix::sys::stat::lstat(path).is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFLNK) =>
+            {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{shown} is a symbolic link: rekindle writes in a directory only as the directory itself, \
+                         never through a link in its place (whose target another user may choose); name the \
+                         real directory, or remove the link"
+                    ),
+                )
+            }
+            e => with_path(&shown, e.into()),
+        })?;
+        Ok(Dir { fd, path: path.to_path_buf() })
+    }
+
     /// Where the directory was when it was opened (for messages).
     pub fn path(&self) -> &Path {
         &self.path
@@ -551,6 +590,34 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(Errno::ELOOP as i32), "{e}");
         let e = walk(dir.fd.as_fd(), Path::new("flink"), flags, Mode::empty()).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(Errno::ELOOP as i32), "{e}");
+    }
+
+    #[test]
+    fn a_named_directory_is_made_when_missing_and_refused_when_a_link_stands_in_its_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let made = Dir::open_named(&tmp.path().join("a/b"), 0o777).unwrap();
+        assert!(made.metadata().unwrap().is_dir());
+        made.create_new("f", 0o600).unwrap();
+        assert!(tmp.path().join("a/b/f").is_file(), "the handle is of the directory made");
+        // A link as the last component: refused, and nothing made where it points.
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        symlink(&elsewhere, tmp.path().join("tb")).unwrap();
+        let e = Dir::open_named(&tmp.path().join("tb"), 0o777).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        // A dangling link is refused too, and not made into a directory.
+        symlink(tmp.path().join("nowhere"), tmp.path().join("dangling")).unwrap();
+        let e = Dir::open_named(&tmp.path().join("dangling"), 0o777).unwrap_err();
+        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        assert!(!tmp.path().join("nowhere").exists());
+        // A link above the last component is resolved as given.
+        symlink(tmp.path().join("a"), tmp.path().join("via")).unwrap();
+        assert!(Dir::open_named(&tmp.path().join("via/b"), 0o777).unwrap().exists("f"));
+        // A file in its place is an error naming it.
+        std::fs::write(tmp.path().join("file"), b"x").unwrap();
+        let e = Dir::open_named(&tmp.path().join("file"), 0o777).unwrap_err();
+        assert!(e.to_string().contains("file"), "{e}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::event::{Event, RecordedEvent};
 use super::follow::Follow;
-use super::prometheus::{PromLabels, PromState, write_textfile};
+use super::prometheus::{PromLabels, PromState, Textfile};
 use super::records::time_field;
 use super::tensorboard::TensorBoard;
 
@@ -196,6 +196,9 @@ struct Mirror {
     tensorboard: Option<TensorBoard>,
     tensorboard_dir: Option<PathBuf>,
     prometheus: Option<(PathBuf, PromState)>,
+    /// The textfile's directory, held open from the first write that found
+    /// it (`Textfile`): every later write goes through that handle.
+    prometheus_file: Option<Textfile>,
     /// The kind of the last error writing the textfile (warned once per kind).
     prometheus_failed: Option<std::io::ErrorKind>,
     prometheus_written: Option<Instant>,
@@ -220,6 +223,7 @@ impl Mirror {
             tensorboard,
             tensorboard_dir: opts.tensorboard.as_ref().map(|tb| tb.dir.clone()),
             prometheus: opts.prometheus_textfile.map(|p| (p, PromState::new(opts.labels.clone()))),
+            prometheus_file: None,
             prometheus_failed: None,
             prometheus_written: None,
             changed: true,
@@ -341,7 +345,16 @@ impl Mirror {
         if !self.changed && !due {
             return;
         }
-        match write_textfile(path, &state.render(now())) {
+        let file = match self.prometheus_file.take() {
+            Some(file) => Ok(file),
+            None => Textfile::open(path),
+        };
+        let written = file.and_then(|file| {
+            let written = file.write(&state.render(now()));
+            self.prometheus_file = Some(file);
+            written
+        });
+        match written {
             Ok(()) => {
                 if self.prometheus_failed.take().is_some() {
                     tracing::info!(file = %path.display(), "the Prometheus textfile is written again");

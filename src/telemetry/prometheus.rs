@@ -11,9 +11,10 @@
 //! over `rekindle_last_checkpoint_timestamp_seconds` (docs/telemetry.md).
 
 use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -21,6 +22,7 @@ use super::event::{Event, RecordedEvent};
 use super::gpu_sample::GpuSample;
 use super::metrics::MetricsLine;
 use super::records::time_field;
+use crate::confine::Dir;
 
 /// The labels of every sample of a run.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -304,62 +306,80 @@ fn refuse(path: &Path, why: &str) -> io::Error {
     )
 }
 
-/// Writes `text` to `path` whole: a temporary file beside it (named so that
-/// node_exporter, which reads `*.prom` only, never takes it), then a rename.
-/// The directory may be shared with other exporters: what is at `path` is
-/// replaced only when it is a regular file rekindle wrote (it begins with
-/// [`TEXTFILE_HEAD`]); a link, a special file or another program's file is
-/// refused and left as it is. Nothing else in the directory is touched.
-pub fn write_textfile(path: &Path, text: &str) -> io::Result<()> {
-    use nix::fcntl::{OFlag, open, openat, renameat};
-    use nix::sys::stat::Mode;
-    use std::io::Read;
-    use std::os::fd::AsFd;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let Some(name) = path.file_name() else { return Err(refuse(path, "names no file")) };
-    let at = |e: nix::errno::Errno| io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", path.display()));
-    let dir_fd = open(dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).map_err(at)?;
-    let read_flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-    match openat(dir_fd.as_fd(), name, read_flags, Mode::empty()) {
-        Ok(fd) => {
-            let file = std::fs::File::from(fd);
-            let meta = file.metadata()?;
-            if !meta.is_file() {
-                return Err(refuse(path, &format!("is {}", crate::confine::kind_of(&meta))));
+/// A Prometheus textfile (`[telemetry] prometheus_textfile`): its
+/// directory held open as a handle (`confine::Dir`, opened once, as the
+/// path names it: a collector directory linked from elsewhere is common),
+/// and its name there. Every write goes through that handle; this module
+/// opens nothing by path (`tests/it/architecture.rs`, `HANDLE_ONLY`).
+#[derive(Debug)]
+pub struct Textfile {
+    dir: Dir,
+    name: OsString,
+    path: PathBuf,
+}
+
+impl Textfile {
+    /// Opens the directory of `path` (which must exist: it is a collector's).
+    pub fn open(path: &Path) -> io::Result<Textfile> {
+        let Some(name) = path.file_name() else { return Err(refuse(path, "names no file")) };
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Ok(Textfile { dir: Dir::open(dir)?, name: name.to_os_string(), path: path.to_path_buf() })
+    }
+
+    /// Writes `text` whole: a temporary file beside it (named so that
+    /// node_exporter, which reads `*.prom` only, never takes it), then a
+    /// rename. The directory may be shared with other exporters: what is
+    /// at the name is replaced only when it is a regular file rekindle
+    /// wrote (it begins with [`TEXTFILE_HEAD`]); a link, a special file or
+    /// another program's file is refused and left as it is. Nothing else in
+    /// the directory is touched.
+    pub fn write(&self, text: &str) -> io::Result<()> {
+        use std::io::Read;
+        let path = &self.path;
+        match self.dir.symlink_metadata(&self.name) {
+            Ok(meta) if !meta.is_file() => return Err(refuse(path, &format!("is {}", crate::confine::kind_of(&meta)))),
+            Ok(_) => {
+                // A regular file a moment ago; the handle refuses it if it
+                // was swapped since for a link or a FIFO.
+                let file =
+                    self.dir.open_read(&self.name).map_err(|e| refuse(path, &format!("cannot be read ({e})")))?;
+                let mut head = Vec::new();
+                file.take(TEXTFILE_HEAD.len() as u64).read_to_end(&mut head)?;
+                if head != TEXTFILE_HEAD.as_bytes() {
+                    return Err(refuse(path, "is another program's file"));
+                }
             }
-            let mut head = Vec::new();
-            file.take(TEXTFILE_HEAD.len() as u64).read_to_end(&mut head)?;
-            if head != TEXTFILE_HEAD.as_bytes() {
-                return Err(refuse(path, "is another program's file"));
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
-        Err(nix::errno::Errno::ENOENT) => {}
-        Err(nix::errno::Errno::ELOOP) => return Err(refuse(path, "is a symbolic link")),
-        Err(e) => return Err(at(e)),
+        // Created with O_EXCL: a name already there, whoever's, is never
+        // opened, truncated or removed. Readable by node_exporter, which
+        // often runs as its own user.
+        let (tmp_name, mut tmp) = (0..100)
+            .find_map(|n| {
+                let tmp_name = format!(".rekindle-{}.{}.{n}.tmp", self.name.to_string_lossy(), std::process::id());
+                match self.dir.create_new(&tmp_name, 0o644) {
+                    Ok(file) => Some(Ok((tmp_name, file))),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => None,
+                    Err(e) => Some(Err(e)),
+                }
+            })
+            .unwrap_or_else(|| Err(refuse(path, "has no free temporary name beside it")))?;
+        let written = tmp
+            .write_all(text.as_bytes())
+            .and_then(|()| tmp.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644)))
+            .and_then(|()| self.dir.rename(&tmp_name, &self.name));
+        if written.is_err() {
+            let _ = self.dir.remove_file(&tmp_name);
+        }
+        written
     }
-    // Created with O_EXCL: a name already there, whoever's, is never
-    // opened, truncated or removed.
-    let write_flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    // Readable by node_exporter, which often runs as its own user.
-    let mode = Mode::from_bits_truncate(0o644);
-    let (tmp_name, mut tmp) = (0..100)
-        .find_map(|n| {
-            let tmp_name = format!(".rekindle-{}.{}.{n}.tmp", name.to_string_lossy(), std::process::id());
-            match openat(dir_fd.as_fd(), tmp_name.as_str(), write_flags, mode) {
-                Ok(fd) => Some(Ok((tmp_name, std::fs::File::from(fd)))),
-                Err(nix::errno::Errno::EEXIST) => None,
-                Err(e) => Some(Err(at(e))),
-            }
-        })
-        .unwrap_or_else(|| Err(refuse(path, "has no free temporary name beside it")))?;
-    let written = tmp
-        .write_all(text.as_bytes())
-        .and_then(|()| tmp.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644)))
-        .and_then(|()| renameat(dir_fd.as_fd(), tmp_name.as_str(), dir_fd.as_fd(), name).map_err(at));
-    if written.is_err() {
-        let _ = nix::unistd::unlinkat(dir_fd.as_fd(), tmp_name.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
-    }
-    written
+}
+
+/// Writes `text` to `path` whole, as [`Textfile::write`] does (opening its
+/// directory for this one write).
+pub fn write_textfile(path: &Path, text: &str) -> io::Result<()> {
+    Textfile::open(path)?.write(text)
 }
 
 #[cfg(test)]

@@ -19,19 +19,17 @@
 //! relative to that handle, never through a link.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, BufReader, Write};
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{OFlag, openat, renameat};
-use nix::sys::stat::Mode;
-use nix::unistd::{UnlinkatFlags, unlinkat};
 use prost::Message;
 
 use super::proto::{Event, FILE_VERSION, SESSION_START, SessionLog, What};
 use super::record::{Tail, frame, read_records};
+use crate::confine::{Dir, Kind};
 
 /// What every event file name starts with (TensorBoard reads files whose
 /// name contains `tfevents`).
@@ -41,30 +39,34 @@ pub const FILE_PREFIX: &str = "events.out.tfevents.";
 /// created: tens of thousands of attempts).
 const MAX_RECORD_FILE_BYTES: u64 = 1 << 20;
 
-/// The event files of `dir`, in the order readers take them (none when
-/// `dir` does not exist), whoever wrote them. Symbolic links and other
-/// non-files are skipped. Only names are read: this never touches a file.
+/// The names of the event files in `dir`, in the order readers take them,
+/// whoever wrote them. Links and other non-files are skipped. Only names are
+/// read: this never touches a file.
+fn event_names(dir: &Dir) -> io::Result<Vec<String>> {
+    let mut names: Vec<String> = dir
+        .entries("")?
+        .into_iter()
+        .filter(|e| e.kind == Kind::File)
+        .map(|e| e.name_lossy())
+        .filter(|n| n.contains("tfevents"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The event files of the directory at `dir` (none when it does not
+/// exist), in the order readers take them, whoever wrote them: what a
+/// reader of a run's TensorBoard directory sees (tests and `report`).
 pub fn event_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry?;
-        let is_file = entry.file_type()?.is_file();
-        if is_file && entry.file_name().to_string_lossy().contains("tfevents") {
-            files.push(entry.path());
-        }
+    match Dir::open(dir) {
+        Ok(d) => Ok(event_names(&d)?.into_iter().map(|n| dir.join(n)).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
     }
-    files.sort();
-    Ok(files)
 }
 
 /// The seconds field of a file name rekindle (or TensorFlow, or PyTorch) wrote.
-fn stamp_of(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?;
+fn stamp_of(name: &str) -> Option<u64> {
     name.strip_prefix(FILE_PREFIX)?.split('.').next()?.parse().ok()
 }
 
@@ -93,13 +95,16 @@ pub struct Kept {
     pub newest_step: BTreeMap<String, u64>,
 }
 
-/// A TensorBoard directory held open, and where the run records the files
-/// it created there (module header).
+/// A TensorBoard directory held open as a handle, and the run directory's
+/// handle where the run records the files it created there (module
+/// header). Every file of either is reached through its handle
+/// (`confine::Dir`): this module opens nothing by path
+/// (`tests/it/architecture.rs`, `HANDLE_ONLY`).
 #[derive(Debug)]
 pub struct LogDir {
-    path: PathBuf,
-    fd: OwnedFd,
-    record: PathBuf,
+    dir: Dir,
+    run: Dir,
+    record: OsString,
 }
 
 fn with_path(path: &Path, e: impl Into<io::Error>) -> io::Error {
@@ -108,53 +113,33 @@ fn with_path(path: &Path, e: impl Into<io::Error>) -> io::Error {
 }
 
 impl LogDir {
-    /// Opens `path` (created when missing), refusing a symbolic link in
-    /// its place; `record` is the run's record of its own files there.
+    /// Opens `path` (made when missing), refusing a symbolic link in its
+    /// place; `record` is the run's record of its own files there, a file
+    /// directly in the (claimed) run directory.
     pub fn open(path: &Path, record: &Path) -> io::Result<LogDir> {
-        let link = || {
+        let dir = Dir::open_named(path, 0o777).map_err(|e| {
             io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "the TensorBoard directory {} is a symbolic link: rekindle never writes or trims event files \
-                     through a link; set [telemetry] tensorboard to the real directory (or remove the link)",
-                    path.display()
-                ),
+                e.kind(),
+                format!("the TensorBoard directory: {e} (set [telemetry] tensorboard to the directory to write in)"),
             )
-        };
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_symlink() => return Err(link()),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::create_dir_all(path)?,
-            Err(e) => return Err(with_path(path, e)),
-        }
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let fd = nix::fcntl::open(path, flags, Mode::empty()).map_err(|e| match e {
-            nix::errno::Errno::ELOOP => link(),
-            e => with_path(path, e),
         })?;
-        Ok(LogDir { path: path.to_path_buf(), fd, record: record.to_path_buf() })
+        let name = record.file_name().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{} names no file", record.display()))
+        })?;
+        let run = Dir::open(record.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
+        Ok(LogDir { dir, run, record: name.to_os_string() })
     }
 
     /// The names of the files this run created here, as recorded (names
     /// not of rekindle's form are ignored: a hand-edited record cannot
     /// hand another file over to it).
     fn own_names(&self) -> io::Result<BTreeSet<String>> {
-        let Some(bytes) = crate::confine::read_bounded_if_exists(&self.record, MAX_RECORD_FILE_BYTES)? else {
-            return Ok(BTreeSet::new());
+        let bytes = match self.run.read_bounded(&self.record, MAX_RECORD_FILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+            Err(e) => return Err(e),
         };
         Ok(String::from_utf8_lossy(&bytes).lines().filter(|n| is_own_name(n)).map(str::to_string).collect())
-    }
-
-    /// `name` in this directory, opened for reading when it is a regular
-    /// file (`None` when missing, a link or anything else).
-    fn open_own(&self, name: &str) -> io::Result<Option<File>> {
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let file = match openat(&self.fd, name, flags, Mode::empty()) {
-            Ok(fd) => File::from(fd),
-            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ELOOP) => return Ok(None),
-            Err(e) => return Err(with_path(&self.path.join(name), e)),
-        };
-        Ok(file.metadata()?.is_file().then_some(file))
     }
 
     /// Cuts every event file this run created here back to the records of
@@ -162,11 +147,19 @@ impl LogDir {
     /// the files that change, each by a temporary file and a rename; returns
     /// what they keep. The records a resume trains again (steps after its
     /// checkpoint) go, so that every step is in the files once. Every other
-    /// file stays as it is.
+    /// file stays as it is, and so does a recorded name that is now a link
+    /// or anything but a regular file.
     pub fn trim(&self, step: u64) -> io::Result<Kept> {
         let mut kept = Kept::default();
-        for name in self.own_names()? {
-            let Some(file) = self.open_own(&name)? else { continue };
+        let files: BTreeSet<String> = event_names(&self.dir)?.into_iter().collect();
+        for name in self.own_names()?.intersection(&files) {
+            // Listed as a regular file a moment ago; swapped since for a
+            // link or a FIFO, the handle refuses it (InvalidInput): left alone.
+            let file = match self.dir.open_read(name) {
+                Ok(file) => file,
+                Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::InvalidInput) => continue,
+                Err(e) => return Err(e),
+            };
             let mut keep: Vec<(u64, u64)> = Vec::new(); // (offset, length) of the records kept
             let mut dropped = false;
             let (end, tail) = read_records(BufReader::new(&file), |offset, payload| {
@@ -185,7 +178,7 @@ impl LogDir {
                 keep.push((offset, 12 + payload.len() as u64 + 4));
             })?;
             if dropped || tail != Tail::Clean || end != file.metadata()?.len() {
-                self.rewrite(&name, &file, &keep)?;
+                self.rewrite(name, &file, &keep)?;
             }
         }
         Ok(kept)
@@ -197,14 +190,13 @@ impl LogDir {
         use std::os::unix::fs::FileExt;
         let mode = source.metadata()?.permissions().mode() & 0o7777;
         // Not named like an event file: a reader must never take it for one.
-        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let (tmp_name, mut tmp) = (0..1000)
             .find_map(|n| {
                 let tmp_name = format!(".rekindle-trim-{}-{n}", std::process::id());
-                match openat(&self.fd, tmp_name.as_str(), flags, Mode::from_bits_truncate(0o600)) {
-                    Ok(fd) => Some(Ok((tmp_name, File::from(fd)))),
-                    Err(nix::errno::Errno::EEXIST) => None,
-                    Err(e) => Some(Err(with_path(&self.path.join(&tmp_name), e))),
+                match self.dir.create_new(&tmp_name, 0o600) {
+                    Ok(file) => Some(Ok((tmp_name, file))),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => None,
+                    Err(e) => Some(Err(e)),
                 }
             })
             .unwrap_or_else(|| Err(io::Error::other("no free temporary name to trim an event file")))?;
@@ -217,51 +209,52 @@ impl LogDir {
             }
             tmp.set_permissions(std::fs::Permissions::from_mode(mode))?;
             tmp.sync_all()?;
-            renameat(&self.fd, tmp_name.as_str(), &self.fd, name).map_err(io::Error::from)
+            self.dir.rename(&tmp_name, name)
         })();
         if let Err(e) = written {
-            let _ = unlinkat(&self.fd, tmp_name.as_str(), UnlinkatFlags::NoRemoveDir);
-            return Err(with_path(&self.path.join(name), e));
+            let _ = self.dir.remove_file(&tmp_name);
+            return Err(with_path(&self.dir.shown(name), e));
         }
-        nix::unistd::fsync(&self.fd).map_err(|e| with_path(&self.path, e))
+        self.dir.sync()
     }
 
     /// Creates a new event file here named to sort after every event file
     /// there, records it as this run's, and writes its `file_version`.
     pub fn create(&self, host: &str, wall_time: f64) -> io::Result<EventFile> {
-        let newest = event_files(&self.path)?.iter().filter_map(|p| stamp_of(p)).max();
+        let newest = event_names(&self.dir)?.iter().filter_map(|n| stamp_of(n)).max();
         let now = wall_time.max(0.0) as u64;
         let stamp = newest.map_or(now, |n| now.max(n + 1));
         let host: String =
             host.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
         let host = if host.is_empty() { "_".to_string() } else { host };
         let pid = std::process::id();
-        let flags =
-            OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let mut n = 0;
         let (name, file) = loop {
             let name = format!("{FILE_PREFIX}{stamp:010}.{host}.{pid}.{n}");
-            match openat(&self.fd, name.as_str(), flags, Mode::from_bits_truncate(0o666)) {
-                Ok(fd) => break (name, File::from(fd)),
-                Err(nix::errno::Errno::EEXIST) if n < 1000 => n += 1,
-                Err(e) => return Err(with_path(&self.path.join(&name), e)),
+            // O_EXCL: a name already there, whoever's, is never written.
+            match self.dir.create_new(&name, 0o666) {
+                Ok(file) => break (name, file),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+                Err(e) => return Err(e),
             }
         };
         // Recorded only once created: a name in the record is always a
         // file this run made (O_EXCL), never one it found there.
-        let recorded = crate::confine::open_append(&self.record)
+        let recorded = self
+            .run
+            .open_append(&self.record)
             .and_then(|mut r| r.write_all(format!("{name}\n").as_bytes()).and_then(|()| r.sync_data()));
         if let Err(e) = recorded {
-            let _ = unlinkat(&self.fd, name.as_str(), UnlinkatFlags::NoRemoveDir);
-            return Err(with_path(&self.record, e));
+            let _ = self.dir.remove_file(&name);
+            return Err(with_path(&self.run.shown(&self.record), e));
         }
-        let mut out = EventFile { path: self.path.join(name), file };
+        let mut out = EventFile { path: self.dir.shown(&name), file };
         out.write(&Event { wall_time, step: 0, what: Some(What::FileVersion(FILE_VERSION.into())) })?;
         Ok(out)
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.dir.path()
     }
 }
 
