@@ -903,6 +903,13 @@ pub struct TelemetrySection {
     /// `{run}` and `{job}` are replaced as for `tensorboard`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prometheus_textfile: Option<String>,
+    /// A run of several ranks: the largest world whose step lines carry
+    /// every rank's own seconds (`rank_compute_s`, N numbers a line, and N
+    /// TensorBoard tags). Every step line carries the summary
+    /// (`rank_compute`: the fastest, median and slowest rank's seconds and
+    /// which rank was slowest), O(1) in the world size; 0 writes the
+    /// summary only.
+    pub rank_times_max: u64,
 }
 
 impl Default for TelemetrySection {
@@ -912,9 +919,15 @@ impl Default for TelemetrySection {
             record_raw_command: false,
             tensorboard: TensorBoardSetting::Enabled(true),
             prometheus_textfile: None,
+            rank_times_max: DEFAULT_RANK_TIMES_MAX,
         }
     }
 }
+
+/// `[telemetry] rank_times_max`'s default: per-rank seconds on each step
+/// line for worlds of up to 8 ranks (a line of ~100 bytes more), the
+/// summary alone above.
+pub const DEFAULT_RANK_TIMES_MAX: u64 = 8;
 
 /// `[telemetry] tensorboard`: on or off, or the directory to write into.
 #[derive(Debug, Clone, PartialEq, Eq)]

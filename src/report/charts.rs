@@ -152,11 +152,28 @@ fn step_time(data: &RunData) -> Option<LineChart<'_>> {
         })
         .filter(|s| s.segments.iter().any(|p| !p.is_empty()))
         .collect();
+    // A world larger than `[telemetry] rank_times_max`: its summary, three
+    // lines whatever the number of ranks.
+    let spread = |name: &str, colour, of: fn(&crate::telemetry::RankCompute) -> Option<f64>| {
+        let points =
+            data.train.iter().filter_map(|m| Some((m.step as f64, of(m.rank_spread.as_ref()?)?))).collect::<Vec<_>>();
+        (!points.is_empty()).then(|| Series::new(name.to_string(), colour, vec![points]))
+    };
+    let summarised: Vec<Series> = [
+        spread("slowest rank", DEVICE_COLOURS[1], |r| r.max_s),
+        spread("median rank", DEVICE_COLOURS[0], |r| r.median_s),
+        spread("fastest rank", DEVICE_COLOURS[2 % DEVICE_COLOURS.len()], |r| r.min_s),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let per_rank = ranks > 1 || !summarised.is_empty();
+    let series: Vec<Series> = series.into_iter().chain(summarised).collect();
     if series.is_empty() {
         return None;
     }
     Some(LineChart {
-        caption: if ranks > 1 { "Step time per rank (own work, without waiting for the others)" } else { "Step time" },
+        caption: if per_rank { "Step time per rank (own work, without waiting for the others)" } else { "Step time" },
         x_desc: "step",
         y_desc: "seconds per step",
         x_axis: XAxis::Steps,

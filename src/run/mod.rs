@@ -58,7 +58,7 @@ use crate::distributed::{self, SharedWorld, WorldInfo};
 use crate::exit::Outcome;
 use crate::gpu::Monitor;
 use crate::slurm::SlurmEnv;
-use crate::telemetry::{EventLog, JsonlWriter, MetricsLine, StepLine, ValLine, now_rfc3339};
+use crate::telemetry::{EventLog, JsonlWriter, MetricsLine, RankCompute, StepLine, ValLine, now_rfc3339};
 use crate::train::{Registry, StepMetrics, StepResult, TrainError, Trainer, Workload};
 
 use crate::attempt::devices::Devices;
@@ -469,7 +469,7 @@ impl Attempt {
             "step"
         );
         if m.step.is_multiple_of(self.cfg.train.log_every) || m.step == max_steps {
-            self.metrics.append(&MetricsLine::Step(step_line(m)))?;
+            self.metrics.append(&MetricsLine::Step(step_line(m, self.cfg.telemetry.rank_times_max)))?;
         }
         if m.loss.is_finite() {
             self.last_loss = Some(m.loss);
@@ -547,8 +547,10 @@ impl Attempt {
     }
 }
 
-/// The `metrics.jsonl` line of a completed step.
-fn step_line(m: &StepMetrics) -> StepLine {
+/// The `metrics.jsonl` line of a completed step; each rank's seconds only
+/// for worlds of at most `rank_times_max` ranks, their summary always.
+fn step_line(m: &StepMetrics, rank_times_max: u64) -> StepLine {
+    let per_rank = m.rank_compute_s.len() as u64 <= rank_times_max;
     StepLine {
         step: m.step,
         loss: Some(m.loss),
@@ -563,7 +565,8 @@ fn step_line(m: &StepMetrics) -> StepLine {
         skipped_nonfinite: m.skipped_nonfinite,
         epoch: m.epoch,
         elapsed_s: Some(m.elapsed_s),
-        rank_compute_s: m.rank_compute_s.clone(),
+        rank_compute_s: if per_rank { m.rank_compute_s.clone() } else { Vec::new() },
+        rank_compute: RankCompute::of(&m.rank_compute_s),
         time: now_rfc3339(),
     }
 }

@@ -159,6 +159,15 @@ pub fn metric_scalars(line: &Value) -> Option<(u64, Vec<(String, f64)>)> {
         let per_rank = ranks.iter().enumerate().filter_map(|(r, v)| Some((format!("rank_compute_s/{r}"), v.as_f64()?)));
         values.extend(per_rank);
     }
+    // Their summary, four tags at any world size (the per-rank tags above
+    // only come with worlds of at most `[telemetry] rank_times_max` ranks).
+    if let Some(summary) = line.get("rank_compute").and_then(Value::as_object) {
+        for key in ["min_s", "median_s", "max_s", "slowest_rank"] {
+            if let Some(v) = summary.get(key).and_then(Value::as_f64) {
+                values.push((format!("rank_compute/{key}"), v));
+            }
+        }
+    }
     Some((step, values))
 }
 
@@ -404,6 +413,10 @@ mod tests {
         assert_eq!(metric_scalars(&json!({"loss": 1.0})), None);
         let (_, values) = metric_scalars(&json!({"step": 4, "rank_compute_s": [0.1, 0.3]})).unwrap();
         assert_eq!(values, vec![("rank_compute_s/0".to_string(), 0.1), ("rank_compute_s/1".to_string(), 0.3)]);
+        let summary = json!({"ranks": 2, "min_s": 0.1, "median_s": 0.2, "max_s": 0.3, "slowest_rank": 1});
+        let (_, values) = metric_scalars(&json!({"step": 4, "rank_compute": summary})).unwrap();
+        let want = [("min_s", 0.1), ("median_s", 0.2), ("max_s", 0.3), ("slowest_rank", 1.0)];
+        assert_eq!(values, want.map(|(k, v)| (format!("rank_compute/{k}"), v)).to_vec(), "four tags at any world size");
     }
 
     #[test]

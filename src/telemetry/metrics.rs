@@ -43,11 +43,57 @@ pub struct StepLine {
     /// Wall-clock seconds of the step.
     pub elapsed_s: Option<f64>,
     /// A run of several ranks: each rank's seconds of its own forward and
-    /// backward in the step (not its wait for the others), in rank order.
+    /// backward in the step (not its wait for the others), in rank order;
+    /// only for worlds of at most `[telemetry] rank_times_max` ranks.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rank_compute_s: Vec<f64>,
+    /// A run of several ranks: the same seconds summarised, whatever the
+    /// world size (a line stays O(1) in the number of ranks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank_compute: Option<RankCompute>,
     /// RFC 3339, UTC.
     pub time: String,
+}
+
+/// Each rank's own seconds of a step, summarised: what tells a straggler
+/// at any world size in a few numbers (docs/run-directory.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RankCompute {
+    /// Ranks whose seconds are known (finite).
+    pub ranks: u64,
+    pub min_s: Option<f64>,
+    pub median_s: Option<f64>,
+    pub max_s: Option<f64>,
+    /// The rank of `max_s` (the lowest such rank on a tie).
+    pub slowest_rank: Option<u64>,
+}
+
+impl RankCompute {
+    /// The summary of `seconds` (in rank order; a value that is not finite,
+    /// an unknown time, is left out); `None` for fewer than two ranks.
+    pub fn of(seconds: &[f64]) -> Option<RankCompute> {
+        if seconds.len() < 2 {
+            return None;
+        }
+        let mut known: Vec<(f64, usize)> =
+            seconds.iter().enumerate().filter(|(_, s)| s.is_finite()).map(|(r, s)| (*s, r)).collect();
+        // By seconds, then by rank: the slowest is the lowest rank on a tie.
+        known.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+        let n = known.len();
+        let median = match n {
+            0 => None,
+            _ if n % 2 == 1 => Some(known[n / 2].0),
+            _ => Some((known[n / 2 - 1].0 + known[n / 2].0) / 2.0),
+        };
+        Some(RankCompute {
+            ranks: n as u64,
+            min_s: known.first().map(|k| k.0),
+            median_s: median,
+            max_s: known.last().map(|k| k.0),
+            slowest_rank: known.last().map(|k| k.1 as u64),
+        })
+    }
 }
 
 /// A validation loss.
@@ -99,6 +145,9 @@ pub struct MetricPoint {
     /// run of several ranks, the step's wall time (`elapsed_s`) for one
     /// process; `None` where a rank's time is missing or not finite.
     pub rank_step_s: Vec<Option<f64>>,
+    /// A run of more ranks than `[telemetry] rank_times_max`: their seconds
+    /// summarised (`rank_compute`), where `rank_step_s` is empty.
+    pub rank_spread: Option<RankCompute>,
 }
 
 /// A validation line of `metrics.jsonl`, for plotting.
@@ -149,11 +198,14 @@ pub fn metric_point(r: &Value) -> Option<MetricRecord> {
             lr: finite(s.lr),
             samples_per_s: finite(s.samples_per_s),
             tokens_per_s: finite(s.tokens_per_s),
-            rank_step_s: if s.rank_compute_s.is_empty() {
-                vec![finite(s.elapsed_s)]
-            } else {
+            rank_step_s: if !s.rank_compute_s.is_empty() {
                 s.rank_compute_s.iter().map(|t| finite(Some(*t))).collect()
+            } else if s.rank_compute.is_some() {
+                Vec::new()
+            } else {
+                vec![finite(s.elapsed_s)]
             },
+            rank_spread: s.rank_compute.filter(|_| s.rank_compute_s.is_empty()),
         })),
     }
 }
@@ -162,6 +214,26 @@ pub fn metric_point(r: &Value) -> Option<MetricRecord> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn rank_seconds_are_summarised_in_a_few_numbers_at_any_world_size() {
+        assert_eq!(RankCompute::of(&[]), None);
+        assert_eq!(RankCompute::of(&[0.5]), None, "one process has no ranks to compare");
+        let r = RankCompute::of(&[0.2, 0.9, 0.1, 0.9]).unwrap();
+        assert_eq!(
+            r,
+            RankCompute { ranks: 4, min_s: Some(0.1), median_s: Some(0.55), max_s: Some(0.9), slowest_rank: Some(1) },
+            "median of an even count is the mean of the middle two; the slowest is the lowest rank on a tie"
+        );
+        let r = RankCompute::of(&[0.3, f64::NAN, 0.1]).unwrap();
+        assert_eq!((r.ranks, r.median_s, r.slowest_rank), (2, Some(0.2), Some(0)), "an unknown time is left out");
+        // 4,096 ranks: the same five fields.
+        let many: Vec<f64> = (0..4096).map(|r| if r == 4000 { 9.0 } else { 1.0 + (r % 7) as f64 / 100.0 }).collect();
+        let r = RankCompute::of(&many).unwrap();
+        assert_eq!((r.ranks, r.max_s, r.slowest_rank, r.min_s), (4096, Some(9.0), Some(4000), Some(1.0)));
+        let line = MetricsLine::Step(StepLine { step: 1, rank_compute: Some(r), ..StepLine::default() });
+        assert!(serde_json::to_string(&line).unwrap().len() < 400, "a step line stays short");
+    }
 
     #[test]
     fn step_and_val_lines_write_their_own_fields_only() {

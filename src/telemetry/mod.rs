@@ -41,7 +41,8 @@ pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSa
 pub use key_order::first_unsorted_key;
 pub use logging::{LogFormat, LogOptions, Lossy, LossyWriter, init_logging, lost_log_lines, report_lost_log_lines};
 pub use metrics::{
-    MetricPoint, MetricRecord, MetricsLine, StepLine, ValLine, ValPoint, metric_point, metrics_from, metrics_step,
+    MetricPoint, MetricRecord, MetricsLine, RankCompute, StepLine, ValLine, ValPoint, metric_point, metrics_from,
+    metrics_step,
 };
 pub use prometheus::{PromLabels, PromState, write_textfile};
 pub use rank_beat::{RankBeat, rank_beat_file};

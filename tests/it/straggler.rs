@@ -87,6 +87,9 @@ fn a_rank_slow_in_every_step_is_reported_once_with_its_rank_and_node() {
         let ranks = line["rank_compute_s"].as_array().unwrap_or_else(|| panic!("no rank_compute_s: {line}"));
         assert_eq!(ranks.len(), 2, "{line}");
         assert!(ranks[1].as_f64().unwrap() >= 0.05, "{line}");
+        let summary = &line["rank_compute"];
+        assert_eq!((summary["ranks"].as_u64(), summary["slowest_rank"].as_u64()), (Some(2), Some(1)), "{line}");
+        assert_eq!(summary["max_s"], ranks[1], "{line}");
     }
 
     let (status, report) = status_and_report(&run_dir);
@@ -98,6 +101,40 @@ fn a_rank_slow_in_every_step_is_reported_once_with_its_rank_and_node() {
     let chart = report.split("<figure id=\"chart-step-time\">").nth(1).expect("a per-rank step-time chart");
     assert!(chart.contains("rank 0") && chart.contains("rank 1"), "both ranks drawn");
     assert!(report.contains("rank 1 on node1 from step"), "the events table names it");
+}
+
+/// Past `[telemetry] rank_times_max` ranks a step line carries the summary
+/// alone (O(1) in the world size), and the report draws it: here a world of
+/// two with the limit at 0.
+#[test]
+fn a_world_past_the_per_rank_limit_records_the_summary_alone() {
+    let Some(()) = requires::mpi() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let training = Training::tiny_mlp(20).set("train.log_every=1").set("telemetry.rank_times_max=0");
+    let out = mpirun_per_rank(2, training.command(&run_dir, &[]), |rank| {
+        let mut env = vec![format!("SLURMD_NODENAME=node{rank}")];
+        if rank == 1 {
+            env.push("FAILPOINTS=train::compute=sleep(30)".into());
+        }
+        env
+    })
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(EXIT_DONE), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = step_lines(&run_dir);
+    assert_eq!(lines.len(), 20);
+    for line in &lines {
+        assert!(line.get("rank_compute_s").is_none(), "no per-rank seconds past the limit: {line}");
+        let summary = &line["rank_compute"];
+        assert_eq!((summary["ranks"].as_u64(), summary["slowest_rank"].as_u64()), (Some(2), Some(1)), "{line}");
+        assert!(summary["max_s"].as_f64().unwrap() >= 0.03, "{line}");
+        assert!(summary["min_s"].as_f64().unwrap() <= summary["median_s"].as_f64().unwrap(), "{line}");
+    }
+    let (_, report) = status_and_report(&run_dir);
+    let chart = report.split("<figure id=\"chart-step-time\">").nth(1).expect("a step-time chart");
+    assert!(chart.contains("slowest rank") && chart.contains("fastest rank"), "the summary drawn");
+    assert!(!chart.contains("rank 0"), "no per-rank lines");
 }
 
 #[test]
