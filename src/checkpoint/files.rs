@@ -33,7 +33,7 @@ use super::layout::CheckpointKind;
 use super::layout::step_dir_name;
 use super::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, is_plain_name};
 use super::store::{CheckpointStore, SaveReport, TMP_PREFIX, refuse_other_kind};
-use super::verify::{CheckpointInfo, VerifyLevel, verify_checkpoint_dir};
+use super::verify::{CheckpointInfo, VerifyLevel};
 use crate::confine::{Dir, Kind};
 
 /// The staging directory's name inside the checkpoints directory. It starts
@@ -282,7 +282,7 @@ impl CheckpointStore {
                 continue;
             }
             refuse_other_kind(&info.dir, CheckpointKind::Files)?;
-            let failures = verify_checkpoint_dir(&info.dir, VerifyLevel::Full);
+            let failures = self.verify_step(info.step, VerifyLevel::Full);
             if failures.is_empty() {
                 return Ok(FilesOutcome { newest: Some(info), rejected });
             }
@@ -372,7 +372,7 @@ pub(super) mod tests {
         let report = store.seal(&staged, 10).unwrap();
         assert_eq!(report.dir, store.step_dir(10));
         assert!(!staged.exists(), "renamed, not copied");
-        assert!(verify_checkpoint_dir(&report.dir, VerifyLevel::Full).is_empty());
+        assert!(crate::checkpoint::verify_checkpoint_dir(&report.dir, VerifyLevel::Full).is_empty());
         let manifest = super::super::read_manifest(&report.dir).unwrap();
         assert_eq!(manifest.kind, CheckpointKind::Files);
         let names: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();

@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 use super::layout::{parse_step_dir_name, step_dir_name};
 use super::manifest::ManifestEntry;
 use super::private::{self, Untrusted};
-use super::verify::{VerifyLevel, read_manifest, verify_checkpoint_dir};
+use super::verify::{VerifyLevel, read_manifest_at, verify_at};
 
 /// The record that makes a node's copy a local checkpoint of the world.
 pub const WORLD_FILE: &str = "WORLD.json";
@@ -111,14 +111,14 @@ impl WorldRecord {
     /// The record of the copy `dir`, or why there is none usable. Read
     /// without following a link or blocking (a FIFO is refused, not waited
     /// on), and at most [`MAX_WORLD_BYTES`] of it.
-    pub fn read(dir: &Path) -> Result<WorldRecord, Unfit> {
-        let path = dir.join(WORLD_FILE);
-        let bytes = match crate::confine::read_bounded(&path, MAX_WORLD_BYTES) {
+    pub fn read(dir: &crate::confine::Dir) -> Result<WorldRecord, Unfit> {
+        let path = dir.shown(WORLD_FILE);
+        let bytes = match dir.read_bounded(WORLD_FILE, MAX_WORLD_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Unfit::Unusable(format!(
                     "no WORLD.json in {}: the world never agreed on this copy",
-                    dir.display()
+                    dir.path().display()
                 )));
             }
             // A link, a special file, or more than any record rekindle writes.
@@ -266,7 +266,11 @@ pub fn held(root: &Path, run: &str) -> (Vec<HeldStep>, Vec<Unusable>) {
 /// ([`private::check_tree`]: never a link, never a FIFO).
 pub fn check_copy(dir: &Path, step: u64, run: &str) -> Result<Vec<ManifestEntry>, Unfit> {
     private::check_tree(dir)?;
-    let world = WorldRecord::read(dir)?;
+    // Everything below is read through one handle of the copy, opened once
+    // its tree was found private: a file swapped for a link since is
+    // refused by the kernel, never read through.
+    let held = crate::confine::Dir::open(dir).map_err(|e| Unfit::Unusable(e.to_string()))?;
+    let world = WorldRecord::read(&held)?;
     if world.run != run {
         return Err(Unfit::Refused(format!(
             "{} names the run {}, not this one ({run}): a copy of another run is never resumed from",
@@ -277,20 +281,19 @@ pub fn check_copy(dir: &Path, step: u64, run: &str) -> Result<Vec<ManifestEntry>
     let unusable = |why: String| Unfit::Unusable(format!("{}: {why}", dir.display()));
     // A manifest larger than any rekindle writes was put there, as a
     // WORLD.json over its bound is: refused (and recorded), not passed over.
-    let manifest_path = dir.join(super::MANIFEST_FILE);
-    if let Err(e) = crate::confine::read_bounded(&manifest_path, super::verify::MAX_MANIFEST_BYTES)
+    if let Err(e) = held.read_bounded(super::MANIFEST_FILE, super::verify::MAX_MANIFEST_BYTES)
         && matches!(e.kind(), std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData)
     {
-        return Err(Unfit::Refused(format!("{}: {e}", manifest_path.display())));
+        return Err(Unfit::Refused(e.to_string()));
     }
-    let manifest = read_manifest(dir).map_err(|f| unusable(f.to_string()))?;
+    let manifest = read_manifest_at(&held).map_err(|f| unusable(f.to_string()))?;
     if world.step != step || manifest.step != step {
         return Err(unusable(format!("WORLD.json says step {}, MANIFEST.json step {}", world.step, manifest.step)));
     }
     if world.files != manifest.files {
         return Err(unusable("its files are not the ones the world agreed on".into()));
     }
-    let failures = verify_checkpoint_dir(dir, VerifyLevel::Full);
+    let failures = verify_at(&held, VerifyLevel::Full);
     if let Some(first) = failures.first() {
         return Err(unusable(format!("does not verify: {first}")));
     }
@@ -474,7 +477,12 @@ mod tests {
         let (_, bad) = held(dir.path(), "/runs/a");
         assert!(bad[0].reason.contains("MANIFEST.json") && !bad[0].refused, "no manifest is named: {:?}", bad);
         std::fs::write(step.join(WORLD_FILE), b"{").unwrap();
-        assert!(WorldRecord::read(&step).unwrap_err().to_string().contains("unreadable"));
+        assert!(
+            WorldRecord::read(&crate::confine::Dir::open(&step).unwrap())
+                .unwrap_err()
+                .to_string()
+                .contains("unreadable")
+        );
     }
 
     /// Found by the hostile local-root test at 200+ cases (issue #40): a 1
@@ -519,12 +527,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join(WORLD_FILE);
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
-        let Err(Unfit::Refused(why)) = WorldRecord::read(dir.path()) else { panic!("a FIFO is refused") };
+        let Err(Unfit::Refused(why)) = WorldRecord::read(&crate::confine::Dir::open(dir.path()).unwrap()) else {
+            panic!("a FIFO is refused")
+        };
         assert!(why.contains("is a FIFO"), "{why}");
         std::fs::remove_file(&fifo).unwrap();
         let huge = std::fs::File::create(&fifo).unwrap();
         huge.set_len(1 << 30).unwrap();
-        let Err(Unfit::Refused(why)) = WorldRecord::read(dir.path()) else { panic!("1 GiB is refused") };
+        let Err(Unfit::Refused(why)) = WorldRecord::read(&crate::confine::Dir::open(dir.path()).unwrap()) else {
+            panic!("1 GiB is refused")
+        };
         assert!(why.contains("more than the 16777216 bytes"), "{why}");
     }
 }

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 
 use super::error::{CheckpointError, FileFailure};
 use super::layout::{parse_step_dir_name, step_dir_name};
-use super::verify::{CheckpointInfo, VerifyLevel, inspect, read_manifest};
+use super::verify::{CheckpointInfo, VerifyLevel, inspect_at, read_manifest_at, unopened};
 use crate::confine::Dir;
 
 /// The directory inside the checkpoints directory that holds quarantined checkpoints.
@@ -106,9 +106,17 @@ pub(super) fn list_quarantined(checkpoints: &Dir, level: VerifyLevel) -> Result<
         }
         let name = entry.name_lossy();
         let path = qdir.join(&entry.name);
+        // Through the checkpoints directory's handle: a directory swapped
+        // for a link since it was listed is refused, not read through.
+        let held = checkpoints.open_dir(std::path::Path::new(QUARANTINE_DIR).join(&entry.name));
         // A directory put here by hand may be named anything: its manifest then says the step.
-        let step = parse_quarantine_name(&name).or_else(|| read_manifest(&path).ok().map(|m| m.step)).unwrap_or(0);
-        found.push((name, inspect(&path, step, level)));
+        let manifest_step = || held.as_ref().ok().and_then(|d| read_manifest_at(d).ok()).map(|m| m.step);
+        let step = parse_quarantine_name(&name).or_else(manifest_step).unwrap_or(0);
+        let info = match &held {
+            Ok(d) => inspect_at(d, step, level),
+            Err(e) => unopened(path, step, e),
+        };
+        found.push((name, info));
     }
     found.sort_by(|(na, a), (nb, b)| b.step.cmp(&a.step).then(nb.cmp(na)));
     Ok(found.into_iter().map(|(_, info)| info).collect())

@@ -64,7 +64,7 @@ use super::quarantine::{self, Quarantined};
 use super::rotation::{self, Action, Candidate};
 use super::shards::{DEFAULT_SHARD_BYTES, parse_shard_name};
 use super::tensor::TensorSet;
-use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect, load_dir, verify_checkpoint_dir};
+use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect_at, load_dir, unopened, verify_at};
 use super::write_mode::{IoMode, WriteChoice, WriteSettings, plan_for};
 use crate::confine::Dir;
 
@@ -309,6 +309,22 @@ impl CheckpointStore {
         self.dir.join(step_dir_name(step))
     }
 
+    /// What verification at `level` finds in the checkpoint of `step`,
+    /// reached through the root's handle (never through a link).
+    pub(super) fn verify_step(&self, step: u64, level: VerifyLevel) -> Vec<super::error::FileFailure> {
+        match self
+            .root()
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.open_dir(step_dir_name(step)).map_err(|e| e.to_string()))
+        {
+            Ok(held) => verify_at(&held, level),
+            Err(reason) => vec![super::error::FileFailure {
+                file: super::manifest::MANIFEST_FILE.into(),
+                problem: super::error::Problem::ManifestUnreadable { reason },
+            }],
+        }
+    }
+
     /// The shared staging directory `name` of a save of `step` (refused
     /// unless it is a plain `.tmp-step-…` name: it comes from another rank).
     fn shared_staging_dir<'a>(&self, step: u64, name: &'a str) -> Result<&'a str, CheckpointError> {
@@ -497,7 +513,7 @@ impl CheckpointStore {
         // while the store was open) is not read through; it is moved aside
         // as a link when the new checkpoint takes its name.
         if matches!(root.own_dir(&final_name), Ok(true))
-            && verify_checkpoint_dir(&final_dir, VerifyLevel::Full).is_empty()
+            && root.open_dir(&final_name).is_ok_and(|held| verify_at(&held, VerifyLevel::Full).is_empty())
         {
             // Deterministic training: the same step holds the same state, so an
             // existing valid checkpoint is as good as a new one.
@@ -725,7 +741,7 @@ impl CheckpointStore {
                 if i.step <= committed || !i.valid {
                     return Candidate { step: i.step, valid: i.valid };
                 }
-                let failures = verify_checkpoint_dir(&i.dir, VerifyLevel::Full);
+                let failures = self.verify_step(i.step, VerifyLevel::Full);
                 if !failures.is_empty() {
                     tracing::warn!(step = i.step, dir = %i.dir.display(), failures = %join(&failures), committed, "a checkpoint newer than the one just committed does not verify; rotation does not count it");
                 }
@@ -756,9 +772,15 @@ impl CheckpointStore {
     /// Every `step-*` checkpoint directory, newest first, with verification results.
     pub fn list(&self, level: VerifyLevel) -> Result<Vec<CheckpointInfo>, CheckpointError> {
         let mut infos = Vec::new();
+        let root = self.root()?;
         for entry in self.read_dir()? {
             let Some(step) = self.checkpoint_entry(&entry) else { continue };
-            infos.push(inspect(&self.dir.join(&entry.name), step, level));
+            // Through the root's handle: a checkpoint swapped for a link
+            // since it was listed is refused, not read through.
+            infos.push(match root.open_dir(&entry.name) {
+                Ok(held) => inspect_at(&held, step, level),
+                Err(e) => unopened(self.dir.join(&entry.name), step, &e),
+            });
         }
         infos.sort_by_key(|i| std::cmp::Reverse(i.step));
         Ok(infos)
@@ -1020,7 +1042,7 @@ mod tests {
         fs::remove_file(store.step_dir(4).join(STATE_FILE)).unwrap();
         let again = store.save(&snapshot(4)).unwrap();
         assert!(!again.already_existed);
-        assert!(verify_checkpoint_dir(&store.step_dir(4), VerifyLevel::Full).is_empty());
+        assert!(crate::checkpoint::verify_checkpoint_dir(&store.step_dir(4), VerifyLevel::Full).is_empty());
     }
 
     /// Flips one byte in the middle of the model file: same size, wrong hash.
@@ -1045,7 +1067,7 @@ mod tests {
         rot(&store, 40);
         let store = CheckpointStore::open(tmp.path(), 1).unwrap();
         let report = store.save(&snapshot(10)).unwrap();
-        assert!(verify_checkpoint_dir(&store.step_dir(10), VerifyLevel::Full).is_empty());
+        assert!(crate::checkpoint::verify_checkpoint_dir(&store.step_dir(10), VerifyLevel::Full).is_empty());
         assert_eq!(report.rotated_out, vec![store.step_dir(40), store.step_dir(30)], "the damaged ones go");
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot(10));
         // A newer checkpoint that does verify counts toward keep, but the
@@ -1205,7 +1227,7 @@ mod tests {
         let outside = tmp.path().join("outside.json");
         fs::rename(&state, &outside).unwrap();
         std::os::unix::fs::symlink(&outside, &state).unwrap();
-        let failures = verify_checkpoint_dir(&store.step_dir(1), VerifyLevel::Full);
+        let failures = crate::checkpoint::verify_checkpoint_dir(&store.step_dir(1), VerifyLevel::Full);
         assert_eq!(failures, vec![FileFailure { file: STATE_FILE.into(), problem: Problem::NotPlainFile }]);
     }
 }

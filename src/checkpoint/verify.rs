@@ -4,7 +4,6 @@
 //! verifies is exactly one that resume would load.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -20,6 +19,7 @@ use super::parts::{assemble, optimizer_part_name};
 use super::safetensors_io;
 use super::shards::{ShardIndex, index_name, parse_index_name, shard_name};
 use super::tensor::TensorSet;
+use crate::confine::Dir;
 
 /// How thoroughly [`CheckpointStore::list`](super::CheckpointStore::list) checks each checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,23 +54,42 @@ pub struct Loaded {
 /// checkpoints of over 100,000 files; a larger one is refused unread.
 pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 
+/// The checkpoint directory at `dir` as a handle (the one path this module
+/// opens: everything below it is reached through the handle, never through
+/// a link in any component; `confine::Dir`), or why it cannot be read.
+fn open_checkpoint(dir: &Path) -> Result<Dir, FileFailure> {
+    Dir::open(dir).map_err(|e| FileFailure {
+        file: MANIFEST_FILE.into(),
+        problem: if e.kind() == io::ErrorKind::NotFound {
+            Problem::ManifestMissing
+        } else {
+            Problem::ManifestUnreadable { reason: e.to_string() }
+        },
+    })
+}
+
 /// Reads and parses the manifest of `dir` (at most [`MAX_MANIFEST_BYTES`]).
 pub fn read_manifest(dir: &Path) -> Result<Manifest, FileFailure> {
-    let path = dir.join(MANIFEST_FILE);
+    read_manifest_at(&open_checkpoint(dir)?)
+}
+
+/// [`read_manifest`] of the checkpoint directory held as `dir`.
+pub fn read_manifest_at(dir: &Dir) -> Result<Manifest, FileFailure> {
     let fail = |problem| FileFailure { file: MANIFEST_FILE.into(), problem };
-    match fs::symlink_metadata(&path) {
+    match dir.symlink_metadata(MANIFEST_FILE) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(fail(Problem::ManifestMissing)),
         Err(e) => return Err(fail(Problem::ManifestUnreadable { reason: e.to_string() })),
         Ok(m) if !m.file_type().is_file() => return Err(fail(Problem::NotPlainFile)),
         Ok(_) => {}
     }
-    let bytes = crate::confine::read_bounded(&path, MAX_MANIFEST_BYTES)
+    let bytes = dir
+        .read_bounded(MANIFEST_FILE, MAX_MANIFEST_BYTES)
         .map_err(|e| fail(Problem::ManifestUnreadable { reason: e.to_string() }))?;
     let manifest = Manifest::parse(&bytes)?;
     if let Some(reason) = manifest.missing_required() {
         return Err(fail(Problem::ManifestInvalid { reason }));
     }
-    if let Some(step) = dir.file_name().and_then(|n| parse_step_dir_name(&n.to_string_lossy()))
+    if let Some(step) = dir.path().file_name().and_then(|n| parse_step_dir_name(&n.to_string_lossy()))
         && step != manifest.step
     {
         return Err(fail(Problem::ManifestInvalid {
@@ -81,23 +100,22 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, FileFailure> {
 }
 
 /// Checks one file named by the manifest. With `keep`, returns its bytes.
-fn check_entry(dir: &Path, entry: &ManifestEntry, level: VerifyLevel, keep: bool) -> Result<Vec<u8>, FileFailure> {
-    let path = check_file(dir, entry)?;
+fn check_entry(dir: &Dir, entry: &ManifestEntry, level: VerifyLevel, keep: bool) -> Result<Vec<u8>, FileFailure> {
+    check_file(dir, entry)?;
     if level == VerifyLevel::Quick {
         return Ok(Vec::new());
     }
     let (bytes, sha256, kept) =
-        crate::confine::open_regular(&path).and_then(|f| read_hashed(f, keep)).map_err(|e| unreadable(entry, e))?;
+        dir.open_read(&entry.name).and_then(|f| read_hashed(f, keep)).map_err(|e| unreadable(entry, e))?;
     check_read(entry, bytes, sha256)?;
     Ok(kept)
 }
 
 /// What can be checked of a file without reading it: there, a plain file,
-/// of the manifest's size. Returns its path.
-fn check_file(dir: &Path, entry: &ManifestEntry) -> Result<PathBuf, FileFailure> {
+/// of the manifest's size, reached without a link in any component.
+fn check_file(dir: &Dir, entry: &ManifestEntry) -> Result<(), FileFailure> {
     let fail = |problem| FileFailure { file: entry.name.clone(), problem };
-    let path = dir.join(&entry.name);
-    let meta = match fs::symlink_metadata(&path) {
+    let meta = match dir.symlink_metadata(&entry.name) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(fail(Problem::Missing)),
         Err(e) => return Err(fail(Problem::Unreadable { reason: e.to_string() })),
         Ok(m) => m,
@@ -108,7 +126,7 @@ fn check_file(dir: &Path, entry: &ManifestEntry) -> Result<PathBuf, FileFailure>
     if meta.len() != entry.bytes {
         return Err(fail(Problem::WrongSize { expected: entry.bytes, actual: meta.len() }));
     }
-    Ok(path)
+    Ok(())
 }
 
 fn unreadable(entry: &ManifestEntry, e: io::Error) -> FileFailure {
@@ -137,12 +155,12 @@ enum Content {
 
 /// Reads one file for loading, hash checked on the same pass; a safetensors
 /// file straight into its tensors' buffers.
-fn load_entry(dir: &Path, entry: &ManifestEntry) -> Result<Content, FileFailure> {
+fn load_entry(dir: &Dir, entry: &ManifestEntry) -> Result<Content, FileFailure> {
     if !entry.name.ends_with(".safetensors") {
         return check_entry(dir, entry, VerifyLevel::Full, true).map(Content::Bytes);
     }
-    let path = check_file(dir, entry)?;
-    let read = crate::confine::open_regular(&path).and_then(map_tensors_hashed).map_err(|e| unreadable(entry, e))?;
+    check_file(dir, entry)?;
+    let read = dir.open_read(&entry.name).and_then(map_tensors_hashed).map_err(|e| unreadable(entry, e))?;
     check_read(entry, read.bytes, read.sha256)?;
     read.tensors
         .map(Content::Tensors)
@@ -196,7 +214,15 @@ fn join_shards(contents: &mut BTreeMap<String, Content>, stem: &str, n: usize) -
 /// A checkpoint in shards has its index checked against the shards'
 /// headers too, as loading checks it against their tensors.
 pub fn verify_checkpoint_dir(dir: &Path, level: VerifyLevel) -> Vec<FileFailure> {
-    let manifest = match read_manifest(dir) {
+    match open_checkpoint(dir) {
+        Ok(dir) => verify_at(&dir, level),
+        Err(f) => vec![f],
+    }
+}
+
+/// [`verify_checkpoint_dir`] of the checkpoint directory held as `dir`.
+pub fn verify_at(dir: &Dir, level: VerifyLevel) -> Vec<FileFailure> {
+    let manifest = match read_manifest_at(dir) {
         Err(f) => return vec![f],
         Ok(m) => m,
     };
@@ -228,18 +254,18 @@ fn for_each_file<R: Send>(manifest: &Manifest, f: impl Fn(&ManifestEntry) -> R +
 /// The index of `stem`'s `n` shards against what the shards' headers hold
 /// (their hashes matched already): *invalid content* of the index when a
 /// tensor is not where it says.
-fn check_index_against_headers(dir: &Path, stem: &str, n: usize) -> Result<(), FileFailure> {
+fn check_index_against_headers(dir: &Dir, stem: &str, n: usize) -> Result<(), FileFailure> {
     let name = index_name(stem);
     let invalid = |reason: String| FileFailure { file: name.clone(), problem: Problem::InvalidContent { reason } };
-    let bytes = crate::confine::read_bounded(&dir.join(&name), MAX_INDEX_BYTES)
+    let bytes = dir
+        .read_bounded(&name, MAX_INDEX_BYTES)
         .map_err(|e| FileFailure { file: name.clone(), problem: Problem::Unreadable { reason: e.to_string() } })?;
     let index = ShardIndex::parse(&bytes).map_err(invalid)?;
     let mut held = Vec::with_capacity(n);
     for k in 1..=n {
         let shard = shard_name(stem, k, n);
         let fail = |problem| FileFailure { file: shard.clone(), problem };
-        let mut file = crate::confine::open_regular(&dir.join(&shard))
-            .map_err(|e| fail(Problem::Unreadable { reason: e.to_string() }))?;
+        let mut file = dir.open_read(&shard).map_err(|e| fail(Problem::Unreadable { reason: e.to_string() }))?;
         let len = file.metadata().map_err(|e| fail(Problem::Unreadable { reason: e.to_string() }))?.len();
         let layout = safetensors_io::read_layout(&mut file, len).map_err(|e| match e {
             safetensors_io::LayoutError::Invalid(reason) => fail(Problem::InvalidContent { reason }),
@@ -256,7 +282,7 @@ const MAX_INDEX_BYTES: u64 = 64 << 20;
 /// Hash, size, and the content check loading would make (layout of a
 /// safetensors file, JSON of state.json). A files checkpoint's files are
 /// the program's own: only their hashes and sizes are rekindle's to check.
-fn verify_entry_fully(dir: &Path, entry: &ManifestEntry, kind: CheckpointKind) -> Result<(), FileFailure> {
+fn verify_entry_fully(dir: &Dir, entry: &ManifestEntry, kind: CheckpointKind) -> Result<(), FileFailure> {
     if kind == CheckpointKind::Files {
         return check_entry(dir, entry, VerifyLevel::Full, false).map(drop);
     }
@@ -274,7 +300,7 @@ fn verify_entry_fully(dir: &Path, entry: &ManifestEntry, kind: CheckpointKind) -
             file: entry.name.clone(),
             problem: Problem::Unreadable { reason: e.to_string() },
         };
-        let mut file = crate::confine::open_regular(&dir.join(&entry.name)).map_err(unreadable)?;
+        let mut file = dir.open_read(&entry.name).map_err(unreadable)?;
         safetensors_io::read_layout(&mut file, entry.bytes).map_err(|e| match e {
             safetensors_io::LayoutError::Invalid(reason) => invalid(reason),
             safetensors_io::LayoutError::Io(e) => unreadable(e),
@@ -283,13 +309,21 @@ fn verify_entry_fully(dir: &Path, entry: &ManifestEntry, kind: CheckpointKind) -
     Ok(())
 }
 
-/// What verification at `level` finds in the checkpoint of `step` in `dir`.
-pub(super) fn inspect(dir: &Path, step: u64, level: VerifyLevel) -> CheckpointInfo {
-    let manifest = read_manifest(dir).ok();
-    let failures = verify_checkpoint_dir(dir, level);
+/// What a checkpoint directory that cannot be opened as a handle is (a link
+/// in its place, gone since it was listed): invalid, and why.
+pub(super) fn unopened(dir: PathBuf, step: u64, e: &io::Error) -> CheckpointInfo {
+    let reason = e.to_string();
+    let failures = vec![FileFailure { file: MANIFEST_FILE.into(), problem: Problem::ManifestUnreadable { reason } }];
+    CheckpointInfo { step, dir, created_at: None, bytes: 0, valid: false, failures }
+}
+
+/// [`inspect`] of the checkpoint directory held as `dir`.
+pub(super) fn inspect_at(dir: &Dir, step: u64, level: VerifyLevel) -> CheckpointInfo {
+    let manifest = read_manifest_at(dir).ok();
+    let failures = verify_at(dir, level);
     CheckpointInfo {
         step,
-        dir: dir.to_path_buf(),
+        dir: dir.path().to_path_buf(),
         created_at: manifest.as_ref().map(|m| m.created_at.clone()),
         bytes: manifest.as_ref().map(Manifest::total_bytes).unwrap_or(0),
         valid: failures.is_empty(),
@@ -302,7 +336,12 @@ pub(super) fn inspect(dir: &Path, step: u64, level: VerifyLevel) -> CheckpointIn
 /// (`TensorBytes::Shared`) rather than fresh memory, and are valid only
 /// once this returns `Ok` (every hash matched).
 pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
-    let manifest = read_manifest(dir).map_err(|f| vec![f])?;
+    load_at(&open_checkpoint(dir).map_err(|f| vec![f])?)
+}
+
+/// [`load_dir`] of the checkpoint directory held as `dir`.
+pub fn load_at(dir: &Dir) -> Result<Loaded, Vec<FileFailure>> {
+    let manifest = read_manifest_at(dir).map_err(|f| vec![f])?;
     if manifest.kind != CheckpointKind::Native {
         let reason = format!("a {} checkpoint has no training state to load", manifest.kind.name());
         return Err(vec![FileFailure { file: MANIFEST_FILE.into(), problem: Problem::InvalidContent { reason } }]);
@@ -347,7 +386,7 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, Vec<FileFailure>> {
         (None, None) => take_tensors(&mut contents, OPTIMIZER_FILE)?,
     };
     let step = manifest.step;
-    Ok(Loaded { dir: dir.to_path_buf(), manifest, snapshot: Snapshot { step, model, optimizer, state } })
+    Ok(Loaded { dir: dir.path().to_path_buf(), manifest, snapshot: Snapshot { step, model, optimizer, state } })
 }
 
 #[cfg(test)]
@@ -372,7 +411,7 @@ mod tests {
             rekindle_version: "0.1.0".into(),
             files,
         };
-        fs::write(tmp.path().join(MANIFEST_FILE), manifest.to_bytes()).unwrap();
+        std::fs::write(tmp.path().join(MANIFEST_FILE), manifest.to_bytes()).unwrap();
         tmp
     }
 

@@ -566,7 +566,7 @@ fn step_line(m: &StepMetrics, rank_times_max: u64) -> StepLine {
         epoch: m.epoch,
         elapsed_s: Some(m.elapsed_s),
         rank_compute_s: if per_rank { m.rank_compute_s.clone() } else { Vec::new() },
-        rank_compute: RankCompute::of(&m.rank_compute_s),
+        rank_compute: RankCompute::of(&m.rank_compute_s).map(Box::new),
         time: now_rfc3339(),
     }
 }

@@ -49,8 +49,9 @@ pub struct StepLine {
     pub rank_compute_s: Vec<f64>,
     /// A run of several ranks: the same seconds summarised, whatever the
     /// world size (a line stays O(1) in the number of ranks).
+    /// (Boxed: most lines are of one process, and a line is an enum variant.)
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rank_compute: Option<RankCompute>,
+    pub rank_compute: Option<Box<RankCompute>>,
     /// RFC 3339, UTC.
     pub time: String,
 }
@@ -205,7 +206,7 @@ pub fn metric_point(r: &Value) -> Option<MetricRecord> {
             } else {
                 vec![finite(s.elapsed_s)]
             },
-            rank_spread: s.rank_compute.filter(|_| s.rank_compute_s.is_empty()),
+            rank_spread: s.rank_compute.filter(|_| s.rank_compute_s.is_empty()).map(|b| *b),
         })),
     }
 }
@@ -231,7 +232,7 @@ mod tests {
         let many: Vec<f64> = (0..4096).map(|r| if r == 4000 { 9.0 } else { 1.0 + (r % 7) as f64 / 100.0 }).collect();
         let r = RankCompute::of(&many).unwrap();
         assert_eq!((r.ranks, r.max_s, r.slowest_rank, r.min_s), (4096, Some(9.0), Some(4000), Some(1.0)));
-        let line = MetricsLine::Step(StepLine { step: 1, rank_compute: Some(r), ..StepLine::default() });
+        let line = MetricsLine::Step(StepLine { step: 1, rank_compute: Some(Box::new(r)), ..StepLine::default() });
         assert!(serde_json::to_string(&line).unwrap().len() < 400, "a step line stays short");
     }
 

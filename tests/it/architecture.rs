@@ -297,6 +297,7 @@ const HANDLE_ONLY: &[&str] = &[
     "checkpoint/hashed_io.rs",
     "checkpoint/quarantine.rs",
     "checkpoint/store.rs",
+    "checkpoint/verify.rs",
     "checkpoint/world.rs",
     "checkpoint/write_mode.rs",
     "telemetry/prometheus.rs",
