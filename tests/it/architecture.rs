@@ -234,8 +234,10 @@ fn raw_path_counts(src: &Path) -> BTreeMap<String, usize> {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap();
-        let n: usize =
-            text.lines().take_while(|l| !l.trim_start().starts_with("#[cfg(test)]")).map(raw_path_calls).sum();
+        // Up to the unit tests' `mod`, as the handle-only check reads: a
+        // `#[cfg(test)]` helper in the middle of a file does not hide the
+        // code after it.
+        let n: usize = code_before_tests(&text).into_iter().map(|(_, l)| raw_path_calls(l)).sum();
         if n > 0 {
             counts.insert(file.strip_prefix(src).unwrap().to_string_lossy().to_string(), n);
         }
@@ -357,7 +359,7 @@ fn code_before_tests(text: &str) -> Vec<(usize, &str)> {
         if line.trim_start().starts_with("#[cfg(test)]")
             && lines[i + 1..].iter().find(|l| !l.trim().is_empty()).is_some_and(|l| {
                 let l = l.trim_start();
-                let l = l.strip_prefix("pub(super) ").or_else(|| l.strip_prefix("pub ")).unwrap_or(l);
+                let l = ["pub(crate) ", "pub(super) ", "pub "].iter().find_map(|p| l.strip_prefix(p)).unwrap_or(l);
                 l.starts_with("mod ")
             })
         {
@@ -400,4 +402,6 @@ fn the_handle_only_checker_sees_path_apis_and_test_helpers_do_not_end_the_code()
     assert_eq!(code, [1, 2, 3, 4], "a #[cfg(test)] helper does not end the code; `mod tests` does");
     let text = "fn a() {}\n#[cfg(test)]\npub(super) mod tests {\n}\n";
     assert_eq!(code_before_tests(text).len(), 1, "nor does a `pub(super) mod tests`");
+    let text = "fn a() {}\n#[cfg(test)]\npub(crate) mod tests_support {\n}\n";
+    assert_eq!(code_before_tests(text).len(), 1, "nor does a `pub(crate) mod`");
 }
