@@ -2,21 +2,44 @@
 //! (SIGSTOP, a node frozen by its hypervisor, storage that stalls forever)
 //! or dies without its launcher noticing holds every other rank in the next
 //! collective, where MPI waits forever. Every rank therefore runs a
-//! [`RankWatch`] thread that
+//! [`RankWatch`] thread; together they find a lost rank at any world size
+//! with shared-filesystem work that grows with the nodes, not the ranks
+//! squared (docs/scale.md):
 //!
-//! - rewrites its own heartbeat file, `<run dir>/ranks/rank-<r>.json`
-//!   ([`RankBeat`]), every [`beat_interval`] (a tenth of `[distributed]
-//!   timeout`), with a growing `seq` and the last step it completed, and
-//! - reads every other rank's, and calls a rank *lost* when its `seq` has not
-//!   changed for `[distributed] timeout` by this rank's own clock ([`lost`]:
-//!   no clocks are compared across nodes).
+//! - **Beats stay on the node.** Every [`beat_interval`] (a tenth of
+//!   `[distributed] timeout`) each rank rewrites its own beat ([`RankBeat`]:
+//!   a growing `seq`, the last step it completed) in its node's folder on
+//!   node-local storage (`/dev/shm`, private to the user as the node-local
+//!   checkpoint tier is), and reads its node's other beats there.
+//! - **One file a node.** The node's lowest rank whose beat moved within
+//!   half the timeout (so a frozen one is replaced long before anyone would
+//!   call its node lost) writes what it read as `<run dir>/ranks/
+//!   node-<node>.json` ([`NodeBeat`]), once a beat.
+//! - **Two sweepers.** Rank 0 reads every node's file once a beat and calls
+//!   a rank *lost* when its `seq` has not grown for `[distributed] timeout`
+//!   by rank 0's own clock ([`lost`]: no clocks are compared across nodes);
+//!   so does the *deputy*, the lowest rank on another node than rank 0's
+//!   (rank 1 when there is none), which rank 0 names in
+//!   `<run dir>/ranks/watch.json`: rank 0's own loss, or its node's, is found
+//!   too. Until a deputy is named (rank 0 lost before its first sweep),
+//!   every node's writer past half the timeout sweeps.
+//! - **One verdict.** A sweeper that finds ranks lost writes them once to
+//!   `<run dir>/ranks/lost.json` ([`LostRecord`]); each node's writer copies
+//!   it (and `watch.json`) into its node's folder, where every rank of the
+//!   node reads it: every survivor acts on the same list within about two
+//!   beats. Per beat the shared filesystem sees a write and two small reads
+//!   a node and two sweeps of one listing and one read a node: O(nodes), and
+//!   no rank reads another rank's file.
 //!
-//! The files are on the run directory's storage, which every rank must share
-//! anyway (followers read the checkpoints there): no socket protocol of our
-//! own, no second channel through MPI (which is the thing that hangs). The
-//! heartbeat is written by its own thread, so a long save or a slow step
-//! does not look like a loss; a thread stuck inside a live process is the
-//! watchdog's business (`watchdog.rs`).
+//! The shared files are on the run directory's storage, which every rank
+//! must share anyway (followers read the checkpoints there): no socket
+//! protocol of our own, no second channel through MPI (which is the thing
+//! that hangs). The heartbeat is written by its own thread, so a long save
+//! or a slow step does not look like a loss; a thread stuck inside a live
+//! process is the watchdog's business (`watchdog.rs`). A loss is found
+//! between the timeout and the timeout plus about three beats after the
+//! lost rank's last beat (a beat to reach its node's file, one for a
+//! sweep to see it, one to sweep again).
 //!
 //! When ranks are lost, the handler given to the watch runs once, on the
 //! watch's thread: the lowest-numbered rank still beating ([`recorder`])
@@ -25,16 +48,19 @@
 //! survivor ends its part of the world: `run`'s ranks abort the MPI world
 //! (`MPI_Abort`), so the launcher ends every rank, the stopped ones
 //! included; `exec`'s supervisors end their programs (`exec/world.rs`). A
-//! rank that ends normally writes a last beat with `done` and is never
-//! called lost; a beat of another launch (its `session`) is no beat. A
-//! supervisor whose program ended says `done` from then on
-//! ([`RankWatch::mark_done`]) and goes on watching the others.
+//! rank that ends normally writes a last beat with `done` (its node's
+//! writer carries it into the node's file at once) and is never called
+//! lost; a beat of another launch (its `session`) is no beat. A supervisor
+//! whose program ended says `done` from then on ([`RankWatch::mark_done`])
+//! and goes on watching the others.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
 
 use crate::telemetry::{RankBeat, now_rfc3339, rank_beat_file};
 
@@ -67,7 +93,9 @@ impl Peer {
     /// no change.
     pub fn observe(&mut self, read: Option<RankBeat>, session: &str, now: Instant) {
         let Some(beat) = read.filter(|b| b.session == session) else { return };
-        if self.beat.as_ref().is_none_or(|old| old.seq != beat.seq || old.done != beat.done) {
+        // Only a newer beat is a change: two writers of a node's file (one
+        // taking over from a frozen one) may hand over an older copy.
+        if self.beat.as_ref().is_none_or(|old| old.seq < beat.seq || (old.seq == beat.seq && old.done != beat.done)) {
             self.beat = Some(beat);
             self.changed_at = now;
         }
@@ -166,18 +194,24 @@ pub struct RankWatch {
     done: Arc<AtomicBool>,
     handler: Arc<Mutex<Option<LostHandler>>>,
     thread: Option<JoinHandle<()>>,
-    /// Where the beats are, whose, and how long silence may last: what
-    /// [`finish_with_world`](RankWatch::finish_with_world) reads.
+    /// Dropped to wake the thread from its pause between beats when the
+    /// watch ends (a rank's end must not wait up to a beat, 5 s at the
+    /// default timeout).
+    wake: Option<std::sync::mpsc::Sender<()>>,
+    /// When this rank last beat, for `rekindle bench liveness`.
+    last_beat: Arc<Mutex<Instant>>,
+    /// `<run dir>/ranks` and the launch, where the end looks for `done`.
     dir: PathBuf,
+    session: String,
     rank: usize,
     size: usize,
-    session: String,
     timeout: Duration,
 }
 
 impl RankWatch {
-    /// Writes this rank's first beat (so the others see it from their first
-    /// look) and starts the thread.
+    /// Writes this rank's first beat, in its node's folder and its node's
+    /// file (so the others see it from their first look), and starts the
+    /// thread.
     pub fn start(setup: WatchSetup, handler: LostHandler) -> std::io::Result<RankWatch> {
         std::fs::create_dir_all(&setup.dir)?;
         // Never a link to elsewhere (crate::confine).
@@ -186,20 +220,65 @@ impl RankWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
         let handler = Arc::new(Mutex::new(Some(handler)));
-        let (dir, rank, size, session, timeout) =
-            (setup.dir.clone(), setup.rank, setup.size, setup.session.clone(), setup.timeout);
-        let mut beater = Beater { setup, seq: 0, pulse: pulse.clone(), done: Arc::clone(&done) };
+        let (rank, size, timeout) = (setup.rank, setup.size, setup.timeout);
+        let (dir, session) = (setup.dir.clone(), setup.session.clone());
+        let local = match local_dir(&setup.node, &setup.session) {
+            Some(dir) => dir,
+            None => {
+                let dir = setup.dir.join(format!("local-{}", node_beat_file(&setup.node).trim_end_matches(".json")));
+                std::fs::create_dir_all(&dir)?;
+                crate::confine::own_dir(&dir)?;
+                dir
+            }
+        };
+        let last_beat = Arc::new(Mutex::new(Instant::now()));
+        let mut beater = Beater {
+            setup,
+            seq: 0,
+            pulse: pulse.clone(),
+            done: Arc::clone(&done),
+            local,
+            own: None,
+            started: Instant::now(),
+            node_peers: std::collections::BTreeMap::new(),
+            last_beat: Arc::clone(&last_beat),
+        };
         beater.beat();
+        // Into its node's file at once too (one write a rank, once): a
+        // rank is named there from its start, not a beat later (the others
+        // see it from their first look; a launcher or a person looking for
+        // a rank's pid finds it there).
+        beater.write_node_now();
+        let (wake, wake_rx) = std::sync::mpsc::channel::<()>();
         let thread = {
             let (stop, done, handler) = (Arc::clone(&stop), Arc::clone(&done), Arc::clone(&handler));
             std::thread::Builder::new().name("rekindle-rank-watch".into()).spawn(move || {
-                beater.run(&stop, &handler);
+                beater.run(&stop, &handler, &wake_rx);
                 if done.load(Ordering::SeqCst) {
                     beater.beat();
+                    // Its `done` reaches its node's file at once, whoever
+                    // writes that file (a run shorter than a beat never
+                    // looked; a writer that ended before it has stopped):
+                    // the leader's end waits for every `done`. One write a
+                    // rank, once.
+                    beater.write_node_now();
                 }
             })?
         };
-        Ok(RankWatch { pulse, stop, done, handler, thread: Some(thread), dir, rank, size, session, timeout })
+        Ok(RankWatch {
+            pulse,
+            stop,
+            done,
+            handler,
+            thread: Some(thread),
+            wake: Some(wake),
+            last_beat,
+            dir,
+            session,
+            rank,
+            size,
+            timeout,
+        })
     }
 
     /// Where this rank tells its progress.
@@ -240,21 +319,41 @@ impl RankWatch {
         self.set_handler(on_lost);
         self.mark_done();
         let until = Instant::now() + (2 * self.timeout + 2 * beat_interval(self.timeout)).max(END_WAIT_MIN);
-        // Each rank's beat is read until it says done, once a beat: the
-        // end costs each rank's file about one read, not N reads a poll.
-        let said_done = |r: &usize| read_beat(&self.dir, *r).is_some_and(|b| b.session == self.session && b.done);
-        let mut left: Vec<usize> = (0..self.size).filter(|r| *r != self.rank && !said_done(r)).collect();
+        // The nodes' files (one listing and one read a node), where each
+        // rank's `done` lands as it ends: every 200 ms for the first two
+        // seconds (the ranks end together, and a run must not end a beat
+        // late), then once a beat (a slow one costs little while it is
+        // waited for).
+        let world = || read_world(&self.dir, &self.session, self.size);
+        let said_done =
+            |w: &[Option<RankBeat>], r: &usize| w.get(*r).is_some_and(|b| b.as_ref().is_some_and(|b| b.done));
+        let started = Instant::now();
+        let first = world();
+        let mut left: Vec<usize> = (0..self.size).filter(|r| *r != self.rank && !said_done(&first, r)).collect();
         // Until every rank said done, the deadline, or a rank was found lost
         // (the handler was taken: it ends the world).
         while !left.is_empty() && Instant::now() < until && !self.handler_running() {
-            std::thread::sleep(beat_interval(self.timeout));
-            left.retain(|r| !said_done(r));
+            let pause = if started.elapsed() < Duration::from_secs(2) {
+                Duration::from_millis(200).min(beat_interval(self.timeout))
+            } else {
+                beat_interval(self.timeout)
+            };
+            std::thread::sleep(pause);
+            let now = world();
+            left.retain(|r| !said_done(&now, r));
         }
         if !left.is_empty() {
             tracing::warn!(ranks = ?left, "ranks still running after the world's end; the launcher ends them");
         }
         self.finish();
         left
+    }
+
+    /// Stops beating without saying done, as a rank frozen or killed would,
+    /// and returns when it last beat (`rekindle bench liveness`).
+    pub fn stop_beating(mut self) -> Instant {
+        self.halt();
+        *self.last_beat.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// This rank ended its run normally: a last beat says `done`, so no
@@ -266,6 +365,7 @@ impl RankWatch {
 
     fn halt(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.wake.take();
         if let Some(t) = self.thread.take() {
             // A thread inside the handler ends the process itself.
             if t.is_finished() || !self.handler_running() {
@@ -290,28 +390,162 @@ struct Beater {
     seq: u64,
     pulse: Pulse,
     done: Arc<AtomicBool>,
+    /// This node's beats: node-local storage ([`local_dir`]).
+    local: PathBuf,
+    /// This rank's newest beat.
+    own: Option<RankBeat>,
+    /// When the watch began.
+    started: Instant,
+    /// What this rank knows of its node's ranks' beats (its own included).
+    node_peers: std::collections::BTreeMap<usize, Peer>,
+    last_beat: Arc<Mutex<Instant>>,
 }
 
+/// The node's aggregated beats, `<run dir>/ranks/node-<node>.json`: what
+/// the lowest live rank of a node read of its node's beats (module docs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeBeat {
+    pub session: String,
+    pub node: String,
+    /// The rank that wrote it (the node's lowest rank still beating).
+    pub writer: usize,
+    pub beats: Vec<RankBeat>,
+    pub time: String,
+}
+
+/// Who sweeps besides rank 0: `<run dir>/ranks/watch.json`, written by rank 0
+/// when it changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WatchRecord {
+    pub session: String,
+    pub deputy: usize,
+}
+
+/// A loss found, `<run dir>/ranks/lost.json`: written once by the sweeper
+/// that found it, read by every node, so that every rank ends with the same
+/// verdict.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LostRecord {
+    pub session: String,
+    /// The sweeper that found it.
+    pub by: usize,
+    pub lost: Vec<LostRank>,
+}
+
+/// One rank of a [`LostRecord`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LostRank {
+    pub rank: usize,
+    pub node: String,
+    pub pid: u32,
+    pub step: Option<u64>,
+    pub silent_seconds: f64,
+}
+
+impl LostRank {
+    fn of(l: &Lost) -> LostRank {
+        LostRank {
+            rank: l.rank,
+            node: l.node.clone(),
+            pid: l.pid,
+            step: l.step,
+            silent_seconds: l.silent.as_secs_f64(),
+        }
+    }
+
+    fn lost(&self) -> Lost {
+        Lost {
+            rank: self.rank,
+            node: self.node.clone(),
+            pid: self.pid,
+            step: self.step,
+            silent: Duration::try_from_secs_f64(self.silent_seconds).unwrap_or_default(),
+        }
+    }
+}
+
+const NODE_PREFIX: &str = "node-";
+const WATCH_FILE: &str = "watch.json";
+const LOST_FILE: &str = "lost.json";
+
+/// The file name of `node`'s aggregated beats (a node name is a host name;
+/// anything else is replaced so that the name stays one file's).
+pub fn node_beat_file(node: &str) -> String {
+    let safe: String = node
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_' { c } else { '_' })
+        .collect();
+    format!("{NODE_PREFIX}{safe}.json")
+}
+
+/// Where the ranks of `node` in launch `session` beat: node-local storage
+/// (`/dev/shm`, else the system's temporary directory), in the user's
+/// private folder (made `0700` and checked as the node-local tier's is,
+/// `checkpoint::private`), a folder per launch and node. `None` when there
+/// is no such storage the user alone can write: the beats then go to
+/// `<ranks>/local-<node>/` on the shared filesystem.
+fn local_dir(node: &str, session: &str) -> Option<PathBuf> {
+    use sha2::Digest;
+    let base = [PathBuf::from("/dev/shm"), std::env::temp_dir()].into_iter().find(|b| b.is_dir())?;
+    let key = hex::encode(&sha2::Sha256::digest(format!("{session}\n{node}").as_bytes())[..8]);
+    let private = base.join(crate::checkpoint::private::private_dir_name(crate::checkpoint::private::user()));
+    let dir = private.join(format!("beats-{key}"));
+    match crate::checkpoint::private::prepare_root(&dir) {
+        Ok(()) => {
+            forget_old_launches(&private);
+            Some(dir)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no private node-local folder for the heartbeats; they go to the run directory's storage");
+            None
+        }
+    }
+}
+
+/// Removes the beat folders of launches a day old (best effort: they are
+/// a few hundred bytes a rank, and a node may host thousands of launches).
+fn forget_old_launches(private: &Path) {
+    let Ok(entries) = std::fs::read_dir(private) else { return };
+    let day = Duration::from_secs(24 * 3600);
+    for entry in entries.flatten() {
+        let old = entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+        let is_beats = entry.file_name().to_string_lossy().starts_with("beats-");
+        if is_beats && entry.file_type().is_ok_and(|t| t.is_dir()) && old.is_some_and(|age| age > day) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// What one beat of the loop found: the ranks lost, and who found them
+/// (`true`: this rank, which then publishes the verdict).
+type Found = Option<(Vec<Lost>, bool)>;
+
 impl Beater {
-    fn run(&mut self, stop: &AtomicBool, handler: &Mutex<Option<LostHandler>>) {
+    fn run(&mut self, stop: &AtomicBool, handler: &Mutex<Option<LostHandler>>, wake: &std::sync::mpsc::Receiver<()>) {
         let interval = beat_interval(self.setup.timeout);
-        let started = Instant::now();
-        let mut peers = vec![Peer::new(started); self.setup.size];
+        let mut world_peers = vec![Peer::new(self.started); self.setup.size];
+        let mut deputy: Option<usize> = None;
         while !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(interval);
+            // The pause between beats, cut short when the watch ends.
+            let _ = wake.recv_timeout(interval);
             if stop.load(Ordering::SeqCst) {
                 return;
             }
             self.beat();
-            let now = Instant::now();
-            for (rank, peer) in peers.iter_mut().enumerate() {
-                if rank != self.setup.rank {
-                    peer.observe(read_beat(&self.setup.dir, rank), &self.setup.session, now);
+            let Some((lost, mine)) = self.look(&mut world_peers, &mut deputy) else { continue };
+            if mine {
+                let record = LostRecord {
+                    session: self.setup.session.clone(),
+                    by: self.setup.rank,
+                    lost: lost.iter().map(LostRank::of).collect(),
+                };
+                if let Err(e) = write_json(&self.setup.dir, LOST_FILE, &record, true) {
+                    tracing::warn!(error = %e, "cannot publish the ranks found lost; the others find them themselves or end with the world");
                 }
-            }
-            let lost = lost(&peers, self.setup.rank, self.setup.timeout, now);
-            if lost.is_empty() {
-                continue;
             }
             let taken = handler.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(handle) = taken {
@@ -321,7 +555,117 @@ impl Beater {
         }
     }
 
+    /// One beat's look: this node's beats (node-local), the node's file if
+    /// this rank writes it, the verdict, and the whole world's beats if this
+    /// rank sweeps.
+    fn look(&mut self, world_peers: &mut [Peer], deputy: &mut Option<usize>) -> Found {
+        let (me, session, timeout) = (self.setup.rank, self.setup.session.clone(), self.setup.timeout);
+        let now = Instant::now();
+        let local = read_local_beats(&self.local, &session);
+        for beat in &local {
+            self.node_peers.entry(beat.rank).or_insert_with(|| Peer::new(now)).observe(
+                Some(beat.clone()),
+                &session,
+                now,
+            );
+        }
+        let node_peers = &self.node_peers;
+        // The node's writer: its lowest rank whose beat moved within half
+        // the timeout (this rank, if none lower did): a frozen writer is
+        // replaced long before the sweepers would call its node lost.
+        let fresh = |r: &usize, p: &Peer| *r == me || now.saturating_duration_since(p.changed_at) <= timeout / 2;
+        let writer = node_peers.iter().filter(|(r, p)| fresh(r, p)).map(|(r, _)| *r).chain([me]).min();
+        let shared = self.setup.dir.clone();
+        let shared = &shared;
+        if writer == Some(me) {
+            self.write_node(now);
+            // The verdict and the deputy, for this node's ranks.
+            for name in [LOST_FILE, WATCH_FILE] {
+                if let Some(bytes) = read_small(shared, name, true) {
+                    let _ = write_bytes(&self.local, name, &bytes, false);
+                }
+            }
+        }
+        if let Some(record) = read_json::<LostRecord>(&self.local, LOST_FILE, false).filter(|r| r.session == session)
+            && !record.lost.is_empty()
+        {
+            return Some((record.lost.iter().map(LostRank::lost).collect(), false));
+        }
+        if me != 0 {
+            *deputy = read_json::<WatchRecord>(&self.local, WATCH_FILE, false)
+                .filter(|w| w.session == session)
+                .map(|w| w.deputy);
+        }
+        // Until rank 0 has named a deputy (its first sweeps), a node's writer
+        // past half the timeout sweeps too: rank 0 may have died before it
+        // named one, and its loss must still be found.
+        let unnamed = deputy.is_none() && writer == Some(me) && self.started.elapsed() > timeout / 2;
+        let sweeps = me == 0 || *deputy == Some(me) || unnamed;
+        if !sweeps {
+            return None;
+        }
+        let swept = Instant::now();
+        for beat in read_world_beats(shared, &session) {
+            if let Some(peer) = world_peers.get_mut(beat.rank) {
+                peer.observe(Some(beat), &session, now);
+            }
+        }
+        io_counts::sweep(swept.elapsed());
+        if me == 0 {
+            // The deputy: the lowest rank on another node than this one (it
+            // sees this node's loss), else rank 1.
+            let here = &self.setup.node;
+            let chosen = world_peers
+                .iter()
+                .enumerate()
+                .find(|(_, p)| p.beat.as_ref().is_some_and(|b| &b.node != here))
+                .map(|(r, _)| r)
+                .or((self.setup.size > 1).then_some(1));
+            if chosen.is_some() && chosen != *deputy {
+                let record = WatchRecord { session: session.clone(), deputy: chosen.unwrap_or(1) };
+                if write_json(shared, WATCH_FILE, &record, true).is_ok() {
+                    *deputy = chosen;
+                }
+            }
+        }
+        let found = lost(world_peers, me, timeout, now);
+        (!found.is_empty()).then_some((found, true))
+    }
+
+    /// Reads this node's beats and writes its file (at the end).
+    fn write_node_now(&mut self) {
+        let now = Instant::now();
+        for beat in read_local_beats(&self.local, &self.setup.session) {
+            self.node_peers.entry(beat.rank).or_insert_with(|| Peer::new(now)).observe(
+                Some(beat),
+                &self.setup.session,
+                now,
+            );
+        }
+        self.write_node(now);
+    }
+
+    /// Writes this node's file: the beats of its ranks as this rank last
+    /// read them, its own newest included.
+    fn write_node(&mut self, now: Instant) {
+        let me = self.setup.rank;
+        if let Some(own) = self.own.clone() {
+            self.node_peers.entry(me).or_insert_with(|| Peer::new(now)).observe(Some(own), &self.setup.session, now);
+        }
+        let node = NodeBeat {
+            session: self.setup.session.clone(),
+            node: self.setup.node.clone(),
+            writer: me,
+            beats: self.node_peers.values().filter_map(|p| p.beat.clone()).collect(),
+            time: now_rfc3339(),
+        };
+        if let Err(e) = write_json(&self.setup.dir, &node_beat_file(&self.setup.node), &node, true) {
+            tracing::warn!(error = %e, "cannot write this node's heartbeats");
+        }
+    }
+
     fn beat(&mut self) {
+        *self.last_beat.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         let done = self.done.load(Ordering::SeqCst);
         self.seq += 1;
         let beat = RankBeat {
@@ -334,33 +678,144 @@ impl Beater {
             done,
             time: now_rfc3339(),
         };
-        if let Err(e) = write_beat(&self.setup.dir, &beat) {
+        if let Err(e) = write_json(&self.local, &rank_beat_file(beat.rank), &beat, false) {
             // Not fatal here: if it lasts, the others call this rank lost,
-            // which is what a rank cut off from the run directory is.
-            tracing::warn!(error = %e, dir = %self.setup.dir.display(), "cannot write this rank's heartbeat");
+            // which is what a rank cut off from its node's beats is.
+            tracing::warn!(error = %e, dir = %self.local.display(), "cannot write this rank's heartbeat");
         }
+        self.own = Some(beat);
     }
 }
 
-/// Writes `beat` as `<dir>/rank-<r>.json`, through a rename so a reader
-/// never sees half a file. Not synced: a beat is worth nothing after a crash
-/// of the node that wrote it.
-fn write_beat(dir: &Path, beat: &RankBeat) -> std::io::Result<()> {
-    let path = dir.join(rank_beat_file(beat.rank));
-    let tmp = dir.join(format!(".{}.tmp", rank_beat_file(beat.rank)));
+/// Writes `value` as `<dir>/<name>` through a rename, so that a reader never
+/// sees half a file; counted as `shared` storage or not. Not synced: a beat
+/// is worth nothing after a crash of the node that wrote it.
+fn write_json(dir: &Path, name: &str, value: &impl Serialize, shared: bool) -> std::io::Result<()> {
     // Through a JSON value: keys in alphabetical order, as in every file.
-    let value = serde_json::to_value(beat).map_err(std::io::Error::other)?;
+    let value = serde_json::to_value(value).map_err(std::io::Error::other)?;
     let bytes = serde_json::to_vec(&value).map_err(std::io::Error::other)?;
-    // A fresh file (O_EXCL never follows a link left by that name).
-    let _ = std::fs::remove_file(&tmp);
-    std::io::Write::write_all(&mut std::fs::File::options().write(true).create_new(true).open(&tmp)?, &bytes)?;
-    std::fs::rename(&tmp, &path)
+    write_bytes(dir, name, &bytes, shared)
 }
 
-/// Rank `rank`'s beat in `dir`, if it can be read.
-pub fn read_beat(dir: &Path, rank: usize) -> Option<RankBeat> {
-    // Bounded and never through a link (crate::confine): beats are ~200 bytes.
-    serde_json::from_slice(&crate::confine::read_bounded(&dir.join(rank_beat_file(rank)), 64 << 10).ok()?).ok()
+fn write_bytes(dir: &Path, name: &str, bytes: &[u8], shared: bool) -> std::io::Result<()> {
+    count(shared, 3);
+    // Named by the process and the writing thread: ranks are processes, but
+    // a benchmark runs many in one, and two writers of a node's file may
+    // overlap while one takes over from another.
+    let tmp = dir
+        .join(format!(".{name}.{}.{:?}.tmp", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""));
+    // A fresh file (O_EXCL never follows a link left by that name).
+    let _ = std::fs::remove_file(&tmp);
+    std::io::Write::write_all(&mut std::fs::File::options().write(true).create_new(true).open(&tmp)?, bytes)?;
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+fn count(shared: bool, n: u64) {
+    if shared { io_counts::shared(n) } else { io_counts::local(n) }
+}
+
+/// `<dir>/<name>`, bounded and never through a link (crate::confine):
+/// beats are ~200 bytes, a node's a few KiB.
+fn read_small(dir: &Path, name: &str, shared: bool) -> Option<Vec<u8>> {
+    count(shared, 1);
+    crate::confine::read_bounded(&dir.join(name), 4 << 20).ok()
+}
+
+fn read_json<T: for<'a> Deserialize<'a>>(dir: &Path, name: &str, shared: bool) -> Option<T> {
+    serde_json::from_slice(&read_small(dir, name, shared)?).ok()
+}
+
+/// The beats of launch `session` in the node-local folder `dir`.
+fn read_local_beats(dir: &Path, session: &str) -> Vec<RankBeat> {
+    count(false, 1);
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("rank-") && name.ends_with(".json")
+        })
+        .filter_map(|e| read_json::<RankBeat>(dir, &e.file_name().to_string_lossy(), false))
+        .filter(|b| b.session == session)
+        .collect()
+}
+
+/// Every beat of launch `session` in the nodes' files of `<run dir>/ranks`
+/// (`dir`): one listing and one read a node.
+fn read_world_beats(dir: &Path, session: &str) -> Vec<RankBeat> {
+    count(true, 1);
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(NODE_PREFIX) && name.ends_with(".json")
+        })
+        .filter_map(|e| read_json::<NodeBeat>(dir, &e.file_name().to_string_lossy(), true))
+        .filter(|n| n.session == session)
+        .flat_map(|n| n.beats)
+        .filter(|b| b.session == session)
+        .collect()
+}
+
+/// Every rank's newest beat of launch `session` that the nodes' files in
+/// `dir` (`<run dir>/ranks`) hold, by rank (`None`: none yet); what a task
+/// that looks at the world once in a while reads (`exec`'s settle), one
+/// listing and one read a node.
+pub fn read_world(dir: &Path, session: &str, size: usize) -> Vec<Option<RankBeat>> {
+    let mut world: Vec<Option<RankBeat>> = vec![None; size];
+    for beat in read_world_beats(dir, session) {
+        if let Some(slot) = world.get_mut(beat.rank)
+            && slot.as_ref().is_none_or(|old| old.seq < beat.seq)
+        {
+            *slot = Some(beat);
+        }
+    }
+    world
+}
+
+/// What the liveness protocol costs the storage it runs on, counted as it
+/// runs (process-wide; `rekindle bench liveness` reads them, docs/scale.md):
+/// metadata operations on the run directory's shared filesystem (an open of
+/// a beat is one; a beat written is three: the unlink of a leftover
+/// temporary name, its create and the rename) and on node-local storage
+/// alike, and the longest sweep of the others' beats one watcher made.
+pub mod io_counts {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    pub(super) static SHARED_OPS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static LOCAL_OPS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static LONGEST_SWEEP_NANOS: AtomicU64 = AtomicU64::new(0);
+
+    /// (shared-filesystem operations, node-local operations, longest sweep
+    /// in seconds) since the last [`reset`].
+    pub fn read() -> (u64, u64, f64) {
+        (
+            SHARED_OPS.load(Ordering::Relaxed),
+            LOCAL_OPS.load(Ordering::Relaxed),
+            LONGEST_SWEEP_NANOS.load(Ordering::Relaxed) as f64 / 1e9,
+        )
+    }
+
+    pub fn reset() {
+        SHARED_OPS.store(0, Ordering::Relaxed);
+        LOCAL_OPS.store(0, Ordering::Relaxed);
+        LONGEST_SWEEP_NANOS.store(0, Ordering::Relaxed);
+    }
+
+    pub(super) fn shared(n: u64) {
+        SHARED_OPS.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(super) fn local(n: u64) {
+        LOCAL_OPS.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(super) fn sweep(took: std::time::Duration) {
+        LONGEST_SWEEP_NANOS.fetch_max(took.as_nanos() as u64, Ordering::Relaxed);
+    }
 }
 
 /// A fresh launch identity for the heartbeats: rank 0's node, pid and start
@@ -391,13 +846,27 @@ mod tests {
     const T: Duration = Duration::from_secs(3);
 
     #[test]
-    fn beat_file_keys_are_alphabetical_and_it_reads_back() {
+    fn node_file_keys_are_alphabetical_and_the_world_reads_back_the_newest_beat_of_each_rank() {
         let dir = tempfile::tempdir().unwrap();
-        let written = beat(3, "s", false);
-        write_beat(dir.path(), &written).unwrap();
-        let text = std::fs::read_to_string(dir.path().join(rank_beat_file(1))).unwrap();
+        let (older, newer) = (beat(3, "s", false), beat(4, "s", true));
+        let node = |writer, beats: Vec<RankBeat>| NodeBeat {
+            session: "s".into(),
+            node: "n2".into(),
+            writer,
+            beats,
+            time: String::new(),
+        };
+        write_json(dir.path(), &node_beat_file("n2"), &node(1, vec![newer.clone()]), true).unwrap();
+        // Another node's file still holding an older copy (a writer that
+        // was replaced), and one of an earlier launch.
+        write_json(dir.path(), &node_beat_file("n2 old"), &node(1, vec![older]), true).unwrap();
+        let mut other = node(0, vec![RankBeat { rank: 0, session: "earlier".into(), ..beat(9, "earlier", false) }]);
+        other.session = "earlier".into();
+        write_json(dir.path(), &node_beat_file("n1"), &other, true).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(node_beat_file("n2"))).unwrap();
         assert_eq!(crate::telemetry::first_unsorted_key(&text), None, "{text}");
-        assert_eq!(read_beat(dir.path(), 1), Some(written));
+        assert_eq!(node_beat_file("n2 old"), "node-n2_old.json");
+        assert_eq!(read_world(dir.path(), "s", 2), vec![None, Some(newer)]);
     }
 
     #[test]
@@ -462,14 +931,25 @@ mod tests {
 
     /// Rank `rank` of two beating in `<run>/ranks`, on node `n<rank>`, lost after 1 s.
     fn one_of_two(run: &Path, rank: usize) -> WatchSetup {
+        one_of(run, rank, 2, &format!("n{rank}"))
+    }
+
+    /// Rank `rank` of `size` on `node`, in a launch of the test's own (the
+    /// node-local folders are per launch, and tests run side by side).
+    fn one_of(run: &Path, rank: usize, size: usize, node: &str) -> WatchSetup {
         WatchSetup {
             dir: run.join(RANKS_DIR),
             rank,
-            size: 2,
-            node: format!("n{rank}"),
-            session: "s".into(),
+            size,
+            node: node.into(),
+            session: run.display().to_string(),
             timeout: Duration::from_millis(1000),
         }
+    }
+
+    /// Rank `rank`'s newest beat in the nodes' files of the run `run`.
+    fn world_beat(run: &Path, rank: usize) -> Option<RankBeat> {
+        read_world(&run.join(RANKS_DIR), &run.display().to_string(), 8).swap_remove(rank)
     }
 
     #[test]
@@ -483,7 +963,7 @@ mod tests {
         w1.pulse().at_step(5);
         // Rank 1's beats carry its step once its next beat is written.
         let t0 = std::time::Instant::now();
-        while read_beat(&tmp.path().join(RANKS_DIR), 1).and_then(|b| b.step) != Some(5) {
+        while world_beat(tmp.path(), 1).and_then(|b| b.step) != Some(5) {
             assert!(t0.elapsed() < Duration::from_secs(20), "rank 1's beat never carried step 5");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -517,7 +997,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         assert!(rx1.try_recv().is_err(), "rank 0 beats: rank 1 finds nobody lost");
         w1.finish();
-        assert!(read_beat(&tmp.path().join(RANKS_DIR), 1).unwrap().done);
+        assert!(world_beat(tmp.path(), 1).unwrap().done, "the node's writer said done in its file at once");
         assert!(rx.recv_timeout(Duration::from_millis(2000)).is_err(), "a finished rank is not lost");
         w0.finish();
     }
@@ -528,7 +1008,7 @@ mod tests {
         let (w0, rx, w1, rx1) = two_watches(tmp.path());
         w0.mark_done();
         let t0 = std::time::Instant::now();
-        while !read_beat(&tmp.path().join(RANKS_DIR), 0).is_some_and(|b| b.done) {
+        while !world_beat(tmp.path(), 0).is_some_and(|b| b.done) {
             assert!(t0.elapsed() < Duration::from_secs(20), "rank 0's beats never said done");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -565,5 +1045,92 @@ mod tests {
         let lost = rx.recv_timeout(Duration::from_secs(10)).expect("the end handler ran");
         assert_eq!(lost.iter().map(|l| l.rank).collect::<Vec<_>>(), [1]);
         assert_eq!(left, [1]);
+    }
+
+    /// Ranks 0 on node a, 1 and 2 on node b: rank 1 writes b's file, rank 1
+    /// is the deputy (the lowest rank off rank 0's node).
+    #[allow(clippy::type_complexity)]
+    fn three(run: &Path) -> Vec<(Option<RankWatch>, Receiver<Vec<Lost>>)> {
+        [(0, "a"), (1, "b"), (2, "b")]
+            .into_iter()
+            .map(|(rank, node)| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let w = RankWatch::start(one_of(run, rank, 3, node), Box::new(move |l| tx.send(l).unwrap())).unwrap();
+                (Some(w), rx)
+            })
+            .collect()
+    }
+
+    fn named(rx: &Receiver<Vec<Lost>>) -> Vec<usize> {
+        rx.recv_timeout(Duration::from_secs(8)).expect("a verdict").iter().map(|l| l.rank).collect()
+    }
+
+    #[test]
+    fn a_frozen_rank_that_is_not_its_nodes_writer_is_named_by_the_sweepers_and_every_rank_hears_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut world = three(tmp.path());
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(world.iter().all(|(_, rx)| rx.try_recv().is_err()), "all beat: nobody is lost");
+        world[2].0.take().unwrap().stop_beating();
+        assert_eq!(named(&world[0].1), [2], "rank 0 sweeps");
+        assert_eq!(named(&world[1].1), [2], "rank 1 hears it (or finds it: it is the deputy)");
+    }
+
+    #[test]
+    fn a_frozen_writer_is_replaced_by_its_nodes_next_rank_and_alone_named_lost() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut world = three(tmp.path());
+        std::thread::sleep(Duration::from_millis(1500));
+        world[1].0.take().unwrap().stop_beating();
+        assert_eq!(named(&world[0].1), [1], "rank 2 took b's file over: only rank 1 is silent");
+        assert_eq!(named(&world[2].1), [1], "rank 2 hears the verdict through its node's folder");
+    }
+
+    #[test]
+    fn a_frozen_rank_0_is_found_by_the_deputy_and_every_other_rank_hears_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut world = three(tmp.path());
+        // The deputy learns it is one from rank 0's first sweeps.
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(tmp.path().join(RANKS_DIR).join(WATCH_FILE))
+            .is_ok_and(|t| t.contains("\"deputy\":1"))
+        {
+            assert!(t0.elapsed() < Duration::from_secs(10), "rank 0 never named a deputy");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        world[0].0.take().unwrap().stop_beating();
+        assert_eq!(named(&world[1].1), [0], "the deputy sweeps");
+        assert_eq!(named(&world[2].1), [0], "rank 2 hears it");
+        let record: LostRecord =
+            serde_json::from_slice(&std::fs::read(tmp.path().join(RANKS_DIR).join(LOST_FILE)).unwrap()).unwrap();
+        assert_eq!((record.by, record.lost.len()), (1, 1), "{record:?}");
+    }
+
+    #[test]
+    fn a_rank_0_lost_before_it_named_a_deputy_is_still_found() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut world = three(tmp.path());
+        // At once: rank 0 never sweeps, so never names a deputy.
+        world[0].0.take().unwrap().stop_beating();
+        assert_eq!(named(&world[1].1), [0], "node b's writer sweeps while no deputy is named");
+        assert_eq!(named(&world[2].1), [0], "rank 2 hears it");
+    }
+
+    #[test]
+    fn the_shared_filesystem_sees_the_nodes_files_not_a_file_a_rank() {
+        let tmp = tempfile::tempdir().unwrap();
+        let world = three(tmp.path());
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path().join(RANKS_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        assert_eq!(names, ["node-a.json", "node-b.json", "watch.json"]);
+        for (w, _) in world {
+            w.unwrap().finish();
+        }
     }
 }

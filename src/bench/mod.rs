@@ -5,6 +5,7 @@
 mod checkpoint;
 mod collective;
 mod interval;
+mod liveness;
 mod train;
 
 pub use checkpoint::{
@@ -12,4 +13,5 @@ pub use checkpoint::{
 };
 pub use collective::{CollectiveBench, CollectiveBenchError, run_collective_bench};
 pub use interval::{IntervalBench, IntervalBenchOptions, IntervalRow, run_interval_bench};
+pub use liveness::{LivenessBench, LivenessBenchError, LivenessBenchOptions, LivenessRow, run_liveness_bench};
 pub use train::{TrainBench, run_train_bench};

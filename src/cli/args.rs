@@ -280,6 +280,36 @@ pub enum BenchCommand {
     /// bounded) versus a fixed interval, over a range of mean times between
     /// interruptions: a seeded Monte-Carlo simulation, no training.
     Interval(BenchIntervalArgs),
+    /// What the lost-rank watch costs the shared filesystem, and how fast it
+    /// finds a rank that stops beating, for N ranks on N/per-node nodes: the
+    /// real watch code, one thread a rank, in a temporary run directory
+    /// (`--dir` on the shared filesystem to measure that one). Prints
+    /// metadata operations a second (all ranks, per rank, per node), the
+    /// longest sweep of the others' beats, the time to name a stopped rank
+    /// and any rank named wrongly (docs/scale.md).
+    Liveness(BenchLivenessArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchLivenessArgs {
+    /// World sizes, comma-separated (a row each).
+    #[arg(long, value_delimiter = ',', default_value = "8,64,512")]
+    pub ranks: Vec<usize>,
+    /// Ranks per simulated node.
+    #[arg(long, default_value_t = 8)]
+    pub per_node: usize,
+    /// `[distributed] timeout` of the simulated world.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub timeout: Duration,
+    /// How long the steady state is counted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub measure: Duration,
+    /// Where the temporary run directories go (default: the system's
+    /// temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]

@@ -2,7 +2,9 @@
 //! its result printed (the numbers of docs/performance.md).
 
 use super::CliError;
-use super::args::{BenchCheckpointArgs, BenchCollectiveArgs, BenchIntervalArgs, BenchTrainArgs, WriteModeArg};
+use super::args::{
+    BenchCheckpointArgs, BenchCollectiveArgs, BenchIntervalArgs, BenchLivenessArgs, BenchTrainArgs, WriteModeArg,
+};
 use super::output::emit;
 use crate::config;
 use crate::exit::Outcome;
@@ -61,5 +63,17 @@ pub(super) fn interval(args: &BenchIntervalArgs) -> Result<Outcome, CliError> {
         seed: args.seed,
     };
     emit(&crate::bench::run_interval_bench(&opts), args.output.json);
+    Ok(Outcome::Done)
+}
+
+pub(super) fn liveness(args: &BenchLivenessArgs) -> Result<Outcome, CliError> {
+    let opts = crate::bench::LivenessBenchOptions {
+        ranks: args.ranks.clone(),
+        per_node: args.per_node,
+        timeout: args.timeout,
+        measure: args.measure,
+        dir: args.dir.clone(),
+    };
+    emit(&crate::bench::run_liveness_bench(&opts)?, args.output.json);
     Ok(Outcome::Done)
 }

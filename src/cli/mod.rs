@@ -186,6 +186,8 @@ pub enum CliError {
     #[error(transparent)]
     CollectiveBench(#[from] crate::bench::CollectiveBenchError),
     #[error(transparent)]
+    LivenessBench(#[from] crate::bench::LivenessBenchError),
+    #[error(transparent)]
     Report(#[from] crate::report::ReportError),
     #[error("{path} is not a run directory (no {file}); pass the directory `rekindle run` wrote to")]
     NotARunDir { path: PathBuf, file: &'static str },
@@ -254,6 +256,7 @@ pub fn execute(cli: Cli, registry: &Registry) -> Result<Outcome, CliError> {
         Command::Bench(BenchCommand::Train(args)) => bench::train(&args, registry),
         Command::Bench(BenchCommand::Collective(args)) => bench::collective(&args),
         Command::Bench(BenchCommand::Interval(args)) => bench::interval(&args),
+        Command::Bench(BenchCommand::Liveness(args)) => bench::liveness(&args),
     }
 }
 

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::attempt::error::RunError;
-use crate::attempt::rank_watch::{Lost, RANKS_DIR, RankWatch, WatchSetup, beat_interval, read_beat};
+use crate::attempt::rank_watch::{Lost, RANKS_DIR, RankWatch, WatchSetup, beat_interval, read_world};
 use crate::attempt::stop::StopFlag;
 use crate::slurm::{SlurmEnv, expand_hostlist};
 
@@ -264,20 +264,26 @@ impl Liveness {
         let interval = beat_interval(self.timeout);
         let until = Instant::now() + self.timeout + 2 * interval;
         let others: Vec<usize> = (0..self.size).filter(|r| *r != self.rank).collect();
-        let beat = |r: usize| read_beat(&self.dir, r).filter(|b| b.session == self.session);
-        let first: Vec<Option<u64>> = others.iter().map(|&r| beat(r).map(|b| b.seq)).collect();
+        // The nodes' files, once a beat (one listing and one read a node):
+        // a task whose program failed looks at the world as rarely as the
+        // watch does, however many fail at once.
+        let world = || read_world(&self.dir, &self.session, self.size);
+        let first = world();
         let mut alive = vec![false; others.len()];
         loop {
             if let Some(lost) = self.lost() {
                 return Some(lost);
             }
+            let now = world();
             for (i, &r) in others.iter().enumerate() {
-                alive[i] |= beat(r).is_some_and(|b| b.done || Some(b.seq) != first[i]);
+                let seq =
+                    |w: &[Option<crate::telemetry::RankBeat>]| w.get(r).cloned().flatten().map(|b| (b.seq, b.done));
+                alive[i] |= seq(&now).is_some_and(|(s, done)| done || Some(s) != seq(&first).map(|f| f.0));
             }
             if alive.iter().all(|a| *a) || Instant::now() >= until {
                 return None;
             }
-            std::thread::sleep(interval.min(POLL * 2));
+            std::thread::sleep(interval);
         }
     }
 

@@ -154,7 +154,18 @@ impl HangHandler {
 
     /// The same for ranks lost from this leader's world: no checkpoint (the
     /// training thread is in a collective that cannot finish).
+    /// A leader the verdict names (it was frozen, and thawed after another
+    /// rank found it lost) is not the recorder: it waits, as a follower
+    /// does, for the recorder to end the world (which ends this process),
+    /// and ends it itself if that does not come.
     pub(super) fn handle_lost(self, lost: Vec<Lost>, size: usize) -> ! {
+        if crate::attempt::rank_watch::recorder(&lost, size) != Some(0) {
+            tracing::error!("this leader was found lost by another rank (it stopped answering); the world ends");
+            std::thread::sleep(self.cfg.signals.grace + 2 * SCONTROL_TIMEOUT);
+            let code =
+                if self.beats.newest_committed().is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
+            abort_world(code.code());
+        }
         let timeout = self.cfg.distributed.timeout;
         self.end(Cause::RanksLost { lost, size, timeout })
     }

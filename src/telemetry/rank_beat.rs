@@ -1,7 +1,8 @@
-//! `ranks/rank-<r>.json`: the heartbeat of one rank of a data-parallel run
-//! (or of one task of an `exec` job step of several),
-//! rewritten by that rank every tenth of `[distributed] timeout` and read by
-//! the others (`attempt::rank_watch`).
+//! The heartbeat of one rank of a data-parallel run (or of one task of an
+//! `exec` job step of several), rewritten by that rank every tenth of
+//! `[distributed] timeout` into its node's folder on node-local storage, and
+//! carried by its node's writer into `ranks/node-<node>.json`
+//! (`attempt::rank_watch`).
 
 use serde::{Deserialize, Serialize};
 
@@ -25,7 +26,7 @@ pub struct RankBeat {
     pub time: String,
 }
 
-/// The file name of rank `rank`'s heartbeat in `<run dir>/ranks/`.
+/// The file name of rank `rank`'s heartbeat in its node's folder.
 pub fn rank_beat_file(rank: usize) -> String {
     format!("rank-{rank}.json")
 }

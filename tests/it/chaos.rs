@@ -409,14 +409,19 @@ fn exec_command(driver: Driver, run: &Path) -> Command {
     cmd
 }
 
-/// The pids of the `rekindle` ranks of `run` by their heartbeat files, each
-/// checked to be a live process of an attempt in `run` (a stale file's pid
-/// may have been reused).
+/// The pids of the `rekindle` ranks of `run` by their heartbeats (in the
+/// nodes' files, `ranks/node-<node>.json`), each checked to be a live
+/// process of an attempt in `run` (a stale file's pid may have been reused).
 fn rank_pids(run: &Path) -> BTreeMap<u64, Pid> {
     let mut pids = BTreeMap::new();
-    for entry in fs::read_dir(run.join("ranks")).into_iter().flatten().flatten() {
-        let Ok(bytes) = fs::read(entry.path()) else { continue };
-        let Ok(beat) = serde_json::from_slice::<Value>(&bytes) else { continue };
+    let beats = fs::read_dir(run.join("ranks"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("node-"))
+        .filter_map(|e| serde_json::from_slice::<Value>(&fs::read(e.path()).ok()?).ok())
+        .flat_map(|node| node["beats"].as_array().cloned().unwrap_or_default());
+    for beat in beats {
         let (Some(rank), Some(pid)) = (beat["rank"].as_u64(), beat["pid"].as_i64()) else { continue };
         let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let ours = cmdline.split(|b| *b == 0).any(|arg| arg == run.as_os_str().as_encoded_bytes());
@@ -595,7 +600,7 @@ fn wait_stopped_rank(attempt: &mut Attempt, run: &Path, journal: &mut Journal, w
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let beat = fs::read(run.join("ranks/rank-1.json")).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    let beat = crate::distributed::rank_beat(run, 1);
     assert!(
         beat.as_ref().is_some_and(|b| b["done"] == true),
         "{what}: rank 1 was stopped before it said done and the world did not end within 60 s: {beat:?}"

@@ -240,13 +240,7 @@ fn start_until_saved(
     // The victim must also have told the others a completed step in its
     // heartbeat (what a `rank_lost` event reports), which its beat thread
     // writes a fraction of the timeout later than the step itself.
-    let beat = run_dir.join("ranks").join(rekindle::telemetry::rank_beat_file(victim));
-    let beat_has_step = || {
-        std::fs::read(&beat)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .is_some_and(|b| b["step"].is_u64())
-    };
+    let beat_has_step = || rank_beat(run_dir, victim).is_some_and(|b| b["step"].is_u64());
     loop {
         let saved = events_named(run_dir, "checkpoint_saved").len() >= checkpoints;
         if let (true, true, Some(pid)) = (saved, beat_has_step(), rank_pid(run_dir, victim)) {
@@ -256,6 +250,19 @@ fn start_until_saved(
         assert!(t0.elapsed() < within, "fewer than {checkpoints} checkpoint(s) in {within:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Rank `rank`'s newest beat as the others see it: in its node's file,
+/// `<run dir>/ranks/node-<node>.json` (src/attempt/rank_watch.rs).
+pub fn rank_beat(run_dir: &Path, rank: usize) -> Option<Value> {
+    std::fs::read_dir(run_dir.join("ranks"))
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("node-"))
+        .filter_map(|e| serde_json::from_slice::<Value>(&std::fs::read(e.path()).ok()?).ok())
+        .flat_map(|node| node["beats"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["rank"] == rank)
+        .max_by_key(|b| b["seq"].as_u64())
 }
 
 /// The pid of rank `rank` of the run writing `run_dir` (OpenMPI tells each

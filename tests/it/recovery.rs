@@ -125,18 +125,22 @@ fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path, local_
             && nodes.iter().all(|node| committed_on(local_base, node, local))
         {
             // OpenMPI starts ranks outside mpirun's process group: each
-            // rank is killed by the pid its heartbeat names.
-            for beat in std::fs::read_dir(run_dir.join("ranks")).into_iter().flatten().flatten() {
-                let pid = std::fs::read(beat.path())
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                    .and_then(|b| b["pid"].as_i64());
-                if let Some(pid) = pid {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
+            // rank is killed by the pid its heartbeat names (in its node's
+            // file, src/attempt/rank_watch.rs).
+            let pids: Vec<i64> = std::fs::read_dir(run_dir.join("ranks"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("node-"))
+                .filter_map(|e| serde_json::from_slice::<Value>(&std::fs::read(e.path()).ok()?).ok())
+                .flat_map(|node| node["beats"].as_array().cloned().unwrap_or_default())
+                .filter_map(|b| b["pid"].as_i64())
+                .collect();
+            // (One process has no heartbeat: mpirun's process group holds it.)
+            assert!(nodes.len() == 1 || pids.len() == nodes.len(), "every rank's beat names its pid: {pids:?}");
+            for pid in pids {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
             }
             let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
             let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
