@@ -62,6 +62,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::confine::Dir;
 use crate::telemetry::{RankBeat, now_rfc3339, rank_beat_file};
 
 /// The directory of heartbeat files in a run directory.
@@ -200,8 +201,9 @@ pub struct RankWatch {
     wake: Option<std::sync::mpsc::Sender<()>>,
     /// When this rank last beat, for `rekindle bench liveness`.
     last_beat: Arc<Mutex<Instant>>,
-    /// `<run dir>/ranks` and the launch, where the end looks for `done`.
-    dir: PathBuf,
+    /// `<run dir>/ranks`, held open, and the launch: where the end looks
+    /// for `done`.
+    world: Dir,
     session: String,
     rank: usize,
     size: usize,
@@ -221,7 +223,7 @@ impl RankWatch {
         let done = Arc::new(AtomicBool::new(false));
         let handler = Arc::new(Mutex::new(Some(handler)));
         let (rank, size, timeout) = (setup.rank, setup.size, setup.timeout);
-        let (dir, session) = (setup.dir.clone(), setup.session.clone());
+        let session = setup.session.clone();
         let local = match local_dir(&setup.node, &setup.session) {
             Some(dir) => dir,
             None => {
@@ -231,6 +233,10 @@ impl RankWatch {
                 dir
             }
         };
+        // Both folders held open from here: every beat file is reached
+        // through them, never through a link.
+        let (local, shared) = (Dir::open(&local)?, Dir::open(&setup.dir)?);
+        let world = shared.try_clone()?;
         let last_beat = Arc::new(Mutex::new(Instant::now()));
         let mut beater = Beater {
             setup,
@@ -238,6 +244,7 @@ impl RankWatch {
             pulse: pulse.clone(),
             done: Arc::clone(&done),
             local,
+            shared,
             own: None,
             started: Instant::now(),
             node_peers: std::collections::BTreeMap::new(),
@@ -273,7 +280,7 @@ impl RankWatch {
             thread: Some(thread),
             wake: Some(wake),
             last_beat,
-            dir,
+            world,
             session,
             rank,
             size,
@@ -324,7 +331,7 @@ impl RankWatch {
         // seconds (the ranks end together, and a run must not end a beat
         // late), then once a beat (a slow one costs little while it is
         // waited for).
-        let world = || read_world(&self.dir, &self.session, self.size);
+        let world = || read_world_at(&self.world, &self.session, self.size);
         let said_done =
             |w: &[Option<RankBeat>], r: &usize| w.get(*r).is_some_and(|b| b.as_ref().is_some_and(|b| b.done));
         let started = Instant::now();
@@ -390,8 +397,10 @@ struct Beater {
     seq: u64,
     pulse: Pulse,
     done: Arc<AtomicBool>,
-    /// This node's beats: node-local storage ([`local_dir`]).
-    local: PathBuf,
+    /// This node's beats: node-local storage ([`local_dir`]), held open.
+    local: Dir,
+    /// `<run dir>/ranks`, held open.
+    shared: Dir,
     /// This rank's newest beat.
     own: Option<RankBeat>,
     /// When the watch began.
@@ -509,13 +518,14 @@ fn local_dir(node: &str, session: &str) -> Option<PathBuf> {
 /// Removes the beat folders of launches a day old (best effort: they are
 /// a few hundred bytes a rank, and a node may host thousands of launches).
 fn forget_old_launches(private: &Path) {
-    let Ok(entries) = std::fs::read_dir(private) else { return };
+    let Ok(private) = Dir::open(private) else { return };
+    let Ok(entries) = private.entries("") else { return };
     let day = Duration::from_secs(24 * 3600);
-    for entry in entries.flatten() {
-        let old = entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
-        let is_beats = entry.file_name().to_string_lossy().starts_with("beats-");
-        if is_beats && entry.file_type().is_ok_and(|t| t.is_dir()) && old.is_some_and(|age| age > day) {
-            let _ = std::fs::remove_dir_all(entry.path());
+    for entry in entries.into_iter().filter(|e| e.kind.is_dir() && e.name_lossy().starts_with("beats-")) {
+        let age =
+            private.symlink_metadata(&entry.name).ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|age| age > day) {
+            let _ = private.remove_dir_all(&entry.name);
         }
     }
 }
@@ -543,7 +553,7 @@ impl Beater {
                     by: self.setup.rank,
                     lost: lost.iter().map(LostRank::of).collect(),
                 };
-                if let Err(e) = write_json(&self.setup.dir, LOST_FILE, &record, true) {
+                if let Err(e) = write_json(&self.shared, LOST_FILE, &record, true) {
                     tracing::warn!(error = %e, "cannot publish the ranks found lost; the others find them themselves or end with the world");
                 }
             }
@@ -575,13 +585,11 @@ impl Beater {
         // replaced long before the sweepers would call its node lost.
         let fresh = |r: &usize, p: &Peer| *r == me || now.saturating_duration_since(p.changed_at) <= timeout / 2;
         let writer = node_peers.iter().filter(|(r, p)| fresh(r, p)).map(|(r, _)| *r).chain([me]).min();
-        let shared = self.setup.dir.clone();
-        let shared = &shared;
         if writer == Some(me) {
             self.write_node(now);
             // The verdict and the deputy, for this node's ranks.
             for name in [LOST_FILE, WATCH_FILE] {
-                if let Some(bytes) = read_small(shared, name, true) {
+                if let Some(bytes) = read_small(&self.shared, name, true) {
                     let _ = write_bytes(&self.local, name, &bytes, false);
                 }
             }
@@ -605,7 +613,7 @@ impl Beater {
             return None;
         }
         let swept = Instant::now();
-        for beat in read_world_beats(shared, &session) {
+        for beat in read_world_beats(&self.shared, &session) {
             if let Some(peer) = world_peers.get_mut(beat.rank) {
                 peer.observe(Some(beat), &session, now);
             }
@@ -623,7 +631,7 @@ impl Beater {
                 .or((self.setup.size > 1).then_some(1));
             if chosen.is_some() && chosen != *deputy {
                 let record = WatchRecord { session: session.clone(), deputy: chosen.unwrap_or(1) };
-                if write_json(shared, WATCH_FILE, &record, true).is_ok() {
+                if write_json(&self.shared, WATCH_FILE, &record, true).is_ok() {
                     *deputy = chosen;
                 }
             }
@@ -659,7 +667,7 @@ impl Beater {
             beats: self.node_peers.values().filter_map(|p| p.beat.clone()).collect(),
             time: now_rfc3339(),
         };
-        if let Err(e) = write_json(&self.setup.dir, &node_beat_file(&self.setup.node), &node, true) {
+        if let Err(e) = write_json(&self.shared, &node_beat_file(&self.setup.node), &node, true) {
             tracing::warn!(error = %e, "cannot write this node's heartbeats");
         }
     }
@@ -681,7 +689,7 @@ impl Beater {
         if let Err(e) = write_json(&self.local, &rank_beat_file(beat.rank), &beat, false) {
             // Not fatal here: if it lasts, the others call this rank lost,
             // which is what a rank cut off from its node's beats is.
-            tracing::warn!(error = %e, dir = %self.local.display(), "cannot write this rank's heartbeat");
+            tracing::warn!(error = %e, dir = %self.local.path().display(), "cannot write this rank's heartbeat");
         }
         self.own = Some(beat);
     }
@@ -690,70 +698,66 @@ impl Beater {
 /// Writes `value` as `<dir>/<name>` through a rename, so that a reader never
 /// sees half a file; counted as `shared` storage or not. Not synced: a beat
 /// is worth nothing after a crash of the node that wrote it.
-fn write_json(dir: &Path, name: &str, value: &impl Serialize, shared: bool) -> std::io::Result<()> {
+fn write_json(dir: &Dir, name: &str, value: &impl Serialize, shared: bool) -> std::io::Result<()> {
     // Through a JSON value: keys in alphabetical order, as in every file.
     let value = serde_json::to_value(value).map_err(std::io::Error::other)?;
     let bytes = serde_json::to_vec(&value).map_err(std::io::Error::other)?;
     write_bytes(dir, name, &bytes, shared)
 }
 
-fn write_bytes(dir: &Path, name: &str, bytes: &[u8], shared: bool) -> std::io::Result<()> {
+/// Through the directory's handle (`confine::Dir`): created `O_EXCL`, never
+/// through a link, renamed over the name.
+fn write_bytes(dir: &Dir, name: &str, bytes: &[u8], shared: bool) -> std::io::Result<()> {
     count(shared, 3);
     // Named by the process and the writing thread: ranks are processes, but
     // a benchmark runs many in one, and two writers of a node's file may
     // overlap while one takes over from another.
-    let tmp = dir
-        .join(format!(".{name}.{}.{:?}.tmp", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""));
-    // A fresh file (O_EXCL never follows a link left by that name).
-    let _ = std::fs::remove_file(&tmp);
-    std::io::Write::write_all(&mut std::fs::File::options().write(true).create_new(true).open(&tmp)?, bytes)?;
-    std::fs::rename(&tmp, dir.join(name))
+    let tmp = format!(".{name}.{}.{:?}.tmp", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
+    // A leftover of a killed writer by this name goes first.
+    let _ = dir.remove_file(&tmp);
+    std::io::Write::write_all(&mut dir.create_new(&tmp, 0o644)?, bytes)?;
+    dir.rename(&tmp, name)
 }
 
 fn count(shared: bool, n: u64) {
     if shared { io_counts::shared(n) } else { io_counts::local(n) }
 }
 
-/// `<dir>/<name>`, bounded and never through a link (crate::confine):
-/// beats are ~200 bytes, a node's a few KiB.
-fn read_small(dir: &Path, name: &str, shared: bool) -> Option<Vec<u8>> {
+/// `<dir>/<name>`, bounded, a regular file reached without a link: beats
+/// are ~200 bytes, a node's a few KiB.
+fn read_small(dir: &Dir, name: &str, shared: bool) -> Option<Vec<u8>> {
     count(shared, 1);
-    crate::confine::read_bounded(&dir.join(name), 4 << 20).ok()
+    dir.read_bounded(name, 4 << 20).ok()
 }
 
-fn read_json<T: for<'a> Deserialize<'a>>(dir: &Path, name: &str, shared: bool) -> Option<T> {
+fn read_json<T: for<'a> Deserialize<'a>>(dir: &Dir, name: &str, shared: bool) -> Option<T> {
     serde_json::from_slice(&read_small(dir, name, shared)?).ok()
 }
 
-/// The beats of launch `session` in the node-local folder `dir`.
-fn read_local_beats(dir: &Path, session: &str) -> Vec<RankBeat> {
-    count(false, 1);
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+/// Every `<prefix>*.json` regular file of `dir` read as a `T` (one listing,
+/// one read a file; what cannot be read or parsed is left out).
+fn read_all<T: for<'a> Deserialize<'a>>(dir: &Dir, prefix: &str, shared: bool) -> Vec<T> {
+    count(shared, 1);
+    let Ok(entries) = dir.entries("") else { return Vec::new() };
     entries
-        .flatten()
-        .filter(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with("rank-") && name.ends_with(".json")
-        })
-        .filter_map(|e| read_json::<RankBeat>(dir, &e.file_name().to_string_lossy(), false))
-        .filter(|b| b.session == session)
+        .into_iter()
+        .filter(|e| e.kind.is_file())
+        .map(|e| e.name_lossy())
+        .filter(|name| name.starts_with(prefix) && name.ends_with(".json"))
+        .filter_map(|name| read_json(dir, &name, shared))
         .collect()
+}
+
+/// The beats of launch `session` in the node-local folder `dir`.
+fn read_local_beats(dir: &Dir, session: &str) -> Vec<RankBeat> {
+    read_all::<RankBeat>(dir, "rank-", false).into_iter().filter(|b| b.session == session).collect()
 }
 
 /// Every beat of launch `session` in the nodes' files of `<run dir>/ranks`
 /// (`dir`): one listing and one read a node.
-fn read_world_beats(dir: &Path, session: &str) -> Vec<RankBeat> {
-    count(true, 1);
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries
-        .flatten()
-        .filter(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with(NODE_PREFIX) && name.ends_with(".json")
-        })
-        .filter_map(|e| read_json::<NodeBeat>(dir, &e.file_name().to_string_lossy(), true))
+fn read_world_beats(dir: &Dir, session: &str) -> Vec<RankBeat> {
+    read_all::<NodeBeat>(dir, NODE_PREFIX, true)
+        .into_iter()
         .filter(|n| n.session == session)
         .flat_map(|n| n.beats)
         .filter(|b| b.session == session)
@@ -765,6 +769,14 @@ fn read_world_beats(dir: &Path, session: &str) -> Vec<RankBeat> {
 /// that looks at the world once in a while reads (`exec`'s settle), one
 /// listing and one read a node.
 pub fn read_world(dir: &Path, session: &str, size: usize) -> Vec<Option<RankBeat>> {
+    match Dir::open(dir) {
+        Ok(held) => read_world_at(&held, session, size),
+        Err(_) => vec![None; size],
+    }
+}
+
+/// [`read_world`] of the `ranks` directory held as `dir`.
+fn read_world_at(dir: &Dir, session: &str, size: usize) -> Vec<Option<RankBeat>> {
     let mut world: Vec<Option<RankBeat>> = vec![None; size];
     for beat in read_world_beats(dir, session) {
         if let Some(slot) = world.get_mut(beat.rank)
@@ -848,6 +860,7 @@ mod tests {
     #[test]
     fn node_file_keys_are_alphabetical_and_the_world_reads_back_the_newest_beat_of_each_rank() {
         let dir = tempfile::tempdir().unwrap();
+        let held = Dir::open(dir.path()).unwrap();
         let (older, newer) = (beat(3, "s", false), beat(4, "s", true));
         let node = |writer, beats: Vec<RankBeat>| NodeBeat {
             session: "s".into(),
@@ -856,13 +869,13 @@ mod tests {
             beats,
             time: String::new(),
         };
-        write_json(dir.path(), &node_beat_file("n2"), &node(1, vec![newer.clone()]), true).unwrap();
+        write_json(&held, &node_beat_file("n2"), &node(1, vec![newer.clone()]), true).unwrap();
         // Another node's file still holding an older copy (a writer that
         // was replaced), and one of an earlier launch.
-        write_json(dir.path(), &node_beat_file("n2 old"), &node(1, vec![older]), true).unwrap();
+        write_json(&held, &node_beat_file("n2 old"), &node(1, vec![older]), true).unwrap();
         let mut other = node(0, vec![RankBeat { rank: 0, session: "earlier".into(), ..beat(9, "earlier", false) }]);
         other.session = "earlier".into();
-        write_json(dir.path(), &node_beat_file("n1"), &other, true).unwrap();
+        write_json(&held, &node_beat_file("n1"), &other, true).unwrap();
         let text = std::fs::read_to_string(dir.path().join(node_beat_file("n2"))).unwrap();
         assert_eq!(crate::telemetry::first_unsorted_key(&text), None, "{text}");
         assert_eq!(node_beat_file("n2 old"), "node-n2_old.json");
