@@ -179,7 +179,8 @@ test-under-load:
 	$(MAKE) -s skip-summary; exit $$rc
 
 ## fuzz: the fuzz tests of every reader (src/fuzz.rs) with many more cases
-## than `make test` runs (64 each); FUZZ_CASES=N to choose, bounded by FUZZ_TIMEOUT
+## than `make test` runs (64 each, from a fixed seed) and a random seed
+## (PROPTEST_RNG_SEED=N repeats one); FUZZ_CASES=N to choose, bounded by FUZZ_TIMEOUT
 FUZZ_CASES ?= 5000
 FUZZ_TIMEOUT ?= 1800
 fuzz:

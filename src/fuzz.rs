@@ -20,6 +20,14 @@
 //! Case counts: [`config`] runs [`DEFAULT_CASES`] per test so that all of
 //! them together take seconds in a debug build; `PROPTEST_CASES=N` raises it
 //! (e.g. for a longer fuzzing session).
+//!
+//! Seeds: the default run (`make test`, CI) draws its cases from a fixed
+//! seed, [`DEFAULT_SEED`], so it tests the same inputs every time and a
+//! red run is a change's doing, not the draw's (a random seed once failed
+//! one landing in ten on a redaction shape no change had touched). Finding
+//! new inputs is `make fuzz`'s job: with `PROPTEST_CASES` set the seed is
+//! random unless `PROPTEST_RNG_SEED` names one, and what it finds becomes
+//! a named regression test beside the fix.
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -27,11 +35,17 @@ use proptest::test_runner::Config;
 /// Cases per fuzz test when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 64;
 
+/// The seed of the default run's cases (module header, Seeds).
+pub const DEFAULT_SEED: u64 = 0x7265_6b69_6e64_6c65;
+
 /// The proptest configuration of every fuzz test.
 pub fn config() -> Config {
     let mut c = Config::default();
     if std::env::var_os("PROPTEST_CASES").is_none() {
         c.cases = DEFAULT_CASES;
+        if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+            c.rng_seed = proptest::test_runner::RngSeed::Fixed(DEFAULT_SEED);
+        }
     }
     // A failing case is reported with its minimal input; no regression files
     // are written into the source tree (a named regression test is added

@@ -84,7 +84,15 @@ impl StreamRedactor<'_> {
                 return line.to_string();
             }
             if pending.first || indent > pending.indent {
-                self.pending = (indent > pending.indent).then_some(Pending { indent: pending.indent, first: false });
+                // The value's lines go on while they are deeper than the
+                // key; a first line less deep than the key (a prefix before
+                // the key, not YAML) sets the depth the rest keep.
+                let deeper = match indent.cmp(&pending.indent) {
+                    std::cmp::Ordering::Greater => Some(pending.indent),
+                    _ if pending.first && indent > 0 && indent < pending.indent => Some(indent - 1),
+                    _ => None,
+                };
+                self.pending = deeper.map(|indent| Pending { indent, first: false });
                 return format!("{}{MASK}", &line[..indent]);
             }
             self.pending = None;
@@ -189,10 +197,9 @@ impl Redactor {
         let mut i = 0;
         while i < bytes.len() {
             if matches!(bytes[i], b'=' | b':')
-                && let Some(value) = self.assigned_value(text, i)
+                && let Some((value, resume)) = self.assigned_value(text, i)
             {
-                // The value was scanned once; the scan goes on past it.
-                i = value.end.max(i + 1);
+                i = resume.max(i + 1);
                 spans.push(value);
                 continue;
             }
@@ -220,8 +227,14 @@ impl Redactor {
     }
 
     /// The value assigned at the separator `sep` (`=`, `=>` or `:`) to a
-    /// secret name.
-    fn assigned_value(&self, text: &str, sep: usize) -> Option<Range<usize>> {
+    /// secret name, and where the scan for assignments goes on. A bare
+    /// value was scanned once: the scan goes on past it. A quoted value may
+    /// have been closed by a quote that opens a string inside a longer
+    /// value (`token=' Cfg(api_key=S('X'))` takes ` Cfg(api_key=S(`), and
+    /// an authorization's credential may be the next assignment's name
+    /// (`token= token => "X"`): the scan goes on inside them. Each quote
+    /// closes one quoted scan, so that stays linear.
+    fn assigned_value(&self, text: &str, sep: usize) -> Option<(Range<usize>, usize)> {
         let bytes = text.as_bytes();
         let next = bytes.get(sep + 1).copied();
         // `==`, `::`, `:=` and the `://` of a URL assign nothing.
@@ -244,10 +257,12 @@ impl Redactor {
             let cred = skip_blanks(bytes, value.end);
             if cred > value.end && cred < bytes.len() {
                 // `None` when it is masked already.
-                return value_at(text, cred);
+                return value_at(text, cred).map(|v| (v, cred));
             }
         }
-        Some(value)
+        let quoted = value.start > 0 && matches!(bytes[value.start - 1], b'"' | b'\'');
+        let resume = if quoted { value.start } else { value.end };
+        Some((value, resume))
     }
 
     /// Whether `line` ends with a secret name and a `:` whose value is on
@@ -825,6 +840,18 @@ mod tests {
     }
 
     #[test]
+    fn an_assignment_inside_a_quoted_value_cut_short_is_found() {
+        // Found by the fuzz test: `token='` took ` Config(api_key=SecretStr(`
+        // as its value and the scan went on past it, so `X` survived.
+        assert_eq!(text("token=' Config(api_key=SecretStr('X'), lr=1)"), "token='***, lr=1)");
+        // Errs towards hiding: the inner `token="` opens a quote to the end.
+        assert_eq!(text("password=\"a token=\" b"), "password=\"***\"***");
+        // `token` is also an authorization scheme: its credential `=>` is
+        // masked and the scan goes on to the assignment it begins.
+        assert_eq!(text("token= token => \"X\""), "token= token ***> \"***\"");
+    }
+
+    #[test]
     fn a_bare_value_goes_on_past_a_delimiter_that_does_not_end_it() {
         assert_eq!(text("password=abc;X"), "password=***");
         assert_eq!(text("password=abc;X rest"), "password=*** rest");
@@ -858,6 +885,9 @@ mod tests {
         assert_eq!(lines.line("  X"), "  ***");
         assert_eq!(lines.line("lr: 3"), "lr: 3");
         assert_eq!(lines.line("  not a value"), "  not a value");
+        // A prefix deeper than the value (found by the stream fuzz test):
+        // the value's first line sets how deep the rest are.
+        assert_eq!(text("     api_key: |\n    X\n    X\nlr: 3"), "     api_key: |\n    ***\n    ***\nlr: 3");
         for plain in ["config:\n  lr: 3", "tokens:\n  512", "token: x\n  y"] {
             assert_eq!(text(plain), plain.replace("token: x", "token: ***"));
         }
