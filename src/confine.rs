@@ -36,8 +36,10 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 
+pub mod atomic;
 mod dir;
-pub use dir::{Dir, Entry, Kind};
+pub use atomic::{TempFile, write_atomically};
+pub use dir::{Dir, Entry, Kind, is_link_refusal};
 
 /// The file that marks a directory as rekindle's own.
 pub const MARKER_FILE: &str = ".rekindle";

@@ -186,14 +186,17 @@ pub(crate) fn last_logged_step(path: &Path) -> Option<u64> {
 pub(crate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
     use std::io::{BufRead, Read, Write};
     let fail = |source| RunError::RunDir { path: path.to_path_buf(), source };
-    // Never through a symlink or FIFO in its place (crate::confine).
-    let file = match crate::confine::open_regular(path) {
+    let name = path.file_name().ok_or_else(|| fail(std::io::Error::other("names no file")))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // Through the run directory's handle: never through a symlink or FIFO
+    // in its place (docs/run-directory.md, Trust boundaries).
+    let dir = crate::confine::Dir::open(dir).map_err(fail)?;
+    let file = match dir.open_read(name) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(source) => return Err(fail(source)),
     };
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut kept = std::io::BufWriter::new(crate::rundir::atomic::shared_tempfile(".tmp", dir).map_err(fail)?);
+    let mut kept = std::io::BufWriter::new(crate::confine::TempFile::new_in(&dir, ".tmp").map_err(fail)?);
     let mut reader = std::io::BufReader::new(file);
     let (mut line, mut dropped) = (Vec::new(), false);
     loop {
@@ -228,8 +231,7 @@ pub(crate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
     }
     if dropped {
         let tmp = kept.into_inner().map_err(|e| fail(e.into_error()))?;
-        tmp.as_file().sync_all().map_err(fail)?;
-        tmp.persist(path).map_err(|e| fail(e.error))?;
+        tmp.persist(name).map_err(fail)?;
     }
     Ok(())
 }

@@ -47,8 +47,9 @@ pub enum Kind {
     Dir,
     File,
     Symlink,
-    /// A FIFO, socket, device or anything else.
-    Other,
+    /// A FIFO, socket, device or anything else: what it is, in words
+    /// (`"a FIFO"`, `"a socket"`, `"a device"`).
+    Other(&'static str),
 }
 
 /// An entry of [`Dir::entries`].
@@ -167,6 +168,14 @@ impl Dir {
         self.regular(rel, File::from(fd))
     }
 
+    /// Opens `rel` for reading whatever it is, never blocking (a FIFO or a
+    /// device too): for a caller that says what it found on the open handle
+    /// (`fstat`), as publishing does. Links are refused as everywhere.
+    pub fn open_read_any(&self, rel: impl AsRef<Path>) -> io::Result<File> {
+        let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+        Ok(File::from(self.open_beneath(rel.as_ref(), flags, Mode::empty())?))
+    }
+
     /// The whole of `rel`, a regular file of at most `limit` bytes.
     pub fn read_bounded(&self, rel: impl AsRef<Path>, limit: u64) -> io::Result<Vec<u8>> {
         let rel = rel.as_ref();
@@ -210,6 +219,23 @@ impl Dir {
             io::Error::new(
                 io::Error::from(e).kind(),
                 format!("cannot rename {} to {}: {e}", self.shown(from).display(), self.shown(to).display()),
+            )
+        })
+    }
+
+    /// Makes `to` a second name of the file `from` (both below this
+    /// directory; `from` is not followed if it is a link). `AlreadyExists`
+    /// when something is at `to`: the one exclusive create that works on
+    /// every shared filesystem (NFS included), for a file written whole
+    /// under a temporary name first.
+    pub fn hard_link(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        let (from, to) = (from.as_ref(), to.as_ref());
+        let (from_parent, from_name) = self.parent_of(from)?;
+        let (to_parent, to_name) = self.parent_of(to)?;
+        nix::unistd::linkat(&from_parent, from_name, &to_parent, to_name, AtFlags::empty()).map_err(|e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("cannot link {} to {}: {e}", self.shown(to).display(), self.shown(from).display()),
             )
         })
     }
@@ -343,12 +369,12 @@ impl Dir {
         match e.raw_os_error() {
             Some(code) if code == Errno::ELOOP as i32 => io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
+                LinkRefused(format!(
                     "{} is, or passes through, a symbolic link: rekindle reaches what is below {} only without \
                      following links; remove the link (rekindle recreates what it needs)",
                     shown.display(),
                     self.path.display()
-                ),
+                )),
             ),
             Some(code) if code == Errno::EXDEV as i32 => io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -361,6 +387,24 @@ impl Dir {
             _ => with_path(&shown.display().to_string(), e),
         }
     }
+}
+
+/// The error of a path refused because a symbolic link is on it.
+#[derive(Debug)]
+struct LinkRefused(String);
+
+impl std::fmt::Display for LinkRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LinkRefused {}
+
+/// Whether `e` is a [`Dir`]'s refusal of a symbolic link on the way (in any
+/// component, the last one included).
+pub fn is_link_refusal(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<LinkRefused>())
 }
 
 fn with_path(shown: &str, e: io::Error) -> io::Error {
@@ -415,7 +459,9 @@ fn kind_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Kind> {
         nix::libc::S_IFDIR => Kind::Dir,
         nix::libc::S_IFREG => Kind::File,
         nix::libc::S_IFLNK => Kind::Symlink,
-        _ => Kind::Other,
+        nix::libc::S_IFIFO => Kind::Other("a FIFO"),
+        nix::libc::S_IFSOCK => Kind::Other("a socket"),
+        _ => Kind::Other("a device"),
     })
 }
 
@@ -626,6 +672,6 @@ mod tests {
         nix::unistd::mkfifo(&dir.shown("fifo"), Mode::S_IRWXU).unwrap();
         assert!(dir.read_bounded("fifo", 10).unwrap_err().to_string().contains("is a FIFO"));
         assert!(dir.open_append("fifo").unwrap_err().to_string().contains("is a FIFO"));
-        assert_eq!(dir.entries("").unwrap().iter().find(|e| e.name == "fifo").unwrap().kind, Kind::Other);
+        assert_eq!(dir.entries("").unwrap().iter().find(|e| e.name == "fifo").unwrap().kind, Kind::Other("a FIFO"));
     }
 }

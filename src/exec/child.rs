@@ -286,16 +286,30 @@ fn take_stop(signal: SignalStop, cfg: &Config, env: &ChildEnv, events: &mut Even
 /// wrote first. The file appears whole or not at all (a temporary file,
 /// hard-linked into place: the link fails if the name exists), so that the
 /// supervisors of one job step agree on one deadline.
+///
+/// Everything goes through the run directory's handle: the temporary file
+/// is created `O_EXCL` (a link or a file a program left at its name is
+/// never written through) and the stop file is read back without
+/// following a link.
 fn publish_stop(path: &std::path::Path, notice: &StopNotice) -> std::io::Result<Option<StopNotice>> {
+    use std::io::Write;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let tmp = dir.join(format!(".stop-{}.tmp", std::process::id()));
-    std::fs::write(&tmp, notice.to_bytes()).and_then(|()| std::fs::File::open(&tmp)?.sync_all())?;
-    let linked = std::fs::hard_link(&tmp, path);
-    let _ = std::fs::remove_file(&tmp);
+    let name = path.file_name().ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
+    let dir = crate::confine::Dir::open(dir)?;
+    let tmp = format!(".stop-{}.tmp", std::process::id());
+    // A leftover of a process with this id before (a crash between the
+    // write and the removal) is rekindle's own name: it goes first.
+    let _ = dir.remove_file(&tmp);
+    let written = dir.create_new(&tmp, 0o666).and_then(|mut f| {
+        f.write_all(&notice.to_bytes())?;
+        f.sync_all()
+    });
+    let linked = written.and_then(|()| dir.hard_link(&tmp, name));
+    let _ = dir.remove_file(&tmp);
     match linked {
-        Ok(()) => std::fs::File::open(dir)?.sync_all().map(|()| None),
+        Ok(()) => dir.sync().map(|()| None),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let bytes = crate::confine::read_bounded(path, 1 << 16)?;
+            let bytes = dir.read_bounded(name, 1 << 16)?;
             serde_json::from_slice(&bytes).map(Some).map_err(std::io::Error::other)
         }
         Err(e) => Err(e),

@@ -199,7 +199,7 @@ fn lead(
     for leftover in store.reset_staging()? {
         tracing::warn!(path = %leftover.display(), "removed a staged checkpoint that was never sealed");
     }
-    let _ = std::fs::remove_file(contract::stop_file(&dir.root));
+    let _ = crate::confine::Dir::open(&dir.root).and_then(|root| root.remove_file(contract::STOP_FILE));
     let monitor = devices::start_job_monitor(&cfg, &dir);
     let mut env = ChildEnv {
         run_dir: absolute(&dir.root),

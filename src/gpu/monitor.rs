@@ -231,11 +231,9 @@ impl Drop for Monitor {
 
 fn open_stats(path: &Path) -> Result<File, GpuError> {
     let failed = |source| GpuError::StatsWrite { path: path.to_path_buf(), source };
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(failed)?;
-    }
-    // Never through a symlink left in its place (docs/run-directory.md).
-    crate::confine::open_append(path).map_err(failed)
+    // In the claimed run directory, through its handle: never through a
+    // symlink left in its place (docs/run-directory.md, Trust boundaries).
+    crate::telemetry::open_in_dir(path).map_err(failed)
 }
 
 fn run(
@@ -348,6 +346,8 @@ mod tests {
     }
 
     fn settings(dir: &Path) -> MonitorSettings {
+        // The run directory exists (claimed) before its monitor starts.
+        std::fs::create_dir_all(dir.join("run")).unwrap();
         let mut s = MonitorSettings::new(dir.join("run/gpu_stats.jsonl"), dir, Duration::from_millis(5));
         s.low_utilization_samples = 3;
         s

@@ -1,16 +1,17 @@
 //! The run directory as publishing reads it; what to take is `select.rs`'s
-//! decision, this is the I/O:
+//! decision, this is the I/O, all of it through one handle of the run
+//! directory ([`crate::confine::Dir`], opened once per publish):
 //!
-//! - the walk lists directories without following a symbolic link (entry
-//!   types as listed, never `stat`ed through a link) and enters only those
+//! - the walk lists directories through that handle without following a
+//!   symbolic link (entry types as `lstat` sees them) and enters only those
 //!   a pattern reaches into;
-//! - each read reaches its file one component at a time from the run
-//!   directory down (`openat` with `O_NOFOLLOW`, so a directory swapped for
-//!   a link after the walk is refused too), opens it with `O_NONBLOCK` and
-//!   checks on the open handle that it is a regular file (a FIFO never
-//!   blocks a publish), admits it by the size that handle reports, and
-//!   reads at most `[publish] max_file_mib` of it (a file growing meanwhile
-//!   cannot make it read more);
+//! - each read reaches its file from the handle with no link in any
+//!   component (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, so a
+//!   directory swapped for a link after the walk is refused too), opens it
+//!   with `O_NONBLOCK` and checks on the open handle that it is a regular
+//!   file (a FIFO never blocks a publish), admits it by the size that handle
+//!   reports, and reads at most `[publish] max_file_mib` of it (a file
+//!   growing meanwhile cannot make it read more);
 //! - a file with other hard links is refused: its contents are the same
 //!   inode as a file under another name, which may lie outside the run
 //!   directory (a private key, another user's data: a hard link, unlike a
@@ -20,17 +21,12 @@
 
 use std::cell::OnceCell;
 use std::collections::HashSet;
-use std::fs::{File, FileType};
+use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use nix::errno::Errno;
-use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::Mode;
-
-use crate::confine;
+use crate::confine::{self, Dir, Kind};
 use crate::telemetry::RefusedFile;
 
 use super::select::{CHECKPOINT_REASON, Decision, EntryKind, SYMLINK_REASON, Selection, admit};
@@ -42,66 +38,64 @@ pub(super) const HARD_LINK_REASON: &str = "a file with other hard links: its oth
 /// The files of the run directory `root` that `selection` takes (paths
 /// relative to it, `/`-separated, sorted), and the entries it refuses. An
 /// error only when `root` itself cannot be listed.
-pub(super) fn walk(root: &Path, selection: &Selection) -> io::Result<(Vec<String>, Vec<RefusedFile>)> {
+pub(super) fn walk(root: &Dir, selection: &Selection) -> io::Result<(Vec<String>, Vec<RefusedFile>)> {
     let (mut taken, mut refused) = (Vec::new(), Vec::new());
-    let entries = sorted_entries(root)?;
-    walk_entries(entries, &mut Vec::new(), selection, &mut taken, &mut refused);
+    let entries = sorted_entries(root, "")?;
+    walk_entries(root, entries, &mut Vec::new(), selection, &mut taken, &mut refused);
     Ok((taken, refused))
 }
 
-fn sorted_entries(dir: &Path) -> io::Result<Vec<std::fs::DirEntry>> {
-    let mut entries = std::fs::read_dir(dir)?.collect::<io::Result<Vec<_>>>()?;
-    entries.sort_by_key(|e| e.file_name());
+fn sorted_entries(root: &Dir, rel: &str) -> io::Result<Vec<confine::Entry>> {
+    let mut entries = root.entries(rel)?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(entries)
 }
 
 fn walk_entries(
-    entries: Vec<std::fs::DirEntry>,
+    root: &Dir,
+    entries: Vec<confine::Entry>,
     rel: &mut Vec<String>,
     selection: &Selection,
     taken: &mut Vec<String>,
     refused: &mut Vec<RefusedFile>,
 ) {
     for entry in entries {
-        let name = entry.file_name();
-        rel.push(name.to_string_lossy().into_owned());
+        rel.push(entry.name_lossy());
         let shown = rel.join("/");
-        let kind = entry.file_type().map_or(EntryKind::Other("unreadable"), entry_kind);
         let parts: Vec<&str> = rel.iter().map(String::as_str).collect();
         let mut refuse = |reason: String| refused.push(RefusedFile { file: shown.clone(), reason });
-        match selection.decide(&parts, kind) {
+        match selection.decide(&parts, entry_kind(entry.kind)) {
             Decision::Skip => {}
             Decision::Refuse(reason) => refuse(reason),
-            _ if name.to_str().is_none() => refuse("its name is not valid UTF-8".into()),
+            _ if entry.name.to_str().is_none() => refuse("its name is not valid UTF-8".into()),
             Decision::Take => taken.push(shown.clone()),
-            Decision::Descend => match sorted_entries(&entry.path()) {
-                Ok(entries) => walk_entries(entries, rel, selection, taken, refused),
-                Err(e) => refuse(format!("cannot list this directory: {e}")),
+            Decision::Descend => match sorted_entries(root, &shown) {
+                Ok(entries) => walk_entries(root, entries, rel, selection, taken, refused),
+                Err(e) => refuse(format!("cannot list this directory: {}", reason_of(&e))),
             },
         }
         rel.pop();
     }
 }
 
-fn entry_kind(t: FileType) -> EntryKind {
-    if t.is_symlink() {
-        EntryKind::Symlink
-    } else if t.is_dir() {
-        EntryKind::Dir
-    } else if t.is_file() {
-        EntryKind::File
-    } else if t.is_fifo() {
-        EntryKind::Other("a FIFO")
-    } else if t.is_socket() {
-        EntryKind::Other("a socket")
-    } else {
-        EntryKind::Other("a device")
+fn entry_kind(kind: Kind) -> EntryKind {
+    match kind {
+        Kind::Symlink => EntryKind::Symlink,
+        Kind::Dir => EntryKind::Dir,
+        Kind::File => EntryKind::File,
+        Kind::Other(what) => EntryKind::Other(what),
     }
 }
 
+/// What an error of the handle says, in publishing's words: a link on the
+/// way is [`SYMLINK_REASON`].
+fn reason_of(e: &io::Error) -> String {
+    if confine::is_link_refusal(e) { SYMLINK_REASON.to_string() } else { e.to_string() }
+}
+
 /// Reads what publishing copies, each file checked on its open handle.
-pub(super) struct Reader<'a> {
-    root: &'a Path,
+pub(super) struct Reader {
+    root: Dir,
     max_bytes: u64,
     /// Where checkpoint files live (`checkpoints/`, `[checkpoint] dir`).
     checkpoint_dirs: Vec<PathBuf>,
@@ -109,25 +103,33 @@ pub(super) struct Reader<'a> {
     checkpoint_files: OnceCell<HashSet<(u64, u64)>>,
 }
 
-impl<'a> Reader<'a> {
-    pub(super) fn new(root: &'a Path, max_bytes: u64, checkpoint_dirs: Vec<PathBuf>) -> Reader<'a> {
+impl Reader {
+    pub(super) fn new(root: Dir, max_bytes: u64, checkpoint_dirs: Vec<PathBuf>) -> Reader {
         Reader { root, max_bytes, checkpoint_dirs, checkpoint_files: OnceCell::new() }
     }
 
     /// The bytes of the run-directory file `rel` (as the walk found it), or
     /// why it is not published.
     pub(super) fn read_inside(&self, rel: &str) -> Result<Vec<u8>, String> {
-        let file = open_inside(self.root, rel)?;
+        let file = self.root.open_read_any(rel).map_err(|e| match reason_of(&e) {
+            link if confine::is_link_refusal(&e) => link,
+            _ => format!("cannot open it: {e}"),
+        })?;
         self.read_checked(rel, file, true)
     }
 
     /// The bytes of the newest checkpoint's manifest, published as `rel`;
     /// `Ok(None)` when it is gone.
     pub(super) fn read_manifest(&self, rel: &str, path: &Path) -> Result<Option<Vec<u8>>, String> {
-        match confine::open_regular(path) {
+        // Its checkpoint's directory as a handle, the file read through it.
+        let opened = match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) => Dir::open(dir).and_then(|dir| dir.open_read_any(name)),
+            _ => return Err(format!("{} names no file", path.display())),
+        };
+        match opened {
             Ok(file) => self.read_checked(rel, file, false).map(Some),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(reason_of(&e)),
         }
     }
 
@@ -156,22 +158,25 @@ impl<'a> Reader<'a> {
         self.checkpoint_files.get_or_init(|| {
             let mut ids = HashSet::new();
             for dir in &self.checkpoint_dirs {
-                file_ids_under(dir, &mut ids);
+                if let Ok(dir) = Dir::open(dir) {
+                    file_ids_under(&dir, Path::new(""), &mut ids);
+                }
             }
             ids
         })
     }
 }
 
-/// (device, inode) of every regular file under `dir`, links not followed;
-/// what cannot be listed is left out.
-fn file_ids_under(dir: &Path, ids: &mut HashSet<(u64, u64)>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        match entry.file_type() {
-            Ok(t) if t.is_dir() => file_ids_under(&entry.path(), ids),
-            Ok(t) if t.is_file() => {
-                if let Ok(meta) = entry.metadata() {
+/// (device, inode) of every regular file under `rel` of `dir`, links not
+/// followed; what cannot be listed is left out.
+fn file_ids_under(dir: &Dir, rel: &Path, ids: &mut HashSet<(u64, u64)>) {
+    let Ok(entries) = dir.entries(rel) else { return };
+    for entry in entries {
+        let path = rel.join(&entry.name);
+        match entry.kind {
+            Kind::Dir => file_ids_under(dir, &path, ids),
+            Kind::File => {
+                if let Ok(meta) = dir.symlink_metadata(&path) {
                     ids.insert((meta.dev(), meta.ino()));
                 }
             }
@@ -180,32 +185,10 @@ fn file_ids_under(dir: &Path, ids: &mut HashSet<(u64, u64)>) {
     }
 }
 
-/// Opens the run-directory file `rel` one component at a time, never
-/// through a symbolic link and never blocking; `Err` says why not.
-fn open_inside(root: &Path, rel: &str) -> Result<File, String> {
-    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    // The run directory itself may be a link (to scratch space): the user's choice.
-    let mut dir: OwnedFd = nix::fcntl::open(root, dir_flags, Mode::empty())
-        .map_err(|e| format!("cannot open the run directory: {}", io::Error::from(e)))?;
-    let parts: Vec<&str> = rel.split('/').collect();
-    let Some((last, parents)) = parts.split_last() else { return Err("an empty path".into()) };
-    for (i, part) in parents.iter().enumerate() {
-        dir = openat(&dir, *part, dir_flags | OFlag::O_NOFOLLOW, Mode::empty()).map_err(|e| match e {
-            Errno::ELOOP | Errno::ENOTDIR => format!("{} on its path is {SYMLINK_REASON}", parts[..=i].join("/")),
-            e => format!("cannot open {}: {}", parts[..=i].join("/"), io::Error::from(e)),
-        })?;
-    }
-    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
-    let fd = openat(&dir, *last, flags, Mode::empty()).map_err(|e| match e {
-        Errno::ELOOP => SYMLINK_REASON.to_string(),
-        e => format!("cannot open it: {}", io::Error::from(e)),
-    })?;
-    Ok(File::from(fd))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::stat::Mode;
     use std::os::unix::fs::symlink;
 
     fn names(refused: &[RefusedFile]) -> Vec<&str> {
@@ -230,7 +213,7 @@ mod tests {
         nix::unistd::mkfifo(&run.join("samples/pipe.txt"), Mode::S_IRWXU).unwrap();
         let include: Vec<String> = ["*.txt", "samples/**", "ck/**", "**/*.json"].map(String::from).into();
         let (selection, _) = Selection::new(&include, None);
-        let (taken, refused) = walk(&run, &selection).unwrap();
+        let (taken, refused) = walk(&Dir::open(&run).unwrap(), &selection).unwrap();
         assert_eq!(taken, ["metrics.jsonl", "samples/a.txt", "samples/sub/b.txt"]);
         assert_eq!(
             names(&refused),
@@ -256,7 +239,7 @@ mod tests {
         symlink("real", run.join("dir")).unwrap();
         symlink("/etc/passwd", run.join("passwd.txt")).unwrap();
         nix::unistd::mkfifo(&run.join("pipe.txt"), Mode::S_IRWXU).unwrap();
-        let reader = Reader::new(&run, 10, vec![run.join("checkpoints")]);
+        let reader = Reader::new(Dir::open(&run).unwrap(), 10, vec![run.join("checkpoints")]);
         assert_eq!(reader.read_inside("real/a.txt").unwrap(), b"a");
         let shared = reader.read_inside("shared.txt").unwrap_err();
         assert!(shared.starts_with("a file with other hard links") && shared.ends_with("(2 names)"), "{shared}");

@@ -7,11 +7,10 @@
 //!    name>/`; what is left out is reported, not fatal. The commit is built
 //!    from trees directly (the clone's index and other files are untouched;
 //!    when the branch is checked out, only `runs/<run name>/` is refreshed,
-//!    and not at all when a symbolic link is on that path or under it: a
-//!    checkout writes through links, so `runs/<run> -> /elsewhere` would
-//!    have it overwrite files outside the clone. The commit and the push do
-//!    not need the working tree; `worktree` in the report says why it was
-//!    left as it was).
+//!    through a handle of the working tree (`worktree.rs`), and not at all
+//!    when a symbolic link is on that path or under it. The commit and the
+//!    push do not need the working tree; `worktree` in the report says why
+//!    it was left as it was).
 //! 2. Push the branch — which also pushes commits earlier runs could not push.
 //!    Failures are retried with exponential backoff, never past the deadline.
 //!    A push rejected because the remote moved on is reconciled by fetching
@@ -117,18 +116,21 @@ enum Source {
 
 /// What one publish copies: each artefact's path under `runs/<run>/` and
 /// where it comes from, the entries refused on the way, and the reader.
-struct Selected<'a> {
+struct Selected {
     sources: Vec<(String, Source)>,
     refused: Vec<RefusedFile>,
-    reader: Reader<'a>,
+    reader: Reader,
 }
 
 /// The artefacts to publish (module header; the rules are `select.rs`'s).
-fn select<'a>(req: &PublishRequest<'a>) -> Result<Selected<'a>, PublishError> {
+fn select<'a>(req: &PublishRequest<'a>) -> Result<Selected, PublishError> {
     let inside = req.checkpoint_dir.as_deref().and_then(|dir| relative_inside(req.run_dir, dir));
     let (selection, mut refused) = Selection::new(&req.cfg.include, inside);
-    let (found, walk_refused) = walk(req.run_dir, &selection)
+    // The run directory, opened once: the walk and every read go through it.
+    let root = crate::confine::Dir::open(req.run_dir)
         .map_err(|source| PublishError::Read { path: req.run_dir.to_path_buf(), source })?;
+    let (found, walk_refused) =
+        walk(&root, &selection).map_err(|source| PublishError::Read { path: req.run_dir.to_path_buf(), source })?;
     refused.extend(walk_refused);
     let mut sources = Vec::new();
     if let Some(manifest) = &req.newest_manifest {
@@ -140,7 +142,7 @@ fn select<'a>(req: &PublishRequest<'a>) -> Result<Selected<'a>, PublishError> {
     );
     let mut checkpoint_dirs = vec![req.run_dir.join("checkpoints")];
     checkpoint_dirs.extend(req.checkpoint_dir.clone());
-    let reader = Reader::new(req.run_dir, req.cfg.max_file_mib.saturating_mul(1 << 20), checkpoint_dirs);
+    let reader = Reader::new(root, req.cfg.max_file_mib.saturating_mul(1 << 20), checkpoint_dirs);
     Ok(Selected { sources, refused, reader })
 }
 
@@ -266,7 +268,7 @@ pub fn publish(req: &PublishRequest<'_>) -> Result<PublishReport, PublishError> 
         let oid =
             repo.commit(Some(&branch_ref), &sig, &sig, &message(req), &tree, &parents).map_err(git("committing"))?;
         report.commit = Some(oid.to_string());
-        report.worktree = refresh_checkout(&repo, &branch_ref, req.run_name);
+        report.worktree = super::worktree::refresh(&repo, &branch_ref, req.run_name, base_tree.as_ref(), &tree);
     } else if repo.find_reference(&branch_ref).is_err() {
         // Nothing new, but the local branch did not exist yet: create it.
         if let Some(p) = &parent {
@@ -276,67 +278,6 @@ pub fn publish(req: &PublishRequest<'_>) -> Result<PublishReport, PublishError> 
     }
     push_with_retries(&repo, req, &mut report);
     Ok(report)
-}
-
-/// When the publish branch is checked out, make `runs/<run>/` in the working
-/// tree and index match the new commit (nothing else is touched); unless a
-/// symbolic link is on the way ([`link_on_the_way`]): then nothing is
-/// written and the reason is returned.
-fn refresh_checkout(repo: &Repository, branch_ref: &str, run_name: &str) -> Option<String> {
-    let workdir = repo.workdir()?;
-    let on_branch = repo.head().ok().and_then(|h| h.name().ok().map(|n| n == branch_ref)).unwrap_or(false);
-    if !on_branch {
-        return None;
-    }
-    if let Some(link) = link_on_the_way(workdir, run_name) {
-        let why = format!(
-            "{} in the clone is a symbolic link: its working tree is not refreshed, since a checkout would write \
-             through it, outside the clone (the commit and the push are made without it); replace the link with \
-             a directory to have runs/{run_name}/ checked out again",
-            link.display()
-        );
-        tracing::warn!(%why, "publishing leaves the clone's working tree as it is");
-        return Some(why);
-    }
-    let mut checkout = git2::build::CheckoutBuilder::new();
-    checkout.force().path(format!("runs/{run_name}"));
-    if let Err(e) = repo.checkout_head(Some(&mut checkout)) {
-        tracing::warn!(error = %e.message(), "published commit made, but refreshing the working tree failed");
-    }
-    None
-}
-
-/// The first symbolic link (relative to `workdir`) that a checkout of
-/// `runs/<run_name>/` would go through: on its path (`runs`, `runs/<run>`)
-/// or anywhere under it. Listed without following links.
-fn link_on_the_way(workdir: &Path, run_name: &str) -> Option<PathBuf> {
-    let mut rel = PathBuf::from("runs");
-    let mut levels = vec![rel.clone()];
-    for part in run_name.split('/').filter(|p| !p.is_empty()) {
-        rel.push(part);
-        levels.push(rel.clone());
-    }
-    for level in &levels {
-        match std::fs::symlink_metadata(workdir.join(level)) {
-            Ok(meta) if meta.file_type().is_symlink() => return Some(level.clone()),
-            Ok(meta) if meta.is_dir() => {}
-            // Missing, or a file the checkout replaces in place: nothing
-            // below it to go through.
-            _ => return None,
-        }
-    }
-    let mut todo = vec![rel];
-    while let Some(dir) = todo.pop() {
-        for entry in std::fs::read_dir(workdir.join(&dir)).into_iter().flatten().flatten() {
-            let rel = dir.join(entry.file_name());
-            match entry.file_type() {
-                Ok(t) if t.is_symlink() => return Some(rel),
-                Ok(t) if t.is_dir() => todo.push(rel),
-                _ => {}
-            }
-        }
-    }
-    None
 }
 
 fn callbacks<'a>(config: &'a git2::Config, tries: &'a RefCell<u32>) -> RemoteCallbacks<'a> {
@@ -407,7 +348,8 @@ fn reconcile(repo: &Repository, req: &PublishRequest<'_>) -> Result<(), String> 
     let text = format!("rekindle: merge {} into {} for run {}", remote_ref, req.cfg.branch, req.run_name);
     repo.commit(Some(&branch_ref), &sig, &sig, &text, &tree, &[&ours, &theirs]).map_err(msg)?;
     // A link on the way was reported with the commit, and is logged again.
-    let _ = refresh_checkout(repo, &branch_ref, req.run_name);
+    let before = ours.tree().ok();
+    let _ = super::worktree::refresh(repo, &branch_ref, req.run_name, before.as_ref(), &tree);
     Ok(())
 }
 
@@ -475,26 +417,6 @@ fn push_with_retries(repo: &Repository, req: &PublishRequest<'_>, report: &mut P
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_link_on_the_way_to_the_runs_checkout_or_under_it_is_found_without_following_it() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (clone, elsewhere) = (tmp.path().join("clone"), tmp.path().join("elsewhere"));
-        std::fs::create_dir_all(elsewhere.join("deep")).unwrap();
-        std::fs::create_dir_all(&clone).unwrap();
-        assert_eq!(link_on_the_way(&clone, "demo"), None, "nothing there yet");
-        std::os::unix::fs::symlink(&elsewhere, clone.join("runs")).unwrap();
-        assert_eq!(link_on_the_way(&clone, "demo"), Some(PathBuf::from("runs")));
-        std::fs::remove_file(clone.join("runs")).unwrap();
-        std::fs::create_dir_all(clone.join("runs/other")).unwrap();
-        std::os::unix::fs::symlink(&elsewhere, clone.join("runs/demo")).unwrap();
-        assert_eq!(link_on_the_way(&clone, "demo"), Some(PathBuf::from("runs/demo")));
-        assert_eq!(link_on_the_way(&clone, "other"), None, "another run's folder is not on the way");
-        std::fs::remove_file(clone.join("runs/demo")).unwrap();
-        std::fs::create_dir_all(clone.join("runs/demo/samples")).unwrap();
-        std::os::unix::fs::symlink(&elsewhere, clone.join("runs/demo/samples/deep")).unwrap();
-        assert_eq!(link_on_the_way(&clone, "demo"), Some(PathBuf::from("runs/demo/samples/deep")));
-    }
 
     #[test]
     fn credentials_are_redacted_from_urls() {

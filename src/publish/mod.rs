@@ -7,12 +7,14 @@
 //! - `files.rs`: the walk and the reads, never through a link, never
 //!   blocking, bounded.
 //! - `git.rs`: the commit and the pushes.
+//! - `worktree.rs`: the clone's `runs/<run>/` refreshed through a handle.
 //! - `backoff.rs`: the waits between push attempts.
 
 mod backoff;
 mod files;
 mod git;
 mod select;
+mod worktree;
 
 pub use backoff::{next_wait, retry_delay};
 pub use git::{PublishError, PublishReport, PublishRequest, publish, redact_url};

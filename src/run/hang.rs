@@ -47,8 +47,8 @@ use crate::attempt::lost::{
 use crate::attempt::rank_watch::Lost;
 use crate::attempt::records::context;
 use crate::attempt::watchdog::{Beats, Hang, Worker};
+use crate::confine::write_atomically;
 use crate::rundir::EVENTS_FILE;
-use crate::rundir::atomic::write_atomically;
 use crate::rundir::lock::LockRelease;
 
 use super::Attempt;

@@ -20,13 +20,12 @@ use crate::checkpoint::{CheckpointKind, CheckpointStore, VerifyLevel, read_manif
 use crate::config::{self, Config};
 
 // Re-exported for the lifecycle, which writes its records next to the config.
-pub mod atomic;
 mod error;
 pub mod lock;
 pub(crate) mod status;
 mod sweep;
 
-pub use atomic::write_atomically;
+pub use crate::confine::write_atomically;
 pub use error::{RunDirError, RunDirRefusal};
 pub use lock::{
     Claimant, DEFAULT_STALE_AFTER, LOCK_FILE, LockError, LockInfo, LockOwnership, LockRelease, LockRequest, RunLock,

@@ -19,7 +19,6 @@
 //! The request is `key=value` lines, so that a shell script reads it
 //! without a JSON parser; unknown keys are ignored and `#` starts a comment.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The variables the batch shell exports to every step it launches.
@@ -150,13 +149,10 @@ impl RestartRequest {
 
     /// Writes the request to `path` atomically (a temporary file beside it,
     /// synced, renamed), so the shell never reads half of one.
+    /// The directory is opened as a handle; the temporary file is created
+    /// there `O_EXCL` and renamed over the name (`confine::write_atomically`).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let mut file = tempfile::Builder::new().prefix(".rekindle-injob-").tempfile_in(dir)?;
-        file.write_all(self.to_text().as_bytes())?;
-        file.as_file().sync_all()?;
-        file.persist(path).map_err(|e| e.error)?;
-        Ok(())
+        crate::confine::write_atomically(path, self.to_text().as_bytes())
     }
 }
 

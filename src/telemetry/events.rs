@@ -18,6 +18,18 @@ pub enum TelemetryError {
     Write { path: PathBuf, source: io::Error },
 }
 
+/// `path` opened for appending through its directory's handle
+/// ([`crate::confine::Dir`]): the directory (the claimed run directory) is
+/// opened as given, the file below it without following a link, created
+/// when missing, refused unless it is a regular file.
+pub(crate) fn open_in_dir(path: &Path) -> io::Result<File> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{} names no file", path.display())))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    crate::confine::Dir::open(dir)?.open_append(name)
+}
+
 /// An append-only JSON-lines file.
 #[derive(Debug)]
 pub struct JsonlWriter {
@@ -31,8 +43,9 @@ impl JsonlWriter {
     pub fn open(path: impl Into<PathBuf>) -> Result<JsonlWriter, TelemetryError> {
         let path = path.into();
         let err = |source| TelemetryError::Write { path: path.clone(), source };
-        // Never through a symlink left in its place (docs/run-directory.md).
-        let mut file = crate::confine::open_append(&path).map_err(err)?;
+        // Reached from its directory's handle, never through a symlink
+        // left in its place (docs/run-directory.md, Trust boundaries).
+        let mut file = open_in_dir(&path).map_err(err)?;
         if ends_torn(&file).map_err(err)? {
             file.write_all(b"\n").map_err(err)?;
         }

@@ -9,6 +9,7 @@
 mod attempts;
 mod event;
 mod events;
+pub(crate) use events::open_in_dir;
 mod export;
 mod follow;
 mod gpu_sample;

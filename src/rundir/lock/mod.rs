@@ -83,12 +83,12 @@
 //! functions ([`takeover`], [`unreadable`], in `takeover.rs`); the I/O
 //! around them, here, is thin.
 
-use std::fs;
+use std::ffi::{OsStr, OsString};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -97,7 +97,8 @@ use sha2::Digest;
 
 use crate::slurm::SlurmEnv;
 
-use crate::rundir::atomic::write_atomically;
+use crate::confine::Dir;
+use crate::confine::write_atomically;
 #[cfg(test)]
 use liveness::pid_alive;
 use liveness::{boot_id, holder_alive, proc_start};
@@ -275,26 +276,54 @@ fn short_hash(text: &str) -> String {
     hex::encode(&sha2::Sha256::digest(text.as_bytes())[..6])
 }
 
+/// The lock file's directory, as a handle, and its name there: every
+/// change of the lock and its markers goes through that handle (created
+/// `O_EXCL`, linked, listed, read and removed relative to it, never through
+/// a link; docs/run-directory.md, Trust boundaries).
+fn dir_of(path: &Path) -> std::io::Result<(Dir, OsString)> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(ErrorKind::InvalidInput, format!("{} names no file", path.display())))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    Ok((Dir::open(dir)?, name.to_os_string()))
+}
+
 /// Creates `path` with `bytes`, whole, only if it does not exist: a complete
 /// temporary file is hard-linked to the name. Returns false when it exists.
 fn create_exclusive(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = crate::rundir::atomic::shared_tempfile(".rekindle-lock-", dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    match fs::hard_link(tmp.path(), path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
+    let (dir, name) = dir_of(path)?;
+    create_exclusive_in(&dir, &name, bytes)
+}
+
+/// [`create_exclusive`] of `name` in `dir`.
+fn create_exclusive_in(dir: &Dir, name: &OsStr, bytes: &[u8]) -> std::io::Result<bool> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let (tmp, mut file) = loop {
+        let tmp = format!(".rekindle-lock-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+        match dir.create_new(&tmp, 0o666) {
+            Ok(file) => break (tmp, file),
+            // A leftover of a process with this id before: the next name.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let linked = file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| dir.hard_link(&tmp, name));
+    let made = match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
         // NFS may report a failure for a link that was made (a lost reply):
         // the temporary file's link count tells.
-        Err(e) => {
-            if fs::metadata(tmp.path()).map(|m| m.nlink()).unwrap_or(1) != 2 {
-                return Err(e);
-            }
-        }
+        Err(e) => match dir.symlink_metadata(&tmp) {
+            Ok(meta) if meta.nlink() == 2 => Ok(true),
+            _ => Err(e),
+        },
+    };
+    let _ = dir.remove_file(&tmp);
+    if made? {
+        dir.sync()?;
+        return Ok(true);
     }
-    fs::File::open(dir)?.sync_all()?;
-    Ok(true)
+    Ok(false)
 }
 
 /// The lock file's bytes, `None` when there is none. Only a regular file of
@@ -302,30 +331,45 @@ fn create_exclusive(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
 /// or a device in its place is an error, never followed, blocked on or read
 /// without end (`crate::confine`).
 fn read_if_exists(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
-    crate::confine::read_bounded_if_exists(path, MAX_LOCK_BYTES)
+    match dir_of(path) {
+        Ok((dir, name)) => read_in(&dir, name),
+        // No directory, no lock.
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`read_if_exists`] of `name` in `dir`.
+fn read_in(dir: &Dir, name: impl AsRef<Path>) -> std::io::Result<Option<Vec<u8>>> {
+    match dir.read_bounded(name, MAX_LOCK_BYTES) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The largest lock file read: they are a few hundred bytes.
 pub const MAX_LOCK_BYTES: u64 = 64 << 10;
 
-/// The marker names of one lineage, as `(generation, n, path)`.
-fn markers(dir: &Path, lineage: &str) -> std::io::Result<Vec<(u64, u64, PathBuf)>> {
+/// The marker names of one lineage in the lock's directory, as
+/// `(generation, n, name)`.
+fn markers_in(dir: &Dir, lineage: &str) -> std::io::Result<Vec<(u64, u64, String)>> {
     let prefix = format!("{MARKER_PREFIX}{lineage}.");
     let mut out = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+    for entry in dir.entries("")? {
+        let Some(name) = entry.name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix(&prefix) else { continue };
         let Some((g, n)) = rest.split_once('.') else { continue };
         if let (Ok(g), Ok(n)) = (g.parse(), n.parse()) {
-            out.push((g, n, entry.path()));
+            out.push((g, n, name.to_string()));
         }
     }
     Ok(out)
 }
 
-fn marker_path(dir: &Path, lineage: &str, generation: u64, n: u64) -> PathBuf {
-    dir.join(format!("{MARKER_PREFIX}{lineage}.{generation}.{n}"))
+/// The marker name of `(lineage, generation, n)`.
+fn marker_name(lineage: &str, generation: u64, n: u64) -> String {
+    format!("{MARKER_PREFIX}{lineage}.{generation}.{n}")
 }
 
 /// Which marker this process has watched, with its bytes and since when.
@@ -377,34 +421,34 @@ fn transition(
     watch: &mut MarkerWatch,
     stale_after: Duration,
 ) -> std::io::Result<Step> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let (dir, name) = dir_of(path)?;
     let (lineage, generation) = from;
-    let current: Vec<(u64, PathBuf)> =
-        markers(dir, lineage)?.into_iter().filter(|(g, _, _)| *g == generation).map(|(_, n, p)| (n, p)).collect();
+    let current: Vec<(u64, String)> =
+        markers_in(&dir, lineage)?.into_iter().filter(|(g, _, _)| *g == generation).map(|(_, n, m)| (n, m)).collect();
     let n = match current.iter().max_by_key(|(n, _)| *n) {
         None => 0,
         Some((m, marker)) => {
-            let Some(bytes) = read_if_exists(marker)? else { return Ok(Step::Busy) };
-            if !watch.stale(marker, &bytes, marker_break_after(stale_after)) {
+            let Some(bytes) = read_in(&dir, marker)? else { return Ok(Step::Busy) };
+            if !watch.stale(&dir.shown(marker), &bytes, marker_break_after(stale_after)) {
                 return Ok(Step::Busy);
             }
-            tracing::warn!(marker = %marker.display(), "breaking a lock marker left by a process that stopped mid-change");
+            tracing::warn!(marker = %dir.shown(marker).display(), "breaking a lock marker left by a process that stopped mid-change");
             m + 1
         }
     };
-    let mine = marker_path(dir, lineage, generation, n);
+    let mine = marker_name(lineage, generation, n);
     let note = serde_json::json!({"owner": marker_owner, "pid": std::process::id(), "at": unix_now()});
-    if !create_exclusive(&mine, note.to_string().as_bytes())? {
+    if !create_exclusive_in(&dir, OsStr::new(&mine), note.to_string().as_bytes())? {
         return Ok(Step::Busy);
     }
     let give_up = |step: Step| -> std::io::Result<Step> {
-        let _ = fs::remove_file(&mine);
+        let _ = dir.remove_file(&mine);
         Ok(step)
     };
-    if read_if_exists(path)?.as_deref() != Some(expected) {
+    if read_in(&dir, &name)?.as_deref() != Some(expected) {
         return give_up(Step::Changed);
     }
-    if markers(dir, lineage)?.iter().any(|(g, m, _)| *g == generation && *m > n) {
+    if markers_in(&dir, lineage)?.iter().any(|(g, m, _)| *g == generation && *m > n) {
         return give_up(Step::Busy);
     }
     match change {
@@ -414,13 +458,13 @@ fn transition(
             write_atomically(path, &info.to_bytes())?;
         }
         Change::Remove => {
-            fs::remove_file(path)?;
-            fs::File::open(dir)?.sync_all()?;
+            dir.remove_file(&name)?;
+            dir.sync()?;
         }
     }
-    for (g, _, marker) in markers(dir, lineage)? {
+    for (g, _, marker) in markers_in(&dir, lineage)? {
         if g <= generation {
-            let _ = fs::remove_file(marker);
+            let _ = dir.remove_file(marker);
         }
     }
     Ok(Step::Done)

@@ -3,6 +3,17 @@
 //! files in a temporary directory.
 
 use super::*;
+use std::fs;
+
+/// The markers of `lineage` in the directory `dir`, with their paths.
+fn markers(dir: &Path, lineage: &str) -> std::io::Result<Vec<(u64, u64, PathBuf)>> {
+    let handle = Dir::open(dir)?;
+    Ok(markers_in(&handle, lineage)?.into_iter().map(|(g, n, name)| (g, n, dir.join(name))).collect())
+}
+
+fn marker_path(dir: &Path, lineage: &str, generation: u64, n: u64) -> PathBuf {
+    dir.join(marker_name(lineage, generation, n))
+}
 
 const STALE: Duration = Duration::from_secs(60);
 

@@ -1,14 +1,13 @@
 //! Replacing a small file all at once: readers see the old bytes or the new,
 //! never a torn mix, and the new bytes survive a crash once the call returns.
-//! The lowest file of `rundir`: the lock, the run directory and the
-//! report use it, and it uses none of them.
+//! Part of the ground layer (`confine`): the lock, the run directory, the
+//! report, publishing's working tree and the in-job request file use it.
 
-use std::fs;
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::confine::Dir;
+use super::Dir;
 
 /// Writes `bytes` to `path` through a temporary file, fsync and rename. The
 /// rename replaces whatever is at `path` (a symlink included) and never
@@ -21,40 +20,74 @@ use crate::confine::Dir;
 /// renamed over the name and the directory synced, all relative to that
 /// handle: the directory cannot be swapped between the write and the rename.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} names no file", path.display()))
     })?;
     let dir = Dir::open(dir)?;
-    let (tmp, mut file) = loop {
-        let tmp = format!(".tmp{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-        match dir.create_new(&tmp, 0o666) {
-            Ok(file) => break (tmp, file),
-            // A leftover of a process with this id before: take the next name.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    };
-    let written = file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| dir.rename(&tmp, name));
-    if let Err(e) = written {
-        let _ = dir.remove_file(&tmp);
-        return Err(e);
-    }
-    dir.sync()
+    let mut tmp = TempFile::new_in(&dir, ".tmp")?;
+    tmp.file.write_all(bytes)?;
+    tmp.persist(name)
 }
 
-/// A temporary file in `dir` whose mode is 0666 less the umask (tempfile's
-/// default, 0600, would keep a group from reading the files of a run
-/// directory it shares).
-pub fn shared_tempfile(prefix: &str, dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
-    use std::os::unix::fs::PermissionsExt;
-    tempfile::Builder::new().prefix(prefix).permissions(fs::Permissions::from_mode(0o666)).tempfile_in(dir)
+/// A temporary file created in a directory handle (`O_EXCL`, never through
+/// anything left at its name), mode 0666 less the umask (so a group sharing
+/// the run directory can read what replaces a file), removed unless it is
+/// [persisted](TempFile::persist).
+pub struct TempFile<'a> {
+    dir: &'a Dir,
+    name: String,
+    pub file: std::fs::File,
+    persisted: bool,
+}
+
+impl<'a> TempFile<'a> {
+    /// A new temporary file in `dir`, named `<prefix><pid>-<n>`.
+    pub fn new_in(dir: &'a Dir, prefix: &str) -> std::io::Result<TempFile<'a>> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        loop {
+            let name = format!("{prefix}{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+            match dir.create_new(&name, 0o666) {
+                Ok(file) => return Ok(TempFile { dir, name, file, persisted: false }),
+                // A leftover of a process with this id before: the next name.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Syncs the file, renames it over `name` (replacing what is there, a
+    /// link included, never writing through it) and syncs the directory.
+    pub fn persist(mut self, name: impl AsRef<Path>) -> std::io::Result<()> {
+        self.file.sync_all()?;
+        self.dir.rename(&self.name, name)?;
+        self.persisted = true;
+        self.dir.sync()
+    }
+}
+
+impl Write for TempFile<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl Drop for TempFile<'_> {
+    fn drop(&mut self) {
+        if !self.persisted {
+            let _ = self.dir.remove_file(&self.name);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
