@@ -190,7 +190,11 @@ pub(crate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     // Through the run directory's handle: never through a symlink or FIFO
     // in its place (docs/run-directory.md, Trust boundaries).
-    let dir = crate::confine::Dir::open(dir).map_err(fail)?;
+    let dir = match crate::confine::Dir::open(dir) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(fail(source)),
+    };
     let file = match dir.open_read(name) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),

@@ -56,6 +56,11 @@ impl<'a> TempFile<'a> {
         }
     }
 
+    /// Its name in its directory.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Syncs the file, renames it over `name` (replacing what is there, a
     /// link included, never writing through it) and syncs the directory.
     pub fn persist(mut self, name: impl AsRef<Path>) -> std::io::Result<()> {

@@ -475,7 +475,24 @@ fn list(fd: OwnedFd) -> io::Result<Vec<Entry>> {
         if name == "." || name == ".." {
             continue;
         }
-        let kind = kind_at(keep.as_fd(), name)?;
+        // The type the directory entry carries (no system call); `lstat`
+        // only where the filesystem gives none. An entry removed between
+        // the listing and its `lstat` (a temporary file renamed away) is
+        // not there any more: left out, not an error.
+        use nix::dir::Type;
+        let kind = match entry.file_type() {
+            Some(Type::Directory) => Kind::Dir,
+            Some(Type::File) => Kind::File,
+            Some(Type::Symlink) => Kind::Symlink,
+            Some(Type::Fifo) => Kind::Other("a FIFO"),
+            Some(Type::Socket) => Kind::Other("a socket"),
+            Some(Type::CharacterDevice | Type::BlockDevice) => Kind::Other("a device"),
+            None => match kind_at(keep.as_fd(), name) {
+                Ok(kind) => kind,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            },
+        };
         out.push(Entry { name: name.to_os_string(), kind });
     }
     Ok(out)

@@ -296,16 +296,14 @@ fn publish_stop(path: &std::path::Path, notice: &StopNotice) -> std::io::Result<
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let name = path.file_name().ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
     let dir = crate::confine::Dir::open(dir)?;
-    let tmp = format!(".stop-{}.tmp", std::process::id());
-    // A leftover of a process with this id before (a crash between the
-    // write and the removal) is rekindle's own name: it goes first.
-    let _ = dir.remove_file(&tmp);
-    let written = dir.create_new(&tmp, 0o666).and_then(|mut f| {
-        f.write_all(&notice.to_bytes())?;
-        f.sync_all()
-    });
-    let linked = written.and_then(|()| dir.hard_link(&tmp, name));
-    let _ = dir.remove_file(&tmp);
+    // A name of its own (`O_EXCL`, the next one if taken: the supervisors
+    // of other nodes, even with the same pid, never share it), removed
+    // when it goes out of scope.
+    let mut tmp = crate::confine::TempFile::new_in(&dir, ".stop-")?;
+    tmp.file.write_all(&notice.to_bytes())?;
+    tmp.file.sync_all()?;
+    let linked = dir.hard_link(tmp.name(), name);
+    drop(tmp);
     match linked {
         Ok(()) => dir.sync().map(|()| None),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {

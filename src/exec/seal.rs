@@ -217,8 +217,9 @@ fn seal_lock(checkpoints: &Path) -> Result<std::fs::File, RunError> {
     let path = checkpoints.join(SEAL_LOCK);
     let io = |source| RunError::RunDir { path: path.clone(), source };
     crate::checkpoint::claim_dir(checkpoints, false).map_err(|e| RunError::Checkpoint(e.into()))?;
-    // Never through a symlink or FIFO in its place (crate::confine).
-    let file = crate::confine::open_append(&path).map_err(io)?;
+    // Through the claimed directory's handle: never through a symlink or
+    // FIFO in its place (docs/run-directory.md, Trust boundaries).
+    let file = crate::confine::Dir::open(checkpoints).and_then(|dir| dir.open_append(SEAL_LOCK)).map_err(io)?;
     file.lock().map_err(io)?;
     Ok(file)
 }

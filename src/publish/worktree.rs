@@ -11,14 +11,19 @@
 //! there before or while the refresh runs) is refused, never followed.
 //! Before anything is written the whole of `runs/<run>/` is looked at for
 //! a link ([`link_on_the_way`]): then nothing is written, and the reason
-//! goes into the report (`worktree`). Files the previous commit had and the
-//! new one has not are removed; files git never tracked are left alone.
-//! The index entries under `runs/<run>/` are set from the new tree, with
-//! the stat of the files as written, so `git status` is clean after it.
+//! goes into the report (`worktree`), and so does a tree that holds
+//! anything but regular files there or names a `.git`. Files the previous
+//! commit had and the new one has not are removed first; files git never
+//! tracked are left alone. Once every file is in place, the index entries
+//! under `runs/<run>/` are set from the new tree, with the stat of the
+//! files as written, so `git status` is clean after it.
 //!
 //! The commit and the push never need the working tree (`git.rs`).
 
-use std::path::{Path, PathBuf};
+use std::collections::HashSet;
+use std::fs::Permissions;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
 
 use git2::{IndexEntry, IndexTime, ObjectType, Oid, Repository, Tree};
 
@@ -90,7 +95,31 @@ fn write_tree(
     new: &Tree<'_>,
 ) -> Result<(), String> {
     let blobs = blobs_under(repo, new, base);
-    let mut index = repo.index().map_err(|e| e.message().to_string())?;
+    // Checked before anything is written: regular files only, each named
+    // by plain components, none of them `.git` (what libgit2's checkout
+    // refused up front).
+    for (rel, _, mode) in &blobs {
+        if !matches!(*mode, 0o100644 | 0o100755) {
+            return Err(format!("{} is not a regular file in the commit (mode {mode:o})", rel.display()));
+        }
+        if !rel.components().all(|c| matches!(c, Component::Normal(n) if !n.eq_ignore_ascii_case(".git"))) {
+            return Err(format!("{} is not a path rekindle writes in a working tree", rel.display()));
+        }
+    }
+    // What the previous commit had there and this one has not goes first
+    // (a file that became a directory leaves room for it).
+    let kept: HashSet<&PathBuf> = blobs.iter().map(|(rel, _, _)| rel).collect();
+    let gone: Vec<PathBuf> = old
+        .map(|t| blobs_under(repo, t, base))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(rel, _, _)| rel)
+        .filter(|rel| !kept.contains(rel))
+        .collect();
+    for rel in &gone {
+        let _ = root.remove_file(rel);
+    }
+    let mut entries = Vec::with_capacity(blobs.len());
     for (rel, id, mode) in &blobs {
         let parent = rel.parent().unwrap_or(Path::new(""));
         make_dirs(root, parent).map_err(|e| e.to_string())?;
@@ -98,18 +127,22 @@ fn write_tree(
         let dir = root.open_dir(parent).map_err(|e| e.to_string())?;
         let mut tmp = TempFile::new_in(&dir, ".rekindle-publish-").map_err(|e| e.to_string())?;
         std::io::Write::write_all(&mut tmp, blob.content()).map_err(|e| e.to_string())?;
-        let name = rel.file_name().unwrap_or_default();
-        tmp.persist(name).map_err(|e| e.to_string())?;
-        let meta = root.symlink_metadata(rel).map_err(|e| e.to_string())?;
-        index.add(&index_entry(rel, *id, *mode, &meta)).map_err(|e| e.message().to_string())?;
-    }
-    // What the previous commit had there and this one has not.
-    let kept: std::collections::HashSet<&PathBuf> = blobs.iter().map(|(rel, _, _)| rel).collect();
-    for (rel, _, _) in old.map(|t| blobs_under(repo, t, base)).unwrap_or_default() {
-        if !kept.contains(&rel) {
-            let _ = root.remove_file(&rel);
-            let _ = index.remove_path(&rel);
+        if *mode == 0o100755 {
+            // Executable wherever it is readable, as git checks one out.
+            let m = tmp.file.metadata().map_err(|e| e.to_string())?.permissions().mode();
+            tmp.file.set_permissions(Permissions::from_mode(m | ((m & 0o444) >> 2))).map_err(|e| e.to_string())?;
         }
+        tmp.persist(rel.file_name().unwrap_or_default()).map_err(|e| e.to_string())?;
+        let meta = root.symlink_metadata(rel).map_err(|e| e.to_string())?;
+        entries.push(index_entry(rel, *id, *mode, &meta));
+    }
+    // The index last, once every file is in place.
+    let mut index = repo.index().map_err(|e| e.message().to_string())?;
+    for rel in &gone {
+        let _ = index.remove_path(rel);
+    }
+    for entry in &entries {
+        index.add(entry).map_err(|e| e.message().to_string())?;
     }
     index.write().map_err(|e| e.message().to_string())
 }
@@ -180,6 +213,68 @@ fn link_on_the_way(root: &Dir, base: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tree holding `runs/demo/` with `files` (name, bytes, mode).
+    fn tree_of<'r>(repo: &'r Repository, files: &[(&str, &[u8], i32)]) -> Tree<'r> {
+        let mut demo = repo.treebuilder(None).unwrap();
+        for (name, bytes, mode) in files {
+            demo.insert(name, repo.blob(bytes).unwrap(), *mode).unwrap();
+        }
+        let mut runs = repo.treebuilder(None).unwrap();
+        runs.insert("demo", demo.write().unwrap(), 0o040000).unwrap();
+        let mut top = repo.treebuilder(None).unwrap();
+        top.insert("runs", runs.write().unwrap(), 0o040000).unwrap();
+        repo.find_tree(top.write().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_refresh_writes_the_new_files_removes_the_gone_and_leaves_the_index_clean() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = Repository::init(tmp.path()).unwrap();
+        let old = tree_of(&repo, &[("a.txt", b"a", 0o100644), ("gone.txt", b"g", 0o100644)]);
+        let new = tree_of(&repo, &[("a.txt", b"A", 0o100644), ("run.sh", b"#!/bin/sh\n", 0o100755)]);
+        let sig = git2::Signature::now("t", "t@example.com").unwrap();
+        repo.commit(Some("HEAD"), &sig, &sig, "m", &new, &[]).unwrap();
+        let branch = repo.head().unwrap().name().unwrap().to_string();
+        let demo = tmp.path().join("runs/demo");
+        std::fs::create_dir_all(&demo).unwrap();
+        std::fs::write(demo.join("gone.txt"), "g").unwrap();
+        std::fs::write(demo.join("mine.txt"), "never tracked").unwrap();
+        assert_eq!(refresh(&repo, &branch, "demo", Some(&old), &new), None);
+        assert_eq!(std::fs::read(demo.join("a.txt")).unwrap(), b"A");
+        assert!(!demo.join("gone.txt").exists(), "what the new commit lacks is removed");
+        assert_eq!(std::fs::read(demo.join("mine.txt")).unwrap(), b"never tracked", "untracked files stay");
+        let mode = std::fs::metadata(demo.join("run.sh")).unwrap().permissions().mode();
+        assert_ne!(mode & 0o100, 0, "an executable blob is checked out executable: {mode:o}");
+        let mut opts = git2::StatusOptions::new();
+        opts.include_untracked(false);
+        let dirty: Vec<String> = repo
+            .statuses(Some(&mut opts))
+            .unwrap()
+            .iter()
+            .filter(|e| e.status() != git2::Status::CURRENT)
+            .map(|e| format!("{:?} {:?}", e.path(), e.status()))
+            .collect();
+        assert!(dirty.is_empty(), "git status is clean: {dirty:?}");
+    }
+
+    #[test]
+    fn a_tree_holding_a_link_is_refused_before_anything_is_written() {
+        // (libgit2 refuses to build a tree naming `.git`; one fetched from
+        // elsewhere is refused by the same check as a link.)
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = Repository::init(tmp.path()).unwrap();
+        let sig = git2::Signature::now("t", "t@example.com").unwrap();
+        for files in [&[("a.txt", &b"a"[..], 0o100644), ("l", b"/etc", 0o120000)][..], &[("l", b"/etc", 0o120000)]] {
+            let new = tree_of(&repo, files);
+            let parent = repo.head().ok().and_then(|h| h.peel_to_commit().ok());
+            repo.commit(Some("HEAD"), &sig, &sig, "m", &new, &parent.iter().collect::<Vec<_>>()).unwrap();
+            let branch = repo.head().unwrap().name().unwrap().to_string();
+            let why = refresh(&repo, &branch, "demo", None, &new).expect("refused");
+            assert!(why.contains("runs/demo/"), "{why}");
+            assert!(!tmp.path().join("runs/demo/a.txt").exists(), "nothing written: {why}");
+        }
+    }
 
     #[test]
     fn a_link_on_the_way_to_the_runs_checkout_or_under_it_is_found_without_following_it() {

@@ -63,6 +63,9 @@ struct Pending {
     /// No line of the value seen yet: the next non-blank line is the value
     /// whatever its indentation.
     first: bool,
+    /// The key ended with a block scalar's indicator (`password: |`): its
+    /// value is lines, however they are indented.
+    block: bool,
 }
 
 /// Redacts a stream line by line, carrying what a line says about the next
@@ -87,18 +90,25 @@ impl StreamRedactor<'_> {
                 // The value's lines go on while they are deeper than the
                 // key; a first line less deep than the key (a prefix before
                 // the key, not YAML) sets the depth the rest keep.
+                // A block scalar's first line as deep as its key (a prefix
+                // before the key) sets the depth too.
                 let deeper = match indent.cmp(&pending.indent) {
                     std::cmp::Ordering::Greater => Some(pending.indent),
-                    _ if pending.first && indent > 0 && indent < pending.indent => Some(indent - 1),
+                    std::cmp::Ordering::Less if pending.first && indent > 0 => Some(indent - 1),
+                    std::cmp::Ordering::Equal if pending.first && pending.block && indent > 0 => Some(indent - 1),
                     _ => None,
                 };
-                self.pending = deeper.map(|indent| Pending { indent, first: false });
+                self.pending = deeper.map(|indent| Pending { indent, first: false, block: pending.block });
                 return format!("{}{MASK}", &line[..indent]);
             }
             self.pending = None;
         }
         if self.redactor.value_below(line) {
-            self.pending = Some(Pending { indent, first: true });
+            let trimmed = line.trim_end().as_bytes();
+            let block = trimmed.iter().rposition(|b| matches!(b, b'|' | b'>')).is_some_and(|bar| {
+                is_block_indicator(&trimmed[bar..]) && trimmed[..bar].trim_ascii_end().ends_with(b":")
+            });
+            self.pending = Some(Pending { indent, first: true, block });
         }
         self.redactor.line(line)
     }
@@ -256,8 +266,16 @@ impl Redactor {
         if AUTH_SCHEMES.iter().any(|s| text[value.clone()].eq_ignore_ascii_case(s)) {
             let cred = skip_blanks(bytes, value.end);
             if cred > value.end && cred < bytes.len() {
-                // `None` when it is masked already.
-                return value_at(text, cred).map(|v| (v, cred));
+                // `None` when it is masked already. The scan goes on inside
+                // a credential that opens no bracket (scanned twice at most);
+                // past one that does (its inside is masked whole, and
+                // resuming inside nested ones would rescan the rest of the
+                // line once a level).
+                return value_at(text, cred).map(|v| {
+                    let resume =
+                        if bytes[v.clone()].iter().any(|b| matches!(b, b'(' | b'[' | b'{')) { v.end } else { cred };
+                    (v, resume)
+                });
             }
         }
         let quoted = value.start > 0 && matches!(bytes[value.start - 1], b'"' | b'\'');
@@ -888,6 +906,9 @@ mod tests {
         // A prefix deeper than the value (found by the stream fuzz test):
         // the value's first line sets how deep the rest are.
         assert_eq!(text("     api_key: |\n    X\n    X\nlr: 3"), "     api_key: |\n    ***\n    ***\nlr: 3");
+        assert_eq!(text("    api_key: |\n    X\n    X\nlr: 3"), "    api_key: |\n    ***\n    ***\nlr: 3");
+        // Not a block: a line as deep as the key is its sibling.
+        assert_eq!(text("  password:\n  X\n  lr: 3"), "  password:\n  ***\n  lr: 3");
         for plain in ["config:\n  lr: 3", "tokens:\n  512", "token: x\n  y"] {
             assert_eq!(text(plain), plain.replace("token: x", "token: ***"));
         }
@@ -907,8 +928,18 @@ mod tests {
     fn redaction_is_linear_in_the_text() {
         // Inputs that made the rules rescan the rest of the line for each
         // match (240 KB of `://` took 8.3 s).
-        let shapes: [&str; 8] =
-            ["://", "a=", "token=(", "--token \"", "https://u:", "\"token\": \"\\", "k;", "Bearer ("];
+        let shapes: [&str; 9] = [
+            "://",
+            "a=",
+            "token=(",
+            "--token \"",
+            "https://u:",
+            "\"token\": \"\\",
+            "k;",
+            "Bearer (",
+            // An authorization's credential opening a bracket, nested.
+            "token= token (",
+        ];
         let r = redactor();
         let cost = |piece: &str, bytes: usize, times: usize| {
             let line = piece.repeat(bytes / piece.len());

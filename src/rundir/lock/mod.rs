@@ -97,8 +97,7 @@ use sha2::Digest;
 
 use crate::slurm::SlurmEnv;
 
-use crate::confine::Dir;
-use crate::confine::write_atomically;
+use crate::confine::{Dir, TempFile};
 #[cfg(test)]
 use liveness::pid_alive;
 use liveness::{boot_id, holder_alive, proc_start};
@@ -308,13 +307,14 @@ fn create_exclusive_in(dir: &Dir, name: &OsStr, bytes: &[u8]) -> std::io::Result
         }
     };
     let linked = file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| dir.hard_link(&tmp, name));
+    // NFS may report a failure for a link that was made (a lost reply, the
+    // retried call then finding the name taken: by this very link): the
+    // temporary file's link count tells, whatever `link` said (open(2)).
     let made = match linked {
         Ok(()) => Ok(true),
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
-        // NFS may report a failure for a link that was made (a lost reply):
-        // the temporary file's link count tells.
         Err(e) => match dir.symlink_metadata(&tmp) {
             Ok(meta) if meta.nlink() == 2 => Ok(true),
+            _ if e.kind() == ErrorKind::AlreadyExists => Ok(false),
             _ => Err(e),
         },
     };
@@ -455,7 +455,10 @@ fn transition(
         Change::Write(mut info) => {
             info.lineage = lineage.to_string();
             info.generation = generation + 1;
-            write_atomically(path, &info.to_bytes())?;
+            // Through the same handle as the markers.
+            let mut tmp = TempFile::new_in(&dir, ".tmp")?;
+            tmp.write_all(&info.to_bytes())?;
+            tmp.persist(&name)?;
         }
         Change::Remove => {
             dir.remove_file(&name)?;
