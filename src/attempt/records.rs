@@ -186,16 +186,14 @@ pub(crate) fn last_logged_step(path: &Path) -> Option<u64> {
 pub(crate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
     use std::io::{BufRead, Read, Write};
     let fail = |source| RunError::RunDir { path: path.to_path_buf(), source };
-    let name = path.file_name().ok_or_else(|| fail(std::io::Error::other("names no file")))?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     // Through the run directory's handle: never through a symlink or FIFO
     // in its place (docs/run-directory.md, Trust boundaries).
-    let dir = match crate::confine::Dir::open(dir) {
-        Ok(dir) => dir,
+    let (dir, name) = match crate::confine::Dir::open_parent(path) {
+        Ok(opened) => opened,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(source) => return Err(fail(source)),
     };
-    let file = match dir.open_read(name) {
+    let file = match dir.open_read(&name) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(source) => return Err(fail(source)),
@@ -235,7 +233,7 @@ pub(crate) fn truncate_metrics(path: &Path, step: u64) -> Result<(), RunError> {
     }
     if dropped {
         let tmp = kept.into_inner().map_err(|e| fail(e.into_error()))?;
-        tmp.persist(name).map_err(fail)?;
+        tmp.persist(&name).map_err(fail)?;
     }
     Ok(())
 }

@@ -20,11 +20,7 @@ use super::Dir;
 /// renamed over the name and the directory synced, all relative to that
 /// handle: the directory cannot be swapped between the write and the rename.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} names no file", path.display()))
-    })?;
-    let dir = Dir::open(dir)?;
+    let (dir, name) = Dir::open_parent(path)?;
     let mut tmp = TempFile::new_in(&dir, ".tmp")?;
     tmp.file.write_all(bytes)?;
     tmp.persist(name)

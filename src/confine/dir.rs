@@ -131,6 +131,19 @@ impl Dir {
         Ok(Dir { fd, path: path.to_path_buf() })
     }
 
+    /// The directory holding the file `path` names, opened as [`Dir::open`]
+    /// does (`.` when `path` has no directory), and the file's name in it:
+    /// how a file rekindle writes in a directory it claimed is reached
+    /// through that directory's handle. `InvalidInput` when `path` names no
+    /// file (ends in `..` or `/`).
+    pub fn open_parent(path: &Path) -> io::Result<(Dir, OsString)> {
+        let name = path
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{} names no file", path.display())))?;
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Ok((Dir::open(dir)?, name.to_os_string()))
+    }
+
     /// Where the directory was when it was opened (for messages).
     pub fn path(&self) -> &Path {
         &self.path

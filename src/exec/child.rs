@@ -293,16 +293,14 @@ fn take_stop(signal: SignalStop, cfg: &Config, env: &ChildEnv, events: &mut Even
 /// following a link.
 fn publish_stop(path: &std::path::Path, notice: &StopNotice) -> std::io::Result<Option<StopNotice>> {
     use std::io::Write;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let name = path.file_name().ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
-    let dir = crate::confine::Dir::open(dir)?;
+    let (dir, name) = crate::confine::Dir::open_parent(path)?;
     // A name of its own (`O_EXCL`, the next one if taken: the supervisors
     // of other nodes, even with the same pid, never share it), removed
     // when it goes out of scope.
     let mut tmp = crate::confine::TempFile::new_in(&dir, ".stop-")?;
     tmp.file.write_all(&notice.to_bytes())?;
     tmp.file.sync_all()?;
-    let linked = dir.hard_link(tmp.name(), name);
+    let linked = dir.hard_link(tmp.name(), &name);
     drop(tmp);
     match linked {
         Ok(()) => dir.sync().map(|()| None),

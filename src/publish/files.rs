@@ -111,9 +111,8 @@ impl Reader {
     /// The bytes of the run-directory file `rel` (as the walk found it), or
     /// why it is not published.
     pub(super) fn read_inside(&self, rel: &str) -> Result<Vec<u8>, String> {
-        let file = self.root.open_read_any(rel).map_err(|e| match reason_of(&e) {
-            link if confine::is_link_refusal(&e) => link,
-            _ => format!("cannot open it: {e}"),
+        let file = self.root.open_read_any(rel).map_err(|e| {
+            if confine::is_link_refusal(&e) { SYMLINK_REASON.to_string() } else { format!("cannot open it: {e}") }
         })?;
         self.read_checked(rel, file, true)
     }
@@ -122,11 +121,7 @@ impl Reader {
     /// `Ok(None)` when it is gone.
     pub(super) fn read_manifest(&self, rel: &str, path: &Path) -> Result<Option<Vec<u8>>, String> {
         // Its checkpoint's directory as a handle, the file read through it.
-        let opened = match (path.parent(), path.file_name()) {
-            (Some(dir), Some(name)) => Dir::open(dir).and_then(|dir| dir.open_read_any(name)),
-            _ => return Err(format!("{} names no file", path.display())),
-        };
-        match opened {
+        match Dir::open_parent(path).and_then(|(dir, name)| dir.open_read_any(name)) {
             Ok(file) => self.read_checked(rel, file, false).map(Some),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(reason_of(&e)),

@@ -23,11 +23,8 @@ pub enum TelemetryError {
 /// opened as given, the file below it without following a link, created
 /// when missing, refused unless it is a regular file.
 pub(crate) fn open_in_dir(path: &Path) -> io::Result<File> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{} names no file", path.display())))?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    crate::confine::Dir::open(dir)?.open_append(name)
+    let (dir, name) = crate::confine::Dir::open_parent(path)?;
+    dir.open_append(name)
 }
 
 /// An append-only JSON-lines file.

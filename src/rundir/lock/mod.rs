@@ -83,12 +83,12 @@
 //! functions ([`takeover`], [`unreadable`], in `takeover.rs`); the I/O
 //! around them, here, is thin.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -275,55 +275,41 @@ fn short_hash(text: &str) -> String {
     hex::encode(&sha2::Sha256::digest(text.as_bytes())[..6])
 }
 
-/// The lock file's directory, as a handle, and its name there: every
-/// change of the lock and its markers goes through that handle (created
-/// `O_EXCL`, linked, listed, read and removed relative to it, never through
-/// a link; docs/run-directory.md, Trust boundaries).
-fn dir_of(path: &Path) -> std::io::Result<(Dir, OsString)> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::new(ErrorKind::InvalidInput, format!("{} names no file", path.display())))?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    Ok((Dir::open(dir)?, name.to_os_string()))
-}
+// Every change of the lock and its markers goes through a handle of the
+// lock's directory (`Dir::open_parent`): created `O_EXCL`, linked, listed,
+// read and removed relative to it, never through a link
+// (docs/run-directory.md, Trust boundaries).
 
 /// Creates `path` with `bytes`, whole, only if it does not exist: a complete
 /// temporary file is hard-linked to the name. Returns false when it exists.
 fn create_exclusive(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
-    let (dir, name) = dir_of(path)?;
+    let (dir, name) = Dir::open_parent(path)?;
     create_exclusive_in(&dir, &name, bytes)
 }
 
 /// [`create_exclusive`] of `name` in `dir`.
 fn create_exclusive_in(dir: &Dir, name: &OsStr, bytes: &[u8]) -> std::io::Result<bool> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let (tmp, mut file) = loop {
-        let tmp = format!(".rekindle-lock-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-        match dir.create_new(&tmp, 0o666) {
-            Ok(file) => break (tmp, file),
-            // A leftover of a process with this id before: the next name.
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    };
-    let linked = file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| dir.hard_link(&tmp, name));
+    let mut tmp = TempFile::new_in(dir, ".rekindle-lock-")?;
+    tmp.write_all(bytes)?;
+    tmp.file.sync_all()?;
+    let linked = dir.hard_link(tmp.name(), name);
     // NFS may report a failure for a link that was made (a lost reply, the
     // retried call then finding the name taken: by this very link): the
     // temporary file's link count tells, whatever `link` said (open(2)).
     let made = match linked {
-        Ok(()) => Ok(true),
-        Err(e) => match dir.symlink_metadata(&tmp) {
-            Ok(meta) if meta.nlink() == 2 => Ok(true),
-            _ if e.kind() == ErrorKind::AlreadyExists => Ok(false),
-            _ => Err(e),
+        Ok(()) => true,
+        Err(e) => match dir.symlink_metadata(tmp.name()) {
+            Ok(meta) if meta.nlink() == 2 => true,
+            _ if e.kind() == ErrorKind::AlreadyExists => false,
+            _ => return Err(e),
         },
     };
-    let _ = dir.remove_file(&tmp);
-    if made? {
+    // The temporary name goes (dropped), the link stays.
+    drop(tmp);
+    if made {
         dir.sync()?;
-        return Ok(true);
     }
-    Ok(false)
+    Ok(made)
 }
 
 /// The lock file's bytes, `None` when there is none. Only a regular file of
@@ -331,7 +317,7 @@ fn create_exclusive_in(dir: &Dir, name: &OsStr, bytes: &[u8]) -> std::io::Result
 /// or a device in its place is an error, never followed, blocked on or read
 /// without end (`crate::confine`).
 fn read_if_exists(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
-    match dir_of(path) {
+    match Dir::open_parent(path) {
         Ok((dir, name)) => read_in(&dir, name),
         // No directory, no lock.
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
@@ -421,7 +407,7 @@ fn transition(
     watch: &mut MarkerWatch,
     stale_after: Duration,
 ) -> std::io::Result<Step> {
-    let (dir, name) = dir_of(path)?;
+    let (dir, name) = Dir::open_parent(path)?;
     let (lineage, generation) = from;
     let current: Vec<(u64, String)> =
         markers_in(&dir, lineage)?.into_iter().filter(|(g, _, _)| *g == generation).map(|(_, n, m)| (n, m)).collect();
