@@ -39,7 +39,7 @@ use nix::fcntl::OFlag;
 pub mod atomic;
 mod dir;
 pub use atomic::{TempFile, write_atomically};
-pub use dir::{Dir, Entry, Kind, is_link_refusal};
+pub use dir::{Dir, DirLock, Entry, Kind, is_link_refusal};
 
 /// The file that marks a directory as rekindle's own.
 pub const MARKER_FILE: &str = ".rekindle";

@@ -586,7 +586,7 @@ impl Beater {
         let fresh = |r: &usize, p: &Peer| *r == me || now.saturating_duration_since(p.changed_at) <= timeout / 2;
         let writer = node_peers.iter().filter(|(r, p)| fresh(r, p)).map(|(r, _)| *r).chain([me]).min();
         if writer == Some(me) {
-            self.write_node(now);
+            self.write_node_now();
             // The verdict and the deputy, for this node's ranks.
             for name in [LOST_FILE, WATCH_FILE] {
                 if let Some(bytes) = read_small(&self.shared, name, true) {
@@ -640,8 +640,25 @@ impl Beater {
         (!found.is_empty()).then_some((found, true))
     }
 
-    /// Reads this node's beats and writes its file (at the end).
+    /// Reads this node's beats and writes its file, holding the node's
+    /// folder's lock from the read to the rename: two ranks of a node that
+    /// write the file at once (both ending, or the writer beating while
+    /// another ends) take turns, so the last write has read every beat
+    /// written before it began. Without the turn, a rank's last beat saying
+    /// `done` could be overwritten by a copy read just before it, and with
+    /// both ranks gone no one would write the file again: rank 0's end wait
+    /// would call a finished rank silent (seen with 16 ranks, two a node).
+    /// A holder frozen with the lock is waited for at most a tenth of a
+    /// beat, then the file is written without the turn, as before.
     fn write_node_now(&mut self) {
+        let wait = beat_interval(self.setup.timeout) / 10;
+        let _turn = match self.local.try_lock_for(wait) {
+            Ok(turn) => turn,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot take this node's heartbeat lock; writing without it");
+                None
+            }
+        };
         let now = Instant::now();
         for beat in read_local_beats(&self.local, &self.setup.session) {
             self.node_peers.entry(beat.rank).or_insert_with(|| Peer::new(now)).observe(
@@ -1013,6 +1030,40 @@ mod tests {
         assert!(world_beat(tmp.path(), 1).unwrap().done, "the node's writer said done in its file at once");
         assert!(rx.recv_timeout(Duration::from_millis(2000)).is_err(), "a finished rank is not lost");
         w0.finish();
+    }
+
+    #[test]
+    fn ranks_of_one_node_ending_together_all_say_done_in_its_file() {
+        // Each ending rank writes its node's file from the beats it read: two
+        // at once once overwrote a `done` with a copy read a moment before,
+        // and with both gone nobody wrote it again (the wide drill's end
+        // wait found ranks 11 and 13 of 16 silent). Four ranks a node ending
+        // at the same moment, twenty times.
+        for round in 0..20 {
+            let tmp = tempfile::tempdir().unwrap();
+            let start =
+                |rank, node: &str| RankWatch::start(one_of(tmp.path(), rank, 5, node), Box::new(|_| ())).unwrap();
+            let w0 = start(0, "a");
+            let on_b: Vec<RankWatch> = (1..5).map(|r| start(r, "b")).collect();
+            let gate = Arc::new(std::sync::Barrier::new(on_b.len()));
+            let ending: Vec<_> = on_b
+                .into_iter()
+                .map(|w| {
+                    let gate = Arc::clone(&gate);
+                    std::thread::spawn(move || {
+                        gate.wait();
+                        w.finish();
+                    })
+                })
+                .collect();
+            for t in ending {
+                t.join().unwrap();
+            }
+            let world = read_world(&tmp.path().join(RANKS_DIR), &tmp.path().display().to_string(), 5);
+            let not_done: Vec<usize> = (1..5).filter(|r| !world[*r].as_ref().is_some_and(|b| b.done)).collect();
+            assert!(not_done.is_empty(), "round {round}: ranks {not_done:?} ended but node b's file does not say so");
+            w0.finish();
+        }
     }
 
     #[test]

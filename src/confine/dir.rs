@@ -41,6 +41,12 @@ pub struct Dir {
     path: PathBuf,
 }
 
+/// A directory's `flock`, held until dropped ([`Dir::try_lock_for`]).
+#[derive(Debug)]
+pub struct DirLock {
+    _lock: nix::fcntl::Flock<OwnedFd>,
+}
+
 /// What an entry of a directory is, as `lstat` sees it (a link is a link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -338,6 +344,30 @@ impl Dir {
     /// removed in it) to disk.
     pub fn sync(&self) -> io::Result<()> {
         nix::unistd::fsync(&self.fd).map_err(|e| with_path(&self.path.display().to_string(), e.into()))
+    }
+
+    /// This directory's `flock`, exclusive, taken through a new open of the
+    /// directory (so two handles of one process take turns too), tried until
+    /// `wait` has passed: `Ok(None)` when a holder kept it that long (a
+    /// process frozen while it held it must not freeze the others: the
+    /// caller goes on without). Released when the value drops. Advisory,
+    /// and for node-local directories: `flock` across NFS clients is not.
+    pub fn try_lock_for(&self, wait: std::time::Duration) -> io::Result<Option<DirLock>> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let until = std::time::Instant::now() + wait;
+        let mut fd = nix::fcntl::openat(&self.fd, ".", flags, Mode::empty())
+            .map_err(|e| with_path(&self.path.display().to_string(), e.into()))?;
+        loop {
+            match nix::fcntl::Flock::lock(fd, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Ok(Some(DirLock { _lock: lock })),
+                Err((back, Errno::EWOULDBLOCK)) if std::time::Instant::now() < until => {
+                    fd = back;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err((_, Errno::EWOULDBLOCK)) => return Ok(None),
+                Err((_, e)) => return Err(with_path(&self.path.display().to_string(), e.into())),
+            }
+        }
     }
 
     /// Free bytes for an unprivileged user on this directory's filesystem.
