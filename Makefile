@@ -212,7 +212,7 @@ chaos:
 		if [ -s $$f.md ]; then cat $$f.md; else echo "chaos: shard $$i FAILED: see $$f.log"; tail -40 $$f.log; fi; done; \
 	exit $$rc
 
-## drill: the SLURM drills (docs/drills.md) on the local three-node cluster, with
+## drill: the SLURM drills (docs/drills.md) on the local cluster, with
 ## the debug binary; DRILLS="term cancel" picks some. Leaves the cluster as found.
 # The binary is the one the tests build (`cargo test --no-run`, with
 # $(FEATURES)): the dp drills need `mpi`, and the hang and crash drills a

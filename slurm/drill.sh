@@ -151,6 +151,18 @@
 #               slurm/drill_check.py), trains again within 30 s of the kill
 #               and finishes byte-identical to two ranks never stopped.
 #               Needs the local cluster.
+#   dp-nodeloss-wide
+#               dp-nodeloss-injob at eight times the world: 16 ranks, two a
+#               node, on eight nodes of the partition `wide` with a ninth held
+#               as a spare (REKINDLE_SPARE_NODES=1 sbatch -p wide -N9
+#               --ntasks-per-node=2); the node of rank 15 (ranks 14 and 15)
+#               is lost. Judged by the same bounds as dp-nodeloss-injob (steps
+#               lost, training again within 30 s of the kill), over 16 ranks
+#               on the eight nodes left, byte-identical to 16 ranks never
+#               stopped (mpirun -n 16). Its own length: DRILL_WIDE_STEPS.
+#               Needs the local cluster's wide partition (nine nodes of two
+#               CPUs). Its job runs with OMPI_MCA_mpi_yield_when_idle=1 and
+#               OMPI_MCA_btl=self,tcp: its nodes share one host and its cores.
 #   dp-nodeloss-injob-nospare
 #               the same with two ranks on two nodes (`-N2 -n2`, no spare):
 #               the run goes on in the job at one rank and, at the end, has
@@ -216,6 +228,10 @@
 #                         DRILL_EXEC_STEP_SECONDS each, default 0.03)
 #   DRILL_VENV            the virtual environment with torch of the exec-ddp
 #                         drill (default .venv of this checkout: make deps)
+#   DRILL_WIDE_PARTITION  partition of the dp-nodeloss-wide drill (default wide:
+#                         at least nine nodes of two CPUs)
+#   DRILL_WIDE_STEPS      max_steps of the dp-nodeloss-wide drill and its
+#                         16-rank reference (default 600)
 #   DRILL_DDP_STEPS       steps of its program (default 240, at
 #                         DRILL_DDP_STEP_SECONDS each, default 0.05)
 #   DRILL_LOCAL_CLUSTER   folder of the local cluster, for nodeloss and
@@ -231,8 +247,8 @@ unset REKINDLE_INJOB_MAX REKINDLE_SPARE_NODES
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
-    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare dp-rankkill-injob hang-injob own exec exec-ddp exec-torchrun
-    exec-nodeloss badnode noprogress dp-straggler)
+    dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare dp-rankkill-injob dp-nodeloss-wide hang-injob own exec
+    exec-ddp exec-torchrun exec-nodeloss badnode noprogress dp-straggler)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -341,6 +357,20 @@ if [[ " ${drills[*]} " == *" dp"* ]]; then
         mpirun -n 2 --bind-to none --oversubscribe "$BIN" run --config "$CONFIG" --run-dir "$REF_DP" "${TRAIN[@]}" \
         >"$REF_DP.log" 2>&1
 fi
+# The wide drill compares with 16 ranks never stopped, at its own length
+# (16 ranks share this machine's cores: every step is slower).
+REF_WIDE=$WORK/reference-wide
+WIDE_RANKS=16
+WIDE_PER_NODE=2
+WIDE_STEPS=${DRILL_WIDE_STEPS:-600}
+WIDE_PARTITION=${DRILL_WIDE_PARTITION:-wide}
+ref_wide_pid=
+if [[ " ${drills[*]} " == *" dp-nodeloss-wide "* ]]; then
+    ref_wide_pid=$REF_WIDE.rc
+    in_background "$ref_wide_pid" without_slurm env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        mpirun -n "$WIDE_RANKS" --bind-to none --oversubscribe "$BIN" run --config "$CONFIG" --run-dir "$REF_WIDE" \
+        "${TRAIN[@]}" --set "run.max_steps=$WIDE_STEPS" >"$REF_WIDE.log" 2>&1
+fi
 # The `own` drill: a program of its own, its config, its own reference run.
 OWN_BIN=${DRILL_OWN_BIN:-$repo_root/target/debug/examples/own_model}
 OWN_CONFIG=$repo_root/configs/own_model.toml
@@ -405,6 +435,14 @@ reference_ready() {
             ref_own_pid=
         fi
         [[ -f $REF_OWN/checkpoints/step-$(printf '%010d' "$OWN_STEPS")/model.safetensors ]]
+        return
+    fi
+    if [[ $name == dp-nodeloss-wide ]]; then
+        if [[ -n $ref_wide_pid ]]; then
+            ended_ok "$ref_wide_pid" || { log "the 16-rank reference failed: $(tail -n 5 "$REF_WIDE.log")"; ref_wide_pid=; return 1; }
+            ref_wide_pid=
+        fi
+        [[ -f $REF_WIDE/checkpoints/step-$(printf '%010d' "$WIDE_STEPS")/model.safetensors ]]
         return
     fi
     if [[ $name == dp || $name == dp-* ]]; then
@@ -496,9 +534,19 @@ submit() {
 # The uninterrupted run a drill's result must equal.
 reference_of() {
     case $1 in
+    dp-nodeloss-wide) echo "$REF_WIDE" ;;
     dp | dp-*) echo "$REF_DP" ;;
     own) echo "$REF_OWN" ;;
     *) echo "$REF" ;;
+    esac
+}
+
+# The max_steps drill $1 trains.
+steps_of() {
+    case $1 in
+    own) echo "$OWN_STEPS" ;;
+    dp-nodeloss-wide) echo "$WIDE_STEPS" ;;
+    *) echo "$STEPS" ;;
     esac
 }
 
@@ -517,7 +565,7 @@ judge() {
     python3 "$script_dir/drill_check.py" --drill "$name" --run "$run" --job "$job" \
         --state "$state" --restarts "${restarts:--1}" --exit-code "$exit_code" \
         --repo "$wd/results.git" --reference "$(reference_of "$name")" \
-        --max-steps "$([[ $name == own ]] && echo "$OWN_STEPS" || echo "$STEPS")" --every "$EVERY" \
+        --max-steps "$(steps_of "$name")" --every "$EVERY" \
         --grace "$GRACE" --seconds "$(elapsed "$t_start")" --verify-rc "$verify_rc" \
         --job-output "$wd/slurm-$job.out" \
         --out "$wd/summary.json" "${notes[@]}" "$@"
@@ -902,7 +950,7 @@ drill_exec-torchrun() {
     return $rc
 }
 
-# Two DDP ranks as in exec-ddp; task 1's node is lost (kill_rank1_node: the
+# Two DDP ranks as in exec-ddp; task 1's node is lost (kill_rank_node: the
 # start event names each task's node); judged as exec-ddp, the loss's stop
 # counting as the stop.
 drill_exec-nodeloss() {
@@ -935,7 +983,7 @@ drill_exec-nodeloss() {
 # node; EXEC_RUN_EXTRA: more `rekindle exec` options.
 EXEC_STOP=exec_stop_term
 EXEC_RUN_EXTRA=()
-exec_stop_nodeloss() { kill_rank1_node; }
+exec_stop_nodeloss() { kill_rank_node; }
 
 # Whether the run in $1 recorded task 1 lost on node $2 (`rank_lost`) and a
 # program ended for it (`child_exit` with verdict `rank_lost`).
@@ -1075,20 +1123,22 @@ node_back() {
     "$script_dir/local-cluster.sh" up >"$wd/node-back.log" 2>&1
 }
 
-# SIGKILL to the slurmd of rank 1's node and to the job's processes there;
-# sets `action` (the time of the kill) and `lost_node`. Not the batch host:
-# the batch shell must survive to restart the run.
-kill_rank1_node() {
+# SIGKILL to the slurmd of rank LOST_RANK's node (rank 1 unless a drill sets
+# it) and to the job's processes there; sets `action` (the time of the kill)
+# and `lost_node`. Not the batch host: the batch shell must survive to
+# restart the run.
+LOST_RANK=1
+kill_rank_node() {
     local slurmd_pid pids batch_host
-    lost_node=$(rank_node "$run" 1)
+    lost_node=$(rank_node "$run" "$LOST_RANK")
     batch_host=$(job_field "$job" BatchHost)
     slurmd_pid=$(cat "$CLUSTER_DIR/run/slurmd-$lost_node.pid" 2>/dev/null)
     pids=$(job_pids "$lost_node" | tr '\n' ' ')
     [[ -n $lost_node && -n $slurmd_pid && -n $pids ]] ||
-        { note "cannot find rank 1's node ($lost_node), its slurmd or its processes"; return 1; }
-    [[ $lost_node != "$batch_host" ]] || { note "rank 1 runs on the batch host $batch_host"; return 1; }
+        { note "cannot find rank $LOST_RANK's node ($lost_node), its slurmd or its processes"; return 1; }
+    [[ $lost_node != "$batch_host" ]] || { note "rank $LOST_RANK runs on the batch host $batch_host"; return 1; }
     action=$(now)
-    log "$name: SIGKILL to slurmd $lost_node (pid $slurmd_pid) and rank 1's processes there ($pids)"
+    log "$name: SIGKILL to slurmd $lost_node (pid $slurmd_pid) and rank $LOST_RANK's processes there ($pids)"
     kill -KILL "$slurmd_pid" $pids
 }
 
@@ -1107,7 +1157,7 @@ drill_dp-nodeloss() {
     RUN_EXTRA=()
     under_way 0.$((RANDOM % 10)) || return 1
     local lost_node back=false
-    kill_rank1_node || return 1
+    kill_rank_node || return 1
     wait_until "the job to be requeued" "$TIMEOUT" job_requeued || return 1
     # rekindle excludes the lost node right after its requeue: read the
     # job's exclusions once its record says so.
@@ -1128,8 +1178,13 @@ drill_dp-nodeloss() {
 # the per-node folder that stands for each node's local storage (the local
 # cluster's nodes share one filesystem; `{node}` is the node's name).
 INJOB_LOCAL_EVERY=5
+# The first world of an in-job drill (ranks, ranks a node) and extra `rekindle
+# run` arguments; the wide drill sets its own.
+INJOB_WORLD=2
+INJOB_PER_NODE=1
+INJOB_EXTRA=()
 
-# Rank 1's node is lost (kill_rank1_node), or its process alone
+# Rank 1's node is lost (kill_rank_node), or its process alone
 # (kill_rank1_process), under a run with the node-local tier; the batch shell
 # restarts the run in the job. Usage: injob_drill KILL [sbatch options...]
 injob_drill() {
@@ -1142,7 +1197,7 @@ injob_drill() {
     fi
     RUN_EXTRA=(--set 'distributed.timeout="3s"' --set recovery.local=true
         --set "recovery.local_every_steps=$INJOB_LOCAL_EVERY"
-        --set "recovery.local_dir=\"$CLUSTER_DIR/tmp/{node}/local\"")
+        --set "recovery.local_dir=\"$CLUSTER_DIR/tmp/{node}/local\"" "${INJOB_EXTRA[@]}")
     submit "$name" "$@" || return 1
     RUN_EXTRA=()
     under_way 0.$((RANDOM % 10)) || return 1
@@ -1152,11 +1207,12 @@ injob_drill() {
         log "$name: a new step started; waiting for the job to finish" &&
         wait_until "the job to finish" "$TIMEOUT" job_final "$job" && ok=1
     # Back in any case: the drills after this one need every node.
-    if [[ $kill == kill_rank1_node ]]; then node_back "$lost_node" && back=true; else back=true; fi
+    if [[ $kill == kill_rank_node ]]; then node_back "$lost_node" && back=true; else back=true; fi
     # The attempt that lost a rank ends like dp-nodeloss's (records, the
     # restart request, MPI_Abort) and does not publish: counted as killed.
-    EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":%s,"node_state":"%s","killed_node":"%s","lost_rank":1,"local_every":%s,"kill_time":%s}' \
-        "$back" "$(sinfo -h -n "$lost_node" -o %t | head -n1)" "$lost_node" "$INJOB_LOCAL_EVERY" "$action")
+    EXTRA_JSON=$(printf '{"killed_attempts":1,"node_back":%s,"node_state":"%s","killed_node":"%s","lost_rank":%s,"world":%s,"per_node":%s,"local_every":%s,"kill_time":%s}' \
+        "$back" "$(sinfo -h -n "$lost_node" -o %t | head -n1)" "$lost_node" "$LOST_RANK" "$INJOB_WORLD" \
+        "$INJOB_PER_NODE" "$INJOB_LOCAL_EVERY" "$action")
     ((ok))
 }
 # SIGKILL to rank 1's rekindle alone (its node stays up): rank 0 finds it
@@ -1182,9 +1238,30 @@ drill_dp-rankkill-injob() {
 
 drill_dp-nodeloss-injob() {
     local -x REKINDLE_SPARE_NODES=1
-    injob_drill kill_rank1_node -N3 --ntasks-per-node=1
+    injob_drill kill_rank_node -N3 --ntasks-per-node=1
 }
-drill_dp-nodeloss-injob-nospare() { injob_drill kill_rank1_node -N2 -n2; }
+drill_dp-nodeloss-injob-nospare() { injob_drill kill_rank_node -N2 -n2; }
+
+# dp-nodeloss-injob at 16 ranks on eight nodes and a spare of the wide
+# partition; the last node (ranks 14 and 15) is lost.
+drill_dp-nodeloss-wide() {
+    local nodes=$((WIDE_RANKS / WIDE_PER_NODE + 1)) have
+    have=$(sinfo -h -p "$WIDE_PARTITION" -o %D 2>/dev/null | head -n1)
+    if [[ -z $CLUSTER_DIR || ${have:-0} -lt $nodes ]]; then
+        echo "SKIP $name: needs the local cluster's partition $WIDE_PARTITION of $nodes nodes (it has ${have:-none}; slurm/local-cluster.sh up makes it); see docs/drills.md"
+        echo "{\"drill\":\"$name\",\"result\":\"SKIP\"}"
+        return 3
+    fi
+    # 16 ranks share this machine's two cores: OpenMPI under srun does not
+    # know it is oversubscribed, and its ranks would spin in every collective.
+    # Two ranks of a simulated node are on one host, as are all the others:
+    # OpenMPI's shared memory between them looks for its segment in the
+    # node's own TmpFS and fails (segfaults at MPI_Init), so TCP only.
+    local -x REKINDLE_SPARE_NODES=1 OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl=self,tcp
+    local LOW=$WIDE_PARTITION LOST_RANK=$((WIDE_RANKS - 1)) INJOB_WORLD=$WIDE_RANKS INJOB_PER_NODE=$WIDE_PER_NODE
+    local INJOB_EXTRA=(--set "run.max_steps=$WIDE_STEPS")
+    injob_drill kill_rank_node -N"$nodes" --ntasks-per-node="$WIDE_PER_NODE"
+}
 
 # A site health check that fails on n1 only, and a training job that starts
 # there because n1 is the only idle node when it is submitted (n2 and n3 run
@@ -1309,6 +1386,7 @@ for d in "${drills[@]}"; do
 done
 [[ -n $ref_pid ]] && ended_ok "$ref_pid"
 [[ -n $ref_dp_pid ]] && ended_ok "$ref_dp_pid"
+[[ -n $ref_wide_pid ]] && ended_ok "$ref_wide_pid"
 [[ -n $ref_own_pid ]] && ended_ok "$ref_own_pid"
 [[ -n $ref_exec_pid ]] && ended_ok "$ref_exec_pid"
 [[ -n $ref_ddp_pid ]] && ended_ok "$ref_ddp_pid"

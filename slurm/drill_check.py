@@ -29,9 +29,11 @@ FIRST_CRASH_HOLD_SECONDS = 60
 # A node lost under a run with the node-local tier: the batch shell restarts
 # the run inside the job (docs/recovery.md). With a spare node the world keeps
 # its two ranks; without one it goes on at one.
-INJOB = ("dp-nodeloss-injob", "dp-nodeloss-injob-nospare", "dp-rankkill-injob")
-# Of them, those holding a spare node (the world keeps its two ranks).
-INJOB_SPARE = ("dp-nodeloss-injob", "dp-rankkill-injob")
+# dp-nodeloss-wide is dp-nodeloss-injob at 16 ranks, two a node, on eight
+# nodes and a spare: the same bounds at eight times the world.
+INJOB = ("dp-nodeloss-injob", "dp-nodeloss-injob-nospare", "dp-rankkill-injob", "dp-nodeloss-wide")
+# Of them, those holding a spare node (the world keeps all its ranks).
+INJOB_SPARE = ("dp-nodeloss-injob", "dp-rankkill-injob", "dp-nodeloss-wide")
 # The bounds of docs/drills.md for them: steps lost at most two local
 # intervals (the interval, plus one local save in flight when the node died:
 # 10 steps at every 5) plus the steps trained in LOCAL_COMMIT_SECONDS, the
@@ -319,15 +321,20 @@ def hang_injob_checks(attempts, resumes, extra):
     return out
 
 
-def rank_lost_check(att0, killed_node):
-    """(name, ok, detail): rank 0 found rank 1 on the killed node silent for
-    at least the timeout and less than three times it."""
-    lost = first(att0, "rank_lost") or {}
-    return ("rank 0 found rank 1 lost on the killed node within the timeout",
-            lost.get("rank") == 1 and lost.get("rank_node") == killed_node
-            and lost.get("noticed_by") == 0 and lost.get("silent_seconds", 0) >= lost.get("timeout_seconds", 1)
-            and lost.get("silent_seconds", 1e9) < 3 * lost.get("timeout_seconds", 0),
-            f"rank_lost {json.dumps(lost)}, killed node {killed_node}")
+def rank_lost_check(att0, killed_node, lost_ranks=(1,)):
+    """(name, ok, detail): rank 0 found the ranks on the killed node
+    (`lost_ranks`: rank 1 in a world of one rank a node) silent for at least
+    the timeout and less than three times it, each once, and no other rank."""
+    found = [e for e in att0 if e.get("event") == "rank_lost"]
+    want = sorted(lost_ranks)
+    names = "rank 1" if want == [1] else f"ranks {', '.join(map(str, want))}"
+    ok = bool(found) and sorted(e.get("rank") for e in found) == want and all(
+        e.get("rank_node") == killed_node and e.get("noticed_by") == 0
+        and e.get("silent_seconds", 0) >= e.get("timeout_seconds", 1)
+        and e.get("silent_seconds", 1e9) < 3 * e.get("timeout_seconds", 0) for e in found)
+    detail = "; ".join(f"rank_lost {json.dumps(e)}" for e in found) or "no rank_lost event"
+    return (f"rank 0 found {names} lost on the killed node within the timeout", ok,
+            f"{detail}, killed node {killed_node}")
 
 
 def injob_checks(attempts, metrics, extra, restarts, spare, job_output):
@@ -338,15 +345,21 @@ def injob_checks(attempts, metrics, extra, restarts, spare, job_output):
     held, job_output the job's output file's text."""
     out = []
     killed = extra.get("killed_node")
+    # The first world: `world` ranks, `per_node` a node (two ranks on two
+    # nodes unless the drill says), and the rank whose node was killed.
+    world, per_node, lost_rank = extra.get("world", 2), extra.get("per_node", 1), extra.get("lost_rank", 1)
+    nodes = world // per_node
     out.append(("never requeued: SLURM's Restarts=0", restarts == 0, f"Restarts={restarts}"))
     att0 = attempts[0] if attempts else {"start": {}, "events": []}
     att1 = attempts[1] if len(attempts) > 1 else None
     s0 = att0["start"]
     ranks0 = s0.get("rank_nodes") or []
-    out.append(("attempt 0 trained over two ranks on two nodes, rank 1 on the killed node",
-                s0.get("world_size") == 2 and len(set(ranks0)) == 2 and ranks0[1:2] == [killed],
+    on_killed = [r for r, n in enumerate(ranks0) if n == killed]
+    out.append((f"attempt 0 trained over {world} ranks on {nodes} nodes, rank {lost_rank} on the killed node",
+                s0.get("world_size") == world and len(ranks0) == world and len(set(ranks0)) == nodes
+                and ranks0[lost_rank:lost_rank + 1] == [killed] and len(on_killed) == per_node,
                 f"world_size {s0.get('world_size')}, rank_nodes {ranks0}, killed {killed}"))
-    out.append(rank_lost_check(att0["events"], killed))
+    out.append(rank_lost_check(att0["events"], killed, on_killed or [lost_rank]))
     out.append(("no checkpoint of the current step after the loss (the world cannot agree on one)",
                 not any(e.get("event") == "checkpoint_saved" and e.get("kind") == "stop" for e in att0["events"]), ""))
     if att1 is None:
@@ -358,9 +371,9 @@ def injob_checks(attempts, metrics, extra, restarts, spare, job_output):
     # A world of one records no world_size or rank_nodes: its node is the start's.
     size1 = s1.get("world_size") or 1
     ranks1 = s1.get("rank_nodes") or ([s1["node"]] if size1 == 1 and s1.get("node") else [])
-    want = 2 if spare else 1
-    out.append((f"it went on over {want} rank(s) on {want} node(s) other than the killed one",
-                size1 == want and len(set(ranks1)) == want and killed not in ranks1,
+    want, want_nodes = (world, nodes) if spare else (world - per_node, nodes - 1)
+    out.append((f"it went on over {want} rank(s) on {want_nodes} node(s) other than the killed one",
+                size1 == want and len(set(ranks1)) == want_nodes and killed not in ranks1,
                 f"world_size {size1}, rank_nodes {ranks1}, killed {killed}"))
     resume = first(att1["events"], "resume") or {}
     # The tier's promise is the newest state either tier holds: the local
@@ -764,7 +777,7 @@ def main():
             check(name, ok, detail)
             if name.startswith("steps lost"):
                 lost_bound = f"{name}: {detail}"
-    if a.drill in ("nodeloss", "dp-nodeloss", "dp-nodeloss-injob", "dp-nodeloss-injob-nospare"):
+    if a.drill in ("nodeloss", "dp-nodeloss", "dp-nodeloss-injob", "dp-nodeloss-injob-nospare", "dp-nodeloss-wide"):
         check("node back in service", extra.get("node_back") is True, extra.get("node_state", ""))
     if a.drill in ("dp", "dp-preempt", "dp-nodeloss", "dp-straggler"):
         nodes_per_attempt = 1 if a.drill == "dp-preempt" else 2

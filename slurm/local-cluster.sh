@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A real three-node SLURM cluster on this one machine, for the drills and for
-# trying rekindle by hand.
+# A real SLURM cluster on this one machine, for the drills and for trying
+# rekindle by hand: three nodes for the usual partitions, nine more for wide
+# worlds.
 #
 #   slurm/local-cluster.sh up       install the packages if missing, start munged,
-#                                   slurmctld and three slurmd (n1, n2, n3); wait
-#                                   until every node is idle. Idempotent.
+#                                   slurmctld and twelve slurmd (n1, n2, n3 and
+#                                   w1 … w9); wait until every node is idle.
+#                                   Idempotent.
 #   slurm/local-cluster.sh down     cancel this cluster's jobs, stop the daemons
 #                                   this script started (by their pid files only)
 #   slurm/local-cluster.sh status   which daemons run, sinfo, squeue
@@ -34,6 +36,12 @@
 #   partition high (PriorityTier=10, PreemptMode=OFF): a `high` job on a node
 #     running a `low` job preempts it: SIGTERM at once, SIGKILL after GraceTime,
 #     then SLURM requeues the low job.
+#   nodes w1 … w9 (2 CPUs each, the machine's) in partition wide only: a world
+#     of 16 ranks on 8 nodes with one spare (REKINDLE_SPARE_NODES=1 sbatch -p
+#     wide -N9 --ntasks-per-node=2), the dp-nodeloss-wide drill. slurmd is
+#     light (a few MB each); the ranks share the machine's cores, so such a
+#     job needs OMPI_MCA_mpi_yield_when_idle=1 (OpenMPI under srun does not
+#     know it is oversubscribed and would spin in every collective).
 #   AuthInfo cred_expire=10: a requeued job may run again after ~20 s, not 120 s.
 #   TmpFS=<folder>/tmp/<node>: a multi-node MPI step (`srun -N2 -n2 --mpi=pmix`)
 #     runs on this one machine (PMIx makes a directory per node in TmpFS).
@@ -46,7 +54,7 @@
 #
 # Knobs (environment):
 #   REKINDLE_SLURM_DIR        the private folder
-#   REKINDLE_SLURM_PORT       first of 4 TCP ports: slurmctld, then one slurmd per
+#   REKINDLE_SLURM_PORT       first of 13 TCP ports: slurmctld, then one slurmd per
 #                             node (default derived from the folder)
 #   REKINDLE_SLURM_GRACE      GraceTime of partition low, seconds (default 20)
 #   REKINDLE_SLURM_KILLWAIT   KillWait, seconds (default 20)
@@ -56,12 +64,14 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 hash=$(printf '%s' "$repo_root" | cksum | cut -d' ' -f1)
 DIR=${REKINDLE_SLURM_DIR:-${TMPDIR:-/tmp}/rekindle-slurm-$(printf '%08x' "$hash")}
-PORT=${REKINDLE_SLURM_PORT:-$((20000 + (hash % 5000) * 4))}
+PORT=${REKINDLE_SLURM_PORT:-$((20000 + (hash % 2500) * 16))}
 GRACE=${REKINDLE_SLURM_GRACE:-20}
 KILLWAIT=${REKINDLE_SLURM_KILLWAIT:-20}
 CONF=$DIR/slurm.conf
 MUNGE_SOCKET=$DIR/munge/munge.socket
 NODES=(n1 n2 n3)
+WIDE_NODES=(w1 w2 w3 w4 w5 w6 w7 w8 w9)
+ALL_NODES=("${NODES[@]}" "${WIDE_NODES[@]}")
 
 log() { printf 'local-cluster: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -96,13 +106,17 @@ install_packages() {
 }
 
 # One NodeName line per node: all on this host, each slurmd on its own port.
+# The usual nodes have 1 CPU (a second job on one needs preemption), the wide
+# ones the machine's 2 (two ranks a node).
 node_lines() {
-    local i
-    for i in "${!NODES[@]}"; do
-        echo "NodeName=${NODES[i]} NodeHostname=$1 NodeAddr=127.0.0.1 Port=$((PORT + 1 + i)) CPUs=1 RealMemory=1000 State=UNKNOWN"
+    local i cpus
+    for i in "${!ALL_NODES[@]}"; do
+        cpus=1
+        ((i >= ${#NODES[@]})) && cpus=2
+        echo "NodeName=${ALL_NODES[i]} NodeHostname=$1 NodeAddr=127.0.0.1 Port=$((PORT + 1 + i)) CPUs=$cpus RealMemory=1000 State=UNKNOWN"
     done
 }
-nodes_csv() { local IFS=,; echo "${NODES[*]}"; }
+nodes_csv() { local IFS=,; echo "$*"; }
 
 # Writes slurm.conf: the usual config, or the variant named in $1.
 # Returns 0 when the file changed, 1 when it was already so.
@@ -115,7 +129,7 @@ write_conf() {
     esac
     host=$(hostname -s)
     mkdir -p "$DIR"/{state,log,run,munge}
-    for n in "${NODES[@]}"; do mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"; done
+    for n in "${ALL_NODES[@]}"; do mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"; done
     cat >"$CONF.tmp" <<EOF
 # Written by slurm/local-cluster.sh; rewritten on every \`up\`.
 # Variant: ${variant:-none}
@@ -157,8 +171,9 @@ PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 ${ctld_params:+SlurmctldParameters=$ctld_params}
 $(node_lines "$host")
-PartitionName=low Nodes=$(nodes_csv) Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE MaxTime=INFINITE State=UP
-PartitionName=high Nodes=$(nodes_csv) PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+PartitionName=low Nodes=$(nodes_csv "${NODES[@]}") Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE MaxTime=INFINITE State=UP
+PartitionName=high Nodes=$(nodes_csv "${NODES[@]}") PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+PartitionName=wide Nodes=$(nodes_csv "${WIDE_NODES[@]}") PriorityTier=1 PreemptMode=OFF MaxTime=INFINITE State=UP
 EOF
     if cmp -s "$CONF.tmp" "$CONF"; then
         rm -f "$CONF.tmp"
@@ -221,10 +236,11 @@ clients() { SLURM_CONF=$CONF "$@"; }
 wait_idle() {
     local deadline=$((SECONDS + ${1:-60})) out
     while ((SECONDS < deadline)); do
-        out=$(clients sinfo -h -N -p low -o '%N %t' 2>/dev/null || true)
-        if [[ $(grep -cE '^n[0-9]+ idle$' <<<"$out") == "${#NODES[@]}" ]]; then return 0; fi
+        # A node in two partitions is listed once for each.
+        out=$(clients sinfo -h -N -o '%N %t' 2>/dev/null | sort -u || true)
+        if [[ $(grep -cE '^[nw][0-9]+ idle$' <<<"$out") == "${#ALL_NODES[@]}" ]]; then return 0; fi
         # A node that was down and came back may need a nudge.
-        for n in "${NODES[@]}"; do
+        for n in "${ALL_NODES[@]}"; do
             if grep -qE "^$n (down|drain|drng|fail)" <<<"$out"; then
                 clients scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
             fi
@@ -246,9 +262,9 @@ cmd_up() {
     fi
     start_munged
     start_slurmctld
-    for n in "${NODES[@]}"; do start_slurmd "$n"; done
+    for n in "${ALL_NODES[@]}"; do start_slurmd "$n"; done
     wait_idle 90 || die "see the logs in $DIR/log"
-    log "up: nodes ${NODES[*]} idle; partitions low (default), high; folder $DIR"
+    log "up: nodes ${ALL_NODES[*]} idle; partitions low (default) and high (${NODES[*]}), wide (${WIDE_NODES[*]}); folder $DIR"
     log "use it from a shell with: eval \"\$($0 env)\""
 }
 
@@ -282,14 +298,14 @@ cmd_down() {
             done
         fi
     fi
-    for n in "${NODES[@]}"; do stop_pidfile "$DIR/run/slurmd-$n.pid" "slurmd $n"; done
+    for n in "${ALL_NODES[@]}"; do stop_pidfile "$DIR/run/slurmd-$n.pid" "slurmd $n"; done
     stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
     stop_pidfile "$DIR/munge/munged.pid" munged
 }
 
 cmd_status() {
     local rc=0 f name pid n pidfiles=("$DIR/munge/munged.pid" "$DIR/run/slurmctld.pid")
-    for n in "${NODES[@]}"; do pidfiles+=("$DIR/run/slurmd-$n.pid"); done
+    for n in "${ALL_NODES[@]}"; do pidfiles+=("$DIR/run/slurmd-$n.pid"); done
     for f in "${pidfiles[@]}"; do
         name=$(basename "$f" .pid)
         if pid=$(live_pid "$f"); then echo "$name: running (pid $pid)"; else echo "$name: stopped"; rc=1; fi

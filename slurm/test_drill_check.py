@@ -269,6 +269,66 @@ class InJob(unittest.TestCase):
                       self.failed(injob_checks_of(*injob_run(), output="rekindle: job 1 restart 0 ...")))
 
 
+WIDE_NODES = [f"w{i}" for i in range(1, 10)]
+
+
+def wide_run(lost=(14, 15), next_nodes=None, next_size=16):
+    """An in-job run of dp-nodeloss-wide: 16 ranks, two a node, on w1-w8; w8
+    (ranks 14 and 15) killed; ranks `lost` found lost; attempt 1 over
+    `next_size` ranks on `next_nodes` (default: w1-w7 and the spare w9).
+    Otherwise injob_run's."""
+    ev, metrics = injob_run()
+    first = [n for n in WIDE_NODES[:8] for _ in range(2)]
+    nodes1 = next_nodes or [n for n in WIDE_NODES[:7] + WIDE_NODES[8:] for _ in range(2)]
+    out, starts = [], 0
+    for e in ev:
+        e = dict(e)
+        if e["event"] == "start":
+            starts += 1
+            if starts == 1:
+                e.update(node="w1", world_size=16, rank_nodes=first)
+            else:
+                e.update(node="w1", world_size=next_size, rank_nodes=nodes1[:next_size])
+        if e["event"] == "rank_lost":
+            for rank in lost:
+                out.append(dict(e, rank=rank, rank_node="w8"))
+            continue
+        out.append(e)
+    return out, metrics
+
+
+def wide_checks_of(events, metrics):
+    extra = {"killed_node": "w8", "kill_time": drill_check.iso_to_unix(at(KILL)), "local_every": 5,
+             "lost_rank": 15, "world": 16, "per_node": 2}
+    return {name: (ok, detail) for name, ok, detail in
+            drill_check.injob_checks(drill_check.split_attempts(events), metrics, extra, 0, True,
+                                     "rekindle: in-job restart 1/3: ...")}
+
+
+class Wide(unittest.TestCase):
+    """dp-nodeloss-wide: the in-job judge at 16 ranks, two a node."""
+    FIRST = "attempt 0 trained over 16 ranks on 8 nodes, rank 15 on the killed node"
+    LOST = "rank 0 found ranks 14, 15 lost on the killed node within the timeout"
+    NEXT = "it went on over 16 rank(s) on 8 node(s) other than the killed one"
+
+    def failed(self, checks):
+        return [name for name, (ok, _) in checks.items() if not ok]
+
+    def test_both_ranks_of_the_lost_node_found_and_16_ranks_again_passes(self):
+        checks = wide_checks_of(*wide_run())
+        self.assertEqual(self.failed(checks), [], checks)
+        self.assertIn(self.FIRST, checks)
+
+    def test_a_rank_of_the_lost_node_not_found_or_another_rank_blamed_fails(self):
+        self.assertIn(self.LOST, self.failed(wide_checks_of(*wide_run(lost=(15,)))))
+        self.assertIn(self.LOST, self.failed(wide_checks_of(*wide_run(lost=(13, 14, 15)))))
+
+    def test_a_smaller_world_or_the_lost_node_in_the_next_one_fails(self):
+        self.assertIn(self.NEXT, self.failed(wide_checks_of(*wide_run(next_size=14))))
+        back = [n for n in WIDE_NODES[:8] for _ in range(2)]
+        self.assertIn(self.NEXT, self.failed(wide_checks_of(*wide_run(next_nodes=back))))
+
+
 class EverySampleOnce(unittest.TestCase):
     TRAIN = {"step": 1000, "epoch": 8, "cursor": {"epoch": 8, "position": 1120}, "optimizer_step": 1000,
              "counters": {"samples": 16000, "batches": 1000, "tokens": 0, "clipped": 53}}

@@ -1,4 +1,4 @@
-//! The SLURM drills against a real SLURM: brings the local three-node cluster up
+//! The SLURM drills against a real SLURM: brings the local cluster up
 //! (`slurm/local-cluster.sh`, which installs the Debian packages when they are
 //! missing), runs every drill of `slurm/drill.sh` with the binary under
 //! test, asserts each printed PASS, and brings the cluster down again.
@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use crate::support::cluster::{LocalCluster, repo};
 
-const DRILLS: [&str; 27] = [
+const DRILLS: [&str; 28] = [
     "term",
     "term-batch",
     "term-full",
@@ -35,6 +35,7 @@ const DRILLS: [&str; 27] = [
     "dp-nodeloss-injob",
     "dp-nodeloss-injob-nospare",
     "dp-rankkill-injob",
+    "dp-nodeloss-wide",
     "hang-injob",
     "own",
     "exec",

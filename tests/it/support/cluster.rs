@@ -1,4 +1,4 @@
-//! The local SLURM cluster of `slurm/local-cluster.sh` (three nodes on this
+//! The local SLURM cluster of `slurm/local-cluster.sh` (twelve nodes on this
 //! machine), for the tests that submit real jobs: the drills
 //! (`drills.rs`) and the batch shell's in-job restarts (`injob.rs`).
 //!
