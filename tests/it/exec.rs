@@ -693,6 +693,9 @@ fn a_megabyte_stderr_line_does_not_delay_the_stop() {
         .env("MARK", &mark)
         .spawn();
     wait_for_file(&mark, &mut running);
+    // The scenario, not synchronisation: the SIGTERM comes while the open
+    // line is still being taken in (any moment in the first seconds would do:
+    // the bug held the stop for minutes).
     std::thread::sleep(Duration::from_millis(500));
     running.signal(Signal::SIGTERM);
     let sent = std::time::Instant::now();

@@ -147,7 +147,8 @@ fn kill_between_checkpoints(cmd: Command, nodes: &[&str], run_dir: &Path, local_
             let _ = child.wait();
             // The lock of a holder "on another node" is taken over once its
             // heartbeat is older than lock.stale_after (2 s): outside a
-            // SLURM job a younger one is refused, not waited for.
+            // SLURM job a younger one is refused, not waited for. The sleep
+            // is that scenario (the killed holder's heartbeat going stale).
             std::thread::sleep(Duration::from_millis(2500));
             return newest_local(run_dir).expect("checked above");
         }
