@@ -31,9 +31,11 @@
 #               preempt_send_user_signal: the local cluster is reconfigured
 #               for the drill (slurm/local-cluster.sh reconfigure
 #               no-preempt-user-signal) and back afterwards. The job asks for
-#               --signal=USR1@120, so the signal tells what SLURM did: SIGTERM
-#               as preemption begins (USR1 would mean the parameter was still
-#               on); then as preempt. Needs the local cluster.
+#               --signal=USR1@120, so the signal rekindle records in its stop
+#               event tells what SLURM did: SIGTERM as preemption begins (USR1
+#               would mean the parameter was still on; the judge reads the
+#               stop, not the drill's own note of --signal); then as preempt.
+#               Needs the local cluster.
 #   nodeloss    SIGKILL to the node's slurmd and to the job's processes: the
 #               node is marked down, SLURM requeues the job onto the other node,
 #               it resumes from the last periodic checkpoint (at most one

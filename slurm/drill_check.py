@@ -147,6 +147,35 @@ def straggler_checks(attempts, extra):
     return out
 
 
+def preempt_nosignal_checks(attempts, extra):
+    """(name, ok, detail) pairs of the preempt-nosignal drill: preemption
+    without preempt_send_user_signal. The job asks for --signal=USR1@120, so
+    what rekindle recorded tells what SLURM did: the first attempt's stop
+    event names SIGTERM (USR1 would mean the parameter was still on, or that
+    rekindle stopped on the job's own signal), no attempt recorded a stop on
+    SIGUSR1, and the requeue decision saw the job being preempted
+    (PreemptTime set). The job's --signal is the drill's own setting, not
+    evidence: it is reported, never judged."""
+    params = extra.get("slurmctld_parameters") or {}
+    stops = [first(att["events"], "stop") for att in attempts]
+    stop0 = stops[0] if stops else None
+    req = (stop0 or {}).get("requeue") or {}
+    usr1 = [i for i, s in enumerate(stops) if s and s.get("reason") == "SIGUSR1"]
+    return [
+        ("the controller ran the drill without preempt_send_user_signal",
+         "during" in params and "preempt_send_user_signal" not in params["during"],
+         f"SlurmctldParameters during the drill: {params.get('during')!r}"),
+        ("rekindle's first stop was on SIGTERM as preemption began, and none on the job's --signal (USR1)",
+         stop0 is not None and stop0.get("reason") == "SIGTERM" and not usr1,
+         f"first attempt's stop: {json.dumps({k: (stop0 or {}).get(k) for k in ('reason', 'step')})}; "
+         f"attempts that stopped on SIGUSR1: {usr1}; job --signal={extra.get('job_signal')}"),
+        ("rekindle requeued the job inside GraceTime (PreemptTime set)",
+         "being preempted" in (req.get("reason") or ""), json.dumps(req)),
+        ("the cluster's config was restored", params.get("after") == params.get("before"),
+         f"SlurmctldParameters before {params.get('before')!r}, after {params.get('after')!r}"),
+    ]
+
+
 def noprogress_checks(attempts, state, exit_code, restarts, extra):
     """(name, ok, detail) pairs of the noprogress drill: the configured number
     of attempts trained and crashed before a checkpoint, then the progress
@@ -661,18 +690,8 @@ def main():
         check("resumed on the other node", len(nodes) >= 2 and nodes[1] != nodes[0], f"nodes {nodes}")
     att0 = attempts[0]["events"] if attempts else []
     if a.drill == "preempt-nosignal":
-        params = extra.get("slurmctld_parameters") or {}
-        check("the controller ran the drill without preempt_send_user_signal",
-              "during" in params and "preempt_send_user_signal" not in params["during"],
-              f"SlurmctldParameters during the drill: {params.get('during')!r}")
-        check("SIGTERM as preemption began, not the job's --signal (USR1)",
-              bool(graceful) and graceful[0]["signal"] == "SIGTERM" and extra.get("job_signal", "").startswith("USR1"),
-              f"first stop on {graceful[0]['signal'] if graceful else None}, job --signal={extra.get('job_signal')}")
-        req = graceful[0]["requeue"] if graceful else {}
-        check("rekindle requeued the job inside GraceTime (PreemptTime set)",
-              "being preempted" in (req.get("reason") or ""), json.dumps(req))
-        check("the cluster's config was restored", params.get("after") == params.get("before"),
-              f"SlurmctldParameters before {params.get('before')!r}, after {params.get('after')!r}")
+        for name, ok, detail in preempt_nosignal_checks(attempts, extra):
+            check(name, ok, detail)
     requeued = extra.get("requeued") or {}
     if a.drill in ("hang", "crash"):
         check("SLURM showed the job requeued: PENDING with Restarts=1",

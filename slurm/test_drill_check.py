@@ -456,3 +456,61 @@ class NoProgress(unittest.TestCase):
         self.assertTrue(self.failed(noprogress_events(guard=False)))
         self.assertTrue(self.failed(noprogress_events(), restarts=2))
         self.assertTrue(self.failed(noprogress_events(klass="deterministic")))
+
+
+def preempted_run(reason="SIGTERM", preempted=True, later_reason=None):
+    """events of a preempt-nosignal run: attempt 0 stops on `reason` with a
+    requeue that saw the job being preempted (or not), attempt 1 resumes
+    (and stops on `later_reason`, when given) and finishes."""
+    why = ("training not finished; job RUNNING but being preempted since 2026-11-25T12:00:03: ..." if preempted
+           else "training not finished; job RUNNING")
+    ev = [{"event": "start", "node": "n1"},
+          {"event": "stop", "node": "n1", "reason": reason, "step": 230,
+           "requeue": {"decision": "requeue", "answer": "requeued", "reason": why}},
+          {"event": "start", "node": "n2"},
+          {"event": "resume", "step": 230, "steps_lost": 0}]
+    if later_reason:
+        ev.append({"event": "stop", "node": "n2", "reason": later_reason, "step": 400})
+    ev.append({"event": "finish", "step": 1000})
+    return ev
+
+
+NOSIGNAL_EXTRA = {"job_signal": "USR1@120",
+                  "slurmctld_parameters": {"before": "enable_configless,preempt_send_user_signal",
+                                           "during": "enable_configless",
+                                           "after": "enable_configless,preempt_send_user_signal"}}
+ON_SIGTERM = "rekindle's first stop was on SIGTERM as preemption began, and none on the job's --signal (USR1)"
+
+
+class PreemptNoSignal(unittest.TestCase):
+    def failed(self, events, extra=None):
+        return [name for name, ok, _ in
+                drill_check.preempt_nosignal_checks(drill_check.split_attempts(events),
+                                                    NOSIGNAL_EXTRA if extra is None else extra)
+                if not ok]
+
+    def test_the_drills_records_pass(self):
+        self.assertEqual(self.failed(preempted_run()), [])
+
+    def test_a_stop_on_the_jobs_usr1_fails_whatever_the_drill_says_it_asked_for(self):
+        # What the product recorded is judged: a stop on SIGUSR1 (SLURM sent
+        # the job's --signal, or rekindle took it) fails, at the first stop
+        # or a later one.
+        self.assertEqual(self.failed(preempted_run(reason="SIGUSR1")), [ON_SIGTERM])
+        self.assertEqual(self.failed(preempted_run(later_reason="SIGUSR1")), [ON_SIGTERM])
+        self.assertEqual(self.failed(preempted_run(reason="stop_at_step")), [ON_SIGTERM])
+        # The drill's own note of --signal is no evidence either way.
+        extra = {k: v for k, v in NOSIGNAL_EXTRA.items() if k != "job_signal"}
+        self.assertEqual(self.failed(preempted_run(), extra), [])
+        self.assertEqual(self.failed(preempted_run(reason="SIGUSR1"), extra), [ON_SIGTERM])
+
+    def test_no_stop_or_a_requeue_outside_the_grace_time_fails(self):
+        no_stop = [e for e in preempted_run() if e["event"] != "stop"]
+        self.assertIn(ON_SIGTERM, self.failed(no_stop))
+        self.assertEqual(self.failed(preempted_run(preempted=False)),
+                         ["rekindle requeued the job inside GraceTime (PreemptTime set)"])
+
+    def test_a_controller_left_with_the_parameter_fails(self):
+        params = dict(NOSIGNAL_EXTRA["slurmctld_parameters"], during="enable_configless,preempt_send_user_signal")
+        self.assertEqual(self.failed(preempted_run(), dict(NOSIGNAL_EXTRA, slurmctld_parameters=params)),
+                         ["the controller ran the drill without preempt_send_user_signal"])

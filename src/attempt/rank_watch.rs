@@ -1024,6 +1024,7 @@ mod tests {
     fn a_rank_that_finishes_is_not_reported() {
         let tmp = tempfile::tempdir().unwrap();
         let (w0, rx, w1, rx1) = two_watches(tmp.path());
+        // The scenario: both run a while (a few beats) before rank 1 finishes.
         std::thread::sleep(Duration::from_millis(300));
         assert!(rx1.try_recv().is_err(), "rank 0 beats: rank 1 finds nobody lost");
         w1.finish();
@@ -1088,6 +1089,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (w0, _rx0, w1, _rx1) = two_watches(tmp.path());
         let follower = std::thread::spawn(move || {
+            // The scenario: the follower ends after the leader began to wait.
             std::thread::sleep(Duration::from_millis(300));
             w1.finish();
         });
@@ -1133,6 +1135,7 @@ mod tests {
     fn a_frozen_rank_that_is_not_its_nodes_writer_is_named_by_the_sweepers_and_every_rank_hears_it() {
         let tmp = tempfile::tempdir().unwrap();
         let mut world = three(tmp.path());
+        // The scenario: longer than the timeout passes while all beat.
         std::thread::sleep(Duration::from_millis(1500));
         assert!(world.iter().all(|(_, rx)| rx.try_recv().is_err()), "all beat: nobody is lost");
         world[2].0.take().unwrap().stop_beating();
@@ -1144,6 +1147,7 @@ mod tests {
     fn a_frozen_writer_is_replaced_by_its_nodes_next_rank_and_alone_named_lost() {
         let tmp = tempfile::tempdir().unwrap();
         let mut world = three(tmp.path());
+        // The scenario: the world runs past the timeout before b's writer freezes.
         std::thread::sleep(Duration::from_millis(1500));
         world[1].0.take().unwrap().stop_beating();
         assert_eq!(named(&world[0].1), [1], "rank 2 took b's file over: only rank 1 is silent");
@@ -1162,7 +1166,13 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(10), "rank 0 never named a deputy");
             std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(300));
+        // ... through node b's folder, where b's writer copies the naming
+        // (rank 1 reads it there at its next look): wait for the copy.
+        let b = local_dir("b", &tmp.path().display().to_string()).expect("node-local storage").join(WATCH_FILE);
+        while !std::fs::read_to_string(&b).is_ok_and(|t| t.contains("\"deputy\":1")) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "node b's folder never heard of the deputy");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         world[0].0.take().unwrap().stop_beating();
         assert_eq!(named(&world[1].1), [0], "the deputy sweeps");
         assert_eq!(named(&world[2].1), [0], "rank 2 hears it");
@@ -1185,7 +1195,14 @@ mod tests {
     fn the_shared_filesystem_sees_the_nodes_files_not_a_file_a_rank() {
         let tmp = tempfile::tempdir().unwrap();
         let world = three(tmp.path());
-        std::thread::sleep(Duration::from_millis(1500));
+        // Wait until both nodes' files and rank 0's sweep record are there
+        // (a product writing a file a rank would have written them by then).
+        let shared = tmp.path().join(RANKS_DIR);
+        let t0 = Instant::now();
+        while !["node-a.json", "node-b.json", WATCH_FILE].iter().all(|f| shared.join(f).is_file()) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the nodes' files never appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let mut names: Vec<String> = std::fs::read_dir(tmp.path().join(RANKS_DIR))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -500,6 +500,8 @@ mod tests {
         let report = std::thread::scope(|s| {
             let committer = s.spawn(|| store.commit_world(4, 3, Duration::from_secs(30)));
             for rank in 1..3 {
+                // The scenario, not synchronisation: each rank seals late, so
+                // rank 0 waits (at least this long: a lower bound below).
                 std::thread::sleep(Duration::from_millis(50));
                 let staged = stage(&store, &format!("r{rank}"), &[(&format!("shard-{rank}"), b"s")]);
                 store.seal_part(&staged, 4, WorldRank::new(rank, 3).unwrap()).unwrap();

@@ -455,11 +455,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = settings(dir.path());
         s.interval = Duration::from_secs(3600);
+        let stats = s.stats_path.clone();
         let started = Instant::now();
         let monitor =
             Monitor::start(Box::new(StaticProbe::new(vec![])), Box::new(FakeHost { disk_free_mib: None }), s, |_| {})
                 .unwrap();
-        std::thread::sleep(Duration::from_millis(20));
+        // Once its first sample is written the sampler waits out the hour:
+        // the stop must wake it there (a stop before it got that far would
+        // not exercise the wake).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&stats).map(|t| t.lines().count()).unwrap_or(0) < 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let summary = monitor.stop().unwrap();
         assert_eq!(summary.samples, 1);
         assert!(started.elapsed() < Duration::from_secs(5));

@@ -693,6 +693,9 @@ fn a_megabyte_stderr_line_does_not_delay_the_stop() {
         .env("MARK", &mark)
         .spawn();
     wait_for_file(&mark, &mut running);
+    // The scenario, not synchronisation: the SIGTERM comes while the open
+    // line is still being taken in (any moment in the first seconds would do:
+    // the bug held the stop for minutes).
     std::thread::sleep(Duration::from_millis(500));
     running.signal(Signal::SIGTERM);
     let sent = std::time::Instant::now();
@@ -727,9 +730,20 @@ fn a_carriage_return_progress_bar_is_kept_in_bounded_lines_and_bounded_memory() 
     let program = stderr_program(stderr, false, 0);
     let mut running = RunCmd::exec(&run, &["python3", "-c", &program]).env("MARK", &mark).spawn();
     wait_for_file(&mark, &mut running);
-    // The last bytes the program wrote are read once rekindle's stderr
-    // reader has passed them through (the harness reads them in turn).
-    std::thread::sleep(Duration::from_secs(2));
+    // The program's write returned before it made the mark, so all but a
+    // pipe's worth is read already; wait until rekindle has read every byte
+    // (its read count, /proc/<pid>/io's rchar, counts them with the few it
+    // reads elsewhere) so the peak below includes the end of the 24 MB line.
+    let written: u64 = 200_000 * 199 + 1 + (24 << 20);
+    let read = || {
+        let io = std::fs::read_to_string(format!("/proc/{}/io", running.pid())).unwrap_or_default();
+        io.lines().find_map(|l| l.strip_prefix("rchar:")).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0)
+    };
+    let t0 = std::time::Instant::now();
+    while read() < written {
+        assert!(t0.elapsed() < TIMEOUT, "rekindle read {} of the {written} bytes written to its stderr pipe", read());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let status = std::fs::read_to_string(format!("/proc/{}/status", running.pid())).unwrap();
     let peak_kib: u64 = status
         .lines()

@@ -235,6 +235,8 @@ fn without_the_watchdog_a_stuck_step_is_not_ended() {
         .env("FAILPOINTS", format!("train::step=3*off->sleep({FOREVER_MS})"))
         .spawn();
     run.wait_for_step(3, EXIT);
+    // The scenario, not synchronisation: the step stays stuck well past the
+    // 2 s limit the watchdog would have (watched_run's), and nothing ends it.
     std::thread::sleep(Duration::from_secs(5));
     assert!(events_named(&dir, "hang").is_empty());
     assert!(dir.join("rekindle.lock").exists(), "still running");
