@@ -163,8 +163,9 @@
 #               on the eight nodes left, byte-identical to 16 ranks never
 #               stopped (mpirun -n 16). Its own length: DRILL_WIDE_STEPS.
 #               Needs the local cluster's wide partition (nine nodes of two
-#               CPUs). Its job runs with OMPI_MCA_mpi_yield_when_idle=1 and
-#               OMPI_MCA_btl=self,tcp: its nodes share one host and its cores.
+#               CPUs). Its job runs with OMPI_MCA_mpi_yield_when_idle=1,
+#               OMPI_MCA_btl=self,tcp and OMPI_MCA_btl_tcp_if_include=lo: its
+#               nodes share one host and its cores.
 #   dp-nodeloss-injob-nospare
 #               the same with two ranks on two nodes (`-N2 -n2`, no spare):
 #               the run goes on in the job at one rank and, at the end, has
@@ -1258,8 +1259,10 @@ drill_dp-nodeloss-wide() {
     # know it is oversubscribed, and its ranks would spin in every collective.
     # Two ranks of a simulated node are on one host, as are all the others:
     # OpenMPI's shared memory between them looks for its segment in the
-    # node's own TmpFS and fails (segfaults at MPI_Init), so TCP only.
-    local -x REKINDLE_SPARE_NODES=1 OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl=self,tcp
+    # node's own TmpFS and fails (segfaults at MPI_Init), so TCP only, over
+    # the loopback: 16 ranks connecting at once through this VM's eth0
+    # sometimes failed to connect ("Operation now in progress") and crashed.
+    local -x REKINDLE_SPARE_NODES=1 OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo
     local LOW=$WIDE_PARTITION LOST_RANK=$((WIDE_RANKS - 1)) INJOB_WORLD=$WIDE_RANKS INJOB_PER_NODE=$WIDE_PER_NODE
     local INJOB_EXTRA=(--set "run.max_steps=$WIDE_STEPS")
     injob_drill kill_rank_node -N"$nodes" --ntasks-per-node="$WIDE_PER_NODE"
