@@ -38,6 +38,11 @@ pub trait Collective: Send {
     fn max_u64(&self, local: u64) -> Result<u64, DistributedError>;
     /// Every rank's `local` bytes, in rank order, on every rank.
     fn all_gather_bytes(&self, local: &[u8]) -> Result<Vec<Vec<u8>>, DistributedError>;
+    /// Rank `root`'s `data` on every rank (the others' `data` is ignored:
+    /// pass `&[]`). A tree or pipeline in MPI, so sending one rank's bytes
+    /// to all takes O(log N) steps, where an all-gather in which only that
+    /// rank contributes passes them along a ring of N hops.
+    fn broadcast_bytes(&self, root: usize, data: &[u8]) -> Result<Vec<u8>, DistributedError>;
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<(), DistributedError>;
 }
@@ -64,6 +69,10 @@ impl Collective for Solo {
     }
     fn all_gather_bytes(&self, local: &[u8]) -> Result<Vec<Vec<u8>>, DistributedError> {
         Ok(vec![local.to_vec()])
+    }
+    fn broadcast_bytes(&self, root: usize, data: &[u8]) -> Result<Vec<u8>, DistributedError> {
+        check_root("broadcast_bytes", root, 1)?;
+        Ok(data.to_vec())
     }
     fn barrier(&self) -> Result<(), DistributedError> {
         Ok(())
@@ -105,9 +114,18 @@ impl Collective for SharedWorld {
     fn all_gather_bytes(&self, local: &[u8]) -> Result<Vec<Vec<u8>>, DistributedError> {
         self.with(|w| w.all_gather_bytes(local))
     }
+    fn broadcast_bytes(&self, root: usize, data: &[u8]) -> Result<Vec<u8>, DistributedError> {
+        self.with(|w| w.broadcast_bytes(root, data))
+    }
     fn barrier(&self) -> Result<(), DistributedError> {
         self.with(|w| w.barrier())
     }
+}
+
+/// `Ok` when `root` is a rank of a world of `size`; every rank checks the
+/// same two numbers, so all refuse together before any sends a byte.
+pub fn check_root(op: &'static str, root: usize, size: usize) -> Result<(), DistributedError> {
+    if root < size { Ok(()) } else { Err(DistributedError::NoSuchRank { op, rank: root, size }) }
 }
 
 /// `(start, len)` of each rank's chunk of a vector of `len` values split
@@ -184,6 +202,9 @@ mod tests {
         assert_eq!(s.sum_in_rank_order(&[1.5, -2.0]).unwrap(), vec![1.5, -2.0]);
         assert_eq!(s.max_u64(9).unwrap(), 9);
         assert_eq!(s.all_gather_bytes(b"x").unwrap(), vec![b"x".to_vec()]);
+        assert_eq!(s.broadcast_bytes(0, b"y").unwrap(), b"y".to_vec());
+        let err = s.broadcast_bytes(1, b"y").unwrap_err();
+        assert!(err.to_string().contains("rank 1") && err.to_string().contains("world of 1"), "{err}");
         s.barrier().unwrap();
     }
 }

@@ -31,4 +31,6 @@ pub enum DistributedError {
          (fewer parameters per reduction, smaller pieces) or use fewer, larger ranks' shares"
     )]
     TooLarge { op: &'static str, what: &'static str, elements: u64, limit: u64 },
+    #[error("collective `{op}`: rank {rank} is not in a world of {size} ranks: the ranks run different code or state")]
+    NoSuchRank { op: &'static str, rank: usize, size: usize },
 }

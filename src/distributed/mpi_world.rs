@@ -18,7 +18,7 @@ use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
-use super::collective::{Collective, chunk_bounds, sum_in_rank_order};
+use super::collective::{Collective, check_root, chunk_bounds, sum_in_rank_order};
 use super::error::DistributedError;
 use super::world::WorldInfo;
 
@@ -110,6 +110,15 @@ fn gather_rounds(lens: &[u64], limit: u64) -> (u64, Vec<Vec<u64>>) {
     let rounds = longest.div_ceil(piece);
     let plan = (0..rounds).map(|k| lens.iter().map(|&n| n.saturating_sub(k * piece).min(piece)).collect()).collect();
     (piece, plan)
+}
+
+/// The byte ranges [`MpiWorld::broadcast_bytes`] sends one `MPI_Bcast`
+/// each: consecutive, covering `len`, none longer than `limit` (rsmpi
+/// takes a slice's length as an `i32` count, and panics past it). Empty
+/// for nothing to send.
+fn broadcast_pieces(len: u64, limit: u64) -> Vec<std::ops::Range<usize>> {
+    let limit = limit.max(1);
+    (0..len.div_ceil(limit)).map(|k| (k * limit) as usize..((k + 1) * limit).min(len) as usize).collect()
 }
 
 impl Collective for MpiWorld {
@@ -206,6 +215,20 @@ impl Collective for MpiWorld {
         Ok(out)
     }
 
+    fn broadcast_bytes(&self, root: usize, data: &[u8]) -> Result<Vec<u8>, DistributedError> {
+        check_root("broadcast_bytes", root, self.size)?;
+        let from = self.world.process_at_rank(count(root, "broadcast_bytes", "the root rank")?);
+        // The length first, so every rank sizes its buffer and computes the
+        // same pieces from the same number, and all make the same calls.
+        let mut len = data.len() as u64;
+        from.broadcast_into(&mut len);
+        let mut buf = if self.rank == root { data.to_vec() } else { vec![0u8; len as usize] };
+        for piece in broadcast_pieces(len, Count::MAX as u64) {
+            from.broadcast_into(&mut buf[piece]);
+        }
+        Ok(buf)
+    }
+
     fn barrier(&self) -> Result<(), DistributedError> {
         self.world.barrier();
         Ok(())
@@ -266,6 +289,24 @@ mod tests {
         assert_eq!(displacements(&[3, 0, 5], "x").unwrap(), vec![0, 3, 3]);
         let last = displacements(&vec![1 << 24; 128], "x").unwrap();
         assert_eq!(*last.last().unwrap(), 127 << 24);
+    }
+
+    #[test]
+    fn a_broadcast_past_two_gib_is_sent_in_pieces_that_each_fit_and_cover_it_in_order() {
+        assert!(broadcast_pieces(0, LIMIT).is_empty(), "nothing to send: only the length goes");
+        assert_eq!(broadcast_pieces(5, LIMIT), vec![0..5]);
+        assert_eq!(broadcast_pieces(10, 4), vec![0..4, 4..8, 8..10]);
+        assert_eq!(broadcast_pieces(8, 4), vec![0..4, 4..8]);
+        let len = (5u64 << 30) + 3;
+        let pieces = broadcast_pieces(len, LIMIT);
+        assert_eq!(pieces.len(), 3);
+        let mut at = 0;
+        for piece in &pieces {
+            assert_eq!(piece.start, at);
+            count(piece.len(), "broadcast_bytes", "a piece").unwrap();
+            at = piece.end;
+        }
+        assert_eq!(at as u64, len);
     }
 
     #[test]

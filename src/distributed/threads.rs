@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Barrier, Mutex, PoisonError};
 
-use super::collective::{Collective, sum_in_rank_order};
+use super::collective::{Collective, check_root, sum_in_rank_order};
 use super::error::DistributedError;
 
 struct Shared {
@@ -78,6 +78,18 @@ impl Collective for ThreadRank {
         Ok(all)
     }
 
+    fn broadcast_bytes(&self, root: usize, data: &[u8]) -> Result<Vec<u8>, DistributedError> {
+        check_root("broadcast_bytes", root, self.size)?;
+        if self.rank == root {
+            self.shared.slots.lock().unwrap_or_else(PoisonError::into_inner)[root] = data.to_vec();
+        }
+        self.shared.barrier.wait();
+        let got = self.shared.slots.lock().unwrap_or_else(PoisonError::into_inner)[root].clone();
+        // As in a gather: the root writes no next value before all have read.
+        self.shared.barrier.wait();
+        Ok(got)
+    }
+
     fn barrier(&self) -> Result<(), DistributedError> {
         self.shared.barrier.wait();
         Ok(())
@@ -98,13 +110,18 @@ mod tests {
                     let gathered = r.all_gather_bytes(&[me as u8; 2]).unwrap();
                     let max = r.max_u64(10 + me as u64).unwrap();
                     let sum = r.sum_in_rank_order(&[me as f32, 1.0]).unwrap();
+                    // Only the root's bytes count; the others' are ignored.
+                    let from_1 = r.broadcast_bytes(1, &[me as u8; 3]).unwrap();
+                    let from_2 = r.broadcast_bytes(2, if me == 2 { b"two" } else { b"" }).unwrap();
+                    assert!(r.broadcast_bytes(3, b"").is_err(), "no rank 3 in a world of 3");
                     r.barrier().unwrap();
-                    (gathered, max, sum)
+                    (gathered, max, sum, from_1, from_2)
                 })
             })
             .collect();
         for h in handles {
-            let (gathered, max, sum) = h.join().unwrap();
+            let (gathered, max, sum, from_1, from_2) = h.join().unwrap();
+            assert_eq!((from_1, from_2), (vec![1, 1, 1], b"two".to_vec()));
             assert_eq!(gathered, vec![vec![0, 0], vec![1, 1], vec![2, 2]]);
             assert_eq!(max, 12);
             assert_eq!(sum, vec![3.0, 3.0]);

@@ -11,7 +11,7 @@
 //! a new world (in-job restart): every rank reports the local checkpoints
 //!     its node holds at hello; the leader picks the newest newer than the
 //!     durable one (checkpoint::local::choose), LocalRestore round, the holder
-//!     sends it to the nodes without it ([`share`]), Begin { local: true }
+//!     broadcasts it to the nodes without it ([`share`]), Begin { local: true }
 //! ```
 //!
 //! Each node's root is private to the user (`checkpoint/private.rs`): made
@@ -53,8 +53,12 @@ const AUTO_MIN: Duration = Duration::from_secs(5);
 const AUTO_MAX: Duration = Duration::from_secs(300);
 /// `"auto"` keeps a local save's cost to this share of the training time.
 const AUTO_COST_SHARE: f64 = 0.01;
-/// How much of a file one round of [`share`] carries.
+/// How much of a file one round of [`share`] carries (a few bytes in unit
+/// tests, so that a file there takes several rounds).
+#[cfg(not(test))]
 const SHARE_CHUNK: usize = 64 << 20;
+#[cfg(test)]
+const SHARE_CHUNK: usize = 64;
 
 /// This node's local root for the run in `run_root`, when `[recovery]
 /// local` is on: made (`0700`) and checked to be the user's alone, with
@@ -760,7 +764,7 @@ pub fn share(
         }
         _ => Vec::new(),
     };
-    let names = match gather_from(world, holder, serde_json::to_vec(&names).unwrap_or_default()) {
+    let names = match from_holder(world, holder, &serde_json::to_vec(&names).unwrap_or_default()) {
         Ok(bytes) => serde_json::from_slice::<Vec<String>>(&bytes).unwrap_or_default(),
         Err(e) => return agree(world, Some(e)),
     };
@@ -792,8 +796,7 @@ pub fn share(
                 Some(Ok(file)) => read_chunk(file).unwrap_or_default(),
                 _ => Vec::new(),
             };
-            let more = u64::from(chunk.len() == SHARE_CHUNK);
-            let got = match gather_from(world, holder, chunk) {
+            let got = match from_holder(world, holder, &chunk) {
                 Ok(got) => got,
                 Err(e) => return agree(world, Some(e)),
             };
@@ -802,10 +805,12 @@ pub fn share(
             {
                 failure.get_or_insert(format!("cannot write {}: {e}", inc.join(name).display()));
             }
-            match world.max_u64(more) {
-                Ok(1) => continue,
-                Ok(_) => break,
-                Err(e) => return agree(world, Some(e.to_string())),
+            // Every rank received the same chunk, so every rank tells alike
+            // whether the file goes on: a full chunk means more may follow
+            // (the holder reads at most SHARE_CHUNK; a short or failed read
+            // ends the file, and the copy then fails to verify).
+            if got.len() != SHARE_CHUNK {
+                break;
             }
         }
         if let (Some(Err(e)), Some(inc)) = (sink, &incoming) {
@@ -851,14 +856,11 @@ fn agree(world: &dyn Collective, failure: Option<String>) -> Result<(), Vec<(usi
     if failed.is_empty() { Ok(()) } else { Err(failed) }
 }
 
-/// What rank `holder` sends, as every rank receives it.
-fn gather_from(world: &dyn Collective, holder: usize, mine: Vec<u8>) -> Result<Vec<u8>, String> {
-    let send = if world.rank() == holder { mine } else { Vec::new() };
-    let mut all = world.all_gather_bytes(&send).map_err(|e| e.to_string())?;
-    if holder >= all.len() {
-        return Err(format!("rank {holder} is not in a world of {}", all.len()));
-    }
-    Ok(all.swap_remove(holder))
+/// What rank `holder` sends, as every rank receives it: a broadcast from
+/// the holder (a tree in MPI: O(log N) steps, not a ring of N hops).
+fn from_holder(world: &dyn Collective, holder: usize, mine: &[u8]) -> Result<Vec<u8>, String> {
+    let send = if world.rank() == holder { mine } else { &[] };
+    world.broadcast_bytes(holder, send).map_err(|e| e.to_string())
 }
 
 fn read_chunk(file: &mut std::fs::File) -> std::io::Result<Vec<u8>> {
@@ -1013,6 +1015,85 @@ mod tests {
         );
         assert!(events.iter().all(|e| e.outcome == "failed"));
         assert_eq!(events[1].step, 7);
+    }
+
+    /// A committed local copy of `step` of the run `run` under `root`,
+    /// written the way a node's writer writes one.
+    fn committed_copy(root: &Path, step: u64, run: &str) {
+        use crate::checkpoint::HostTensor;
+        let mut writer = LocalWriter::open(root, &Config::default()).unwrap();
+        let mut model = TensorSet::new();
+        let weights: Vec<f32> = (0..100).map(|i| i as f32 * 0.25).collect();
+        model.insert("w".into(), HostTensor::from_f32(vec![100], &weights));
+        writer.start(Snapshot { step, model, optimizer: TensorSet::new(), state: serde_json::json!({"step": step}) });
+        let done = loop {
+            if let Some(done) = writer.finished().pop() {
+                break done;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(done.error, None);
+        writer.commit(&WorldRecord::new(run.into(), step, done.files, vec!["a".into()], 3)).unwrap();
+    }
+
+    /// Every rank's result of [`share`] over a world of threads, each with
+    /// its side.
+    fn share_over_threads(
+        holder: usize,
+        step: u64,
+        run: &str,
+        sides: Vec<Side<'_>>,
+    ) -> Vec<Result<(), Vec<(usize, String)>>> {
+        let world = crate::distributed::ThreadRank::world(sides.len());
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = world
+                .into_iter()
+                .zip(sides)
+                .map(|(world, side)| scope.spawn(move || share(&world, holder, step, run, side)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_local_copy_is_broadcast_from_its_holder_to_a_node_without_it_and_verifies_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root_of = |node: &str| {
+            let root = tmp.path().join(node).join(private::private_dir_name(private::user())).join("key");
+            private::prepare_root(&root).unwrap();
+            root
+        };
+        let (a, b, c) = (root_of("a"), root_of("b"), root_of("c"));
+        let (a, b, c) = (a.as_path(), b.as_path(), c.as_path());
+        let run = "/runs/a";
+        committed_copy(a, 10, run);
+        // Rank 0 on a holds it; ranks 1 and 2 are on b, whose writer is rank 1.
+        let sides = vec![
+            Side::Root { root: a, write: false },
+            Side::Root { root: b, write: true },
+            Side::Root { root: b, write: false },
+        ];
+        for result in share_over_threads(0, 10, run, sides) {
+            assert_eq!(result, Ok(()));
+        }
+        let (sent, got) = (a.join(step_dir_name(10)), b.join(step_dir_name(10)));
+        tier::check_copy(&got, 10, run).expect("b's copy verifies");
+        for name in ["MANIFEST.json", tier::WORLD_FILE, "model.safetensors"] {
+            let bytes = std::fs::read(sent.join(name)).unwrap();
+            assert!(bytes.len() > SHARE_CHUNK, "{name} takes several rounds");
+            assert_eq!(std::fs::read(got.join(name)).unwrap(), bytes, "{name}");
+        }
+        assert!(!b.join(format!(".incoming-{}", step_dir_name(10))).exists(), "received into place");
+
+        // A rank that cannot take it fails the share on every rank alike.
+        let sides = vec![
+            Side::Root { root: a, write: false },
+            Side::Root { root: c, write: true },
+            Side::Cannot("no local directory".into()),
+        ];
+        for result in share_over_threads(0, 10, run, sides) {
+            assert_eq!(result, Err(vec![(2, "no local directory".to_string())]));
+        }
     }
 
     #[test]
