@@ -1279,8 +1279,12 @@ drill_badnode() {
         echo '{"drill":"badnode","result":"SKIP"}'
         return 3
     fi
-    local others n
-    others=$(sinfo -h -N ${LOW:+-p "$LOW"} -o %N | sort -u | grep -vx "$BAD_NODE" | paste -sd, -)
+    local others n part
+    # The other nodes of the partition the job runs in (the default one, `*`
+    # in sinfo, unless DRILL_PARTITION names it): not every node the cluster
+    # has (the local cluster's `wide` nodes are in no other partition).
+    part=${LOW:-$(sinfo -h -o %P | sed -n 's/\*$//p' | head -n1)}
+    others=$(sinfo -h -N ${part:+-p "$part"} -o %N | sort -u | grep -vx "$BAD_NODE" | paste -sd, -)
     n=$(tr ',' '\n' <<<"$others" | grep -c .)
     high=$(sbatch --parsable -J rekindle-drill-busy -w "$others" -N "$n" -o /dev/null ${LOW:+-p "$LOW"} \
         "${EXTRA_OPTS[@]}" --wrap 'sleep 15')
