@@ -10,6 +10,7 @@
 //! ([`ending`]), and the node check and progress guard at its start, with
 //! the exclusion of blamed nodes ([`health`]). It never imports a driver.
 
+pub mod board;
 pub mod budget;
 pub mod crash;
 pub mod deadline;

@@ -2,12 +2,14 @@
 //! never in timed unit tests. Results go to docs/performance.md with the
 //! command that produced them.
 
+mod board;
 mod checkpoint;
 mod collective;
 mod interval;
 mod liveness;
 mod train;
 
+pub use board::{BoardBench, BoardBenchError, BoardBenchOptions, BoardRow, run_board_bench};
 pub use checkpoint::{
     BenchError, CheckpointBench, CheckpointBenchOptions, Stats, run_checkpoint_bench, synthetic_state,
 };

@@ -288,6 +288,31 @@ pub enum BenchCommand {
     /// longest sweep of the others' beats, the time to name a stopped rank
     /// and any rank named wrongly (docs/scale.md).
     Liveness(BenchLivenessArgs),
+    /// What the tasks of an `exec` world cost the shared filesystem while
+    /// they wait for task 0 (its world record, its end): the real board
+    /// (task 0 listens, the others connect and block) with N tasks as
+    /// threads over a temporary staging directory (`--dir` on the shared
+    /// filesystem to measure that one). Prints the files read per task and
+    /// second against the 10 a second of reading them every 100 ms, and how
+    /// long the slowest task took to hear each post (docs/scale.md).
+    Board(BenchBoardArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchBoardArgs {
+    /// World sizes (task 0 and the others), comma-separated (a row each).
+    #[arg(long, value_delimiter = ',', default_value = "8,64,512")]
+    pub tasks: Vec<usize>,
+    /// How long task 0 takes to post the world's start (e.g. verifying a
+    /// large checkpoint).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub wait: Duration,
+    /// Where the temporary staging directories go (default: the system's
+    /// temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 #[derive(Debug, Args)]

@@ -3,7 +3,8 @@
 
 use super::CliError;
 use super::args::{
-    BenchCheckpointArgs, BenchCollectiveArgs, BenchIntervalArgs, BenchLivenessArgs, BenchTrainArgs, WriteModeArg,
+    BenchBoardArgs, BenchCheckpointArgs, BenchCollectiveArgs, BenchIntervalArgs, BenchLivenessArgs, BenchTrainArgs,
+    WriteModeArg,
 };
 use super::output::emit;
 use crate::config;
@@ -75,5 +76,11 @@ pub(super) fn liveness(args: &BenchLivenessArgs) -> Result<Outcome, CliError> {
         dir: args.dir.clone(),
     };
     emit(&crate::bench::run_liveness_bench(&opts)?, args.output.json);
+    Ok(Outcome::Done)
+}
+
+pub(super) fn board(args: &BenchBoardArgs) -> Result<Outcome, CliError> {
+    let opts = crate::bench::BoardBenchOptions { tasks: args.tasks.clone(), wait: args.wait, dir: args.dir.clone() };
+    emit(&crate::bench::run_board_bench(&opts)?, args.output.json);
     Ok(Outcome::Done)
 }

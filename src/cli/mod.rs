@@ -188,6 +188,8 @@ pub enum CliError {
     #[error(transparent)]
     LivenessBench(#[from] crate::bench::LivenessBenchError),
     #[error(transparent)]
+    BoardBench(#[from] crate::bench::BoardBenchError),
+    #[error(transparent)]
     Report(#[from] crate::report::ReportError),
     #[error("{path} is not a run directory (no {file}); pass the directory `rekindle run` wrote to")]
     NotARunDir { path: PathBuf, file: &'static str },
@@ -257,6 +259,7 @@ pub fn execute(cli: Cli, registry: &Registry) -> Result<Outcome, CliError> {
         Command::Bench(BenchCommand::Collective(args)) => bench::collective(&args),
         Command::Bench(BenchCommand::Interval(args)) => bench::interval(&args),
         Command::Bench(BenchCommand::Liveness(args)) => bench::liveness(&args),
+        Command::Bench(BenchCommand::Board(args)) => bench::board(&args),
     }
 }
 

@@ -54,6 +54,7 @@ use crate::telemetry::{
     SummaryState, now_rfc3339,
 };
 
+use crate::attempt::board::{Board, Link};
 use crate::attempt::budget;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::devices;
@@ -103,28 +104,29 @@ pub fn exec(opts: &ExecOptions) -> Result<Outcome, RunError> {
         Role::Leader(launch) => Some(launch),
         Role::Alone => None,
     };
-    let mut staging = None;
-    let result = lead(opts, &stop, slurm, leader.as_ref(), &mut staging);
-    if let (Some(launch), Some(staging)) = (&leader, &staging) {
+    let mut board = None;
+    let result = lead(opts, &stop, slurm, leader.as_ref(), &mut board);
+    if let (Some(board), Some(launch)) = (&board, &leader) {
         let code = match &result {
             Ok(outcome) => outcome.code(),
             Err(e) => e.outcome().code(),
         };
-        world::publish_end(staging, &launch.id, code);
+        world::publish_end(board, &launch.id, code);
     }
     result
 }
 
 /// The lifecycle of one `rekindle exec` (the module header), for a step of
 /// one task or as task 0 of several (`leader`: then the world record is
-/// published before the program starts). `staging` is set once the staging
-/// directory is known, for the leader's end record.
+/// published before the program starts). `board` is opened once the staging
+/// directory is known (task 0 holds the lock then), for the others' waits
+/// (channel.rs) and the leader's end record.
 fn lead(
     opts: &ExecOptions,
     stop: &StopFlag,
     slurm: SlurmEnv,
     leader: Option<&Launch>,
-    staging: &mut Option<PathBuf>,
+    board: &mut Option<Board>,
 ) -> Result<Outcome, RunError> {
     let stop = stop.clone();
     let (cfg, max_steps) = load_config(opts)?;
@@ -144,7 +146,18 @@ fn lead(
     // The supervisor commits nothing itself (`rekindle seal` does), but it
     // quarantines and removes staged leftovers: only as the lock's owner.
     let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
-    *staging = Some(store.staging_dir());
+    // Emptied before task 0 says where it listens there (below). The
+    // previous launch's world files (channel.rs) go without a word.
+    for leftover in store.reset_staging()? {
+        if !leftover.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".exec-")) {
+            tracing::warn!(path = %leftover.display(), "removed a staged checkpoint that was never sealed");
+        }
+    }
+    if let Some(launch) = leader {
+        // The others connect now and wait on the connection while this task
+        // verifies checkpoints and prepares.
+        *board = Some(Board::open(&store.staging_dir(), &launch.id, &crate::slurm::hostname(), launch.size as usize));
+    }
     let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
     // Secrets redacted unless `[telemetry] record_raw_command`.
     let recorded = child::recorded_command(&cfg, &opts.command);
@@ -196,9 +209,6 @@ fn lead(
     // Follows what the program logs (log_metrics) into TensorBoard and the
     // textfile; dropped after the attempt's last records (attempt/exports.rs).
     let _exports = crate::attempt::exports::start(&cfg, &dir, &slurm, start_step.unwrap_or(0));
-    for leftover in store.reset_staging()? {
-        tracing::warn!(path = %leftover.display(), "removed a staged checkpoint that was never sealed");
-    }
     let _ = crate::confine::Dir::open(&dir.root).and_then(|root| root.remove_file(contract::STOP_FILE));
     let monitor = devices::start_job_monitor(&cfg, &dir);
     let mut env = ChildEnv {
@@ -213,7 +223,7 @@ fn lead(
         launcher: Vec::new(),
     };
     let mut liveness = None;
-    if let Some(launch) = leader {
+    if let (Some(launch), Some(board)) = (leader, board.as_ref()) {
         // The other tasks start their programs only now, with what this one
         // decided: the checkpoint to resume from, the lock seals commit under.
         let record = WorldRecord {
@@ -233,7 +243,7 @@ fn lead(
         // Beating before the others can start: a leader that cannot beat
         // fails here, before any program of the world runs.
         liveness = Some(Liveness::start(&dir.root, launch, &record, slurm.node_name(), cfg.distributed.timeout)?);
-        world::publish(&store.staging_dir(), &record)?;
+        board.post(&record)?;
         tracing::info!(tasks = launch.size, master = %format!("{}:{}", record.master_addr, record.master_port), "task 0 of the job step: the other tasks start their programs");
     }
     let task = leader.map(|l| l.rank);
@@ -314,12 +324,14 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
     // checkpoint first: as long as a rank may be silent.
     let (timeout, grace) = (cfg.distributed.timeout, cfg.signals.grace);
     tracing::info!(task = launch.rank, tasks = launch.size, "waiting for task 0 of the job step to start");
-    let Some(record) = world::wait_for_record(&staging, &launch.id, timeout, stop)? else {
+    // One link to task 0 for the launch: the record, then the end (channel.rs).
+    let mut link = Link::new(&staging, &launch.id);
+    let Some(record) = world::wait_for_record(&mut link, timeout, stop)? else {
         tracing::warn!("stopped before the program started: task 0 decides what comes next");
-        return Ok(Outcome::from_code(world::wait_for_end(&staging, &launch.id, timeout + grace)?));
+        return Ok(Outcome::from_code(world::wait_for_end(&mut link, timeout + grace)?));
     };
     let liveness = Liveness::start(&root, launch, &record, slurm.node_name(), timeout)?;
-    let result = follow_program(opts, stop, &slurm, launch, &cfg, &root, &staging, &record, &liveness);
+    let result = follow_program(opts, stop, &slurm, launch, &cfg, &root, &mut link, &record, &liveness);
     liveness.finish();
     result
 }
@@ -333,7 +345,7 @@ fn follow_program(
     launch: &Launch,
     cfg: &Config,
     root: &std::path::Path,
-    staging: &std::path::Path,
+    link: &mut Link,
     record: &WorldRecord,
     liveness: &Liveness,
 ) -> Result<Outcome, RunError> {
@@ -357,7 +369,7 @@ fn follow_program(
     let end = ChildEnd::from_status(ran.status);
     if let Some(lost) = world_loss(&ran, Some(liveness)) {
         record_or_log(&mut events, &child_exit(&ran, end, &Verdict::RankLost, None, 0, task));
-        return Ok(follower_loss(cfg, slurm, root, staging, launch, liveness, &mut events, &lost));
+        return Ok(follower_loss(cfg, slurm, root, link, launch, liveness, &mut events, &lost));
     }
     let verdict = verdict::verdict(end, ran.stop.is_some(), false, 0, None);
     record_or_log(&mut events, &child_exit(&ran, end, &verdict, None, 0, task));
@@ -368,9 +380,9 @@ fn follow_program(
     }
     tracing::info!(task = launch.rank, how = %end.describe(), "the program ended; waiting for task 0 to end the attempt");
     // Still watching: task 0's node may die while its program runs on.
-    match world::wait_for_end_or_loss(staging, &launch.id, timeout + grace, &|| liveness.lost())? {
+    match world::wait_for_end_or_loss(link, timeout + grace, &|| liveness.lost())? {
         world::Ended::Code(code) => Ok(Outcome::from_code(code)),
-        world::Ended::Lost(lost) => Ok(follower_loss(cfg, slurm, root, staging, launch, liveness, &mut events, &lost)),
+        world::Ended::Lost(lost) => Ok(follower_loss(cfg, slurm, root, link, launch, liveness, &mut events, &lost)),
     }
 }
 
@@ -385,7 +397,7 @@ fn follower_loss(
     cfg: &Config,
     slurm: &SlurmEnv,
     root: &std::path::Path,
-    staging: &std::path::Path,
+    link: &mut Link,
     launch: &Launch,
     liveness: &Liveness,
     events: &mut EventLog,
@@ -403,7 +415,7 @@ fn follower_loss(
     } else {
         let _ = events.sync();
         let bound = cfg.signals.grace + 2 * budget::SCONTROL_TIMEOUT;
-        match world::wait_for_end(staging, &launch.id, bound) {
+        match world::wait_for_end(link, bound) {
             Ok(code) => Outcome::from_code(code),
             Err(e) => {
                 tracing::error!(task = launch.rank, error = %e, "exiting with this task's own code");

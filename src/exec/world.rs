@@ -7,10 +7,12 @@
 //! ```text
 //! task 0, the leader   the whole lifecycle of a one-task exec (the lock,
 //!                      quarantine, resume, records, requeue, publish), and
-//!                      two files in the staging directory for the others:
-//!                      the world record once its program may start
-//!                      (`.exec-world.json`) and its exit code at the end
-//!                      (`.exec-world-end.json`)
+//!                      two messages for the others: the world record once
+//!                      its program may start and its exit code at the end,
+//!                      said over a TCP connection each task holds to it and
+//!                      written to the staging directory (`.exec-world.json`,
+//!                      `.exec-world-end.json`) for a task that cannot
+//!                      connect (channel.rs)
 //! the other tasks      wait for the world record of this launch, start their
 //!                      program with the same contract (the leader's lock for
 //!                      seals, the same checkpoint to resume from), forward
@@ -22,8 +24,9 @@
 //!
 //! Every supervisor gives its program torch's `env://` variables derived
 //! from SLURM's ([`torch_vars`]), each only where the environment lacks it.
-//! Files, not MPI: the run directory is on storage every node shares
-//! anyway, and the supervisors exchange two small records per attempt.
+//! Not MPI: the supervisors exchange two small records per attempt, and a
+//! task must be able to wait for task 0 to verify checkpoints for minutes
+//! without costing the shared filesystem anything (channel.rs).
 //!
 //! While the programs run, the supervisors watch each other ([`Liveness`]:
 //! the heartbeats of `run`'s ranks, `attempt/rank_watch.rs`, in `<run
@@ -43,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::attempt::board::{Board, Link, Posted, Waited};
 use crate::attempt::error::RunError;
 use crate::attempt::rank_watch::{Lost, RANKS_DIR, RankWatch, WatchSetup, beat_interval, read_world};
 use crate::attempt::stop::StopFlag;
@@ -52,9 +56,6 @@ use crate::slurm::{SlurmEnv, expand_hostlist};
 pub const RECORD_FILE: &str = ".exec-world.json";
 /// The leader's exit code's file name in the staging directory.
 pub const END_FILE: &str = ".exec-world-end.json";
-
-/// How often a follower looks for the leader's files.
-const POLL: Duration = Duration::from_millis(100);
 
 /// This supervisor's part in the job step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -321,67 +322,54 @@ pub struct WorldEnd {
     pub code: u8,
 }
 
-fn write_json(path: &Path, value: &impl Serialize) -> Result<(), RunError> {
-    let bytes = serde_json::to_vec(value).expect("a world record serialises");
-    crate::rundir::write_atomically(path, &bytes)
-        .map_err(|source| RunError::RunDir { path: path.to_path_buf(), source })
-}
-
-fn read_json<T: for<'a> Deserialize<'a>>(path: &Path) -> Option<T> {
-    let bytes = crate::confine::read_bounded(path, 1 << 20).ok()?;
-    serde_json::from_slice(&bytes).ok()
-}
-
-/// The leader: the world record into the staging directory `staging`.
-pub fn publish(staging: &Path, record: &WorldRecord) -> Result<(), RunError> {
-    write_json(&staging.join(RECORD_FILE), record)
-}
-
-/// The leader, on its way out: its exit code. Best effort: a follower that
-/// never sees it exits 1 after its wait.
-pub fn publish_end(staging: &Path, launch: &str, code: u8) {
-    let path = staging.join(END_FILE);
-    if let Err(e) = write_json(&path, &WorldEnd { launch: launch.to_string(), code }) {
-        tracing::error!(error = %e, "could not tell the other tasks how this one ended; they exit 1 after their wait");
+impl Posted for WorldRecord {
+    const FILE: &'static str = RECORD_FILE;
+    fn launch(&self) -> &str {
+        &self.launch
     }
 }
 
-/// A follower: waits for the world record of `launch` (at most `timeout`),
-/// or `None` when a stop came first (the program is not started then).
-pub fn wait_for_record(
-    staging: &Path,
-    launch: &str,
-    timeout: Duration,
-    stop: &StopFlag,
-) -> Result<Option<WorldRecord>, RunError> {
-    let started = Instant::now();
-    let path = staging.join(RECORD_FILE);
-    loop {
-        if let Some(record) = read_json::<WorldRecord>(&path).filter(|r| r.launch == launch) {
-            return Ok(Some(record));
-        }
-        if stop.signal().is_some() {
-            return Ok(None);
-        }
-        if started.elapsed() >= timeout {
-            return Err(RunError::World {
-                reason: format!(
-                    "task 0 of this job step published no world record ({}) within {:.0} s ([distributed] \
-                     timeout): it failed before its program could start (its output says why), or it cannot reach \
-                     the run directory this task sees (the run directory must be on storage every node shares)",
-                    path.display(),
-                    timeout.as_secs_f64()
-                ),
-            });
-        }
-        std::thread::sleep(POLL);
+impl Posted for WorldEnd {
+    const FILE: &'static str = END_FILE;
+    fn launch(&self) -> &str {
+        &self.launch
+    }
+}
+
+/// The leader, on its way out: its exit code. Best effort for the file: a
+/// task connected hears it anyway, one that hears nothing exits 1 after its
+/// wait.
+pub fn publish_end(board: &Board, launch: &str, code: u8) {
+    if let Err(e) = board.post(&WorldEnd { launch: launch.to_string(), code }) {
+        tracing::error!(error = %e, "could not write how this task ended; the tasks connected hear it, the others exit 1 after their wait");
+    }
+}
+
+/// A follower: waits on `link` for the world record of its launch (at most
+/// `timeout`), or `None` when a stop came first (the program is not started
+/// then).
+pub fn wait_for_record(link: &mut Link, timeout: Duration, stop: &StopFlag) -> Result<Option<WorldRecord>, RunError> {
+    let stopped = || stop.signal().map(|_| ());
+    match link.wait::<WorldRecord, _>(Instant::now() + timeout, &stopped) {
+        Some(Waited::Got(record)) => Ok(Some(record)),
+        Some(Waited::Quit(())) => Ok(None),
+        None => Err(RunError::World {
+            reason: format!(
+                "task 0 of this job step published no world record (neither over its connection nor in {}) \
+                 within {:.0} s ([distributed] timeout): it failed before its program could start (its output says \
+                 why), or it cannot reach the run directory this task sees (the run directory must be on storage \
+                 every node shares)",
+                link.staging().join(RECORD_FILE).display(),
+                timeout.as_secs_f64()
+            ),
+        }),
     }
 }
 
 /// A follower whose program ended: waits for the leader's exit code (at
 /// most `timeout`).
-pub fn wait_for_end(staging: &Path, launch: &str, timeout: Duration) -> Result<u8, RunError> {
-    match wait_for_end_or_loss(staging, launch, timeout, &|| None)? {
+pub fn wait_for_end(link: &mut Link, timeout: Duration) -> Result<u8, RunError> {
+    match wait_for_end_or_loss(link, timeout, &|| None)? {
         Ended::Code(code) => Ok(code),
         Ended::Lost(_) => unreachable!("no watch, no loss"),
     }
@@ -396,34 +384,25 @@ pub enum Ended {
     Lost(Vec<Lost>),
 }
 
-/// As [`wait_for_end`], asking `lost` at every poll whether the watch
-/// found tasks lost (a follower whose program ended still watches: the
-/// leader's node may die while its program runs on).
+/// As [`wait_for_end`], asking `lost` every tenth of a second (in memory)
+/// whether the watch found tasks lost (a follower whose program ended still
+/// watches: the leader's node may die while its program runs on).
 pub fn wait_for_end_or_loss(
-    staging: &Path,
-    launch: &str,
+    link: &mut Link,
     timeout: Duration,
     lost: &dyn Fn() -> Option<Vec<Lost>>,
 ) -> Result<Ended, RunError> {
-    let started = Instant::now();
-    let path = staging.join(END_FILE);
-    loop {
-        if let Some(end) = read_json::<WorldEnd>(&path).filter(|e| e.launch == launch) {
-            return Ok(Ended::Code(end.code));
-        }
-        if let Some(lost) = lost() {
-            return Ok(Ended::Lost(lost));
-        }
-        if started.elapsed() >= timeout {
-            return Err(RunError::World {
-                reason: format!(
-                    "task 0 of this job step did not end within {:.0} s of this task's program ({} never came)",
-                    timeout.as_secs_f64(),
-                    path.display()
-                ),
-            });
-        }
-        std::thread::sleep(POLL);
+    match link.wait::<WorldEnd, _>(Instant::now() + timeout, lost) {
+        Some(Waited::Got(end)) => Ok(Ended::Code(end.code)),
+        Some(Waited::Quit(lost)) => Ok(Ended::Lost(lost)),
+        None => Err(RunError::World {
+            reason: format!(
+                "task 0 of this job step did not end within {:.0} s of this task's program (it said nothing over its \
+                 connection, and {} never came)",
+                timeout.as_secs_f64(),
+                link.staging().join(END_FILE).display()
+            ),
+        }),
     }
 }
 
@@ -526,7 +505,7 @@ mod tests {
     }
 
     #[test]
-    fn a_follower_takes_only_its_own_launchs_records() {
+    fn a_follower_waits_for_its_own_launchs_records_and_says_why_it_gave_up() {
         let tmp = tempfile::tempdir().unwrap();
         let stop = StopFlag::default();
         let record = |launch: &str| WorldRecord {
@@ -541,16 +520,23 @@ mod tests {
             stop_file: "s".into(),
             deadline: None,
         };
-        publish(tmp.path(), &record("42.0.r0")).unwrap();
-        let err = wait_for_record(tmp.path(), "42.0.r1", Duration::from_millis(250), &stop).unwrap_err();
+        let old = Board::open(tmp.path(), "42.0.r0", "localhost", 2);
+        old.post(&record("42.0.r0")).unwrap();
+        publish_end(&old, "42.0.r0", 1);
+        let mut link = Link::new(tmp.path(), "42.0.r1");
+        let err = wait_for_record(&mut link, Duration::from_millis(250), &stop).unwrap_err();
         assert!(err.to_string().contains("published no world record"), "{err}");
-        publish(tmp.path(), &record("42.0.r1")).unwrap();
-        let got = wait_for_record(tmp.path(), "42.0.r1", Duration::from_secs(5), &stop).unwrap();
+        assert!(err.to_string().contains(RECORD_FILE), "{err}");
+        let err = wait_for_end(&mut link, Duration::from_millis(250)).unwrap_err();
+        assert!(err.to_string().contains("did not end within"), "{err}");
+        let board = Board::open(tmp.path(), "42.0.r1", "localhost", 2);
+        board.post(&record("42.0.r1")).unwrap();
+        let got = wait_for_record(&mut link, Duration::from_secs(5), &stop).unwrap();
         assert_eq!(got, Some(record("42.0.r1")));
-        publish_end(tmp.path(), "42.0.r0", 1);
-        assert!(wait_for_end(tmp.path(), "42.0.r1", Duration::from_millis(250)).is_err());
-        publish_end(tmp.path(), "42.0.r1", 75);
-        assert_eq!(wait_for_end(tmp.path(), "42.0.r1", Duration::from_secs(5)).unwrap(), 75);
+        let lost = || Some(vec![]);
+        assert!(matches!(wait_for_end_or_loss(&mut link, Duration::from_secs(5), &lost), Ok(Ended::Lost(_))));
+        publish_end(&board, "42.0.r1", 75);
+        assert_eq!(wait_for_end(&mut link, Duration::from_secs(5)).unwrap(), 75);
     }
 
     #[test]

@@ -1,0 +1,628 @@
+//! How the first task of a world tells the others what they wait for (under
+//! `exec`: the world record before their programs start, task 0's exit code
+//! at the end, exec/world.rs) without every task re-reading files on the
+//! shared filesystem ten times a second while it waits.
+//!
+//! ```text
+//! task 0 (Board)    listens on a TCP port of its own (any free one) as soon
+//!                   as it holds the run directory's lock, and writes where
+//!                   (`.exec-leader.json`: launch, host, port) into the
+//!                   staging directory once; what it posts goes into its file
+//!                   there, then to every task connected and to each one
+//!                   that connects later
+//! a task (Link)     reads `.exec-leader.json` until it names this launch
+//!                   (backing off from 100 ms to 1 s: task 0 writes it right
+//!                   after taking the lock, before the slow part of its
+//!                   start), connects, and then blocks on the connection: no
+//!                   file is read while it is open, except a look at the
+//!                   awaited file every SLOW_LOOK (10 s) in case the
+//!                   connection is up but carries nothing (a partition)
+//! fallback          no address, a refused connection, a closed one (task 0
+//!                   gone or out of file descriptors), something unreadable
+//!                   said: the task reads the awaited file itself, with the
+//!                   same backoff
+//! ```
+//!
+//! So a task's wait costs the shared filesystem a few opens while task 0
+//! reaches its lock, then one every ten seconds, where it cost ten a second
+//! for the whole wait (task 0 verifying a large checkpoint takes minutes;
+//! `rekindle bench board` measures it, docs/scale.md). Task 0 writes each
+//! message to its file before it says it: a task that sees the connection
+//! close finds the file in place.
+//!
+//! A JSON line a message (`{"file": …, "body": …}`); a task takes only
+//! messages of its own launch ([`Posted::launch`]), never a line over
+//! [`MAX_LINE`] bytes.
+
+use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::attempt::error::RunError;
+
+/// Where task 0 listens, in the staging directory.
+pub const ADDRESS_FILE: &str = ".exec-leader.json";
+
+/// The first wait between two looks at the files, doubled up to [`MAX_GAP`].
+const FIRST_GAP: Duration = Duration::from_millis(100);
+const MAX_GAP: Duration = Duration::from_secs(1);
+/// How long a read on the connection blocks before the wait looks at its
+/// stop, its loss check and its deadline (in memory, no file).
+const READ_TICK: Duration = Duration::from_millis(100);
+/// While connected, how often the awaited file is read anyway.
+#[cfg(not(test))]
+const SLOW_LOOK: Duration = Duration::from_secs(10);
+#[cfg(test)]
+const SLOW_LOOK: Duration = Duration::from_millis(600);
+/// The longest message line taken (a world record is under 2 KiB).
+pub const MAX_LINE: usize = 1 << 20;
+/// How long a connect or a write to one task may block.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// File descriptors task 0 keeps free besides one a connected task.
+const SPARE_FDS: u64 = 256;
+
+/// `.exec-leader.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Address {
+    launch: String,
+    host: String,
+    port: u16,
+}
+
+/// What a board posts: a record with a file of its own in the staging
+/// directory, naming the launch it belongs to.
+pub trait Posted: Serialize + for<'a> Deserialize<'a> {
+    /// Its file's name in the staging directory.
+    const FILE: &'static str;
+    /// The launch it belongs to.
+    fn launch(&self) -> &str;
+}
+
+/// One line on the connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    file: String,
+    body: serde_json::Value,
+}
+
+fn read_json<T: for<'a> Deserialize<'a>>(path: &Path) -> Option<T> {
+    let bytes = crate::confine::read_bounded(path, MAX_LINE as u64).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<(), RunError> {
+    let bytes = serde_json::to_vec(value).expect("a world message serialises");
+    crate::rundir::write_atomically(path, &bytes)
+        .map_err(|source| RunError::RunDir { path: path.to_path_buf(), source })
+}
+
+/// The tasks connected to task 0, and what it said (for those that connect
+/// later).
+#[derive(Default)]
+struct Said {
+    peers: Vec<TcpStream>,
+    lines: Vec<Vec<u8>>,
+}
+
+impl Said {
+    /// Writes `line` to every peer; a peer that cannot take it is dropped
+    /// (its connection closes, and it reads the files).
+    fn say(&mut self, line: &[u8]) {
+        self.peers.retain_mut(|p| p.write_all(line).is_ok());
+    }
+}
+
+/// Task 0's side (module header).
+pub struct Board {
+    staging: PathBuf,
+    launch: String,
+    said: Option<Arc<Mutex<Said>>>,
+    done: Arc<AtomicBool>,
+    port: Option<u16>,
+}
+
+impl Board {
+    /// Listens for the `size - 1` other tasks of `launch` and says where in
+    /// `staging`. Where it cannot (no port, too few file descriptors, the
+    /// file not written), the others read the files, and this is logged.
+    pub fn open(staging: &Path, launch: &str, host: &str, size: usize) -> Board {
+        let mut board = Board {
+            staging: staging.to_path_buf(),
+            launch: launch.to_string(),
+            said: None,
+            done: Arc::default(),
+            port: None,
+        };
+        if let Err(why) = board.listen(host, size) {
+            tracing::warn!(
+                "task 0 does not serve the other tasks over TCP ({why}): they read its records from {} instead",
+                staging.display()
+            );
+        }
+        board
+    }
+
+    fn listen(&mut self, host: &str, size: usize) -> Result<(), String> {
+        enough_descriptors(size as u64 + SPARE_FDS)?;
+        let listener = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| format!("no TCP port to listen on: {e}"))?;
+        let port = listener.local_addr().map_err(|e| format!("the port it bound: {e}"))?.port();
+        let said: Arc<Mutex<Said>> = Arc::default();
+        let (shared, done) = (Arc::clone(&said), Arc::clone(&self.done));
+        std::thread::Builder::new()
+            .name("exec-board".into())
+            .spawn(move || serve(&listener, &shared, &done))
+            .map_err(|e| format!("no thread to accept on: {e}"))?;
+        self.said = Some(said);
+        self.port = Some(port);
+        let address = Address { launch: self.launch.clone(), host: host.to_string(), port };
+        write_json(&self.staging.join(ADDRESS_FILE), &address).map_err(|e| e.to_string())
+    }
+
+    /// The port this task listens on, when it does.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// `value`: into its file, then to every task connected.
+    pub fn post<T: Posted>(&self, value: &T) -> Result<(), RunError> {
+        write_json(&self.staging.join(T::FILE), value)?;
+        let Some(said) = &self.said else { return Ok(()) };
+        let line = Line { file: T::FILE.to_string(), body: serde_json::to_value(value).expect("a post serialises") };
+        let mut line = serde_json::to_vec(&line).expect("a post serialises");
+        line.push(b'\n');
+        let mut said = said.lock().unwrap_or_else(PoisonError::into_inner);
+        said.say(&line);
+        said.lines.push(line);
+        Ok(())
+    }
+}
+
+impl Drop for Board {
+    /// Stops accepting: the accept thread is woken by a connection of its
+    /// own; the connections close with this process.
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
+        if let Some(port) = self.port {
+            let _ = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), CONNECT_TIMEOUT);
+        }
+        if let Some(said) = &self.said {
+            said.lock().unwrap_or_else(PoisonError::into_inner).peers.clear();
+        }
+    }
+}
+
+/// The accept loop: each task that connects hears what was said so far.
+fn serve(listener: &TcpListener, said: &Mutex<Said>, done: &AtomicBool) {
+    let mut logged = false;
+    loop {
+        let accepted = listener.accept();
+        if done.load(Ordering::SeqCst) {
+            return;
+        }
+        match accepted {
+            Ok((mut peer, _)) => {
+                let _ = peer.set_write_timeout(Some(WRITE_TIMEOUT));
+                let _ = peer.set_nodelay(true);
+                let mut said = said.lock().unwrap_or_else(PoisonError::into_inner);
+                if said.lines.iter().all(|line| peer.write_all(line).is_ok()) {
+                    said.peers.push(peer);
+                }
+            }
+            Err(e) => {
+                if !logged {
+                    tracing::warn!(error = %e, "task 0 could not accept a task's connection; that task reads the files");
+                    logged = true;
+                }
+                std::thread::sleep(READ_TICK);
+            }
+        }
+    }
+}
+
+/// Raises this process's soft limit on open files to `needed` where the hard
+/// limit allows; an error says why task 0 cannot hold a connection a task.
+fn enough_descriptors(needed: u64) -> Result<(), String> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("the open-file limit: {e}"))?;
+    if soft >= needed {
+        return Ok(());
+    }
+    if hard < needed {
+        return Err(format!("{needed} open files needed, the hard limit is {hard} (ulimit -Hn)"));
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, needed, hard)
+        .map_err(|e| format!("raising the open-file limit to {needed}: {e}"))
+}
+
+/// What a task's wait ended with.
+#[derive(Debug)]
+pub enum Waited<T, Q> {
+    /// The awaited message.
+    Got(T),
+    /// `quit` said to stop waiting.
+    Quit(Q),
+}
+
+/// A task's side (module header): one for the whole launch, so the
+/// connection made for the record also carries the end.
+pub struct Link {
+    staging: PathBuf,
+    launch: String,
+    conn: Option<BufReader<TcpStream>>,
+    partial: Vec<u8>,
+    /// What task 0 said, by file.
+    heard: std::collections::BTreeMap<String, serde_json::Value>,
+    gap: Duration,
+    next_look: Instant,
+    file_reads: u64,
+    /// A task 0 address that said something unreadable: not connected to
+    /// again (whatever listens there is not this launch's task 0).
+    shunned: Option<(String, u16)>,
+    /// The address connected to.
+    peer: Option<(String, u16)>,
+}
+
+impl Link {
+    pub fn new(staging: &Path, launch: &str) -> Link {
+        Link {
+            staging: staging.to_path_buf(),
+            launch: launch.to_string(),
+            conn: None,
+            partial: Vec::new(),
+            heard: Default::default(),
+            gap: FIRST_GAP,
+            next_look: Instant::now(),
+            file_reads: 0,
+            shunned: None,
+            peer: None,
+        }
+    }
+
+    /// The staging directory whose files this task falls back to.
+    pub fn staging(&self) -> &Path {
+        &self.staging
+    }
+
+    /// Files of the shared filesystem this task has read so far (the
+    /// benchmark and the tests count them).
+    pub fn file_reads(&self) -> u64 {
+        self.file_reads
+    }
+
+    /// Whether the connection to task 0 is open.
+    pub fn connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// Waits for task 0's `T` of this launch until `deadline`, or until
+    /// `quit` returns something (asked every [`READ_TICK`], in memory);
+    /// `None` past the deadline.
+    pub fn wait<T: Posted, Q>(&mut self, deadline: Instant, quit: &dyn Fn() -> Option<Q>) -> Option<Waited<T, Q>> {
+        let path = self.staging.join(T::FILE);
+        loop {
+            if let Some(value) = self.heard::<T>() {
+                return Some(Waited::Got(value));
+            }
+            if Instant::now() >= self.next_look {
+                self.file_reads += 1;
+                if let Some(value) = read_json::<T>(&path).filter(|v| v.launch() == self.launch) {
+                    return Some(Waited::Got(value));
+                }
+                if self.conn.is_none() {
+                    self.connect();
+                }
+                self.next_look = Instant::now() + if self.conn.is_some() { SLOW_LOOK } else { self.gap };
+                self.gap = (self.gap * 2).min(MAX_GAP);
+            }
+            if let Some(q) = quit() {
+                return Some(Waited::Quit(q));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            if self.conn.is_some() {
+                self.read_messages();
+            } else {
+                let left = self.next_look.min(deadline).saturating_duration_since(Instant::now());
+                std::thread::sleep(left.min(READ_TICK));
+            }
+        }
+    }
+
+    /// Task 0's `T` of this launch, when it said one.
+    fn heard<T: Posted>(&self) -> Option<T> {
+        let body = self.heard.get(T::FILE)?;
+        serde_json::from_value::<T>(body.clone()).ok().filter(|v| v.launch() == self.launch)
+    }
+
+    /// Reads task 0's address and connects, where it names this launch.
+    fn connect(&mut self) {
+        self.file_reads += 1;
+        let Some(address) = read_json::<Address>(&self.staging.join(ADDRESS_FILE)) else { return };
+        if address.launch != self.launch || self.shunned == Some((address.host.clone(), address.port)) {
+            return;
+        }
+        let addrs = match (address.host.as_str(), address.port).to_socket_addrs() {
+            Ok(addrs) => addrs.collect::<Vec<_>>(),
+            Err(e) => {
+                tracing::warn!(host = %address.host, error = %e, "task 0's host does not resolve: reading its records from the files");
+                return;
+            }
+        };
+        for addr in addrs {
+            if let Ok(stream) = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+                && stream.set_read_timeout(Some(READ_TICK)).is_ok()
+            {
+                tracing::debug!(%addr, "connected to task 0");
+                self.conn = Some(BufReader::new(stream));
+                self.partial.clear();
+                self.peer = Some((address.host.clone(), address.port));
+                return;
+            }
+        }
+    }
+
+    /// Takes what task 0 said within one [`READ_TICK`]; a closed or broken
+    /// connection (task 0 gone) sends this task back to the files at once.
+    fn read_messages(&mut self) {
+        let Some(conn) = self.conn.as_mut() else { return };
+        // What the socket holds, read through the buffer a piece at a time,
+        // so that a line is never held past MAX_LINE.
+        let (taken, line_ends) = match conn.fill_buf() {
+            Ok([]) => return self.disconnect(),
+            Ok(bytes) => match bytes.iter().position(|b| *b == b'\n') {
+                Some(at) => (&bytes[..=at], true),
+                None => (bytes, false),
+            },
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                return;
+            }
+            Err(_) => return self.disconnect(),
+        };
+        self.partial.extend_from_slice(taken);
+        let n = taken.len();
+        conn.consume(n);
+        if self.partial.len() > MAX_LINE {
+            tracing::warn!("task 0's port said a line over {MAX_LINE} bytes: reading the files");
+            self.shunned = self.peer.take();
+            return self.disconnect();
+        }
+        if !line_ends {
+            return;
+        }
+        let line = std::mem::take(&mut self.partial);
+        match serde_json::from_slice::<Line>(&line) {
+            Ok(line) => {
+                self.heard.insert(line.file, line.body);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "task 0's port said something unreadable: reading the files");
+                self.shunned = self.peer.take();
+                self.disconnect();
+            }
+        }
+    }
+
+    fn disconnect(&mut self) {
+        self.conn = None;
+        self.partial.clear();
+        self.gap = FIRST_GAP;
+        self.next_look = Instant::now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the tests post: a start and an end.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Go {
+        launch: String,
+        step: u64,
+    }
+    impl Posted for Go {
+        const FILE: &'static str = ".go.json";
+        fn launch(&self) -> &str {
+            &self.launch
+        }
+    }
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Bye {
+        launch: String,
+        code: u8,
+    }
+    impl Posted for Bye {
+        const FILE: &'static str = ".bye.json";
+        fn launch(&self) -> &str {
+            &self.launch
+        }
+    }
+
+    fn go(launch: &str) -> Go {
+        Go { launch: launch.into(), step: 40 }
+    }
+
+    fn bye(launch: &str, code: u8) -> Bye {
+        Bye { launch: launch.into(), code }
+    }
+
+    fn never() -> Option<()> {
+        None
+    }
+
+    fn within(secs: u64) -> Instant {
+        Instant::now() + Duration::from_secs(secs)
+    }
+
+    fn got<T: std::fmt::Debug, Q: std::fmt::Debug>(w: Option<Waited<T, Q>>) -> T {
+        match w {
+            Some(Waited::Got(v)) => v,
+            other => panic!("expected the message, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn tasks_hear_both_posts_over_the_connection_without_rereading_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let board = Board::open(tmp.path(), "42.0.r0", "localhost", 9);
+        assert!(board.port().is_some(), "task 0 listens");
+        let staging = tmp.path().to_path_buf();
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let staging = staging.clone();
+                std::thread::spawn(move || {
+                    let mut link = Link::new(&staging, "42.0.r0");
+                    let first: Go = got(link.wait(within(20), &never));
+                    let last: Bye = got(link.wait(within(20), &never));
+                    (first, last, link.file_reads())
+                })
+            })
+            .collect();
+        // Task 0 takes its time: a task polling every 100 ms would read the
+        // files ~18 times meanwhile.
+        std::thread::sleep(Duration::from_millis(1500));
+        board.post(&go("42.0.r0")).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        board.post(&bye("42.0.r0", 75)).unwrap();
+        for task in tasks {
+            let (first, last, reads) = task.join().unwrap();
+            assert_eq!((first, last), (go("42.0.r0"), bye("42.0.r0", 75)));
+            // A look at each file and at the address, and a few slow looks
+            // (every 0.6 s here, every 10 s in the product).
+            assert!(reads <= 7, "{reads} file reads");
+        }
+        // Both are in the files as well.
+        assert_eq!(read_json::<Go>(&tmp.path().join(Go::FILE)), Some(go("42.0.r0")));
+        assert_eq!(read_json::<Bye>(&tmp.path().join(Bye::FILE)), Some(bye("42.0.r0", 75)));
+    }
+
+    #[test]
+    fn a_task_that_connects_late_hears_what_was_said() {
+        let tmp = tempfile::tempdir().unwrap();
+        let board = Board::open(tmp.path(), "1.0.r0", "localhost", 2);
+        board.post(&go("1.0.r0")).unwrap();
+        board.post(&bye("1.0.r0", 0)).unwrap();
+        // The files go: only the connection can tell now.
+        std::fs::remove_file(tmp.path().join(Go::FILE)).unwrap();
+        std::fs::remove_file(tmp.path().join(Bye::FILE)).unwrap();
+        let mut link = Link::new(tmp.path(), "1.0.r0");
+        assert_eq!(got(link.wait::<Go, ()>(within(10), &never)), go("1.0.r0"));
+        assert_eq!(got(link.wait::<Bye, ()>(within(10), &never)), bye("1.0.r0", 0));
+    }
+
+    #[test]
+    fn without_task_0_a_task_reads_the_files_and_takes_only_its_launchs() {
+        let tmp = tempfile::tempdir().unwrap();
+        write_json(&tmp.path().join(Go::FILE), &go("42.0.r0")).unwrap();
+        // A stale address of the previous launch is not followed.
+        let stale = Address { launch: "42.0.r0".into(), host: "localhost".into(), port: 1 };
+        write_json(&tmp.path().join(ADDRESS_FILE), &stale).unwrap();
+        let mut link = Link::new(tmp.path(), "42.0.r1");
+        let started = Instant::now();
+        assert!(link.wait::<Go, ()>(Instant::now() + Duration::from_millis(400), &never).is_none());
+        assert!(started.elapsed() >= Duration::from_millis(400));
+        assert!(!link.connected());
+        write_json(&tmp.path().join(Go::FILE), &go("42.0.r1")).unwrap();
+        assert_eq!(got(link.wait::<Go, ()>(within(10), &never)), go("42.0.r1"));
+        write_json(&tmp.path().join(Bye::FILE), &bye("42.0.r1", 3)).unwrap();
+        assert_eq!(got(link.wait::<Bye, ()>(within(10), &never)), bye("42.0.r1", 3));
+    }
+
+    #[test]
+    fn a_task_0_gone_mid_wait_sends_the_task_back_to_the_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let board = Board::open(tmp.path(), "5.0.r0", "localhost", 2);
+        board.post(&go("5.0.r0")).unwrap();
+        std::fs::remove_file(tmp.path().join(Go::FILE)).unwrap();
+        let mut link = Link::new(tmp.path(), "5.0.r0");
+        got(link.wait::<Go, ()>(within(10), &never));
+        assert!(link.connected());
+        // Task 0's process ends: its connections close with it.
+        drop(board);
+        let staging = tmp.path().to_path_buf();
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            write_json(&staging.join(Bye::FILE), &bye("5.0.r0", 1)).unwrap();
+        });
+        let started = Instant::now();
+        assert_eq!(got(link.wait::<Bye, ()>(within(10), &never)), bye("5.0.r0", 1));
+        assert!(started.elapsed() < Duration::from_millis(600 + 300), "found before a slow look would");
+        assert!(!link.connected());
+        late.join().unwrap();
+    }
+
+    #[test]
+    fn a_connection_that_carries_nothing_does_not_hide_the_files() {
+        // A partition: the port accepts, nothing is ever said on it.
+        let tmp = tempfile::tempdir().unwrap();
+        let mute = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = mute.local_addr().unwrap().port();
+        let address = Address { launch: "9.0.r0".into(), host: "127.0.0.1".into(), port };
+        write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
+        let mut link = Link::new(tmp.path(), "9.0.r0");
+        assert!(link.wait::<Go, ()>(Instant::now() + Duration::from_millis(300), &never).is_none());
+        assert!(link.connected(), "connected to the mute port");
+        write_json(&tmp.path().join(Go::FILE), &go("9.0.r0")).unwrap();
+        let started = Instant::now();
+        assert_eq!(got(link.wait::<Go, ()>(within(10), &never)), go("9.0.r0"));
+        assert!(started.elapsed() < Duration::from_secs(3), "found by the slow look");
+        drop(mute);
+    }
+
+    #[test]
+    fn a_quit_ends_the_wait_and_a_port_saying_garbage_is_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let liar = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = liar.local_addr().unwrap().port();
+        let address = Address { launch: "3.0.r0".into(), host: "127.0.0.1".into(), port };
+        write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
+        let talker = std::thread::spawn(move || {
+            let (mut peer, _) = liar.accept().unwrap();
+            peer.write_all(b"{\"record\": 17}\n").unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let mut link = Link::new(tmp.path(), "3.0.r0");
+        let quit_at = Instant::now() + Duration::from_millis(400);
+        let quit = || (Instant::now() >= quit_at).then_some("stop");
+        match link.wait::<Go, _>(within(10), &quit) {
+            Some(Waited::Quit("stop")) => {}
+            other => panic!("expected the quit, got {other:?}"),
+        }
+        assert!(link.heard.is_empty(), "the garbage was not taken");
+        assert!(!link.connected(), "a port that says garbage is not task 0's, and not connected to again");
+        talker.join().unwrap();
+    }
+
+    #[test]
+    fn a_line_past_the_limit_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let flood = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = flood.local_addr().unwrap().port();
+        let address = Address { launch: "4.0.r0".into(), host: "127.0.0.1".into(), port };
+        write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
+        let talker = std::thread::spawn(move || {
+            let (mut peer, _) = flood.accept().unwrap();
+            let chunk = vec![b'x'; 64 << 10];
+            // No newline, ever: 2 MiB then the connection closes.
+            for _ in 0..32 {
+                if peer.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut link = Link::new(tmp.path(), "4.0.r0");
+        assert!(link.wait::<Go, ()>(Instant::now() + Duration::from_millis(1500), &never).is_none());
+        assert!(!link.connected() && link.shunned.is_some(), "a port that floods is left");
+        assert!(link.heard.is_empty());
+        talker.join().unwrap();
+    }
+}
