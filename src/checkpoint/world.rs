@@ -44,8 +44,11 @@ use crate::confine::Dir;
 /// How the world's directory of a step begins, inside the staging directory.
 const WORLD_PREFIX: &str = ".world-";
 
-/// How often rank 0 looks for the other ranks' records.
+/// How often rank 0 looks for the other ranks' records: every 20 ms while
+/// they come in, backing off to every 200 ms while none does (one listing
+/// of the world's directory a look, whatever the world's size).
 const POLL: Duration = Duration::from_millis(20);
+const MAX_POLL: Duration = Duration::from_millis(200);
 
 /// Who seals: rank `rank` of a world of `world` ranks (two or more).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,14 +256,34 @@ fn wait_for_parts(
 ) -> Result<BTreeMap<usize, PartRecord>, String> {
     let started = Instant::now();
     let mut records = BTreeMap::new();
+    let mut gap = POLL;
     loop {
+        // One listing a look; a part's record and a rank's `.failed` appear
+        // whole (renamed into place), so only names listed are read, once.
+        let listed: std::collections::BTreeSet<std::ffi::OsString> = match root.entries(world_name) {
+            Ok(entries) => entries.into_iter().map(|e| e.name).collect(),
+            Err(_) if !matches!(root.own_dir(world_name), Ok(true)) => {
+                return Err(format!(
+                    "the world's directory {} was removed while rank 0 waited",
+                    root.shown(world_name).display()
+                ));
+            }
+            Err(_) => Default::default(),
+        };
+        let before = records.len();
         let missing: Vec<usize> = (0..world).filter(|r| !records.contains_key(r)).collect();
         for rank in missing {
-            let failed = world_name.join(format!("{}.failed", rank_name(rank)));
-            if let Ok(why) = root.read_bounded(&failed, 64 << 10) {
+            let failed_name = format!("{}.failed", rank_name(rank));
+            if listed.contains(std::ffi::OsStr::new(&failed_name)) {
+                let failed = world_name.join(&failed_name);
+                let why = root.read_bounded(&failed, 64 << 10).unwrap_or_else(|e| e.to_string().into_bytes());
                 return Err(format!("rank {rank} could not seal its part: {}", String::from_utf8_lossy(&why)));
             }
-            let rel = world_name.join(format!("{}.json", rank_name(rank)));
+            let name = format!("{}.json", rank_name(rank));
+            if !listed.contains(std::ffi::OsStr::new(&name)) {
+                continue;
+            }
+            let rel = world_name.join(&name);
             let path = root.shown(&rel);
             let Ok(bytes) = root.read_bounded(&rel, 64 << 20) else { continue };
             let record: PartRecord = serde_json::from_slice(&bytes)
@@ -276,14 +299,9 @@ fn wait_for_parts(
             }
             records.insert(rank, record);
         }
+        gap = if records.len() > before { POLL } else { (gap * 2).min(MAX_POLL) };
         if records.len() == world {
             return Ok(records);
-        }
-        if !matches!(root.own_dir(world_name), Ok(true)) {
-            return Err(format!(
-                "the world's directory {} was removed while rank 0 waited",
-                root.shown(world_name).display()
-            ));
         }
         if started.elapsed() >= timeout {
             let missing: Vec<String> = (0..world).filter(|r| !records.contains_key(r)).map(|r| r.to_string()).collect();
@@ -294,7 +312,7 @@ fn wait_for_parts(
                 timeout.as_secs_f64()
             ));
         }
-        std::thread::sleep(POLL);
+        std::thread::sleep(gap);
     }
 }
 
