@@ -23,6 +23,15 @@
 //!                   same backoff
 //! ```
 //!
+//! records           a task hands its `events.jsonl` records to task 0 over
+//!                   the same connection (`{"relay": n, "line": …}`); task 0
+//!                   appends whatever has come in, syncs once, and answers
+//!                   `{"ack": n}` for each: one process appends to the file
+//!                   where every task did (appends from many NFS clients are
+//!                   not atomic), and a task's record is on stable storage
+//!                   when it hears the ack. No ack within RELAY_ACK (10 s),
+//!                   or no connection: the task appends the record itself
+//!
 //! So a task's wait costs the shared filesystem a few opens while task 0
 //! reaches its lock, then one every ten seconds, where it cost ten a second
 //! for the whole wait (task 0 verifying a large checkpoint takes minutes;
@@ -37,9 +46,11 @@
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio::sync::mpsc::UnboundedSender;
 
 use serde::{Deserialize, Serialize};
 
@@ -61,9 +72,12 @@ const SLOW_LOOK: Duration = Duration::from_secs(10);
 const SLOW_LOOK: Duration = Duration::from_millis(600);
 /// The longest message line taken (a world record is under 2 KiB).
 pub const MAX_LINE: usize = 1 << 20;
-/// How long a connect or a write to one task may block.
+/// How long a connect or a write to task 0 may block.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a task waits for task 0 to say a relayed record is on stable
+/// storage before it writes the record itself.
+const RELAY_ACK: Duration = Duration::from_secs(10);
 /// File descriptors task 0 keeps free besides one a connected task.
 const SPARE_FDS: u64 = 256;
 
@@ -104,20 +118,42 @@ fn write_json(path: &Path, value: &impl Serialize) -> Result<(), RunError> {
         .map_err(|source| RunError::RunDir { path: path.to_path_buf(), source })
 }
 
-/// The tasks connected to task 0, and what it said (for those that connect
-/// later).
+/// What task 0 said so far (for the tasks that connect later), and a queue
+/// to each connected task's writer.
 #[derive(Default)]
 struct Said {
-    peers: Vec<TcpStream>,
-    lines: Vec<Vec<u8>>,
+    lines: Vec<Arc<[u8]>>,
+    peers: Vec<UnboundedSender<Arc<[u8]>>>,
 }
 
 impl Said {
-    /// Writes `line` to every peer; a peer that cannot take it is dropped
-    /// (its connection closes, and it reads the files).
-    fn say(&mut self, line: &[u8]) {
-        self.peers.retain_mut(|p| p.write_all(line).is_ok());
+    /// Queues `line` for every peer; one whose writer ended is dropped.
+    fn say(&mut self, line: &Arc<[u8]>) {
+        self.peers.retain(|p| p.send(Arc::clone(line)).is_ok());
     }
+}
+
+/// A record a task relays through task 0 (`{"relay": seq, "line": …}`), and
+/// task 0's answer once it is on stable storage (`{"ack": seq}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Relayed {
+    relay: u64,
+    line: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Ack {
+    ack: u64,
+}
+
+/// A line from task 0: a post or an acknowledgement.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+enum FromBoard {
+    Post(Line),
+    Ack(Ack),
 }
 
 /// Task 0's side (module header).
@@ -125,15 +161,17 @@ pub struct Board {
     staging: PathBuf,
     launch: String,
     said: Option<Arc<Mutex<Said>>>,
-    done: Arc<AtomicBool>,
+    done: Arc<Notify>,
     port: Option<u16>,
 }
 
 impl Board {
     /// Listens for the `size - 1` other tasks of `launch` and says where in
-    /// `staging`. Where it cannot (no port, too few file descriptors, the
-    /// file not written), the others read the files, and this is logged.
-    pub fn open(staging: &Path, launch: &str, host: &str, size: usize) -> Board {
+    /// `staging`; appends the records they relay to `relay_to` (their
+    /// `events.jsonl` lines), when given. Where it cannot listen (no port,
+    /// too few file descriptors, the file not written), the others read the
+    /// files and write their own records, and this is logged.
+    pub fn open(staging: &Path, launch: &str, host: &str, size: usize, relay_to: Option<&Path>) -> Board {
         let mut board = Board {
             staging: staging.to_path_buf(),
             launch: launch.to_string(),
@@ -141,7 +179,7 @@ impl Board {
             done: Arc::default(),
             port: None,
         };
-        if let Err(why) = board.listen(host, size) {
+        if let Err(why) = board.listen(host, size, relay_to.map(Path::to_path_buf)) {
             tracing::warn!(
                 "task 0 does not serve the other tasks over TCP ({why}): they read its records from {} instead",
                 staging.display()
@@ -150,16 +188,24 @@ impl Board {
         board
     }
 
-    fn listen(&mut self, host: &str, size: usize) -> Result<(), String> {
+    fn listen(&mut self, host: &str, size: usize, relay_to: Option<PathBuf>) -> Result<(), String> {
         enough_descriptors(size as u64 + SPARE_FDS)?;
         let listener = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| format!("no TCP port to listen on: {e}"))?;
         let port = listener.local_addr().map_err(|e| format!("the port it bound: {e}"))?.port();
+        listener.set_nonblocking(true).map_err(|e| format!("a non-blocking listener: {e}"))?;
         let said: Arc<Mutex<Said>> = Arc::default();
         let (shared, done) = (Arc::clone(&said), Arc::clone(&self.done));
+        // One thread, its own runtime: the tasks' connections, each a reader
+        // and a writer task, and one appender of relayed records.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| format!("no runtime to serve with: {e}"))?;
         std::thread::Builder::new()
             .name("exec-board".into())
-            .spawn(move || serve(&listener, &shared, &done))
-            .map_err(|e| format!("no thread to accept on: {e}"))?;
+            .spawn(move || runtime.block_on(serve(listener, shared, done, relay_to)))
+            .map_err(|e| format!("no thread to serve on: {e}"))?;
         self.said = Some(said);
         self.port = Some(port);
         let address = Address { launch: self.launch.clone(), host: host.to_string(), port };
@@ -176,8 +222,7 @@ impl Board {
         write_json(&self.staging.join(T::FILE), value)?;
         let Some(said) = &self.said else { return Ok(()) };
         let line = Line { file: T::FILE.to_string(), body: serde_json::to_value(value).expect("a post serialises") };
-        let mut line = serde_json::to_vec(&line).expect("a post serialises");
-        line.push(b'\n');
+        let line: Arc<[u8]> = json_line(&line).into();
         let mut said = said.lock().unwrap_or_else(PoisonError::into_inner);
         said.say(&line);
         said.lines.push(line);
@@ -186,43 +231,144 @@ impl Board {
 }
 
 impl Drop for Board {
-    /// Stops accepting: the accept thread is woken by a connection of its
-    /// own; the connections close with this process.
+    /// Stops serving: the connections close (a task still waiting reads
+    /// the files).
     fn drop(&mut self) {
-        self.done.store(true, Ordering::SeqCst);
-        if let Some(port) = self.port {
-            let _ = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), CONNECT_TIMEOUT);
-        }
+        self.done.notify_one();
         if let Some(said) = &self.said {
             said.lock().unwrap_or_else(PoisonError::into_inner).peers.clear();
         }
     }
 }
 
+fn json_line(value: &impl Serialize) -> Vec<u8> {
+    let mut line = serde_json::to_vec(value).expect("a board line serialises");
+    line.push(b'\n');
+    line
+}
+
+/// A relayed record on its way to the appender, with the queue its ack goes
+/// back on.
+type ToAppend = (serde_json::Value, u64, UnboundedSender<Arc<[u8]>>);
+
 /// The accept loop: each task that connects hears what was said so far.
-fn serve(listener: &TcpListener, said: &Mutex<Said>, done: &AtomicBool) {
+async fn serve(listener: TcpListener, said: Arc<Mutex<Said>>, done: Arc<Notify>, relay_to: Option<PathBuf>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => return tracing::warn!(error = %e, "task 0 cannot serve the other tasks; they read the files"),
+    };
+    let appender = relay_to.map(|path| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ToAppend>();
+        tokio::spawn(append_relayed(path, rx));
+        tx
+    });
     let mut logged = false;
     loop {
-        let accepted = listener.accept();
-        if done.load(Ordering::SeqCst) {
-            return;
-        }
+        let accepted = tokio::select! {
+            _ = done.notified() => return,
+            accepted = listener.accept() => accepted,
+        };
         match accepted {
-            Ok((mut peer, _)) => {
-                let _ = peer.set_write_timeout(Some(WRITE_TIMEOUT));
-                let _ = peer.set_nodelay(true);
-                let mut said = said.lock().unwrap_or_else(PoisonError::into_inner);
-                if said.lines.iter().all(|line| peer.write_all(line).is_ok()) {
-                    said.peers.push(peer);
-                }
+            Ok((peer, _)) => {
+                tokio::spawn(serve_peer(peer, Arc::clone(&said), appender.clone()));
             }
             Err(e) => {
                 if !logged {
                     tracing::warn!(error = %e, "task 0 could not accept a task's connection; that task reads the files");
                     logged = true;
                 }
-                std::thread::sleep(READ_TICK);
+                tokio::time::sleep(READ_TICK).await;
             }
+        }
+    }
+}
+
+/// One task's connection: what was said, then each new post and ack, out;
+/// its relayed records in. Something unreadable from it ends it.
+async fn serve_peer(peer: tokio::net::TcpStream, said: Arc<Mutex<Said>>, appender: Option<UnboundedSender<ToAppend>>) {
+    use tokio::io::AsyncWriteExt;
+    let _ = peer.set_nodelay(true);
+    let (reader, mut writer) = peer.into_split();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<[u8]>>();
+    {
+        let mut said = said.lock().unwrap_or_else(PoisonError::into_inner);
+        for line in &said.lines {
+            let _ = tx.send(Arc::clone(line));
+        }
+        said.peers.push(tx.clone());
+    }
+    let writing = tokio::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            if writer.write_all(&line).await.is_err() {
+                return;
+            }
+        }
+    });
+    read_peer(reader, &tx, appender.as_ref()).await;
+    // The connection closes with its write half: the task reads the files.
+    writing.abort();
+}
+
+/// A task's relayed records, to the appender, until its connection ends or
+/// it says something unreadable.
+async fn read_peer(
+    reader: tokio::net::tcp::OwnedReadHalf,
+    tx: &UnboundedSender<Arc<[u8]>>,
+    appender: Option<&UnboundedSender<ToAppend>>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut reader = tokio::io::BufReader::new(reader);
+    loop {
+        let mut line = Vec::new();
+        match (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) if !line.ends_with(b"\n") => return,
+            Ok(_) => {}
+        }
+        let relayed = serde_json::from_slice::<Relayed>(&line)
+            .ok()
+            .filter(|r| crate::telemetry::RecordedEvent::from_value(r.line.clone()).is_some());
+        match (relayed, appender) {
+            (Some(r), Some(appender)) => {
+                if appender.send((r.line, r.relay, tx.clone())).is_err() {
+                    return;
+                }
+            }
+            // Not taken: no ack, the task writes the record itself.
+            (Some(_), None) => {}
+            (None, _) => {
+                tracing::warn!("a task said something unreadable to task 0; its connection is closed");
+                return;
+            }
+        }
+    }
+}
+
+/// Appends the relayed records to `path`, as many as are waiting at a time,
+/// one sync for them all, then acks each: a task's record is on stable
+/// storage when it hears the ack. Where they cannot be written, no ack goes
+/// out and each task writes its own.
+async fn append_relayed(path: PathBuf, mut rx: tokio::sync::mpsc::UnboundedReceiver<ToAppend>) {
+    let mut writer: Option<crate::telemetry::JsonlWriter> = None;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        if writer.is_none() {
+            writer = crate::telemetry::JsonlWriter::open(&path)
+                .map_err(|e| tracing::error!(error = %e, "task 0 cannot append the other tasks' records; they write their own"))
+                .ok();
+        }
+        let Some(w) = writer.as_mut() else { continue };
+        let written = batch.iter().try_for_each(|(line, _, _)| w.append(line)).and_then(|()| w.sync());
+        if let Err(e) = written {
+            tracing::error!(error = %e, "task 0 could not append the other tasks' records; they write their own");
+            writer = None;
+            continue;
+        }
+        for (_, seq, to) in batch {
+            let _ = to.send(json_line(&Ack { ack: seq }).into());
         }
     }
 }
@@ -240,6 +386,29 @@ fn enough_descriptors(needed: u64) -> Result<(), String> {
     }
     setrlimit(Resource::RLIMIT_NOFILE, needed, hard)
         .map_err(|e| format!("raising the open-file limit to {needed}: {e}"))
+}
+
+/// A task's link, shared by its waits and its event log (records relayed
+/// through task 0, [`Link::relay`]).
+#[derive(Clone)]
+pub struct SharedLink(Arc<Mutex<Link>>);
+
+impl SharedLink {
+    pub fn new(link: Link) -> SharedLink {
+        SharedLink(Arc::new(Mutex::new(link)))
+    }
+
+    /// The link, for one wait (not held across a record: the event log
+    /// takes it too).
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Link> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl crate::telemetry::Relay for SharedLink {
+    fn relay(&mut self, line: &serde_json::Value) -> bool {
+        self.lock().relay(line)
+    }
 }
 
 /// What a task's wait ended with.
@@ -268,6 +437,9 @@ pub struct Link {
     shunned: Option<(String, u16)>,
     /// The address connected to.
     peer: Option<(String, u16)>,
+    /// The last record relayed, and the last task 0 said is stored.
+    relayed: u64,
+    acked: u64,
 }
 
 impl Link {
@@ -283,6 +455,8 @@ impl Link {
             file_reads: 0,
             shunned: None,
             peer: None,
+            relayed: 0,
+            acked: 0,
         }
     }
 
@@ -343,6 +517,31 @@ impl Link {
         serde_json::from_value::<T>(body.clone()).ok().filter(|v| v.launch() == self.launch)
     }
 
+    /// Hands `line` (an `events.jsonl` record) to task 0 to append, and waits
+    /// until task 0 says it is on stable storage (at most [`RELAY_ACK`]):
+    /// `false` when it is not known to be (not connected, the connection
+    /// broke, no ack in time), and the caller writes it itself. Only a task 0
+    /// that stored the record but died before its ack arrived makes that a
+    /// second copy.
+    pub fn relay(&mut self, line: &serde_json::Value) -> bool {
+        let Some(conn) = self.conn.as_mut() else { return false };
+        self.relayed += 1;
+        let seq = self.relayed;
+        let bytes = json_line(&Relayed { relay: seq, line: line.clone() });
+        if conn.get_mut().write_all(&bytes).is_err() {
+            self.disconnect();
+            return false;
+        }
+        let until = Instant::now() + RELAY_ACK;
+        while self.acked < seq {
+            if self.conn.is_none() || Instant::now() >= until {
+                return false;
+            }
+            self.read_messages();
+        }
+        true
+    }
+
     /// Reads task 0's address and connects, where it names this launch.
     fn connect(&mut self) {
         self.file_reads += 1;
@@ -360,6 +559,7 @@ impl Link {
         for addr in addrs {
             if let Ok(stream) = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
                 && stream.set_read_timeout(Some(READ_TICK)).is_ok()
+                && stream.set_write_timeout(Some(WRITE_TIMEOUT)).is_ok()
             {
                 tracing::debug!(%addr, "connected to task 0");
                 self.conn = Some(BufReader::new(stream));
@@ -399,10 +599,11 @@ impl Link {
             return;
         }
         let line = std::mem::take(&mut self.partial);
-        match serde_json::from_slice::<Line>(&line) {
-            Ok(line) => {
+        match serde_json::from_slice::<FromBoard>(&line) {
+            Ok(FromBoard::Post(line)) => {
                 self.heard.insert(line.file, line.body);
             }
+            Ok(FromBoard::Ack(ack)) => self.acked = self.acked.max(ack.ack),
             Err(e) => {
                 tracing::warn!(error = %e, "task 0's port said something unreadable: reading the files");
                 self.shunned = self.peer.take();
@@ -473,7 +674,7 @@ mod tests {
     #[test]
     fn tasks_hear_both_posts_over_the_connection_without_rereading_files() {
         let tmp = tempfile::tempdir().unwrap();
-        let board = Board::open(tmp.path(), "42.0.r0", "localhost", 9);
+        let board = Board::open(tmp.path(), "42.0.r0", "localhost", 9, None);
         assert!(board.port().is_some(), "task 0 listens");
         let staging = tmp.path().to_path_buf();
         let tasks: Vec<_> = (0..8)
@@ -508,7 +709,7 @@ mod tests {
     #[test]
     fn a_task_that_connects_late_hears_what_was_said() {
         let tmp = tempfile::tempdir().unwrap();
-        let board = Board::open(tmp.path(), "1.0.r0", "localhost", 2);
+        let board = Board::open(tmp.path(), "1.0.r0", "localhost", 2, None);
         board.post(&go("1.0.r0")).unwrap();
         board.post(&bye("1.0.r0", 0)).unwrap();
         // The files go: only the connection can tell now.
@@ -540,7 +741,7 @@ mod tests {
     #[test]
     fn a_task_0_gone_mid_wait_sends_the_task_back_to_the_files() {
         let tmp = tempfile::tempdir().unwrap();
-        let board = Board::open(tmp.path(), "5.0.r0", "localhost", 2);
+        let board = Board::open(tmp.path(), "5.0.r0", "localhost", 2, None);
         board.post(&go("5.0.r0")).unwrap();
         std::fs::remove_file(tmp.path().join(Go::FILE)).unwrap();
         let mut link = Link::new(tmp.path(), "5.0.r0");
@@ -624,5 +825,67 @@ mod tests {
         assert!(!link.connected() && link.shunned.is_some(), "a port that floods is left");
         assert!(link.heard.is_empty());
         talker.join().unwrap();
+    }
+
+    #[test]
+    fn records_relayed_through_task_0_are_appended_once_each_and_acked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let events = tmp.path().join("events.jsonl");
+        let board = Board::open(tmp.path(), "8.0.r0", "localhost", 5, Some(&events));
+        board.post(&go("8.0.r0")).unwrap();
+        std::fs::remove_file(tmp.path().join(Go::FILE)).unwrap();
+        let staging = tmp.path().to_path_buf();
+        let tasks: Vec<_> = (1..5)
+            .map(|task| {
+                let staging = staging.clone();
+                std::thread::spawn(move || {
+                    let mut link = Link::new(&staging, "8.0.r0");
+                    got(link.wait::<Go, ()>(within(10), &never));
+                    for n in 0..25 {
+                        let line = serde_json::json!({"event": "child_start", "task": task, "n": n});
+                        assert!(link.relay(&line), "task {task} record {n} acked");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.join().unwrap();
+        }
+        let text = std::fs::read_to_string(&events).unwrap();
+        let mut seen: Vec<(u64, u64)> = text
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (v["task"].as_u64().unwrap(), v["n"].as_u64().unwrap())
+            })
+            .collect();
+        seen.sort_unstable();
+        let want: Vec<(u64, u64)> = (1..5).flat_map(|t| (0..25).map(move |n| (t, n))).collect();
+        assert_eq!(seen, want, "every record once");
+        // Not a record of events.jsonl: refused, the connection closed, and
+        // the task told to write it itself (at once, not after the ack's wait).
+        let mut link = Link::new(tmp.path(), "8.0.r0");
+        got(link.wait::<Go, ()>(within(10), &never));
+        let started = Instant::now();
+        assert!(!link.relay(&serde_json::json!({"no": "event"})));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(!link.connected());
+        assert_eq!(std::fs::read_to_string(&events).unwrap(), text, "nothing appended");
+    }
+
+    #[test]
+    fn an_event_log_whose_link_is_not_connected_appends_its_records_itself() {
+        use crate::telemetry::{Event, EventContext, EventLog};
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("events.jsonl");
+        let mut log = EventLog::open(&path, EventContext { node: "n2".into(), job_id: None, attempt: 0 }).unwrap();
+        let link = SharedLink::new(Link::new(tmp.path(), "2.0.r0"));
+        log.relay_through(Box::new(link.clone()));
+        let started = Instant::now();
+        log.record(&Event::Other(serde_json::json!({"event": "child_exit", "task": 1}))).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1), "no wait for an ack without a connection");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("child_exit") && text.contains("\"node\":\"n2\""), "{text}");
+        assert_eq!(link.lock().relayed, 0);
     }
 }

@@ -113,7 +113,7 @@ fn one_size(opts: &BoardBenchOptions, base: &std::path::Path, n: usize) -> Resul
         .map_err(|source| BoardBenchError::Dir { path: base.to_path_buf(), source })?;
     let launch = format!("bench.{n}.r0");
     let started = Instant::now();
-    let board = Board::open(tmp.path(), &launch, "localhost", n);
+    let board = Board::open(tmp.path(), &launch, "localhost", n, None);
     let mut tasks = Vec::with_capacity(n - 1);
     for task in 1..n {
         let (staging, launch, wait) = (tmp.path().to_path_buf(), launch.clone(), opts.wait);

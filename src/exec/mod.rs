@@ -54,7 +54,7 @@ use crate::telemetry::{
     SummaryState, now_rfc3339,
 };
 
-use crate::attempt::board::{Board, Link};
+use crate::attempt::board::{Board, Link, SharedLink};
 use crate::attempt::budget;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::devices;
@@ -156,7 +156,10 @@ fn lead(
     if let Some(launch) = leader {
         // The others connect now and wait on the connection while this task
         // verifies checkpoints and prepares.
-        *board = Some(Board::open(&store.staging_dir(), &launch.id, &crate::slurm::hostname(), launch.size as usize));
+        // Their records come through it too: one writer of events.jsonl.
+        let host = crate::slurm::hostname();
+        let relay_to = dir.path(EVENTS_FILE);
+        *board = Some(Board::open(&store.staging_dir(), &launch.id, &host, launch.size as usize, Some(&relay_to)));
     }
     let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
     // Secrets redacted unless `[telemetry] record_raw_command`.
@@ -311,9 +314,10 @@ fn world_loss(ran: &Supervised, liveness: Option<&Liveness>) -> Option<Vec<Lost>
 /// contract, and exits with task 0's code; with 1 as soon as the other
 /// tasks are seen alive when its program failed unasked (`srun
 /// --kill-on-bad-exit` then ends the other tasks); with 75 (or 1 without a
-/// world checkpoint) when a task was lost. It takes no lock and writes only
-/// its `child_start` and `child_exit`, and the records of a loss when task 0
-/// is the one lost.
+/// world checkpoint) when a task was lost. It takes no lock and records
+/// only its `child_start` and `child_exit` (through task 0, which appends
+/// them: attempt/board.rs), and the records of a loss when task 0 is the one
+/// lost (itself then).
 fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch) -> Result<Outcome, RunError> {
     let (cfg, _) = load_config(opts)?;
     let root = rundir::resolve_run_dir(opts.run_dir.as_deref(), &cfg);
@@ -325,13 +329,14 @@ fn follow(opts: &ExecOptions, stop: &StopFlag, slurm: SlurmEnv, launch: &Launch)
     let (timeout, grace) = (cfg.distributed.timeout, cfg.signals.grace);
     tracing::info!(task = launch.rank, tasks = launch.size, "waiting for task 0 of the job step to start");
     // One link to task 0 for the launch: the record, then the end (channel.rs).
-    let mut link = Link::new(&staging, &launch.id);
-    let Some(record) = world::wait_for_record(&mut link, timeout, stop)? else {
+    let link = SharedLink::new(Link::new(&staging, &launch.id));
+    let waited = world::wait_for_record(&mut link.lock(), timeout, stop)?;
+    let Some(record) = waited else {
         tracing::warn!("stopped before the program started: task 0 decides what comes next");
-        return Ok(Outcome::from_code(world::wait_for_end(&mut link, timeout + grace)?));
+        return Ok(Outcome::from_code(world::wait_for_end(&mut link.lock(), timeout + grace)?));
     };
     let liveness = Liveness::start(&root, launch, &record, slurm.node_name(), timeout)?;
-    let result = follow_program(opts, stop, &slurm, launch, &cfg, &root, &mut link, &record, &liveness);
+    let result = follow_program(opts, stop, &slurm, launch, &cfg, &root, &link, &record, &liveness);
     liveness.finish();
     result
 }
@@ -345,12 +350,15 @@ fn follow_program(
     launch: &Launch,
     cfg: &Config,
     root: &std::path::Path,
-    link: &mut Link,
+    link: &SharedLink,
     record: &WorldRecord,
     liveness: &Liveness,
 ) -> Result<Outcome, RunError> {
     let (timeout, grace) = (cfg.distributed.timeout, cfg.signals.grace);
     let mut events = EventLog::open(root.join(EVENTS_FILE), context(slurm))?;
+    // Task 0 appends this task's records (one writer of events.jsonl); it
+    // writes them itself where task 0 does not take them.
+    events.relay_through(Box::new(link.clone()));
     let env = ChildEnv {
         run_dir: absolute(root),
         resume_from: record.resume_from.clone(),
@@ -380,7 +388,8 @@ fn follow_program(
     }
     tracing::info!(task = launch.rank, how = %end.describe(), "the program ended; waiting for task 0 to end the attempt");
     // Still watching: task 0's node may die while its program runs on.
-    match world::wait_for_end_or_loss(link, timeout + grace, &|| liveness.lost())? {
+    let ended = world::wait_for_end_or_loss(&mut link.lock(), timeout + grace, &|| liveness.lost())?;
+    match ended {
         world::Ended::Code(code) => Ok(Outcome::from_code(code)),
         world::Ended::Lost(lost) => Ok(follower_loss(cfg, slurm, root, link, launch, liveness, &mut events, &lost)),
     }
@@ -397,7 +406,7 @@ fn follower_loss(
     cfg: &Config,
     slurm: &SlurmEnv,
     root: &std::path::Path,
-    link: &mut Link,
+    link: &SharedLink,
     launch: &Launch,
     liveness: &Liveness,
     events: &mut EventLog,
@@ -415,7 +424,8 @@ fn follower_loss(
     } else {
         let _ = events.sync();
         let bound = cfg.signals.grace + 2 * budget::SCONTROL_TIMEOUT;
-        match world::wait_for_end(link, bound) {
+        let waited = world::wait_for_end(&mut link.lock(), bound);
+        match waited {
             Ok(code) => Outcome::from_code(code),
             Err(e) => {
                 tracing::error!(task = launch.rank, error = %e, "exiting with this task's own code");

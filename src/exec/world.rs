@@ -520,7 +520,7 @@ mod tests {
             stop_file: "s".into(),
             deadline: None,
         };
-        let old = Board::open(tmp.path(), "42.0.r0", "localhost", 2);
+        let old = Board::open(tmp.path(), "42.0.r0", "localhost", 2, None);
         old.post(&record("42.0.r0")).unwrap();
         publish_end(&old, "42.0.r0", 1);
         let mut link = Link::new(tmp.path(), "42.0.r1");
@@ -529,7 +529,7 @@ mod tests {
         assert!(err.to_string().contains(RECORD_FILE), "{err}");
         let err = wait_for_end(&mut link, Duration::from_millis(250)).unwrap_err();
         assert!(err.to_string().contains("did not end within"), "{err}");
-        let board = Board::open(tmp.path(), "42.0.r1", "localhost", 2);
+        let board = Board::open(tmp.path(), "42.0.r1", "localhost", 2, None);
         board.post(&record("42.0.r1")).unwrap();
         let got = wait_for_record(&mut link, Duration::from_secs(5), &stop).unwrap();
         assert_eq!(got, Some(record("42.0.r1")));

@@ -69,18 +69,42 @@ impl JsonlWriter {
     }
 }
 
+/// Another writer that may append a record for this one: a task of an
+/// `exec` world hands its records to task 0 (attempt/board.rs), so that one
+/// process appends to `events.jsonl` where thousands would (appends from
+/// many NFS clients are not atomic). `true` once the record is on stable
+/// storage; `false` and this log appends it itself.
+pub trait Relay: Send {
+    fn relay(&mut self, line: &serde_json::Value) -> bool;
+}
+
 /// `events.jsonl`: every record carries `event`, `time` (RFC 3339) and the
 /// run's context (node, job id, attempt) next to the event's own fields.
-#[derive(Debug)]
 pub struct EventLog {
     writer: JsonlWriter,
     context: EventContext,
+    relay: Option<Box<dyn Relay>>,
+}
+
+impl std::fmt::Debug for EventLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventLog")
+            .field("writer", &self.writer)
+            .field("context", &self.context)
+            .field("relayed", &self.relay.is_some())
+            .finish()
+    }
 }
 
 impl EventLog {
     /// Opens `<run dir>/events.jsonl`; `context` is added to every event.
     pub fn open(path: impl Into<PathBuf>, context: EventContext) -> Result<EventLog, TelemetryError> {
-        Ok(EventLog { writer: JsonlWriter::open(path)?, context })
+        Ok(EventLog { writer: JsonlWriter::open(path)?, context, relay: None })
+    }
+
+    /// From now on each record goes through `relay` first ([`Relay`]).
+    pub fn relay_through(&mut self, relay: Box<dyn Relay>) {
+        self.relay = Some(relay);
     }
 
     /// The file's path.
@@ -90,7 +114,15 @@ impl EventLog {
 
     /// Appends `event` with the time and the context.
     pub fn record(&mut self, event: &Event) -> Result<(), TelemetryError> {
-        self.writer.append(&EventLine { time: now_rfc3339(), context: &self.context, event })
+        let line = EventLine { time: now_rfc3339(), context: &self.context, event };
+        if let Some(relay) = self.relay.as_mut() {
+            let value = serde_json::to_value(&line).expect("telemetry records serialise");
+            if relay.relay(&value) {
+                return Ok(());
+            }
+            return self.writer.append(&value);
+        }
+        self.writer.append(&line)
     }
 
     pub fn sync(&mut self) -> Result<(), TelemetryError> {

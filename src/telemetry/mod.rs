@@ -35,7 +35,7 @@ pub use event::{
     Nonfinite, OomRetry, PersisterDied, PublishOutcome, RankLost, RecordedEvent, Recovery, RefusedFile, RequeueAnswer,
     RequeueDecision, RequeueRecord, Resume, Signal, Start, Stop, Straggler, events_from,
 };
-pub use events::{EventLog, JsonlWriter, TelemetryError, now_rfc3339};
+pub use events::{EventLog, JsonlWriter, Relay, TelemetryError, now_rfc3339};
 pub use export::{ExportOptions, Exporter, Rewinder, TensorBoardTarget, event_scalars, metric_scalars};
 pub use follow::Follow;
 pub use gpu_sample::{GpuDevicePoint, GpuDeviceStats, GpuPoint, GpuSample, HostSample, gpu_point, gpu_samples_from};
