@@ -107,7 +107,19 @@ pub fn refusal_events(refused: &[Vec<Unusable>], nodes: &[String]) -> Vec<LocalC
 
 /// The ranks that write a node's copy: the lowest rank on each node.
 pub fn writers(nodes: &[String]) -> Vec<usize> {
-    (0..nodes.len()).filter(|&r| !nodes[..r].contains(&nodes[r])).collect()
+    let mut seen = std::collections::HashSet::with_capacity(nodes.len());
+    (0..nodes.len()).filter(|&r| seen.insert(nodes[r].as_str())).collect()
+}
+
+/// Whether this rank of `world` is the lowest on its node `node` (its
+/// node's writer, [`writers`]): the one rank a node that checks the node's
+/// local copies at the start of an attempt, so that a node's copies are
+/// hashed once, not once a rank. A collective every rank calls alike (the
+/// ranks' node names, all-gathered: a few bytes a rank), before hello.
+pub fn checks_node(world: &dyn Collective, node: &str) -> Result<bool, crate::distributed::DistributedError> {
+    let all = world.all_gather_bytes(node.as_bytes())?;
+    let nodes: Vec<String> = all.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+    Ok(writers(&nodes).contains(&world.rank()))
 }
 
 /// The warning for a world of several ranks that all run on one node: its
@@ -713,16 +725,22 @@ pub enum Side<'a> {
 /// A rank's [`Side`]: `root` its node's local root (or why it has none),
 /// `writer` whether it could open its node's writer (`None`: another rank
 /// of its node writes), `holds` whether its node holds a verified copy.
-pub fn side<'a>(root: Result<&'a Path, &str>, writer: Option<Result<(), &str>>, holds: bool) -> Side<'a> {
+pub fn side<'a>(
+    root: Result<&'a Path, &str>,
+    writer: Option<Result<(), &str>>,
+    holds: impl FnOnce() -> bool,
+) -> Side<'a> {
     let root = match root {
         Ok(root) => root,
         Err(why) => return Side::Cannot(why.to_string()),
     };
+    // Only a writer asks whether its node holds the copy (a full check of
+    // it): a rank that is not its node's writer never writes either way.
     match writer {
-        _ if holds => Side::Root { root, write: false },
+        None => Side::Root { root, write: false },
+        Some(_) if holds() => Side::Root { root, write: false },
         Some(Err(why)) => Side::Cannot(why.to_string()),
         Some(Ok(())) => Side::Root { root, write: true },
-        None => Side::Root { root, write: false },
     }
 }
 
@@ -935,12 +953,13 @@ mod tests {
     #[test]
     fn a_rank_takes_the_shared_copy_only_as_its_nodes_writer_and_says_when_it_cannot() {
         let root = Path::new("/local");
-        assert_eq!(side(Ok(root), Some(Ok(())), false), Side::Root { root, write: true });
-        assert_eq!(side(Ok(root), Some(Ok(())), true), Side::Root { root, write: false }, "its node holds it");
-        assert_eq!(side(Ok(root), None, false), Side::Root { root, write: false }, "another rank writes");
-        assert_eq!(side(Ok(root), Some(Err("EROFS")), true), Side::Root { root, write: false });
-        assert_eq!(side(Ok(root), Some(Err("EROFS")), false), Side::Cannot("EROFS".into()));
-        assert_eq!(side(Err("no local directory"), None, false), Side::Cannot("no local directory".into()));
+        assert_eq!(side(Ok(root), Some(Ok(())), || false), Side::Root { root, write: true });
+        assert_eq!(side(Ok(root), Some(Ok(())), || true), Side::Root { root, write: false }, "its node holds it");
+        let never = || -> bool { panic!("a rank that is not its node's writer checks no copy") };
+        assert_eq!(side(Ok(root), None, never), Side::Root { root, write: false }, "another rank writes");
+        assert_eq!(side(Ok(root), Some(Err("EROFS")), || true), Side::Root { root, write: false });
+        assert_eq!(side(Ok(root), Some(Err("EROFS")), || false), Side::Cannot("EROFS".into()));
+        assert_eq!(side(Err("no local directory"), None, never), Side::Cannot("no local directory".into()));
     }
 
     #[test]
@@ -1053,6 +1072,23 @@ mod tests {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         })
+    }
+
+    #[test]
+    fn one_rank_a_node_checks_its_copies_the_lowest_whatever_the_layout() {
+        // Cyclic over three nodes, then a node of one rank: ranks 0, 1, 2
+        // and 6 check, and nobody else.
+        let nodes = ["a", "b", "c", "a", "b", "c", "d", "a"];
+        let world = crate::distributed::ThreadRank::world(nodes.len());
+        let checks: Vec<bool> = std::thread::scope(|scope| {
+            let handles: Vec<_> = world
+                .into_iter()
+                .zip(nodes)
+                .map(|(world, node)| scope.spawn(move || checks_node(&world, node).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(checks, [true, true, true, false, false, false, true, false]);
     }
 
     #[test]

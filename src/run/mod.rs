@@ -123,9 +123,21 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     // as untrusted (both told at hello; rank 0 records the refusals).
     let local_root = local::local_root(&cfg, &slurm, &root).map_err(|e| e.to_string()).transpose();
     let run = crate::checkpoint::local::run_identity(&root);
+    // One rank a node checks its node's copies (a full SHA-256 of each), the
+    // lowest on it: the others' hello says they did not, and rank 0 takes
+    // the node's list for them (ranks.rs). Which rank that is takes a round
+    // of the ranks' node names, when the config keeps a local tier.
+    let checks_node = match (&world, &local_root) {
+        (Some(world), Some(_)) => local::checks_node(world, &slurm.node_name()).map_err(RunError::Distributed)?,
+        _ => true,
+    };
     let (held, refused) = match &local_root {
-        Some(Ok(local)) => held_here(local, &run),
-        _ => (Vec::new(), Vec::new()),
+        Some(Ok(local)) if checks_node => {
+            let (held, refused) = held_here(local, &run);
+            (Some(held), refused)
+        }
+        Some(Ok(_)) => (None, Vec::new()),
+        _ => (Some(Vec::new()), Vec::new()),
     };
     let Some(world) = world else {
         return lead(opts, cfg, workload, stop, slurm, root, None, (local_root, refused));

@@ -123,6 +123,10 @@ pub struct Report {
     /// At hello: the local checkpoints this rank's node holds that verify.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<HeldStep>,
+    /// At hello: this rank did not check its node's copies (its node's local
+    /// rank 0 did, and `held` is empty): rank 0 takes that rank's list.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unchecked: bool,
     /// At hello: the copies on this rank's node refused as untrusted (not
     /// the user's alone, or not this run's), for rank 0 to record.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -146,6 +150,7 @@ impl Report {
             parts: Vec::new(),
             local: Vec::new(),
             held: Vec::new(),
+            unchecked: false,
             refused: Vec::new(),
             local_off: None,
         }
@@ -208,13 +213,13 @@ impl Leader {
         stop: &StopFlag,
         session: String,
         pulse: Pulse,
-        held: Vec<HeldStep>,
+        held: Option<Vec<HeldStep>>,
         refused: Vec<Unusable>,
     ) -> Result<(Leader, Vec<String>), RunError> {
         let mut mine = Report::of(&node, stop, Some(Lead::Hello { session: session.clone() }));
-        (mine.held, mine.refused) = (held, refused);
+        (mine.unchecked, mine.held, mine.refused) = (held.is_none(), held.unwrap_or_default(), refused);
         let reports = round(&world, &mine)?;
-        let held = Arc::new(reports.iter().map(|r| r.held.clone()).collect());
+        let held = Arc::new(held_by_rank(&reports));
         let refused = Arc::new(reports.iter().map(|r| r.refused.clone()).collect());
         let leader = Leader {
             world,
@@ -344,17 +349,35 @@ fn lead_of(reports: &[Report]) -> Result<Lead, RunError> {
         .ok_or_else(|| RunError::Ranks { what: "rank 0 sent no instruction: are all ranks the same rekindle?".into() })
 }
 
+/// What every rank's node holds of the local tier, in rank order: a rank
+/// that did not check its node ([`Report::unchecked`]) takes the list of
+/// the rank of its node that did (none: an empty list, and the restore
+/// copies to it as to a node without the copy).
+fn held_by_rank(reports: &[Report]) -> Vec<Vec<HeldStep>> {
+    let mut checked: BTreeMap<&str, &Vec<HeldStep>> = BTreeMap::new();
+    for r in reports.iter().filter(|r| !r.unchecked) {
+        checked.entry(r.node.as_str()).or_insert(&r.held);
+    }
+    reports
+        .iter()
+        .map(|r| match r.unchecked {
+            true => checked.get(r.node.as_str()).map(|h| (*h).clone()).unwrap_or_default(),
+            false => r.held.clone(),
+        })
+        .collect()
+}
+
 /// A follower's hello round, telling the local checkpoints its node holds:
 /// returns the launch's session, from the leader, and every rank's node.
 pub fn follower_hello(
     world: &SharedWorld,
     node: &str,
     stop: &StopFlag,
-    held: Vec<HeldStep>,
+    held: Option<Vec<HeldStep>>,
     refused: Vec<Unusable>,
 ) -> Result<(String, Vec<String>), RunError> {
     let mut mine = Report::of(node, stop, None);
-    (mine.held, mine.refused) = (held, refused);
+    (mine.unchecked, mine.held, mine.refused) = (held.is_none(), held.unwrap_or_default(), refused);
     let reports = round(world, &mine)?;
     match lead_of(&reports)? {
         Lead::Hello { session } => Ok((session, reports.into_iter().map(|r| r.node).collect())),
@@ -471,7 +494,7 @@ pub fn follow(
                     Some(l) => local::side(
                         l.root.as_deref().map_err(String::as_str),
                         l.writer.as_ref().map(|w| w.as_ref().map(drop).map_err(String::as_str)),
-                        l.root.as_ref().is_ok_and(|root| tier_holds(root, step, &l.run).is_ok()),
+                        || l.root.as_ref().is_ok_and(|root| tier_holds(root, step, &l.run).is_ok()),
                     ),
                     None => local::Side::Cannot(off.into()),
                 };
@@ -694,6 +717,7 @@ mod tests {
             parts: Vec::new(),
             local: Vec::new(),
             held: Vec::new(),
+            unchecked: false,
             refused: Vec::new(),
             local_off: None,
         }
@@ -761,5 +785,38 @@ mod tests {
             let back: Report = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
             assert_eq!(back, r);
         }
+    }
+
+    #[test]
+    fn a_rank_that_did_not_check_its_node_takes_the_list_of_the_rank_that_did() {
+        let held = |steps: &[u64]| -> Vec<HeldStep> {
+            steps.iter().map(|&step| HeldStep { step, files: Vec::new() }).collect()
+        };
+        let at = |node: &str, steps: Option<&[u64]>| Report {
+            node: node.into(),
+            unchecked: steps.is_none(),
+            held: steps.map(held).unwrap_or_default(),
+            ..report(None, 0.0, None)
+        };
+        let reports = [
+            at("n1", Some(&[10, 5])),
+            at("n1", None),
+            at("n2", None),
+            at("n2", Some(&[5])),
+            at("n3", None),
+            at("n4", Some(&[])),
+        ];
+        let got = held_by_rank(&reports);
+        assert_eq!(got[0], held(&[10, 5]));
+        assert_eq!(got[1], held(&[10, 5]), "its node's local rank 0 checked for it");
+        assert_eq!(got[2], held(&[5]), "whatever the order of the ranks");
+        assert_eq!(got[3], held(&[5]));
+        assert_eq!(got[4], held(&[]), "nobody checked n3: nothing is taken as held there");
+        assert_eq!(got[5], held(&[]));
+        // A restore then copies to n3's ranks as to a node without the copy.
+        assert!(matches!(
+            crate::checkpoint::local::choose(&got, Some(4)),
+            crate::checkpoint::local::LocalChoice::Local { step: 10, holder: 0 }
+        ));
     }
 }
