@@ -87,6 +87,7 @@ pub fn run_checks(cfg: Option<&Config>, options: &DoctorOptions, env: &EnvMap, p
         node: &node,
         stopped: &|| false,
         redactor: &crate::telemetry::Redactor::new(&config.telemetry.secret_words),
+        node_wide: true,
     }));
     check_publish(&mut list, config);
     list

@@ -471,6 +471,11 @@ impl Link {
         self.file_reads
     }
 
+    /// The records task 0 has acknowledged so far ([`Link::relay`]).
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
     /// Whether the connection to task 0 is open.
     pub fn connected(&self) -> bool {
         self.conn.is_some()

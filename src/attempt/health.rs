@@ -5,7 +5,9 @@
 //! progress guard   [run] max_attempts_without_progress attempts in a row
 //!                  committed no newer checkpoint (crate::health::progress):
 //!                  `error` (the attempts' nodes and ends), exit 79, no requeue
-//! node check       crate::health::node_checks; a required check that fails:
+//! node check       crate::health::node_checks (the node-wide ones once a
+//!                  node in a job step: node_verdict.rs); a required check
+//!                  that fails:
 //!                  `node_unhealthy` ─ a new in-job step without this node
 //!                  when the batch shell offers one and the job has another
 //!                  node, else the requeue (as a transient crash, no hold)
@@ -25,8 +27,8 @@ use crate::checkpoint::{CheckpointStore, VerifyLevel};
 use crate::config::Config;
 use crate::gpu::{EnvMap, GpuProbe, InventoryProbe, SystemProbe};
 use crate::health::{
-    AttemptEnd, ExclusionInput, ExclusionPlan, Guard, NodeInput, Starting, StorageProbe, VERDICT_WHY, blame,
-    node_checks, plan_exclusion, progress_guard,
+    AttemptEnd, Check, Checklist, ExclusionInput, ExclusionPlan, FS_TIMEOUT, Guard, NODE_WIDE, NodeInput, Starting,
+    StorageProbe, VERDICT_WHY, blame, node_checks, plan_exclusion, progress_guard,
 };
 use crate::rundir::{self, EVENTS_FILE};
 use crate::slurm::injob::InJobOffer;
@@ -39,6 +41,7 @@ use super::budget;
 use super::devices::INVENTORY_ENV;
 use super::ending::{ask_for_in_job_restart, record_or_log};
 use super::error::RunError;
+use super::node_verdict::NodeVerdict;
 use super::records::{context, recorded};
 use super::stop::StopFlag;
 
@@ -83,7 +86,26 @@ pub(crate) fn before_start(
         None => Box::new(SystemProbe::new()),
     };
     let checkpoints = rundir::checkpoints_dir(root, cfg);
-    let newest = newest_checkpoint(&checkpoints);
+    // What is the node's (NODE_WIDE) is checked by its first rank, whose
+    // verdict the node's other ranks take (node_verdict.rs).
+    let share = NodeVerdict::for_launch(slurm);
+    let given = match &share {
+        Some(share) if !share.first => {
+            let bound = 2 * FS_TIMEOUT + cfg.health.timeout + Duration::from_secs(10);
+            let given = share.wait(bound, &|| stop.is_set());
+            if given.is_none() {
+                if stop.is_set() {
+                    tracing::warn!(node = %slurm.node_name(), "a stop came while waiting for this node's checks: the node is not blamed");
+                    return Ok(());
+                }
+                tracing::warn!(node = %slurm.node_name(), seconds = bound.as_secs(), "the node's first rank left no verdict of its checks: this rank makes them itself");
+            }
+            given
+        }
+        _ => None,
+    };
+    let node_wide = given.is_none();
+    let newest = if node_wide { newest_checkpoint(&checkpoints) } else { None };
     let offer = InJobOffer::from_process();
     let node = slurm.node_name();
     let started = Instant::now();
@@ -101,7 +123,18 @@ pub(crate) fn before_start(
         node: &node,
         stopped: &|| stop.is_set(),
         redactor: &Redactor::new(&cfg.telemetry.secret_words),
+        node_wide,
     });
+    let list = match (given, &share) {
+        (Some(given), _) => with_node_verdict(list, given),
+        (None, Some(share)) if share.first => {
+            let node_checks: Vec<Check> =
+                list.checks.iter().filter(|c| NODE_WIDE.contains(&c.name.as_str())).cloned().collect();
+            share.publish(&node_checks);
+            list
+        }
+        (None, _) => list,
+    };
     let Some(failed) = list.first_required_failure().cloned() else {
         if stop.is_set() {
             tracing::warn!(node = %node, "a stop came during the node check: the check was ended, the node is not blamed");
@@ -111,6 +144,9 @@ pub(crate) fn before_start(
         return Ok(());
     };
     tracing::error!(node = %node, check = %failed.name, detail = %failed.detail, "this node failed its health check; not training");
+    // A rank that skipped the node's checks failed its own device's: what
+    // comes next depends on the newest checkpoint all the same.
+    let newest = if node_wide { newest } else { newest_checkpoint(&checkpoints) };
     // Records go into the run directory: claim it first, as any attempt
     // would (a directory that is not rekindle's is refused, not written).
     rundir::claim(root, cfg)?;
@@ -145,6 +181,14 @@ pub(crate) fn before_start(
     Err(RunError::Unhealthy { node, check: failed.name, detail: failed.detail, next, resumable: newest.is_some() })
 }
 
+/// `list` (this rank's own checks, the node's skipped) with the node's
+/// checks as its first rank made them.
+fn with_node_verdict(mut list: Checklist, node: Vec<Check>) -> Checklist {
+    list.checks.retain(|c| !NODE_WIDE.contains(&c.name.as_str()));
+    list.checks.extend(node);
+    list
+}
+
 /// The guard's `error` event (best effort: the exit code says it anyway).
 fn record_guard(slurm: &SlurmEnv, events_path: &Path, message: &str) {
     match EventLog::open(events_path, context(slurm)) {
@@ -164,13 +208,6 @@ fn record_guard(slurm: &SlurmEnv, events_path: &Path, message: &str) {
     }
 }
 
-/// The checks whose verdict is the node's, not one rank's: every rank on
-/// the node sees the same mounts, clock, disk and site command. The device
-/// checks (`devices`, `device memory`, `gpu health`) are per rank: under
-/// `--gpus-per-task` each rank has a device of its own.
-const NODE_WIDE_CHECKS: &[&str] =
-    &["run directory", "clock skew", "checkpoint directory", "checkpoint round-trip", "site command"];
-
 /// Which rank of a node asks slurmctld after a failed check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SlurmCaller {
@@ -188,7 +225,7 @@ pub(crate) enum SlurmCaller {
 /// A rank with no `SLURM_LOCALID` (outside a step, `mpirun`) calls itself.
 pub(crate) fn slurm_caller(check: &str, localid: Option<u32>) -> SlurmCaller {
     match localid {
-        Some(l) if l > 0 && NODE_WIDE_CHECKS.contains(&check) => SlurmCaller::NodeLeader,
+        Some(l) if l > 0 && NODE_WIDE.contains(&check) => SlurmCaller::NodeLeader,
         _ => SlurmCaller::ThisRank,
     }
 }
@@ -468,7 +505,7 @@ mod tests {
     #[test]
     fn a_node_wide_failure_is_taken_to_slurm_by_one_rank_per_node() {
         // 8 ranks on a node whose mount hangs: one caller, not 8 (#41).
-        for check in NODE_WIDE_CHECKS {
+        for check in NODE_WIDE {
             let callers = (0..8).filter(|&l| slurm_caller(check, Some(l)) == SlurmCaller::ThisRank).count();
             assert_eq!(callers, 1, "{check}");
         }

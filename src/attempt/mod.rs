@@ -20,6 +20,7 @@ pub mod error;
 pub mod exports;
 pub mod health;
 pub mod lost;
+pub(crate) mod node_verdict;
 pub mod progress;
 pub mod rank_watch;
 pub mod records;

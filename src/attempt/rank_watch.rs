@@ -505,7 +505,7 @@ fn local_dir(node: &str, session: &str) -> Option<PathBuf> {
     let dir = private.join(format!("beats-{key}"));
     match crate::checkpoint::private::prepare_root(&dir) {
         Ok(()) => {
-            forget_old_launches(&private);
+            forget_old_launches(&private, "beats-");
             Some(dir)
         }
         Err(e) => {
@@ -515,13 +515,14 @@ fn local_dir(node: &str, session: &str) -> Option<PathBuf> {
     }
 }
 
-/// Removes the beat folders of launches a day old (best effort: they are
-/// a few hundred bytes a rank, and a node may host thousands of launches).
-fn forget_old_launches(private: &Path) {
+/// Removes the folders of launches a day old whose names begin with
+/// `prefix` (best effort: the beats' are a few hundred bytes a rank, the
+/// node checks' a few KiB, and a node may host thousands of launches).
+pub(crate) fn forget_old_launches(private: &Path, prefix: &str) {
     let Ok(private) = Dir::open(private) else { return };
     let Ok(entries) = private.entries("") else { return };
     let day = Duration::from_secs(24 * 3600);
-    for entry in entries.into_iter().filter(|e| e.kind.is_dir() && e.name_lossy().starts_with("beats-")) {
+    for entry in entries.into_iter().filter(|e| e.kind.is_dir() && e.name_lossy().starts_with(prefix)) {
         let age =
             private.symlink_metadata(&entry.name).ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
         if age.is_some_and(|age| age > day) {

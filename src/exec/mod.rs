@@ -386,7 +386,11 @@ fn follow_program(
         tracing::error!(task = launch.rank, how = %end.describe(), "the program failed: ending this task, and with it the job step");
         return Err(RunError::ChildFailed { command: recorded.join(" "), how: end.describe(), class, why });
     }
-    tracing::info!(task = launch.rank, how = %end.describe(), "the program ended; waiting for task 0 to end the attempt");
+    let (relayed, file_reads) = {
+        let link = link.lock();
+        (link.acked(), link.file_reads())
+    };
+    tracing::info!(task = launch.rank, how = %end.describe(), relayed, file_reads, "the program ended; waiting for task 0 to end the attempt");
     // Still watching: task 0's node may die while its program runs on.
     let ended = world::wait_for_end_or_loss(&mut link.lock(), timeout + grace, &|| liveness.lost())?;
     match ended {

@@ -21,7 +21,7 @@ pub use command::{
     CommandEnd, CommandRun, INHERITED, INHERITED_PREFIXES, OUTPUT_LIMIT, SiteRun, run_site_command, site_env,
 };
 pub use exclude::{ExclusionInput, ExclusionPlan, plan_exclusion};
-pub use node::{FS_TIMEOUT, NodeInput, node_checks};
+pub use node::{FS_TIMEOUT, NODE_WIDE, NodeInput, node_checks};
 pub use progress::{
     AttemptSummary, Guard, NoProgress, Starting, VERDICT_WHY, attempts_without_progress, progress_guard,
 };

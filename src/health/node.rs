@@ -56,7 +56,19 @@ pub struct NodeInput<'a> {
     pub stopped: &'a dyn Fn() -> bool,
     /// What the site command and its output are redacted with.
     pub redactor: &'a Redactor,
+    /// This process checks what is its node's, not only its own devices:
+    /// the first rank on the node (`SLURM_LOCALID` 0, or a process that
+    /// does not know), and `doctor`. The node's other ranks skip the
+    /// node-wide checks ([`NODE_WIDE`]): one storage probe, one listing of
+    /// the checkpoints and one site command a node, not one a rank.
+    pub node_wide: bool,
 }
+
+/// The checks whose verdict is the node's: every rank on the node sees the
+/// same mounts, clock, disk and site command. The device checks are per
+/// rank: under `--gpus-per-task` each rank has a device of its own.
+pub const NODE_WIDE: &[&str] =
+    &["run directory", "clock skew", "free disk", "checkpoint directory", "checkpoint round-trip", "site command"];
 
 /// Every check of the table above, in its order.
 pub fn node_checks(input: &NodeInput<'_>) -> Checklist {
@@ -64,6 +76,16 @@ pub fn node_checks(input: &NodeInput<'_>) -> Checklist {
     let devices = check_devices(&mut list, input);
     check_device_memory(&mut list, devices.as_deref(), input.health.min_free_device_memory);
     check_gpu_health(&mut list, devices.as_deref());
+    if !input.node_wide {
+        let storage = match input.storage {
+            StorageProbe::RoundTrip => "checkpoint round-trip",
+            StorageProbe::Write => "checkpoint directory",
+        };
+        for name in NODE_WIDE.iter().filter(|n| !n.starts_with("checkpoint ") || **n == storage) {
+            list.push(name, CheckStatus::Skip, false, "the node's first rank (SLURM_LOCALID 0) checks it");
+        }
+        return list;
+    }
     check_run_dir(&mut list, input.run_dir, input.restarting);
     check_clock_skew(&mut list, input.run_dir, input.health.max_clock_skew);
     check_disk(&mut list, input.checkpoint_dir, input.expected_checkpoint_bytes);
@@ -401,6 +423,10 @@ mod tests {
 
     impl Fixture {
         fn check(&self, probe: &dyn GpuProbe, restarting: bool) -> Checklist {
+            self.check_as(probe, restarting, true)
+        }
+
+        fn check_as(&self, probe: &dyn GpuProbe, restarting: bool, node_wide: bool) -> Checklist {
             let run_dir = self.dir.path().join("runs/r");
             let checkpoints = run_dir.join("checkpoints");
             node_checks(&NodeInput {
@@ -417,8 +443,31 @@ mod tests {
                 node: "n1",
                 stopped: &|| false,
                 redactor: &Redactor::default(),
+                node_wide,
             })
         }
+    }
+
+    #[test]
+    fn a_nodes_other_ranks_check_their_own_devices_and_leave_the_nodes_checks_to_its_first() {
+        let f = fixture();
+        // A restart whose run directory is missing fails the node's check...
+        let first = f.check_as(&sick(DeviceHealth::default()), true, true);
+        assert_eq!(status(&first, "run directory"), CheckStatus::Fail, "{first}");
+        // ...which the node's other ranks leave to its first: they neither
+        // look at the run directory nor write beside the checkpoints.
+        let other = f.check_as(&sick(DeviceHealth::default()), true, false);
+        assert!(!other.any_required_failed(), "{other}");
+        for name in ["run directory", "clock skew", "free disk", "checkpoint directory", "site command"] {
+            assert_eq!(status(&other, name), CheckStatus::Skip, "{other}");
+            assert!(other.get(name).unwrap().detail.contains("SLURM_LOCALID 0"), "{other}");
+        }
+        assert!(other.get("checkpoint round-trip").is_none(), "only the probe this start would run: {other}");
+        assert!(!f.dir.path().join("runs").exists(), "nothing written");
+        // Their own devices are still theirs to check.
+        assert_eq!(status(&other, "devices"), CheckStatus::Ok, "{other}");
+        let bad = DeviceHealth { ecc_uncorrected: Some(2), ..DeviceHealth::default() };
+        assert!(f.check_as(&sick(bad), true, false).any_required_failed());
     }
 
     fn status(list: &Checklist, name: &str) -> CheckStatus {

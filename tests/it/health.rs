@@ -199,6 +199,58 @@ fn a_node_wide_failure_asks_slurmctld_from_one_rank_of_the_node() {
     assert!(calls.len() <= 5, "one rank's calls, not four ranks': {calls:?}");
 }
 
+/// #41: in a job step, the node-wide checks run once a node: its first rank
+/// (`SLURM_LOCALID` 0) makes them and leaves the verdict on node-local
+/// storage, and its other ranks take it. Four ranks of one node started at
+/// once (the first last), their site command counting its runs: one run,
+/// all four train after a pass; after a failure all four fail it, each
+/// recording its `node_unhealthy`, and only the first asks slurmctld.
+#[test]
+fn the_node_wide_checks_run_once_a_node_and_every_rank_takes_the_verdict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeScontrol::running_job(tmp.path());
+    // A job id of this test's own: the verdict is per launch and node.
+    let job = format!("{}", 900_000 + std::process::id());
+    for (phase, exit) in [("pass", 0), ("fail", 1)] {
+        let counter = tmp.path().join(format!("site-runs-{phase}"));
+        let command = format!("echo run >> {}; exit {exit}", counter.display());
+        let rank = |local: u32| {
+            RunCmd::new(&tmp.path().join(format!("{phase}-{local}")))
+                .set("run.max_steps=20")
+                .set(&format!("health.command={}", toml_string(&command)))
+                .env("PATH", fake.path())
+                .env("SLURM_JOB_ID", &job)
+                .env("SLURM_STEP_ID", if exit == 0 { "0" } else { "1" })
+                .env("SLURM_LOCALID", local.to_string())
+                .env("SLURMD_NODENAME", "n-verdict")
+        };
+        let others: Vec<_> = (1..4).map(|local| rank(local).spawn()).collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let first = rank(0).run(TIMEOUT);
+        let others: Vec<_> = others.into_iter().map(|o| o.wait(TIMEOUT)).collect();
+        let runs = std::fs::read_to_string(&counter).unwrap_or_default().lines().count();
+        assert_eq!(runs, 1, "the site command ran once on the node ({phase})");
+        for (local, exited) in std::iter::once(&first).chain(&others).enumerate() {
+            let run = tmp.path().join(format!("{phase}-{local}"));
+            if exit == 0 {
+                exited.assert_code(0);
+                assert!(events_named(&run, "node_unhealthy").is_empty(), "rank {local}: {}", exited.tail());
+                continue;
+            }
+            exited.assert_code(1);
+            let failed = events_named(&run, "node_unhealthy");
+            assert_eq!(failed.len(), 1, "rank {local} records its failure: {}", exited.tail());
+            assert_eq!(failed[0]["check"], "site command", "rank {local}");
+            if local > 0 {
+                assert!(events_named(&run, "requeue").is_empty(), "rank {local} asked nothing");
+            }
+        }
+    }
+    let calls = fake.calls();
+    assert!(calls.iter().any(|c| c.starts_with(&format!("requeue {job}"))), "{calls:?}");
+    assert!(calls.len() <= 5, "one rank's calls, not four ranks': {calls:?}");
+}
+
 /// Outside SLURM a person starts each attempt: five failed starts and a
 /// sixth still runs (warned, with the history), and clean finishes never
 /// count.
