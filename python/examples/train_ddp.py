@@ -20,7 +20,11 @@ mid-run), --die-mid-save RANK:STEP (that rank writes half of its part of
 that step's checkpoint and dies), --rank0-only (only rank 0 writes, the
 common `if rank == 0: torch.save(...)` pattern: the other ranks' parts are
 empty and still take part in the commit; each step's data then comes from
-a generator seeded by the step and the rank, so nothing else needs saving).
+a generator seeded by the step and the rank, so nothing else needs saving),
+--dcp (the model and the optimizer through torch.distributed.checkpoint, as
+FSDP programs save: every rank writes its own `__R_0.distcp` into its part,
+rank 0 the `.metadata`; rekindle commits them as one directory, which
+`dcp.load` reads back on every rank).
 """
 
 import argparse
@@ -42,6 +46,7 @@ p.add_argument("--out")
 p.add_argument("--step-seconds", type=float, default=0.0)
 p.add_argument("--die-mid-save", default="")
 p.add_argument("--rank0-only", action="store_true")
+p.add_argument("--dcp", action="store_true")
 args = p.parse_args()
 
 cuda = torch.cuda.is_available()
@@ -59,12 +64,32 @@ opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own slice of the data
 start = 0
 
-if rk.resume_path():
+
+def dcp_state():
+    """The model's and the optimizer's state as torch.distributed.checkpoint
+    takes it (the same call serves FSDP's sharded state), and the step."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, opt_state = get_state_dict(model, opt)
+    return {"model": model_state, "opt": opt_state, "step": torch.tensor(0)}
+
+
+if rk.resume_path() and args.dcp:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    # Every rank reads the shards the world wrote, through .metadata.
+    state = dcp_state()
+    dcp.load(state, checkpoint_id=rk.resume_path())
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["opt"])
+    start = int(state["step"])
+elif rk.resume_path():
     # Written by rank 0, read by every rank.
     state = torch.load(os.path.join(rk.resume_path(), "model.pt"), map_location=device)
     net.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     start = state["step"]
+if rk.resume_path():
     mine = os.path.join(rk.resume_path(), "rng-%d.pt" % rank)
     if os.path.exists(mine):  # absent after a resume with more ranks
         gen.set_state(torch.load(mine))
@@ -72,7 +97,14 @@ print("rank %d of %d starting at step %d" % (rank, size, start), file=sys.stderr
 
 
 def save(directory, step):
-    if rank == 0:
+    if args.dcp:
+        import torch.distributed.checkpoint as dcp
+
+        # A collective: each rank writes its shards into its own part.
+        state = dcp_state()
+        state["step"] = torch.tensor(step)
+        dcp.save(state, checkpoint_id=directory)
+    elif rank == 0:
         torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, os.path.join(directory, "model.pt"))
     if not args.rank0_only:
         torch.save(gen.get_state(), os.path.join(directory, "rng-%d.pt" % rank))

@@ -6,10 +6,14 @@
 //! ```text
 //! task 0 (Board)    listens on a TCP port of its own (any free one) as soon
 //!                   as it holds the run directory's lock, and writes where
-//!                   (`.exec-leader.json`: launch, host, port) into the
-//!                   staging directory once; what it posts goes into its file
-//!                   there, then to every task connected and to each one
-//!                   that connects later
+//!                   (`.exec-leader.json`: launch, host, port and a random
+//!                   token; mode 0600) into the staging directory once; a
+//!                   connection is served only once it says the token
+//!                   (nobody else who reaches the port hears anything or
+//!                   puts a record anywhere), at most a task each and a few
+//!                   spare; what task 0 posts goes into its file there,
+//!                   then to every task connected and to each one that
+//!                   connects later
 //! a task (Link)     reads `.exec-leader.json` until it names this launch
 //!                   (backing off from 100 ms to 1 s: task 0 writes it right
 //!                   after taking the lock, before the slow part of its
@@ -29,8 +33,14 @@
 //!                   `{"ack": n}` for each: one process appends to the file
 //!                   where every task did (appends from many NFS clients are
 //!                   not atomic), and a task's record is on stable storage
-//!                   when it hears the ack. No ack within RELAY_ACK (10 s),
-//!                   or no connection: the task appends the record itself
+//!                   when it hears the ack. A refusal (`{"nack": n}`: not a
+//!                   record, or task 0 cannot append), no ack within
+//!                   RELAY_ACK (3 s: the task then leaves the connection),
+//!                   or no connection: the task appends the record itself.
+//!                   A task that finds task 0 lost leaves it for good
+//!                   ([`Link::leave`]). Task 0, ending, appends and answers
+//!                   what was relayed so far (at most FLUSH, 2 s) before
+//!                   the connections close
 //!
 //! So a task's wait costs the shared filesystem a few opens while task 0
 //! reaches its lock, then one every ten seconds, where it cost ten a second
@@ -46,6 +56,7 @@
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use std::time::{Duration, Instant};
@@ -76,8 +87,9 @@ pub const MAX_LINE: usize = 1 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a task waits for task 0 to say a relayed record is on stable
-/// storage before it writes the record itself.
-const RELAY_ACK: Duration = Duration::from_secs(10);
+/// storage before it writes the record itself (and leaves the connection:
+/// the next records do not wait again).
+const RELAY_ACK: Duration = Duration::from_secs(3);
 /// File descriptors task 0 keeps free besides one a connected task.
 const SPARE_FDS: u64 = 256;
 
@@ -88,6 +100,8 @@ struct Address {
     launch: String,
     host: String,
     port: u16,
+    /// What a task says first (module header).
+    token: String,
 }
 
 /// What a board posts: a record with a file of its own in the staging
@@ -133,8 +147,18 @@ impl Said {
     }
 }
 
+/// A task's first line: the launch's token from `.exec-leader.json` (a file
+/// only the user can read), so that nobody else who reaches the port is
+/// served, or can put a record into events.jsonl.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Hello {
+    hello: String,
+}
+
 /// A record a task relays through task 0 (`{"relay": seq, "line": …}`), and
-/// task 0's answer once it is on stable storage (`{"ack": seq}`).
+/// task 0's answer: `{"ack": seq}` once it is on stable storage, `{"nack":
+/// seq}` when task 0 does not take it (the task writes it itself).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Relayed {
@@ -148,12 +172,19 @@ struct Ack {
     ack: u64,
 }
 
-/// A line from task 0: a post or an acknowledgement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Nack {
+    nack: u64,
+}
+
+/// A line from task 0: a post, an acknowledgement or a refusal.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
 enum FromBoard {
     Post(Line),
     Ack(Ack),
+    Nack(Nack),
 }
 
 /// Task 0's side (module header).
@@ -162,7 +193,23 @@ pub struct Board {
     launch: String,
     said: Option<Arc<Mutex<Said>>>,
     done: Arc<Notify>,
+    /// Says the serving thread has ended (its records appended and acked).
+    finished: Option<std::sync::mpsc::Receiver<()>>,
     port: Option<u16>,
+}
+
+/// What the serving thread shares with each connection.
+struct Serving {
+    said: Arc<Mutex<Said>>,
+    token: String,
+    /// The appender of relayed records (none: every relay is refused).
+    appender: Option<std::sync::mpsc::Sender<ToAppend>>,
+    /// Relayed records not yet acked or refused.
+    pending: Arc<AtomicUsize>,
+    /// Connections open, and the most served at once (a task each, and a
+    /// few spare for reconnections).
+    peers: AtomicUsize,
+    max_peers: usize,
 }
 
 impl Board {
@@ -177,6 +224,7 @@ impl Board {
             launch: launch.to_string(),
             said: None,
             done: Arc::default(),
+            finished: None,
             port: None,
         };
         if let Err(why) = board.listen(host, size, relay_to.map(Path::to_path_buf)) {
@@ -190,26 +238,57 @@ impl Board {
 
     fn listen(&mut self, host: &str, size: usize, relay_to: Option<PathBuf>) -> Result<(), String> {
         enough_descriptors(size as u64 + SPARE_FDS)?;
+        let token = new_token().map_err(|e| format!("no random token for the tasks: {e}"))?;
         let listener = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| format!("no TCP port to listen on: {e}"))?;
         let port = listener.local_addr().map_err(|e| format!("the port it bound: {e}"))?.port();
         listener.set_nonblocking(true).map_err(|e| format!("a non-blocking listener: {e}"))?;
         let said: Arc<Mutex<Said>> = Arc::default();
-        let (shared, done) = (Arc::clone(&said), Arc::clone(&self.done));
+        let pending: Arc<AtomicUsize> = Arc::default();
+        // Appends and syncs on a thread of its own: a slow sync of the
+        // shared filesystem never holds the connections up.
+        let appender = match relay_to {
+            Some(path) => {
+                let (tx, rx) = std::sync::mpsc::channel::<ToAppend>();
+                let pending = Arc::clone(&pending);
+                std::thread::Builder::new()
+                    .name("exec-board-append".into())
+                    .spawn(move || append_relayed(&path, &rx, &pending))
+                    .map_err(|e| format!("no thread to append records on: {e}"))?;
+                Some(tx)
+            }
+            None => None,
+        };
+        let serving = Arc::new(Serving {
+            said: Arc::clone(&said),
+            token: token.clone(),
+            appender,
+            pending,
+            peers: AtomicUsize::new(0),
+            max_peers: size + 16,
+        });
         // One thread, its own runtime: the tasks' connections, each a reader
-        // and a writer task, and one appender of relayed records.
+        // and a writer task.
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
             .build()
             .map_err(|e| format!("no runtime to serve with: {e}"))?;
+        let done = Arc::clone(&self.done);
+        let (finished_tx, finished_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("exec-board".into())
-            .spawn(move || runtime.block_on(serve(listener, shared, done, relay_to)))
+            .spawn(move || {
+                runtime.block_on(serve(listener, serving, done));
+                drop(runtime);
+                let _ = finished_tx.send(());
+            })
             .map_err(|e| format!("no thread to serve on: {e}"))?;
         self.said = Some(said);
+        self.finished = Some(finished_rx);
         self.port = Some(port);
-        let address = Address { launch: self.launch.clone(), host: host.to_string(), port };
-        write_json(&self.staging.join(ADDRESS_FILE), &address).map_err(|e| e.to_string())
+        let address = Address { launch: self.launch.clone(), host: host.to_string(), port, token };
+        write_private(&self.staging.join(ADDRESS_FILE), &address)
+            .map_err(|e| format!("cannot write {}: {e}", self.staging.join(ADDRESS_FILE).display()))
     }
 
     /// The port this task listens on, when it does.
@@ -231,15 +310,22 @@ impl Board {
 }
 
 impl Drop for Board {
-    /// Stops serving: the connections close (a task still waiting reads
-    /// the files).
+    /// Stops serving: no new connection; the records relayed so far are
+    /// appended and acked (at most [`FLUSH`]); then the connections close (a
+    /// task still waiting reads the files).
     fn drop(&mut self) {
         self.done.notify_one();
-        if let Some(said) = &self.said {
-            said.lock().unwrap_or_else(PoisonError::into_inner).peers.clear();
+        if let Some(finished) = &self.finished {
+            let _ = finished.recv_timeout(FLUSH + Duration::from_secs(1));
         }
     }
 }
+
+/// How long task 0, ending, lets the records relayed so far be appended
+/// and their acks reach the tasks.
+const FLUSH: Duration = Duration::from_secs(2);
+/// How long a task that connects has to say the launch's token.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn json_line(value: &impl Serialize) -> Vec<u8> {
     let mut line = serde_json::to_vec(value).expect("a board line serialises");
@@ -247,31 +333,54 @@ fn json_line(value: &impl Serialize) -> Vec<u8> {
     line
 }
 
-/// A relayed record on its way to the appender, with the queue its ack goes
-/// back on.
+/// A random token, as hex (the kernel's random source).
+fn new_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(hex::encode(bytes))
+}
+
+/// Writes `value` at `path` whole (a temporary name renamed) and readable by
+/// the user alone: the address file carries the launch's token.
+fn write_private(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().ok_or_else(|| std::io::Error::other("no directory"))?;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("no file name"))?.to_string_lossy();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    file.write_all(&serde_json::to_vec(value).expect("an address serialises"))?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A relayed record on its way to the appender, with the queue its answer
+/// goes back on.
 type ToAppend = (serde_json::Value, u64, UnboundedSender<Arc<[u8]>>);
 
-/// The accept loop: each task that connects hears what was said so far.
-async fn serve(listener: TcpListener, said: Arc<Mutex<Said>>, done: Arc<Notify>, relay_to: Option<PathBuf>) {
+/// The accept loop: each task that connects and says the token hears what
+/// was said so far. Once `done`: no new connection, and the records relayed
+/// so far are appended and answered (at most [`FLUSH`]).
+async fn serve(listener: TcpListener, serving: Arc<Serving>, done: Arc<Notify>) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => return tracing::warn!(error = %e, "task 0 cannot serve the other tasks; they read the files"),
     };
-    let appender = relay_to.map(|path| {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ToAppend>();
-        tokio::spawn(append_relayed(path, rx));
-        tx
-    });
     let mut logged = false;
     loop {
         let accepted = tokio::select! {
-            _ = done.notified() => return,
+            _ = done.notified() => break,
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((peer, _)) => {
-                tokio::spawn(serve_peer(peer, Arc::clone(&said), appender.clone()));
+            // Over the bound, the connection closes at once: the task reads
+            // the files.
+            Ok((peer, _)) if serving.peers.load(Ordering::SeqCst) < serving.max_peers => {
+                serving.peers.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve_peer(peer, Arc::clone(&serving)));
             }
+            Ok(_) => {}
             Err(e) => {
                 if !logged {
                     tracing::warn!(error = %e, "task 0 could not accept a task's connection; that task reads the files");
@@ -281,95 +390,124 @@ async fn serve(listener: TcpListener, said: Arc<Mutex<Said>>, done: Arc<Notify>,
             }
         }
     }
+    drop(listener);
+    let until = Instant::now() + FLUSH;
+    while serving.pending.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The writers send the last answers.
+    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
-/// One task's connection: what was said, then each new post and ack, out;
-/// its relayed records in. Something unreadable from it ends it.
-async fn serve_peer(peer: tokio::net::TcpStream, said: Arc<Mutex<Said>>, appender: Option<UnboundedSender<ToAppend>>) {
+/// One line from `reader`, at most [`MAX_LINE`] bytes; `None` at the end of
+/// the connection, on an error, or past the limit.
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R) -> Option<Vec<u8>> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut line = Vec::new();
+    match reader.take(MAX_LINE as u64 + 1).read_until(b'\n', &mut line).await {
+        Ok(_) if line.ends_with(b"\n") => Some(line),
+        _ => None,
+    }
+}
+
+/// One task's connection: its token first; then what was said, and each new
+/// post and answer, out; its relayed records in. Something unreadable from
+/// it ends it.
+async fn serve_peer(peer: tokio::net::TcpStream, serving: Arc<Serving>) {
     use tokio::io::AsyncWriteExt;
     let _ = peer.set_nodelay(true);
     let (reader, mut writer) = peer.into_split();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<[u8]>>();
-    {
-        let mut said = said.lock().unwrap_or_else(PoisonError::into_inner);
-        for line in &said.lines {
-            let _ = tx.send(Arc::clone(line));
-        }
-        said.peers.push(tx.clone());
-    }
-    let writing = tokio::spawn(async move {
-        while let Some(line) = rx.recv().await {
-            if writer.write_all(&line).await.is_err() {
-                return;
+    let mut reader = tokio::io::BufReader::new(reader);
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_line(&mut reader)).await.ok().flatten();
+    let said_token =
+        hello.and_then(|l| serde_json::from_slice::<Hello>(&l).ok()).is_some_and(|h| h.hello == serving.token);
+    if said_token {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<[u8]>>();
+        {
+            let mut said = serving.said.lock().unwrap_or_else(PoisonError::into_inner);
+            for line in &said.lines {
+                let _ = tx.send(Arc::clone(line));
             }
+            said.peers.push(tx.clone());
         }
-    });
-    read_peer(reader, &tx, appender.as_ref()).await;
-    // The connection closes with its write half: the task reads the files.
-    writing.abort();
+        let writing = tokio::spawn(async move {
+            while let Some(line) = rx.recv().await {
+                if writer.write_all(&line).await.is_err() {
+                    return;
+                }
+            }
+        });
+        read_peer(&mut reader, &tx, &serving).await;
+        // The connection closes with its write half: the task reads the files.
+        writing.abort();
+    } else {
+        tracing::warn!("a connection to task 0's port did not say this launch's token; closed");
+    }
+    serving.peers.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// A task's relayed records, to the appender, until its connection ends or
 /// it says something unreadable.
-async fn read_peer(
-    reader: tokio::net::tcp::OwnedReadHalf,
+async fn read_peer<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
     tx: &UnboundedSender<Arc<[u8]>>,
-    appender: Option<&UnboundedSender<ToAppend>>,
+    serving: &Serving,
 ) {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
-    let mut reader = tokio::io::BufReader::new(reader);
     loop {
-        let mut line = Vec::new();
-        match (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) if !line.ends_with(b"\n") => return,
-            Ok(_) => {}
-        }
-        let relayed = serde_json::from_slice::<Relayed>(&line)
-            .ok()
-            .filter(|r| crate::telemetry::RecordedEvent::from_value(r.line.clone()).is_some());
-        match (relayed, appender) {
-            (Some(r), Some(appender)) => {
-                if appender.send((r.line, r.relay, tx.clone())).is_err() {
-                    return;
+        let Some(line) = read_line(reader).await else { return };
+        let Some(relayed) = serde_json::from_slice::<Relayed>(&line).ok() else {
+            tracing::warn!(
+                "a task said something unreadable to task 0, or a line over {MAX_LINE} bytes; its connection is closed"
+            );
+            return;
+        };
+        let taken = crate::telemetry::RecordedEvent::from_value(relayed.line.clone()).is_some()
+            && serving.appender.as_ref().is_some_and(|appender| {
+                serving.pending.fetch_add(1, Ordering::SeqCst);
+                let sent = appender.send((relayed.line, relayed.relay, tx.clone())).is_ok();
+                if !sent {
+                    serving.pending.fetch_sub(1, Ordering::SeqCst);
                 }
-            }
-            // Not taken: no ack, the task writes the record itself.
-            (Some(_), None) => {}
-            (None, _) => {
-                tracing::warn!("a task said something unreadable to task 0; its connection is closed");
-                return;
-            }
+                sent
+            });
+        if !taken {
+            // Not a record of events.jsonl, or no appender: the task writes
+            // it itself, at once.
+            let _ = tx.send(json_line(&Nack { nack: relayed.relay }).into());
         }
     }
 }
 
 /// Appends the relayed records to `path`, as many as are waiting at a time,
 /// one sync for them all, then acks each: a task's record is on stable
-/// storage when it hears the ack. Where they cannot be written, no ack goes
-/// out and each task writes its own.
-async fn append_relayed(path: PathBuf, mut rx: tokio::sync::mpsc::UnboundedReceiver<ToAppend>) {
+/// storage when it hears the ack. Where they cannot be written, each is
+/// refused (`nack`) and its task writes it itself (a record appended before
+/// a failed sync may then be there twice).
+fn append_relayed(path: &Path, rx: &std::sync::mpsc::Receiver<ToAppend>, pending: &AtomicUsize) {
     let mut writer: Option<crate::telemetry::JsonlWriter> = None;
-    while let Some(first) = rx.recv().await {
+    while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
         }
         if writer.is_none() {
-            writer = crate::telemetry::JsonlWriter::open(&path)
+            writer = crate::telemetry::JsonlWriter::open(path)
                 .map_err(|e| tracing::error!(error = %e, "task 0 cannot append the other tasks' records; they write their own"))
                 .ok();
         }
-        let Some(w) = writer.as_mut() else { continue };
-        let written = batch.iter().try_for_each(|(line, _, _)| w.append(line)).and_then(|()| w.sync());
-        if let Err(e) = written {
-            tracing::error!(error = %e, "task 0 could not append the other tasks' records; they write their own");
+        let written = writer.as_mut().is_some_and(|w| {
+            let appended = batch.iter().try_for_each(|(line, _, _)| w.append(line)).and_then(|()| w.sync());
+            appended.map_err(|e| tracing::error!(error = %e, "task 0 could not append the other tasks' records; they write their own")).is_ok()
+        });
+        if !written {
             writer = None;
-            continue;
         }
+        let n = batch.len();
         for (_, seq, to) in batch {
-            let _ = to.send(json_line(&Ack { ack: seq }).into());
+            let answer = if written { json_line(&Ack { ack: seq }) } else { json_line(&Nack { nack: seq }) };
+            let _ = to.send(answer.into());
         }
+        pending.fetch_sub(n, Ordering::SeqCst);
     }
 }
 
@@ -440,6 +578,7 @@ pub struct Link {
     /// The last record relayed, and the last task 0 said is stored.
     relayed: u64,
     acked: u64,
+    nacked: u64,
 }
 
 impl Link {
@@ -457,6 +596,7 @@ impl Link {
             peer: None,
             relayed: 0,
             acked: 0,
+            nacked: 0,
         }
     }
 
@@ -539,12 +679,29 @@ impl Link {
         }
         let until = Instant::now() + RELAY_ACK;
         while self.acked < seq {
-            if self.conn.is_none() || Instant::now() >= until {
+            if self.nacked >= seq || self.conn.is_none() {
+                return false;
+            }
+            if Instant::now() >= until {
+                tracing::warn!(
+                    seq,
+                    "task 0 did not store this task's record in time: writing it here, and no more through task 0 on this connection"
+                );
+                self.disconnect();
                 return false;
             }
             self.read_messages();
         }
         true
+    }
+
+    /// Leaves task 0 for good: found lost, it neither takes this task's
+    /// records (they would wait for an ack that cannot come) nor is
+    /// connected to again.
+    pub fn leave(&mut self) {
+        self.shunned = self.peer.take().or(self.shunned.take());
+        self.conn = None;
+        self.partial.clear();
     }
 
     /// Reads task 0's address and connects, where it names this launch.
@@ -562,9 +719,11 @@ impl Link {
             }
         };
         for addr in addrs {
-            if let Ok(stream) = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+            let hello = json_line(&Hello { hello: address.token.clone() });
+            if let Ok(mut stream) = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
                 && stream.set_read_timeout(Some(READ_TICK)).is_ok()
                 && stream.set_write_timeout(Some(WRITE_TIMEOUT)).is_ok()
+                && stream.write_all(&hello).is_ok()
             {
                 tracing::debug!(%addr, "connected to task 0");
                 self.conn = Some(BufReader::new(stream));
@@ -609,6 +768,7 @@ impl Link {
                 self.heard.insert(line.file, line.body);
             }
             Ok(FromBoard::Ack(ack)) => self.acked = self.acked.max(ack.ack),
+            Ok(FromBoard::Nack(nack)) => self.nacked = self.nacked.max(nack.nack),
             Err(e) => {
                 tracing::warn!(error = %e, "task 0's port said something unreadable: reading the files");
                 self.shunned = self.peer.take();
@@ -628,6 +788,7 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     /// What the tests post: a start and an end.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -730,7 +891,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         write_json(&tmp.path().join(Go::FILE), &go("42.0.r0")).unwrap();
         // A stale address of the previous launch is not followed.
-        let stale = Address { launch: "42.0.r0".into(), host: "localhost".into(), port: 1 };
+        let stale = Address { launch: "42.0.r0".into(), host: "localhost".into(), port: 1, token: "t".into() };
         write_json(&tmp.path().join(ADDRESS_FILE), &stale).unwrap();
         let mut link = Link::new(tmp.path(), "42.0.r1");
         let started = Instant::now();
@@ -772,7 +933,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mute = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let port = mute.local_addr().unwrap().port();
-        let address = Address { launch: "9.0.r0".into(), host: "127.0.0.1".into(), port };
+        let address = Address { launch: "9.0.r0".into(), host: "127.0.0.1".into(), port, token: "t".into() };
         write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
         let mut link = Link::new(tmp.path(), "9.0.r0");
         assert!(link.wait::<Go, ()>(Instant::now() + Duration::from_millis(300), &never).is_none());
@@ -789,7 +950,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let liar = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let port = liar.local_addr().unwrap().port();
-        let address = Address { launch: "3.0.r0".into(), host: "127.0.0.1".into(), port };
+        let address = Address { launch: "3.0.r0".into(), host: "127.0.0.1".into(), port, token: "t".into() };
         write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
         let talker = std::thread::spawn(move || {
             let (mut peer, _) = liar.accept().unwrap();
@@ -813,10 +974,14 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let flood = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let port = flood.local_addr().unwrap().port();
-        let address = Address { launch: "4.0.r0".into(), host: "127.0.0.1".into(), port };
+        let address = Address { launch: "4.0.r0".into(), host: "127.0.0.1".into(), port, token: "t".into() };
         write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
         let talker = std::thread::spawn(move || {
             let (mut peer, _) = flood.accept().unwrap();
+            // The task's hello read first: a socket closed with unread
+            // bytes is reset, and the reset would throw the flood away.
+            let mut hello = String::new();
+            BufReader::new(peer.try_clone().unwrap()).read_line(&mut hello).unwrap();
             let chunk = vec![b'x'; 64 << 10];
             // No newline, ever: 2 MiB then the connection closes.
             for _ in 0..32 {
@@ -867,15 +1032,46 @@ mod tests {
         seen.sort_unstable();
         let want: Vec<(u64, u64)> = (1..5).flat_map(|t| (0..25).map(move |n| (t, n))).collect();
         assert_eq!(seen, want, "every record once");
-        // Not a record of events.jsonl: refused, the connection closed, and
-        // the task told to write it itself (at once, not after the ack's wait).
+        // Not a record of events.jsonl: refused, and the task told to write
+        // it itself at once (not after the ack's wait).
         let mut link = Link::new(tmp.path(), "8.0.r0");
         got(link.wait::<Go, ()>(within(10), &never));
         let started = Instant::now();
         assert!(!link.relay(&serde_json::json!({"no": "event"})));
-        assert!(started.elapsed() < Duration::from_secs(5));
-        assert!(!link.connected());
+        assert!(started.elapsed() < RELAY_ACK);
         assert_eq!(std::fs::read_to_string(&events).unwrap(), text, "nothing appended");
+        // A connection that does not say the launch's token (from
+        // `.exec-leader.json`, the user's alone) is served nothing, and
+        // what it sends goes nowhere.
+        let mode = std::fs::metadata(tmp.path().join(ADDRESS_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let mut stranger = TcpStream::connect(("127.0.0.1", board.port().unwrap())).unwrap();
+        stranger.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let forged = json_line(&Relayed { relay: 1, line: serde_json::json!({"event": "finish", "step": 9}) });
+        stranger.write_all(&[json_line(&Hello { hello: "guess".into() }), forged].concat()).unwrap();
+        let mut heard = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stranger, &mut heard);
+        assert!(heard.is_empty(), "a stranger heard {}", String::from_utf8_lossy(&heard));
+        assert_eq!(std::fs::read_to_string(&events).unwrap(), text, "nothing appended");
+    }
+
+    #[test]
+    fn a_board_that_takes_no_records_refuses_them_at_once_and_a_task_0_lost_is_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let board = Board::open(tmp.path(), "6.0.r0", "localhost", 2, None);
+        board.post(&go("6.0.r0")).unwrap();
+        std::fs::remove_file(tmp.path().join(Go::FILE)).unwrap();
+        let mut link = Link::new(tmp.path(), "6.0.r0");
+        got(link.wait::<Go, ()>(within(10), &never));
+        let started = Instant::now();
+        assert!(!link.relay(&serde_json::json!({"event": "child_start"})));
+        assert!(started.elapsed() < RELAY_ACK, "refused, not timed out");
+        assert!(link.connected());
+        // Found lost: left for good, never connected to again.
+        link.leave();
+        assert!(!link.relay(&serde_json::json!({"event": "child_exit"})));
+        assert!(link.wait::<Bye, ()>(Instant::now() + Duration::from_millis(300), &never).is_none());
+        assert!(!link.connected());
     }
 
     #[test]

@@ -127,7 +127,9 @@ pub(crate) fn before_start(
     });
     let list = match (given, &share) {
         (Some(given), _) => with_node_verdict(list, given),
-        (None, Some(share)) if share.first => {
+        // A first rank stopped mid-check leaves nothing: its list says
+        // what a stop cut short, not the node's health.
+        (None, Some(share)) if share.first && !stop.is_set() => {
             let node_checks: Vec<Check> =
                 list.checks.iter().filter(|c| NODE_WIDE.contains(&c.name.as_str())).cloned().collect();
             share.publish(&node_checks);
@@ -164,7 +166,10 @@ pub(crate) fn before_start(
     );
     let cause = format!("node_unhealthy: {}", failed.name);
     let end = AttemptEnd::Unhealthy { node: node.clone(), check: failed.name.clone() };
-    let next = match slurm_caller(&failed.name, slurm.localid) {
+    // A rank that made the node's checks itself because its first rank left
+    // no verdict (it died, or hangs) asks SLURM itself: nobody else will.
+    let localid = if share.as_ref().is_some_and(|s| !s.first) && node_wide { None } else { slurm.localid };
+    let next = match slurm_caller(&failed.name, localid) {
         SlurmCaller::ThisRank => {
             leave_node_behind(cfg, slurm, &cause, &end, offer.as_ref(), newest.map(|(s, _)| s), &mut events)
         }

@@ -421,6 +421,10 @@ fn follower_loss(
     tracing::error!(task = launch.rank, "LOST TASKS: {}", lost_message(lost, cfg.distributed.timeout));
     let own = if newest.is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
     let outcome = if liveness.records(lost) {
+        // Task 0 is among the lost (else it would record): its connection
+        // may look open (a node frozen or cut off sends nothing), so this
+        // task's records go straight to the file.
+        link.lock().leave();
         // A world that lost a task is never finished (max_steps: none).
         let mut record = |e: &Event| record_or_log(events, e);
         let path = root.join(EVENTS_FILE);

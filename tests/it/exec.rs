@@ -645,6 +645,19 @@ fn when_task_0_is_lost_with_its_node_task_1_records_it_and_exits_75_and_the_worl
         assert!(out.stderr.contains(&line), "no `{line}` in\n{}", out.tail());
     }
     assert_eq!(verify(&run).0, Some(0));
+    // Task 1's records went through task 0 while it lived (#41: one writer
+    // of events.jsonl), and every one is there once: in the first launch its
+    // `child_start` through task 0 and, task 0 gone, its `child_exit` by
+    // itself; in the second both through task 0.
+    assert!(followed.stderr.contains("relayed=2"), "{}", followed.tail());
+    for name in ["child_start", "child_exit"] {
+        let of_task_1: Vec<u64> = events_named(&run, name)
+            .iter()
+            .filter(|e| e["task"].as_u64() == Some(1))
+            .map(|e| e["attempt"].as_u64().unwrap_or(99))
+            .collect();
+        assert_eq!(of_task_1, [0, 1], "task 1's {name} once an attempt");
+    }
 }
 
 /// A program (python3, `rekindle_client`) that writes `stderr` (a Python

@@ -263,18 +263,19 @@ fn job_fields(cluster: &LocalCluster, job: &str) -> std::collections::BTreeMap<S
 
 const TERMINAL: [&str; 6] = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"];
 
-/// Waits until the job has ended and stayed so for 3 s (a requeue passes
-/// through transient states); its final `scontrol show job` fields.
+/// Waits until the job has ended; its final `scontrol show job` fields. A
+/// terminal state is final here: the batch shell requeues with `scontrol
+/// requeue` while it still runs, which makes the job PENDING at once
+/// (../shared/FACTS.md), so a job to be requeued never shows a terminal
+/// state first, and slurmctld moves no ended job by itself (no epilog
+/// requeues on this cluster; NODE_FAIL requeues need a node lost, and no
+/// job here loses one).
 fn wait_final(cluster: &LocalCluster, job: &str, deadline: Instant) -> std::collections::BTreeMap<String, String> {
     loop {
         let fields = job_fields(cluster, job);
         let state = fields.get("JobState").cloned().unwrap_or_default();
         if TERMINAL.contains(&state.as_str()) {
-            std::thread::sleep(Duration::from_secs(3));
-            let again = job_fields(cluster, job);
-            if again.get("JobState") == Some(&state) {
-                return again;
-            }
+            return fields;
         }
         assert!(Instant::now() < deadline, "job {job} did not end in time: {fields:?}");
         std::thread::sleep(Duration::from_millis(500));

@@ -201,6 +201,16 @@ fn ddp_stopped_and_resumed_ends_equal(extra: &[&str], files: &[&str]) {
     assert_eq!(verify(&run).0, Some(0));
 }
 
+/// #43: torch.distributed.checkpoint (what FSDP programs save with) into
+/// each rank's part: rank 0 writes `.metadata`, each rank its own shards,
+/// one world checkpoint holds them all, and `dcp.load` on every rank reads
+/// it back to a run equal to an uninterrupted one.
+#[test]
+fn two_ddp_ranks_saving_through_torch_distributed_checkpoint_stop_and_resume_equal() {
+    let files = [".metadata", "__0_0.distcp", "__1_0.distcp", "rng-0.pt", "rng-1.pt"];
+    ddp_stopped_and_resumed_ends_equal(&["--dcp"], &files);
+}
+
 #[test]
 fn two_ddp_ranks_under_torchrun_stop_at_one_step_with_one_world_checkpoint_and_resume_equal() {
     // Rank 0's model and every rank's generator.
