@@ -238,7 +238,7 @@ impl Board {
 
     fn listen(&mut self, host: &str, size: usize, relay_to: Option<PathBuf>) -> Result<(), String> {
         enough_descriptors(size as u64 + SPARE_FDS)?;
-        let token = new_token().map_err(|e| format!("no random token for the tasks: {e}"))?;
+        let token = new_token();
         let listener = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| format!("no TCP port to listen on: {e}"))?;
         let port = listener.local_addr().map_err(|e| format!("the port it bound: {e}"))?.port();
         listener.set_nonblocking(true).map_err(|e| format!("a non-blocking listener: {e}"))?;
@@ -287,7 +287,7 @@ impl Board {
         self.finished = Some(finished_rx);
         self.port = Some(port);
         let address = Address { launch: self.launch.clone(), host: host.to_string(), port, token };
-        write_private(&self.staging.join(ADDRESS_FILE), &address)
+        write_private(&self.staging, ADDRESS_FILE, &address)
             .map_err(|e| format!("cannot write {}: {e}", self.staging.join(ADDRESS_FILE).display()))
     }
 
@@ -333,26 +333,24 @@ fn json_line(value: &impl Serialize) -> Vec<u8> {
     line
 }
 
-/// A random token, as hex (the kernel's random source).
-fn new_token() -> std::io::Result<String> {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(hex::encode(bytes))
+/// A random token, as hex (rand's thread generator: a CSPRNG seeded by the
+/// operating system).
+fn new_token() -> String {
+    let bytes: [u8; 16] = rand::random();
+    hex::encode(bytes)
 }
 
-/// Writes `value` at `path` whole (a temporary name renamed) and readable by
-/// the user alone: the address file carries the launch's token.
-fn write_private(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().ok_or_else(|| std::io::Error::other("no directory"))?;
-    let name = path.file_name().ok_or_else(|| std::io::Error::other("no file name"))?.to_string_lossy();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+/// Writes `value` as `name` in `dir` whole (a temporary name renamed),
+/// readable by the user alone: the address file carries the launch's token.
+/// Through the directory's handle, never following a link.
+fn write_private(dir: &Path, name: &str, value: &impl Serialize) -> std::io::Result<()> {
+    let dir = crate::confine::Dir::open(dir)?;
+    let tmp = format!(".{name}.{}.tmp", std::process::id());
+    let _ = dir.remove_file(&tmp);
+    let mut file = dir.create_new(&tmp, 0o600)?;
     file.write_all(&serde_json::to_vec(value).expect("an address serialises"))?;
     file.sync_all()?;
-    std::fs::rename(&tmp, path)
+    dir.rename(&tmp, name)
 }
 
 /// A relayed record on its way to the appender, with the queue its answer
@@ -631,12 +629,17 @@ impl Link {
                 return Some(Waited::Got(value));
             }
             if Instant::now() >= self.next_look {
-                self.file_reads += 1;
-                if let Some(value) = read_json::<T>(&path).filter(|v| v.launch() == self.launch) {
-                    return Some(Waited::Got(value));
-                }
+                // Connected first: task 0 names its port before it writes
+                // any record, so a task that finds the record in the file
+                // holds the connection too (for its own records, and the
+                // end), whatever its timing.
                 if self.conn.is_none() {
                     self.connect();
+                }
+                self.file_reads += 1;
+                if let Some(value) = read_json::<T>(&path).filter(|v| v.launch() == self.launch) {
+                    self.next_look = Instant::now() + if self.conn.is_some() { SLOW_LOOK } else { self.gap };
+                    return Some(Waited::Got(value));
                 }
                 self.next_look = Instant::now() + if self.conn.is_some() { SLOW_LOOK } else { self.gap };
                 self.gap = (self.gap * 2).min(MAX_GAP);

@@ -645,11 +645,11 @@ fn when_task_0_is_lost_with_its_node_task_1_records_it_and_exits_75_and_the_worl
         assert!(out.stderr.contains(&line), "no `{line}` in\n{}", out.tail());
     }
     assert_eq!(verify(&run).0, Some(0));
-    // Task 1's records went through task 0 while it lived (#41: one writer
-    // of events.jsonl), and every one is there once: in the first launch its
-    // `child_start` through task 0 and, task 0 gone, its `child_exit` by
-    // itself; in the second both through task 0.
-    assert!(followed.stderr.contains("relayed=2"), "{}", followed.tail());
+    // Task 1's records reach events.jsonl once each, whichever way they
+    // went: through task 0 while it lived and served (#41: one writer of the
+    // file), else written by task 1 itself (task 0 lost in the first launch;
+    // gone before task 1's program started in the second, whose program
+    // ends at once).
     for name in ["child_start", "child_exit"] {
         let of_task_1: Vec<u64> = events_named(&run, name)
             .iter()

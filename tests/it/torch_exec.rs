@@ -305,6 +305,10 @@ fn two_tasks_of_a_job_step_run_one_rank_each_stop_at_one_step_and_resume_equal()
     assert_eq!(checkpoint_steps(&run).last(), Some(&stopped_at));
     let tasks: Vec<u64> = events_named(&run, "child_start").iter().filter_map(|e| e["task"].as_u64()).collect();
     assert_eq!(tasks.len(), 2, "each task records its program's start: {tasks:?}");
+    // Task 1's start went through task 0 (#41: one writer of events.jsonl);
+    // its end may too, unless task 0 had ended first.
+    let relayed = followed.stderr.split("relayed=").nth(1).and_then(|r| r.split(' ').next()?.parse::<u64>().ok());
+    assert!(relayed.is_some_and(|n| n >= 1), "task 1 relayed {relayed:?} records: {}", followed.tail());
     assert_eq!(last_event(&run, "start")["world_size"].as_u64(), Some(2));
     assert!(fake.calls().iter().any(|c| c == "requeue 77"), "task 0 requeued the job: {:?}", fake.calls());
 
