@@ -284,6 +284,10 @@ sharded_failpoint_cases! {
 
 #[test]
 fn the_sharded_cases_cut_the_small_snapshot_as_they_name_it() {
+    // A save of the store like any other here: without the scenario's lock
+    // it ran beside another test's failpoints (process-global) and once
+    // failed on a disk-full one of `disk_full` (#44).
+    let scenario = fail::FailScenario::setup();
     let (_tmp, store) = temp_store(KEEP);
     let store = store.with_write_settings(sharded_direct());
     let report = store.save(&support::small_snapshot(NEW_STEP)).unwrap();
@@ -294,6 +298,7 @@ fn the_sharded_cases_cut_the_small_snapshot_as_they_name_it() {
     }
     let write = report.write.unwrap();
     assert_eq!(write.plan.mode, rekindle::checkpoint::write_mode::IoMode::Direct, "{write:?}");
+    scenario.teardown();
 }
 
 /// How far the replacement of the damaged step 40 got when its failpoint fired.
