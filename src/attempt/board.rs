@@ -825,6 +825,15 @@ mod tests {
         Bye { launch: launch.into(), code }
     }
 
+    /// A port of the test's own, named as task 0's of `launch` in `staging`.
+    fn fake_task_0(staging: &Path, launch: &str) -> TcpListener {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let address = Address { launch: launch.into(), host: "127.0.0.1".into(), port, token: "t".into() };
+        write_json(&staging.join(ADDRESS_FILE), &address).unwrap();
+        listener
+    }
+
     fn never() -> Option<()> {
         None
     }
@@ -934,10 +943,7 @@ mod tests {
     fn a_connection_that_carries_nothing_does_not_hide_the_files() {
         // A partition: the port accepts, nothing is ever said on it.
         let tmp = tempfile::tempdir().unwrap();
-        let mute = TcpListener::bind(("127.0.0.1", 0)).unwrap();
-        let port = mute.local_addr().unwrap().port();
-        let address = Address { launch: "9.0.r0".into(), host: "127.0.0.1".into(), port, token: "t".into() };
-        write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
+        let mute = fake_task_0(tmp.path(), "9.0.r0");
         let mut link = Link::new(tmp.path(), "9.0.r0");
         assert!(link.wait::<Go, ()>(Instant::now() + Duration::from_millis(300), &never).is_none());
         assert!(link.connected(), "connected to the mute port");
@@ -951,10 +957,7 @@ mod tests {
     #[test]
     fn a_quit_ends_the_wait_and_a_port_saying_garbage_is_left() {
         let tmp = tempfile::tempdir().unwrap();
-        let liar = TcpListener::bind(("127.0.0.1", 0)).unwrap();
-        let port = liar.local_addr().unwrap().port();
-        let address = Address { launch: "3.0.r0".into(), host: "127.0.0.1".into(), port, token: "t".into() };
-        write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
+        let liar = fake_task_0(tmp.path(), "3.0.r0");
         let talker = std::thread::spawn(move || {
             let (mut peer, _) = liar.accept().unwrap();
             peer.write_all(b"{\"record\": 17}\n").unwrap();
@@ -975,10 +978,7 @@ mod tests {
     #[test]
     fn a_line_past_the_limit_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
-        let flood = TcpListener::bind(("127.0.0.1", 0)).unwrap();
-        let port = flood.local_addr().unwrap().port();
-        let address = Address { launch: "4.0.r0".into(), host: "127.0.0.1".into(), port, token: "t".into() };
-        write_json(&tmp.path().join(ADDRESS_FILE), &address).unwrap();
+        let flood = fake_task_0(tmp.path(), "4.0.r0");
         let talker = std::thread::spawn(move || {
             let (mut peer, _) = flood.accept().unwrap();
             // The task's hello read first: a socket closed with unread
