@@ -105,7 +105,10 @@ pub(crate) fn before_start(
         _ => None,
     };
     let node_wide = given.is_none();
-    let newest = if node_wide { newest_checkpoint(&checkpoints) } else { None };
+    // The free-disk check needs the newest checkpoint's size: its
+    // manifest's, one small read a node (verifying it read every rank's
+    // files on every node).
+    let expected = if node_wide { newest_size(&checkpoints) } else { None };
     let offer = InJobOffer::from_process();
     let node = slurm.node_name();
     let started = Instant::now();
@@ -117,7 +120,7 @@ pub(crate) fn before_start(
         inventory: inventory.is_some(),
         run_dir: root,
         checkpoint_dir: &checkpoints,
-        expected_checkpoint_bytes: newest.map(|(_, bytes)| bytes),
+        expected_checkpoint_bytes: expected,
         storage: StorageProbe::Write,
         restarting: slurm.restart_count > 0 || offer.as_ref().is_some_and(|o| o.restarts > 0),
         node: &node,
@@ -148,7 +151,7 @@ pub(crate) fn before_start(
     tracing::error!(node = %node, check = %failed.name, detail = %failed.detail, "this node failed its health check; not training");
     // A rank that skipped the node's checks failed its own device's: what
     // comes next depends on the newest checkpoint all the same.
-    let newest = if node_wide { newest } else { newest_checkpoint(&checkpoints) };
+    let newest = newest_checkpoint(&checkpoints);
     // Records go into the run directory: claim it first, as any attempt
     // would (a directory that is not rekindle's is refused, not written).
     rundir::claim(root, cfg)?;
@@ -170,9 +173,7 @@ pub(crate) fn before_start(
     // no verdict (it died, or hangs) asks SLURM itself: nobody else will.
     let localid = if share.as_ref().is_some_and(|s| !s.first) && node_wide { None } else { slurm.localid };
     let next = match slurm_caller(&failed.name, localid) {
-        SlurmCaller::ThisRank => {
-            leave_node_behind(cfg, slurm, &cause, &end, offer.as_ref(), newest.map(|(s, _)| s), &mut events)
-        }
+        SlurmCaller::ThisRank => leave_node_behind(cfg, slurm, &cause, &end, offer.as_ref(), newest, &mut events),
         SlurmCaller::NodeLeader => {
             tracing::info!(check = %failed.name, "the node's first rank (SLURM_LOCALID 0) asks SLURM for the node");
             format!(
@@ -243,13 +244,20 @@ fn launch_of(slurm: &SlurmEnv) -> String {
     }
 }
 
-/// The newest checkpoint that verifies (quick) and its size, read only.
-fn newest_checkpoint(dir: &Path) -> Option<(u64, u64)> {
+/// The newest checkpoint that verifies (quick), read only.
+fn newest_checkpoint(dir: &Path) -> Option<u64> {
     if !dir.is_dir() {
         return None;
     }
-    let infos = CheckpointStore::open_read_only(dir).list(VerifyLevel::Quick).ok()?;
-    infos.into_iter().find(|i| i.valid).map(|i| (i.step, i.bytes))
+    CheckpointStore::open_read_only(dir).newest_valid(VerifyLevel::Quick).ok()?.map(|i| i.step)
+}
+
+/// The recorded size of the newest checkpoint (its manifest's), read only.
+fn newest_size(dir: &Path) -> Option<u64> {
+    if !dir.is_dir() {
+        return None;
+    }
+    CheckpointStore::open_read_only(dir).newest_manifest().ok()?.map(|(_, m)| m.total_bytes())
 }
 
 /// After a failed check: a new in-job step without this node when the

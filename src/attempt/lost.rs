@@ -202,8 +202,8 @@ fn read_events(path: &std::path::Path) -> Vec<Event> {
 
 /// The newest checkpoint of `store` that verifies (quick: sizes and manifest).
 pub fn newest_valid(store: &CheckpointStore) -> Option<u64> {
-    match store.list(VerifyLevel::Quick) {
-        Ok(infos) => infos.into_iter().find(|i| i.valid).map(|i| i.step),
+    match store.newest_valid(VerifyLevel::Quick) {
+        Ok(newest) => newest.map(|i| i.step),
         Err(e) => {
             tracing::error!(error = %e, "cannot list the checkpoints");
             None

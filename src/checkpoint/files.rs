@@ -214,7 +214,7 @@ impl CheckpointStore {
     /// and nothing is in its way; a refusal to seal `dir` otherwise.
     pub(super) fn check_newer(&self, dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
         let refuse = |reason: String| CheckpointError::Seal { dir: dir.to_path_buf(), step, reason };
-        let newest = self.list(VerifyLevel::Quick)?.into_iter().find(|i| i.valid);
+        let newest = self.newest_valid(VerifyLevel::Quick)?;
         if let Some(newest) = &newest {
             refuse_other_kind(&newest.dir, CheckpointKind::Files)?;
             if step <= newest.step {
@@ -225,12 +225,24 @@ impl CheckpointStore {
                 )));
             }
         }
+        self.check_not_committed(dir, step)
+    }
+
+    /// Refused when the checkpoint of `step` exists (it cannot be the newest
+    /// that verifies and still be sealed again); its directory otherwise.
+    /// One look, where [`Self::check_newer`] verifies the kept checkpoints.
+    pub(super) fn check_not_committed(&self, dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
         let final_dir = self.step_dir(step);
         if self.root()?.exists(step_dir_name(step)) {
-            return Err(refuse(format!(
-                "{} exists and does not verify; move it away (or run `rekindle exec` again, which quarantines it)",
-                final_dir.display()
-            )));
+            return Err(CheckpointError::Seal {
+                dir: dir.to_path_buf(),
+                step,
+                reason: format!(
+                    "{} exists: a step is sealed once; seal a later step (if it does not verify, move it away or run \
+                     `rekindle exec` again, which quarantines it)",
+                    final_dir.display()
+                ),
+            });
         }
         Ok(final_dir)
     }

@@ -64,7 +64,7 @@ use super::quarantine::{self, Quarantined};
 use super::rotation::{self, Action, Candidate};
 use super::shards::{DEFAULT_SHARD_BYTES, parse_shard_name};
 use super::tensor::TensorSet;
-use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect_at, load_dir, unopened, verify_at};
+use super::verify::{CheckpointInfo, Loaded, VerifyLevel, inspect_at, load_dir, read_manifest_at, unopened, verify_at};
 use super::write_mode::{IoMode, WriteChoice, WriteSettings, plan_for};
 use crate::confine::Dir;
 
@@ -769,6 +769,52 @@ impl CheckpointStore {
         Ok(removed)
     }
 
+    /// The newest checkpoint that verifies at `level`: inspected newest
+    /// first, stopping at the first that verifies, where [`Self::list`]
+    /// inspects every one. What "resume from" and "is this step newer"
+    /// need, at the cost of one checkpoint's files when the newest verifies
+    /// (a world's checkpoint holds a file or more a rank: every kept one
+    /// inspected by every caller made a save or a restart cost N² opens,
+    /// bench/control_plane.py).
+    pub fn newest_valid(&self, level: VerifyLevel) -> Result<Option<CheckpointInfo>, CheckpointError> {
+        let root = self.root()?;
+        for (step, entry) in self.listed_newest_first()? {
+            let info = match root.open_dir(&entry.name) {
+                Ok(held) => inspect_at(&held, step, level),
+                Err(e) => unopened(self.dir.join(&entry.name), step, &e),
+            };
+            if info.valid {
+                return Ok(Some(info));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The step and manifest of the newest checkpoint whose manifest reads,
+    /// nothing else verified: what the free-disk check (its size) and the
+    /// guard against the other command's run directory (its kind) need,
+    /// one small file read.
+    pub fn newest_manifest(&self) -> Result<Option<(u64, Manifest)>, CheckpointError> {
+        let root = self.root()?;
+        Ok(self.listed_newest_first()?.into_iter().find_map(|(step, entry)| {
+            let held = root.open_dir(&entry.name).ok()?;
+            read_manifest_at(&held).ok().map(|m| (step, m))
+        }))
+    }
+
+    /// The steps of the checkpoint directories, newest first, nothing in
+    /// them read.
+    pub fn steps(&self) -> Result<Vec<u64>, CheckpointError> {
+        Ok(self.listed_newest_first()?.into_iter().map(|(step, _)| step).collect())
+    }
+
+    fn listed_newest_first(&self) -> Result<Vec<(u64, crate::confine::Entry)>, CheckpointError> {
+        let mut found: Vec<(u64, crate::confine::Entry)> =
+            self.read_dir()?.into_iter().filter_map(|e| Some((self.checkpoint_entry(&e)?, e))).collect();
+        found.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
+        Ok(found)
+    }
+
     /// Every `step-*` checkpoint directory, newest first, with verification results.
     pub fn list(&self, level: VerifyLevel) -> Result<Vec<CheckpointInfo>, CheckpointError> {
         let mut infos = Vec::new();
@@ -994,6 +1040,30 @@ mod tests {
         assert_eq!(outcome.rejected.len(), 1);
         assert!(matches!(outcome.rejected[0].failures[0].problem, Problem::Sha256Mismatch { .. }));
         assert_eq!(outcome.rejected[0].failures[0].file, MODEL_FILE);
+    }
+
+    /// The newest-first lookups read only what they need: a truncated
+    /// newest checkpoint (its manifest intact) is passed over by the
+    /// verifying one and named by the manifest one; an empty directory (no
+    /// manifest) by neither; every step directory is listed by `steps`.
+    #[test]
+    fn the_newest_lookups_pass_over_what_they_must() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path(), 5).unwrap();
+        for step in 1..=3 {
+            store.save(&snapshot(step)).unwrap();
+        }
+        let model = store.step_dir(3).join(MODEL_FILE);
+        let bytes = fs::read(&model).unwrap();
+        fs::write(&model, &bytes[..bytes.len() - 1]).unwrap();
+        fs::create_dir(store.step_dir(9)).unwrap();
+        assert_eq!(store.newest_valid(VerifyLevel::Quick).unwrap().map(|i| i.step), Some(2));
+        let (step, manifest) = store.newest_manifest().unwrap().unwrap();
+        assert_eq!(step, 3);
+        assert_eq!(manifest.total_bytes(), store.list(VerifyLevel::Quick).unwrap()[1].bytes);
+        assert_eq!(store.steps().unwrap(), [9, 3, 2, 1]);
+        let empty = CheckpointStore::open_read_only(tmp.path().join("none"));
+        assert!(empty.steps().is_err(), "a checkpoints directory that is not there cannot be listed");
     }
 
     #[test]

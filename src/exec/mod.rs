@@ -416,10 +416,12 @@ fn follower_loss(
     events: &mut EventLog,
     lost: &[Lost],
 ) -> Outcome {
-    let store = CheckpointStore::open_read_only(rundir::checkpoints_dir(root, cfg));
-    let newest = newest_valid(&store);
+    // The newest checkpoint is looked up only by the task that records the
+    // loss or ends with its own code: every task verifying the kept
+    // checkpoints at once cost a loss N² opens (bench/control_plane.py).
+    let newest = || newest_valid(&CheckpointStore::open_read_only(rundir::checkpoints_dir(root, cfg)));
     tracing::error!(task = launch.rank, "LOST TASKS: {}", lost_message(lost, cfg.distributed.timeout));
-    let own = if newest.is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
+    let own = || if newest().is_some() { Outcome::StoppedWithCheckpoint } else { Outcome::Failure };
     let outcome = if liveness.records(lost) {
         // Task 0 is among the lost (else it would record): its connection
         // may look open (a node frozen or cut off sends nothing), so this
@@ -428,7 +430,7 @@ fn follower_loss(
         // A world that lost a task is never finished (max_steps: none).
         let mut record = |e: &Event| record_or_log(events, e);
         let path = root.join(EVENTS_FILE);
-        record_loss(&mut record, cfg, slurm, &path, lost, liveness.rank(), liveness.size(), newest, None)
+        record_loss(&mut record, cfg, slurm, &path, lost, liveness.rank(), liveness.size(), newest(), None)
     } else {
         let _ = events.sync();
         let bound = cfg.signals.grace + 2 * budget::SCONTROL_TIMEOUT;
@@ -437,7 +439,7 @@ fn follower_loss(
             Ok(code) => Outcome::from_code(code),
             Err(e) => {
                 tracing::error!(task = launch.rank, error = %e, "exiting with this task's own code");
-                own
+                own()
             }
         }
     };
@@ -560,8 +562,8 @@ struct ExecAttempt {
 impl ExecAttempt {
     /// The newest checkpoint that passes the quick check now.
     fn newest_step(&self) -> Option<u64> {
-        match self.store.list(VerifyLevel::Quick) {
-            Ok(infos) => infos.into_iter().find(|i| i.valid).map(|i| i.step),
+        match self.store.newest_valid(VerifyLevel::Quick) {
+            Ok(newest) => newest.map(|i| i.step),
             Err(e) => {
                 tracing::error!(error = %e, "cannot list the checkpoints; counting none");
                 None

@@ -348,7 +348,7 @@ fn newest_listed(store: &CheckpointStore) -> Result<Option<u64>, RunError> {
     if !store.dir().exists() {
         return Ok(None);
     }
-    Ok(store.list(VerifyLevel::Quick)?.into_iter().find(|info| info.valid).map(|info| info.step))
+    Ok(store.newest_valid(VerifyLevel::Quick)?.map(|info| info.step))
 }
 
 /// Whether `loaded`, the checkpoint to resume from, ends a run that

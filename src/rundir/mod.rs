@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{CheckpointKind, CheckpointStore, VerifyLevel, read_manifest};
+use crate::checkpoint::{CheckpointKind, CheckpointStore};
 use crate::config::{self, Config};
 
 // Re-exported for the lifecycle, which writes its records next to the config.
@@ -117,8 +117,7 @@ fn earlier_checkpoint_dirs(root: &Path, cfg: &Config) -> Vec<PathBuf> {
 
 /// The step and kind of the newest checkpoint in `dir` whose manifest reads.
 fn newest_checkpoint(dir: &Path) -> Option<(u64, CheckpointKind)> {
-    let infos = CheckpointStore::open_read_only(dir).list(VerifyLevel::Quick).ok()?;
-    infos.iter().find_map(|i| read_manifest(&i.dir).ok().map(|m| (i.step, m.kind)))
+    CheckpointStore::open_read_only(dir).newest_manifest().ok()?.map(|(step, m)| (step, m.kind))
 }
 
 /// Whether `dir` holds a checkpoint, valid or not (one that cannot be listed
@@ -126,7 +125,7 @@ fn newest_checkpoint(dir: &Path) -> Option<(u64, CheckpointKind)> {
 fn holds_checkpoint(dir: &Path) -> bool {
     match std::fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        _ => CheckpointStore::open_read_only(dir).list(VerifyLevel::Quick).map_or(true, |infos| !infos.is_empty()),
+        _ => CheckpointStore::open_read_only(dir).steps().map_or(true, |steps| !steps.is_empty()),
     }
 }
 
