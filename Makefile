@@ -66,6 +66,7 @@ deps: demo-deps
 	@dpkg -s librocm-smi-dev libclang-dev >/dev/null 2>&1 || { apt-get update && apt-get install -y librocm-smi-dev libclang-dev; }
 	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; } || \
 		echo "*** WARNING: cannot install chromium: tests/it/report_browser.rs will fail (outside CI, REKINDLE_SKIP_CHROMIUM=1 skips it) ***"
+	@command -v strace >/dev/null || { apt-get update && apt-get install -y strace; }
 	@dpkg -s libopenmpi-dev openmpi-bin >/dev/null 2>&1 || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y libopenmpi-dev openmpi-bin; }
 	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurmctld slurmd slurm-client munge; }
 	@[ "$(CUDA_ROOT)" != "$(DEFAULT_CUDA_ROOT)" ] || PYTHON=$(PYTHON) .ci/cuda-toolkit.sh

@@ -19,6 +19,7 @@ mod boundary;
 mod chaos;
 mod claims;
 mod cli;
+mod control_plane;
 mod corruption;
 mod demo;
 mod distributed;

@@ -9,6 +9,7 @@
 //! | Chromium (`REKINDLE_CHROMIUM` or on PATH) | `it`: `report_browser::*` | fails, unless `REKINDLE_SKIP_CHROMIUM=1` |
 //! | `python3` with `tensorboard` (and `numpy` for the exec test) | `it`: `telemetry::*tensorboard*` | fails, unless `REKINDLE_SKIP_TENSORBOARD=1` |
 //! | `promtool` and `prometheus-node-exporter` (Debian `prometheus`, `prometheus-node-exporter`) | `it`: `telemetry::the_prometheus_textfile_*` | skipped |
+//! | `strace` | `it`: `control_plane::*` (bench/control_plane.py) | skipped |
 //! | SLURM, or root and apt-get to install it | `it`: `drills::*` | skipped |
 //! | a build with `--features mpi`, and OpenMPI's `mpirun` | `it`: `distributed::*` (those launching ranks) | skipped |
 //! | an NVIDIA GPU, its driver, and a build with `--features cuda` | `it`: `gpu_check::*` | `#[ignore]`d everywhere; `make gpu-check` runs them (docs/gpus.md) |
@@ -43,6 +44,8 @@ pub enum Need {
     TensorBoard,
     /// Prometheus' `promtool` and node_exporter (`prometheus-node-exporter`).
     Prometheus,
+    /// `strace`, which bench/control_plane.py counts system calls with.
+    Strace,
 }
 
 impl Need {
@@ -50,7 +53,7 @@ impl Need {
     /// where skipping needs no permission.
     fn opt_out(self) -> Option<&'static str> {
         match self {
-            Need::Root | Need::Slurm | Need::Mpi | Need::Prometheus => None,
+            Need::Root | Need::Slurm | Need::Mpi | Need::Prometheus | Need::Strace => None,
             Need::TensorBoard => Some("REKINDLE_SKIP_TENSORBOARD"),
             Need::Python => Some("REKINDLE_SKIP_PYTHON"),
             Need::Torch => Some("REKINDLE_SKIP_TORCH"),
@@ -73,6 +76,7 @@ impl Need {
             }
             Need::TensorBoard => "run `make deps` (pip install tensorboard numpy)",
             Need::Prometheus => "run `make deps` (apt-get install prometheus prometheus-node-exporter)",
+            Need::Strace => "run `make deps` (apt-get install strace)",
         }
     }
 }
@@ -188,6 +192,11 @@ pub fn chromium() -> Option<PathBuf> {
 /// `Some(())` when `python3` imports `tensorboard` and `numpy`; otherwise see [`unmet`].
 pub fn tensorboard() -> Option<()> {
     python_imports(Path::new("python3"), "tensorboard, numpy", Need::TensorBoard)
+}
+
+/// `Some(())` when `strace` is on PATH; otherwise see [`unmet`].
+pub fn strace() -> Option<()> {
+    if on_path("strace") { Some(()) } else { unmet(Need::Strace, "strace is not on PATH") }
 }
 
 /// `Some(())` when `promtool` and `prometheus-node-exporter` are on PATH;
