@@ -55,7 +55,8 @@
 # Knobs (environment):
 #   REKINDLE_SLURM_DIR        the private folder
 #   REKINDLE_SLURM_PORT       first of 13 TCP ports: slurmctld, then one slurmd per
-#                             node (default derived from the folder)
+#                             node (default derived from the folder, 10000-32399:
+#                             below the kernel's ephemeral ports)
 #   REKINDLE_SLURM_GRACE      GraceTime of partition low, seconds (default 20)
 #   REKINDLE_SLURM_KILLWAIT   KillWait, seconds (default 20)
 set -euo pipefail
@@ -64,7 +65,14 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 hash=$(printf '%s' "$repo_root" | cksum | cut -d' ' -f1)
 DIR=${REKINDLE_SLURM_DIR:-${TMPDIR:-/tmp}/rekindle-slurm-$(printf '%08x' "$hash")}
-PORT=${REKINDLE_SLURM_PORT:-$((20000 + (hash % 2500) * 16))}
+# Below the kernel's ephemeral ports (32768 and up by default): a port
+# there can be held by any outgoing connection or `bind(0)` at the moment a
+# slurmd starts (a CI run failed so: "Unable to bind listen port").
+PORT=${REKINDLE_SLURM_PORT:-$((10000 + (hash % 1400) * 16))}
+read -r EPHEMERAL_LOW _ < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || EPHEMERAL_LOW=32768
+if (( PORT + 13 > EPHEMERAL_LOW )); then
+    echo "local-cluster: warning: ports $PORT-$((PORT + 12)) reach the ephemeral range ($EPHEMERAL_LOW and up): a slurmd may find its port taken; set REKINDLE_SLURM_PORT lower" >&2
+fi
 GRACE=${REKINDLE_SLURM_GRACE:-20}
 KILLWAIT=${REKINDLE_SLURM_KILLWAIT:-20}
 CONF=$DIR/slurm.conf
