@@ -8,6 +8,7 @@ Standard library only: copy this file next to your training script, or put
     state = load(rk.resume_path()) if rk.resume_path() else fresh()
     for step in range(state.step + 1, total + 1):
         train_one_step(state)
+        rk.step(step)                                       # progress, for rekindle's watchdog
         if step % 100 == 0 or rk.should_stop(step):
             rk.checkpoint(step, lambda d: save(state, d))   # d: a fresh directory
         if rk.should_stop(step):
@@ -34,6 +35,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -170,6 +172,8 @@ def should_stop(step=None):
     further collectives.
     """
     global _agreed_stop, _asked_step, _steps
+    if step is not None:
+        _report(step, "step")
     if _agreed_stop:
         return True
     dist = _torch_distributed()
@@ -246,6 +250,63 @@ def _torch_distributed():
     return None
 
 
+#: Seconds between two progress reports of one rank while its activity stays the same.
+PROGRESS_SECONDS = 1.0
+
+# The progress socket (None: not looked up yet; False: none), the last
+# report sent (activity, step) and when.
+_progress_socket = None
+_progress_sent = None
+_progress_at = None
+
+
+def step(step):
+    """Tells rekindle that this rank completed `step`; call it once a step, on every rank.
+
+    rekindle's watchdog (`[watchdog] step`, docs/exec.md) calls a rank whose
+    step has not moved for that long hung: it ends the program and the job
+    resumes from the newest checkpoint, in the job where the batch shell
+    offers it. should_stop(step) and checkpoint() report too, so a loop that
+    calls should_stop(step) every step needs no step() call.
+
+    Costs a clock read; at most once every PROGRESS_SECONDS (and when a save
+    begins or ends) one datagram to the supervising rekindle on this node:
+    no file, no collective. A rank that never reports is never called hung.
+    """
+    _report(step, "step")
+
+
+def _report(step, activity):
+    """Sends {rank, step, activity} to REKINDLE_PROGRESS when due; never raises."""
+    global _progress_socket, _progress_sent, _progress_at
+    if _progress_socket is False:
+        return
+    now = time.monotonic()
+    sent = (activity, int(step))
+    if _progress_sent is not None and _progress_sent[0] == activity:
+        if sent == _progress_sent or now - _progress_at < PROGRESS_SECONDS:
+            return
+    if _progress_socket is None:
+        path = _env("REKINDLE_PROGRESS")
+        if path is None:
+            _progress_socket = False
+            return
+        try:
+            _progress_socket = (socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM), path)
+            _progress_socket[0].setblocking(False)
+        except OSError:
+            _progress_socket = False
+            return
+    ranks = world()
+    message = {"rank": ranks[0] if ranks else 0, "step": int(step), "activity": activity}
+    try:
+        _progress_socket[0].sendto(json.dumps(message).encode("ascii"), _progress_socket[1])
+    except OSError:
+        # The supervisor's queue is full or it is gone: the next report says it.
+        return
+    _progress_sent, _progress_at = sent, now
+
+
 def world():
     """(rank, world size) of a distributed program from RANK and WORLD_SIZE, or None.
 
@@ -303,6 +364,16 @@ def checkpoint(step, save_fn):
         return None
     staging = os.environ["REKINDLE_CHECKPOINT_DIR"]
     staged = tempfile.mkdtemp(prefix="step-%d-" % step, dir=staging)
+    # A save has [watchdog] save's limit, not a step's.
+    _report(step, "save")
+    try:
+        return _save_and_seal(staged, step, save_fn)
+    finally:
+        _report(step, "step")
+
+
+def _save_and_seal(staged, step, save_fn):
+    """checkpoint()'s save and seal, between its progress reports."""
     save_fn(staged)
     binary = _env("REKINDLE_BIN") or "rekindle"
     argv = [binary, "-q", "seal", staged, "--step", str(int(step))]

@@ -114,6 +114,27 @@
 #               resumes on the two other nodes from the last world checkpoint
 #               and finishes as exec-ddp. The node is brought back
 #               afterwards. Needs the local cluster. Judged by this script.
+#   exec-nodeloss-injob
+#               exec-nodeloss on the default path: `REKINDLE_SPARE_NODES=1
+#               sbatch -N3 --ntasks-per-node=1 ... --exec -- python
+#               train_ddp.py` (two tasks, a spare node), the batch shell's
+#               in-job restarts on, `[distributed] timeout` 5 s; task 1's node
+#               is lost. Task 0 records `rank_lost` and asks for an in-job
+#               restart without the lost node; the next step runs on the node
+#               left and the spare, resumes from the last world checkpoint and
+#               finishes torch.equal to two ranks never stopped, the job never
+#               requeued (Restarts=0). The node is brought back afterwards.
+#               Needs the local cluster. Judged by this script.
+#   exec-trainer
+#               a Hugging Face Trainer with rekindle's callback
+#               (python/examples/train_hf.py, a tiny GPT-2 built from its
+#               config) as `sbatch slurm/orchestrator.slurm --exec ... --
+#               python train_hf.py`, stopped by a plain `scancel -s TERM JOB`:
+#               the callback saves the current step, the job is requeued,
+#               resumes through `resume_from_checkpoint` and finishes with
+#               weights torch.equal to an uninterrupted run. Needs
+#               transformers in the project's .venv (make deps). Judged by
+#               this script.
 #   dp          `sbatch -N2 -n2 slurm/orchestrator.slurm ...`: one data-parallel
 #               run over two ranks on two nodes (srun --mpi=pmix; needs a
 #               rekindle built with --features mpi), then plain
@@ -251,7 +272,7 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd)
 ALL=(term term-batch term-full usr1 warn warn-batch preempt preempt-nosignal nodeloss cancel hang crash dp dp-preempt
     dp-nodeloss dp-nodeloss-injob dp-nodeloss-injob-nospare dp-rankkill-injob dp-nodeloss-wide hang-injob own exec
-    exec-ddp exec-torchrun exec-nodeloss badnode noprogress dp-straggler)
+    exec-ddp exec-torchrun exec-nodeloss exec-nodeloss-injob exec-trainer badnode noprogress dp-straggler)
 
 log() { printf '%s drill: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -412,7 +433,7 @@ DDP_PROGRAM=$repo_root/python/examples/train_ddp.py
 DDP_ARGS=(--steps "${DRILL_DDP_STEPS:-240}" --every 40)
 REF_DDP=$WORK/reference-exec-ddp
 ref_ddp_pid=
-if [[ " ${drills[*]} " == *" exec-ddp "* || " ${drills[*]} " == *" exec-torchrun "* || " ${drills[*]} " == *" exec-nodeloss "* ]]; then
+if [[ " ${drills[*]} " =~ \ exec-(ddp|torchrun|nodeloss|nodeloss-injob)\  ]]; then
     "$VENV/bin/python" -c 'import torch' 2>/dev/null ||
         die "the exec-ddp drill needs torch in $VENV (make deps makes it; DRILL_VENV points elsewhere)"
     export OMP_NUM_THREADS=1
@@ -420,6 +441,21 @@ if [[ " ${drills[*]} " == *" exec-ddp "* || " ${drills[*]} " == *" exec-torchrun
     ref_ddp_pid=$REF_DDP.rc
     in_background "$ref_ddp_pid" without_slurm "$BIN" exec --run-dir "$REF_DDP/run" -- "$VENV/bin/torchrun" \
         --standalone --nproc-per-node 2 "$DDP_PROGRAM" "${DDP_ARGS[@]}" --out "$REF_DDP/out" >"$REF_DDP.log" 2>&1
+fi
+# The `exec-trainer` drill: a Hugging Face Trainer; its reference runs
+# uninterrupted under `rekindle exec`, without SLURM.
+HF_PROGRAM=$repo_root/python/examples/train_hf.py
+HF_ARGS=(--steps "${DRILL_HF_STEPS:-160}" --every 40)
+REF_HF=$WORK/reference-exec-trainer
+ref_hf_pid=
+if [[ " ${drills[*]} " == *" exec-trainer "* ]]; then
+    "$VENV/bin/python" -c 'import transformers, rekindle.hf' 2>/dev/null ||
+        die "the exec-trainer drill needs transformers and the client package in $VENV (make deps makes them)"
+    export OMP_NUM_THREADS=1
+    mkdir -p "$REF_HF"
+    ref_hf_pid=$REF_HF.rc
+    in_background "$ref_hf_pid" without_slurm "$BIN" exec --run-dir "$REF_HF/run" -- "$VENV/bin/python" \
+        "$HF_PROGRAM" "${HF_ARGS[@]}" --out "$REF_HF/final.pt" >"$REF_HF.log" 2>&1
 fi
 # The hang, crash, noprogress and dp-straggler drills inject their failure with a failpoint of the
 # binary (FAILPOINTS), which only a build with failpoints compiled in honours:
@@ -981,11 +1017,75 @@ drill_exec-nodeloss() {
     return "$rc"
 }
 
+# A Hugging Face Trainer with rekindle's callback under `sbatch
+# slurm/orchestrator.slurm --exec`, stopped by a plain scancel -s TERM;
+# judged here (exec_drill): the final weights torch.equal to an
+# uninterrupted run's.
+drill_exec-trainer() {
+    wd=$WORK/exec-trainer
+    EXEC_SBATCH=()
+    EXEC_CMD=("$VENV/bin/python" "$HF_PROGRAM" "${HF_ARGS[@]}" --step-seconds "${DRILL_HF_STEP_SECONDS:-0.1}"
+        --out "$wd/final.pt")
+    EXEC_SAME=("$VENV/bin/python" "$script_dir/torch_equal.py" "$wd/final.pt" "$REF_HF/final.pt")
+    exec_drill exec-trainer ref_hf_pid "$REF_HF.log" torch_equal
+}
+
+# exec-nodeloss on the default path: a spare node, the batch shell's in-job
+# restarts on (the users' default); judged as exec-nodeloss, with the job
+# never requeued and the next step an in-job restart without the lost node.
+drill_exec-nodeloss-injob() {
+    if [[ -z $CLUSTER_DIR ]]; then
+        echo "SKIP exec-nodeloss-injob: needs the local cluster (it kills a slurmd); see docs/drills.md"
+        echo '{"drill":"exec-nodeloss-injob","result":"SKIP"}'
+        return 3
+    fi
+    wd=$WORK/exec-nodeloss-injob
+    local -x REKINDLE_SPARE_NODES=1
+    EXEC_SBATCH=(-N3 --ntasks-per-node=1)
+    EXEC_CMD=("$VENV/bin/python" "$DDP_PROGRAM" "${DDP_ARGS[@]}" --step-seconds "${DRILL_DDP_STEP_SECONDS:-0.05}"
+        --out "$wd/out")
+    EXEC_SAME=("$VENV/bin/python" "$script_dir/torch_equal.py" "$wd/out" "$REF_DDP/out")
+    EXEC_STOP=exec_stop_nodeloss
+    EXEC_RUN_EXTRA=(--set 'distributed.timeout="5s"')
+    EXEC_IN_JOB=1
+    local lost_node=
+    exec_drill exec-nodeloss-injob ref_ddp_pid "$REF_DDP.log" torch_equal
+    local rc=$?
+    EXEC_STOP=exec_stop_term
+    EXEC_RUN_EXTRA=()
+    EXEC_IN_JOB=
+    [[ -z $lost_node ]] || node_back "$lost_node" || log "exec-nodeloss-injob: could not bring $lost_node back"
+    return "$rc"
+}
+
+# Whether the run in $1 went on in the job after losing node $2: the second
+# attempt's `start` is in-job restart 1 and a `nodes_excluded` event (how
+# `in_job`) names the node.
+in_job_recorded() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+events = []
+with open(sys.argv[1] + "/events.jsonl", encoding="utf-8", errors="replace") as f:
+    for line in f:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            pass  # a line torn by the lost node
+starts = [e for e in events if e.get("event") == "start"]
+restarted = len(starts) >= 2 and starts[1].get("in_job_restart") == 1
+excluded = any(e.get("event") == "nodes_excluded" and e.get("how") == "in_job" and sys.argv[2] in (e.get("added") or [])
+               for e in events)
+sys.exit(0 if restarted and excluded else 1)
+PY
+}
+
 # How exec_drill stops its job: a plain scancel -s TERM, preemption by a
 # high-priority job of 30 s on the job's first node, or the loss of task 1's
 # node; EXEC_RUN_EXTRA: more `rekindle exec` options.
 EXEC_STOP=exec_stop_term
 EXEC_RUN_EXTRA=()
+# Set: the job goes on in the job after its fault (never requeued).
+EXEC_IN_JOB=
 exec_stop_nodeloss() { kill_rank_node; }
 
 # Whether the run in $1 recorded task 1 lost on node $2 (`rank_lost`) and a
@@ -1069,12 +1169,18 @@ exec_drill() {
         (($1)) || { ok=0; failed+=("$2"); note "$2"; }
     }
     exec_check "$([[ $state == COMPLETED ]] && echo 1 || echo 0)" "job state $state, expected COMPLETED"
-    exec_check "$((${restarts:-0} >= 1))" "Restarts=${restarts:-?}: the job was never requeued"
+    if [[ -n $EXEC_IN_JOB ]]; then
+        exec_check "$((${restarts:-1} == 0))" "Restarts=${restarts:-?}: the job was requeued, not restarted in the job"
+        exec_check "$(in_job_recorded "$run" "$lost_node" && echo 1 || echo 0)" \
+            "no in-job restart 1 without $lost_node (the second start's in_job_restart, a nodes_excluded of how in_job)"
+    else
+        exec_check "$((${restarts:-0} >= 1))" "Restarts=${restarts:-?}: the job was never requeued"
+    fi
     exec_check "$((stops >= 1 && resumes >= 1 && finishes == 1))" \
         "events: $stops stop, $resumes resume, $finishes finish (expected >=1, >=1, 1)"
     exec_check "$([[ $same == true ]] && echo 1 || echo 0)" \
         "the final state differs from the uninterrupted run's: $(tail -n 2 "$wd/same.log" | tr '\n' ' ')"
-    if [[ $drill == exec-nodeloss ]]; then
+    if [[ $drill == exec-nodeloss* ]]; then
         exec_check "$(loss_recorded "$run" "$lost_node" && echo 1 || echo 0)" \
             "no rank_lost naming task 1 on $lost_node with a child_exit of verdict rank_lost: the heartbeat watch did not end the world"
     fi
@@ -1399,5 +1505,6 @@ done
 [[ -n $ref_own_pid ]] && ended_ok "$ref_own_pid"
 [[ -n $ref_exec_pid ]] && ended_ok "$ref_exec_pid"
 [[ -n $ref_ddp_pid ]] && ended_ok "$ref_ddp_pid"
+[[ -n $ref_hf_pid ]] && ended_ok "$ref_hf_pid"
 log "work folder: $WORK"
 exit $failed

@@ -24,7 +24,10 @@ a generator seeded by the step and the rank, so nothing else needs saving),
 --dcp (the model and the optimizer through torch.distributed.checkpoint, as
 FSDP programs save: every rank writes its own `__R_0.distcp` into its part,
 rank 0 the `.metadata`; rekindle commits them as one directory, which
-`dcp.load` reads back on every rank).
+`dcp.load` reads back on every rank), --hang RANK:STEP:MARKER (that rank
+stops making progress at the start of that step, as a deadlocked data
+loader would, unless MARKER exists; it writes MARKER first, so the run that
+resumes trains on: rekindle's watchdog ends the hung program).
 """
 
 import argparse
@@ -47,6 +50,7 @@ p.add_argument("--step-seconds", type=float, default=0.0)
 p.add_argument("--die-mid-save", default="")
 p.add_argument("--rank0-only", action="store_true")
 p.add_argument("--dcp", action="store_true")
+p.add_argument("--hang", default="")
 args = p.parse_args()
 
 cuda = torch.cuda.is_available()
@@ -111,10 +115,16 @@ def save(directory, step):
 
 
 die_rank, _, die_step = args.die_mid_save.partition(":")
+hang_rank, hang_step, hang_marker = (args.hang.split(":", 2) + ["", ""])[:3] if args.hang else ("", "", "")
 stopped = False
 for step in range(start + 1, args.steps + 1):
     if args.rank0_only:
         gen.manual_seed(1_000_000 * step + rank)  # the step's data, whatever ran before
+    if hang_step and int(hang_rank) == rank and int(hang_step) == step and not os.path.exists(hang_marker):
+        open(hang_marker, "w").close()
+        print("rank %d hangs at step %d" % (rank, step), file=sys.stderr, flush=True)
+        while True:  # SIGTERM only sets the client's stop flag: this rank stays stuck
+            time.sleep(1)
     x = torch.randn(32, 64, generator=gen).to(device)
     y = x.sum(dim=1, keepdim=True)
     loss = torch.nn.functional.mse_loss(model(x), y)

@@ -8,6 +8,7 @@ for Hugging Face's Trainer (`rekindle.hf`) and PyTorch Lightning
 
 from rekindle_client import (
     AGREE_SECONDS,
+    PROGRESS_SECONDS,
     PROTOCOL,
     STOP_FILE_SECONDS,
     RekindleError,
@@ -18,6 +19,7 @@ from rekindle_client import (
     resume_path,
     resume_step,
     should_stop,
+    step,
     stop_requested,
     under_rekindle,
     world,
@@ -25,6 +27,7 @@ from rekindle_client import (
 
 __all__ = [
     "AGREE_SECONDS",
+    "PROGRESS_SECONDS",
     "PROTOCOL",
     "STOP_FILE_SECONDS",
     "RekindleError",
@@ -35,6 +38,7 @@ __all__ = [
     "resume_path",
     "resume_step",
     "should_stop",
+    "step",
     "stop_requested",
     "under_rekindle",
     "world",

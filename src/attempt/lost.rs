@@ -263,6 +263,59 @@ pub fn record_loss(
     }
 }
 
+/// The records of a hang the program's watchdog found under `exec`
+/// (`exec/progress.rs`; `run`'s are `run/hang.rs`'s, which also attempts a
+/// checkpoint), after the `hang` event itself: the in-job restart where the
+/// batch shell offers one (without this node in a step of one node,
+/// [`continue_in_job_after_hang`]), else the requeue decision of a hang
+/// (`requeue` and `nodes_excluded`), then `stop` (reason `hang: step`) when
+/// `newest`, the newest checkpoint that verifies, is some, else `error`.
+/// The outcome: 75 with a checkpoint to resume from, else 1.
+pub fn record_hang(
+    record: &mut dyn FnMut(&Event),
+    cfg: &Config,
+    slurm_env: &SlurmEnv,
+    events: &std::path::Path,
+    hang: &crate::telemetry::HangEvent,
+    newest: Option<u64>,
+) -> Outcome {
+    let cause = format!("hang: {}", hang.activity);
+    let (requeue, excluded) = match continue_in_job_after_hang(cfg, slurm_env, &hang.activity, newest, events) {
+        Some(done) => done,
+        None => {
+            let end = hang_end(slurm_env, &hang.activity);
+            requeue_like_a_hang(cfg, slurm_env, events, newest, None, &cause, &end)
+        }
+    };
+    record(&Event::Requeue(requeue.clone()));
+    if let Some(excluded) = excluded {
+        record(&Event::NodesExcluded(excluded));
+    }
+    match newest {
+        Some(step) => {
+            record(&Event::Stop(Stop { step: Some(step), reason: cause, requeue: Some(requeue), ..Stop::default() }));
+            tracing::warn!(step, "exiting 75; the next attempt resumes from the checkpoint of step {step}");
+            Outcome::StoppedWithCheckpoint
+        }
+        None => {
+            let rank = hang.rank.map(|r| format!("rank {r}'s ")).unwrap_or_default();
+            record(&Event::Error(ErrorEvent {
+                step: Some(hang.step),
+                error: format!(
+                    "{rank}{} at step {} made no progress for {:.0}s (limit {:.0}s) and no checkpoint verifies",
+                    hang.activity, hang.step, hang.stuck_seconds, hang.limit_seconds
+                ),
+                class: Some(CrashClass::Transient),
+                why: Some("a hang (stuck collective, filesystem or data loader)".into()),
+                requeue: Some(requeue),
+                ..ErrorEvent::default()
+            }));
+            tracing::error!("exiting 1: no checkpoint verifies; the next attempt starts from step 0");
+            Outcome::Failure
+        }
+    }
+}
+
 /// The `error` event of a loss with no checkpoint to resume from.
 pub fn lost_error(lost: &[Lost], timeout: Duration, requeue: RequeueRecord) -> ErrorEvent {
     ErrorEvent {

@@ -14,6 +14,11 @@
 //! - the run-directory lock, lost to another process: the group gets SIGKILL;
 //! - in a job step of several tasks, another task lost (`world.rs`,
 //!   [`Liveness`]): the group gets SIGTERM, and SIGKILL [`LOST_GRACE`] later;
+//! - the ranks' progress reports (progress.rs): the task's lowest step goes
+//!   into its heartbeat, and where this supervisor decides for the world (one
+//!   task, or task 0) a rank past its `[watchdog]` limit is a hang: the
+//!   `hang` event, then SIGTERM to the group and SIGKILL [`LOST_GRACE`] later
+//!   (the program is stuck: it cannot save);
 //! - not the child's stderr: a thread of its own tees it, keeps its last
 //!   lines redacted for the `child_exit` event (stderr.rs), and is waited
 //!   for only once the child exited (at most [`STDERR_DRAIN`]).
@@ -34,9 +39,10 @@ use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::config::Config;
-use crate::telemetry::{Event, EventLog, Redactor};
+use crate::telemetry::{Event, EventLog, HangEvent, Redactor};
 
 use super::contract::{ChildEnv, StopNotice};
+use super::progress::{Channel, MAX_REPORT, Tracker};
 use super::stderr::{self, Tail};
 use super::world::{LOST_GRACE, Liveness};
 use crate::attempt::budget;
@@ -76,14 +82,45 @@ pub struct Supervised {
     /// Other tasks of the world found lost while the program ran (it was
     /// ended then).
     pub lost: Option<Vec<Lost>>,
+    /// A rank of the program past its `[watchdog]` limit (it was ended then).
+    pub hang: Option<HangEvent>,
+    /// It was ended because task 0 found a rank of the world hung.
+    pub hang_echo: bool,
     pub stderr_tail: Vec<String>,
     pub seconds: f64,
 }
 
+/// The program's progress reports (progress.rs) and what this supervisor
+/// does when a rank of its program is past its `[watchdog]` limit.
+pub struct Progress<'a> {
+    pub channel: &'a Channel,
+    pub role: HangRole<'a>,
+}
+
+/// Who ends the world when a rank hangs.
+pub enum HangRole<'a> {
+    /// The only task, or task 0: records the hang, calls `announce` (task 0
+    /// tells the other tasks: exec/world.rs's `WorldHang`) and ends its
+    /// program.
+    Decides { announce: &'a dyn Fn(&HangEvent) },
+    /// Another task of a job step. Its ranks wait for a stuck peer in the
+    /// next collective, as task 0's do, so task 0 finds the hang; while this
+    /// task's own ranks are past their limit it asks `announced` (one read of
+    /// task 0's notice) once a second, and ends its program once task 0 has
+    /// spoken. A hang task 0 never announces (its own ranks go on: no
+    /// collective binds them) is this task's own at twice the limit: it
+    /// records it and ends its program, and its failure ends the job step.
+    Follows { announced: &'a dyn Fn() -> bool },
+}
+
+/// How often a follower whose ranks are past their limit looks for task 0's
+/// notice of the hang.
+const NOTICE_LOOK: Duration = Duration::from_secs(1);
+
 /// Runs `command` with the contract's environment until it exits, handling
-/// stops, the deadline, the lock and lost tasks (`liveness`, in a job step
-/// of several) as the module header says. `on_spawn` gets the child's pid
-/// (for the `child_start` event) once it runs.
+/// stops, the deadline, the lock, lost tasks (`liveness`, in a job step of
+/// several) and hung ranks (`progress`) as the module header says.
+/// `on_spawn` gets the child's pid (for the `child_start` event) once it runs.
 #[allow(clippy::too_many_arguments)]
 pub fn supervise(
     command: &[OsString],
@@ -92,6 +129,7 @@ pub fn supervise(
     stop: &StopFlag,
     lock: Option<&LockOwnership>,
     liveness: Option<&Liveness>,
+    progress: Option<Progress<'_>>,
     events: &mut EventLog,
     on_spawn: impl FnOnce(u32, &mut EventLog),
 ) -> Result<Supervised, RunError> {
@@ -131,6 +169,15 @@ pub fn supervise(
                 None
             }
         };
+        let reports = progress.as_ref().and_then(|p| match p.channel.socket() {
+            Ok(socket) => Some(socket),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch the program's progress reports; no watchdog for it");
+                None
+            }
+        });
+        let (mut tracker, mut buf) = (Tracker::default(), [0u8; MAX_REPORT]);
+        let (mut hang, mut echo, mut looked) = (None::<HangEvent>, false, None::<Instant>);
         let mut tick = tokio::time::interval(TICK);
         let (mut taken, mut forwarded, mut killed_at_deadline, mut lock_lost) = (None::<StopTaken>, 0, false, false);
         let (mut lost, mut kill_lost_at) = (None::<Vec<Lost>>, None::<Instant>);
@@ -143,11 +190,59 @@ pub fn supervise(
                 _ = usr2.recv() => {}
                 _ = hup.recv() => {}
                 _ = tick.tick() => {}
+                _ = readable(reports.as_ref()) => {}
             }
             if !lock_lost && lock.is_some_and(LockOwnership::is_lost) {
                 lock_lost = true;
                 tracing::error!(pid, "the run directory's lock was lost: killing the program's process group");
                 kill_group(group, Signal::SIGKILL);
+            }
+            if let Some(socket) = &reports {
+                let before = tracker.lowest_step();
+                while let Ok(n) = socket.try_recv(&mut buf) {
+                    if !tracker.take(&buf[..n], Instant::now()) && tracker.dropped == 1 {
+                        tracing::warn!(pid, "a datagram on the progress socket was not a report; dropped (and any more)");
+                    }
+                }
+                if let (Some(step), Some(live)) = (tracker.lowest_step(), liveness)
+                    && before != Some(step)
+                {
+                    live.at_step(step);
+                }
+            }
+            if let Some(p) = &progress
+                && hang.is_none()
+                && !echo
+                && taken.is_none()
+                && lost.is_none()
+                && !lock_lost
+                && let Some(found) = tracker.overdue(&cfg.watchdog, Instant::now())
+            {
+                let act = match p.role {
+                    HangRole::Decides { announce } => {
+                        record_hang(events, &found, pid, "ending the program");
+                        announce(&found);
+                        true
+                    }
+                    HangRole::Follows { announced } => {
+                        if looked.is_none_or(|at| at.elapsed() >= NOTICE_LOOK) {
+                            looked = Some(Instant::now());
+                            echo = announced();
+                        }
+                        let own = !echo && found.stuck_seconds >= 2.0 * found.limit_seconds;
+                        if own {
+                            record_hang(events, &found, pid, "task 0 said nothing of it: ending this task's program");
+                        } else if echo {
+                            tracing::warn!(pid, "task 0 found a rank of the world hung: ending this task's program");
+                        }
+                        echo || own
+                    }
+                };
+                if act {
+                    kill_group(group, Signal::SIGTERM);
+                    kill_lost_at = Some(Instant::now() + LOST_GRACE);
+                    hang = (!echo).then_some(found);
+                }
             }
             if lost.is_none()
                 && let Some(found) = liveness.and_then(Liveness::lost)
@@ -160,7 +255,7 @@ pub fn supervise(
             }
             if kill_lost_at.is_some_and(|at| Instant::now() >= at) {
                 kill_lost_at = None;
-                tracing::error!(pid, "the program did not end within {}s of the loss: killing its process group", LOST_GRACE.as_secs());
+                tracing::error!(pid, "the program did not end within {}s of the loss or hang: killing its process group", LOST_GRACE.as_secs());
                 kill_group(group, Signal::SIGKILL);
             }
             let count = stop.count();
@@ -209,10 +304,40 @@ pub fn supervise(
             killed_at_deadline,
             lock_lost,
             lost,
+            hang,
+            hang_echo: echo,
             stderr_tail,
             seconds: started.elapsed().as_secs_f64(),
         })
     })
+}
+
+/// The `hang` event of a rank past its limit, synced at once (the program
+/// is ended right after), and the log line of what happens next.
+fn record_hang(events: &mut EventLog, found: &HangEvent, pid: u32, next: &str) {
+    tracing::error!(
+        pid,
+        rank = found.rank,
+        activity = %found.activity,
+        step = found.step,
+        stuck_s = format!("{:.1}", found.stuck_seconds),
+        limit_s = format!("{:.1}", found.limit_seconds),
+        "HANG: a rank of the program made no progress past its [watchdog] limit: {next} (SIGTERM, SIGKILL {}s \
+         later); the job resumes from the newest committed checkpoint",
+        LOST_GRACE.as_secs()
+    );
+    record_or_log(events, &Event::Hang(found.clone()));
+    if let Err(e) = events.sync() {
+        tracing::error!(error = %e, "could not sync events.jsonl");
+    }
+}
+
+/// Ready to read when `socket` has a datagram; never without a socket.
+async fn readable(socket: Option<&tokio::net::UnixDatagram>) -> std::io::Result<()> {
+    match socket {
+        Some(socket) => socket.readable().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The child: its own process group, the contract's environment, stderr

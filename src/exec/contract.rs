@@ -36,12 +36,17 @@ pub const ENV_EXEC_PID: &str = "REKINDLE_EXEC_PID";
 /// supervisor of record (task 0's) may run on another node.
 pub const ENV_EXEC_HOST: &str = "REKINDLE_EXEC_HOST";
 
+/// `REKINDLE_PROGRESS`: the supervisor's Unix datagram socket, where every
+/// rank reports the steps it completes (`rk.step()`, exec/progress.rs); unset
+/// when the supervisor could not bind one.
+pub const ENV_PROGRESS: &str = "REKINDLE_PROGRESS";
+
 /// The stop file's name in the run directory.
 pub const STOP_FILE: &str = "stop-requested.json";
 
 /// Every variable of the contract (each is set, or removed from what the
 /// program inherits, so that nothing of an outer run leaks in).
-pub const ALL_VARS: [&str; 9] = [
+pub const ALL_VARS: [&str; 10] = [
     ENV_PROTOCOL,
     ENV_RUN_DIR,
     ENV_RESUME_FROM,
@@ -51,6 +56,7 @@ pub const ALL_VARS: [&str; 9] = [
     ENV_BIN,
     ENV_EXEC_PID,
     ENV_EXEC_HOST,
+    ENV_PROGRESS,
 ];
 
 /// What the program is told.
@@ -65,6 +71,8 @@ pub struct ChildEnv {
     pub exec_pid: u32,
     /// The supervisor of record's node, in a job step of several tasks.
     pub exec_host: Option<String>,
+    /// The progress socket (exec/progress.rs).
+    pub progress: Option<PathBuf>,
     /// Variables of the program's own launcher (torch's `env://` ones, from
     /// SLURM's: exec/world.rs) that its environment lacked: set as they are.
     pub launcher: Vec<(&'static str, String)>,
@@ -89,6 +97,9 @@ impl ChildEnv {
         }
         if let Some(host) = &self.exec_host {
             vars.push((ENV_EXEC_HOST, OsString::from(host)));
+        }
+        if let Some(socket) = &self.progress {
+            vars.push((ENV_PROGRESS, socket.clone().into_os_string()));
         }
         vars
     }
@@ -146,6 +157,7 @@ mod tests {
             bin: "/usr/bin/rekindle".into(),
             exec_pid: 7,
             exec_host: None,
+            progress: None,
             launcher: Vec::new(),
         }
     }
@@ -155,7 +167,7 @@ mod tests {
         let e = env(None, None);
         let names: Vec<&str> = e.vars().iter().map(|(k, _)| *k).collect();
         assert!(!names.contains(&ENV_RESUME_FROM) && !names.contains(&ENV_DEADLINE));
-        assert_eq!(e.unset(), vec![ENV_RESUME_FROM, ENV_DEADLINE, ENV_EXEC_HOST]);
+        assert_eq!(e.unset(), vec![ENV_RESUME_FROM, ENV_DEADLINE, ENV_EXEC_HOST, ENV_PROGRESS]);
         assert!(e.vars().contains(&(ENV_PROTOCOL, "1".into())));
         assert!(e.vars().contains(&(ENV_STOP_FILE, "runs/x/stop-requested.json".into())));
     }
@@ -165,8 +177,13 @@ mod tests {
         let e = env(Some("runs/x/checkpoints/step-0000000040"), Some(1_790_000_000));
         assert!(e.vars().contains(&(ENV_RESUME_FROM, "runs/x/checkpoints/step-0000000040".into())));
         assert!(e.vars().contains(&(ENV_DEADLINE, "1790000000".into())));
-        assert_eq!(e.unset(), vec![ENV_EXEC_HOST], "one task: its own supervisor, on its own node");
-        let task = ChildEnv { exec_host: Some("n1".into()), launcher: vec![("RANK", "1".into())], ..e };
+        assert_eq!(e.unset(), vec![ENV_EXEC_HOST, ENV_PROGRESS], "one task: its own supervisor, on its own node");
+        let task = ChildEnv {
+            exec_host: Some("n1".into()),
+            progress: Some("/tmp/rekindle-progress-x/progress.sock".into()),
+            launcher: vec![("RANK", "1".into())],
+            ..e
+        };
         assert!(task.unset().is_empty());
         assert_eq!(task.vars().len(), ALL_VARS.len());
         assert!(task.all_vars().contains(&("RANK", "1".into())) && !task.vars().iter().any(|(k, _)| *k == "RANK"));
@@ -179,9 +196,16 @@ mod tests {
         for var in ALL_VARS {
             assert!(doc.contains(&format!("| `{var}` |")), "docs/exec.md's environment table lacks {var}");
         }
-        for var in
-            [ENV_PROTOCOL, ENV_RESUME_FROM, ENV_CHECKPOINT_DIR, ENV_STOP_FILE, ENV_DEADLINE, ENV_BIN, ENV_RUN_DIR]
-        {
+        for var in [
+            ENV_PROTOCOL,
+            ENV_RESUME_FROM,
+            ENV_CHECKPOINT_DIR,
+            ENV_STOP_FILE,
+            ENV_DEADLINE,
+            ENV_BIN,
+            ENV_RUN_DIR,
+            ENV_PROGRESS,
+        ] {
             assert!(helper.contains(&format!("\"{var}\"")), "python/rekindle_client.py does not read {var}");
         }
         assert!(helper.contains(&format!("PROTOCOL = {PROTOCOL}")), "the helper speaks another protocol");

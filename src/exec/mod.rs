@@ -36,6 +36,7 @@
 
 mod child;
 mod contract;
+mod progress;
 mod seal;
 mod stderr;
 mod verdict;
@@ -60,7 +61,7 @@ use crate::attempt::deadline::Deadline;
 use crate::attempt::devices;
 use crate::attempt::ending::{Failure, StopRequeue, early_stop, publish_results, record_failure, record_or_log};
 use crate::attempt::error::RunError;
-use crate::attempt::lost::{lost_message, newest_valid, record_loss};
+use crate::attempt::lost::{lost_message, newest_valid, record_hang, record_loss};
 use crate::attempt::rank_watch::Lost;
 use crate::attempt::records::{
     context, fresh_start, last_logged_step, previous_summary, resume_record, set_aside_rejected, takeover_event,
@@ -223,8 +224,11 @@ fn lead(
         bin: current_exe()?,
         exec_pid: std::process::id(),
         exec_host: None,
+        progress: None,
         launcher: Vec::new(),
     };
+    let channel = open_progress();
+    env.progress = channel.as_ref().map(|c| c.path().to_path_buf());
     let mut liveness = None;
     if let (Some(launch), Some(board)) = (leader, board.as_ref()) {
         // The other tasks start their programs only now, with what this one
@@ -264,6 +268,19 @@ fn lead(
         world_size: leader.map(|l| l.size as usize),
     };
     let on_spawn = |pid, ev: &mut EventLog| record_child_start(ev, &recorded, pid, &env, start_step, task);
+    // Task 0 tells the others before it ends its program, so that theirs
+    // failing then is known for the hang's echo (follow_program).
+    let announce = |hang: &crate::telemetry::HangEvent| {
+        if let (Some(launch), Some(board)) = (leader, board.as_ref()) {
+            let notice = world::WorldHang { launch: launch.id.clone(), rank: hang.rank, step: hang.step };
+            if let Err(e) = board.post(&notice) {
+                tracing::error!(error = %e, "could not tell the other tasks of the hang; their programs' failure may read as their own");
+            }
+        }
+    };
+    let progress = channel
+        .as_ref()
+        .map(|channel| child::Progress { channel, role: child::HangRole::Decides { announce: &announce } });
     let supervised = child::supervise(
         &opts.command,
         &env,
@@ -271,6 +288,7 @@ fn lead(
         &stop,
         Some(&ownership),
         liveness.as_ref(),
+        progress,
         &mut events,
         on_spawn,
     );
@@ -301,7 +319,7 @@ fn world_loss(ran: &Supervised, liveness: Option<&Liveness>) -> Option<Vec<Lost>
     if ran.lost.is_some() {
         return ran.lost.clone();
     }
-    let failed_unasked = ran.stop.is_none() && !ran.lock_lost && !ran.status.success();
+    let failed_unasked = ran.stop.is_none() && ran.hang.is_none() && !ran.lock_lost && !ran.status.success();
     if !failed_unasked {
         return None;
     }
@@ -368,16 +386,54 @@ fn follow_program(
         bin: current_exe()?,
         exec_pid: record.exec_pid,
         exec_host: Some(record.exec_host.clone()),
+        progress: None,
         launcher: launcher_vars(launch, record),
     };
+    // This task's ranks report here too: their step goes into its heartbeat.
+    let channel = open_progress();
+    let env = ChildEnv { progress: channel.as_ref().map(|c| c.path().to_path_buf()), ..env };
+    let announced = || world::hang_posted(&record.checkpoint_dir, &launch.id).is_some();
+    let progress = channel
+        .as_ref()
+        .map(|channel| child::Progress { channel, role: child::HangRole::Follows { announced: &announced } });
     let recorded = child::recorded_command(cfg, &opts.command);
     let task = Some(launch.rank);
     let on_spawn = |pid, ev: &mut EventLog| record_child_start(ev, &recorded, pid, &env, record.resume_step, task);
-    let ran = child::supervise(&opts.command, &env, cfg, stop, None, Some(liveness), &mut events, on_spawn)?;
+    let ran = child::supervise(&opts.command, &env, cfg, stop, None, Some(liveness), progress, &mut events, on_spawn)?;
     let end = ChildEnd::from_status(ran.status);
+    // Task 0 found a rank hung and ended its program (its notice is written
+    // before): this program's failure is that hang's echo, task 0 records it.
+    let failed = ran.stop.is_none() && ran.hang.is_none() && !ran.status.success();
+    if ran.hang_echo || (failed && announced()) {
+        liveness.program_ended();
+        tracing::warn!(task = launch.rank, how = %end.describe(), "the program ended after task 0 found a rank hung; waiting for task 0 to end the attempt");
+        record_or_log(&mut events, &child_exit(&ran, end, &Verdict::Hang, None, 0, task));
+        let _ = events.sync();
+        let bound = grace + 2 * budget::SCONTROL_TIMEOUT + LOST_GRACE_BOUND;
+        return Ok(Outcome::from_code(world::wait_for_end(&mut link.lock(), bound)?));
+    }
     if let Some(lost) = world_loss(&ran, Some(liveness)) {
         record_or_log(&mut events, &child_exit(&ran, end, &Verdict::RankLost, None, 0, task));
         return Ok(follower_loss(cfg, slurm, root, link, launch, liveness, &mut events, &lost));
+    }
+    if let Some(hang) = &ran.hang {
+        // Its own rank hung while task 0's went on: its failure ends the
+        // job step (srun --kill-on-bad-exit), and task 0 takes that as a stop.
+        liveness.program_ended();
+        record_or_log(&mut events, &child_exit(&ran, end, &Verdict::Hang, None, 0, task));
+        let _ = events.sync();
+        let rank = hang.rank.map_or("a rank".to_string(), |r| format!("rank {r}"));
+        let why = format!(
+            "{rank} made no progress at step {} for {:.0}s (limit {:.0}s) while task 0's went on",
+            hang.step, hang.stuck_seconds, hang.limit_seconds
+        );
+        tracing::error!(task = launch.rank, "{why}: ending this task, and with it the job step");
+        return Err(RunError::ChildFailed {
+            command: recorded.join(" "),
+            how: end.describe(),
+            class: crate::telemetry::CrashClass::Transient,
+            why,
+        });
     }
     let verdict = verdict::verdict(end, ran.stop.is_some(), false, 0, None);
     record_or_log(&mut events, &child_exit(&ran, end, &verdict, None, 0, task));
@@ -481,6 +537,23 @@ fn launcher_vars(launch: &Launch, record: &WorldRecord) -> Vec<(&'static str, St
         .into_iter()
         .filter(|(k, _)| std::env::var_os(k).is_none_or(|v| v.is_empty()))
         .collect()
+}
+
+/// How much longer than a stop's a follower waits for task 0 after a hang:
+/// task 0 gives its program [`world::LOST_GRACE`] to end before SIGKILL.
+const LOST_GRACE_BOUND: Duration = world::LOST_GRACE;
+
+/// The progress socket for the program's ranks (progress.rs); `None` (no
+/// watchdog, no step in the heartbeat) when none can be bound here.
+fn open_progress() -> Option<progress::Channel> {
+    match progress::Channel::open() {
+        Ok(channel) => Some(channel),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot bind the progress socket in the temporary directory: the program's ranks \
+                 report no progress, and no watchdog watches them (set TMPDIR to a writable local folder)");
+            None
+        }
+    }
 }
 
 fn current_exe() -> Result<PathBuf, RunError> {
@@ -617,6 +690,10 @@ impl ExecAttempt {
             record_or_log(events, &child_exit(&ran, end, &Verdict::RankLost, newest, sealed, task));
             return Ok(self.lost_world(events, &lost, newest, sealed));
         }
+        if let Some(hang) = ran.hang.as_ref().filter(|_| !ran.lock_lost) {
+            record_or_log(events, &child_exit(&ran, end, &Verdict::Hang, newest, sealed, task));
+            return Ok(self.hung(events, hang, newest, sealed));
+        }
         // Its last step sealed in this attempt: `[run] max_steps` set and reached.
         let completed = self.max_steps.filter(|&last| newest.is_some_and(|n| n >= last));
         let verdict = verdict::verdict(end, ran.stop.is_some(), ran.lock_lost, sealed, completed);
@@ -647,7 +724,7 @@ impl ExecAttempt {
                 self.fail(events, &error, class, &why);
                 Err(error)
             }
-            Verdict::LockLost | Verdict::RankLost => unreachable!("returned above"),
+            Verdict::LockLost | Verdict::RankLost | Verdict::Hang => unreachable!("returned above"),
         }
     }
 
@@ -666,6 +743,29 @@ impl ExecAttempt {
         let mut record = |e: &Event| record_or_log(events, e);
         // A world that lost a task is never finished (max_steps: none).
         let outcome = record_loss(&mut record, &self.cfg, &self.slurm, &path, lost, 0, size, newest, None);
+        if let Err(e) = events.sync() {
+            tracing::error!(error = %e, "could not sync events.jsonl");
+        }
+        outcome
+    }
+
+    /// A rank of the program hung and the program was ended (its `hang`
+    /// event is written): the in-job restart or the requeue of a hang
+    /// (`attempt/lost.rs`), the summary says stopped (or failed with no
+    /// checkpoint); 75 when a checkpoint verifies.
+    fn hung(
+        mut self,
+        events: &mut EventLog,
+        hang: &crate::telemetry::HangEvent,
+        newest: Option<u64>,
+        sealed: u64,
+    ) -> Outcome {
+        let _ = devices::stop_monitor(self.monitor.take(), events);
+        let state = if newest.is_some() { SummaryState::Stopped } else { SummaryState::Failed };
+        self.write_summary(state, newest, sealed);
+        let path = self.dir.path(EVENTS_FILE);
+        let mut record = |e: &Event| record_or_log(events, e);
+        let outcome = record_hang(&mut record, &self.cfg, &self.slurm, &path, hang, newest);
         if let Err(e) = events.sync() {
             tracing::error!(error = %e, "could not sync events.jsonl");
         }

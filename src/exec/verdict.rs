@@ -3,7 +3,8 @@
 //! lock was lost and whether it sealed a checkpoint in this attempt into
 //! finished, stopped, crashed (with a class, as `crash.rs` gives native
 //! crashes) or lock lost. A lost task of the world (`world.rs`) is decided
-//! by the supervisor, not here: [`Verdict::RankLost`].
+//! by the supervisor, not here: [`Verdict::RankLost`], and so is a hung
+//! rank ([`Verdict::Hang`]).
 
 use nix::sys::signal::Signal;
 
@@ -64,6 +65,10 @@ pub enum Verdict {
     /// ended, or failed as the loss's echo; the world resumes from its
     /// newest checkpoint (never decided by [`verdict`], which sees one task).
     RankLost,
+    /// A rank of the program made no progress past its `[watchdog]` limit
+    /// (progress.rs): the program was ended; the job resumes from the newest
+    /// checkpoint (decided by the supervisor, as [`Verdict::RankLost`]).
+    Hang,
 }
 
 impl Verdict {
@@ -76,6 +81,7 @@ impl Verdict {
             Verdict::Crashed { .. } => "crashed",
             Verdict::LockLost => "lock_lost",
             Verdict::RankLost => "rank_lost",
+            Verdict::Hang => "hang",
         }
     }
 }

@@ -250,6 +250,12 @@ impl Liveness {
         self.rank
     }
 
+    /// Every rank of this task's program completed `step` (its reports,
+    /// progress.rs): the heartbeat carries it to the world's sweepers.
+    pub fn at_step(&self, step: u64) {
+        self.watch.pulse().at_step(step);
+    }
+
     /// This task's program ended: the beats say so from now on (no other
     /// task calls this one lost while it winds up), and the watch goes on.
     pub fn program_ended(&self) {
@@ -334,6 +340,35 @@ impl Posted for WorldEnd {
     fn launch(&self) -> &str {
         &self.launch
     }
+}
+
+/// The hang notice's file name in the staging directory.
+pub const HANG_FILE: &str = ".exec-world-hang.json";
+
+/// The leader found a rank of its program hung and ends it (progress.rs):
+/// written before its program is ended, so that a follower whose program
+/// fails right after knows the failure for the hang's echo.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorldHang {
+    pub launch: String,
+    /// The rank of task 0's program that hung.
+    pub rank: Option<usize>,
+    pub step: u64,
+}
+
+impl Posted for WorldHang {
+    const FILE: &'static str = HANG_FILE;
+    fn launch(&self) -> &str {
+        &self.launch
+    }
+}
+
+/// The hang notice of `launch` in the staging directory, if task 0 wrote
+/// one: one bounded read, on a failed program's path only.
+pub fn hang_posted(staging: &Path, launch: &str) -> Option<WorldHang> {
+    let bytes = crate::confine::read_bounded(&staging.join(HANG_FILE), 4096).ok()?;
+    serde_json::from_slice::<WorldHang>(&bytes).ok().filter(|h| h.launch == launch)
 }
 
 /// The leader, on its way out: its exit code. Best effort for the file: a

@@ -351,6 +351,7 @@ fn hang_event(hang: &Hang) -> HangEvent {
         since: rfc3339(hang.busy.since_wall),
         stuck_seconds: hang.stuck_for.as_secs_f64(),
         limit_seconds: hang.limit.as_secs_f64(),
+        rank: None,
     }
 }
 

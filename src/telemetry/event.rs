@@ -632,7 +632,7 @@ pub enum CrashClass {
 pub struct HangEvent {
     /// `step`, `eval`, `save` or `publish`.
     pub activity: String,
-    /// The stuck thread: `training` or `persister`.
+    /// The stuck thread: `training` or `persister`; `program` under `exec`.
     pub thread: String,
     /// The step trained, evaluated after, saved or published.
     pub step: u64,
@@ -642,6 +642,10 @@ pub struct HangEvent {
     pub stuck_seconds: f64,
     /// Its limit, in seconds.
     pub limit_seconds: f64,
+    /// Under `exec`: the program's rank whose progress stopped (its reports,
+    /// docs/exec.md); absent for `run`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<usize>,
 }
 
 /// `rank_lost`: a rank of a data-parallel run whose heartbeat did not
@@ -1192,6 +1196,16 @@ mod tests {
                 since: "2026-11-23T12:00:00.000Z".into(),
                 stuck_seconds: 2.5,
                 limit_seconds: 2.0,
+                rank: None,
+            }),
+            Event::Hang(HangEvent {
+                activity: "step".into(),
+                thread: "program".into(),
+                step: 12,
+                since: "2026-11-23T12:00:00.000Z".into(),
+                stuck_seconds: 5.5,
+                limit_seconds: 5.0,
+                rank: Some(1),
             }),
             Event::CheckpointInterval(CheckpointIntervalChosen {
                 step: 40,

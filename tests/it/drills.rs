@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use crate::support::cluster::{LocalCluster, repo};
 
-const DRILLS: [&str; 28] = [
+const DRILLS: [&str; 30] = [
     "term",
     "term-batch",
     "term-full",
@@ -42,6 +42,8 @@ const DRILLS: [&str; 28] = [
     "exec-ddp",
     "exec-torchrun",
     "exec-nodeloss",
+    "exec-nodeloss-injob",
+    "exec-trainer",
     "badnode",
     "noprogress",
     "dp-straggler",

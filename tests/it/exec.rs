@@ -554,6 +554,61 @@ os.abort()
     assert_eq!(last_event(&unbounded, "child_exit")["verdict"].as_str(), Some("crashed"));
 }
 
+/// A program whose rank stops reporting progress (`rk.step`) for `[watchdog]
+/// step` is hung: rekindle records `hang` (the rank, the step it was in),
+/// ends the program and exits 75 from the newest checkpoint; the rerun
+/// resumes from it and finishes.
+#[test]
+fn a_rank_that_stops_reporting_progress_is_ended_by_the_watchdog_and_the_run_resumes() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let program = r##"
+import os, sys, time
+import rekindle_client as rk
+start = rk.resume_step() or 0
+def save(d, step):
+    with open(os.path.join(d, "w"), "w") as f:
+        f.write(str(step))
+for step in range(start + 1, 13):
+    time.sleep(0.05)
+    rk.step(step)
+    if step % 4 == 0:
+        rk.checkpoint(step, lambda d: save(d, step))
+    if step == 10 and start == 0:
+        print("hanging at step 10", file=sys.stderr, flush=True)
+        while True:  # SIGTERM only sets the client's stop flag
+            time.sleep(1)
+print("finished", file=sys.stderr, flush=True)
+"##;
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    let run = tmp.path().join("run");
+    let exec = || RunCmd::exec(&run, &["python3", "-c", program]).env("PYTHONPATH", python).set("watchdog.step=2s");
+    let hung = exec().run(TIMEOUT);
+    hung.assert_code(75);
+    assert!(hung.stderr.contains("hanging at step 10"), "{}", hung.tail());
+    let hang = last_event(&run, "hang");
+    assert_eq!(
+        (hang["thread"].as_str(), hang["activity"].as_str(), hang["rank"].as_u64()),
+        (Some("program"), Some("step"), Some(0)),
+        "{hang}"
+    );
+    // The step it was in: after the last one it reported (at most a second stale).
+    let step = hang["step"].as_u64().unwrap();
+    assert!((5..=11).contains(&step), "{hang}");
+    assert_eq!(hang["limit_seconds"].as_f64(), Some(2.0), "{hang}");
+    assert!(hang["stuck_seconds"].as_f64().unwrap() > 2.0, "{hang}");
+    assert_eq!(last_event(&run, "child_exit")["verdict"].as_str(), Some("hang"));
+    let stop = last_event(&run, "stop");
+    assert_eq!((stop["reason"].as_str(), stop["step"].as_u64()), (Some("hang: step"), Some(8)), "{stop}");
+    assert_eq!(checkpoint_steps(&run), vec![4, 8]);
+
+    let resumed = exec().run(TIMEOUT);
+    resumed.assert_code(0);
+    assert!(resumed.stderr.contains("finished"), "{}", resumed.tail());
+    assert_eq!(checkpoint_steps(&run), vec![4, 8, 12]);
+    assert_eq!(events_named(&run, "hang").len(), 1, "the resumed attempt ran past step 10 unhindered");
+}
+
 /// Under SLURM the lock names the node as SLURM does (SLURMD_NODENAME),
 /// which need not be the host name (the local cluster's n1 and n2 run on
 /// one host): the program's seals must still find their supervisor. The
@@ -658,6 +713,49 @@ fn when_task_0_is_lost_with_its_node_task_1_records_it_and_exits_75_and_the_worl
             .collect();
         assert_eq!(of_task_1, [0, 1], "task 1's {name} once an attempt");
     }
+}
+
+/// A task whose own rank hangs while task 0's ranks go on (nothing binds
+/// them: no collective) hears no notice from task 0: at twice `[watchdog]
+/// step` it records the hang itself, ends its program and exits 1 (under
+/// srun its failure ends the job step, and task 0 takes that as a stop).
+#[test]
+fn a_task_whose_own_rank_hangs_while_task_0s_go_on_records_it_and_ends_its_task() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeScontrol::running_job(tmp.path());
+    let run = tmp.path().join("run");
+    let program = tmp.path().join("steps.py");
+    std::fs::write(
+        &program,
+        r##"
+import os, sys, time
+import rekindle_client as rk
+rank = int(os.environ["RANK"])
+for step in range(1, 201):
+    time.sleep(0.05)
+    rk.step(step)
+    if rank == 1 and step == 10:
+        print("rank 1 hangs at step 10", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(1)
+"##,
+    )
+    .unwrap();
+    let script = format!("exec python3 {}", program.display());
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    let task = |n| task_on_node(&run, &script, n, 0, &fake).env("PYTHONPATH", python).set("watchdog.step=2s");
+    let (leader, follower) = (task(0).spawn(), task(1).spawn());
+    let followed = follower.wait(TIMEOUT);
+    assert_eq!(followed.code(), Some(1), "{}", followed.tail());
+    assert!(followed.stderr.contains("task 0 said nothing of it"), "{}", followed.tail());
+    assert!(followed.stderr.contains("while task 0's went on"), "{}", followed.tail());
+    let _ = leader.wait(TIMEOUT);
+    let hang = last_event(&run, "hang");
+    assert_eq!((hang["rank"].as_u64(), hang["thread"].as_str()), (Some(1), Some("program")), "{hang}");
+    assert!(hang["stuck_seconds"].as_f64().unwrap() >= 4.0, "twice the 2 s limit: {hang}");
+    let exit = events_named(&run, "child_exit").into_iter().find(|e| e["task"].as_u64() == Some(1)).unwrap();
+    assert_eq!(exit["verdict"].as_str(), Some("hang"), "{exit}");
 }
 
 /// A program (python3, `rekindle_client`) that writes `stderr` (a Python

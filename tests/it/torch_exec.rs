@@ -243,6 +243,38 @@ fn a_rank_that_dies_mid_save_leaves_no_world_checkpoint_and_the_resume_from_the_
     assert_torch_equal(&python, &expected, &out);
 }
 
+/// One DDP rank of two under `torchrun --standalone` stops making progress
+/// (a deadlocked data loader): the other waits for it in the next all-reduce,
+/// so neither reports a step; rekindle's watchdog (`[watchdog] step`) ends
+/// the program, records `hang` and exits 75 from the newest world
+/// checkpoint, and the resume ends equal to an uninterrupted run.
+#[test]
+fn a_rank_hung_under_torchrun_is_ended_by_the_watchdog_and_the_resume_ends_equal() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    ddp(&tmp.path().join("reference-run"), &expected, &[]).run(TIMEOUT).assert_code(0);
+
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    let marker = tmp.path().join("hung-once");
+    let hang = format!("1:25:{}", marker.display());
+    let hung = ddp(&run, &out, &["--hang", &hang]).set("watchdog.step=4s").run(TIMEOUT);
+    hung.assert_code(75);
+    assert!(hung.stderr.contains("rank 1 hangs at step 25"), "{}", hung.tail());
+    let event = last_event(&run, "hang");
+    assert_eq!((event["thread"].as_str(), event["activity"].as_str()), (Some("program"), Some("step")), "{event}");
+    // Both ranks stopped: whichever reported last the earlier is named.
+    assert!(event["rank"].as_u64().is_some_and(|r| r < 2), "{event}");
+    assert!((21..=25).contains(&event["step"].as_u64().unwrap()), "{event}");
+    assert_eq!(last_event(&run, "child_exit")["verdict"].as_str(), Some("hang"));
+    let stop = last_event(&run, "stop");
+    assert_eq!((stop["reason"].as_str(), stop["step"].as_u64()), (Some("hang: step"), Some(20)), "{stop}");
+
+    ddp(&run, &out, &["--hang", &hang]).run(TIMEOUT).assert_code(0);
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
+
 /// Task `task` of a job step of two under `rekindle exec` (as `sbatch -N1
 /// -n2 slurm/orchestrator.slurm --exec …` starts them through `srun`), its
 /// program one DDP rank: `python train_ddp.py`, no torchrun.
@@ -406,6 +438,59 @@ fn a_task_lost_with_its_node_ends_the_other_within_the_timeout_with_75_and_the_w
     led.assert_code(0);
     followed.assert_code(0);
     assert!(followed.stderr.contains("rank 1 of 2 starting at step 20"), "{}", followed.tail());
+    assert_torch_equal(&python, &expected, &out);
+    assert_eq!(verify(&run).0, Some(0));
+}
+
+/// Two tasks of a job step, one rank each; task 1's rank hangs and task 0's
+/// waits for it in the next all-reduce. Task 0 finds the hang (its own rank
+/// stopped too), tells task 1 before it ends its program, records `hang`
+/// and the requeue; task 1 ends its program as the hang's echo and exits
+/// with task 0's 75; the requeued world resumes equal.
+#[test]
+fn a_rank_hung_in_a_job_step_of_two_tasks_is_ended_by_task_0_and_both_tasks_exit_75() {
+    let Some(python) = requires::torch() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = tmp.path().join("reference");
+    ddp(&tmp.path().join("reference-run"), &expected, &[]).run(TIMEOUT).assert_code(0);
+    let fake = FakeScontrol::running_job(tmp.path());
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("final"));
+    let marker = tmp.path().join("hung-once");
+    let hang = format!("1:25:{}", marker.display());
+    let extra = ["--hang", hang.as_str()];
+    let task = |n, restart| {
+        task_of_two(&python, &run, &out, n, restart, &fake, &extra)
+            .set("watchdog.step=4s")
+            .set("distributed.timeout=10s")
+    };
+    let (leader, follower) = (task(0, 0).spawn(), task(1, 0).spawn());
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(75);
+    assert_eq!(followed.code(), Some(75), "task 1 exits with task 0's code: {}", followed.tail());
+    assert!(followed.stderr.contains("task 0 found a rank hung"), "{}", followed.tail());
+    let event = last_event(&run, "hang");
+    assert_eq!(
+        (event["thread"].as_str(), event["rank"].as_u64()),
+        (Some("program"), Some(0)),
+        "task 0's own rank: {event}"
+    );
+    assert_eq!(events_named(&run, "hang").len(), 1, "one hang, recorded by task 0");
+    let exits: Vec<(Option<u64>, Option<String>)> = events_named(&run, "child_exit")
+        .iter()
+        .map(|e| (e["task"].as_u64(), e["verdict"].as_str().map(String::from)))
+        .collect();
+    assert!(
+        exits.contains(&(Some(0), Some("hang".into()))) && exits.contains(&(Some(1), Some("hang".into()))),
+        "{exits:?}"
+    );
+    let stop = last_event(&run, "stop");
+    assert_eq!((stop["reason"].as_str(), stop["step"].as_u64()), (Some("hang: step"), Some(20)), "{stop}");
+    assert!(fake.calls().iter().any(|c| c == "requeue 77"), "task 0 requeued the job: {:?}", fake.calls());
+
+    let (leader, follower) = (task(0, 1).spawn(), task(1, 1).spawn());
+    let (led, followed) = (leader.wait(TIMEOUT), follower.wait(TIMEOUT));
+    led.assert_code(0);
+    followed.assert_code(0);
     assert_torch_equal(&python, &expected, &out);
     assert_eq!(verify(&run).0, Some(0));
 }
