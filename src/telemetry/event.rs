@@ -1198,7 +1198,6 @@ mod tests {
                 limit_seconds: 2.0,
                 rank: None,
             }),
-
             Event::CheckpointInterval(CheckpointIntervalChosen {
                 step: 40,
                 interval_seconds: 120.0,
