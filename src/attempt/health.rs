@@ -61,8 +61,17 @@ pub(crate) fn before_start(
 ) -> Result<(), RunError> {
     let events_path = root.join(EVENTS_FILE);
     // Every rank decides (they read the same records) and exits 79 alike,
-    // so the batch shell sees rekindle's own code; one records it.
-    let history = recorded(&events_path);
+    // so the batch shell sees rekindle's own code; one records it. The guard
+    // counts the attempts since the last checkpoint or finish: only those
+    // records are read (from the end of the file), not the run's history.
+    let since_progress = |e: &crate::telemetry::RecordedEvent| e.name == "checkpoint_saved" || e.name == "finish";
+    let history = match crate::telemetry::read_events_since(&events_path, since_progress) {
+        Ok(events) => events.unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(error = %e, path = %events_path.display(), "cannot read the events back; counting no earlier attempts");
+            Vec::new()
+        }
+    };
     let config = crate::config::config_hash(cfg);
     let starting = Starting { job_id: slurm.job_id.as_deref(), config: &config };
     match progress_guard(cfg.run.max_attempts_without_progress, &history, &starting) {

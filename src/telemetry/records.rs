@@ -54,24 +54,92 @@ pub fn for_each_jsonl(path: &Path, each: impl FnMut(Value)) -> io::Result<Option
 }
 
 /// The typed events of `path` from the newest one `restart` holds for on
-/// (inclusive; all of them when none does), streamed: a reader that needs
-/// only the current attempt (`restart` = a `start`) or the events since the
-/// last checkpoint holds those, not the run's whole history. Opened as
-/// [`read_jsonl`] opens; `Ok(None)` when the file is missing.
+/// (inclusive; all of them when none does): a reader that needs only the
+/// current attempt (`restart` = a `start`) or the events since the last
+/// checkpoint. Read from the end of the file backwards, a chunk at a time,
+/// until that event: what it costs is the bytes after it, not the run's
+/// history (every task of a world reads these when it starts or ends: the
+/// progress guard, the crash count, its attempt's seals; a long run's
+/// `events.jsonl` read whole by each of thousands of tasks is gigabytes off
+/// the shared filesystem). Lines are taken as [`read_jsonl`] takes them
+/// (torn ones and those over [`MAX_LINE_BYTES`] skipped); opened as it
+/// opens; `Ok(None)` when the file is missing.
 pub fn read_events_since(
     path: &Path,
     restart: impl Fn(&super::RecordedEvent) -> bool,
 ) -> io::Result<Option<Vec<super::RecordedEvent>>> {
-    let mut kept = Vec::new();
-    let found = for_each_jsonl(path, |v| {
-        if let Some(ev) = super::RecordedEvent::from_value(v) {
-            if restart(&ev) {
-                kept.clear();
-            }
-            kept.push(ev);
+    read_back(path, restart, BACK_CHUNK)
+}
+
+/// How much the backward reader reads at a time.
+const BACK_CHUNK: usize = 64 * 1024;
+
+fn read_back(
+    path: &Path,
+    restart: impl Fn(&super::RecordedEvent) -> bool,
+    chunk: usize,
+) -> io::Result<Option<Vec<super::RecordedEvent>>> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = match crate::confine::open_regular(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut pos = file.metadata()?.len();
+    // Newest first; reversed at the end.
+    let mut found = Vec::new();
+    // The pieces of the line that begins before `pos` and ends after it,
+    // newest first (joined once the line's start is found: a long line read
+    // in many chunks is copied once, not once a chunk).
+    let mut carry: Vec<Vec<u8>> = Vec::new();
+    let mut carried = 0usize;
+    // The line being carried is over MAX_LINE_BYTES: dropped up to its start.
+    let mut overlong = false;
+    let take = |first: &[u8], carry: &[Vec<u8>], found: &mut Vec<super::RecordedEvent>| -> bool {
+        let mut line = first.to_vec();
+        for piece in carry.iter().rev() {
+            line.extend_from_slice(piece);
         }
-    })?;
-    Ok(found.map(|_| kept))
+        let Some(Ok(v)) = parse_line(&String::from_utf8_lossy(&line)) else { return false };
+        let Some(ev) = super::RecordedEvent::from_value(v) else { return false };
+        let stop = restart(&ev);
+        found.push(ev);
+        stop
+    };
+    while pos > 0 {
+        let start = pos.saturating_sub(chunk as u64);
+        let mut buf = vec![0u8; (pos - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut buf)?;
+        pos = start;
+        // From the last newline back: every line after a newline in this
+        // chunk is whole (with what was carried after it).
+        let mut end = buf.len();
+        while let Some(nl) = buf[..end].iter().rposition(|b| *b == b'\n') {
+            let piece = &buf[nl + 1..end];
+            if !overlong && piece.len() + carried <= MAX_LINE_BYTES && take(piece, &carry, &mut found) {
+                found.reverse();
+                return Ok(Some(found));
+            }
+            (carry, carried, overlong) = (Vec::new(), 0, false);
+            end = nl;
+        }
+        // The end of a line that begins in an earlier chunk.
+        if !overlong {
+            if carried + end > MAX_LINE_BYTES {
+                (carry, carried, overlong) = (Vec::new(), 0, true);
+            } else {
+                carry.push(buf[..end].to_vec());
+                carried += end;
+            }
+        }
+    }
+    // The file's first line.
+    if !overlong {
+        take(&[], &carry, &mut found);
+    }
+    found.reverse();
+    Ok(Some(found))
 }
 
 fn scan_jsonl(path: &Path, max_bytes: u64, mut each: impl FnMut(Value)) -> io::Result<Option<usize>> {
@@ -180,6 +248,82 @@ mod tests {
         std::os::unix::fs::symlink(&path, tmp.path().join("link")).unwrap();
         assert!(read_jsonl(&tmp.path().join("link")).is_err(), "a symlink is refused");
         assert!(read_jsonl(&tmp.path().join("absent")).unwrap().is_none());
+    }
+
+    /// The forward reading the backward one must agree with: every line in
+    /// order, the kept ones cleared at each mark.
+    fn forward_since(path: &Path, restart: impl Fn(&Event) -> bool) -> Option<Vec<Event>> {
+        let mut kept = Vec::new();
+        for_each_jsonl(path, |v| {
+            if let Some(ev) = Event::from_value(v) {
+                if restart(&ev) {
+                    kept.clear();
+                }
+                kept.push(ev);
+            }
+        })
+        .unwrap()
+        .map(|_| kept)
+    }
+
+    #[test]
+    fn the_backward_reader_finds_what_the_forward_one_does_at_any_chunk_size() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("events.jsonl");
+        let ev = |name: &str, step: u64| {
+            format!("{{\"event\":\"{name}\",\"step\":{step},\"time\":\"2026-12-07T00:00:00Z\"}}\n")
+        };
+        let long = format!("{{\"event\":\"signal\",\"pad\":\"{}\"}}\n", "x".repeat(MAX_LINE_BYTES + 10));
+        let files = [
+            String::new(),
+            ev("start", 0),
+            format!("{}{}{}", ev("start", 0), ev("checkpoint_saved", 5), ev("stop", 5)),
+            format!("{}{}torn{{\n{}\n{}", ev("start", 0), ev("checkpoint_saved", 5), ev("start", 5), ev("stop", 7)),
+            format!("{}{long}{}{}", ev("checkpoint_saved", 1), ev("start", 1), ev("error", 2)),
+            format!("{long}{}", ev("start", 3)),
+            // A last line with no newline (torn by a crash mid-write).
+            format!("{}{}{{\"event\":\"st", ev("start", 0), ev("checkpoint_saved", 4)),
+            (0..200).map(|i| ev(if i % 17 == 0 { "checkpoint_saved" } else { "start" }, i)).collect(),
+        ];
+        let names = |v: Option<Vec<Event>>| -> Vec<(String, Option<u64>)> {
+            v.unwrap().iter().map(|e| (e.name.clone(), e.raw.get("step").and_then(Value::as_u64))).collect()
+        };
+        for (i, text) in files.iter().enumerate() {
+            std::fs::write(&path, text).unwrap();
+            for mark in ["checkpoint_saved", "start", "nothing"] {
+                let is = |e: &Event| e.name == mark;
+                let forward = names(forward_since(&path, is));
+                for chunk in [1, 7, 64, 4096, BACK_CHUNK] {
+                    assert_eq!(
+                        names(read_back(&path, is, chunk).unwrap()),
+                        forward,
+                        "file {i}, mark {mark}, chunk {chunk}"
+                    );
+                }
+            }
+        }
+        assert!(read_events_since(&tmp.path().join("absent"), |_| true).unwrap().is_none());
+        std::os::unix::fs::symlink(&path, tmp.path().join("link")).unwrap();
+        assert!(read_events_since(&tmp.path().join("link"), |_| true).is_err(), "a symlink is refused");
+    }
+
+    #[test]
+    fn the_backward_reader_stops_at_the_mark_and_reads_no_further() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("events.jsonl");
+        // A history of 4 MB before the last start: read backwards in 64 KiB
+        // chunks, one chunk holds everything after it.
+        let old = "{\"event\":\"log\",\"time\":\"2026-12-07T00:00:00Z\"}\n".repeat(100_000);
+        std::fs::write(&path, format!("{old}{{\"event\":\"start\"}}\n{{\"event\":\"stop\"}}\n")).unwrap();
+        let seen = std::cell::Cell::new(0);
+        let got = read_events_since(&path, |e| {
+            seen.set(seen.get() + 1);
+            e.name == "start"
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(got.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["start", "stop"]);
+        assert_eq!(seen.get(), 2, "no event before the mark was parsed");
     }
 
     #[test]
