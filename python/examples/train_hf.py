@@ -65,5 +65,5 @@ print("starting at step %d" % (rk.resume_step() or 0), file=sys.stderr, flush=Tr
 trainer.train(resume_from_checkpoint=rk.resume_path())
 if rk.should_stop(trainer.state.global_step):
     print("stopped at step %d" % trainer.state.global_step, file=sys.stderr, flush=True)
-elif args.out:
+elif args.out and trainer.is_world_process_zero():
     torch.save(model.state_dict(), args.out)

@@ -78,12 +78,25 @@ fn assert_torch_equal(python: &Path, a: &Path, b: &Path) {
 /// uninterrupted run: the stop saved the current step through the callback,
 /// the resume took it from `REKINDLE_RESUME_FROM`.
 fn trainer_stopped_and_resumed_ends_equal(example_name: &str) {
-    let Some(python) = requires::trainers() else { return };
+    let _ = trainer_of_ranks_stopped_and_resumed_ends_equal(example_name, 1);
+}
+
+/// As [`trainer_stopped_and_resumed_ends_equal`], with `ranks` DDP ranks
+/// under `torchrun --standalone` when more than one. Returns the run.
+fn trainer_of_ranks_stopped_and_resumed_ends_equal(example_name: &str, ranks: usize) -> Option<tempfile::TempDir> {
+    let python = requires::trainers()?;
     let tmp = tempfile::tempdir().unwrap();
     let program = example(example_name);
+    let torchrun = requires::venv().join("bin/torchrun");
+    let nproc = ranks.to_string();
     let run_of = |run: &Path, out: &Path, extra: &[&str]| {
-        let (python, out) = (python.to_string_lossy(), out.to_string_lossy());
-        let mut command = vec![&*python, &*program, "--steps", "60", "--every", "20", "--out", &*out];
+        let (python, torchrun, out) = (python.to_string_lossy(), torchrun.to_string_lossy(), out.to_string_lossy());
+        let mut command = if ranks > 1 {
+            vec![&*torchrun, "--standalone", "--nproc-per-node", nproc.as_str()]
+        } else {
+            vec![&*python]
+        };
+        command.extend_from_slice(&[&*program, "--steps", "60", "--every", "20", "--out", &*out]);
         command.extend_from_slice(extra);
         exec(run, &command)
     };
@@ -107,11 +120,27 @@ fn trainer_stopped_and_resumed_ends_equal(example_name: &str) {
     assert!(second.stderr.contains(&format!("starting at step {stopped_at}")), "{}", second.tail());
     assert_torch_equal(&python, &expected, &out);
     assert_eq!(verify(&run).0, Some(0));
+    Some(tmp)
 }
 
 #[test]
 fn a_hugging_face_trainer_with_the_callback_stopped_and_resumed_ends_equal() {
     trainer_stopped_and_resumed_ends_equal("train_hf.py");
+}
+
+/// The Trainer's own DDP (accelerate, gloo on the CPU) of two ranks under
+/// `torchrun`: each rank seals its part of every save (rank 0 the Trainer's
+/// files, rank 1 its `rng_state_1.pth`), the stop is agreed at one step, and
+/// the resume ends equal to two ranks never stopped.
+#[test]
+fn a_hugging_face_trainer_of_two_ddp_ranks_stopped_and_resumed_ends_equal() {
+    let Some(tmp) = trainer_of_ranks_stopped_and_resumed_ends_equal("train_hf.py", 2) else { return };
+    let run = tmp.path().join("run");
+    let newest = *checkpoint_steps(&run).last().unwrap();
+    let names = manifest_names(&run, newest);
+    for name in ["model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"] {
+        assert!(names.iter().any(|n| n == name), "the world checkpoint of step {newest} lacks {name}: {names:?}");
+    }
 }
 
 #[test]
