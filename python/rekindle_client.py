@@ -276,13 +276,25 @@ def step(step):
     _report(step, "step")
 
 
-def _report(step, activity):
-    """Sends {rank, step, activity} to REKINDLE_PROGRESS when due; never raises."""
+def eval_batch(step, batch):
+    """Tells rekindle this rank evaluated `batch` batches of an evaluation after `step`.
+
+    An evaluation between two steps is watched by `[watchdog] eval`: the
+    time without a new batch, not the evaluation's whole length. Call it
+    every batch of a long evaluation (the Hugging Face and Lightning
+    callbacks do); the next step() or should_stop(step) ends it. Costs what
+    step() costs.
+    """
+    _report(step, "eval", batch)
+
+
+def _report(step, activity, batch=0):
+    """Sends {rank, step, activity, batch} to REKINDLE_PROGRESS when due; never raises."""
     global _progress_socket, _progress_sent, _progress_at
     if _progress_socket is False:
         return
     now = time.monotonic()
-    sent = (activity, int(step))
+    sent = (activity, int(step), int(batch))
     if _progress_sent is not None and _progress_sent[0] == activity:
         if sent == _progress_sent or now - _progress_at < PROGRESS_SECONDS:
             return
@@ -299,6 +311,8 @@ def _report(step, activity):
             return
     ranks = world()
     message = {"rank": ranks[0] if ranks else 0, "step": int(step), "activity": activity}
+    if activity == "eval":
+        message["batch"] = int(batch)
     try:
         _progress_socket[0].sendto(json.dumps(message).encode("ascii"), _progress_socket[1])
     except OSError:

@@ -49,6 +49,17 @@ class RekindleCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._eval_batches = 0
+        return control
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        # An evaluation is watched by [watchdog] eval batch by batch, not
+        # by the step limit over its whole length (docs/exec.md).
+        self._eval_batches = getattr(self, "_eval_batches", 0) + 1
+        rk.eval_batch(state.global_step, self._eval_batches)
+        return control
+
     def on_save(self, args, state, control, **kwargs):
         step = state.global_step
         if step == self._sealed:

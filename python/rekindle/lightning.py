@@ -59,6 +59,11 @@ class RekindleCallback(Callback):
         if rk.under_rekindle():
             rk.install_stop_handler()
 
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        # A validation is watched by [watchdog] eval batch by batch, not by
+        # the step limit over its whole length (docs/exec.md).
+        rk.eval_batch(trainer.global_step, batch_idx + 1)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         stop = rk.should_stop(step)

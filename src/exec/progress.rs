@@ -6,16 +6,19 @@
 //!                  (mode 0700, node-local temporary storage) before the
 //!                  program starts, and names it in REKINDLE_PROGRESS;
 //!                  torchrun's local ranks inherit it
-//! every rank       rk.step(step) (and should_stop(step), checkpoint())
-//!                  sends {"rank": R, "step": S, "activity": "step"|"save"}
-//!                  at most once a second, and at once when its activity
-//!                  changes: a clock read per call, no file, no collective
+//! every rank       rk.step(step) (and should_stop(step), checkpoint(),
+//!                  rk.eval_batch(step, batch))
+//!                  sends {"rank": R, "step": S, "activity": "step"|"save"|
+//!                  "eval", "batch": B} at most once a second, and at once
+//!                  when its activity changes: a clock read per call, no
+//!                  file, no collective
 //! the supervisor   reads them in its event loop ([`Tracker::take`]): the
 //!                  task's lowest step goes into its heartbeat (the world's
 //!                  sweepers see it), and where this task decides for the
 //!                  world (alone, or task 0) [`Tracker::overdue`] finds a rank
-//!                  whose step has not moved for `[watchdog] step` (or whose
-//!                  save has run past `[watchdog] save`): a hang
+//!                  whose step has not moved for `[watchdog] step` (a save
+//!                  past `[watchdog] save`, an evaluation whose batch has
+//!                  not moved for `[watchdog] eval`): a hang
 //! ```
 //!
 //! A rank is watched from its first report on: the program's start-up and
@@ -91,10 +94,15 @@ impl Channel {
 #[serde(deny_unknown_fields)]
 pub struct Report {
     pub rank: usize,
-    /// The last step this rank completed (`step`), or the step it saves (`save`).
+    /// The last step this rank completed (`step`), the step it saves
+    /// (`save`) or evaluates after (`eval`).
     pub step: u64,
     #[serde(default = "step_activity")]
     pub activity: String,
+    /// In an evaluation: the batches evaluated so far (a new count is
+    /// progress; it may start over, as for a second dataloader).
+    #[serde(default)]
+    pub batch: u64,
 }
 
 fn step_activity() -> String {
@@ -105,11 +113,15 @@ impl Report {
     /// A report from one datagram; `None` for anything else.
     pub fn parse(bytes: &[u8]) -> Option<Report> {
         let report: Report = serde_json::from_slice(bytes).ok()?;
-        matches!(report.activity.as_str(), "step" | "save").then_some(report)
+        matches!(report.activity.as_str(), "step" | "save" | "eval").then_some(report)
     }
 
     fn activity(&self) -> Activity {
-        if self.activity == "save" { Activity::Save } else { Activity::Step }
+        match self.activity.as_str() {
+            "save" => Activity::Save,
+            "eval" => Activity::Eval,
+            _ => Activity::Step,
+        }
     }
 }
 
@@ -119,6 +131,8 @@ struct Rank {
     /// The last step it completed.
     step: u64,
     activity: Activity,
+    /// Batches of the evaluation under way.
+    batch: u64,
     /// When its step last moved or its activity changed (the supervisor's clock).
     since: Instant,
     since_wall: SystemTime,
@@ -151,7 +165,7 @@ impl Tracker {
 
     fn observe(&mut self, report: &Report, now: Instant, wall: SystemTime) {
         let activity = report.activity();
-        let fresh = Rank { step: report.step, activity, since: now, since_wall: wall };
+        let fresh = Rank { step: report.step, activity, batch: report.batch, since: now, since_wall: wall };
         let Some(rank) = self.ranks.get_mut(&report.rank) else {
             self.ranks.insert(report.rank, fresh);
             return;
@@ -165,8 +179,9 @@ impl Tracker {
             }
             self.step_times.push_back(per_step);
         }
+        let evaluated = activity == Activity::Eval && rank.activity == Activity::Eval && report.batch != rank.batch;
         // A step that went back is a resume within the program: a new start.
-        if moved || activity != rank.activity || report.step < rank.step {
+        if moved || evaluated || activity != rank.activity || report.step != rank.step {
             *rank = fresh;
         }
     }
@@ -225,7 +240,7 @@ mod tests {
     }
 
     fn report(rank: usize, step: u64, activity: &str) -> Report {
-        Report { rank, step, activity: activity.into() }
+        Report { rank, step, activity: activity.into(), batch: 0 }
     }
 
     #[test]
@@ -282,6 +297,23 @@ mod tests {
         t.observe(&report(0, 20, "step"), t0 + s(32), wall);
         assert_eq!(t.overdue(&cfg, t0 + s(35)), None, "the step clock starts when the save ends");
         assert!(t.overdue(&cfg, t0 + s(37)).is_some());
+    }
+
+    #[test]
+    fn an_evaluation_is_progress_while_its_batches_move_and_has_the_eval_limit() {
+        let (mut t, t0, wall) = (Tracker::default(), Instant::now(), SystemTime::now());
+        let s = Duration::from_secs;
+        let cfg = WatchdogSection { eval: Limit::Fixed(s(3)), ..cfg(4, 60) };
+        let batch = |b| Report { batch: b, ..report(0, 100, "eval") };
+        t.observe(&report(0, 100, "step"), t0, wall);
+        // An evaluation of 20 s, a batch every 2 s: never hung.
+        for b in 1..=10u64 {
+            t.observe(&batch(b), t0 + s(2 * b), wall);
+            assert_eq!(t.overdue(&cfg, t0 + s(2 * b + 2)), None, "batch {b}");
+        }
+        let hang = t.overdue(&cfg, t0 + s(24)).expect("no batch for 4 s against the 3 s eval limit");
+        assert_eq!((hang.activity.as_str(), hang.step), ("eval", 100));
+        assert!(Report::parse(br#"{"rank":0,"step":100,"activity":"eval","batch":3}"#).is_some_and(|r| r.batch == 3));
     }
 
     #[test]

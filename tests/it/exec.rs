@@ -609,6 +609,37 @@ print("finished", file=sys.stderr, flush=True)
     assert_eq!(events_named(&run, "hang").len(), 1, "the resumed attempt ran past step 10 unhindered");
 }
 
+/// An evaluation longer than `[watchdog] step` whose batches are reported
+/// (`rk.eval_batch`, as the trainers' callbacks do) is not a hang: the
+/// watchdog times the gap between batches, against `[watchdog] eval`.
+#[test]
+fn a_long_evaluation_that_reports_its_batches_is_not_a_hang() {
+    let Some(()) = requires::python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let program = r##"
+import sys, time
+import rekindle_client as rk
+for step in range(1, 6):
+    time.sleep(0.05)
+    rk.step(step)
+for batch in range(1, 13):
+    time.sleep(0.5)
+    rk.eval_batch(5, batch)
+rk.step(6)
+print("evaluated for 6 s", file=sys.stderr, flush=True)
+"##;
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    let run = tmp.path().join("run");
+    let ran = RunCmd::exec(&run, &["python3", "-c", program])
+        .env("PYTHONPATH", python)
+        .set("watchdog.step=2s")
+        .set("watchdog.eval=2s")
+        .run(TIMEOUT);
+    ran.assert_code(0);
+    assert!(ran.stderr.contains("evaluated for 6 s"), "{}", ran.tail());
+    assert!(events_named(&run, "hang").is_empty(), "{}", ran.tail());
+}
+
 /// Under SLURM the lock names the node as SLURM does (SLURMD_NODENAME),
 /// which need not be the host name (the local cluster's n1 and n2 run on
 /// one host): the program's seals must still find their supervisor. The
