@@ -227,7 +227,7 @@ fn lead(
         progress: None,
         launcher: Vec::new(),
     };
-    let channel = open_progress();
+    let channel = open_progress(&cfg);
     env.progress = channel.as_ref().map(|c| c.path().to_path_buf());
     let mut liveness = None;
     if let (Some(launch), Some(board)) = (leader, board.as_ref()) {
@@ -390,7 +390,7 @@ fn follow_program(
         launcher: launcher_vars(launch, record),
     };
     // This task's ranks report here too: their step goes into its heartbeat.
-    let channel = open_progress();
+    let channel = open_progress(cfg);
     let env = ChildEnv { progress: channel.as_ref().map(|c| c.path().to_path_buf()), ..env };
     let announced = || world::hang_posted(&record.checkpoint_dir, &launch.id).is_some();
     let progress = channel
@@ -545,7 +545,16 @@ const LOST_GRACE_BOUND: Duration = world::LOST_GRACE;
 
 /// The progress socket for the program's ranks (progress.rs); `None` (no
 /// watchdog, no step in the heartbeat) when none can be bound here.
-fn open_progress() -> Option<progress::Channel> {
+fn open_progress(cfg: &Config) -> Option<progress::Channel> {
+    let short = progress::too_short(&cfg.watchdog);
+    if !short.is_empty() {
+        tracing::warn!(
+            "{}: a rank reports its progress about once a second, so a limit under {}s may call a rank that is only \
+             between two reports hung; raise it",
+            short.join(", "),
+            2 * progress::REPORT_INTERVAL.as_secs()
+        );
+    }
     match progress::Channel::open() {
         Ok(channel) => Some(channel),
         Err(e) => {

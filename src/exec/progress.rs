@@ -89,6 +89,28 @@ impl Channel {
     }
 }
 
+/// How often a rank reports while its activity stays the same
+/// (`PROGRESS_SECONDS` of python/rekindle_client.py).
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The fixed `[watchdog]` limits that `exec`'s reports cannot honour: one
+/// under two report intervals calls a rank hung between two of its
+/// reports. Each as `[watchdog] step = 1.5s`, for a warning at the start.
+pub fn too_short(cfg: &WatchdogSection) -> Vec<String> {
+    if !cfg.enabled {
+        return Vec::new();
+    }
+    [("step", cfg.step), ("eval", cfg.eval), ("save", cfg.save)]
+        .into_iter()
+        .filter_map(|(name, limit)| match limit {
+            crate::config::Limit::Fixed(d) if d < 2 * REPORT_INTERVAL => {
+                Some(format!("[watchdog] {name} = {}", humantime::format_duration(d)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// One rank's report.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -339,6 +361,14 @@ mod tests {
         t.observe(&report(0, 40, "step"), t0 + Duration::from_secs(3), wall);
         assert_eq!(t.overdue(&cfg(4, 60), t0 + Duration::from_secs(6)), None);
         assert_eq!(t.lowest_step(), Some(40));
+    }
+
+    #[test]
+    fn limits_under_two_report_intervals_are_named() {
+        let short = WatchdogSection { step: Limit::Fixed(Duration::from_millis(1500)), ..cfg(4, 1) };
+        assert_eq!(too_short(&short), ["[watchdog] step = 1s 500ms", "[watchdog] save = 1s"]);
+        assert!(too_short(&cfg(2, 60)).is_empty());
+        assert!(too_short(&WatchdogSection { enabled: false, ..short }).is_empty());
     }
 
     #[test]
