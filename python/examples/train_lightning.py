@@ -2,6 +2,7 @@
 (docs/exec.md, "Trainers"): a small regression model on the CPU.
 
     rekindle exec --run-dir runs/pl -- python3 python/examples/train_lightning.py
+    rekindle exec --run-dir runs/pl -- torchrun --standalone --nproc-per-node 2 python/examples/train_lightning.py
     sbatch slurm/orchestrator.slurm --exec --run-dir runs/pl -- python3 python/examples/train_lightning.py
 
 The two rekindle lines are the callback and `ckpt_path`. Stopped
@@ -77,13 +78,17 @@ x = torch.randn(8 * 20, 16, generator=g)
 data = ResumableLoader(torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)
 L.seed_everything(0, verbose=False)
 model = Regression()
+# Under torchrun, one process a rank: Lightning's DDP over gloo.
+ranks = int(os.environ.get("WORLD_SIZE", "1"))
 trainer = L.Trainer(
-    max_steps=args.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    max_steps=args.steps, accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    num_nodes=max(1, ranks // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))),
+    strategy="ddp" if ranks > 1 else "auto", logger=False, enable_checkpointing=False,
     enable_progress_bar=False, enable_model_summary=False, callbacks=[rkl.RekindleCallback(every_n_steps=args.every)],
 )
 print("starting at step %d" % (rk.resume_step() or 0), file=sys.stderr, flush=True)
 trainer.fit(model, data, ckpt_path=rkl.resume_checkpoint())
 if rk.should_stop(trainer.global_step):
     print("stopped at step %d" % trainer.global_step, file=sys.stderr, flush=True)
-elif args.out:
+elif args.out and trainer.is_global_zero:
     torch.save(model.state_dict(), args.out)

@@ -143,6 +143,18 @@ fn a_hugging_face_trainer_of_two_ddp_ranks_stopped_and_resumed_ends_equal() {
     }
 }
 
+/// Lightning's DDP (gloo on the CPU) of two ranks under `torchrun`: rank 0
+/// writes `last.ckpt` (every rank takes part in the save and the seal), the
+/// stop is agreed at one step mid-epoch, and the resume ends equal to two
+/// ranks never stopped.
+#[test]
+fn a_lightning_trainer_of_two_ddp_ranks_stopped_mid_epoch_and_resumed_ends_equal() {
+    let Some(tmp) = trainer_of_ranks_stopped_and_resumed_ends_equal("train_lightning.py", 2) else { return };
+    let run = tmp.path().join("run");
+    let newest = *checkpoint_steps(&run).last().unwrap();
+    assert_eq!(manifest_names(&run, newest), ["last.ckpt"], "rank 0's file; rank 1's part is empty");
+}
+
 #[test]
 fn a_lightning_trainer_with_the_callback_stopped_mid_epoch_and_resumed_ends_equal() {
     trainer_stopped_and_resumed_ends_equal("train_lightning.py");
