@@ -14,10 +14,15 @@
 //! child.rs     spawn (own process group, parent-death signal, contract
 //!              environment: contract.rs) ─ `child_start` ─ wait on exit,
 //!              stop signals (stop file + SIGTERM to the group), the deadline
-//!              (SIGKILL), a lost lock (SIGKILL)
+//!              (SIGKILL), a lost lock (SIGKILL), a hung rank (progress.rs)
+//! progress.rs  the ranks' progress reports (`rk.step()`) on a private Unix
+//!              datagram socket: the task's step in its heartbeat, and the
+//!              watchdog: a rank past its `[watchdog]` limit is a hang
 //! stderr.rs    the program's stderr on a thread of its own: teed, split
 //!              into bounded lines, redacted, the tail kept for `child_exit`
 //! verdict.rs   finished / stopped / crashed (classified) / lock lost
+//!              (a lost task and a hang are the supervisor's: `rank_lost`,
+//!              `hang`, with the in-job restart or requeue of attempt/lost.rs)
 //! exec         `child_exit` ─ finished: summary, publish, `finish`, exit 0
 //!              ─ stopped: requeue, summary, publish, `stop`; exit 75 with a
 //!              durable checkpoint, else 1 ─ crashed: requeue when transient
