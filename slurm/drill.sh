@@ -1480,10 +1480,30 @@ on_exit() {
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 
+# Every drill starts on a settled local cluster: each node idle, none left
+# down, drained or completing by the drill before (a node whose killed steps
+# took too long to end is drained by slurmctld, "Kill task failed"; a node a
+# drill brought back may still be registering). A drill placed on what is
+# left would judge the leftovers, not rekindle: the dp-nodeloss drill once
+# found one node of three unusable and rightly excluded nothing. What was
+# found is logged; `local-cluster.sh up` waits for idle and resumes nodes.
+settle_cluster() {
+    [[ -n $CLUSTER_DIR ]] || return 0
+    local states
+    states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)
+    grep -qvE ' idle$' <<<"$states" || return 0
+    log "before $1: node(s) not idle: $(grep -vE ' idle$' <<<"$states" | paste -sd, -)" \
+        "$(sinfo -h -R -o '(%n: %E)' 2>/dev/null | paste -sd' ' -)"
+    if ! "$script_dir/local-cluster.sh" up >"$WORK/settle-$1.log" 2>&1; then
+        log "before $1: the cluster did not settle (see $WORK/settle-$1.log): $(sinfo -h -N -o '%N=%t' | paste -sd' ' -)"
+    fi
+}
+
 log "drills: ${drills[*]}; binary $BIN; work folder $WORK"
 [[ " ${drills[*]} " == *" warn"* ]] && start_probe
 failed=0
 for d in "${drills[@]}"; do
+    settle_cluster "$d"
     name=$d job= high= action= EXTRA_JSON='{}' NOTES=() run= wd=
     t_start=$(now)
     "drill_$d"
