@@ -91,7 +91,7 @@ impl StopRequeue {
 ///
 /// `max_steps`: the step at which the run is finished (`[run] max_steps`;
 /// `u64::MAX` under `rekindle exec`, where only the program knows).
-pub(crate) fn early_stop(
+pub(super) fn early_stop(
     stop: &StopFlag,
     events: &mut EventLog,
     durable: Option<u64>,

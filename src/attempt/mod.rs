@@ -7,7 +7,7 @@
 //! the devices it runs on ([`devices`]), its
 //! error ([`error`]), what it records ([`records`]) and exports
 //! ([`exports`]), the steps of its end that both drivers take
-//! ([`ending`]), and the node check and progress guard at its start, with
+//! ([`ending`]), the opening both run in one sequence ([`opening`]), and the node check and progress guard at its start, with
 //! the exclusion of blamed nodes ([`health`]). It never imports a driver.
 
 pub mod board;
@@ -21,6 +21,7 @@ pub mod exports;
 pub mod health;
 pub mod lost;
 pub(crate) mod node_verdict;
+pub mod opening;
 pub mod progress;
 pub mod rank_watch;
 pub mod records;

@@ -65,7 +65,7 @@ pub(crate) fn set_aside_rejected(
 }
 
 /// The `lock_takeover` event of a lock taken over from a holder judged gone.
-pub(crate) fn takeover_event(t: &Takeover) -> Event {
+pub(super) fn takeover_event(t: &Takeover) -> Event {
     let previous = t.previous.as_ref();
     Event::LockTakeover(LockTakeover {
         reason: t.reason.clone(),

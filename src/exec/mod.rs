@@ -5,12 +5,13 @@
 //!
 //! ```text
 //! exec         load config ─ progress guard and node check
-//!              (attempt/health.rs) ─ claim the run dir ─ refuse `run`'s
-//!              checkpoints ─ lock it ─ prepare it ─ `start`
-//!              ─ newest files checkpoint that verifies (newer damaged ones
-//!              recorded and quarantined; a native one refused) ─ `resume` or
-//!              fresh start ─ trim metrics ─ exports (TensorBoard,
-//!              Prometheus: attempt/exports.rs) ─ empty the staging dir ─ monitor
+//!              (attempt/health.rs) ─ the opening both drivers share
+//!              (attempt/opening.rs): claim the run dir, refuse `run`'s
+//!              checkpoints, lock it, prepare it ─ empty the staging dir ─
+//!              `start` ─ newest files checkpoint that verifies (newer damaged
+//!              ones recorded and quarantined) ─ `resume` or fresh start ─
+//!              trim metrics, exports (TensorBoard, Prometheus:
+//!              attempt/exports.rs) ─ monitor
 //! child.rs     spawn (own process group, parent-death signal, contract
 //!              environment: contract.rs) ─ `child_start` ─ wait on exit,
 //!              stop signals (stop file + SIGTERM to the group), the deadline
@@ -64,16 +65,13 @@ use crate::attempt::board::{Board, Link, SharedLink};
 use crate::attempt::budget;
 use crate::attempt::deadline::Deadline;
 use crate::attempt::devices;
-use crate::attempt::ending::{Failure, StopRequeue, early_stop, publish_results, record_failure, record_or_log};
+use crate::attempt::ending::{Failure, StopRequeue, publish_results, record_failure, record_or_log};
 use crate::attempt::error::RunError;
 use crate::attempt::lost::{lost_message, newest_valid, record_hang, record_loss};
+use crate::attempt::opening;
 use crate::attempt::rank_watch::Lost;
-use crate::attempt::records::{
-    context, fresh_start, last_logged_step, previous_summary, resume_record, set_aside_rejected, takeover_event,
-    truncate_metrics,
-};
+use crate::attempt::records::{context, fresh_start, last_logged_step, previous_summary, resume_record};
 use crate::attempt::stop::StopFlag;
-use crate::rundir::lock::{LockRequest, RunLock};
 use crate::rundir::{self, EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 use child::{StopTaken, Supervised};
 use contract::ChildEnv;
@@ -140,21 +138,15 @@ fn lead(
     // The progress guard and this node's check, before the run directory is
     // touched (attempt/health.rs).
     crate::attempt::health::before_start(&cfg, &slurm, &root, true, &stop)?;
-    rundir::claim(&root, &cfg)?;
-    // Before anything is written: rekindle's own checkpoints are continued
-    // by `rekindle run`, not by a program.
-    rundir::refuse_other_command(&root, &cfg, CheckpointKind::Files)?;
-    let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
-    let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
-    tracing::info!(dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");
-    let ownership = lock.ownership();
-    let guard = ownership.commit_guard();
+    // Rekindle's own checkpoints are continued by `rekindle run`, not by a
+    // program (attempt/opening.rs: the opening both drivers share).
+    let held =
+        opening::claim(root, &cfg, CheckpointKind::Files)?.hold(&cfg, &slurm, opts.allow_config_change, |_| Ok(()))?;
     // The supervisor commits nothing itself (`rekindle seal` does), but it
     // quarantines and removes staged leftovers: only as the lock's owner.
-    let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?.with_commit_guard(guard);
     // Emptied before task 0 says where it listens there (below). The
     // previous launch's world files (channel.rs) go without a word.
-    for leftover in store.reset_staging()? {
+    for leftover in held.store.reset_staging()? {
         if !leftover.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".exec-")) {
             tracing::warn!(path = %leftover.display(), "removed a staged checkpoint that was never sealed");
         }
@@ -164,40 +156,32 @@ fn lead(
         // verifies checkpoints and prepares.
         // Their records come through it too: one writer of events.jsonl.
         let host = crate::slurm::hostname();
-        let relay_to = dir.path(EVENTS_FILE);
-        *board = Some(Board::open(&store.staging_dir(), &launch.id, &host, launch.size as usize, Some(&relay_to)));
+        let relay_to = held.dir.path(EVENTS_FILE);
+        *board = Some(Board::open(&held.store.staging_dir(), &launch.id, &host, launch.size as usize, Some(&relay_to)));
     }
-    let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
     // Secrets redacted unless `[telemetry] record_raw_command`.
     let recorded = child::recorded_command(&cfg, &opts.command);
     // Each task's node as SLURM's variables lay them out (world.rs).
     let rank_nodes = leader.and_then(|_| world::task_nodes(&slurm));
-    events.record(&Event::Start(Start {
-        pid: std::process::id(),
-        rekindle_version: env!("CARGO_PKG_VERSION").into(),
-        run_dir: dir.root.clone(),
-        allocation: serde_json::to_value(&slurm).unwrap_or_default(),
-        max_steps,
-        placement: serde_json::json!({"exec": recorded.join(" ")}),
-        world_size: leader.map(|l| l.size as usize),
-        rank_nodes: rank_nodes.clone(),
-        in_job_restart: crate::slurm::injob::InJobOffer::from_process().map(|offer| offer.restarts),
-        config_sha256: Some(crate::config::config_hash(&cfg)),
-        ..Start::default()
-    }))?;
-    if let Some(takeover) = ownership.takeover() {
-        events.record(&takeover_event(takeover))?;
-    }
-    let found = store.newest_files_checkpoint()?;
-    set_aside_rejected(&store, &mut events, &found.rejected)?;
+    let placement = serde_json::json!({"exec": recorded.join(" ")});
+    let mut events = held.open_records(
+        &slurm,
+        Start {
+            world_size: leader.map(|l| l.size as usize),
+            rank_nodes: rank_nodes.clone(),
+            ..opening::start_record(&cfg, &held.dir, &slurm, max_steps, placement)
+        },
+    )?;
+    let found = held.store.newest_files_checkpoint()?;
     let resumed = found.newest;
     let start_step = resumed.as_ref().map(|c| c.step);
     // Only the program knows when it is done: a stop before it started is
     // never "finished" (max_steps = u64::MAX).
-    if let Some(early) = early_stop(&stop, &mut events, start_step, u64::MAX, &cfg, &slurm)? {
+    if let Some(early) = held.settle(&mut events, &found.rejected, &stop, start_step, u64::MAX, (&cfg, &slurm))? {
         return Ok(early);
     }
-    let resumes = previous_summary(&dir).map(|s| s.resumes).unwrap_or(0);
+    let dir = &held.dir;
+    let resumes = previous_summary(dir).map(|s| s.resumes).unwrap_or(0);
     let resumes = match &resumed {
         Some(c) => {
             let created_at = read_manifest(&c.dir).map(|m| m.created_at).unwrap_or_default();
@@ -213,11 +197,12 @@ fn lead(
         }
     };
     // The program logged steps past the checkpoint before it was stopped:
-    // it trains them again, so their lines go (every step exactly once).
-    truncate_metrics(&dir.path(METRICS_FILE), start_step.unwrap_or(0))?;
-    // Follows what the program logs (log_metrics) into TensorBoard and the
-    // textfile; dropped after the attempt's last records (attempt/exports.rs).
-    let _exports = crate::attempt::exports::start(&cfg, &dir, &slurm, start_step.unwrap_or(0));
+    // it trains them again, so their lines go (every step exactly once);
+    // what it logs next (log_metrics) goes into TensorBoard and the
+    // textfile. Dropped after the attempt's last records.
+    let _exports = held.begin(&cfg, &slurm, start_step.unwrap_or(0))?;
+    let opening::Held { lock, dir, store } = held;
+    let ownership = lock.ownership();
     let _ = crate::confine::Dir::open(&dir.root).and_then(|root| root.remove_file(contract::STOP_FILE));
     let monitor = devices::start_job_monitor(&cfg, &dir);
     let mut env = ChildEnv {

@@ -34,6 +34,7 @@ use crate::attempt::ending::{
     Failure, StopRequeue, instant_to_rfc3339, publish_results, record_failure, record_or_log,
 };
 use crate::attempt::error::RunError;
+use crate::attempt::opening;
 use crate::attempt::records::{context, recorded};
 use crate::attempt::stop::StopReason;
 use crate::attempt::watchdog::{Activity, Worker};
@@ -419,7 +420,8 @@ pub(crate) fn record_failed_start(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, 
         }
     };
     if ours.is_none() {
-        record_or_log(&mut events, &super::start::start_record(cfg, dir, slurm, serde_json::Value::Null));
+        let start = opening::start_record(cfg, dir, slurm, Some(cfg.run.max_steps), serde_json::Value::Null);
+        record_or_log(&mut events, &Event::Start(start));
     }
     let (class, why) = crash::classify(error, 0);
     tracing::error!(class = ?class, %why, "the attempt failed before training began; classified before exiting 1");

@@ -4,15 +4,18 @@
 //! ```text
 //! run          load config ─ build the workload, loading its data ─ the
 //!              progress guard and this node's health check (exit 79 or
-//!              `node_unhealthy`: attempt/health.rs) ─ claim the run dir ─ refuse `exec`'s checkpoints ─ lock ─ prepare
-//!              it (everything before the lock writes nothing but a new
-//!              directory: a config or data problem exits 78 there)
-//! start.rs     open records ─ newest checkpoint already of max_steps: exit
-//!              0, nothing written ─ place on devices (devices.rs) ─ `start`
-//!              event ─ resume from the newest checkpoint that verifies (or
-//!              start at step 0) ─ trim metrics ─ start the GPU/host monitor;
-//!              a start that fails records `error` (ending.rs), exit 1;
-//!              then the exports (TensorBoard, Prometheus: attempt/exports.rs)
+//!              `node_unhealthy`: attempt/health.rs) ─ the opening both
+//!              drivers share (attempt/opening.rs): claim the run dir, refuse
+//!              `exec`'s checkpoints, (join the world,) lock, the resume
+//!              guard, prepare it (everything before the lock writes nothing
+//!              but a new directory: a config or data problem exits 78 there)
+//! start.rs     newest checkpoint already of max_steps: exit 0, nothing
+//!              written ─ place on devices (devices.rs) ─ open records with
+//!              the `start` event ─ resume from the newest checkpoint that
+//!              verifies (or start at step 0) ─ trim metrics and start the
+//!              exports (TensorBoard, Prometheus: attempt/exports.rs) ─ the
+//!              GPU/host monitor; a start that fails records `error`
+//!              (ending.rs), exit 1
 //! train_loop   steps (out of memory: retry with half the micro-batch, at most
 //!              5 times) ─ metrics ─ periodic checkpoints persisted in the
 //!              background (saving.rs)
@@ -63,13 +66,14 @@ use crate::train::{Registry, StepMetrics, StepResult, TrainError, Trainer, Workl
 
 use crate::attempt::devices::Devices;
 use crate::attempt::error::RunError;
+use crate::attempt::opening;
 use crate::attempt::progress::Progress;
 use crate::attempt::rank_watch::{RANKS_DIR, RankWatch, WatchSetup, new_session};
 use crate::attempt::stop::{StopFlag, StopReason};
 use crate::attempt::watchdog::{Activity, Beats, Progress as WatchedProgress, Watchdog, Worker};
 use crate::checkpoint::persist::Persister;
 use crate::run::lost::WorldEnd;
-use crate::rundir::lock::{LockOwnership, LockRequest, RunLock};
+use crate::rundir::lock::LockOwnership;
 use crate::rundir::{self, RunDir};
 use ending::Ending;
 use hang::HangDesk;
@@ -113,10 +117,10 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     };
     // Before anything is written there, by any rank (the ranks' beats go
     // into `ranks/` at once): a directory that is not rekindle's is refused.
-    rundir::claim(&root, &cfg)?;
     // Still before anything is written: checkpoints `rekindle exec` sealed
-    // are continued by it, not by `run`.
-    rundir::refuse_other_command(&root, &cfg, CheckpointKind::Native)?;
+    // are continued by it, not by `run` (attempt/opening.rs: the opening
+    // both drivers share).
+    let claimed = opening::claim(root.clone(), &cfg, CheckpointKind::Native)?;
     // The node-local tier ([recovery] local): this node's root (or why it
     // has none: the tier is then off for the attempt, which rank 0 records),
     // the local checkpoints it holds that verify, and the copies it refuses
@@ -140,7 +144,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
         _ => (Some(Vec::new()), Vec::new()),
     };
     let Some(world) = world else {
-        return lead(opts, cfg, workload, stop, slurm, root, None, (local_root, refused));
+        return lead(opts, cfg, workload, stop, slurm, claimed, None, (local_root, refused));
     };
     // Rank 0 leads, the others follow; every rank beats and watches the
     // others' beats (attempt/rank_watch.rs).
@@ -196,7 +200,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, RunError> {
     let watch = watch(session.clone())?;
     let (leader, nodes) = Leader::hello(world, node, &stop, session, watch.pulse(), held, refused)?;
     let world = Some((leader.clone(), nodes, &watch));
-    let result = lead(opts, cfg, workload, stop.clone(), slurm, root, world, (local_root, Vec::new()));
+    let result = lead(opts, cfg, workload, stop.clone(), slurm, claimed, world, (local_root, Vec::new()));
     let outcome = result.as_ref().map_or_else(RunError::outcome, |o| *o);
     leader.end(&stop, outcome);
     // A rank frozen after the end would hold the launcher, and the job, until
@@ -237,51 +241,36 @@ fn lead(
     workload: Box<dyn Workload>,
     stop: StopFlag,
     slurm: SlurmEnv,
-    root: PathBuf,
+    claimed: opening::Claimed,
     world: Option<(Leader, Vec<String>, &RankWatch)>,
-    (local_root, refused): (Option<Result<PathBuf, String>>, Vec<crate::checkpoint::local::Unusable>),
+    local: (Option<Result<PathBuf, String>>, Vec<crate::checkpoint::local::Unusable>),
 ) -> Result<Outcome, RunError> {
-    // Lock before writing anything into the directory: a run refused because
-    // another one is live must leave that run's config.toml alone.
-    let lock = RunLock::acquire(&root, LockRequest::for_allocation(&slurm, cfg.lock.stale_after))?;
-    // Tests hold an attempt here (`sleep(…)`) to stop it between the lock
-    // and its first step.
-    fail::fail_point!("run::after_lock");
-    // Before config.toml is rewritten: a refused resume leaves it as it was.
-    settings::check_newest(&rundir::checkpoints_dir(&root, &cfg), &cfg, opts.allow_config_change)?;
-    let dir = rundir::prepare(&root, &cfg, opts.allow_config_change)?;
-    tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");
     let allow = opts.allow_config_change;
+    let held = claimed.hold(&cfg, &slurm, allow, |root| {
+        // Tests hold an attempt here (`sleep(…)`) to stop it between the
+        // lock and its first step.
+        fail::fail_point!("run::after_lock");
+        // Before config.toml is rewritten: a refused resume leaves it as it was.
+        settings::check_newest(&rundir::checkpoints_dir(root, &cfg), &cfg, allow)
+    })?;
     // What a failed start records (its own `error` event) needs these after
     // the attempt has taken its own.
-    let (kept_cfg, kept_dir, kept_slurm) = (cfg.clone(), dir.clone(), slurm.clone());
-    let started = Attempt::start(
-        cfg,
-        &opts.registry,
-        workload,
-        dir,
-        stop,
-        opts.stop_at_step,
-        slurm,
-        &lock,
-        world,
-        allow,
-        (local_root, refused),
-    );
+    let (kept_cfg, kept_slurm) = (cfg.clone(), slurm.clone());
+    let started =
+        Attempt::start(cfg, &opts.registry, workload, &held, stop, opts.stop_at_step, slurm, world, allow, local);
     match started {
-        Ok(Started::Ready(mut attempt)) => {
+        Ok(Started::Ready(mut attempt, exports)) => {
             // metrics.jsonl is trimmed to the step resumed from and no step
             // has run: the exports fill in up to it, then follow. Dropped
             // after the attempt's last records (attempt/exports.rs).
-            let exports = crate::attempt::exports::start(&kept_cfg, &kept_dir, &kept_slurm, attempt.start_step);
             attempt.exports = exports.rewinder();
             attempt.train()
         }
         Ok(Started::StoppedEarly(outcome)) => Ok(outcome),
         Ok(Started::AlreadyFinished) => Ok(Outcome::Done),
         Err(e) => {
-            if !lock.ownership().is_lost() {
-                ending::record_failed_start(&kept_cfg, &kept_dir, &kept_slurm, &e);
+            if !held.lock.ownership().is_lost() {
+                ending::record_failed_start(&kept_cfg, &held.dir, &kept_slurm, &e);
             }
             Err(e)
         }
@@ -289,7 +278,9 @@ fn lead(
 }
 
 enum Started {
-    Ready(Box<Attempt>),
+    /// Ready to train; the exports follow metrics.jsonl until the exporter
+    /// is dropped (after the attempt's last records).
+    Ready(Box<Attempt>, crate::telemetry::Exporter),
     /// A stop signal arrived before training could begin.
     StoppedEarly(Outcome),
     /// The newest checkpoint is of `max_steps` or beyond: nothing to train,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 
 use crate::checkpoint::local::{self as local_tier, LocalChoice};
-use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet, VerifyLevel, WriteSettings, load_dir};
+use crate::checkpoint::{CheckpointStore, LoadOutcome, Loaded, TensorSet, VerifyLevel, load_dir};
 use crate::config::Config;
 use crate::slurm::SlurmEnv;
 use crate::telemetry::{AttemptEnd, Event, EventLog, JsonlWriter, Recovery, Resume, Start, attempts};
@@ -21,12 +21,11 @@ use super::hang::{HangDesk, HangHandler, events_path};
 use super::saving::AutoInterval;
 use super::{Attempt, Started};
 use crate::attempt::devices::Devices;
-use crate::attempt::ending::early_stop;
 use crate::attempt::error::RunError;
+use crate::attempt::opening::{self, Held};
 use crate::attempt::rank_watch::RankWatch;
 use crate::attempt::records::{
-    context, fresh_start, last_logged_step, previous_fault, previous_summary, recorded, resume_record,
-    set_aside_rejected, takeover_event, truncate_metrics,
+    fresh_start, last_logged_step, previous_fault, previous_summary, recorded, resume_record,
 };
 use crate::attempt::stop::StopFlag;
 use crate::attempt::straggler::{Detector, Rule};
@@ -35,7 +34,6 @@ use crate::checkpoint::persist::Persister;
 use crate::run::local::{Side, share};
 use crate::run::ranks::Leader;
 use crate::run::settings;
-use crate::rundir::lock::RunLock;
 use crate::rundir::{EVENTS_FILE, METRICS_FILE, RunDir, SUMMARY_FILE};
 
 impl Attempt {
@@ -49,27 +47,22 @@ impl Attempt {
         cfg: Config,
         registry: &Registry,
         workload: Box<dyn Workload>,
-        dir: RunDir,
+        held: &Held,
         stop: StopFlag,
         stop_at_step: Option<u64>,
         slurm: SlurmEnv,
-        lock: &RunLock,
         world: Option<(Leader, Vec<String>, &RankWatch)>,
         allow_config_change: bool,
         (local_root, refused): (Option<Result<PathBuf, String>>, Vec<local_tier::Unusable>),
     ) -> Result<Started, RunError> {
-        let ownership = lock.ownership();
+        let ownership = held.lock.ownership();
         // Every commit first confirms the run directory is still ours.
-        let guard = ownership.commit_guard();
-        let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?
-            .with_commit_guard(guard)
-            .with_write_settings(WriteSettings::of(&cfg.checkpoint));
+        let (store, dir) = (held.store.clone(), held.dir.clone());
         // The interruption history is read before this attempt's `start`.
         let auto_interval = AutoInterval::for_config(&cfg.checkpoint, &dir.path(EVENTS_FILE));
         let records = recorded(&dir.path(EVENTS_FILE));
         let fault = previous_fault(&records);
         let last_local = crate::run::local::last_committed(&records);
-        let mut events = EventLog::open(dir.path(EVENTS_FILE), context(&slurm))?;
         let world_leader = world.as_ref().map(|(l, nodes, _)| (l, nodes.as_slice()));
         let resume = ResumeContext {
             cfg: &cfg,
@@ -88,10 +81,8 @@ impl Attempt {
             world.map_or((None, None, None), |(l, nodes, watch)| (Some(l), Some(nodes), Some(watch)));
         let ranks = rank_nodes.as_ref().map_or(1, Vec::len);
         let (mut trainer, mut devices) = place(&cfg, registry, workload, initial.as_ref(), leader.as_ref(), ranks)?;
-        events.record(&start_event(&cfg, &dir, &slurm, &devices, rank_nodes.as_ref(), &trainer))?;
-        if let Some(takeover) = ownership.takeover() {
-            events.record(&takeover_event(takeover))?;
-        }
+        let mut events =
+            held.open_records(&slurm, start_event(&cfg, &dir, &slurm, &devices, rank_nodes.as_ref(), &trainer))?;
         // Copies any node refused as untrusted (told at hello; this node's
         // alone in a run of one process).
         let refused = leader.as_ref().map_or_else(|| vec![refused], |l| l.refused().to_vec());
@@ -101,24 +92,26 @@ impl Attempt {
             events.record(&Event::LocalCheckpoint(event))?;
         }
         devices.announce(&mut events)?;
-        set_aside_rejected(&store, &mut events, &outcome.rejected)?;
         let last_durable_step = outcome.loaded.as_ref().map(|l| l.snapshot.step);
-        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, cfg.run.max_steps, &cfg, &slurm)? {
+        let max_steps = cfg.run.max_steps;
+        if let Some(early) =
+            held.settle(&mut events, &outcome.rejected, &stop, last_durable_step, max_steps, (&cfg, &slurm))?
+        {
             return Ok(Started::StoppedEarly(early));
         }
         let steps_before = last_logged_step(&dir.path(METRICS_FILE));
         let (start_step, resumes) =
             resume_or_fresh(&mut trainer, &outcome, initial.as_deref(), &dir, &slurm, &mut events, &source)?;
-        if let Some(early) = early_stop(&stop, &mut events, last_durable_step, cfg.run.max_steps, &cfg, &slurm)? {
+        if let Some(early) = opening::stopped(&mut events, &stop, last_durable_step, max_steps, (&cfg, &slurm))? {
             return Ok(Started::StoppedEarly(early));
         }
         if let Some(leader) = &leader {
             leader.begin(&stop, outcome.loaded.as_ref().map(|l| l.snapshot.step), source.tier == Some(Tier::Local))?;
         }
         // Steps logged after the checkpoint we resumed from were lost with the
-        // previous attempt; they are trained again, so drop their lines to keep
-        // every step exactly once.
-        truncate_metrics(&dir.path(METRICS_FILE), start_step)?;
+        // previous attempt; they are trained again, so their lines go (every
+        // step exactly once) before the exports start.
+        let exports = held.begin(&cfg, &slurm, start_step)?;
         let metrics = JsonlWriter::open(dir.path(METRICS_FILE))?;
         let beats = Beats::default();
         let persister = Persister::spawn(store.clone(), Arc::new(beats.clone()))
@@ -131,7 +124,7 @@ impl Attempt {
             store: store.clone(),
             beats: beats.clone(),
             desk: Arc::clone(&hang),
-            lock: lock.release_handle(),
+            lock: held.lock.release_handle(),
             summary: dir.path(SUMMARY_FILE),
             start_step,
             resumes,
@@ -204,7 +197,7 @@ impl Attempt {
             attempt.open_local_tier(place, start_step)?;
         }
         attempt.choose_interval(start_step)?;
-        Ok(Started::Ready(attempt))
+        Ok(Started::Ready(attempt, exports))
     }
 }
 
@@ -529,32 +522,13 @@ fn start_event(
     devices: &Devices,
     rank_nodes: Option<&Vec<String>>,
     trainer: &Trainer,
-) -> Event {
-    let mut start = start_record(cfg, dir, slurm, devices.describe());
-    if let Event::Start(s) = &mut start {
-        s.world_size = rank_nodes.map(Vec::len);
-        s.rank_nodes = rank_nodes.cloned();
-        s.optimizer_sharded = rank_nodes.map(|_| trainer.optimizer_shard().is_some());
+) -> Start {
+    Start {
+        world_size: rank_nodes.map(Vec::len),
+        rank_nodes: rank_nodes.cloned(),
+        optimizer_sharded: rank_nodes.map(|_| trainer.optimizer_shard().is_some()),
+        ..opening::start_record(cfg, dir, slurm, Some(cfg.run.max_steps), devices.describe())
     }
-    start
-}
-
-/// The `start` event of this process, with `placement` (`null` for an
-/// attempt that failed before its devices were chosen).
-pub(super) fn start_record(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, placement: serde_json::Value) -> Event {
-    Event::Start(Start {
-        pid: std::process::id(),
-        rekindle_version: env!("CARGO_PKG_VERSION").into(),
-        run_dir: dir.root.clone(),
-        allocation: serde_json::to_value(slurm).unwrap_or_default(),
-        max_steps: Some(cfg.run.max_steps),
-        placement,
-        world_size: None,
-        rank_nodes: None,
-        optimizer_sharded: None,
-        in_job_restart: crate::slurm::injob::InJobOffer::from_process().map(|offer| offer.restarts),
-        config_sha256: Some(crate::config::config_hash(cfg)),
-    })
 }
 
 /// The `resume` event for a checkpoint loaded at `now`; `last_logged` is

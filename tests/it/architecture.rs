@@ -410,3 +410,57 @@ fn the_handle_only_checker_sees_path_apis_and_test_helpers_do_not_end_the_code()
     let text = "fn a() {}\n#[cfg(test)]\npub(crate) mod tests_support {\n}\n";
     assert_eq!(code_before_tests(text).len(), 1, "nor does a `pub(crate) mod`");
 }
+
+/// The steps of an attempt's opening (attempt/opening.rs), which the
+/// drivers reach only through its stages: `(call, what the driver uses instead)`.
+const OPENING_STEPS: &[(&str, &str)] = &[
+    ("rundir::claim(", "opening::claim"),
+    ("refuse_other_command(", "opening::claim"),
+    ("RunLock::acquire(", "Claimed::hold"),
+    ("rundir::prepare(", "Claimed::hold"),
+    ("CheckpointStore::open(", "Held::store, opened by Claimed::hold"),
+    ("EventLog::open(dir.path(EVENTS_FILE)", "Held::open_records"),
+    ("takeover_event(", "Held::open_records"),
+    ("early_stop(", "Held::settle or opening::stopped"),
+    ("exports::start(", "Held::begin"),
+];
+
+/// `rekindle seal` is a command of its own, not an attempt: it commits a
+/// checkpoint under the lock the attempt's `exec` holds, or takes it itself.
+const OPENING_EXEMPT: &[&str] = &["exec/seal.rs"];
+
+#[test]
+fn both_drivers_open_an_attempt_through_one_skeleton() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src.join("run"), &mut files);
+    rust_files(&src.join("exec"), &mut files);
+    let mut broken = Vec::new();
+    let mut uses = BTreeMap::<&str, usize>::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(file).unwrap();
+        let body = text.split("#[cfg(test)]").next().unwrap_or("");
+        for (n, line) in body.lines().enumerate() {
+            let code = code(line);
+            for stage in ["opening::claim(", ".hold(", ".open_records(", ".settle(", ".begin("] {
+                if code.contains(stage) {
+                    *uses.entry(if rel.starts_with("run/") { "run" } else { "exec" }).or_default() += 1;
+                }
+            }
+            if OPENING_EXEMPT.contains(&rel.as_str()) {
+                continue;
+            }
+            for (call, instead) in OPENING_STEPS {
+                if code.contains(call) {
+                    broken.push(format!("src/{rel}:{}: `{call}…` is a step of the opening: use {instead}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "a driver opens its attempt by hand (attempt/opening.rs):\n{}", broken.join("\n"));
+    // Each driver goes through the five stages (claim, hold, records, settle, begin).
+    for driver in ["run", "exec"] {
+        assert!(uses.get(driver).copied().unwrap_or(0) >= 5, "`{driver}` does not open through the skeleton: {uses:?}");
+    }
+}
