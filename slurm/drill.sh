@@ -1489,11 +1489,12 @@ trap 'exit 130' INT TERM
 # found is logged; `local-cluster.sh up` waits for idle and resumes nodes.
 settle_cluster() {
     [[ -n $CLUSTER_DIR ]] || return 0
-    local states
-    states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)
-    grep -qvE ' idle$' <<<"$states" || return 0
-    log "before $1: node(s) not idle: $(grep -vE ' idle$' <<<"$states" | paste -sd, -)" \
-        "$(sinfo -h -R -o '(%n: %E)' 2>/dev/null | paste -sd' ' -)"
+    local busy
+    # A node in two partitions is listed once for each; sinfo's own error,
+    # if any, is logged as what was found.
+    busy=$(sinfo -h -N -o '%N %t' 2>&1 | sort -u | grep -vE '^[^ ]+ idle$' | paste -sd, -)
+    [[ -n $busy ]] || return 0
+    log "before $1: node(s) not idle: $busy $(sinfo -h -R -o '(%n: %E)' 2>/dev/null | paste -sd' ' -)"
     if ! "$script_dir/local-cluster.sh" up >"$WORK/settle-$1.log" 2>&1; then
         log "before $1: the cluster did not settle (see $WORK/settle-$1.log): $(sinfo -h -N -o '%N=%t' | paste -sd' ' -)"
     fi
