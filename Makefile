@@ -94,8 +94,8 @@ FEATURES ?= --features mpi
 # 10 CPU-minutes) a second time, for nothing: no rekindle code is conditional
 # on the feature (it asks candle at run time), so clippy above checks it all.
 lint: deps
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --all-targets --features rocm -- -D warnings
 	$(CARGO) clippy --all-targets --features mpi -- -D warnings
 	$(CARGO) build --features rocm
@@ -131,6 +131,7 @@ test: deps lint
 	@rm -f $(SKIPS)
 	$(CARGO) build --examples $(FEATURES)
 	$(CARGO) test --all-targets $(FEATURES) -- --skip drills::
+	$(CARGO) test --workspace --exclude rekindle --all-targets
 	$(CARGO) test --test it $(FEATURES) drills::
 	$(CARGO) test --doc $(FEATURES)
 	$(CARGO) test --lib distributed::
@@ -178,17 +179,18 @@ test-under-load:
 	t0=$$(date +%s); \
 	$(CARGO) test --test it $(FEATURES) -- $(LOAD_TESTS) && \
 	$(CARGO) test --test failpoints $(FEATURES) -- $(LOAD_FAILPOINT_TESTS) && \
-	$(CARGO) test --lib $(FEATURES) -- $(LOAD_UNIT_TESTS); rc=$$?; \
+	$(CARGO) test --lib $(FEATURES) -- $(LOAD_UNIT_TESTS) && \
+	$(CARGO) test --workspace --exclude rekindle --lib -- $(LOAD_UNIT_TESTS); rc=$$?; \
 	echo "test-under-load: $$([ $$rc = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - t0 )) s beside stress-ng $(STRESS)"; \
 	$(MAKE) -s skip-summary; exit $$rc
 
-## fuzz: the fuzz tests of every reader (src/fuzz.rs) with many more cases
+## fuzz: the fuzz tests of every reader (crates/fuzz/src/lib.rs) with many more cases
 ## than `make test` runs (64 each, from a fixed seed) and a random seed
 ## (PROPTEST_RNG_SEED=N repeats one); FUZZ_CASES=N to choose, bounded by FUZZ_TIMEOUT
 FUZZ_CASES ?= 5000
 FUZZ_TIMEOUT ?= 1800
 fuzz:
-	PROPTEST_CASES=$(FUZZ_CASES) timeout $(FUZZ_TIMEOUT) $(CARGO) test --lib -- fuzz mutated_state_json
+	PROPTEST_CASES=$(FUZZ_CASES) timeout $(FUZZ_TIMEOUT) $(CARGO) test --workspace --lib -- fuzz mutated_state_json
 
 clean:
 	$(CARGO) clean

@@ -28,7 +28,6 @@ pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
-pub mod confine;
 pub mod distributed;
 pub mod doctor;
 pub mod exec;
@@ -42,7 +41,11 @@ pub mod rundir;
 pub mod slurm;
 pub mod telemetry;
 pub mod train;
-pub mod units;
+
+// The layers beside the application (crates/), under the names the
+// application has always used for them.
+pub use rekindle_confine as confine;
+pub use rekindle_units as units;
 
 #[cfg(test)]
-mod fuzz;
+use rekindle_fuzz as fuzz;

@@ -25,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{CheckpointInfo, CheckpointKind, CheckpointStore, WriteSettings};
+use crate::checkpoint::{CheckpointInfo, CheckpointKind, CheckpointStore};
 use crate::config::Config;
 use crate::exit::Outcome;
 use crate::rundir::lock::{LockRequest, RunLock};
@@ -81,7 +81,7 @@ impl Claimed {
         tracing::info!(run = %cfg.run.name, dir = %dir.root.display(), node = %slurm.node_name(), job = slurm.job_id.as_deref(), restart = slurm.restart_count, "run directory ready");
         let store = CheckpointStore::open(&dir.checkpoints, cfg.checkpoint.keep)?
             .with_commit_guard(lock.ownership().commit_guard())
-            .with_write_settings(WriteSettings::of(&cfg.checkpoint));
+            .with_write_settings(crate::checkpoint::write_settings(&cfg.checkpoint));
         Ok(Held { lock, dir, store })
     }
 }

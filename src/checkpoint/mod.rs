@@ -1,65 +1,56 @@
-//! The checkpoint store: format versions 1 and 2 (safetensors + `state.json` +
-//! `MANIFEST.json` with SHA-256 of every file), the crash-consistent commit
-//! protocol, rotation, verification and loading. See docs/checkpoint-format.md.
-//!
-//! - `layout.rs`: the files and directory names of a checkpoint, [`Snapshot`].
-//! - `store.rs`: [`CheckpointStore`]: the commit protocol, rotation, loading the newest.
-//! - `files.rs`: checkpoints of a program's own files (`rekindle seal`, `rekindle exec`).
-//! - `rotation.rs`: which checkpoints to delete, a pure function.
-//! - `quarantine.rs`: where checkpoints that fail verification at resume are moved.
-//! - `verify.rs`: what makes a checkpoint valid; reading one through those checks.
-//! - `hashed_io.rs`: writes and reads hashed on the same pass; fsyncs.
-//! - `world.rs`: a files checkpoint written in parts by the ranks of a distributed program.
-//! - `parts.rs`: optimizer state written in parts, one per rank (ZeRO-1), and reassembled at load.
-//! - `shards.rs`: the model and optimizer in shards with an index (the Hugging Face layout), and
-//!   which rank writes which shard.
-//! - `write_mode.rs`: direct or buffered writes, block size and queue depth, measured per filesystem.
-//! - `parallel.rs`: files written, verified and loaded on every core.
-//! - `local.rs`, `private.rs`: the node-local tier's record and choice, and its root kept private to its user.
-//! - `manifest.rs`, `safetensors_io.rs`, `tensor.rs`: the file formats and host tensors.
-//! - `error.rs`: [`CheckpointError`] and per-file failures.
+//! The checkpoint store, which lives in its own crate (crates/checkpoint,
+//! `rekindle-checkpoint`: the format, manifests, the commit protocol,
+//! rotation, verification and loading; docs/architecture.md, "Crates"),
+//! under the path the application has always used for it, and what the
+//! application decides about checkpoints: when to save ([`interval`]) and how
+//! its config's `[checkpoint]` section asks them written
+//! ([`write_settings`]).
 
-mod encode;
-mod error;
-mod files;
-mod hashed_io;
+pub use rekindle_checkpoint::*;
+
 pub mod interval;
-mod layout;
-pub mod local;
-mod manifest;
-mod parallel;
-mod parts;
-#[cfg(test)]
-mod parts_tests;
-pub(crate) mod persist;
-pub mod private;
-mod quarantine;
-pub mod rotation;
-mod safetensors_io;
-pub mod shards;
-mod store;
-mod tensor;
-mod verify;
-mod world;
-pub mod write_mode;
 
-pub use error::{CheckpointError, FileFailure, Problem};
-pub use files::{FilesOutcome, STAGING_DIR};
-pub use layout::{
-    CheckpointKind, MODEL_FILE, OPTIMIZER_FILE, REQUIRED_FILES, STATE_FILE, Snapshot, claim_dir, parse_step_dir_name,
-    step_dir_name,
-};
-pub use manifest::{
-    FORMAT_VERSION, MANIFEST_FILE, Manifest, ManifestEntry, NEWEST_FORMAT_VERSION, SHARDED_FORMAT_VERSION,
-    is_plain_name,
-};
-pub use parts::{optimizer_part_name, parse_optimizer_part_name};
-pub use persist::{PartsError, Persisted, Persister, PersisterDied, SaveWatch, Unwatched};
-pub use quarantine::{QUARANTINE_DIR, Quarantined, parse_quarantine_name, quarantine_name};
-pub use store::{CheckpointStore, CommitGuard, LoadOutcome, Parts, PartsWritten, SaveReport};
-pub use tensor::{
-    DType, HostTensor, SharedBytes, TensorBytes, TensorError, TensorSet, copy_parallel, payload_bytes, reusable,
-};
-pub use verify::{CheckpointInfo, Loaded, VerifyLevel, load_dir, read_manifest, verify_checkpoint_dir};
-pub use world::{PartSealed, WorldRank};
-pub use write_mode::{WriteChoice, WriteSettings};
+use crate::config::{CheckpointSection, CheckpointWriteMode};
+
+/// The write settings of a `[checkpoint]` section.
+pub fn write_settings(c: &CheckpointSection) -> WriteSettings {
+    WriteSettings {
+        mode: match c.write_mode {
+            CheckpointWriteMode::Auto => write_mode::ModeSetting::Auto,
+            CheckpointWriteMode::Direct => write_mode::ModeSetting::Direct,
+            CheckpointWriteMode::Buffered => write_mode::ModeSetting::Buffered,
+        },
+        block_bytes: c.write_block.fixed().map(|b| b as usize),
+        queue_depth: (c.write_queue_depth > 0).then_some(c.write_queue_depth as usize),
+        shard_bytes: c.shard_size.fixed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store writes its manifests with sorted keys, as every record
+    /// rekindle writes (the checker is telemetry's); earlier versions wrote
+    /// the fields in declaration order, and those still read.
+    #[test]
+    fn manifest_keys_are_alphabetical_and_manifests_in_field_order_still_read() {
+        let sorted = |bytes: &[u8]| crate::telemetry::first_unsorted_key(std::str::from_utf8(bytes).unwrap());
+        let written = serde_json::to_vec(&serde_json::json!({
+            "format_version": 1, "step": 3, "created_at": "2026-01-01T00:00:00Z",
+            "rekindle_version": "0.1.0",
+            "files": [{"name": "model.safetensors", "bytes": 1, "sha256": "a".repeat(64)}]
+        }))
+        .unwrap();
+        for kind in [CheckpointKind::Native, CheckpointKind::Files] {
+            let mut manifest = Manifest::parse(&written).unwrap();
+            manifest.kind = kind;
+            let bytes = manifest.to_bytes();
+            assert_eq!(sorted(&bytes), None);
+            assert_eq!(Manifest::parse(&bytes).unwrap(), manifest);
+            let earlier = serde_json::to_vec_pretty(&manifest).unwrap();
+            assert!(sorted(&earlier).is_some());
+            assert_eq!(Manifest::parse(&earlier).unwrap(), manifest);
+        }
+    }
+}

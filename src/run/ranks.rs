@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{CheckpointStore, ManifestEntry, PartsError, Snapshot, WriteSettings, load_dir};
+use crate::checkpoint::{CheckpointStore, ManifestEntry, PartsError, Snapshot, load_dir};
 use crate::config::Config;
 use crate::distributed::{Collective, SharedWorld};
 use crate::exit::Outcome;
@@ -423,7 +423,7 @@ pub fn follow(
     pulse: &Pulse,
     mut local: Option<FollowerLocal>,
 ) -> Result<Outcome, RunError> {
-    let checkpoints = checkpoints.with_write_settings(WriteSettings::of(&cfg.checkpoint));
+    let checkpoints = checkpoints.with_write_settings(crate::checkpoint::write_settings(&cfg.checkpoint));
     let mut trainer: Option<Trainer> = None;
     let mut writer = PartWriter::new(checkpoints.clone());
     // Told once, in the first round after hello (the leader keeps it).

@@ -479,9 +479,9 @@ replace_cases! {
 /// `write_hashed`, which also writes the manifest.
 fn failpoints_in_store_source() -> Vec<String> {
     let source = concat!(
-        include_str!("../../src/checkpoint/store.rs"),
-        include_str!("../../src/checkpoint/encode.rs"),
-        include_str!("../../src/checkpoint/hashed_io.rs")
+        include_str!("../../crates/checkpoint/src/store.rs"),
+        include_str!("../../crates/checkpoint/src/encode.rs"),
+        include_str!("../../crates/checkpoint/src/hashed_io.rs")
     );
     let mut with_manifest = REQUIRED_FILES.to_vec();
     with_manifest.push(MANIFEST_FILE);

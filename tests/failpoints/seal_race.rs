@@ -3,7 +3,7 @@
 //! directory outside the run, or a file swapped for a FIFO. The seal must
 //! refuse, write nothing outside, never commit a checkpoint that is a link,
 //! and never block. The swaps happen at the failpoints in
-//! `src/checkpoint/files.rs`, through callbacks.
+//! `crates/checkpoint/src/files.rs`, through callbacks.
 
 use std::fs;
 use std::os::unix::fs::symlink;

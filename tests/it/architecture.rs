@@ -46,6 +46,35 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every source file of the application (`src/`) and of the library crates
+/// beside it (`crates/<name>/src/`), by the name the tables below use: its
+/// path under `src/` (`rundir/status.rs`), or under its crate's `src/` after
+/// the crate's folder name (`checkpoint/store.rs`, `confine/lib.rs`).
+fn sources() -> Vec<(String, PathBuf)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut roots = vec![(String::new(), root.join("src"))];
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let dir = entry.unwrap().path();
+        roots.push((format!("{}/", dir.file_name().unwrap().to_string_lossy()), dir.join("src")));
+    }
+    let mut out = Vec::new();
+    for (prefix, src) in roots {
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for file in files {
+            let rel = file.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+            out.push((format!("{prefix}{rel}"), file));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The file of a table's name ([`sources`]).
+fn source(name: &str) -> PathBuf {
+    sources().into_iter().find(|(n, _)| n == name).map(|(_, p)| p).unwrap_or_else(|| panic!("no source file {name}"))
+}
+
 /// The code of a line: what comes before a `//` comment.
 fn code(line: &str) -> &str {
     line.split("//").next().unwrap_or("")
@@ -181,7 +210,7 @@ const RAW_PATH_CALLS: &[(&str, usize, &str)] = &[
     ("checkpoint/layout.rs", 1, "listing the claimed checkpoint directory"),
     ("checkpoint/private.rs", 4, "the node-local root's own checks and making"),
     ("cli/inspect.rs", 1, "the checkpoints of a path the person names, read-only"),
-    ("confine.rs", 6, "the bounded, no-follow openers and claimed directories themselves"),
+    ("confine/lib.rs", 6, "the bounded, no-follow openers and claimed directories themselves"),
     ("confine/dir.rs", 1, "making a directory a person named (TensorBoard) before it is opened as a handle"),
     ("gpu/inventory.rs", 1, "a GPU inventory file the person names"),
     ("health/command.rs", 3, "the site command's own scratch"),
@@ -216,14 +245,12 @@ fn raw_path_calls(line: &str) -> usize {
     CALLS.iter().map(|c| code.matches(c).count()).sum()
 }
 
-/// Per source file (path under src/), its raw path API calls before its
+/// Per source file (its name in [`sources`]), its raw path API calls before its
 /// tests (`#[cfg(test)]`, which by convention end a file; test-only files
 /// are left out).
-fn raw_path_counts(src: &Path) -> BTreeMap<String, usize> {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
+fn raw_path_counts() -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
-    for file in files {
+    for (rel, file) in sources() {
         let name = file.file_name().unwrap().to_string_lossy().to_string();
         if name == "tests.rs" || name.ends_with("_tests.rs") {
             continue;
@@ -234,7 +261,7 @@ fn raw_path_counts(src: &Path) -> BTreeMap<String, usize> {
         // code after it.
         let n: usize = code_before_tests(&text).into_iter().map(|(_, l)| raw_path_calls(l)).sum();
         if n > 0 {
-            counts.insert(file.strip_prefix(src).unwrap().to_string_lossy().to_string(), n);
+            counts.insert(rel, n);
         }
     }
     counts
@@ -242,30 +269,29 @@ fn raw_path_counts(src: &Path) -> BTreeMap<String, usize> {
 
 #[test]
 fn raw_path_apis_are_used_only_where_the_boundary_table_says_why() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let counts = raw_path_counts(&src);
+    let counts = raw_path_counts();
     let allowed: BTreeMap<&str, usize> = RAW_PATH_CALLS.iter().map(|(f, n, _)| (*f, *n)).collect();
     let mut wrong = Vec::new();
     for (file, n) in &counts {
         match allowed.get(file.as_str()) {
             None => wrong.push(format!(
-                "src/{file}: {n} raw path call(s) in a file not in RAW_PATH_CALLS: open run-directory files \
+                "{file}: {n} raw path call(s) in a file not in RAW_PATH_CALLS: open run-directory files \
                  through crate::confine (docs/run-directory.md, Trust boundaries), or add the file with why \
                  raw paths are safe there"
             )),
             Some(max) if n > max => wrong.push(format!(
-                "src/{file}: {n} raw path calls, {max} allowed: a new one opens a door in the boundary; use \
+                "{file}: {n} raw path calls, {max} allowed: a new one opens a door in the boundary; use \
                  crate::confine, or raise the count with why"
             )),
             Some(max) if n < max => {
-                wrong.push(format!("src/{file}: {n} raw path calls, {max} allowed: lower its count in RAW_PATH_CALLS"))
+                wrong.push(format!("{file}: {n} raw path calls, {max} allowed: lower its count in RAW_PATH_CALLS"))
             }
             Some(_) => {}
         }
     }
     for (file, _, _) in RAW_PATH_CALLS {
         if !counts.contains_key(*file) {
-            wrong.push(format!("src/{file} has no raw path call (or is gone): remove it from RAW_PATH_CALLS"));
+            wrong.push(format!("{file} has no raw path call (or is gone): remove it from RAW_PATH_CALLS"));
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
@@ -377,19 +403,18 @@ fn code_before_tests(text: &str) -> Vec<(usize, &str)> {
 
 #[test]
 fn handle_only_modules_open_nothing_by_path() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut wrong = Vec::new();
     for file in HANDLE_ONLY {
-        let text = std::fs::read_to_string(src.join(file)).unwrap_or_else(|e| panic!("src/{file}: {e}"));
+        let text = std::fs::read_to_string(source(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         for (n, line) in code_before_tests(&text) {
             for api in path_apis(line) {
                 wrong.push(format!(
-                    "src/{file}:{n}: `{api}` in a handle-only module: reach files through the crate::confine::Dir \
+                    "{file}:{n}: `{api}` in a handle-only module: reach files through the crate::confine::Dir \
                      this module is given (docs/run-directory.md, Trust boundaries), never by path"
                 ));
             }
         }
-        assert!(!RAW_PATH_CALLS.iter().any(|(f, _, _)| f == file), "src/{file} is handle-only: no RAW_PATH_CALLS row");
+        assert!(!RAW_PATH_CALLS.iter().any(|(f, _, _)| f == file), "{file} is handle-only: no RAW_PATH_CALLS row");
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

@@ -352,7 +352,7 @@ fn safetensors_with_header(len_prefix: u64, header: &[u8], data: usize) -> Vec<u
 /// past u64::MAX, a garbage lock and summary) through `verify`,
 /// `checkpoints`, `status` and `report`: each gives a clean error naming the file and
 /// the documented exit code, never a panic (found by the fuzz tests of the
-/// readers; see src/fuzz.rs).
+/// readers; see crates/fuzz/src/lib.rs).
 #[test]
 fn hostile_files_give_a_clean_error_and_exit_code_never_a_panic() {
     let overflowing = br#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}}"#;

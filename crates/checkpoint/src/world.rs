@@ -384,8 +384,8 @@ fn gather(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::files::tests::stage;
-    use crate::checkpoint::{MANIFEST_FILE, VerifyLevel, read_manifest, verify_checkpoint_dir};
+    use crate::files::tests::stage;
+    use crate::{MANIFEST_FILE, VerifyLevel, read_manifest, verify_checkpoint_dir};
     use std::fs;
 
     fn store(dir: &Path) -> CheckpointStore {

@@ -102,7 +102,8 @@ pub enum ModeSetting {
 
 /// What the config fixes of the write path (`[checkpoint] write_mode`,
 /// `write_block`, `write_queue_depth`, `shard_size`); `None` and
-/// [`ModeSetting::Auto`] leave it to rekindle.
+/// [`ModeSetting::Auto`] leave it to rekindle. The application makes them
+/// from its `[checkpoint]` section (`rekindle::checkpoint::write_settings`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct WriteSettings {
     pub mode: ModeSetting,
@@ -111,23 +112,6 @@ pub struct WriteSettings {
     /// The largest model or optimizer file before it is split into shards
     /// (`None`: [`super::shards::DEFAULT_SHARD_BYTES`]).
     pub shard_bytes: Option<u64>,
-}
-
-impl WriteSettings {
-    /// The settings of a `[checkpoint]` section.
-    pub fn of(c: &crate::config::CheckpointSection) -> WriteSettings {
-        use crate::config::CheckpointWriteMode;
-        WriteSettings {
-            mode: match c.write_mode {
-                CheckpointWriteMode::Auto => ModeSetting::Auto,
-                CheckpointWriteMode::Direct => ModeSetting::Direct,
-                CheckpointWriteMode::Buffered => ModeSetting::Buffered,
-            },
-            block_bytes: c.write_block.fixed().map(|b| b as usize),
-            queue_depth: (c.write_queue_depth > 0).then_some(c.write_queue_depth as usize),
-            shard_bytes: c.shard_size.fixed(),
-        }
-    }
 }
 
 /// One measured candidate.

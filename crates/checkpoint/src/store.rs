@@ -295,7 +295,7 @@ impl CheckpointStore {
 
     /// The handle of the checkpoints directory: the one opened with the
     /// store, or, for a read-only view, one opened now.
-    pub(crate) fn root(&self) -> Result<Arc<Dir>, CheckpointError> {
+    pub fn root(&self) -> Result<Arc<Dir>, CheckpointError> {
         match &self.root {
             Some(root) => Ok(Arc::clone(root)),
             None => Dir::open(&self.dir)
@@ -988,9 +988,9 @@ fn join(failures: &[FileFailure]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::error::Problem;
-    use crate::checkpoint::layout::MODEL_FILE;
-    use crate::checkpoint::tensor::HostTensor;
+    use crate::error::Problem;
+    use crate::layout::MODEL_FILE;
+    use crate::tensor::HostTensor;
     use std::fs;
 
     fn snapshot(step: u64) -> Snapshot {
@@ -1112,7 +1112,7 @@ mod tests {
         fs::remove_file(store.step_dir(4).join(STATE_FILE)).unwrap();
         let again = store.save(&snapshot(4)).unwrap();
         assert!(!again.already_existed);
-        assert!(crate::checkpoint::verify_checkpoint_dir(&store.step_dir(4), VerifyLevel::Full).is_empty());
+        assert!(crate::verify_checkpoint_dir(&store.step_dir(4), VerifyLevel::Full).is_empty());
     }
 
     /// Flips one byte in the middle of the model file: same size, wrong hash.
@@ -1137,7 +1137,7 @@ mod tests {
         rot(&store, 40);
         let store = CheckpointStore::open(tmp.path(), 1).unwrap();
         let report = store.save(&snapshot(10)).unwrap();
-        assert!(crate::checkpoint::verify_checkpoint_dir(&store.step_dir(10), VerifyLevel::Full).is_empty());
+        assert!(crate::verify_checkpoint_dir(&store.step_dir(10), VerifyLevel::Full).is_empty());
         assert_eq!(report.rotated_out, vec![store.step_dir(40), store.step_dir(30)], "the damaged ones go");
         assert_eq!(store.load_latest().unwrap().loaded.unwrap().snapshot, snapshot(10));
         // A newer checkpoint that does verify counts toward keep, but the
@@ -1297,7 +1297,7 @@ mod tests {
         let outside = tmp.path().join("outside.json");
         fs::rename(&state, &outside).unwrap();
         std::os::unix::fs::symlink(&outside, &state).unwrap();
-        let failures = crate::checkpoint::verify_checkpoint_dir(&store.step_dir(1), VerifyLevel::Full);
+        let failures = crate::verify_checkpoint_dir(&store.step_dir(1), VerifyLevel::Full);
         assert_eq!(failures, vec![FileFailure { file: STATE_FILE.into(), problem: Problem::NotPlainFile }]);
     }
 }

@@ -345,7 +345,7 @@ mod tests {
             let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
             let path = dir.path().join("f.safetensors");
             std::fs::write(&path, bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let loaded = crate::checkpoint::hashed_io::read_tensors_hashed(
+            let loaded = crate::hashed_io::read_tensors_hashed(
                 std::fs::File::open(&path).map_err(|e| TestCaseError::fail(e.to_string()))?,
             )
             .map_err(|e| TestCaseError::fail(format!("reading the file failed: {e}")))?;
@@ -354,7 +354,7 @@ mod tests {
             prop_assert_eq!(loaded.tensors.is_ok(), layout.is_ok(), "loader and layout check disagree");
             // The mapped loader (what `load_dir` uses) gives the same verdict,
             // hash and tensors as the reading one.
-            let mapped = crate::checkpoint::hashed_io::map_tensors_hashed(
+            let mapped = crate::hashed_io::map_tensors_hashed(
                 std::fs::File::open(&path).map_err(|e| TestCaseError::fail(e.to_string()))?,
             )
             .map_err(|e| TestCaseError::fail(format!("mapping the file failed: {e}")))?;

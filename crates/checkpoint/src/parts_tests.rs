@@ -132,7 +132,7 @@ fn three_ranks_parts_commit_as_one_checkpoint_that_loads_as_the_whole_state() {
     assert_eq!(names, expected);
     assert_eq!(manifest.optimizer_parts(), Some(3));
     assert_eq!(manifest.shards("model"), Some(2));
-    assert_eq!(manifest.format_version, crate::checkpoint::SHARDED_FORMAT_VERSION);
+    assert_eq!(manifest.format_version, crate::SHARDED_FORMAT_VERSION);
     assert!(verify_checkpoint_dir(&dir, VerifyLevel::Full).is_empty());
     assert!(leftovers(tmp.path()).is_empty(), "the staging directory became the checkpoint");
     let loaded = store.load_latest().unwrap().loaded.unwrap();

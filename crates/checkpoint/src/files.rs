@@ -357,11 +357,11 @@ pub(super) fn staged_files(dir: &Dir, may_be_empty: bool) -> Result<Vec<String>,
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::checkpoint::{Snapshot, TensorSet};
+    use crate::{Snapshot, TensorSet};
     use std::fs;
 
     /// A directory `name` under the staging directory holding `files`.
-    pub(in crate::checkpoint) fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    pub(crate) fn stage(store: &CheckpointStore, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
         let dir = store.staging_dir().join(name);
         fs::create_dir_all(&dir).unwrap();
         for (file, bytes) in files {
@@ -384,7 +384,7 @@ pub(super) mod tests {
         let report = store.seal(&staged, 10).unwrap();
         assert_eq!(report.dir, store.step_dir(10));
         assert!(!staged.exists(), "renamed, not copied");
-        assert!(crate::checkpoint::verify_checkpoint_dir(&report.dir, VerifyLevel::Full).is_empty());
+        assert!(crate::verify_checkpoint_dir(&report.dir, VerifyLevel::Full).is_empty());
         let manifest = super::super::read_manifest(&report.dir).unwrap();
         assert_eq!(manifest.kind, CheckpointKind::Files);
         let names: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();
@@ -448,7 +448,7 @@ pub(super) mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(tmp.path(), 3)
             .unwrap()
-            .with_commit_guard(crate::checkpoint::CommitGuard::new(|| Err("the lock is another's")));
+            .with_commit_guard(crate::CommitGuard::new(|| Err("the lock is another's")));
         store.reset_staging().unwrap();
         let staged = stage(&store, "a", &[("x", b"1")]);
         let err = store.seal(&staged, 1).unwrap_err();

@@ -717,7 +717,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::checkpoint::tensor::DType;
+    use crate::tensor::DType;
     use std::path::Path;
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {

@@ -23,7 +23,7 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::checkpoint::{CheckpointError, CheckpointStore, ManifestEntry, Parts, SaveReport, Snapshot};
+use crate::{CheckpointError, CheckpointStore, ManifestEntry, Parts, SaveReport, Snapshot};
 
 /// Whoever watches the background saves (in a run, the watchdog's
 /// `attempt::Beats`, which turns a save that hangs into a requeue): told
@@ -234,7 +234,7 @@ impl Persister {
 }
 
 /// The message of a thread's panic, as `join` returns it.
-pub(crate) fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+pub fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -303,7 +303,7 @@ impl Drop for Persister {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{HostTensor, TensorSet};
+    use crate::{HostTensor, TensorSet};
     use std::sync::Mutex;
 
     /// What the persister reported, in order.
