@@ -1,7 +1,7 @@
 //! bench/control_plane.py (docs/scale.md, "Per event"), small: `rekindle
-//! exec` tasks as real processes in a simulated job step, two a node, every
+//! exec` tasks as real processes in a simulated job step, one a node, every
 //! system call on the run directory counted under strace. What docs/scale.md
-//! claims of its shape is held here at 4 and 16 tasks: each event costs each
+//! claims of its shape is held here at 2 and 8 tasks: each event costs each
 //! task about the same at both sizes (an event whose cost grows with N a
 //! task is N² for the filesystem: three were, before this benchmark found
 //! them), the steady state a bounded number of operations a node a beat, a
@@ -20,7 +20,7 @@ use crate::support::requires;
 const EVENT_DRIVEN: [&str; 5] = ["start", "save", "seal", "end", "restart"];
 
 #[test]
-fn every_event_costs_each_task_the_same_at_4_and_16_tasks() {
+fn every_event_costs_each_task_the_same_at_2_and_8_tasks() {
     let Some(()) = requires::strace() else { return };
     let Some(()) = requires::python() else { return };
     let tmp = tempfile::tempdir().unwrap();
@@ -28,12 +28,14 @@ fn every_event_costs_each_task_the_same_at_4_and_16_tasks() {
     // Every task and program of a launch runs under one `strace -f`, which
     // serialises their system calls: on a small machine (2 vCPUs under
     // gVisor, 2026-12) the world record reached 16 waiting tasks about 4 s
-    // after task 0 posted it, and a 4 s [distributed] timeout then called
-    // them lost before their first beat. 10 s leaves room (docs/scale.md:
-    // strace needs a long `--timeout`); the checks scale with it.
+    // after task 0 posted it, and more than 10 s while other tests ran
+    // beside it (CI), so the tasks were called lost before their first
+    // beat. 8 tasks keep the launch well inside a 10 s timeout
+    // (docs/scale.md: strace needs a long `--timeout`; the checks scale with
+    // it), and 2 to 8 is the same factor of four as 4 to 16.
     let out = Command::new("python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/control_plane.py"))
-        .args(["--bin", exe(), "--tasks", "4,16", "--per-node", "2", "--timeout", "10s", "--steady", "4"])
+        .args(["--bin", exe(), "--tasks", "2,8", "--per-node", "1", "--timeout", "10s", "--steady", "4"])
         .arg("--dir")
         .arg(tmp.path())
         .arg("--json")
@@ -43,7 +45,7 @@ fn every_event_costs_each_task_the_same_at_4_and_16_tasks() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the benchmark failed:\n{stderr}");
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("| restart | 16 | 8 |"), "no table printed:\n{table}");
+    assert!(table.contains("| restart | 8 | 8 |"), "no table printed:\n{table}");
     let rows: Vec<Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let [small, large] = &rows[..] else { panic!("two rows expected: {rows:?}") };
     let per_task = |row: &Value, event: &str| {
@@ -57,17 +59,14 @@ fn every_event_costs_each_task_the_same_at_4_and_16_tasks() {
         // save, the restart and the loss did so before.
         let readers = |row: &Value| row["events"][event]["checkpoint_file_readers"].as_u64().unwrap();
         assert!(readers(large) <= 3, "{event}: {} processes read committed checkpoint files\n{large}", readers(large));
-        assert!(readers(large) <= readers(small).max(1), "{event}: more readers at 16 tasks than at 4");
+        assert!(readers(large) <= readers(small).max(1), "{event}: more readers at 8 tasks than at 2");
     }
     for event in EVENT_DRIVEN {
-        let (at4, at16) = (per_task(small, event), per_task(large, event));
-        assert!(at4 > 0.0, "{event}: no operation counted at 4 tasks: the count is broken\n{stderr}");
+        let (at2, at8) = (per_task(small, event), per_task(large, event));
+        assert!(at2 > 0.0, "{event}: no operation counted at 2 tasks: the count is broken\n{stderr}");
         // Four times the tasks: an O(N²) event costs each task about four
         // times as much (its O(1) part aside); O(N) stays flat or falls.
-        assert!(
-            at16 <= 1.3 * at4,
-            "{event}: {at16:.1} metadata operations a task at 16 tasks, {at4:.1} at 4\n{stderr}"
-        );
+        assert!(at8 <= 1.3 * at2, "{event}: {at8:.1} metadata operations a task at 8 tasks, {at2:.1} at 2\n{stderr}");
     }
     for row in [small, large] {
         let nodes = row["nodes"].as_f64().unwrap();
