@@ -56,11 +56,6 @@ pub fn claim(root: PathBuf, cfg: &Config, kind: CheckpointKind) -> Result<Claime
 }
 
 impl Claimed {
-    /// The run directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// Locks the directory for this allocation (a live holder refuses it; a
     /// dead one's lock is taken over), runs the driver's `under_lock` check
     /// (before `config.toml` is rewritten: a refusal leaves it as it was),
@@ -132,7 +127,8 @@ impl Held {
     /// there. Dropping the exporter ends them: keep it past the attempt's
     /// last records.
     pub fn begin(&self, cfg: &Config, slurm: &SlurmEnv, start_step: u64) -> Result<Exporter, RunError> {
-        begin(cfg, &self.dir, slurm, start_step)
+        truncate_metrics(&self.dir.path(METRICS_FILE), start_step)?;
+        Ok(super::exports::start(cfg, &self.dir, slurm, start_step))
     }
 }
 
@@ -146,13 +142,6 @@ pub fn stopped(
     (cfg, slurm): (&Config, &SlurmEnv),
 ) -> Result<Option<Outcome>, RunError> {
     early_stop(stop, events, durable, max_steps, cfg, slurm)
-}
-
-/// [`Held::begin`] for a driver that keeps the directory apart from the lock
-/// (its attempt owns the `RunDir`).
-pub fn begin(cfg: &Config, dir: &RunDir, slurm: &SlurmEnv, start_step: u64) -> Result<Exporter, RunError> {
-    truncate_metrics(&dir.path(METRICS_FILE), start_step)?;
-    Ok(super::exports::start(cfg, dir, slurm, start_step))
 }
 
 /// The fields of the `start` event both drivers fill alike: this process,
